@@ -1,0 +1,53 @@
+/*
+ * check.h - the two error regimes of the sampler.
+ *
+ * Start-up / configuration failures: CHECK* macros print file:line, the failed
+ * expression and a message that says how to fix it, then exit(1).
+ * Request paths (anything a client or a delta can reach): functions return an
+ * int status (0 ok, <0 error) and fill an Err with file:line and a message;
+ * they never exit and never leave shared state half-modified.
+ *
+ * Not here: logging (log.h), CUDA checks (cuda_check.h).
+ */
+#ifndef SAMPLER_CHECK_H
+#define SAMPLER_CHECK_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+
+/* Error record for request paths. code follows HTTP semantics where it
+ * reaches a client (400 bad input, 409 conflict, 413 too large, 500 bug). */
+typedef struct Err {
+    int code;
+    const char *file;
+    int line;
+    char msg[512];
+} Err;
+
+void check_fail(const char *file, int line, const char *expr, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 4, 5)));
+int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Fatal: start-up only. */
+#define CHECK(cond, ...) \
+    do { if (!(cond)) check_fail(__FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
+/* Fatal wrapper for libc/POSIX calls that return -1 (or NULL) and set errno. */
+#define CHECK_SYS(expr, ...) \
+    do { if ((expr) == -1) check_fail(__FILE__, __LINE__, #expr, __VA_ARGS__); } while (0)
+#define CHECK_PTR(expr, ...) \
+    do { if ((expr) == NULL) check_fail(__FILE__, __LINE__, #expr, __VA_ARGS__); } while (0)
+
+/* Request path: record the error and return its (negative) status. */
+#define ERR(e, code, ...) err_set((e), __FILE__, __LINE__, (code), __VA_ARGS__)
+/* Request path: bail out of the current function with an error if cond fails. */
+#define ENSURE(e, cond, code, ...) \
+    do { if (!(cond)) return ERR((e), (code), __VA_ARGS__); } while (0)
+
+/* Allocation at load time: fatal on failure. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t sz);
+char *xstrdup(const char *s);
+
+#endif

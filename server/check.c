@@ -1,0 +1,54 @@
+/*
+ * check.c - fatal start-up checks, request-path error records, and the
+ * load-time allocators. See check.h for the two error regimes.
+ */
+#include "check.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void check_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+    int saved = errno;
+    fprintf(stderr, "fatal: %s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n  (failed: %s", expr);
+    if (saved) fprintf(stderr, "; errno: %s", strerror(saved));
+    fprintf(stderr, ")\n");
+    exit(1);
+}
+
+int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...) {
+    if (e) {
+        e->code = code;
+        e->file = file;
+        e->line = line;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -(code ? code : 1);
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    CHECK(p != NULL, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    CHECK(p != NULL, "out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}

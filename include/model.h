@@ -1,0 +1,136 @@
+/*
+ * model.h - a loaded causal LM (config + weights) and its forward pass over a
+ * batch of tokens from many sequences, reading and writing a paged KV cache.
+ *
+ * Architectures: Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM
+ * (incl. Llama 3.1 rope scaling), Qwen2ForCausalLM. Weights come from a
+ * Hugging Face directory (safetensors.h), BF16 used in place from the
+ * mapping (F16/F32 converted at load).
+ *
+ * The forward pass is batch invariant on the CPU backend: a token's logits do
+ * not depend on which other tokens share its batch (fixed reduction order per
+ * output element). Not here: scheduling and sampling (engine), tokenization.
+ */
+#ifndef SAMPLER_MODEL_H
+#define SAMPLER_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "check.h"
+#include "safetensors.h"
+#include "weights.h"
+
+typedef enum { ARCH_QWEN3 = 0, ARCH_QWEN3_MOE, ARCH_LLAMA, ARCH_QWEN2 } Arch;
+
+#define MODEL_MAX_LAYERS 256
+#define MODEL_MAX_EOS 8
+
+typedef struct ModelConfig {
+    Arch arch;
+    char arch_name[64];
+    int hidden;            /* hidden_size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;          /* may differ from hidden / n_heads */
+    int intermediate;      /* dense MLP width */
+    int vocab;             /* rows of the embedding */
+    int max_pos;           /* max_position_embeddings */
+    float rms_eps;
+    float rope_theta;
+    int tie_embeddings;
+    int qk_norm;           /* Qwen3: RMSNorm on q and k per head before RoPE */
+    int qkv_bias;          /* Qwen2 (and Llama attention_bias) */
+    int o_bias;            /* Llama attention_bias also biases o_proj */
+    /* rope_scaling {rope_type: llama3} */
+    int rope_llama3;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_max_pos;
+    /* MoE */
+    int n_experts;         /* 0 for dense */
+    int top_k;
+    int moe_intermediate;
+    int norm_topk_prob;
+    int decoder_sparse_step;
+    uint8_t mlp_only[MODEL_MAX_LAYERS]; /* 1 where mlp_only_layers lists the layer */
+    /* special tokens (config.json / generation_config.json), -1 if absent */
+    int bos_id;
+    int n_eos;
+    int eos_ids[MODEL_MAX_EOS];
+} ModelConfig;
+
+/* Parse config.json (+ generation_config.json if present) of a model directory.
+ * Start-up path: unsupported values are an error that lists what is supported. */
+int model_config_load(ModelConfig *cfg, const char *dir, Err *err);
+/* 1 when layer l uses the sparse MoE block. */
+int model_layer_is_moe(const ModelConfig *cfg, int l);
+
+typedef struct LayerWeights {
+    const uint16_t *attn_norm;  /* [hidden] bf16 */
+    const uint16_t *mlp_norm;   /* [hidden] bf16 */
+    WeightMat q, k, v, o;       /* q [nh*hd, hidden], k/v [nkv*hd, hidden], o [hidden, nh*hd] */
+    const uint16_t *q_bias, *k_bias, *v_bias, *o_bias; /* [rows] bf16 or NULL */
+    const uint16_t *q_norm, *k_norm; /* [head_dim] bf16, Qwen3 only */
+    WeightMat gate, up, down;   /* dense: gate/up [inter, hidden], down [hidden, inter] */
+    WeightMat router;           /* MoE: [n_experts, hidden] */
+    WeightMat *egate, *eup, *edown; /* MoE: [n_experts] of [moe_inter, hidden] / [hidden, moe_inter] */
+} LayerWeights;
+
+typedef struct Model {
+    ModelConfig cfg;
+    SafeTensors *st;            /* the mapping the weights point into */
+    const uint16_t *embed;      /* [vocab, hidden] bf16 */
+    const uint16_t *final_norm; /* [hidden] bf16 */
+    WeightMat lm_head;          /* [vocab, hidden]; aliases embed when tied */
+    LayerWeights *layers;       /* [n_layers] */
+    void **owned;               /* converted (F16/F32 -> BF16) buffers we must free */
+    int n_owned;
+    int64_t n_params;
+    size_t weight_bytes;
+} Model;
+
+/* Load a model directory. Start-up path: fatal errors name the file and tensor. */
+int model_load(Model **out, const char *dir, Err *err);
+void model_free(Model *m);
+/* Every weight tensor by its checkpoint name, for deltas and hashing:
+ * returns the bf16 storage the forward pass reads, or NULL. */
+uint16_t *model_tensor(Model *m, const char *name, int64_t *numel);
+
+/* ---- paged KV cache ---- */
+typedef struct KVCache {
+    int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
+    float *k; /* [n_layers, n_blocks, block_size, n_kv_heads, head_dim] f32 */
+    float *v; /* same layout */
+} KVCache;
+
+KVCache *kvcache_create(const ModelConfig *cfg, int n_blocks, int block_size);
+void kvcache_free(KVCache *kv);
+
+/* One forward step: n_tokens tokens from n_seqs sequences. Token i belongs to
+ * sequence seq[i] at position pos[i]; its K/V are written to slot pos[i] of
+ * that sequence's block table, and it attends to positions 0..pos[i] of the
+ * same sequence (earlier positions must already be in the cache, or be
+ * earlier tokens of this batch). */
+typedef struct Batch {
+    int n_tokens;
+    const int32_t *tokens;       /* [n_tokens] */
+    const int32_t *pos;          /* [n_tokens] */
+    const int32_t *seq;          /* [n_tokens] in [0, n_seqs) */
+    int n_seqs;
+    const int32_t *const *block_table; /* [n_seqs] -> [ceil((max pos + 1) / block_size)] block ids */
+    int n_out;
+    const int32_t *out_rows;     /* [n_out] token indices whose logits are wanted */
+} Batch;
+
+/* Per-runner scratch sized at load time for up to max_tokens tokens per step
+ * and max_ctx positions per sequence. Nothing is allocated per step. */
+typedef struct Runner Runner;
+Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads);
+void runner_free(Runner *r);
+/* logits: [n_out, vocab] f32. Returns 0, or <0 with err on a bad batch. */
+int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err);
+/* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */
+void runner_set_expert_capture(Runner *r, int32_t *experts);
+
+#endif

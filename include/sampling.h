@@ -111,6 +111,10 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
                    const SampleHistory *h, const int32_t *eos_ids, int n_eos,
                    int seq_index, int pos, const SampleWant *want, SampleResult *out);
 
+/* Log-probs of every id under the distribution the last sampler_sample drew
+ * from: out [vocab], -inf outside the kept set. For tests and scoring. */
+void sampler_kept_logprobs(Sampler *s, float *out);
+
 /* log_softmax of a row at one id, and the top-n by value (id asc on ties) with
  * their log-probs: prompt log-probs. Uses the Sampler's scratch. */
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,

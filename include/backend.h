@@ -1,0 +1,53 @@
+/*
+ * backend.h - the table of ops the forward pass runs, one implementation per
+ * device. The CPU backend (kernels/cpu/backend_cpu.c) is the reference; the
+ * CUDA backend fills the same table with kernel launchers over device memory.
+ * Tensors are row-major; shapes are given per argument.
+ */
+#ifndef SAMPLER_BACKEND_H
+#define SAMPLER_BACKEND_H
+
+#include <stdint.h>
+
+#include "weights.h"
+
+/* Paged attention of one layer for a batch. */
+typedef struct AttnArgs {
+    float *out;              /* [n_tokens, n_heads * head_dim] f32 */
+    const float *q;          /* [n_tokens, n_heads * head_dim] f32, RoPE applied */
+    const float *k_cache;    /* [n_blocks, block_size, n_kv_heads, head_dim] f32, this layer */
+    const float *v_cache;    /* same */
+    const int32_t *pos;      /* [n_tokens] */
+    const int32_t *seq;      /* [n_tokens] */
+    const int32_t *const *block_table; /* [n_seqs][...] */
+    int n_tokens, n_heads, n_kv_heads, head_dim, block_size;
+    float scale;             /* 1/sqrt(head_dim) */
+} AttnArgs;
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name;
+    void *ctx;
+    /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
+    void (*embed)(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim);
+    /* out[n, dim] = rmsnorm(x[n, dim]) * w[dim] (bf16); out may alias x */
+    void (*rmsnorm)(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps);
+    /* out[n, w->rows] = x[n, w->cols] @ W^T (+ bias[w->rows] bf16) */
+    void (*matmul)(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias);
+    /* per head: optional RMSNorm (norm_w [head_dim] bf16 or NULL) then RoPE with
+     * cos/sin [n, head_dim/2]; x [n, n_heads * head_dim] in place */
+    void (*norm_rope)(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
+                      float eps, const float *cs, const float *sn);
+    void (*attention)(Backend *b, const AttnArgs *a);
+    /* out[n] = silu(g[n]) * u[n] */
+    void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
+    /* x[n] += y[n] */
+    void (*add)(Backend *b, float *x, const float *y, int n);
+    void (*free)(Backend *b);
+};
+
+/* CPU backend with n_threads threads (<= 0: one per core) and scratch for
+ * attention over up to max_ctx positions. */
+Backend *backend_cpu_create(int n_threads, int max_ctx);
+
+#endif

@@ -1,0 +1,131 @@
+/*
+ * backend_cpu.c - the CPU backend: the ops of backend.h, parallelised over a
+ * thread pool. Work is split by output rows (matmul) or (token, head) pairs
+ * (attention) so no reduction crosses threads: results are independent of the
+ * thread count and of the batch composition.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "check.h"
+#include "cpu_ops.h"
+#include "threadpool.h"
+
+typedef struct CpuCtx {
+    ThreadPool *tp;
+    int max_ctx;
+    float *scores; /* [n_threads, max_ctx] attention scratch */
+} CpuCtx;
+
+#define ROWS_PER_TASK 32
+
+typedef struct MatmulJob {
+    float *out;
+    const float *x;
+    int n;
+    const WeightMat *w;
+    const uint16_t *bias;
+} MatmulJob;
+
+static void matmul_task(void *p, int task, int thread) {
+    MatmulJob *j = p;
+    int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
+    if (r1 > j->w->rows) r1 = j->w->rows;
+    cpu_matmul_rows(j->out, j->w->rows, j->x, j->w->cols, j->n, j->w, j->bias, r0, r1);
+}
+
+static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    CpuCtx *c = b->ctx;
+    MatmulJob j = {out, x, n, w, bias};
+    threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
+}
+
+static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
+    for (int i = 0; i < n; i++) cpu_embed(x + (size_t)i * dim, emb, tokens[i], dim);
+}
+
+static void cpu_rmsnorm_op(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
+    cpu_rmsnorm(out, x, w, n, dim, eps);
+}
+
+static void cpu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
+                          float eps, const float *cs, const float *sn) {
+    int h2 = head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            if (norm_w) cpu_rmsnorm(v, v, norm_w, 1, head_dim, eps);
+            cpu_rope(v, cs + (size_t)t * h2, sn + (size_t)t * h2, head_dim);
+        }
+}
+
+typedef struct AttnJob {
+    const AttnArgs *a;
+    CpuCtx *c;
+} AttnJob;
+
+/* One (token, head): scores over positions 0..pos, softmax, weighted V sum. */
+static void attn_task(void *p, int task, int thread) {
+    AttnJob *j = p;
+    const AttnArgs *a = j->a;
+    int t = task / a->n_heads, h = task % a->n_heads;
+    int kvh = h / (a->n_heads / a->n_kv_heads), hd = a->head_dim, bs = a->block_size;
+    const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+    float *s = j->c->scores + (size_t)thread * j->c->max_ctx;
+    const int32_t *bt = a->block_table[a->seq[t]];
+    int n = a->pos[t] + 1;
+    size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float *k = a->k_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        s[i] = cpu_dot(q, k, hd) * a->scale;
+        if (s[i] > mx) mx = s[i];
+    }
+    float sum = 0.f;
+    for (int i = 0; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+    }
+    float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) out[d] = 0.f;
+    for (int i = 0; i < n; i++) {
+        const float *v = a->v_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        cpu_axpy(out, s[i] * inv, v, hd);
+    }
+}
+
+static void cpu_attention(Backend *b, const AttnArgs *a) {
+    AttnJob j = {a, b->ctx};
+    threadpool_run(((CpuCtx *)b->ctx)->tp, a->n_tokens * a->n_heads, attn_task, &j);
+}
+
+static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u, int n) {
+    cpu_swiglu(out, g, u, n);
+}
+
+static void cpu_add_op(Backend *b, float *x, const float *y, int n) { cpu_add(x, y, n); }
+
+static void cpu_free(Backend *b) {
+    CpuCtx *c = b->ctx;
+    threadpool_free(c->tp);
+    free(c->scores);
+    free(c);
+    free(b);
+}
+
+Backend *backend_cpu_create(int n_threads, int max_ctx) {
+    if (n_threads <= 0) n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+    cpu_ops_init();
+    CpuCtx *c = xcalloc(1, sizeof *c);
+    c->tp = threadpool_create(n_threads);
+    c->max_ctx = max_ctx;
+    c->scores = xmalloc(sizeof(float) * (size_t)n_threads * (size_t)max_ctx);
+    Backend *b = xcalloc(1, sizeof *b);
+    *b = (Backend){"cpu", c, cpu_embed_op, cpu_rmsnorm_op, cpu_matmul, cpu_norm_rope,
+                   cpu_attention, cpu_swiglu_op, cpu_add_op, cpu_free};
+    return b;
+}

@@ -55,6 +55,11 @@ typedef struct EngineConfig {
     int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 256 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
     int verbose;            /* 1: print the configuration at create (default 1) */
+    /* Test/debug hook, NULL by default: called on the engine thread with every
+     * logits row a token is sampled from (before any processing). */
+    void (*logits_tap)(void *ctx, uint64_t request_id, int seq_index, int pos, const float *row,
+                       int vocab);
+    void *logits_tap_ctx;
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);
@@ -155,8 +160,18 @@ int engine_request_prompt_logprobs(EngineRequest *r, const float **lp,
 /* Copy a sequence's masks into CSR form: offsets [n_tokens + 1] (int64), ids
  * [offsets[n_tokens]]. Pass ids NULL to get offsets (the size) first. */
 int engine_request_mask_csr(EngineRequest *r, int seq_index, int64_t *offsets, int32_t *ids);
-/* Experts per token: n_moe_layers * top_k ids per record (0 for dense models). */
+/* Experts per token: n_moe_layers * top_k ids per record (0 for dense models).
+ * Router replay (want_experts): the record of generated token i holds the
+ * routing of the forward step that produced its logits, i.e. of the input
+ * token at position n_prompt - 1 + i; the prompt's other positions
+ * 0..n_prompt-2 come from engine_request_prompt_experts. Together they cover
+ * every input position of prompt + output except the last sampled token.
+ * Requests with want_experts or prompt_logprobs bypass prefix-cache lookups
+ * (every prompt position is computed). */
 int engine_experts_per_token(const Engine *e);
+/* Returns positions published so far (n_prompt - 1 once done); experts
+ * [n_prompt - 1, experts_per_token]. */
+int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts);
 /* Abort (client gone, abort call). Takes effect at the next step boundary:
  * blocks freed, unfinished sequences finish with FINISH_ABORT. Idempotent. */
 void engine_abort(Engine *e, EngineRequest *r);

@@ -323,7 +323,7 @@ def make_fixture(fx):
         ref[f"seq{i}.tokens"] = ids.to(torch.int32).contiguous()
         ref[f"seq{i}.prefill_logits"] = p.contiguous()
         ref[f"seq{i}.decode_logits"] = d.contiguous()
-    save_file(ref, os.path.join(out_dir, "ref.safetensors"),)
+    save_ref(ref, os.path.join(out_dir, "ref.safetensors"))
     sizes = dir_bytes(out_dir)
     total = sum(sizes.values())
     assert total < 1_000_000, f"{fx['name']} is {total} bytes"
@@ -362,7 +362,7 @@ def make_tiny_qwen3():
         stds.append(p.std().item())
         ref[f"seq{i}.tokens"] = ids.to(torch.int32).contiguous()
         ref[f"seq{i}.prefill_logits"] = p.contiguous()
-    save_file(ref, os.path.join(out_dir, "ref.safetensors"),)
+    save_ref(ref, os.path.join(out_dir, "ref.safetensors"))
     sizes = dir_bytes(out_dir)
     total = sum(sizes.values())
     assert total < 35_000_000, total

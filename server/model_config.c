@@ -78,7 +78,7 @@ static int parse_arch(ModelConfig *c, json_t *root, const char *path, Err *err) 
 }
 
 static int parse_moe(ModelConfig *c, json_t *root, const char *path, Err *err) {
-    c->n_experts = get_int(root, "num_experts", 0);
+    c->n_experts = get_int(root, "num_experts", get_int(root, "num_local_experts", 0));
     c->top_k = get_int(root, "num_experts_per_tok", 0);
     c->moe_intermediate = get_int(root, "moe_intermediate_size", 0);
     c->norm_topk_prob = get_bool(root, "norm_topk_prob", 0);

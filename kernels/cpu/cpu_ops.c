@@ -50,18 +50,25 @@ AVX2_INLINE float hsum8(__m256 v) {
 AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int ldx,
                           const uint16_t *w, int K) {
     __m256 acc[4][4];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 wv[4];
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) wv[r] = load_bf16x8(w + (size_t)r * K + k);
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + k);
+#pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             float s = hsum8(acc[r][t]);
             for (int kk = k; kk < K; kk++) s += bf16_to_f32(w[(size_t)r * K + kk]) * x[(size_t)t * ldx + kk];

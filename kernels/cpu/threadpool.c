@@ -4,12 +4,21 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "check.h"
 
-#define SPIN_ITERS 200000
+#define SPIN_ITERS 20000 /* ~100 us of spinning before a worker sleeps */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    sched_yield();
+#endif
+}
 
 struct ThreadPool {
     int n;                 /* threads including the caller */
@@ -40,7 +49,7 @@ static void *worker(void *p) {
     for (;;) {
         int spins = 0;
         while (atomic_load(&tp->gen) == seen && !atomic_load(&tp->stop)) {
-            if (++spins < SPIN_ITERS) { __builtin_ia32_pause(); continue; }
+            if (++spins < SPIN_ITERS) { cpu_relax(); continue; }
             pthread_mutex_lock(&tp->mu);
             while (atomic_load(&tp->gen) == seen && !atomic_load(&tp->stop)) pthread_cond_wait(&tp->cv, &tp->mu);
             pthread_mutex_unlock(&tp->mu);
@@ -97,5 +106,9 @@ void threadpool_run(ThreadPool *tp, int n_tasks, TaskFn fn, void *ctx) {
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     run_tasks(tp, 0);
-    while (atomic_load(&tp->done) < tp->n - 1) __builtin_ia32_pause();
+    /* A preempted worker may still hold a task: yield rather than burn the core it needs. */
+    for (int spins = 0; atomic_load(&tp->done) < tp->n - 1; spins++) {
+        if (spins < 1000) cpu_relax();
+        else sched_yield();
+    }
 }

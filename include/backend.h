@@ -11,7 +11,7 @@
 
 #include "weights.h"
 
-/* Paged attention of one layer for a batch. */
+/* Paged attention of one layer for a batch. All pointers are backend memory. */
 typedef struct AttnArgs {
     float *out;              /* [n_tokens, n_heads * head_dim] f32 */
     const float *q;          /* [n_tokens, n_heads * head_dim] f32, RoPE applied */
@@ -19,7 +19,8 @@ typedef struct AttnArgs {
     const float *v_cache;    /* same */
     const int32_t *pos;      /* [n_tokens] */
     const int32_t *seq;      /* [n_tokens] */
-    const int32_t *const *block_table; /* [n_seqs][...] */
+    const int32_t *block_table; /* [n_seqs, bt_stride] physical block ids */
+    int bt_stride;
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size;
     float scale;             /* 1/sqrt(head_dim) */
 } AttnArgs;
@@ -28,6 +29,13 @@ typedef struct Backend Backend;
 struct Backend {
     const char *name;
     void *ctx;
+    int host;  /* 1: ops take host pointers (upload/download are never called) */
+    /* memory: zeroed allocation, release, host<->backend copies */
+    void *(*alloc)(Backend *b, size_t bytes);
+    void (*release)(Backend *b, void *p);
+    void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
+    void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
+    void (*zero)(Backend *b, void *p, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
     void (*embed)(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim);
     /* out[n, dim] = rmsnorm(x[n, dim]) * w[dim] (bf16); out may alias x */
@@ -43,6 +51,14 @@ struct Backend {
     void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
     /* x[n] += y[n] */
     void (*add)(Backend *b, float *x, const float *y, int n);
+    /* cache[slots[i]] = src[i] for k and v; rows of slot_elems f32 */
+    void (*kv_write)(Backend *b, float *k_cache, float *v_cache, const float *k, const float *v,
+                     const int32_t *slots, int n, int slot_elems);
+    /* dst[i] = src[rows[i]], i < n; rows of dim f32 */
+    void (*gather_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim);
+    /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */
+    void (*scale_add_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
+                           int n, int dim);
     void (*free)(Backend *b);
 };
 

@@ -30,6 +30,7 @@ static int gpu_refuse(void) {
 }
 #endif
 
+#ifndef SAMPLER_GPU_SM
 static void usage(void) {
     printf("usage: sampler-cpu [--model DIR] [--prompt-ids 1,2,3] [--max-tokens N] [--threads N]\n"
            "  --model DIR        Hugging Face model directory (default: the bundled models/tiny-qwen3)\n"
@@ -98,6 +99,8 @@ static int generate(const char *dir, const int32_t *prompt, int n_prompt, int ma
     model_free(m);
     return 0;
 }
+
+#endif
 
 int main(int argc, char **argv) {
 #ifdef SAMPLER_GPU_SM

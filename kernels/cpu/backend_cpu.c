@@ -5,6 +5,7 @@
  * thread count and of the batch composition.
  */
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -75,7 +76,7 @@ static void attn_task(void *p, int task, int thread) {
     const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
     float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
     float *s = j->c->scores + (size_t)thread * j->c->max_ctx;
-    const int32_t *bt = a->block_table[a->seq[t]];
+    const int32_t *bt = a->block_table + (size_t)a->seq[t] * a->bt_stride;
     int n = a->pos[t] + 1;
     size_t slot_stride = (size_t)a->n_kv_heads * hd;
     float mx = -INFINITY;
@@ -108,6 +109,29 @@ static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u
 
 static void cpu_add_op(Backend *b, float *x, const float *y, int n) { cpu_add(x, y, n); }
 
+static void cpu_kv_write(Backend *b, float *kc, float *vc, const float *k, const float *v,
+                         const int32_t *slots, int n, int se) {
+    for (int i = 0; i < n; i++) {
+        memcpy(kc + (size_t)slots[i] * se, k + (size_t)i * se, sizeof(float) * (size_t)se);
+        memcpy(vc + (size_t)slots[i] * se, v + (size_t)i * se, sizeof(float) * (size_t)se);
+    }
+}
+
+static void cpu_gather_rows(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+}
+
+static void cpu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
+                               int n, int dim) {
+    for (int i = 0; i < n; i++) cpu_axpy(dst + (size_t)rows[i] * dim, w[i], src + (size_t)i * dim, dim);
+}
+
+static void *cpu_alloc(Backend *b, size_t bytes) { return xcalloc(1, bytes); }
+static void cpu_release(Backend *b, void *p) { free(p); }
+static void cpu_copy(Backend *b, void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+static void cpu_zero(Backend *b, void *p, size_t n) { memset(p, 0, n); }
+
 static void cpu_free(Backend *b) {
     CpuCtx *c = b->ctx;
     threadpool_free(c->tp);
@@ -125,7 +149,11 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
     c->max_ctx = max_ctx;
     c->scores = xmalloc(sizeof(float) * (size_t)n_threads * (size_t)max_ctx);
     Backend *b = xcalloc(1, sizeof *b);
-    *b = (Backend){"cpu", c, cpu_embed_op, cpu_rmsnorm_op, cpu_matmul, cpu_norm_rope,
-                   cpu_attention, cpu_swiglu_op, cpu_add_op, cpu_free};
+    *b = (Backend){.name = "cpu", .ctx = c, .host = 1, .alloc = cpu_alloc, .release = cpu_release,
+                   .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .embed = cpu_embed_op,
+                   .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
+                   .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
+                   .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
+                   .scale_add_rows = cpu_scale_add_rows, .free = cpu_free};
     return b;
 }

@@ -1,0 +1,219 @@
+/*
+ * tokenizer.c - encode and decode with a loaded Tokenizer, in the order
+ * `tokenizers` applies its stages: added tokens on the raw text, normalizer,
+ * normalized added tokens, pre-tokenizer, BPE, post-processor.
+ * Not here: loading (tokenizer_load.c), streaming decode (tok_decoder.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <utf8proc.h>
+
+#include "chat_template.h"
+#include "tok_internal.h"
+
+void tok_ids_free(TokIds *v) {
+    free(v->ids);
+    memset(v, 0, sizeof *v);
+}
+
+Tokenizer *tokenizer_load(const char *dir, Err *e) {
+    char path[4096];
+    size_t n, cn;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    Err fe = {0};
+    char *tj = tok_read_file(path, &n, &fe);
+    if (!tj) {
+        if (fe.msg[0]) *e = fe;
+        else ERR(e, 400, "%s not found (nor tokenizer.json.zst): is %s a model directory?", path, dir);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    char *cj = tok_read_file(path, &cn, &fe);
+    Tokenizer *t = tokenizer_load_json(tj, n, cj, e);
+    free(tj);
+    free(cj);
+    return t;
+}
+
+void tokenizer_free(Tokenizer *t) {
+    if (!t) return;
+    for (int32_t i = 0; i < t->n_ids; i++) {
+        if (t->tok_str) free(t->tok_str[i]);
+        if (t->tok_bytes) free(t->tok_bytes[i]);
+    }
+    free(t->tok_str);
+    free(t->tok_bytes);
+    free(t->tok_bytes_len);
+    free(t->is_special);
+    free(t->is_added);
+    strmap_free(&t->str_to_id);
+    strmap_free(&t->bpe.vocab);
+    free(t->bpe.merges);
+    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    free(t->added);
+    trie_free(&t->trie_raw);
+    trie_free(&t->trie_norm);
+    free(t->bos);
+    free(t->eos);
+    free(t->pad);
+    free(t->unk);
+    chat_template_free(t->chat);
+    free(t);
+}
+
+char *normalize_str(const Tokenizer *t, const char *s, size_t n, size_t *out_n) {
+    char *cur = xmalloc(n + 1);
+    memcpy(cur, s, n);
+    cur[n] = 0;
+    *out_n = n;
+    bool ascii = true;
+    for (size_t i = 0; i < n && ascii; i++) ascii = (uint8_t)s[i] < 0x80;
+    if (ascii) return cur; /* every normal form leaves ASCII as it is */
+    for (int k = 0; k < t->n_norm; k++) {
+        utf8proc_option_t opt = UTF8PROC_STABLE;
+        switch (t->norm[k]) {
+        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+        case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+        default: continue;
+        }
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)*out_n, &dst, opt);
+        CHECK(r >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(r));
+        free(cur);
+        cur = (char *)dst;
+        *out_n = (size_t)r;
+    }
+    return cur;
+}
+
+/* Per-call scratch: nothing shared between threads. */
+typedef struct EncScratch {
+    PreScratch pre;
+    BpeScratch bpe;
+    AddedSplitVec split;
+} EncScratch;
+
+static int encode_plain(const Tokenizer *t, const char *s, size_t n, EncScratch *sc, TokIds *out, Err *e) {
+    int rc = pretok_run(t->pre, t->n_pre, s, n, &sc->pre, e);
+    if (rc) return rc;
+    for (size_t i = 0; i < sc->pre.a.n; i++) {
+        Span p = sc->pre.a.v[i];
+        bpe_word(&t->bpe, (const uint8_t *)s + p.start, p.end - p.start, &sc->bpe, out);
+    }
+    return 0;
+}
+
+static void push(TokIds *out, int32_t id) {
+    if (out->n == out->cap) {
+        out->cap = out->cap ? out->cap * 2 : 256;
+        out->ids = realloc(out->ids, out->cap * sizeof *out->ids);
+        CHECK(out->ids, "out of memory growing token ids");
+    }
+    out->ids[out->n++] = id;
+}
+
+/* A text segment without raw added tokens: normalize, then normalized
+ * added tokens, then the model. */
+static int encode_segment(const Tokenizer *t, const char *s, size_t n, EncScratch *sc, TokIds *out, Err *e) {
+    if (!t->n_norm && !t->has_norm_added) return encode_plain(t, s, n, sc, out, e);
+    size_t nn;
+    char *norm = t->n_norm ? normalize_str(t, s, n, &nn) : NULL;
+    const char *txt = norm ? norm : s;
+    if (!norm) nn = n;
+    int rc = 0;
+    if (!t->has_norm_added) rc = encode_plain(t, txt, nn, sc, out, e);
+    else {
+        AddedSplitVec sp = {0};
+        added_split(&t->trie_norm, t->added, txt, nn, &sp);
+        for (size_t i = 0; i < sp.n && !rc; i++) {
+            if (sp.v[i].tok >= 0) push(out, t->added[sp.v[i].tok].id);
+            else rc = encode_plain(t, txt + sp.v[i].start, sp.v[i].end - sp.v[i].start, sc, out, e);
+        }
+        free(sp.v);
+    }
+    free(norm);
+    return rc;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, bool add_special_tokens,
+                     TokIds *out, Err *e) {
+    size_t rlen, n0 = out->n;
+    char *fixed = utf8_repair(text, len, &rlen);
+    if (fixed) { text = fixed; len = rlen; }
+    EncScratch sc = {0};
+    int rc = 0;
+    if (add_special_tokens)
+        for (int i = 0; i < t->n_prefix; i++) push(out, t->prefix_ids[i]);
+    if (t->trie_raw.n_nodes > 1) {
+        added_split(&t->trie_raw, t->added, text, len, &sc.split);
+        for (size_t i = 0; i < sc.split.n && !rc; i++) {
+            AddedSplit s = sc.split.v[i];
+            if (s.tok >= 0) push(out, t->added[s.tok].id);
+            else rc = encode_segment(t, text + s.start, s.end - s.start, &sc, out, e);
+        }
+    } else rc = encode_segment(t, text, len, &sc, out, e);
+    if (add_special_tokens)
+        for (int i = 0; i < t->n_suffix; i++) push(out, t->suffix_ids[i]);
+    pre_scratch_free(&sc.pre);
+    bpe_scratch_free(&sc.bpe);
+    free(sc.split.v);
+    free(fixed);
+    if (rc) out->n = n0;
+    return rc;
+}
+
+int tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, bool skip_special_tokens,
+                     char **out, size_t *out_len, Err *e) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < t->n_ids) total += t->tok_bytes_len[ids[i]];
+    char *buf = xmalloc(total + 1), *o = buf;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= t->n_ids || !t->tok_bytes[id]) continue;
+        if (skip_special_tokens && t->is_special[id]) continue;
+        memcpy(o, t->tok_bytes[id], t->tok_bytes_len[id]);
+        o += t->tok_bytes_len[id];
+    }
+    *o = 0;
+    size_t rl;
+    char *fixed = utf8_repair(buf, (size_t)(o - buf), &rl);
+    if (fixed) { free(buf); *out = fixed; *out_len = rl; }
+    else { *out = buf; *out_len = (size_t)(o - buf); }
+    return 0;
+}
+
+int32_t tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }
+
+const char *tokenizer_id_to_token(const Tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_ids ? t->tok_str[id] : NULL;
+}
+
+int32_t tokenizer_token_to_id(const Tokenizer *t, const char *token) {
+    uint32_t id;
+    return strmap_get(&t->str_to_id, token, strlen(token), &id) ? (int32_t)id : -1;
+}
+
+int tokenizer_token_bytes(const Tokenizer *t, int32_t id, const char **bytes, size_t *len) {
+    if (id < 0 || id >= t->n_ids || !t->tok_bytes[id]) return -1;
+    *bytes = t->tok_bytes[id];
+    *len = t->tok_bytes_len[id];
+    return 0;
+}
+
+bool tokenizer_is_special(const Tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_ids && t->is_special[id];
+}
+
+int32_t tokenizer_bos_id(const Tokenizer *t) { return t->bos_id; }
+int32_t tokenizer_eos_id(const Tokenizer *t) { return t->eos_id; }
+int32_t tokenizer_pad_id(const Tokenizer *t) { return t->pad_id; }
+const char *tokenizer_bos_token(const Tokenizer *t) { return t->bos; }
+const char *tokenizer_eos_token(const Tokenizer *t) { return t->eos; }
+const char *tokenizer_pad_token(const Tokenizer *t) { return t->pad; }
+const char *tokenizer_unk_token(const Tokenizer *t) { return t->unk; }
+const ChatTemplate *tokenizer_chat_template(const Tokenizer *t) { return t->chat; }

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "dtype.h"
@@ -202,6 +203,28 @@ void *delta_lookup_safetensors(void *ctx, const char *name, Dtype *dt, int64_t *
 
 /* Run fn(ctx, i) for i in [0, n) on up to n_threads threads, dynamically. */
 void delta_par_for(int n, int n_threads, void (*fn)(void *ctx, int i), void *ctx);
+
+/* Element helpers shared by the encoder and apply: constant-size copies the
+ * compiler turns into single loads/stores. */
+static inline int delta_elem_ne(const uint8_t *a, const uint8_t *b, int es) {
+    switch (es) {
+    case 1: return *a != *b;
+    case 2: { uint16_t x, y; memcpy(&x, a, 2); memcpy(&y, b, 2); return x != y; }
+    case 4: { uint32_t x, y; memcpy(&x, a, 4); memcpy(&y, b, 4); return x != y; }
+    case 8: { uint64_t x, y; memcpy(&x, a, 8); memcpy(&y, b, 8); return x != y; }
+    default: return memcmp(a, b, (size_t)es) != 0;
+    }
+}
+
+static inline void delta_elem_cpy(uint8_t *d, const uint8_t *s, int es) {
+    switch (es) {
+    case 1: *d = *s; break;
+    case 2: memcpy(d, s, 2); break;
+    case 4: memcpy(d, s, 4); break;
+    case 8: memcpy(d, s, 8); break;
+    default: memcpy(d, s, (size_t)es);
+    }
+}
 
 /* libFuzzer-style entry: parse and (on success) apply to a small built-in
  * model; never crashes, always leaves weights at a valid version. */

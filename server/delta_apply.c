@@ -241,7 +241,7 @@ static uint64_t predicted_hash(const PlanT *t, int64_t *n_diff) {
     *n_diff = 0;
     if (!t->d.pos) {
         for (int64_t i = 0; i < e->numel; i++)
-            *n_diff += memcmp(t->data + i * es, t->d.vals + i * es, (size_t)es) != 0;
+            *n_diff += delta_elem_ne(t->data + i * es, t->d.vals + i * es, es);
         return XXH3_64bits(t->d.vals, (size_t)e->numel * (size_t)es);
     }
     enum { CHUNK = 1 << 16 };
@@ -257,8 +257,8 @@ static uint64_t predicted_hash(const PlanT *t, int64_t *n_diff) {
         int64_t end_el = (int64_t)((off + len) / (size_t)es);
         for (; k < t->d.n && t->d.pos[k] < end_el; k++) {
             uint8_t *dst = buf + (size_t)t->d.pos[k] * es - off;
-            *n_diff += memcmp(dst, t->d.vals + k * es, (size_t)es) != 0;
-            memcpy(dst, t->d.vals + k * es, (size_t)es);
+            *n_diff += delta_elem_ne(dst, t->d.vals + k * es, es);
+            delta_elem_cpy(dst, t->d.vals + k * es, es);
         }
         XXH3_64bits_update(s, buf, len);
     }
@@ -371,9 +371,9 @@ static void swap_one(void *ctx, int i) {
     if (t->d.pos) {
         for (int64_t k = 0; k < t->d.n; k++) {
             uint8_t *w = t->data + (size_t)t->d.pos[k] * es, *v = t->d.vals + (size_t)k * es;
-            memcpy(tmp, w, (size_t)es);
-            memcpy(w, v, (size_t)es);
-            memcpy(v, tmp, (size_t)es);
+            delta_elem_cpy(tmp, w, es);
+            delta_elem_cpy(w, v, es);
+            delta_elem_cpy(v, tmp, es);
         }
         return;
     }

@@ -171,6 +171,13 @@ void delta_file_free(DeltaFile *f) {
  * the exponent bytes of nearby weights are alike and compress well. */
 static void unplane(uint8_t *dst, const uint8_t *src, int64_t n, int es) {
     if (es == 1) { memcpy(dst, src, (size_t)n); return; }
+    if (es == 2) { /* BF16/F16: the common case, kept vectorizable */
+        for (int64_t i = 0; i < n; i++) {
+            dst[2 * i] = src[i];
+            dst[2 * i + 1] = src[n + i];
+        }
+        return;
+    }
     for (int k = 0; k < es; k++) {
         const uint8_t *s = src + (size_t)k * (size_t)n;
         for (int64_t i = 0; i < n; i++) dst[(size_t)i * es + k] = s[i];
@@ -179,6 +186,13 @@ static void unplane(uint8_t *dst, const uint8_t *src, int64_t n, int es) {
 
 static void plane(uint8_t *dst, const uint8_t *src, int64_t n, int es) {
     if (es == 1) { memcpy(dst, src, (size_t)n); return; }
+    if (es == 2) {
+        for (int64_t i = 0; i < n; i++) {
+            dst[i] = src[2 * i];
+            dst[n + i] = src[2 * i + 1];
+        }
+        return;
+    }
     for (int k = 0; k < es; k++) {
         uint8_t *d = dst + (size_t)k * (size_t)n;
         for (int64_t i = 0; i < n; i++) d[i] = src[(size_t)i * es + k];
@@ -259,76 +273,110 @@ void delta_decoded_free(DeltaDecoded *d) {
 
 /* ---- encoder ---- */
 
-static int varint_len(uint64_t v) {
-    int n = 1;
-    while (v >= 0x80) { v >>= 7; n++; }
-    return n;
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "scan_diffs maps the lowest set bit of a word to the lowest-addressed element"
+#endif
+
+/* The sparse payload under construction: gap varints and new values, in
+ * buffers that grow with the changes found, up to the dense size (beyond
+ * that the tensor goes dense, and only the count continues). */
+typedef struct Sink {
+    const uint8_t *b;
+    int es;
+    int64_t nch, prev_next;
+    uint64_t cap_bytes;     /* dense payload size: stop storing past it */
+    uint8_t *pos, *vals;
+    size_t npos, cap_pos, cap_vals;
+    int full;
+} Sink;
+
+static void sink_add(Sink *s, int64_t i) {
+    s->nch++;
+    if (s->full) return;
+    if (s->npos + 10 > s->cap_pos || (size_t)s->nch * (size_t)s->es > s->cap_vals) {
+        if ((uint64_t)(s->npos + 10 + (size_t)s->nch * (size_t)s->es) > s->cap_bytes) {
+            s->full = 1;
+            return;
+        }
+        s->cap_pos = s->cap_pos ? 2 * s->cap_pos : 1 << 12;
+        s->cap_vals = s->cap_vals ? 2 * s->cap_vals : 1 << 12;
+        s->pos = realloc(s->pos, s->cap_pos);
+        s->vals = realloc(s->vals, s->cap_vals);
+        CHECK(s->pos && s->vals, "out of memory encoding a delta");
+    }
+    uint64_t g = (uint64_t)(i - s->prev_next);
+    while (g >= 0x80) {
+        s->pos[s->npos++] = (uint8_t)(g | 0x80);
+        g >>= 7;
+    }
+    s->pos[s->npos++] = (uint8_t)g;
+    delta_elem_cpy(s->vals + (size_t)(s->nch - 1) * (size_t)s->es, s->b + (size_t)i * (size_t)s->es, s->es);
+    s->prev_next = i + 1;
 }
 
-/* Next differing element index >= i, or n. Skips equal 64-byte blocks fast. */
-static int64_t next_diff(const uint8_t *a, const uint8_t *b, int64_t i, int64_t n, int es) {
-    while (i < n) {
-        if ((i * es) % 64 == 0 && (n - i) * es >= 64 && memcmp(a + i * es, b + i * es, 64) == 0) {
-            i += 64 / es;
-            continue;
-        }
-        if (memcmp(a + i * es, b + i * es, (size_t)es) != 0) return i;
-        i++;
+/* Every element whose bits differ, ascending. Element sizes are 1, 2, 4 or
+ * 8, so a 64-bit word holds 8/es whole elements: XOR 32-byte blocks, skip
+ * equal ones, and walk the set lanes of the others. */
+static void scan_diffs(const uint8_t *a, const uint8_t *b, int64_t n, int es, Sink *s) {
+    const int64_t per = 8 / es;
+    const int shift = es == 1 ? 3 : es == 2 ? 4 : es == 4 ? 5 : 6;
+    const uint64_t lane = es == 8 ? ~0ull : (1ull << (8 * es)) - 1;
+    int64_t i = 0;
+    for (; i + 4 * per <= n; i += 4 * per) {
+        uint64_t x[4], y[4], d[4];
+        memcpy(x, a + i * es, 32);
+        memcpy(y, b + i * es, 32);
+        for (int w = 0; w < 4; w++) d[w] = x[w] ^ y[w];
+        if ((d[0] | d[1] | d[2] | d[3]) == 0) continue;
+        for (int w = 0; w < 4; w++)
+            for (uint64_t dw = d[w]; dw;) {
+                int l = __builtin_ctzll(dw) >> shift;
+                sink_add(s, i + w * per + l);
+                dw &= ~(lane << (l * 8 * es));
+            }
     }
-    return n;
+    for (; i < n; i++)
+        if (delta_elem_ne(a + i * es, b + i * es, es)) sink_add(s, i);
 }
 
 int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, const int64_t *shape,
                         const void *old_data, const void *new_data, int level, Err *err) {
     memset(out, 0, sizeof *out);
     int es = dtype_size(dt);
-    ENSURE(err, es > 0 && ndim >= 0 && ndim <= DELTA_MAX_DIMS, 400, "delta: '%s': bad dtype or ndim", name);
+    ENSURE(err, (es == 1 || es == 2 || es == 4 || es == 8) && ndim >= 0 && ndim <= DELTA_MAX_DIMS, 400,
+           "delta: '%s': bad dtype or ndim", name);
     ENSURE(err, strlen(name) >= 1 && strlen(name) <= DELTA_MAX_NAME, 400, "delta: '%s': bad name length", name);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) numel *= shape[i];
     ENSURE(err, numel >= 1, 400, "delta: '%s': empty tensor", name);
-    const uint8_t *a = old_data, *b = new_data;
-    int64_t nch = 0;
-    uint64_t pbytes = 0;
-    int64_t prev_next = 0;
-    for (int64_t i = next_diff(a, b, 0, numel, es); i < numel; i = next_diff(a, b, i + 1, numel, es)) {
-        nch++;
-        pbytes += (uint64_t)varint_len((uint64_t)(i - prev_next));
-        prev_next = i + 1;
-    }
-    out->n_changed = nch;
-    if (nch == 0) return 0;
+    const uint8_t *b = new_data;
+    uint64_t dense_raw = (uint64_t)numel * (uint64_t)es;
+    Sink s = {.b = b, .es = es, .cap_bytes = dense_raw};
+    scan_diffs(old_data, b, numel, es, &s);
+    out->n_changed = s.nch;
+    if (s.nch == 0) return 0;
     out->name = xstrdup(name);
     out->dtype = dt;
     out->ndim = ndim;
     for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
     out->numel = numel;
-    out->hash_after = XXH3_64bits(b, (size_t)numel * (size_t)es);
-    uint64_t sparse_raw = pbytes + (uint64_t)nch * (uint64_t)es, dense_raw = (uint64_t)numel * (uint64_t)es;
+    out->hash_after = XXH3_64bits(b, (size_t)dense_raw);
+    uint64_t sparse_raw = s.npos + (uint64_t)s.nch * (uint64_t)es;
     uint8_t *raw;
-    if (sparse_raw < dense_raw) {
+    if (!s.full && sparse_raw < dense_raw) {
         out->encoding = DELTA_SPARSE;
         out->raw_bytes = sparse_raw;
         raw = xmalloc(sparse_raw);
-        uint8_t *p = raw, *vals = xmalloc((size_t)nch * (size_t)es);
-        int64_t k = 0;
-        prev_next = 0;
-        for (int64_t i = next_diff(a, b, 0, numel, es); i < numel; i = next_diff(a, b, i + 1, numel, es)) {
-            uint64_t g = (uint64_t)(i - prev_next);
-            while (g >= 0x80) { *p++ = (uint8_t)(g | 0x80); g >>= 7; }
-            *p++ = (uint8_t)g;
-            memcpy(vals + k * es, b + i * es, (size_t)es);
-            k++;
-            prev_next = i + 1;
-        }
-        plane(p, vals, nch, es);
-        free(vals);
+        memcpy(raw, s.pos, s.npos);
+        plane(raw + s.npos, s.vals, s.nch, es);
     } else {
         out->encoding = DELTA_DENSE;
         out->raw_bytes = dense_raw;
         raw = xmalloc(dense_raw);
         plane(raw, b, numel, es);
     }
+    free(s.pos);
+    free(s.vals);
     size_t cap = ZSTD_compressBound(out->raw_bytes);
     out->payload = xmalloc(cap);
     size_t cs = ZSTD_compress(out->payload, cap, raw, out->raw_bytes, level);

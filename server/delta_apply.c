@@ -368,6 +368,17 @@ static void swap_one(void *ctx, int i) {
     PlanT *t = &((DeltaPlan *)ctx)->t[i];
     int es = t->es;
     uint8_t tmp[8];
+    if (t->d.pos && es == 2) { /* BF16/F16: the common case, without a per-element size switch */
+        for (int64_t k = 0; k < t->d.n; k++) {
+            uint8_t *w = t->data + (size_t)t->d.pos[k] * 2, *v = t->d.vals + (size_t)k * 2;
+            uint16_t x, y;
+            memcpy(&x, w, 2);
+            memcpy(&y, v, 2);
+            memcpy(w, &y, 2);
+            memcpy(v, &x, 2);
+        }
+        return;
+    }
     if (t->d.pos) {
         for (int64_t k = 0; k < t->d.n; k++) {
             uint8_t *w = t->data + (size_t)t->d.pos[k] * es, *v = t->d.vals + (size_t)k * es;

@@ -1,0 +1,374 @@
+/*
+ * test_delta.c - the delta container and in-place apply: bit-exact round
+ * trip, replay, wrong base/fingerprint, every byte of a container corrupted
+ * (with and without a recomputed checksum) or truncated, a delta made from
+ * other base weights, the restore path of commit, and the fuzz target over
+ * mutated containers. Every rejection is checked to leave all weight bits
+ * as they were (hash of every weight before and after).
+ */
+#include "delta.h"
+
+#include <stdlib.h>
+#include <xxhash.h>
+
+#include "test.h"
+
+#define NT 5
+
+/* A small in-memory checkpoint: one storage block per tensor. */
+typedef struct Ckpt {
+    StTensor t[NT];
+    SafeTensors st;
+} Ckpt;
+
+static const char *g_names[NT] = {"layers.0.mlp.weight", "layers.0.norm.bias", "lm_head.weight", "model.embed",
+                                  "z.f16"};
+static const Dtype g_dt[NT] = {DT_BF16, DT_F32, DT_BF16, DT_BF16, DT_F16};
+static const int g_ndim[NT] = {2, 1, 1, 2, 2};
+static const int64_t g_shape[NT][2] = {{64, 96}, {33, 0}, {128, 0}, {3000, 100}, {7, 3}};
+
+static uint32_t rng(uint32_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+static void ckpt_init(Ckpt *c, int big) {
+    memset(c, 0, sizeof *c);
+    uint32_t s = 2463534242u;
+    for (int i = 0; i < NT; i++) {
+        StTensor *t = &c->t[i];
+        t->name = (char *)g_names[i];
+        t->dtype = g_dt[i];
+        t->ndim = g_ndim[i];
+        t->numel = 1;
+        for (int d = 0; d < t->ndim; d++) t->numel *= (t->shape[d] = g_shape[i][d]);
+        if (i == 3 && !big) t->numel = (t->shape[0] = 30) * 100;
+        t->nbytes = (size_t)t->numel * (size_t)dtype_size(t->dtype);
+        t->data = xmalloc(t->nbytes);
+        for (size_t b = 0; b < t->nbytes; b++) t->data[b] = (uint8_t)rng(&s);
+    }
+    c->st = (SafeTensors){.n = NT, .t = c->t};
+}
+
+static void ckpt_copy(Ckpt *dst, const Ckpt *src) {
+    *dst = *src;
+    for (int i = 0; i < NT; i++) {
+        dst->t[i].data = xmalloc(src->t[i].nbytes);
+        memcpy(dst->t[i].data, src->t[i].data, src->t[i].nbytes);
+    }
+    dst->st.t = dst->t;
+}
+
+static void ckpt_set(Ckpt *dst, const Ckpt *src) {
+    for (int i = 0; i < NT; i++) memcpy(dst->t[i].data, src->t[i].data, src->t[i].nbytes);
+}
+
+static void ckpt_free(Ckpt *c) {
+    for (int i = 0; i < NT; i++) free(c->t[i].data);
+}
+
+static int ckpt_equal(const Ckpt *a, const Ckpt *b) {
+    for (int i = 0; i < NT; i++)
+        if (memcmp(a->t[i].data, b->t[i].data, a->t[i].nbytes) != 0) return 0;
+    return 1;
+}
+
+static uint64_t ckpt_hash(const Ckpt *c) {
+    XXH3_state_t *s = XXH3_createState();
+    XXH3_64bits_reset(s);
+    for (int i = 0; i < NT; i++) XXH3_64bits_update(s, c->t[i].data, c->t[i].nbytes);
+    uint64_t h = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h;
+}
+
+/* A training-like step: a sparse subset of elements gets new bits. Tensor 1
+ * is rewritten entirely (dense), tensor 2 is left alone, tensor 3 changes at
+ * far-apart positions (multi-byte gaps), the last F16 element changes. */
+static void step(Ckpt *c, uint32_t seed) {
+    uint32_t s = seed;
+    uint16_t *w0 = (uint16_t *)c->t[0].data;
+    for (int64_t i = 0; i < c->t[0].numel; i++)
+        if (rng(&s) % 100 == 0) w0[i] ^= (uint16_t)(1 + rng(&s) % 7);
+    float *b = (float *)c->t[1].data;
+    for (int64_t i = 0; i < c->t[1].numel; i++) b[i] = (float)i + 0.5f * (float)seed;
+    uint16_t *w3 = (uint16_t *)c->t[3].data;
+    int64_t n3 = c->t[3].numel;
+    w3[0] ^= 1;
+    w3[n3 / 2 + 17] ^= 0x100;
+    w3[n3 - 1] ^= 0x8000;
+    uint16_t *w4 = (uint16_t *)c->t[4].data;
+    w4[20] ^= 0x3;
+}
+
+static uint8_t *make_delta(const Ckpt *a, const Ckpt *b, uint64_t fp, uint64_t base, uint64_t target, size_t *size) {
+    DeltaRecord r[NT];
+    int n = 0;
+    for (int i = 0; i < NT; i++) {
+        Err err = {0};
+        int rc = delta_encode_tensor(&r[n], a->t[i].name, a->t[i].dtype, a->t[i].ndim, a->t[i].shape, a->t[i].data,
+                                     b->t[i].data, 3, &err);
+        T_ASSERT(rc == 0, "encode %s: %s", a->t[i].name, err.msg);
+        if (r[n].n_changed) n++;
+    }
+    DeltaHeader h = {.fingerprint = fp, .base_version = base, .target_version = target};
+    uint8_t *buf = delta_serialize(&h, r, n, size);
+    for (int i = 0; i < n; i++) delta_record_free(&r[i]);
+    return buf;
+}
+
+static void fix_checksum(uint8_t *buf, size_t size) {
+    uint64_t h = XXH3_64bits(buf, size - 8);
+    for (int i = 0; i < 8; i++) buf[size - 8 + i] = (uint8_t)(h >> (8 * i));
+}
+
+static DeltaTarget target_of(Ckpt *c) {
+    return (DeltaTarget){.lookup = delta_lookup_safetensors, .ctx = &c->st, .n_threads = 2};
+}
+
+typedef struct Touched {
+    int calls;
+    int64_t n_idx;
+    int dense_calls;
+} Touched;
+
+static void on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                       int64_t n_idx) {
+    Touched *t = ctx;
+    t->calls++;
+    t->n_idx += n_idx;
+    t->dense_calls += idx == NULL;
+}
+
+static void test_round_trip(void) {
+    Ckpt v0, v1, v2, live;
+    ckpt_init(&v0, 1);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 1);
+    ckpt_copy(&v2, &v1);
+    step(&v2, 2);
+    ckpt_copy(&live, &v0);
+    WeightVersion *wv = weight_version_from_safetensors(&live.st, 2);
+    uint64_t fp = wv->fingerprint;
+    size_t n01, n12;
+    uint8_t *d01 = make_delta(&v0, &v1, fp, 0, 1, &n01), *d12 = make_delta(&v1, &v2, fp, 1, 2, &n12);
+
+    DeltaFile *f;
+    Err err = {0};
+    T_ASSERT(delta_parse(&f, d01, n01, &err) == 0, "%s", err.msg);
+    if (f) {
+        T_ASSERT(f->n == 4, "4 changed tensors, got %d", f->n);
+        for (int i = 0; i < f->n; i++) {
+            const DeltaEntry *e = &f->e[i];
+            int want_dense = strcmp(e->name, "layers.0.norm.bias") == 0;
+            T_ASSERT(e->encoding == (want_dense ? DELTA_DENSE : DELTA_SPARSE), "%s encoding %d", e->name, e->encoding);
+        }
+        delta_file_free(f);
+    }
+
+    Touched tc = {0};
+    DeltaTarget tgt = target_of(&live);
+    tgt.touched = on_touched;
+    tgt.touched_ctx = &tc;
+    DeltaResult res;
+    int rc = delta_apply(d01, n01, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0, "apply 0->1: %s", err.msg);
+    T_ASSERT(ckpt_equal(&live, &v1), "weights equal v1 bit for bit");
+    T_ASSERT(wv->version == 1 && res.version == 1 && !res.noop && res.tensors_updated == 4, "version 1");
+    T_ASSERT(tc.calls == 4 && tc.dense_calls == 1, "touched hook: %d calls, %d dense", tc.calls, tc.dense_calls);
+    for (int i = 0; i < NT; i++)
+        T_ASSERT(wv->hash[i] == XXH3_64bits(live.t[i].data, live.t[i].nbytes), "hash of %s tracked", wv->names[i]);
+    T_ASSERT(wv->fingerprint == fp, "fingerprint stays the lineage's");
+
+    /* replay: no-op success, nothing touched */
+    uint64_t h1 = ckpt_hash(&live);
+    tc = (Touched){0};
+    rc = delta_apply(d01, n01, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && res.noop && wv->version == 1 && ckpt_hash(&live) == h1 && tc.calls == 0, "replay is a no-op");
+
+    /* the next step, through the two phases */
+    DeltaPlan *p;
+    rc = delta_prepare(&p, d12, n12, &tgt, wv, &err);
+    T_ASSERT(rc == 0, "prepare 1->2: %s", err.msg);
+    T_ASSERT(ckpt_hash(&live) == h1, "prepare writes nothing");
+    if (rc == 0) {
+        rc = delta_commit(p, &tgt, wv, &res, &err);
+        T_ASSERT(rc == 0 && ckpt_equal(&live, &v2) && wv->version == 2, "commit 1->2: %s", err.msg);
+        delta_plan_free(p);
+    }
+    char *js = weight_version_json(wv);
+    T_ASSERT(strstr(js, "\"version\": 2") || strstr(js, "\"version\":2"), "GET json has the version: %s", js);
+    free(js);
+
+    /* an old delta is now a conflict (base 0 != 2, target 1 < 2) */
+    uint64_t h2 = ckpt_hash(&live);
+    rc = delta_apply(d01, n01, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -409 && err.code == 409 && res.version == 2 && ckpt_hash(&live) == h2, "stale delta -> 409");
+    js = delta_error_json(&err, wv);
+    T_ASSERT(strstr(js, "\"current_version\": 2") || strstr(js, "\"current_version\":2"), "409 body: %s", js);
+    free(js);
+
+    free(d01);
+    free(d12);
+    weight_version_free(wv);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+    ckpt_free(&v2);
+    ckpt_free(&live);
+}
+
+static void test_conflicts(void) {
+    Ckpt v0, v1, live, other;
+    ckpt_init(&v0, 0);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 7);
+    ckpt_copy(&live, &v0);
+    WeightVersion *wv = weight_version_from_safetensors(&live.st, 1);
+    DeltaTarget tgt = target_of(&live);
+    DeltaResult res;
+    Err err = {0};
+    uint64_t h0 = ckpt_hash(&live);
+    size_t n;
+    uint8_t *d = make_delta(&v0, &v1, wv->fingerprint, 3, 4, &n);
+    int rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -409 && err.code == 409 && res.version == 0 && ckpt_hash(&live) == h0, "wrong base -> 409");
+    free(d);
+    d = make_delta(&v0, &v1, wv->fingerprint ^ 1, 0, 1, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -409 && ckpt_hash(&live) == h0, "other model's fingerprint -> 409");
+    free(d);
+    /* right header, made from other base weights: the result hash would differ */
+    ckpt_copy(&other, &v0);
+    ((uint16_t *)other.t[0].data)[5] ^= 0x10;
+    ckpt_set(&v1, &other);
+    step(&v1, 7);
+    d = make_delta(&other, &v1, wv->fingerprint, 0, 1, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc < 0 && err.code == 422 && ckpt_hash(&live) == h0 && wv->version == 0, "other base content -> 422: %s",
+             err.msg);
+    free(d);
+
+    /* commit's restore path: a weight changes between prepare and commit */
+    ckpt_set(&v1, &v0);
+    step(&v1, 9);
+    d = make_delta(&v0, &v1, wv->fingerprint, 0, 1, &n);
+    DeltaPlan *p;
+    rc = delta_prepare(&p, d, n, &tgt, wv, &err);
+    T_ASSERT(rc == 0, "prepare: %s", err.msg);
+    if (rc == 0) {
+        ((uint16_t *)live.t[3].data)[1] ^= 0x1; /* untouched by the delta, in a touched tensor */
+        uint64_t hm = ckpt_hash(&live);
+        rc = delta_commit(p, &tgt, wv, &res, &err);
+        T_ASSERT(rc < 0 && ckpt_hash(&live) == hm && wv->version == 0, "failed verify restores all: %s", err.msg);
+        delta_plan_free(p);
+    }
+    free(d);
+    weight_version_free(wv);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+    ckpt_free(&live);
+    ckpt_free(&other);
+}
+
+/* Every byte of the container, flipped three ways, with the checksum left
+ * stale and with it recomputed ("lying" fields). A reader cannot refute the
+ * target version (any value > base is a legal claim), and a few zstd bits
+ * do not change the decoded bytes; an accepted container must leave the
+ * weights exactly at the target, a rejected one exactly as they were. */
+static void test_corruption(void) {
+    Ckpt v0, v1, live;
+    ckpt_init(&v0, 0);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 3);
+    ckpt_copy(&live, &v0);
+    WeightVersion *wv0 = weight_version_from_safetensors(&live.st, 1);
+    size_t n;
+    uint8_t *d = make_delta(&v0, &v1, wv0->fingerprint, 0, 1, &n);
+    uint8_t *m = xmalloc(n + 16);
+    uint64_t h0 = ckpt_hash(&v0), h1 = ckpt_hash(&v1);
+    static const uint8_t masks[3] = {0x01, 0x80, 0xff};
+    int bad = 0, accepted = 0, tried = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 3; k++)
+            for (int fix = 0; fix < 2; fix++) {
+                if (fix && i >= n - 8) continue;
+                memcpy(m, d, n);
+                m[i] ^= masks[k];
+                if (fix) fix_checksum(m, n);
+                ckpt_set(&live, &v0);
+                WeightVersion wv = *wv0;
+                uint64_t hashes[NT];
+                memcpy(hashes, wv0->hash, sizeof hashes);
+                wv.hash = hashes;
+                DeltaTarget tgt = target_of(&live);
+                tgt.n_threads = 1;
+                DeltaResult res;
+                Err err = {0};
+                int rc = delta_apply(m, n, &tgt, &wv, &res, &err);
+                tried++;
+                int is_target = i >= 32 && i < 40;
+                if (rc == 0 && fix) {
+                    /* a legal claim (target version) or a flip that decodes to
+                     * the same content (zstd padding bits): exactly v1 or bust */
+                    accepted += is_target;
+                    if (ckpt_hash(&live) != h1 || wv.version != res.version || (!is_target && wv.version != 1))
+                        bad++;
+                } else if (rc == 0 || ckpt_hash(&live) != h0 || wv.version != 0 ||
+                           memcmp(hashes, wv0->hash, sizeof hashes) != 0) {
+                    if (bad++ < 5) fprintf(stderr, "byte %zu mask %02x fix %d: rc %d\n", i, masks[k], fix, rc);
+                }
+            }
+    T_ASSERT(bad == 0, "%d of %d corruptions accepted or changed weights", bad, tried);
+    T_ASSERT(accepted > 0, "target version rewrites are legal claims (%d)", accepted);
+    /* truncation and extension */
+    bad = 0;
+    for (size_t len = 0; len < n + 16; len++) {
+        if (len == n) continue;
+        memcpy(m, d, n);
+        if (len > n) memset(m + n, 0, len - n);
+        ckpt_set(&live, &v0);
+        WeightVersion wv = *wv0;
+        DeltaTarget tgt = target_of(&live);
+        DeltaResult res;
+        Err err = {0};
+        int rc = delta_apply(m, len, &tgt, &wv, &res, &err);
+        if (rc == 0 || ckpt_hash(&live) != h0 || wv.version != 0) bad++;
+    }
+    T_ASSERT(bad == 0, "%d truncations/extensions accepted", bad);
+    free(m);
+    free(d);
+    weight_version_free(wv0);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+    ckpt_free(&live);
+}
+
+static void test_fuzz(void) {
+    size_t n;
+    uint8_t *seed = delta_fuzz_seed(&n);
+    T_ASSERT(delta_fuzz_one(seed, n) == 0, "seed");
+    uint8_t *m = xmalloc(n);
+    uint32_t s = 99;
+    for (int it = 0; it < 20000; it++) {
+        memcpy(m, seed, n);
+        size_t len = n;
+        int flips = 1 + (int)(rng(&s) % 4);
+        for (int f = 0; f < flips; f++) m[rng(&s) % n] ^= (uint8_t)(1u << (rng(&s) % 8));
+        if (rng(&s) % 4 == 0) len = rng(&s) % n;
+        if (rng(&s) % 2) fix_checksum(m, len >= 8 ? len : n);
+        delta_fuzz_one(m, len); /* aborts on a violated invariant */
+    }
+    T_ASSERT(1, "20000 mutated containers without a crash");
+    free(m);
+    free(seed);
+}
+
+int main(void) {
+    test_round_trip();
+    test_conflicts();
+    test_corruption();
+    test_fuzz();
+    return T_DONE();
+}

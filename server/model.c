@@ -60,6 +60,7 @@ static int load_mat(Loader *L, WeightMat *w, const char *name, int rows, int col
     w->rows = rows;
     w->cols = cols;
     w->q = NULL;
+    w->act_quant = 0;
     w->bf16 = load_bf16(L, name, rows, cols, 0);
     return w->bf16 ? 0 : -400;
 }
@@ -122,7 +123,7 @@ static int load_weights(Loader *L) {
     char nm[256];
     if (!(m->embed = load_bf16(L, "model.embed_tokens.weight", c->vocab, c->hidden, 0))) return -400;
     if (!(m->final_norm = load_bf16(L, "model.norm.weight", c->hidden, 0, 0))) return -400;
-    m->lm_head = (WeightMat){WF_BF16, c->vocab, c->hidden, NULL, NULL};
+    m->lm_head = (WeightMat){.fmt = WF_BF16, .rows = c->vocab, .cols = c->hidden};
     if (!c->tie_embeddings) {
         if (load_mat(L, &m->lm_head, "lm_head.weight", c->vocab, c->hidden)) return -400;
     } else {
@@ -147,7 +148,23 @@ static const char *arch_summary(const ModelConfig *c, char *buf, size_t n) {
     return buf;
 }
 
+int precision_parse(const char *s, Precision *out) {
+    static const char *names[] = {"bf16", "fp8", "nvfp4"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, names[i]) == 0) { *out = (Precision)i; return 0; }
+    return -1;
+}
+
+const char *precision_name(Precision p) {
+    return p == PREC_FP8 ? "fp8" : p == PREC_NVFP4 ? "nvfp4" : "bf16";
+}
+
 int model_load(Model **out, const char *dir, Err *err) {
+    LoadOptions o = {PREC_BF16, 0};
+    return model_load_opts(out, dir, &o, err);
+}
+
+int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *err) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     *out = NULL;
@@ -156,6 +173,8 @@ int model_load(Model **out, const char *dir, Err *err) {
     if (!rc) rc = safetensors_open(&m->st, dir, err);
     Loader L = {m, dir, err};
     if (!rc) rc = load_weights(&L);
+    m->compute_bytes = m->weight_bytes;
+    if (!rc && opt->precision != PREC_BF16) rc = model_quantize(m, opt->precision, opt->weight_only, err);
     if (rc) {
         model_free(m);
         return rc;
@@ -164,16 +183,17 @@ int model_load(Model **out, const char *dir, Err *err) {
     const ModelConfig *c = &m->cfg;
     char moe[96];
     log_info("model %s: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s, "
-             "%.3fM params, %.1f MiB bf16, tied=%d, loaded in %.3f s",
+             "%.3fM params, %.1f MiB bf16, %s (%.1f MiB read per token), tied=%d, loaded in %.3f s",
              dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab,
              arch_summary(c, moe, sizeof moe), m->n_params / 1e6, m->weight_bytes / 1048576.0,
-             c->tie_embeddings, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+             precision_name(m->precision), m->compute_bytes / 1048576.0, c->tie_embeddings, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     *out = m;
     return 0;
 }
 
 void model_free(Model *m) {
     if (!m) return;
+    model_quant_free(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             free(m->layers[l].egate);

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "logit_stats.h"
 #include "model.h"
 #include "test.h"
 
@@ -25,8 +26,6 @@
 #define FP8_TOP1 0.5
 #define NVFP4_KL 0.5
 #define NVFP4_TOP1 0.25
-
-typedef struct { double mean_kl, max_kl, top1; } Stats;
 
 static float *run(Model *m, const int32_t *tok, int T) {
     Runner *r = runner_create(m, T, T, 2);
@@ -45,28 +44,6 @@ static float *run(Model *m, const int32_t *tok, int T) {
     return out;
 }
 
-static Stats compare(const float *ref, const float *q, int T, int V) {
-    Stats s = {0};
-    for (int t = 0; t < T; t++) {
-        const float *a = ref + (size_t)t * V, *b = q + (size_t)t * V;
-        double ma = -INFINITY, mb = -INFINITY, za = 0, zb = 0, kl = 0;
-        int ia = 0, ib = 0;
-        for (int i = 0; i < V; i++) {
-            if (a[i] > ma) { ma = a[i]; ia = i; }
-            if (b[i] > mb) { mb = b[i]; ib = i; }
-        }
-        for (int i = 0; i < V; i++) { za += exp(a[i] - ma); zb += exp(b[i] - mb); }
-        for (int i = 0; i < V; i++) {
-            double la = a[i] - ma - log(za), lb = b[i] - mb - log(zb);
-            kl += exp(la) * (la - lb);
-        }
-        s.mean_kl += kl / T;
-        if (!(kl <= s.max_kl)) s.max_kl = kl;
-        s.top1 += (ia == ib) / (double)T;
-    }
-    return s;
-}
-
 static void check(const char *dir, Precision p, int weight_only, double max_mean_kl, double min_top1) {
     Err err = {0};
     SafeTensors *ref = NULL;
@@ -82,7 +59,7 @@ static void check(const char *dir, Precision p, int weight_only, double max_mean
     T_ASSERT(rc == 0, "%s %s: %s", dir, precision_name(p), err.msg);
     if (!rc && mb) {
         float *lb = run(mb, (const int32_t *)tt->data, T), *lq = run(mq, (const int32_t *)tt->data, T);
-        Stats s = compare(lb, lq, T, mb->cfg.vocab);
+        LogitStats s = logit_stats(lb, lq, T, mb->cfg.vocab);
         printf("%-30s %-5s %-11s KL mean %.2e max %.2e  top-1 %.3f  bytes/token %.1f%% of bf16\n", dir,
                precision_name(p), weight_only ? "weight-only" : "quant-act", s.mean_kl, s.max_kl, s.top1,
                100.0 * mq->compute_bytes / mb->compute_bytes);

@@ -9,8 +9,11 @@
  */
 #include "quant.h"
 
-#include <immintrin.h>
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define QUANT_X86 1
+#endif
 
 #define LANES 16
 #define TILE_T 4  /* tokens sharing one weight decode */
@@ -21,8 +24,12 @@ static int g_force_portable;
 void quant_force_portable(int on) { g_force_portable = on; }
 
 int quant_simd_active(void) {
+#ifdef QUANT_X86
     return !g_force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
 }
 
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -40,8 +47,6 @@ static float hsum16(const float *a) {
 
 static void fp8_rows_portable(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
                               int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
     int cols = w->cols, ng = quant_fp8_groups(cols);
     for (int r = rb; r < re; r++) {
         const uint8_t *q = w->q + (size_t)r * cols;
@@ -54,7 +59,7 @@ static void fp8_rows_portable(float *out, const float *x, const float *xs, const
                 float p[LANES] = {0};
                 for (int k = c0; k < c1; k += LANES)
                     for (int l = 0; l < LANES; l++) {
-                        float xv = k + l < c1 ? xt[k + l] : 0.0f, wv = k + l < c1 ? lut[q[k + l]] : 0.0f;
+                        float xv = k + l < c1 ? xt[k + l] : 0.0f, wv = k + l < c1 ? quant_e4m3_to_f32(q[k + l]) : 0.0f;
                         p[l] = fmaf(xv, wv, p[l]);
                     }
                 float s = srow[c0 / w->block_cols];
@@ -68,8 +73,6 @@ static void fp8_rows_portable(float *out, const float *x, const float *xs, const
 
 static void nvfp4_rows_portable(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                                 int rb, int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
     int cols = w->cols, nb = cols / QUANT_NVFP4_BLOCK;
     for (int r = rb; r < re; r++) {
         const uint8_t *p = w->packed + (size_t)r * (cols / 2), *sc = w->scale + (size_t)r * nb;
@@ -77,7 +80,7 @@ static void nvfp4_rows_portable(float *out, const float *x, const float *xg, con
             const float *xt = x + (size_t)t * cols;
             float acc[LANES] = {0};
             for (int b = 0; b < nb; b++) {
-                float sf = lut[sc[b]];
+                float sf = quant_e4m3_to_f32(sc[b]);
                 for (int l = 0; l < LANES; l++) {
                     int k = b * LANES + l;
                     uint8_t code = (l & 1) ? p[k / 2] >> 4 : p[k / 2] & 0xf;
@@ -92,6 +95,7 @@ static void nvfp4_rows_portable(float *out, const float *x, const float *xg, con
 }
 
 /* ---------------- AVX2 + FMA + F16C path ---------------- */
+#ifdef QUANT_X86
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define TGT_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
@@ -177,8 +181,7 @@ TGT_INLINE void fp8_tile(float *out, const float *x, const float *xs, const Quan
     for (int t = 0; t < T; t++) out[(size_t)(t0 + t) * w->rows + r] = hsum16_avx(acc0[t], acc1[t]);
 }
 
-TGT_INLINE void nvfp4_tile(float *out, const float *x, const float *xg, const QuantNvfp4 *w, const float *lut,
-                           int r, int t0, const int T) {
+TGT_INLINE void nvfp4_tile(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int r, int t0, const int T) {
     int cols = w->cols, nb = cols / QUANT_NVFP4_BLOCK;
     const uint8_t *p = w->packed + (size_t)r * (cols / 2), *sc = w->scale + (size_t)r * nb;
     const float *xt[TILE_T];
@@ -189,7 +192,7 @@ TGT_INLINE void nvfp4_tile(float *out, const float *x, const float *xg, const Qu
         acc0[t] = acc1[t] = _mm256_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
-        __m256 sf = _mm256_set1_ps(lut[sc[b]]);
+        __m256 sf = _mm256_set1_ps(quant_e4m3_to_f32(sc[b]));
         __m256 w0 = e2m1x8(p + b * 8, sf), w1 = e2m1x8(p + b * 8 + 4, sf);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
@@ -219,16 +222,24 @@ TGT static void fp8_rows_avx2(float *out, const float *x, const float *xs, const
 
 TGT static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n, int rb,
                                 int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
     for (int r0 = rb; r0 < re; r0 += CHUNK_R) {
         int r1 = imin(r0 + CHUNK_R, re), t = 0;
         for (; t + TILE_T <= n; t += TILE_T)
-            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, lut, r, t, TILE_T);
+            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, r, t, TILE_T);
         for (; t < n; t++)
-            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, lut, r, t, 1);
+            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, r, t, 1);
     }
 }
+
+#else
+static void fp8_rows_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
+    fp8_rows_portable(out, x, xs, w, n, rb, re);
+}
+static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n, int rb,
+                            int re) {
+    nvfp4_rows_portable(out, x, xg, w, n, rb, re);
+}
+#endif
 
 /* ---------------- entry points ---------------- */
 

@@ -10,7 +10,7 @@
 #include "quant.h"
 
 #include <math.h>
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(QUANT_NO_SIMD)
 #include <immintrin.h>
 #define QUANT_X86 1
 #endif

@@ -118,6 +118,10 @@ static inline float quant_e2m1_to_f32(uint8_t code) {
     return (code & 8) ? -v[code & 7] : v[code & 7];
 }
 
+/* 1 if a checkpoint tensor (HF name, ndim) is quantized under --precision fp8|nvfp4:
+ * the 2-D `*_proj.weight` inside `.layers.`; 0 for what stays BF16 (see above). */
+int quant_should_quantize(const char *name, int ndim);
+
 /* ---- FP8 weights ---- */
 typedef enum { QUANT_FP8_BLOCK128 = 0, QUANT_FP8_PER_CHANNEL, QUANT_FP8_PER_TENSOR } QuantFp8Layout;
 

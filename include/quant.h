@@ -94,11 +94,33 @@
 
 /* ---- scalar casts ---- */
 uint8_t quant_f32_to_e4m3(float f); /* saturating, see above */
-float quant_e4m3_to_f32(uint8_t b);
+static inline float quant_e4m3_to_f32(uint8_t b); /* exact; inline: the kernels decode scales with it */
 uint8_t quant_f32_to_e5m2(float f); /* non-saturating (inf), see above */
 float quant_e5m2_to_f32(uint8_t b);
 uint8_t quant_f32_to_e2m1(float f); /* 4-bit code in the low nibble */
-float quant_e2m1_to_f32(uint8_t code);
+static inline float quant_e2m1_to_f32(uint8_t code); /* code 8 decodes to -0.0 */
+
+static inline float quant_e4m3_to_f32(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 0xf, m = b & 7, u;
+    float f;
+    if (e == 0xf && m == 7) u = sign | 0x7f800000u | (m << 20); /* NaN, torch's payload */
+    else if (e == 0) {                                            /* subnormal: m * 2^-9 */
+        f = (float)m * 0x1p-9f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else u = sign | ((e + 120) << 23) | (m << 20);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float quant_e2m1_to_f32(uint8_t code) {
+    static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return (code & 8) ? -v[code & 7] : v[code & 7];
+}
+
+/* 1 if a checkpoint tensor (HF name, ndim) is quantized under --precision fp8|nvfp4:
+ * the 2-D `*_proj.weight` inside `.layers.`; 0 for what stays BF16 (see above). */
+int quant_should_quantize(const char *name, int ndim);
 
 /* ---- FP8 weights ---- */
 typedef enum { QUANT_FP8_BLOCK128 = 0, QUANT_FP8_PER_CHANNEL, QUANT_FP8_PER_TENSOR } QuantFp8Layout;

@@ -39,13 +39,6 @@ uint8_t quant_f32_to_e4m3(float f) {
     return (uint8_t)(r | (sign >> 24));
 }
 
-float quant_e4m3_to_f32(uint8_t b) {
-    uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 0xf, m = b & 7;
-    if (e == 0xf && m == 7) return bits_f32(sign | 0x7f800000u | (m << 20));
-    if (e == 0) return bits_f32(sign | f32_bits((float)m * 0x1p-9f));
-    return bits_f32(sign | ((e + 120) << 23) | (m << 20));
-}
-
 /* c10 fp8e5m2_from_fp32_value. */
 uint8_t quant_f32_to_e5m2(float f) {
     uint32_t u = f32_bits(f), sign = u & 0x80000000u, r;
@@ -81,10 +74,4 @@ uint8_t quant_f32_to_e2m1(float f) {
     for (int i = 0; i < 7; i++) ord += !(bounds[i] >= a);
     ord += (a == 0.75f) | (a == 1.75f) | (a == 3.5f);
     return (uint8_t)(((f < 0) << 3) + ord);
-}
-
-float quant_e2m1_to_f32(uint8_t code) {
-    static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float m = v[code & 7];
-    return (code & 8) ? -m : m;
 }

@@ -9,8 +9,11 @@
  */
 #include "quant.h"
 
-#include <immintrin.h>
 #include <math.h>
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(QUANT_NO_SIMD)
+#include <immintrin.h>
+#define QUANT_X86 1
+#endif
 
 #define LANES 16
 #define TILE_T 4  /* tokens sharing one weight decode */
@@ -21,8 +24,12 @@ static int g_force_portable;
 void quant_force_portable(int on) { g_force_portable = on; }
 
 int quant_simd_active(void) {
+#ifdef QUANT_X86
     return !g_force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
 }
 
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -40,8 +47,6 @@ static float hsum16(const float *a) {
 
 static void fp8_rows_portable(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
                               int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
     int cols = w->cols, ng = quant_fp8_groups(cols);
     for (int r = rb; r < re; r++) {
         const uint8_t *q = w->q + (size_t)r * cols;
@@ -54,7 +59,7 @@ static void fp8_rows_portable(float *out, const float *x, const float *xs, const
                 float p[LANES] = {0};
                 for (int k = c0; k < c1; k += LANES)
                     for (int l = 0; l < LANES; l++) {
-                        float xv = k + l < c1 ? xt[k + l] : 0.0f, wv = k + l < c1 ? lut[q[k + l]] : 0.0f;
+                        float xv = k + l < c1 ? xt[k + l] : 0.0f, wv = k + l < c1 ? quant_e4m3_to_f32(q[k + l]) : 0.0f;
                         p[l] = fmaf(xv, wv, p[l]);
                     }
                 float s = srow[c0 / w->block_cols];
@@ -68,8 +73,6 @@ static void fp8_rows_portable(float *out, const float *x, const float *xs, const
 
 static void nvfp4_rows_portable(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                                 int rb, int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
     int cols = w->cols, nb = cols / QUANT_NVFP4_BLOCK;
     for (int r = rb; r < re; r++) {
         const uint8_t *p = w->packed + (size_t)r * (cols / 2), *sc = w->scale + (size_t)r * nb;
@@ -77,7 +80,7 @@ static void nvfp4_rows_portable(float *out, const float *x, const float *xg, con
             const float *xt = x + (size_t)t * cols;
             float acc[LANES] = {0};
             for (int b = 0; b < nb; b++) {
-                float sf = lut[sc[b]];
+                float sf = quant_e4m3_to_f32(sc[b]);
                 for (int l = 0; l < LANES; l++) {
                     int k = b * LANES + l;
                     uint8_t code = (l & 1) ? p[k / 2] >> 4 : p[k / 2] & 0xf;
@@ -92,6 +95,7 @@ static void nvfp4_rows_portable(float *out, const float *x, const float *xg, con
 }
 
 /* ---------------- AVX2 + FMA + F16C path ---------------- */
+#ifdef QUANT_X86
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define TGT_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
@@ -127,108 +131,150 @@ TGT_INLINE __m256 e2m1x8(const uint8_t *p, __m256 sf) {
     return _mm256_mul_ps(_mm256_xor_ps(mag, sgn), sf);
 }
 
-/* One weight row against T tokens starting at t0 (T is a constant 1 or TILE_T). */
-TGT_INLINE void fp8_tile(float *out, const float *x, const float *xs, const QuantFp8 *w, int r, int t0,
-                         const int T) {
+/* R weight rows from r0 against T tokens from t0 (T * R <= 4, both constant):
+ * independent (token, row) accumulator chains for ILP; each output's own
+ * reduction order is the same for every tile shape. */
+TGT_INLINE void fp8_tile(float *out, const float *x, const float *xs, const QuantFp8 *w, int r0, int t0,
+                         const int T, const int R) {
     int cols = w->cols, ng = quant_fp8_groups(cols);
-    const uint8_t *q = w->q + (size_t)r * cols;
-    const float *srow = w->scale_inv + (size_t)(r / w->block_rows) * w->scale_cols;
-    const float *xt[TILE_T];
-    __m256 acc0[TILE_T], acc1[TILE_T], p0[TILE_T], p1[TILE_T];
+    const uint8_t *q[4];
+    const float *srow[4], *xt[4];
+    __m256 acc0[4], acc1[4], p0[4], p1[4], w0[4], w1[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        xt[t] = x + (size_t)(t0 + t) * cols;
-        acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int i = 0; i < R; i++) {
+        q[i] = w->q + (size_t)(r0 + i) * cols;
+        srow[i] = w->scale_inv + (size_t)((r0 + i) / w->block_rows) * w->scale_cols;
     }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) xt[t] = x + (size_t)(t0 + t) * cols;
+#pragma GCC unroll 4
+    for (int j = 0; j < T * R; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g++) {
         int c0 = g * QUANT_FP8_GROUP, c1 = imin(c0 + QUANT_FP8_GROUP, cols), k = c0;
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) p0[t] = p1[t] = _mm256_setzero_ps();
-        __m256 w0, w1;
+        for (int j = 0; j < T * R; j++) p0[j] = p1[j] = _mm256_setzero_ps();
         for (; k + LANES <= c1; k += LANES) {
-            e4m3x16(q + k, &w0, &w1);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) e4m3x16(q[i] + k, &w0[i], &w1[i]);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                p0[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[t] + k), w0, p0[t]);
-                p1[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[t] + k + 8), w1, p1[t]);
+                __m256 xa = _mm256_loadu_ps(xt[t] + k), xb = _mm256_loadu_ps(xt[t] + k + 8);
+#pragma GCC unroll 4
+                for (int i = 0; i < R; i++) {
+                    p0[t * R + i] = _mm256_fmadd_ps(xa, w0[i], p0[t * R + i]);
+                    p1[t * R + i] = _mm256_fmadd_ps(xb, w1[i], p1[t * R + i]);
+                }
             }
         }
         if (k < c1) { /* ragged tail: zero-padded like the portable path */
-            uint8_t qb[LANES] = {0};
-            memcpy(qb, q + k, (size_t)(c1 - k));
-            e4m3x16(qb, &w0, &w1);
+            for (int i = 0; i < R; i++) {
+                uint8_t qb[LANES] = {0};
+                memcpy(qb, q[i] + k, (size_t)(c1 - k));
+                e4m3x16(qb, &w0[i], &w1[i]);
+            }
             for (int t = 0; t < T; t++) {
                 float xb[LANES] = {0};
                 memcpy(xb, xt[t] + k, (size_t)(c1 - k) * sizeof(float));
-                p0[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), w0, p0[t]);
-                p1[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), w1, p1[t]);
+                for (int i = 0; i < R; i++) {
+                    p0[t * R + i] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), w0[i], p0[t * R + i]);
+                    p1[t * R + i] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), w1[i], p1[t * R + i]);
+                }
             }
         }
-        float sw = srow[c0 / w->block_cols];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            float s = sw;
-            if (xs) s *= xs[(size_t)(t0 + t) * ng + g];
-            __m256 sv = _mm256_set1_ps(s);
-            acc0[t] = _mm256_fmadd_ps(p0[t], sv, acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(p1[t], sv, acc1[t]);
-        }
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) {
+                float s = srow[i][c0 / w->block_cols];
+                if (xs) s *= xs[(size_t)(t0 + t) * ng + g];
+                __m256 sv = _mm256_set1_ps(s);
+                acc0[t * R + i] = _mm256_fmadd_ps(p0[t * R + i], sv, acc0[t * R + i]);
+                acc1[t * R + i] = _mm256_fmadd_ps(p1[t * R + i], sv, acc1[t * R + i]);
+            }
     }
-    for (int t = 0; t < T; t++) out[(size_t)(t0 + t) * w->rows + r] = hsum16_avx(acc0[t], acc1[t]);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < R; i++)
+            out[(size_t)(t0 + t) * w->rows + r0 + i] = hsum16_avx(acc0[t * R + i], acc1[t * R + i]);
 }
 
-TGT_INLINE void nvfp4_tile(float *out, const float *x, const float *xg, const QuantNvfp4 *w, const float *lut,
-                           int r, int t0, const int T) {
+TGT_INLINE void nvfp4_tile(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int r0, int t0,
+                           const int T, const int R) {
     int cols = w->cols, nb = cols / QUANT_NVFP4_BLOCK;
-    const uint8_t *p = w->packed + (size_t)r * (cols / 2), *sc = w->scale + (size_t)r * nb;
-    const float *xt[TILE_T];
-    __m256 acc0[TILE_T], acc1[TILE_T];
+    const uint8_t *p[4], *sc[4];
+    const float *xt[4];
+    __m256 acc0[4], acc1[4], w0[4], w1[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        xt[t] = x + (size_t)(t0 + t) * cols;
-        acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int i = 0; i < R; i++) {
+        p[i] = w->packed + (size_t)(r0 + i) * (cols / 2);
+        sc[i] = w->scale + (size_t)(r0 + i) * nb;
     }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) xt[t] = x + (size_t)(t0 + t) * cols;
+#pragma GCC unroll 4
+    for (int j = 0; j < T * R; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m256 sf = _mm256_set1_ps(lut[sc[b]]);
-        __m256 w0 = e2m1x8(p + b * 8, sf), w1 = e2m1x8(p + b * 8 + 4, sf);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m256 sf = _mm256_set1_ps(quant_e4m3_to_f32(sc[i][b]));
+            w0[i] = e2m1x8(p[i] + b * 8, sf);
+            w1[i] = e2m1x8(p[i] + b * 8 + 4, sf);
+        }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            acc0[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[t] + b * LANES), w0, acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[t] + b * LANES + 8), w1, acc1[t]);
+            __m256 xa = _mm256_loadu_ps(xt[t] + b * LANES), xb = _mm256_loadu_ps(xt[t] + b * LANES + 8);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) {
+                acc0[t * R + i] = _mm256_fmadd_ps(xa, w0[i], acc0[t * R + i]);
+                acc1[t * R + i] = _mm256_fmadd_ps(xb, w1[i], acc1[t * R + i]);
+            }
         }
     }
     for (int t = 0; t < T; t++) {
         float s = w->scale2;
         if (xg) s *= xg[t0 + t];
-        out[(size_t)(t0 + t) * w->rows + r] = hsum16_avx(acc0[t], acc1[t]) * s;
+        for (int i = 0; i < R; i++)
+            out[(size_t)(t0 + t) * w->rows + r0 + i] = hsum16_avx(acc0[t * R + i], acc1[t * R + i]) * s;
     }
 }
 
 /* Rows in chunks of CHUNK_R so a chunk's weights stay in cache while token
- * tiles stream past; the per-element reduction order is unaffected. */
+ * tiles stream past: 4 tokens x 1 row, then the leftover tokens one at a
+ * time x 4 rows. The per-element reduction order is unaffected. */
+#define ROWS_DRIVER(TILE)                                                                   \
+    for (int c0 = rb; c0 < re; c0 += CHUNK_R) {                                             \
+        int c1 = imin(c0 + CHUNK_R, re), t = 0;                                             \
+        for (; t + TILE_T <= n; t += TILE_T)                                                \
+            for (int r = c0; r < c1; r++) TILE(r, t, TILE_T, 1);                            \
+        for (; t < n; t++) {                                                                \
+            int r = c0;                                                                     \
+            for (; r + 4 <= c1; r += 4) TILE(r, t, 1, 4);                                   \
+            for (; r < c1; r++) TILE(r, t, 1, 1);                                           \
+        }                                                                                   \
+    }
+
 TGT static void fp8_rows_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
                               int re) {
-    for (int r0 = rb; r0 < re; r0 += CHUNK_R) {
-        int r1 = imin(r0 + CHUNK_R, re), t = 0;
-        for (; t + TILE_T <= n; t += TILE_T)
-            for (int r = r0; r < r1; r++) fp8_tile(out, x, xs, w, r, t, TILE_T);
-        for (; t < n; t++)
-            for (int r = r0; r < r1; r++) fp8_tile(out, x, xs, w, r, t, 1);
-    }
+#define FP8_TILE(r, t, T, R) fp8_tile(out, x, xs, w, r, t, T, R)
+    ROWS_DRIVER(FP8_TILE)
+#undef FP8_TILE
 }
 
 TGT static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n, int rb,
                                 int re) {
-    float lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = quant_e4m3_to_f32((uint8_t)i);
-    for (int r0 = rb; r0 < re; r0 += CHUNK_R) {
-        int r1 = imin(r0 + CHUNK_R, re), t = 0;
-        for (; t + TILE_T <= n; t += TILE_T)
-            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, lut, r, t, TILE_T);
-        for (; t < n; t++)
-            for (int r = r0; r < r1; r++) nvfp4_tile(out, x, xg, w, lut, r, t, 1);
-    }
+#define NVFP4_TILE(r, t, T, R) nvfp4_tile(out, x, xg, w, r, t, T, R)
+    ROWS_DRIVER(NVFP4_TILE)
+#undef NVFP4_TILE
 }
+
+#else
+static void fp8_rows_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
+    fp8_rows_portable(out, x, xs, w, n, rb, re);
+}
+static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n, int rb,
+                            int re) {
+    nvfp4_rows_portable(out, x, xg, w, n, rb, re);
+}
+#endif
 
 /* ---------------- entry points ---------------- */
 

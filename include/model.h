@@ -68,6 +68,9 @@ typedef struct ModelConfig {
     int norm_topk_prob;
     int decoder_sparse_step;
     uint8_t mlp_only[MODEL_MAX_LAYERS]; /* 1 where mlp_only_layers lists the layer */
+    /* pre-quantized checkpoint (quantization_config): PREC_FP8 (quant_method
+     * fp8, 128x128 blocks), PREC_NVFP4 (modelopt NVFP4), else PREC_BF16 */
+    int prequant;
     /* special tokens (config.json / generation_config.json), -1 if absent */
     int bos_id;
     int n_eos;

@@ -45,7 +45,7 @@ static int layer_mats(Model *m, int l, WeightMat **out) {
     out[n++] = &lw->v;
     out[n++] = &lw->o;
     if (model_layer_is_moe(&m->cfg, l)) {
-        for (int e = 0; e < m->cfg.n_experts; e++) {
+        for (int e = 0; lw->egate && e < m->cfg.n_experts; e++) { /* NULL if loading stopped early */
             out[n++] = &lw->egate[e];
             out[n++] = &lw->eup[e];
             out[n++] = &lw->edown[e];
@@ -74,8 +74,9 @@ int model_quantize(Model *m, Precision p, int weight_only, Err *err) {
     return 0;
 }
 
+/* Frees every quantized form, also after a load that failed half-way. */
 void model_quant_free(Model *m) {
-    if (!m->layers || m->precision == PREC_BF16) return;
+    if (!m->layers) return;
     WeightMat **mats = xmalloc(sizeof(WeightMat *) * (size_t)(4 + 3 * (m->cfg.n_experts + 1)));
     for (int l = 0; l < m->cfg.n_layers; l++) {
         int n = layer_mats(m, l, mats);

@@ -74,6 +74,28 @@ static void check(const char *dir, Precision p, int weight_only, double max_mean
     safetensors_free(ref);
 }
 
+static void prequant_equal(const char *dir, Precision p, int weight_only) {
+    Err err = {0};
+    Model *mq = NULL, *mp = NULL;
+    LoadOptions o = {p, weight_only}, none = {PREC_BF16, weight_only};
+    T_ASSERT(model_load_opts(&mq, "tests/fixtures/llama31", &o, &err) == 0, "%s", err.msg);
+    int rc = model_load_opts(&mp, dir, &none, &err);
+    T_ASSERT(rc == 0, "%s: %s", dir, err.msg);
+    if (rc || !mq) { model_free(mq); return; }
+    T_ASSERT(mp->precision == p, "%s loaded as %s", dir, precision_name(mp->precision));
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (i * 37 + 5) % mq->cfg.vocab;
+    float *a = run(mq, tok, 16), *b = run(mp, tok, 16);
+    int same = memcmp(a, b, sizeof(float) * 16 * (size_t)mq->cfg.vocab) == 0;
+    printf("%-30s pre-quantized == quantize-on-load (%s): %s\n", dir, weight_only ? "weight-only" : "quant-act",
+           same ? "bit-identical" : "DIFFERENT");
+    T_ASSERT(same, "%s: pre-quantized logits differ from quantize-on-load", dir);
+    free(a);
+    free(b);
+    model_free(mq);
+    model_free(mp);
+}
+
 int main(void) {
     const char *fp8_dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded",
                               "tests/fixtures/qwen3_moe", "tests/fixtures/qwen3_moe_nonorm",
@@ -87,9 +109,17 @@ int main(void) {
         check(nv_dirs[i], PREC_NVFP4, 0, NVFP4_KL, NVFP4_TOP1);
         check(nv_dirs[i], PREC_NVFP4, 1, NVFP4_KL, NVFP4_TOP1);
     }
+    /* Pre-quantized checkpoints (scripts/make_quant_fixtures.py, made with
+     * torch's e4m3 cast and Model Optimizer's NVFP4 formulas) must give the
+     * very logits of quantizing the BF16 checkpoint on load. */
+    prequant_equal("tests/fixtures/llama31_fp8", PREC_FP8, 0);
+    prequant_equal("tests/fixtures/llama31_fp8", PREC_FP8, 1);
+    prequant_equal("tests/fixtures/llama31_nvfp4", PREC_NVFP4, 1);
     Model *m = NULL;
     Err err = {0};
     LoadOptions o = {PREC_NVFP4, 0};
+    T_ASSERT(model_load_opts(&m, "tests/fixtures/llama31_fp8", &o, &err) != 0 && strstr(err.msg, "pre-quantized"),
+             "fp8 checkpoint at --precision nvfp4 not refused: %s", err.msg);
     int rc = model_load_opts(&m, "tests/fixtures/qwen2", &o, &err);
     T_ASSERT(rc != 0 && m == NULL && strstr(err.msg, "multiple of 16"), "nvfp4 on widths %% 16 != 0: %s", err.msg);
     return T_DONE();

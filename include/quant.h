@@ -12,8 +12,8 @@
  *     way torch's `.to(torch.float8_e4m3fn)` does (c10 fp8e4m3fn_from_fp32_value):
  *     every finite |x| that rounds above 448, and +-inf, become +-448
  *     (0x7e/0xfe); NaN becomes 0x7f with the input's sign bit (0xff for
- *     -NaN); -0 stays 0x80. (Some older torch releases gave NaN above 464 instead;
- *     the goldens pin the behaviour of the torch that made them.)
+ *     -NaN); -0 stays 0x80. (Older torch releases returned NaN instead of saturating;
+ *     the goldens pin the behaviour of torch 2.15 that made them.)
  *     e4m3 -> f32 is exact; NaN comes back as sign|0x7f800000|mant<<20 like torch.
  *   E5M2: bias 15, IEEE-like with inf, max 57344. f32 -> e5m2 rounds to nearest
  *     even and does NOT saturate (torch): overflow and inf give inf (0x7c),

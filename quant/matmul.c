@@ -23,10 +23,19 @@ static int g_force_portable;
 
 void quant_force_portable(int on) { g_force_portable = on; }
 
+#ifdef QUANT_X86
+#include <cpuid.h>
+/* F16C via CPUID leaf 1 ECX bit 29: clang's __builtin_cpu_supports has no "f16c". */
+static int cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 int quant_simd_active(void) {
 #ifdef QUANT_X86
     return !g_force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           cpu_has_f16c();
 #else
     return 0;
 #endif

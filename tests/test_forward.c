@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "logit_stats.h"
 #include "model.h"
 #include "test.h"
 
@@ -26,29 +27,10 @@
 
 typedef struct { double max_abs, max_kl; } Cmp;
 
-static void log_softmax(const float *x, double *out, int n) {
-    double mx = -INFINITY, s = 0;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
-    for (int i = 0; i < n; i++) out[i] = x[i] - mx - log(s);
-}
-
 static void compare(Cmp *c, const float *ref, const float *ours, int rows, int vocab) {
-    double *lr = malloc(sizeof(double) * vocab), *lo = malloc(sizeof(double) * vocab);
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * vocab, *b = ours + (size_t)r * vocab;
-        for (int i = 0; i < vocab; i++) {
-            double d = fabs((double)a[i] - b[i]);
-            if (!(d <= c->max_abs)) c->max_abs = d; /* NaN propagates */
-        }
-        log_softmax(a, lr, vocab);
-        log_softmax(b, lo, vocab);
-        double kl = 0;
-        for (int i = 0; i < vocab; i++) kl += exp(lr[i]) * (lr[i] - lo[i]);
-        if (!(kl <= c->max_kl)) c->max_kl = kl;
-    }
-    free(lr);
-    free(lo);
+    LogitStats s = logit_stats(ref, ours, rows, vocab);
+    if (!(s.max_abs <= c->max_abs)) c->max_abs = s.max_abs;
+    if (!(s.max_kl <= c->max_kl)) c->max_kl = s.max_kl;
 }
 
 /* Block table with scattered, descending physical ids starting at base. */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dtype.h"
 #include "engine.h"
 #include "test.h"
 
@@ -27,8 +28,11 @@ static TapRow *g_rows;
 static int g_n_rows, g_cap_rows, g_vocab;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
+static volatile int g_slow; /* ms per sampled row: lets the test act mid-generation */
+
 static void tap(void *ctx, uint64_t rid, int seq, int pos, const float *row, int vocab) {
     (void)ctx;
+    if (g_slow) usleep(g_slow * 1000);
     pthread_mutex_lock(&g_mu);
     if (g_n_rows == g_cap_rows) {
         g_cap_rows = g_cap_rows ? 2 * g_cap_rows : 1024;
@@ -307,10 +311,12 @@ static void test_abort(void) {
     int32_t P[20];
     prompt_of(P, 20, 5);
     Engine *e = make_engine(g_model, 128, 4, 32, 8, 0);
+    g_slow = 1;
     EngineRequest *a = submit(e, P, 20, 100, 1.0f, 1, 1);
     EngineRequest *b = submit(e, P, 20, 100, 1.0f, 2, 2);
     wait_tokens(a, 3);
     engine_abort(e, a);
+    g_slow = 0;
     wait_done(a);
     EngineSeqView v;
     engine_request_seq(a, 0, &v);
@@ -336,9 +342,11 @@ static void test_pause(void) {
     wait_done(r0);
     tokens_of(r0, 0, ref);
     /* keep: frozen in place, continues after the update with the same stream */
+    g_slow = 5;
     EngineRequest *a = submit(e, P, 20, 40, 1.0f, 9, 1);
     wait_tokens(a, 5);
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0 && engine_is_paused(e), "paused (keep)");
+    g_slow = 0;
     EngineSeqView v1, v2;
     engine_request_seq(a, 0, &v1);
     g_noop_calls = 0;
@@ -357,9 +365,11 @@ static void test_pause(void) {
     for (int i = 1; i < 40; i++) mono &= v.tokens[i].weight_version >= v.tokens[i - 1].weight_version;
     T_ASSERT(mono, "versions never go back");
     /* abort: everything finishes now; submissions wait for resume */
+    g_slow = 2;
     EngineRequest *b = submit(e, P, 20, 100, 1.0f, 10, 1), *c = submit(e, P, 10, 100, 0.0f, 0, 1);
     wait_tokens(b, 2);
     T_ASSERT(engine_pause(e, PAUSE_ABORT, &err) == 0, "paused (abort)");
+    g_slow = 0;
     T_ASSERT(engine_request_done(b) && engine_request_done(c), "abort mode finished everything");
     engine_request_seq(c, 0, &v);
     T_ASSERT(v.finish == FINISH_ABORT, "finish reason abort");
@@ -371,9 +381,11 @@ static void test_pause(void) {
     engine_request_seq(d, 0, &v);
     T_ASSERT(v.finish == FINISH_LENGTH && v.n_tokens == 5, "submitted while paused, ran after resume");
     /* wait: running ones finish normally, then paused */
+    g_slow = 2;
     EngineRequest *f = submit(e, P, 20, 30, 1.0f, 11, 1);
     wait_tokens(f, 2);
     T_ASSERT(engine_pause(e, PAUSE_WAIT, &err) == 0, "paused (wait)");
+    g_slow = 0;
     engine_request_seq(f, 0, &v);
     T_ASSERT(engine_request_done(f) && v.finish == FINISH_LENGTH && v.n_tokens == 30, "wait mode let it finish");
     engine_resume(e);
@@ -381,6 +393,60 @@ static void test_pause(void) {
     wait_blocks_free(e);
     EngineRequest *all[] = { r0, a, b, c, d, f };
     for (int i = 0; i < 6; i++) engine_request_release(all[i]);
+    engine_free(e);
+}
+
+/* A weight update while a sequence is frozen (PAUSE_KEEP): the K/V it keeps
+ * were computed under the old weights, so its blocks must never be shared
+ * under the new version. The next turn of that conversation must equal the
+ * reference forward under the new weights. */
+static int scale_norm(void *ctx, Err *er) {
+    int64_t n = 0;
+    uint16_t *w = model_tensor(g_model, "model.layers.0.post_attention_layernorm.weight", &n);
+    if (!w) return ERR(er, 500, "no post_attention_layernorm weight");
+    float f = *(float *)ctx;
+    for (int64_t i = 0; i < n; i++) w[i] = f32_to_bf16(bf16_to_f32(w[i]) * f);
+    return 0;
+}
+
+static void test_version_tagging(void) {
+    int32_t P[80];
+    prompt_of(P, 3, 13);
+    /* blocks of 16: the frozen sequence has no full block yet when the
+     * version changes, so only the kv_version check stops it from
+     * registering a half-stale first block under the new version */
+    Engine *e = make_engine(g_model, 64, 16, 32, 8, 1);
+    Err err = { 0 };
+    g_slow = 5;
+    EngineRequest *a = submit(e, P, 3, 30, 0.0f, 0, 1);
+    wait_tokens(a, 4);
+    T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
+    float f = 2.0f;
+    uint64_t v0 = engine_weight_version(e);
+    T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "update: %s", err.msg);
+    T_ASSERT(engine_weight_version(e) == v0 + 1, "version bumped");
+    g_slow = 0;
+    engine_resume(e);
+    wait_done(a);
+    int n = 3 + tokens_of(a, 0, P + 3);
+    prompt_of(P + n, 7, 14);
+    n += 7;
+    EngineRequest *b = submit(e, P, n, 4, 0.0f, 0, 1);
+    wait_done(b);
+    EngineSeqView va;
+    engine_request_seq(a, 0, &va);
+    int first_new = 0;
+    while (first_new < va.n_tokens && va.tokens[first_new].weight_version == v0) first_new++;
+    T_ASSERT(first_new >= 4 && va.tokens[first_new].pos < 16, "update landed mid-block (pos %d)",
+             va.tokens[first_new].pos);
+    T_ASSERT(rows_match_reference(b, 0, P, n) == 0, "next turn after a keep-mode update used stale K/V");
+    EngineSeqView v;
+    engine_request_seq(b, 0, &v);
+    T_ASSERT(v.tokens[0].weight_version == v0 + 1, "new version on the next turn");
+    f = 0.5f; /* restore exactly: scaling a bf16 by 2 then 0.5 is exact */
+    T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "restore");
+    engine_request_release(a);
+    engine_request_release(b);
     engine_free(e);
 }
 
@@ -605,6 +671,7 @@ int main(void) {
     test_abort();
     test_pause();
     test_n_samples();
+    test_version_tagging();
     test_outputs();
     test_errors();
     test_experts();

@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,7 +29,7 @@ static TapRow *g_rows;
 static int g_n_rows, g_cap_rows, g_vocab;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static volatile int g_slow; /* ms per sampled row: lets the test act mid-generation */
+static _Atomic int g_slow; /* ms per sampled row: lets the test act mid-generation */
 
 static void tap(void *ctx, uint64_t rid, int seq, int pos, const float *row, int vocab) {
     (void)ctx;

@@ -489,9 +489,16 @@ static void seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, in
     if (++r->n_done == r->n) request_retire(e, r);
 }
 
+/* Finish every unfinished sequence of r with FINISH_ABORT. r may be freed
+ * by the last seq_finish (consumer already gone): never touch it after. */
 static void request_abort_now(Engine *e, EngineRequest *r) {
-    for (int i = 0; i < r->n; i++)
-        if (r->seqs[i].state != SEQ_DONE) seq_finish(e, &r->seqs[i], FINISH_ABORT, -1, -1);
+    int n = r->n;
+    for (int i = 0; i < n; i++) {
+        if (r->seqs[i].state == SEQ_DONE) continue;
+        int last = r->n_done == n - 1;
+        seq_finish(e, &r->seqs[i], FINISH_ABORT, -1, -1);
+        if (last) return;
+    }
 }
 
 static int32_t *mask_alloc(Engine *e, SeqOut *o, int n) {
@@ -635,7 +642,8 @@ static int engine_step(Engine *e) {
         /* a bug: the scheduler built a batch the backend refused */
         log_error("engine: forward failed (%s:%d %s); aborting the %d sequences of this step", err.file,
                   err.line, err.msg, s->n_sched);
-        for (int i = 0; i < s->n_sched; i++) request_abort_now(e, s->sched[i]->req);
+        /* flag now (every request is alive), finish at the next boundary */
+        for (int i = 0; i < s->n_sched; i++) atomic_store(&s->sched[i]->req->abort_flag, 1);
         return 1;
     }
     scheduler_commit(s);

@@ -38,6 +38,7 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
                    "max_tokens: this model's maximum context length is %d tokens; the prompt has %d tokens and "
                    "max_tokens is %d (prompt + max_tokens must be <= %d)", max_len, np, gp->sp.max_tokens, max_len);
     }
+    ENSURE(err, n_prompts > 0 && gp->n > 0, 400, "prompt: must not be empty");
     g->reqs = calloc((size_t)n_prompts, sizeof *g->reqs);
     g->seen = calloc((size_t)n_prompts, sizeof *g->seen);
     g->n_ch = n_prompts * gp->n;
@@ -114,7 +115,7 @@ static int add_text(Gen *g, Choice *c, const char *s, size_t n) {
     size_t old = c->text.n;
     buf_append(&c->text, s, n);
     if (!g->p.n_stop || n == 0) return 0;
-    size_t back = g->p.stop_maxlen - 1, from = old > back ? old - back : 0, pos, len;
+    size_t back = g->p.stop_maxlen - 1, from = old > back ? old - back : 0, pos = 0, len = 0;
     if (!find_stop(g, &c->text, from, &pos, &len)) return 0;
     c->text.n = g->p.include_stop_str ? pos + len : pos;
     c->text.p[c->text.n] = 0;

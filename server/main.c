@@ -241,7 +241,7 @@ int main(int argc, char **argv) {
     char *rp = realpath(dir, NULL);
     snprintf(s->model_dir, sizeof s->model_dir, "%s", rp ? rp : dir);
     if (!s->model_name[0]) {
-        char tmp[1024];
+        char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s", s->model_dir);
         snprintf(s->model_name, sizeof s->model_name, "%s", basename(tmp));
     }

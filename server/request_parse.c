@@ -119,10 +119,10 @@ int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logp
     long long iv;
     double dv;
     int r;
-#define TRY(x) do { if ((r = (x)) < 0) return r; } while (0)
-    TRY(r = rp_int(body, "max_tokens", 1, 1ll << 30, &iv, err));
+#define TRY(x) do { if ((r = (x)) < 0) return r; } while (0) /* r: 1 when the field was set */
+    TRY(rp_int(body, "max_tokens", 1, 1ll << 30, &iv, err));
     if (r) p->sp.max_tokens = (int)iv, p->max_tokens_set = 1;
-    TRY(r = rp_int(body, "max_completion_tokens", 1, 1ll << 30, &iv, err));
+    TRY(rp_int(body, "max_completion_tokens", 1, 1ll << 30, &iv, err));
     if (r) p->sp.max_tokens = (int)iv, p->max_tokens_set = 1;
     if (chat && !p->max_tokens_set) p->sp.max_tokens = 0; /* the rest of the context */
     dv = 1;
@@ -150,9 +150,9 @@ int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logp
     iv = 1;
     TRY(rp_int(body, "n", 1, max_n, &iv, err));
     p->n = (int)iv;
-    TRY(r = rp_int(body, "best_of", 1, max_n, &iv, err));
+    TRY(rp_int(body, "best_of", 1, max_n, &iv, err));
     ENSURE(err, !r || iv == p->n, 400, "best_of: only best_of == n is supported");
-    TRY(r = rp_int(body, "seed", INT64_MIN, INT64_MAX, &iv, err));
+    TRY(rp_int(body, "seed", INT64_MIN, INT64_MAX, &iv, err));
     if (r) p->sp.has_seed = 1, p->sp.seed = (uint64_t)iv;
     iv = 0;
     TRY(rp_int(body, "min_tokens", 0, 1ll << 30, &iv, err));
@@ -168,17 +168,17 @@ int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logp
         int lp = 0;
         TRY(rp_bool(body, "logprobs", &lp, err));
         iv = 0;
-        TRY(r = rp_int(body, "top_logprobs", 0, max_logprobs, &iv, err));
+        TRY(rp_int(body, "top_logprobs", 0, max_logprobs, &iv, err));
         ENSURE(err, !r || lp || iv == 0, 400, "top_logprobs: needs logprobs: true");
         p->logprobs = lp ? (int)iv : -1;
     } else {
         json_t *l = json_object_get(body, "logprobs");
         if (json_is_boolean(l)) return ERR(err, 400, "logprobs: must be an integer (number of alternatives) for completions");
-        TRY(r = rp_int(body, "logprobs", 0, max_logprobs, &iv, err));
+        TRY(rp_int(body, "logprobs", 0, max_logprobs, &iv, err));
         if (r) p->logprobs = (int)iv;
         TRY(rp_bool(body, "echo", &p->echo, err));
     }
-    TRY(r = rp_int(body, "prompt_logprobs", 0, max_logprobs, &iv, err));
+    TRY(rp_int(body, "prompt_logprobs", 0, max_logprobs, &iv, err));
     if (r) p->prompt_logprobs = (int)iv;
     TRY(rp_bool(body, "stream", &p->stream, err));
     json_t *so = json_object_get(body, "stream_options");

@@ -99,6 +99,10 @@ const ChatTemplate *tokenizer_chat_template(const Tokenizer *t);
 int tokenizer_apply_chat_template(const Tokenizer *t, json_t *messages, json_t *tools,
                                   bool add_generation_prompt, json_t *kwargs, char **out, Err *e);
 
+/* The same with another compiled template (e.g. one sent with a request). */
+int tokenizer_apply_template(const Tokenizer *t, const ChatTemplate *tpl, json_t *messages, json_t *tools,
+                             bool add_generation_prompt, json_t *kwargs, char **out, Err *e);
+
 /* Incremental (streaming) decoding. Push ids one at a time; each push yields
  * the newly completed text: never a partial UTF-8 character, and the
  * concatenation of all pieces plus the flush equals tokenizer_decode of all

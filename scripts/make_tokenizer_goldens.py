@@ -320,6 +320,154 @@ def conversations():
     return convs, cases
 
 
+# Llama 3.1's tool-calling template (as published with Llama-3.1-*-Instruct), to cover more of
+# the Jinja subset: date_string/strftime_now, raise_exception, tojson(indent=4), "is not defined".
+LLAMA31_TEMPLATE = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+# Small templates for the rest of the subset, rendered by transformers' own Jinja environment.
+MINI = [
+    ("{{ 'Hello' }} {{ 1 + 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 8 }} {{ 1 / 4 }} {{ 3 * 'ab' }}", {}),
+    ("{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1.5e-7 }} {{ 2.0 }} {{ 100.0 * 3 }} {{ 1/3 }} {{ -0.0 }} {{ 123456789.125 }}", {}),
+    ("{{ x }}|{{ y }}|{{ z }}|{{ n }}|{{ u }}|{{ l }}|{{ d }}", {"x": True, "y": False, "z": None, "n": 3.25, "l": [1, "a'b", None, True, 2.5, {"k": "v"}], "d": {"a": [1, 2], "b": "it's \"q\""}}),
+    ("{% for x in items %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.length }}/{{ loop.first }}/{{ loop.last }}:{{ x }};{% endfor %}", {"items": ["a", "b", "c"]}),
+    ("{% for x in items if x > 1 %}{{ x }}{{ ',' if not loop.last }}{% else %}none{% endfor %}|{% for x in [] %}x{% else %}empty{% endfor %}", {"items": [1, 2, 3, 0, 5]}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}[{{ k }}]{% endfor %}{% for k, v in d | items %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": 2, "c": [3]}}),
+    ("{{ s[::-1] }}|{{ s[1:3] }}|{{ s[-2:] }}|{{ s[:-1] }}|{{ s[::2] }}|{{ l[::-1] }}|{{ l[1:] }}|{{ l[-1] }}|{{ s[0] }}|{{ s[-1] }}", {"s": "héllo wörld 中文", "l": [1, 2, 3, 4]}),
+    ("{{ s.startswith('ab') }} {{ s.endswith('yz') }} {{ s.startswith(('x', 'a')) }} {{ s.split() }} {{ s.split(' ') }} {{ s.split('c', 1) }} {{ s.rsplit('c', 1) }}", {"s": "abc  xcyz c"}),
+    ("[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ s.strip('\n ') }}][{{ t.strip('xy') }}][{{ t.lstrip('x') }}][{{ t.rstrip('y') }}]", {"s": "  \n padded \t\n", "t": "xxyhixyy"}),
+    ("{{ s.upper() }} {{ s.lower() }} {{ s.title() }} {{ s.capitalize() }} {{ s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }} {{ s.find('o') }} {{ s.count('l') }}", {"s": "hello wOrld ünï"}),
+    ("{{ s | trim }}|{{ s | length }}|{{ l | length }}|{{ d | length }}|{{ s | upper }}|{{ s | lower }}|{{ l | join(', ') }}|{{ l | first }}|{{ l | last }}|{{ l | reverse | list }}", {"s": "  Mixed Case ✓ ", "l": ["x", "y", "z"], "d": {"a": 1}}),
+    ("{{ v | tojson }}", {"v": {"s": "a\"b\\c\n\t\u00e9中😀\u0001", "n": [1, 2.5, -0.0, 1e20, None, True, False], "e": {}, "l": []}}),
+    ("{{ v | tojson(indent=2) }}|{{ v | tojson(indent=4) }}|{{ v | tojson(sort_keys=true) }}|{{ v | tojson(separators=(',', ':')) }}|{{ v | tojson(ensure_ascii=true) }}", {"v": {"z": [1, {"y": "é😀"}], "a": {}, "m": []}}),
+    ("{{ x | default('dflt') }}|{{ y | default('dflt') }}|{{ z | default('d', true) }}|{{ x | d('short') }}|{{ undefined_thing is defined }}|{{ y is defined }}|{{ z is none }}|{{ y is not none }}", {"y": "set", "z": ""}),
+    ("{{ a is string }} {{ b is number }} {{ b is integer }} {{ c is float }} {{ d is mapping }} {{ e is iterable }} {{ f is boolean }} {{ f is true }} {{ f is false }} {{ b is odd }} {{ b is even }} {{ b is divisibleby 3 }} {{ a is sequence }}", {"a": "s", "b": 3, "c": 1.5, "d": {}, "e": [1], "f": True}),
+    ("{% set ns = namespace(count=0, items=[]) %}{% for i in range(5) %}{% set ns.count = ns.count + i %}{% endfor %}{{ ns.count }}{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("{% for i in range(10) %}{% if i is odd %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ range(2, 8, 3) | list }}", {}),
+    ("{% if a %}A{% elif b %}B{% elif c %}C{% else %}D{% endif %}{% if not a and (b or c) %}!{% endif %}{{ 'y' if b else 'n' }}{{ 'z' if a }}", {"a": False, "b": 0, "c": [1]}),
+    ("{{ 'ab' in s }} {{ 'zz' not in s }} {{ 2 in l }} {{ 'k' in d }} {{ 'q' in d }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ 3 >= 3 }} {{ [1, 2] == [1, 2] }} {{ true == 1 }}", {"s": "xaby", "l": [1, 2], "d": {"k": 0}}),
+    ("{{ 'a' ~ 1 ~ none ~ true }} {{ 'x' + 'y' }} {{ [1] + [2, 3] }} {{ l | map(attribute='n') | list }} {{ l | selectattr('n', 'equalto', 2) | list | length }} {{ l | rejectattr('n') | list }}", {"l": [{"n": 1}, {"n": 2}, {"n": 0}]}),
+    ("{{ l | select('odd') | list }} {{ l | reject('odd') | list }} {{ l | sort | list }} {{ l | sort(reverse=true) | list }} {{ l | unique | list }} {{ l | max }} {{ l | min }} {{ l | sum }}", {"l": [3, 1, 2, 3, 5]}),
+    ("{{ s | replace('a', 'o') }} {{ '3' | int + 1 }} {{ '2.5' | float }} {{ -4 | abs }} {{ x | string }} {{ 'abc' | list }} {{ s | capitalize }} {{ s | title }} {{ 2.567 | round(1) }}", {"s": "banana split", "x": [1, "a"]}),
+    ("  {% if true %}\n    indented\n  {% endif %}\n{% for i in [1, 2] %}\n  - {{ i }}\n{% endfor %}\n{# comment #}\nend\n", {}),
+    ("a  {%- if true -%}  b  {%- endif -%}  c {{- ' d ' -}} e {#- c -#} f {%+ if true %} g{% endif +%}\n h", {}),
+    ("line1\r\nline2\n{% if true %}\r\nx\n{% endif %}\ntrailing\n", {}),
+    ("{{ \"esc\\naped\\t\\\\ \\u00e9 \\x41\" }}{{ 'single \\'q\\'' }}{{ \"a\" \"b\" }}", {}),
+    ("{% set d = {'a': 1, 'b': [1, 2]} %}{{ d.a }}{{ d['b'][1] }}{{ d.get('a') }}{{ d.get('z', 'none') }}{{ d.keys() | list }}{{ d.values() | list }}{% set t = (1, 2) %}{{ t[0] }}", {}),
+    ("{{ x.y.z if x.y is defined else 'no' }} {{ m.content is string }} {{ m['role'] }} {{ m.tool_calls[0].function.name }}", {"x": {}, "m": {"role": "assistant", "content": "c", "tool_calls": [{"function": {"name": "f"}}]}}),
+    ("{{ text | indent(2) }}|{{ text | indent(4, true) }}|{{ 'x' | e }}{{ '<&>' | escape }}|{{ s.splitlines() }}|{{ s.isdigit() }}{{ '123'.isdigit() }}", {"text": "a\nb\n\nc", "s": "l1\nl2\r\nl3"}),
+    ("{% for a, b in pairs %}{{ a }}{{ b }}{% endfor %}{% for x in s %}<{{ x }}>{% endfor %}{% for x in items %}{{ loop.previtem | default('^') }}{{ x }}{{ loop.nextitem | default('$') }} {% endfor %}", {"pairs": [[1, 2], [3, 4]], "s": "añ😀", "items": [1, 2, 3]}),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", default=os.path.join(ROOT, "..", "shared", "tokenizers"))
@@ -336,6 +484,19 @@ def main():
     os.makedirs(os.path.join(OUT, "chat"), exist_ok=True)
     with open(os.path.join(OUT, "chat", "conversations.json"), "w") as f:
         json.dump({"conversations": convs, "cases": cases}, f, ensure_ascii=False, indent=1)
+
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    mini = []
+    for tpl, ctx in MINI:
+        try:
+            mini.append({"template": tpl, "context": ctx, "text": _compile_jinja_template(tpl).render(**ctx)})
+        except Exception as ex:
+            mini.append({"template": tpl, "context": ctx, "error": "%s: %s" % (type(ex).__name__, ex)})
+    with open(os.path.join(OUT, "chat", "llama31_tools.jinja"), "w") as f:
+        f.write(LLAMA31_TEMPLATE)
+    with open(os.path.join(OUT, "chat", "mini.json"), "w") as f:
+        json.dump(mini, f, ensure_ascii=False, indent=1)
+    print("mini templates:", len(mini), "errors:", [m["error"] for m in mini if "error" in m])
 
     for name in NAMES:
         src = os.path.join(args.src, name)
@@ -390,6 +551,17 @@ def main():
                 res.append({"text": text, "ids": ids})
             except Exception as ex:  # the template itself raised: C must fail too
                 res.append({"error": "%s: %s" % (type(ex).__name__, ex)})
+        if name == "llama3.1":  # the 3.1 tool template on the same conversations
+            for c in cases:
+                conv = convs[c["conv"]]
+                try:
+                    text = hf.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=False,
+                                                  chat_template=LLAMA31_TEMPLATE,
+                                                  add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
+                    res.append({"template": "llama31_tools", "text": text,
+                                "ids": hf(text, add_special_tokens=False)["input_ids"]})
+                except Exception as ex:
+                    res.append({"template": "llama31_tools", "error": "%s: %s" % (type(ex).__name__, ex)})
         with open(os.path.join(dst, "chat.json"), "w") as f:
             json.dump(res, f, ensure_ascii=False)
         print(name, "done; chat errors:", sum("error" in x for x in res))

@@ -4,10 +4,11 @@
  * after sampler_create.
  *
  * Speed: a row of 151936 logits is scanned a handful of times (copy, max,
- * normaliser). Truncation never sorts the whole row: top_k uses a quickselect
- * on the candidate ids; top_p quickselects the best M candidates, sorts only
- * those and grows M (x8) until the cumulative probability reaches top_p, so
- * the usual peaked distribution sorts a few dozen ids.
+ * one expf pass cached in Sampler.e, normaliser, draw). Truncation never
+ * sorts the whole row: top_k and top-N alternatives keep a k-heap (one
+ * compare per id); top_p builds a mass histogram over zmax - z to find the
+ * bucket holding the crossing and sorts (radix on packed keys) only the ids
+ * at or above it, i.e. about the kept set.
  *
  * Not here: stop conditions, the logits.
  */
@@ -22,6 +23,9 @@ struct Sampler {
     int vocab;
     float *z;        /* [vocab] processed logits of the last call */
     int32_t *idx;    /* [vocab] candidate ids for selection */
+    float *e;        /* [vocab] expf(z - zmax) of the last call (0 for -inf) */
+    uint64_t *keys, *tmp; /* [vocab] sort keys (value desc, id asc) and radix scratch */
+    int32_t *cnt;    /* [65537] radix counts */
     uint8_t *mark;   /* [vocab] penalty marks, all zero between calls */
     /* state of the last sampler_sample, for sampler_kept_logprobs */
     int greedy;
@@ -71,6 +75,10 @@ Sampler *sampler_create(int vocab) {
     s->vocab = vocab;
     s->z = xmalloc((size_t)vocab * sizeof(float));
     s->idx = xmalloc((size_t)vocab * sizeof(int32_t));
+    s->e = xmalloc((size_t)vocab * sizeof(float));
+    s->keys = xmalloc((size_t)vocab * sizeof(uint64_t));
+    s->tmp = xmalloc((size_t)vocab * sizeof(uint64_t));
+    s->cnt = xmalloc(65537 * sizeof(int32_t));
     s->mark = xcalloc((size_t)vocab, 1);
     return s;
 }
@@ -79,6 +87,10 @@ void sampler_free(Sampler *s) {
     if (!s) return;
     free(s->z);
     free(s->idx);
+    free(s->e);
+    free(s->keys);
+    free(s->tmp);
+    free(s->cnt);
     free(s->mark);
     free(s);
 }
@@ -103,28 +115,6 @@ static inline int before(const float *z, int32_t a, int32_t b) {
     return z[a] > z[b] || (z[a] == z[b] && a < b);
 }
 
-/* Reorder idx[0..n) so that idx[0..m) are the m first ids in `before` order
- * (in no particular order among themselves). */
-static void select_top(const float *z, int32_t *idx, int n, int m) {
-    int lo = 0, hi = n - 1;
-    if (m <= 0 || m >= n) return;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        /* median of three as pivot, moved to hi */
-        if (before(z, idx[mid], idx[lo])) { int32_t t = idx[mid]; idx[mid] = idx[lo]; idx[lo] = t; }
-        if (before(z, idx[hi], idx[lo])) { int32_t t = idx[hi]; idx[hi] = idx[lo]; idx[lo] = t; }
-        if (before(z, idx[mid], idx[hi])) { int32_t t = idx[mid]; idx[mid] = idx[hi]; idx[hi] = t; }
-        int32_t piv = idx[hi];
-        int st = lo;
-        for (int i = lo; i < hi; i++)
-            if (before(z, idx[i], piv)) { int32_t t = idx[i]; idx[i] = idx[st]; idx[st] = t; st++; }
-        idx[hi] = idx[st]; idx[st] = piv;
-        if (st == m || st == m - 1) return; /* idx[0..m) are all before-or-equal the pivot split */
-        if (st < m) lo = st + 1;
-        else hi = st - 1;
-    }
-}
-
 static int cmp_before(const void *a, const void *b, void *ctx) {
     const float *z = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -137,6 +127,65 @@ static void sort_top(const float *z, int32_t *idx, int m) {
 
 /* The term every normaliser sums: expf in float, accumulated in double. */
 static inline double term(float zi, float zmax) { return (double)expf(zi - zmax); }
+
+/* The k first ids in `before` order among ids with z >= lo (z > -inf),
+ * sorted, into out [k]; returns how many there were (<= k). A min-heap on
+ * `before` keeps the k best seen so far: one compare per id for small k. */
+static int top_heap(const float *z, int V, int k, float lo, int32_t *out) {
+    int n = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (!(z[i] > -INFINITY && z[i] >= lo)) continue;
+        if (n < k) { /* sift up */
+            int c = n++;
+            while (c > 0) {
+                int p = (c - 1) / 2;
+                if (!before(z, out[p], i)) break;
+                out[c] = out[p];
+                c = p;
+            }
+            out[c] = i;
+        } else if (before(z, i, out[0])) { /* replace the worst, sift down */
+            int c = 0;
+            for (;;) {
+                int l = 2 * c + 1, r = l + 1, w = c;
+                int32_t wv = i;
+                if (l < n && before(z, wv, out[l])) { w = l; wv = out[l]; }
+                if (r < n && before(z, wv, out[r])) { w = r; wv = out[r]; }
+                if (w == c) break;
+                out[c] = out[w];
+                c = w;
+            }
+            out[c] = i;
+        }
+    }
+    sort_top(z, out, n);
+    return n;
+}
+
+/* Sort key: ascending key = (z desc, id asc). */
+static inline uint64_t order_key(float v, int32_t id) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending order of floats */
+    return ((uint64_t)(~u) << 32) | (uint32_t)id;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* LSD radix sort, 4 passes of 16 bits; cnt [65537] scratch, tmp [n]. */
+static void sort_keys(uint64_t *a, uint64_t *tmp, int32_t *cnt, int n) {
+    if (n < 4096) { qsort(a, (size_t)n, sizeof(uint64_t), cmp_u64); return; }
+    for (int shift = 0; shift < 64; shift += 16) {
+        memset(cnt, 0, 65537 * sizeof(int32_t));
+        for (int i = 0; i < n; i++) cnt[((a[i] >> shift) & 0xffff) + 1]++;
+        for (int b = 0; b < 65536; b++) cnt[b + 1] += cnt[b];
+        for (int i = 0; i < n; i++) tmp[cnt[(a[i] >> shift) & 0xffff]++] = a[i];
+        memcpy(a, tmp, (size_t)n * sizeof(uint64_t));
+    }
+}
 
 /* ---- processing: bias, min_tokens, penalties ---- */
 static void apply_penalties(Sampler *s, const SamplingParams *p, const SampleHistory *h) {
@@ -192,54 +241,73 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
         for (int i = 0; i < p->n_stop_ids; i++) z[p->stop_ids[i]] = -INFINITY;
     }
     apply_penalties(s, p, h);
-    for (int i = 0; i < s->vocab; i++) if (isnan(z[i])) z[i] = -INFINITY;
+    /* NaN can only appear where something was added (inf + -inf bias) */
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (isnan(z[p->logit_bias_ids[i]])) z[p->logit_bias_ids[i]] = -INFINITY;
 }
 
-/* Truncation thresholds on the temperature-scaled z (sampling.h). Returns thr;
- * the kept set is { i : z_i >= thr, z_i > -inf }. */
+/* Truncation thresholds on the temperature-scaled z (sampling.h), with
+ * s->e = expf(z - zmax) filled in. Returns thr; the kept set is
+ * { i : z_i >= thr, z_i > -inf }. */
+#define TOPP_BUCKETS 2048
+#define TOPP_RANGE 32.0f /* buckets cover zmax - z in [0, 32); the last one takes the rest */
 static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
-    const float *z = s->z;
+    const float *z = s->z, *e = s->e;
     int V = s->vocab;
     float thr = -INFINITY;
     if (p->min_p > 0) {
         float m = INFINITY;
         for (int i = 0; i < V; i++)
-            if (z[i] > -INFINITY && expf(z[i] - zmax) >= p->min_p && z[i] < m) m = z[i];
+            if (z[i] > -INFINITY && e[i] >= p->min_p && z[i] < m) m = z[i];
         thr = m;
     }
-    int top_k = p->top_k, nc = -1;
-    if ((top_k > 0 && top_k < V) || p->top_p < 1.0f) {
-        nc = 0;
-        for (int i = 0; i < V; i++)
-            if (z[i] > -INFINITY && z[i] >= thr) s->idx[nc++] = i;
+    if (p->top_k > 0 && p->top_k < V) {
+        int n = top_heap(z, V, p->top_k, thr, s->idx);
+        if (n == p->top_k && z[s->idx[n - 1]] > thr) thr = z[s->idx[n - 1]];
     }
-    if (top_k > 0 && top_k < V && top_k < nc) {
-        select_top(z, s->idx, nc, top_k);
-        float kth = INFINITY;
-        for (int i = 0; i < top_k; i++) if (z[s->idx[i]] < kth) kth = z[s->idx[i]];
-        if (kth > thr) thr = kth;
-        /* the candidates for top_p: everything >= kth (ties beyond k included) */
-        int n2 = 0;
-        for (int i = 0; i < nc; i++) if (z[s->idx[i]] >= thr) s->idx[n2++] = s->idx[i];
-        nc = n2;
-    }
-    if (p->top_p < 1.0f && nc > 0) {
-        double S = 0;
-        /* the normaliser in ascending id order: idx is not sorted, so rescan */
-        for (int i = 0; i < V; i++) if (z[i] > -INFINITY && z[i] >= thr) S += term(z[i], zmax);
-        int m = nc < 64 ? nc : 64;
-        for (;;) {
-            select_top(z, s->idx, nc, m);
-            sort_top(z, s->idx, m);
-            double cum = 0;
-            int j = -1;
-            for (int i = 0; i < m; i++) {
-                cum += term(z[s->idx[i]], zmax) / S;
-                if (cum >= (double)p->top_p) { j = i; break; }
+    if (p->top_p < 1.0f) {
+        /* The exact rule needs the cumulative sum in sorted order up to the
+         * crossing. A mass histogram over zmax - z finds the bucket where the
+         * crossing lies; only ids in that bucket and above (an upper set of
+         * the values, so a prefix of the order) plus one bucket of margin are
+         * sorted. If rounding put the crossing lower, retry with everything. */
+        double S = 0, mass[TOPP_BUCKETS] = { 0 };
+        const float scale = TOPP_BUCKETS / TOPP_RANGE;
+        for (int i = 0; i < V; i++) {
+            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+            S += (double)e[i];
+            float d = (zmax - z[i]) * scale;
+            int b = d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
+            mass[b] += (double)e[i];
+        }
+        double want = (double)p->top_p * S * (1 - 1e-9), cum = 0;
+        int bmax = TOPP_BUCKETS - 1;
+        for (int b = 0; b < TOPP_BUCKETS; b++) {
+            cum += mass[b];
+            if (cum >= want) { bmax = b + 1 < TOPP_BUCKETS - 1 ? b + 1 : TOPP_BUCKETS - 1; break; }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            int n = 0;
+            for (int i = 0; i < V; i++) {
+                if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+                float d = (zmax - z[i]) * scale;
+                int b = d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
+                if (b <= bmax) s->keys[n++] = order_key(z[i], i);
             }
-            if (j >= 0) { float v = z[s->idx[j]]; if (v > thr) thr = v; break; }
-            if (m == nc) break; /* rounding left it short: keep everything */
-            m = m > nc / 8 ? nc : m * 8;
+            sort_keys(s->keys, s->tmp, s->cnt, n);
+            double c = 0;
+            int j = -1;
+            for (int i = 0; i < n; i++) {
+                c += (double)e[(int32_t)(s->keys[i] & 0xffffffffu)] / S;
+                if (c >= (double)p->top_p) { j = i; break; }
+            }
+            if (j >= 0) {
+                float v = z[(int32_t)(s->keys[j] & 0xffffffffu)];
+                if (v > thr) thr = v;
+                break;
+            }
+            if (bmax == TOPP_BUCKETS - 1) break; /* rounding left it short: keep everything */
+            bmax = TOPP_BUCKETS - 1;
         }
     }
     return thr;
@@ -248,10 +316,9 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
 static void fill_top(Sampler *s, const float *logits, const SamplingParams *p, const SampleWant *w,
                      float rawmax, double raw_log_s, float T) {
     const float *z = s->z;
-    int V = s->vocab, n = 0, top_n = w->top_n < V ? w->top_n : V;
-    for (int i = 0; i < V; i++) s->idx[n++] = i;
-    select_top(z, s->idx, n, top_n);
-    sort_top(z, s->idx, top_n);
+    int V = s->vocab, top_n = w->top_n < V ? w->top_n : V;
+    int n = top_heap(z, V, top_n, -INFINITY, s->idx);
+    for (int i = 0; i < V && n < top_n; i++) if (z[i] == -INFINITY) s->idx[n++] = i; /* -inf ties: id asc */
     for (int i = 0; i < top_n; i++) {
         int32_t id = s->idx[i];
         w->top_ids[i] = id;
@@ -276,9 +343,12 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     process(s, logits, p, h, eos_ids, n_eos);
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature;
-    if (!s->greedy) for (int i = 0; i < V; i++) z[i] = z[i] / T;
     int32_t am = 0;
-    for (int i = 1; i < V; i++) if (z[i] > z[am]) am = i;
+    if (!s->greedy) z[0] = z[0] / T;
+    for (int i = 1; i < V; i++) {
+        if (!s->greedy) z[i] = z[i] / T;
+        if (z[i] > z[am]) am = i;
+    }
     float zmax = z[am];
     s->zmax = zmax;
     if (s->greedy || zmax == -INFINITY) {
@@ -293,11 +363,13 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
         out->n_kept = 1;
         if (want && want->mask) want->mask[0] = am;
     } else {
+        float *ev = s->e;
+        for (int i = 0; i < V; i++) ev[i] = expf(z[i] - zmax);
         float thr = truncate_thr(s, p, zmax);
         double S = 0;
         int nk = 0;
         for (int i = 0; i < V; i++)
-            if (z[i] > -INFINITY && z[i] >= thr) { S += term(z[i], zmax); nk++; }
+            if (z[i] > -INFINITY && z[i] >= thr) { S += (double)ev[i]; nk++; }
         double u = sampling_uniform(p->seed, (uint64_t)seq_index, (uint64_t)pos) * S, cum = 0;
         int32_t tok = -1, last = -1;
         int32_t *mask = want ? want->mask : NULL;
@@ -306,7 +378,7 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
             if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
             if (mask) mask[k++] = i;
             last = i;
-            if (tok < 0) { cum += term(z[i], zmax); if (cum > u) tok = i; }
+            if (tok < 0) { cum += (double)ev[i]; if (cum > u) tok = i; }
         }
         if (tok < 0) tok = last;
         s->token = tok;
@@ -361,9 +433,8 @@ float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
     double ls = log(S);
     if (top_n > 0) {
         if (top_n > V) top_n = V;
-        for (int i = 0; i < V; i++) s->idx[i] = i;
-        select_top(z, s->idx, V, top_n);
-        sort_top(z, s->idx, top_n);
+        int n = top_heap(z, V, top_n, -INFINITY, s->idx);
+        for (int i = 0; i < V && n < top_n; i++) if (z[i] == -INFINITY) s->idx[n++] = i;
         for (int i = 0; i < top_n; i++) {
             top_ids[i] = s->idx[i];
             top_logprobs[i] = (float)((double)(z[s->idx[i]] - zmax) - ls);

@@ -90,10 +90,19 @@ def main():
               f"| {v['apply']:.2f} | {v['prep']:.2f} | {v['commit_ms']:.2f} | {v['commit']:.2f} | {bw:.2f} |")
     print(f"\ncheckpoint: {ck / 1e6:.1f} MB of BF16 tensors; means over the pairs of each LR; all applies byte-identical")
     if a.synthetic_mb:
-        frac = max(r[2]["frac"] for r in rows) / 100
-        print(f"\nsynthetic {a.synthetic_mb} MiB BF16 model at the largest measured changed fraction ({100 * frac:.3f}%):")
-        print(run([bench, "--synthetic", a.synthetic_mb, frac, "--threads", a.threads]))
-
+        print(f"\nsynthetic {a.synthetic_mb} MiB BF16 model (16 tensors of 64 MiB, one-ulp changes at uniform random "
+              "positions) at each measured changed fraction; commit = the pause:\n")
+        print("| LR (fraction from) | changed % | delta ratio | prepare ms (serving continues) | commit ms | "
+              "of which re-hash ms (1 thread) | commit without re-hash ms (est.) | memcpy GB/s (same run) | bit-exact |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for lr, n, v, ck in rows:
+            out = run([bench, "--synthetic", a.synthetic_mb, v["frac"] / 100, "--threads", a.threads])
+            prep, com = num(r"prepare .*?([\d.]+) ms", out), num(r"commit .*?([\d.]+) ms", out)
+            rh = num(r"re-hash .*?: ([\d.]+) ms", out)
+            frac, ratio = num(r"changed \(([\d.]+)%", out), num(r"B \(([\d.]+)x\)", out)
+            mbw, exact = num(r"memcpy bandwidth ([\d.]+)", out), "yes" if "target: yes" in out else "NO"
+            print(f"| {lr} | {frac:.4f} | {ratio:.1f}x | {prep:.1f} | {com:.1f} | {rh:.1f} | "
+                  f"{max(com - rh / a.threads, 0):.1f} | {mbw:.2f} | {exact} |")
 
 if __name__ == "__main__":
     main()

@@ -17,8 +17,14 @@
  * The caller serializes prepare/commit against each other and against
  * readers of WeightVersion (one admin mutex).
  *
- * Not here: HTTP (server), the GPU scatter (a backend reads the plan through
- * delta_plan_tensor and scatters on the device), checkpoint I/O (trainer/).
+ * Device backends and quantized samplers: lookup returns the host BF16
+ * master (what commit patches and hashes); the touched hook then gets each
+ * updated tensor's touched element indices, to scatter those elements to the
+ * device copy or re-quantize the blocks that contain them. A backend may
+ * instead read the decoded update with delta_plan_tensor (before commit:
+ * positions and new values) and scatter on the device itself.
+ *
+ * Not here: HTTP (server), checkpoint I/O (trainer/).
  */
 #ifndef SAMPLER_DELTA_H
 #define SAMPLER_DELTA_H
@@ -200,6 +206,8 @@ char *delta_error_json(const Err *e, const WeightVersion *wv);
 
 /* Lookup over a SafeTensors mapping (ctx = SafeTensors *). */
 void *delta_lookup_safetensors(void *ctx, const char *name, Dtype *dt, int64_t *numel);
+/* Lookup over a loaded model (ctx = Model *, via model_tensor; server/delta_model.c). */
+void *delta_lookup_model(void *ctx, const char *name, Dtype *dt, int64_t *numel);
 
 /* Run fn(ctx, i) for i in [0, n) on up to n_threads threads, dynamically. */
 void delta_par_for(int n, int n_threads, void (*fn)(void *ctx, int i), void *ctx);

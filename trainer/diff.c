@@ -77,6 +77,14 @@ int cmd_diff(int argc, char **argv) {
     CHECK(safetensors_open(&a, old_dir, &err) == 0, "%s", err.msg);
     CHECK(safetensors_open(&b, new_dir, &err) == 0, "%s", err.msg);
     check_same_structure(a, b, old_dir, new_dir);
+    int same_layout = a->n_files == b->n_files;
+    for (int i = 0; i < a->n && same_layout; i++)
+        same_layout = a->t[i].data - a->maps[a->t[i].file] == b->t[i].data - b->maps[b->t[i].file] &&
+                      strcmp(strrchr(a->paths[a->t[i].file], '/') ? strrchr(a->paths[a->t[i].file], '/') : "",
+                             strrchr(b->paths[b->t[i].file], '/') ? strrchr(b->paths[b->t[i].file], '/') : "") == 0;
+    if (!same_layout)
+        fprintf(stderr, "note: %s and %s lay their tensors out differently (shards or offsets): `trainer apply` will "
+                "give NEW's tensor bytes in OLD's file layout, not NEW's files byte for byte\n", old_dir, new_dir);
 
     DiffJob j = {.a = a, .b = b, .level = level};
     j.order = xmalloc(sizeof(int) * (size_t)(a->n + 1));

@@ -19,13 +19,6 @@
 #include "log.h"
 #include "server.h"
 
-static void *lookup(void *ctx, const char *name, Dtype *dt, int64_t *numel) {
-    Model *m = ctx;
-    uint16_t *p = model_tensor(m, name, numel);
-    if (p) *dt = DT_BF16;
-    return p;
-}
-
 typedef struct Commit {
     DeltaPlan *plan;
     DeltaTarget *tgt;
@@ -40,7 +33,7 @@ static int commit_fn(void *ctx, Err *err) {
 
 /* Prepare while serving, commit between steps. Caller holds admin_mu. */
 static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err *err) {
-    DeltaTarget tgt = { .lookup = lookup, .ctx = s->model, .n_threads = 4, .skip_verify_after = 0 };
+    DeltaTarget tgt = { .lookup = delta_lookup_model, .ctx = s->model, .n_threads = 4, .skip_verify_after = 0 };
     DeltaPlan *plan = NULL;
     if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;
     Commit c = { plan, &tgt, s->wv, {0} };

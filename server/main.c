@@ -52,6 +52,7 @@ static void usage(void) {
 "  --precision P             weight precision: bf16 (the CPU backend computes from BF16 weights; default)\n"
 "  --delta FILE              apply a weight delta at start-up (repeatable, in version order)\n"
 "  --weight-version N        version of the checkpoint in --model (default 0)\n"
+"  --model-fingerprint HEX   lineage fingerprint when --weight-version > 0 (from `trainer inspect`)\n"
 "\n"
 "HTTP\n"
 "  --host ADDR               IPv4 address to listen on (default 127.0.0.1; 0.0.0.0 for all)\n"
@@ -173,6 +174,7 @@ int main(int argc, char **argv) {
     const char *dir = SAMPLER_SOURCE_DIR "/models/tiny-qwen3", *tok_dir = NULL, *deltas[64];
     int n_deltas = 0, n_prompt = 0, max_new = 16;
     long long base_version = 0;
+    const char *fingerprint = NULL;
     static int32_t prompt[8192];
     s->cfg.api_key = getenv("SAMPLER_API_KEY");
     s->cfg.admin_token = getenv("SAMPLER_ADMIN_TOKEN");
@@ -188,6 +190,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--precision")) CHECK(!strcmp(v, "bf16") || !strcmp(v, "auto"), "--precision %s: the CPU backend serves bf16 only", v);
         else if (!strcmp(a, "--delta")) { CHECK(n_deltas < 64, "at most 64 --delta files"); deltas[n_deltas++] = v; }
         else if (!strcmp(a, "--weight-version")) base_version = num(a, v, 0, 1ll << 62);
+        else if (!strcmp(a, "--model-fingerprint")) fingerprint = v;
         else if (!strcmp(a, "--host")) s->cfg.host = v;
         else if (!strcmp(a, "--port")) s->cfg.port = (int)num(a, v, 0, 65535);
         else if (!strcmp(a, "--api-key")) s->cfg.api_key = v;
@@ -252,6 +255,13 @@ int main(int argc, char **argv) {
     pthread_mutex_init(&s->live_mu, NULL);
     s->wv = weight_version_from_safetensors(s->model->st, ec.n_threads > 0 ? ec.n_threads : 4);
     s->wv->version = (uint64_t)base_version;
+    if (fingerprint) {
+        char *end;
+        s->wv->fingerprint = strtoull(fingerprint, &end, 16);
+        CHECK(*fingerprint && !*end, "--model-fingerprint: expected 16 hex digits, got '%s'", fingerprint);
+    }
+    CHECK(base_version == 0 || fingerprint, "--weight-version %lld needs --model-fingerprint (the lineage's, "
+          "printed by `trainer inspect` of any delta)", base_version);
 
     /* Threads started from here on inherit the mask; main waits for the signals. */
     sigset_t set;

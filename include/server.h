@@ -85,6 +85,8 @@ typedef struct Server {
     atomic_int inflight;
     atomic_ullong next_id;
     int64_t created;
+    uint64_t *version_map;         /* [n_versions] engine version -> checkpoint version; under live_mu */
+    int n_versions, cap_versions;
     pthread_mutex_t live_mu;
     LiveReq *live;
     struct MHD_Daemon *d;
@@ -131,6 +133,12 @@ int http_check_model(Server *s, json_t *body, Err *err);
 typedef int (*StreamFill)(void *ctx, Buf *out);
 typedef void (*StreamDone)(void *ctx);
 int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx);
+
+/* The checkpoint (delta) version of weights the engine calls version e:
+ * the engine counts updates 0, 1, 2, ...; deltas may start later and skip. */
+uint64_t server_weight_version(Server *s, uint64_t e);
+/* Record that engine version e now serves checkpoint version v. */
+void server_map_version(Server *s, uint64_t e, uint64_t v);
 
 /* Fresh id like "cmpl-0001a2b3c4d5e6f7". */
 void server_new_id(Server *s, const char *prefix, char *out, size_t cap);

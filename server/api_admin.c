@@ -38,16 +38,14 @@ static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err 
     if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;
     Commit c = { plan, &tgt, s->wv, {0} };
     uint64_t before = s->wv->version;
-    int rc = engine_run_exclusive(s->eng, commit_fn, &c, 1, err);
+    int rc = engine_run_exclusive(s->eng, commit_fn, &c, delta_plan_header(plan)->target_version != before, err);
     delta_plan_free(plan);
     if (rc < 0) return rc;
     *res = c.res;
+    server_map_version(s, engine_weight_version(s->eng), s->wv->version);
     if (!res->noop && s->wv->version != before)
         log_info("weights: version %llu -> %llu (%d tensors, %lld elements)", (unsigned long long)before,
                  (unsigned long long)s->wv->version, res->tensors_updated, (long long)res->elements_updated);
-    if (engine_weight_version(s->eng) != s->wv->version)
-        log_warn("weights: engine version %llu differs from the delta version %llu (a delta skipped versions)",
-                 (unsigned long long)engine_weight_version(s->eng), (unsigned long long)s->wv->version);
     return 0;
 }
 

@@ -216,7 +216,7 @@ static int respond_whole(HttpReq *q, Chat *ch) {
     json_object_set_new(o, "usage", gen_usage(g));
     if (g->p.ret_token_ids) json_object_set_new(o, "prompt_token_ids", prompt_ids(g));
     if (g->p.prompt_logprobs >= 0) json_object_set_new(o, "prompt_logprobs", gen_prompt_logprobs(g, 0));
-    json_object_set_new(o, "weight_version", json_integer((json_int_t)engine_weight_version(g->s->eng)));
+    json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
     return http_send_json(q, 200, o);
 }
 

@@ -117,7 +117,7 @@ static int respond_whole(HttpReq *q, Gen *g) {
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", gen_usage(g));
-    json_object_set_new(o, "weight_version", json_integer((json_int_t)engine_weight_version(g->s->eng)));
+    json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
     return http_send_json(q, 200, o);
 }
 

@@ -377,7 +377,7 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
         json_t *a = json_array(), *w = json_array();
         for (int k = from; k < to; k++) {
             json_array_append_new(a, gen_lp(v.tokens[k].logprob));
-            json_array_append_new(w, json_integer((json_int_t)v.tokens[k].weight_version));
+            json_array_append_new(w, json_integer((json_int_t)server_weight_version(g->s, v.tokens[k].weight_version)));
         }
         json_object_set_new(obj, "sampler_logprobs", a);
         json_object_set_new(obj, "token_weight_versions", w);
@@ -398,7 +398,7 @@ json_t *gen_weight_versions(Gen *g, Choice *c) {
     uint64_t last = 0;
     int any = 0;
     for (int k = 0; k < c->n_out; k++) {
-        uint64_t x = v.tokens[k].weight_version;
+        uint64_t x = server_weight_version(g->s, v.tokens[k].weight_version);
         if (any && x == last) continue;
         size_t i;
         json_t *e;

@@ -41,6 +41,28 @@ void server_new_id(Server *s, const char *prefix, char *out, size_t cap) {
     snprintf(out, cap, "%s-%016llx", prefix, (unsigned long long)x);
 }
 
+uint64_t server_weight_version(Server *s, uint64_t e) {
+    pthread_mutex_lock(&s->live_mu);
+    uint64_t v = e < (uint64_t)s->n_versions ? s->version_map[e] : e;
+    pthread_mutex_unlock(&s->live_mu);
+    return v;
+}
+
+void server_map_version(Server *s, uint64_t e, uint64_t v) {
+    pthread_mutex_lock(&s->live_mu);
+    while ((uint64_t)s->n_versions <= e) {
+        if (s->n_versions == s->cap_versions) {
+            s->cap_versions = s->cap_versions ? 2 * s->cap_versions : 64;
+            s->version_map = realloc(s->version_map, sizeof(uint64_t) * (size_t)s->cap_versions);
+            CHECK_PTR(s->version_map, "out of memory");
+        }
+        s->version_map[s->n_versions] = s->n_versions ? s->version_map[s->n_versions - 1] : 0;
+        s->n_versions++;
+    }
+    s->version_map[e] = v;
+    pthread_mutex_unlock(&s->live_mu);
+}
+
 /* ---- live requests (abort by id) ---- */
 void server_live_add(Server *s, LiveReq *l) {
     pthread_mutex_lock(&s->live_mu);

@@ -274,6 +274,7 @@ int main(int argc, char **argv) {
     EngineBackend be = timed_backend_create(s->model, &ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
     s->eng = engine_create_with_backend(&s->model->cfg, &be, &ec);
     s->max_model_len = engine_config(s->eng)->max_model_len;
+    server_map_version(s, 0, s->wv->version);
     for (int i = 0; i < n_deltas; i++) admin_apply_delta_file(s, deltas[i]);
     server_start(s);
     log_info("serving %s (%s) on http://%s:%d  (max_model_len %d, weight version %llu%s%s)", s->model_name,

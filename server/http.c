@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -404,7 +405,9 @@ void server_start(Server *s) {
 }
 
 void server_quiesce(Server *s) {
-    if (s->d) MHD_quiesce_daemon(s->d);
+    if (!s->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d); /* ours to close: new connections are refused from now on */
+    if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 void server_stop(Server *s) {

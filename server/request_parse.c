@@ -254,8 +254,9 @@ int request_parse_prompts(json_t *prompt, const Tokenizer *t, int vocab, TokIds 
     for (int i = 0; i < m; i++)
         for (size_t k = 0; k < p[i].n; k++)
             if (p[i].ids[k] >= vocab) {
+                int bad = p[i].ids[k];
                 prompts_free(p, m);
-                return ERR(err, 400, "prompt: the tokenizer produced id %d outside the model's vocab (%d)", p[i].ids[0], vocab);
+                return ERR(err, 400, "prompt: the tokenizer produced id %d outside the model's vocab (%d)", bad, vocab);
             }
     *out = p;
     *n = m;

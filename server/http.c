@@ -126,7 +126,7 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 }
 
 int http_send_json(HttpReq *q, int status, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
     json_decref(j);
     if (!s) return http_send_text(q, 500, "text/plain", "out of memory\n", 14);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);

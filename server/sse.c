@@ -7,7 +7,7 @@
 #include <string.h>
 
 void sse_event_json(Buf *out, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)); /* float32 round-trips */
     json_decref(j);
     buf_puts(out, "data: ");
     if (s) buf_puts(out, s);

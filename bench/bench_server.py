@@ -8,7 +8,10 @@ server's /metrics counter sampler_model_forward_seconds_total.
         [--conc 1,4,16,64] [--requests-per-conc 4] [--max-tokens 32]
         [--stream] [--server-args "--threads 1"]
 
-Without --url it starts the server itself on a free port (bundled model).
+Without --url it starts the server itself on a free port: the bundled model,
+or with --make-model DIR a random Qwen3 checkpoint of --hidden / --layers
+written there first (numpy only; the bundled tiny model spends most of its
+step in the sampler's softmax over 152k ids, a bigger one is closer to real).
 Each request: a short prompt, max_tokens output tokens (ignore_eos), T = 1.
 The client uses raw http.client in threads (the openai package would cost
 more client CPU than the server on a small machine).
@@ -23,6 +26,47 @@ import time
 import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_model(d, hidden, layers):
+    """Random BF16 Qwen3 checkpoint with the bundled tokenizer's vocab."""
+    import shutil
+    import struct
+    import numpy as np
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(ROOT, "models/tiny-qwen3")
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    hd, nh, nkv, inter = 64, hidden // 64, max(1, hidden // 256), hidden * 3
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=nh, num_key_value_heads=nkv,
+               head_dim=hd, intermediate_size=inter, tie_word_embeddings=True)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    for f in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(src, f), d)
+    rng = np.random.default_rng(0)
+    V, H = cfg["vocab_size"], hidden
+    shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
+                       p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
+                       p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                       p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
+                       p + "mlp.down_proj.weight": (H, inter)})
+    hdr, off = {}, 0
+    for k, sh in shapes.items():
+        n = int(np.prod(sh)) * 2
+        hdr[k] = {"dtype": "BF16", "shape": list(sh), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for k, sh in shapes.items():
+            a = np.ones(sh, np.float32) if k.endswith("norm.weight") else \
+                rng.standard_normal(sh, dtype=np.float32) * (0.02 if "embed" in k else 1 / np.sqrt(sh[-1]))
+            f.write((a.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+    return d
 
 
 def metrics(host, port):
@@ -88,13 +132,17 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--server-args", default="--threads 1")
+    ap.add_argument("--make-model", metavar="DIR", help="write a random Qwen3 checkpoint there and serve it")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
     a = ap.parse_args()
     proc = None
     if a.url:
         u = urllib.parse.urlparse(a.url)
         host, port = u.hostname, u.port
     else:
-        proc = subprocess.Popen([a.bin, "--port", "0", "--log-level", "warn", "--kv-mem-mb", "256"] +
+        model = ["--model", make_model(a.make_model, a.hidden, a.layers)] if a.make_model else []
+        proc = subprocess.Popen([a.bin, "--port", "0", "--log-level", "warn", "--kv-mem-mb", "256"] + model +
                                 a.server_args.split(), stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
         host, port = "127.0.0.1", int(line.split()[2].rsplit(":", 1)[1])

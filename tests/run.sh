@@ -2,7 +2,8 @@
 # The test command (README). Builds with warnings as errors and runs every test
 # under ctest, twice: a release build (build/, with the CUDA targets when nvcc
 # is found) and an ASan+UBSan build (build-asan/, CPU only), where any leak or
-# undefined behaviour fails. QUICK=1 skips the sanitizer pass.
+# undefined behaviour fails; then every libFuzzer target for FUZZ_SECONDS
+# (default 30) each when clang is installed. QUICK=1 skips both extra passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -17,4 +18,7 @@ if [ "${QUICK:-0}" != 1 ]; then
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure
+  if command -v clang >/dev/null; then
+    FUZZ_SECONDS=${FUZZ_SECONDS:-30} ./tests/fuzz/run.sh
+  fi
 fi

@@ -148,10 +148,11 @@ static double run_concurrency(Model *m, const Opts *o, int C, double base_tps) {
     EngineMetrics mt;
     engine_metrics(e, &mt);
     double tps = (double)out_tokens / wall;
+    double itl = mt.itl.n ? mt.itl.sum / mt.itl.n : 0;
     printf("  concurrency %2d: %4d requests, %6llu output tokens in %7.2f s: %8.1f tok/s (%.2fx c=1)  "
-           "TTFT %7.1f ms  ITL %7.1f ms  steps %llu\n",
+           "TTFT %7.1f ms  ITL %7.1f ms  decode %.1f tok/s (C/ITL)  steps %llu\n",
            C, total, (unsigned long long)out_tokens, wall, tps, base_tps > 0 ? tps / base_tps : 1.0,
-           mt.ttft.n ? 1e3 * mt.ttft.sum / mt.ttft.n : 0, mt.itl.n ? 1e3 * mt.itl.sum / mt.itl.n : 0,
+           mt.ttft.n ? 1e3 * mt.ttft.sum / mt.ttft.n : 0, 1e3 * itl, itl > 0 ? C / itl : 0,
            (unsigned long long)mt.steps);
     free(slot);
     free(seen);
@@ -226,6 +227,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kv-mem-mb")) o.kv_mb = (size_t)atol(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when redirected */
     log_set_level(LOG_WARN);
     Model *m = NULL;
     Err err = { 0 };

@@ -24,10 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "block_manager.h"
 #include "log.h"
 #include "scheduler.h"
+#include "threadpool.h"
 
 const double engine_hist_bounds[ENGINE_HIST_BUCKETS] = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, INFINITY};
@@ -78,6 +80,13 @@ struct EngineRequest {
     struct EngineRequest *next, *prev; /* incoming list, then the active list */
 };
 
+typedef struct SampleJob {
+    Seq *q;
+    const float *row;         /* [vocab] logits */
+    const int32_t *xrow;      /* [E] routed experts of the input token, or NULL */
+    int32_t token;            /* result */
+} SampleJob;
+
 typedef struct CpuBackend {
     Runner *r;
     KVCache *kv;
@@ -90,10 +99,14 @@ struct Engine {
     CpuBackend *cpu;
     BlockManager *bm;
     Scheduler *sch;
-    Sampler *sampler;
+    Sampler **samplers;       /* [n_sample_threads] */
+    int32_t **mask_bufs;      /* [n_sample_threads][vocab] */
+    int n_sample_threads;
+    ThreadPool *stp;          /* sampling threads (rows in parallel) */
+    SampleJob *jobs;          /* [max_running_seqs] this step's rows to sample */
+    int n_jobs;
     float *logits;            /* [rows_cap, vocab] f32 */
     int rows_cap;
-    int32_t *mask_buf;        /* [vocab] */
     int32_t *experts_buf;     /* [max_batched, E] */
     int n_moe, E;
     pthread_t thr;
@@ -516,13 +529,18 @@ static int32_t *mask_alloc(Engine *e, SeqOut *o, int n) {
     return p;
 }
 
-/* Sample the next token of q from a logits row, record it, check stops. */
-static void sample_seq(Engine *e, Seq *q, const float *row, const int32_t *expert_row, double t) {
+/* Phase 1, on any sampling thread: sample the next token of j->q and write
+ * its record (not yet published). Touches only j->q's own storage. */
+static void sample_compute(Engine *e, SampleJob *j, int thread) {
+    Seq *q = j->q;
+    const float *row = j->row;
+    const int32_t *expert_row = j->xrow;
     EngineRequest *r = q->req;
     SeqOut *o = &r->outs[q->index];
     const EngineRequestParams *p = &r->p;
     int k = q->n_tokens - q->n_prompt, top = p->top_logprobs;
     uint64_t ver = atomic_load(&e->version);
+    int32_t *mask_buf = e->mask_bufs[thread];
     if (e->cfg.logits_tap)
         e->cfg.logits_tap(e->cfg.logits_tap_ctx, r->id, q->index, q->n_tokens, row, e->mc.vocab);
     SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, k };
@@ -530,9 +548,9 @@ static void sample_seq(Engine *e, Seq *q, const float *row, const int32_t *exper
                      .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
                      .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
                      .top_logprobs_raw = top && o->top_raw ? o->top_raw + (size_t)k * top : NULL,
-                     .mask = p->want_mask ? e->mask_buf : NULL };
+                     .mask = p->want_mask ? mask_buf : NULL };
     SampleResult res;
-    sampler_sample(e->sampler, row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
+    sampler_sample(e->samplers[thread], row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
                    &w, &res);
     TokenRecord *rec = &o->recs[k];
     memset(rec, 0, sizeof *rec);
@@ -548,13 +566,29 @@ static void sample_seq(Engine *e, Seq *q, const float *row, const int32_t *exper
     rec->mask_n = res.n_kept;
     if (p->want_mask) {
         int32_t *m = mask_alloc(e, o, res.n_kept);
-        if (m) { memcpy(m, e->mask_buf, (size_t)res.n_kept * sizeof(int32_t)); rec->mask_ids = m; }
+        if (m) { memcpy(m, mask_buf, (size_t)res.n_kept * sizeof(int32_t)); rec->mask_ids = m; }
         else log_error("engine: out of memory for a sampling mask (request %llu)", (unsigned long long)r->id);
     }
     if (o->experts && expert_row) {
         memcpy(o->experts + (size_t)k * e->E, expert_row, (size_t)e->E * sizeof(int32_t));
         rec->experts = o->experts + (size_t)k * e->E;
     }
+    j->token = res.token;
+}
+
+static void sample_task(void *ctx, int task, int thread) {
+    Engine *e = ctx;
+    sample_compute(e, &e->jobs[task], thread);
+}
+
+/* Phase 2, engine thread, in job order: append, check stops, publish. */
+static void sample_commit(Engine *e, SampleJob *j, double t) {
+    Seq *q = j->q;
+    EngineRequest *r = q->req;
+    SeqOut *o = &r->outs[q->index];
+    const EngineRequestParams *p = &r->p;
+    int k = q->n_tokens - q->n_prompt;
+    SampleResult res = { .token = j->token };
     q->tokens[q->n_tokens++] = res.token;
     /* stops */
     FinishReason f = FINISH_NONE;
@@ -587,7 +621,7 @@ static void prompt_outputs(Engine *e, Seq *q) {
             int pos = q->plan_start + k;
             if (pos + 1 >= q->n_prompt || pos + 1 < r->plp_pub) continue;
             const float *row = e->logits + (size_t)(q->plan_row0 + k) * e->mc.vocab;
-            r->plp[pos + 1] = sampler_logprob_of(e->sampler, row, q->tokens[pos + 1], N,
+            r->plp[pos + 1] = sampler_logprob_of(e->samplers[0], row, q->tokens[pos + 1], N,
                                                  N ? r->ptop_ids + (size_t)(pos + 1) * N : NULL,
                                                  N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL);
             published = pos + 2;
@@ -649,6 +683,7 @@ static int engine_step(Engine *e) {
     scheduler_commit(s);
     double t = now_s();
     int n_sched = s->n_sched;
+    e->n_jobs = 0;
     for (int i = 0; i < n_sched; i++) {
         Seq *q = s->sched[i];
         if (q->state != SEQ_RUNNING) continue; /* its request was aborted in this loop */
@@ -665,12 +700,18 @@ static int engine_step(Engine *e) {
                 Seq *sib = &r->seqs[j];
                 if (sib->state != SEQ_PENDING) continue;
                 sib->started = 1;
-                if (scheduler_fork(s, q, sib, e->be.copy_block, e->be.ctx) == 0) sample_seq(e, sib, row, xrow, t);
+                if (scheduler_fork(s, q, sib, e->be.copy_block, e->be.ctx) == 0)
+                    e->jobs[e->n_jobs++] = (SampleJob){ sib, row, xrow, -1 };
                 else scheduler_enqueue(s, sib, 0);
             }
         }
-        sample_seq(e, q, row, xrow, t);
+        e->jobs[e->n_jobs++] = (SampleJob){ q, row, xrow, -1 };
     }
+    /* rows are independent: sample them in parallel, then commit in order */
+    if (e->n_jobs == 1) sample_compute(e, &e->jobs[0], 0);
+    else if (e->n_jobs > 1) threadpool_run(e->stp, e->n_jobs, sample_task, e);
+    t = now_s(); /* tokens exist from here: TTFT/ITL include sampling */
+    for (int i = 0; i < e->n_jobs; i++) sample_commit(e, &e->jobs[i], t);
     pthread_mutex_lock(&e->mmu);
     e->m.steps++;
     e->m.prefill_tokens_computed += (uint64_t)prefill;
@@ -909,10 +950,18 @@ static void engine_start(Engine *e, Model *m) {
     e->bm = block_manager_create(c->n_blocks, c->block_size, c->enable_prefix_cache);
     e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
                               c->max_prompt_logprob_rows);
-    e->sampler = sampler_create(e->mc.vocab);
+    e->n_sample_threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->n_sample_threads < 1) e->n_sample_threads = 1;
+    e->stp = threadpool_create(e->n_sample_threads);
+    e->samplers = xcalloc(e->n_sample_threads, sizeof(Sampler *));
+    e->mask_bufs = xcalloc(e->n_sample_threads, sizeof(int32_t *));
+    for (int i = 0; i < e->n_sample_threads; i++) {
+        e->samplers[i] = sampler_create(e->mc.vocab);
+        e->mask_bufs[i] = xmalloc((size_t)e->mc.vocab * sizeof(int32_t));
+    }
+    e->jobs = xcalloc(c->max_running_seqs, sizeof(SampleJob));
     e->rows_cap = c->max_running_seqs + c->max_prompt_logprob_rows;
     e->logits = xmalloc((size_t)e->rows_cap * e->mc.vocab * sizeof(float));
-    e->mask_buf = xmalloc((size_t)e->mc.vocab * sizeof(int32_t));
     if (e->E) e->experts_buf = xcalloc((size_t)c->max_batched_tokens * e->E, sizeof(int32_t));
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->mmu, NULL);
@@ -968,8 +1017,13 @@ void engine_free(Engine *e) {
     }
     scheduler_free(e->sch);
     block_manager_free(e->bm);
-    sampler_free(e->sampler);
-    free(e->logits); free(e->mask_buf); free(e->experts_buf);
+    for (int i = 0; i < e->n_sample_threads; i++) {
+        sampler_free(e->samplers[i]);
+        free(e->mask_bufs[i]);
+    }
+    free(e->samplers); free(e->mask_bufs); free(e->jobs);
+    threadpool_free(e->stp);
+    free(e->logits); free(e->experts_buf);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->mmu);
     pthread_cond_destroy(&e->cv);

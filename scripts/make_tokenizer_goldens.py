@@ -464,6 +464,10 @@ MINI = [
     ("{% set d = {'a': 1, 'b': [1, 2]} %}{{ d.a }}{{ d['b'][1] }}{{ d.get('a') }}{{ d.get('z', 'none') }}{{ d.keys() | list }}{{ d.values() | list }}{% set t = (1, 2) %}{{ t[0] }}", {}),
     ("{{ x.y.z if x.y is defined else 'no' }} {{ m.content is string }} {{ m['role'] }} {{ m.tool_calls[0].function.name }}", {"x": {}, "m": {"role": "assistant", "content": "c", "tool_calls": [{"function": {"name": "f"}}]}}),
     ("{{ text | indent(2) }}|{{ text | indent(4, true) }}|{{ 'x' | e }}{{ '<&>' | escape }}|{{ s.splitlines() }}|{{ s.isdigit() }}{{ '123'.isdigit() }}", {"text": "a\nb\n\nc", "s": "l1\nl2\r\nl3"}),
+    ("{{ strftime_now('%Y') | length }} {{ strftime_now('%d %b %Y') | length }}", {}),
+    ("{{ x.content }}", {"x": None}),
+    ("{{ 'a' + undefined_name }}", {}),
+    ("{{ 1 < 'a' }}", {}),
     ("{% for a, b in pairs %}{{ a }}{{ b }}{% endfor %}{% for x in s %}<{{ x }}>{% endfor %}{% for x in items %}{{ loop.previtem | default('^') }}{{ x }}{{ loop.nextitem | default('$') }} {% endfor %}", {"pairs": [[1, 2], [3, 4]], "s": "añ😀", "items": [1, 2, 3]}),
 ]
 

@@ -56,6 +56,7 @@ typedef struct Bpe {
     MergeSlot *merges;     /* open addressing, key (a<<32|b)+1, 0 = empty */
     size_t merge_cap;
     bool ignore_merges;
+    uint8_t *whole;        /* [n_ids] 1 if BPE of the token's own bytes gives just that token */
 } Bpe;
 
 bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
@@ -66,6 +67,8 @@ typedef struct BpeScratch {
     struct BpeHeapEnt *heap; size_t heap_cap;
 } BpeScratch;
 void bpe_scratch_free(BpeScratch *s);
+/* Set b->whole for every token (load time, after the merges). */
+void bpe_mark_whole(Bpe *b, int32_t n_ids);
 /* Append the ids of one pre-token word (raw bytes) to out. */
 void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *out);
 

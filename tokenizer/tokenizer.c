@@ -50,6 +50,7 @@ void tokenizer_free(Tokenizer *t) {
     strmap_free(&t->str_to_id);
     strmap_free(&t->bpe.vocab);
     free(t->bpe.merges);
+    free(t->bpe.whole);
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
@@ -63,14 +64,41 @@ void tokenizer_free(Tokenizer *t) {
     free(t);
 }
 
+/* True if every normal form leaves s as it is: only code points below
+ * U+0300 (no combining marks, nothing that composes) or in blocks without
+ * decompositions or combining marks (CJK Unified, Hiragana/Katakana less
+ * the voicing marks, Hangul syllables not followed by jamo). */
+static bool norm_stable(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint8_t c = (uint8_t)s[i];
+        if (c < 0x80) { i++; continue; }
+        int32_t cp;
+        i += (size_t)utf8_decode((const uint8_t *)s + i, &cp);
+        if (cp < 0x300 || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3040 && cp <= 0x3098) ||
+            (cp >= 0x309D && cp <= 0x30FF) || (cp >= 0xAC00 && cp <= 0xD7A3))
+            continue;
+        return false;
+    }
+    return true;
+}
+
+/* Whether the normalizers cannot change s: the check above is for NFC; the
+ * other forms change some Latin-1 too, so only ASCII is known stable. */
+static bool norm_skip(const Tokenizer *t, const char *s, size_t n) {
+    bool nfc_only = true;
+    for (int k = 0; k < t->n_norm; k++) nfc_only = nfc_only && t->norm[k] == NORM_NFC;
+    if (nfc_only) return norm_stable(s, n);
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80) return false;
+    return true;
+}
+
 char *normalize_str(const Tokenizer *t, const char *s, size_t n, size_t *out_n) {
     char *cur = xmalloc(n + 1);
     memcpy(cur, s, n);
     cur[n] = 0;
     *out_n = n;
-    bool ascii = true;
-    for (size_t i = 0; i < n && ascii; i++) ascii = (uint8_t)s[i] < 0x80;
-    if (ascii) return cur; /* every normal form leaves ASCII as it is */
+    if (norm_skip(t, s, n)) return cur;
     for (int k = 0; k < t->n_norm; k++) {
         utf8proc_option_t opt = UTF8PROC_STABLE;
         switch (t->norm[k]) {
@@ -121,7 +149,7 @@ static void push(TokIds *out, int32_t id) {
 static int encode_segment(const Tokenizer *t, const char *s, size_t n, EncScratch *sc, TokIds *out, Err *e) {
     if (!t->n_norm && !t->has_norm_added) return encode_plain(t, s, n, sc, out, e);
     size_t nn;
-    char *norm = t->n_norm ? normalize_str(t, s, n, &nn) : NULL;
+    char *norm = t->n_norm && !norm_skip(t, s, n) ? normalize_str(t, s, n, &nn) : NULL;
     const char *txt = norm ? norm : s;
     if (!norm) nn = n;
     int rc = 0;

@@ -412,6 +412,7 @@ Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     if ((rc = load_decoder(json_object_get(root, "decoder"), e))) goto done;
     rc = tok_load_vocab(t, model, e);
     if (rc) goto done;
+    bpe_mark_whole(&t->bpe, t->n_ids);
     rc = tok_load_added(t, added, e);
     if (rc) goto done;
     if (cfg) rc = tok_load_config(t, cfg, e);

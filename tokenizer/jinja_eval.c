@@ -1,8 +1,9 @@
 /*
  * jinja_eval.c - render a parsed chat template: scopes (a fresh one per
- * loop iteration, as Jinja has), the loop object, namespace(), operators,
- * with Python's semantics. Values are json_t (NULL = Undefined); every eval
- * returns a new reference. Not here: parsing (jinja_parse.c).
+ * loop iteration, as Jinja has), the loop object, attribute/item/slice
+ * access, operators and statements, with Python's semantics. Values are json_t (NULL = Undefined); every eval
+ * returns a new reference. Not here: parsing (jinja_parse.c), methods,
+ * filters and tests (jinja_builtins.c).
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>

@@ -103,6 +103,7 @@ int pretok_run(const PreStep *steps, int n_steps, const char *text, size_t n, Pr
 typedef struct AddedTok {
     int32_t id;
     char *content; size_t len; /* matched text (normalized if .normalized) */
+    char *orig;                /* content as written in tokenizer.json */
     bool special, lstrip, rstrip, normalized, single_word;
 } AddedTok;
 
@@ -128,6 +129,7 @@ typedef enum { NORM_NONE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } NormKind;
 struct Tokenizer {
     Bpe bpe;
     int32_t n_ids;             /* vocab size incl. added */
+    int32_t model_vocab_size;  /* entries in model.vocab */
     char **tok_str;            /* [n_ids] tokenizer.json strings, NULL for holes */
     char **tok_bytes;          /* [n_ids] decoded bytes (ByteLevel decoder rule) */
     uint32_t *tok_bytes_len;   /* [n_ids] */

@@ -52,7 +52,7 @@ void tokenizer_free(Tokenizer *t) {
     free(t->bpe.merges);
     free(t->bpe.whole);
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) { free(t->added[i].content); free(t->added[i].orig); }
     free(t->added);
     trie_free(&t->trie_raw);
     trie_free(&t->trie_norm);

@@ -464,8 +464,71 @@ MINI = [
     ("{% set d = {'a': 1, 'b': [1, 2]} %}{{ d.a }}{{ d['b'][1] }}{{ d.get('a') }}{{ d.get('z', 'none') }}{{ d.keys() | list }}{{ d.values() | list }}{% set t = (1, 2) %}{{ t[0] }}", {}),
     ("{{ x.y.z if x.y is defined else 'no' }} {{ m.content is string }} {{ m['role'] }} {{ m.tool_calls[0].function.name }}", {"x": {}, "m": {"role": "assistant", "content": "c", "tool_calls": [{"function": {"name": "f"}}]}}),
     ("{{ text | indent(2) }}|{{ text | indent(4, true) }}|{{ 'x' | e }}{{ '<&>' | escape }}|{{ s.splitlines() }}|{{ s.isdigit() }}{{ '123'.isdigit() }}", {"text": "a\nb\n\nc", "s": "l1\nl2\r\nl3"}),
+    ("{{ strftime_now('%Y') | length }} {{ strftime_now('%d %b %Y') | length }}", {}),
+    ("{{ x.content }}", {"x": None}),
+    ("{{ 'a' + undefined_name }}", {}),
+    ("{{ 1 < 'a' }}", {}),
     ("{% for a, b in pairs %}{{ a }}{{ b }}{% endfor %}{% for x in s %}<{{ x }}>{% endfor %}{% for x in items %}{{ loop.previtem | default('^') }}{{ x }}{{ loop.nextitem | default('$') }} {% endfor %}", {"pairs": [[1, 2], [3, 4]], "s": "añ😀", "items": [1, 2, 3]}),
 ]
+
+
+# Variants of the Qwen3 tokenizer.json with components the two real tokenizers do not use,
+# so that every supported option is compared with `tokenizers` too. The C test applies the
+# same top-level replacements to qwen3/tokenizer.json before loading it.
+def variant_added(extra):
+    base = [{"id": 151643 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True} for i, c in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
+    out = base + [dict({"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": False},
+                       id=151669 + i, **t) for i, t in enumerate(extra)]
+    return out
+
+
+VARIANT_EXTRA_TOKENS = [
+    {"content": "<ls>", "lstrip": True, "special": True},
+    {"content": "<rs>", "rstrip": True},
+    {"content": "<both>", "lstrip": True, "rstrip": True, "special": True},
+    {"content": "word", "single_word": True},
+    {"content": "\ufb01x", "normalized": True},
+    {"content": "Caf\u00e9", "normalized": True},
+    {"content": "<|im_start|>user"},
+]
+VARIANTS = [
+    {"name": "nfkc_digits_merged_prev_bytelevel_regex",
+     "patch": {"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}]},
+               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                   {"type": "Digits", "individual_digits": False},
+                   {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "MergedWithPrevious", "invert": False},
+                   {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+               "added_tokens": variant_added(VARIANT_EXTRA_TOKENS)}},
+    {"name": "nfd_merged_next_contiguous_template",
+     "patch": {"normalizer": {"type": "NFD"},
+               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                   {"type": "Digits", "individual_digits": True},
+                   {"type": "Split", "pattern": {"Regex": "[,.;:!?]"}, "behavior": "MergedWithNext", "invert": False},
+                   {"type": "Split", "pattern": {"String": " "}, "behavior": "Contiguous", "invert": False},
+                   {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+               "post_processor": {"type": "TemplateProcessing",
+                                  "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                             {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}}],
+                                  "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                                  "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [151644], "tokens": ["<|im_start|>"]},
+                                                     "<|im_end|>": {"id": "<|im_end|>", "ids": [151645], "tokens": ["<|im_end|>"]}}},
+               "added_tokens": variant_added(VARIANT_EXTRA_TOKENS)}},
+    {"name": "removed_inverted_nfkd_no_norm_added",
+     "patch": {"normalizer": {"type": "NFKD"},
+               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                   {"type": "Split", "pattern": {"Regex": "\\p{L}+|\\p{N}+"}, "behavior": "Removed", "invert": True},
+                   {"type": "Split", "pattern": {"Regex": "[^\\s]+"}, "behavior": "Isolated", "invert": True},
+                   {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+               "added_tokens": variant_added(VARIANT_EXTRA_TOKENS[:4])}},
+    {"name": "bytelevel_only_no_normalizer",
+     "patch": {"normalizer": None,
+               "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}}},
+]
+VARIANT_TEXTS = ["a <ls> b  <ls>c", "x<rs>   y <rs>\nz", "  <both>  q <both>", "word words sword word_ a-word word.",
+                 "the \ufb01x and fix and \ufb01xed Caf\u00e9 Cafe\u0301 CAF\u00c9", "<|im_start|>user hi<|im_end|>",
+                 "<|im_start|>users <|im_start|>user", "123 4567 89, ok; fine. ½ ² \u2460 \uff11\uff12",
+                 "tabs\t\tand   spaces \u00a0nbsp", "<ls><rs><both>word<ls>"]
 
 
 def main():
@@ -497,6 +560,23 @@ def main():
     with open(os.path.join(OUT, "chat", "mini.json"), "w") as f:
         json.dump(mini, f, ensure_ascii=False, indent=1)
     print("mini templates:", len(mini), "errors:", [m["error"] for m in mini if "error" in m])
+
+    # Tokenizer variants (patches on qwen3/tokenizer.json), on part of the corpus plus texts
+    # that exercise the added-token flags.
+    with open(os.path.join(args.src, "qwen3", "tokenizer.json")) as f:
+        qwen_json = json.load(f)
+    vdocs = [d.decode("utf-8", "replace") for d in docs[10:130]] + VARIANT_TEXTS
+    vout = {"texts": vdocs, "variants": []}
+    for v in VARIANTS:
+        j = dict(qwen_json)
+        j.update(v["patch"])
+        vt = Tokenizer.from_str(json.dumps(j))
+        vout["variants"].append({"name": v["name"], "patch": v["patch"],
+                                 "ids": [vt.encode(t, add_special_tokens=(i % 2 == 0)).ids for i, t in enumerate(vdocs)],
+                                 "decoded": [vt.decode(vt.encode(t).ids) for t in vdocs[-len(VARIANT_TEXTS):]]})
+    with open(os.path.join(OUT, "variants.json.zst"), "wb") as f:
+        f.write(zst(json.dumps(vout, ensure_ascii=False).encode()))
+    print("variants:", [v["name"] for v in VARIANTS])
 
     for name in NAMES:
         src = os.path.join(args.src, name)

@@ -6,6 +6,7 @@
  * of small templates covering the rest of the subset; and refusal, at
  * compile time with line and name, of constructs outside it.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,22 @@ static void show_diff(const char *got, const char *want) {
     while (got[i] && got[i] == want[i]) i++;
     size_t s = i > 40 ? i - 40 : 0;
     fprintf(stderr, "  first difference at byte %zu\n  got:  %.80s\n  want: %.80s\n", i, got + s, want + s);
+}
+
+/* One rendering repeated from several threads on the same Tokenizer. */
+typedef struct Job { const Tokenizer *t; json_t *conv, *kwargs; const char *want; int bad; } Job;
+
+static void *render_many(void *p) {
+    Job *j = p;
+    for (int k = 0; k < 50; k++) {
+        char *out = NULL;
+        Err e = {0};
+        if (tokenizer_apply_chat_template(j->t, json_object_get(j->conv, "messages"), json_object_get(j->conv, "tools"), true,
+                                          j->kwargs, &out, &e) || strcmp(out, j->want))
+            j->bad++;
+        free(out);
+    }
+    return NULL;
 }
 
 static void test_model(const char *name, json_t *convs, json_t *cases) {
@@ -94,6 +111,25 @@ static void test_model(const char *name, json_t *convs, json_t *cases) {
         free(out);
     }
     T_ASSERT(n_bad == 0, "%s: %d of %d rendered conversations differ from transformers", name, n_bad, n_text);
+    /* the longest case with a generation prompt, from 4 threads at once */
+    size_t best = 0, best_len = 0;
+    json_array_foreach(gold, i, g) {
+        json_t *c = json_array_get(cases, i % json_array_size(cases)), *txt = json_object_get(g, "text");
+        if (txt && !json_object_get(g, "template") && json_is_true(json_object_get(c, "add_generation_prompt")) &&
+            json_string_length(txt) > best_len) { best = i; best_len = json_string_length(txt); }
+    }
+    json_t *bc = json_array_get(cases, best % json_array_size(cases));
+    Job jobs[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        jobs[k] = (Job){t, json_array_get(convs, (size_t)json_integer_value(json_object_get(bc, "conv"))),
+                        json_object_get(bc, "kwargs"), json_string_value(json_object_get(json_array_get(gold, best), "text")), 0};
+        pthread_create(&th[k], NULL, render_many, &jobs[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        T_ASSERT(jobs[k].bad == 0, "%s: thread %d rendered %d differing texts", name, k, jobs[k].bad);
+    }
     printf("%s: %d conversations rendered and tokenized, %d expected errors\n", name, n_text, n_err);
     tok_ids_free(&ids);
     json_decref(gold);

@@ -243,6 +243,66 @@ static void test_model(const char *name) {
     tokenizer_free(t);
 }
 
+/* The options the real tokenizers do not use (added-token flags, other
+ * normalizers, Split behaviours, Digits, ByteLevel's regex, a template with
+ * prefix and suffix): variants of qwen3/tokenizer.json against `tokenizers`. */
+static void test_variants(void) {
+    size_t n, vn;
+    char *tj = read_zst(DATA "/qwen3/tokenizer.json.zst", &n), *vj = read_zst(DATA "/variants.json.zst", &vn);
+    json_error_t je;
+    json_t *base = json_loadb(tj, n, 0, &je), *vs = json_loadb(vj, vn, JSON_ALLOW_NUL, &je);
+    T_ASSERT(base && vs, "variants: %s", je.text);
+    if (!base || !vs) return;
+    json_t *texts = json_object_get(vs, "texts"), *v;
+    size_t k;
+    json_array_foreach(json_object_get(vs, "variants"), k, v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        json_t *j = json_copy(base);
+        json_object_update(j, json_object_get(v, "patch"));
+        char *s = json_dumps(j, JSON_COMPACT);
+        Err e = {0};
+        Tokenizer *t = tokenizer_load_json(s, strlen(s), NULL, &e);
+        free(s);
+        json_decref(j);
+        T_ASSERT(t != NULL, "variant %s: %s", name, e.msg);
+        if (!t) continue;
+        json_t *want_ids = json_object_get(v, "ids"), *dec = json_object_get(v, "decoded");
+        TokIds ids = {0};
+        int bad = 0;
+        size_t nt = json_array_size(texts), nd = json_array_size(dec);
+        for (size_t i = 0; i < nt; i++) {
+            json_t *txt = json_array_get(texts, i), *w = json_array_get(want_ids, i);
+            ids.n = 0;
+            tokenizer_encode(t, json_string_value(txt), json_string_length(txt), i % 2 == 0, &ids, &e);
+            bool same = ids.n == json_array_size(w);
+            for (size_t q = 0; same && q < ids.n; q++) same = ids.ids[q] == json_integer_value(json_array_get(w, q));
+            if (!same && bad++ < 3)
+                fprintf(stderr, "variant %s text %zu: %zu ids, want %zu: %.60s\n", name, i, ids.n, json_array_size(w),
+                        json_string_value(txt));
+            if (i >= nt - nd) { /* decode(encode(text)) of the flag-specific texts */
+                json_t *d = json_array_get(dec, i - (nt - nd));
+                char *out;
+                size_t ol;
+                ids.n = 0;
+                tokenizer_encode(t, json_string_value(txt), json_string_length(txt), true, &ids, &e);
+                tokenizer_decode(t, ids.ids, ids.n, true, &out, &ol, &e);
+                if (ol != json_string_length(d) || memcmp(out, json_string_value(d), ol)) {
+                    bad++;
+                    fprintf(stderr, "variant %s decode %zu: [%s] want [%s]\n", name, i, out, json_string_value(d));
+                }
+                free(out);
+            }
+        }
+        T_ASSERT(bad == 0, "variant %s: %d of %zu texts differ from tokenizers", name, bad, nt);
+        tok_ids_free(&ids);
+        tokenizer_free(t);
+    }
+    json_decref(base);
+    json_decref(vs);
+    free(tj);
+    free(vj);
+}
+
 /* A component we do not implement must be refused by name, never ignored. */
 static void test_refusals(void) {
     static const struct { const char *json, *name; } cases[] = {
@@ -277,6 +337,7 @@ int main(void) {
     for (uint32_t i = 0; i < n_docs; i++) { docs[i].text = rd_blob(&r, &docs[i].len); bytes += docs[i].len; }
     T_ASSERT(bytes >= 1000000, "corpus is %zu bytes", bytes);
     test_refusals();
+    test_variants();
     test_model("qwen3");
     test_model("llama3.1");
     free(docs);

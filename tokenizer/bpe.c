@@ -208,8 +208,13 @@ static void bpe_large(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, T
 void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *out) {
     uint32_t id;
     if (n == 0) return;
-    if (b->ignore_merges && strmap_get(&b->vocab, (const char *)w, n, &id)) { push_id(out, (int32_t)id); return; }
     if (n == 1) { push_id(out, b->byte_id[w[0]]); return; }
+    /* A word that is itself a token BPE reproduces needs no merging: exact,
+     * since BPE is a function of the word's bytes (see bpe_mark_whole). */
+    if (strmap_get(&b->vocab, (const char *)w, n, &id) && (b->ignore_merges || (b->whole && b->whole[id]))) {
+        push_id(out, (int32_t)id);
+        return;
+    }
     if (n <= 64) {
         int32_t ids[64];
         for (size_t i = 0; i < n; i++) ids[i] = b->byte_id[w[i]];
@@ -217,4 +222,17 @@ void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *o
         return;
     }
     bpe_large(b, w, n, s, out);
+}
+
+void bpe_mark_whole(Bpe *b, int32_t n_ids) {
+    b->whole = xcalloc((size_t)n_ids, 1);
+    BpeScratch s = {0};
+    TokIds out = {0};
+    for (size_t i = 0; i < b->vocab.n; i++) {
+        out.n = 0;
+        bpe_word(b, (const uint8_t *)b->vocab.keys[i], b->vocab.klen[i], &s, &out);
+        if (out.n == 1 && out.ids[0] == (int32_t)b->vocab.vals[i]) b->whole[b->vocab.vals[i]] = 1;
+    }
+    bpe_scratch_free(&s);
+    tok_ids_free(&out);
 }

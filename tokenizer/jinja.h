@@ -47,11 +47,47 @@ struct Node {
 Node *jinja_parse(const char *src, Err *e);
 void jinja_node_free(Node *n);
 
+/* ---- rendering state shared by jinja_eval.c and jinja_builtins.c ---- */
+typedef struct StrBuf { char *s; size_t n, cap; } StrBuf;
+typedef struct Render {
+    StrBuf out;
+    json_t *frames[256]; int n_frames;
+    json_t *undef;             /* stored for variables set to Undefined */
+    json_t *ns[64]; int n_ns;  /* objects made by namespace() */
+    Err *e;
+    bool failed;
+    int ctl;                   /* 1 break, 2 continue */
+} Render;
+
+typedef struct Args { json_t *pos[8]; int n; char *kw[8]; json_t *kwv[8]; int nkw; } Args;
+
+/* Record a render error (400) once; returns NULL for convenience. */
+/* Evaluate an expression: a new reference, or NULL for Undefined (or error: r->failed). */
+json_t *jeval(Render *r, Node *n);
+json_t *jfail(Render *r, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+json_t *jstr_new(const char *s, size_t n);
+json_t *jsb_take(StrBuf *b);          /* the buffer as a string value; frees b */
+json_t *jto_str(json_t *v);           /* Python str(v) */
+size_t jn_chars(const char *s, size_t n);
+int32_t jnext_cp(const char *s, size_t n, size_t *i);
+bool jpy_space(int32_t c);
+void jput_cp(StrBuf *b, int32_t cp);
+size_t *jcp_offsets(const char *s, size_t n, size_t *count); /* byte offset of each code point, + end */
+bool jis_ns(Render *r, json_t *v);
+json_t *jiter_list(Render *r, int line, json_t *v);  /* list(v): chars, keys or items */
+json_t *jstr_case(json_t *s, int mode);               /* 0 lower 1 upper 2 title 3 capitalize */
+void jargs_eval(Render *r, Node *n, Args *a);
+void jargs_free(Args *a);
+json_t *jargs_get(Args *a, int i, const char *name, bool *found); /* positional i or keyword; borrowed */
+json_t *jcall_method(Render *r, Node *n, json_t *obj, Args *a);
+json_t *jcall_func(Render *r, Node *n, Args *a);
+json_t *japply_filter(Render *r, int line, const char *name, json_t *v, Args *a);
+int japply_test(Render *r, int line, const char *name, json_t *v, Args *a, int first_arg); /* 1, 0, -1 error */
+
 /* Render root with the variables of context (copied, not modified). */
 int jinja_render(Node *root, json_t *context, char **out, Err *e);
 
 /* ---- values (jinja_value.c) ---- */
-typedef struct StrBuf { char *s; size_t n, cap; } StrBuf;
 void sb_put(StrBuf *b, const char *s, size_t n);
 void sb_puts(StrBuf *b, const char *s);
 void sb_putc(StrBuf *b, char c);

@@ -88,7 +88,7 @@ pcre2_code *pretok_compile(const char *pattern, bool literal, Err *e) {
     if (!pat) return NULL;
     int ec;
     PCRE2_SIZE eo;
-    uint32_t opt = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opt = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opt, &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];

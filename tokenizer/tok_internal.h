@@ -56,6 +56,7 @@ typedef struct Bpe {
     MergeSlot *merges;     /* open addressing, key (a<<32|b)+1, 0 = empty */
     size_t merge_cap;
     bool ignore_merges;
+    uint8_t *whole;        /* [n_ids] 1 if BPE of the token's own bytes gives just that token */
 } Bpe;
 
 bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
@@ -66,6 +67,8 @@ typedef struct BpeScratch {
     struct BpeHeapEnt *heap; size_t heap_cap;
 } BpeScratch;
 void bpe_scratch_free(BpeScratch *s);
+/* Set b->whole for every token (load time, after the merges). */
+void bpe_mark_whole(Bpe *b, int32_t n_ids);
 /* Append the ids of one pre-token word (raw bytes) to out. */
 void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *out);
 
@@ -100,6 +103,7 @@ int pretok_run(const PreStep *steps, int n_steps, const char *text, size_t n, Pr
 typedef struct AddedTok {
     int32_t id;
     char *content; size_t len; /* matched text (normalized if .normalized) */
+    char *orig;                /* content as written in tokenizer.json */
     bool special, lstrip, rstrip, normalized, single_word;
 } AddedTok;
 
@@ -125,6 +129,7 @@ typedef enum { NORM_NONE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } NormKind;
 struct Tokenizer {
     Bpe bpe;
     int32_t n_ids;             /* vocab size incl. added */
+    int32_t model_vocab_size;  /* entries in model.vocab */
     char **tok_str;            /* [n_ids] tokenizer.json strings, NULL for holes */
     char **tok_bytes;          /* [n_ids] decoded bytes (ByteLevel decoder rule) */
     uint32_t *tok_bytes_len;   /* [n_ids] */

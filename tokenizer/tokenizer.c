@@ -50,8 +50,9 @@ void tokenizer_free(Tokenizer *t) {
     strmap_free(&t->str_to_id);
     strmap_free(&t->bpe.vocab);
     free(t->bpe.merges);
+    free(t->bpe.whole);
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) { free(t->added[i].content); free(t->added[i].orig); }
     free(t->added);
     trie_free(&t->trie_raw);
     trie_free(&t->trie_norm);
@@ -63,29 +64,101 @@ void tokenizer_free(Tokenizer *t) {
     free(t);
 }
 
+/* Code points NFC leaves as they are and that never compose with what
+ * precedes them (NFC_QC=Yes starters): all below U+0300, CJK Unified,
+ * Hiragana/Katakana less the voicing marks, Hangul syllables. Text can be
+ * cut before such a character without changing its NFC. */
+static bool nfc_stable_cp(int32_t cp) {
+    return cp < 0x300 || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3040 && cp <= 0x3098) ||
+           (cp >= 0x309D && cp <= 0x30FF) || (cp >= 0xAC00 && cp <= 0xD7A3);
+}
+
+static bool nfc_only(const Tokenizer *t) {
+    bool only = t->n_norm > 0;
+    for (int k = 0; k < t->n_norm; k++) only = only && t->norm[k] == NORM_NFC;
+    return only;
+}
+
+/* Whether the normalizers cannot change s: for NFC, only stable code
+ * points; the other forms change some Latin-1 too, so only ASCII. */
+static bool norm_skip(const Tokenizer *t, const char *s, size_t n) {
+    bool nfc = nfc_only(t);
+    for (size_t i = 0; i < n;) {
+        if ((uint8_t)s[i] < 0x80) { i++; continue; }
+        if (!nfc) return false;
+        int32_t cp;
+        i += (size_t)utf8_decode((const uint8_t *)s + i, &cp);
+        if (!nfc_stable_cp(cp)) return false;
+    }
+    return true;
+}
+
+static char *utf8proc_norm(NormKind k, const char *s, size_t n, size_t *out_n) {
+    utf8proc_option_t opt = UTF8PROC_STABLE;
+    switch (k) {
+    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, opt);
+    CHECK(r >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(r));
+    *out_n = (size_t)r;
+    return (char *)dst;
+}
+
+/* NFC run by run: stable stretches are copied, each unstable stretch is
+ * normalized together with the stable starter before it. */
+static char *nfc_pieces(const char *s, size_t n, size_t *out_n) {
+    size_t cap = n * 3 + 16, o = 0, i = 0, copied = 0;
+    char *out = xmalloc(cap);
+    size_t prev_start = 0; /* start of the previous code point */
+    while (i < n) {
+        int32_t cp;
+        size_t st = i;
+        i += (size_t)utf8_decode((const uint8_t *)s + i, &cp);
+        if (nfc_stable_cp(cp)) { prev_start = st; continue; }
+        size_t a = st > 0 ? prev_start : 0, b = i;
+        if (a < copied) a = copied;
+        while (b < n) {
+            int32_t c2;
+            int k = utf8_decode((const uint8_t *)s + b, &c2);
+            if (nfc_stable_cp(c2)) break;
+            b += (size_t)k;
+        }
+        memcpy(out + o, s + copied, a - copied);
+        o += a - copied;
+        size_t rn;
+        char *r = utf8proc_norm(NORM_NFC, s + a, b - a, &rn);
+        if (o + rn + (n - b) + 1 > cap) { cap = o + rn + (n - b) + 16; out = realloc(out, cap); CHECK(out, "out of memory"); }
+        memcpy(out + o, r, rn);
+        o += rn;
+        free(r);
+        copied = i = b;
+        prev_start = b;
+    }
+    if (o + (n - copied) + 1 > cap) { cap = o + (n - copied) + 1; out = realloc(out, cap); CHECK(out, "out of memory"); }
+    memcpy(out + o, s + copied, n - copied);
+    o += n - copied;
+    out[o] = 0;
+    *out_n = o;
+    return out;
+}
+
 char *normalize_str(const Tokenizer *t, const char *s, size_t n, size_t *out_n) {
+    if (nfc_only(t)) return nfc_pieces(s, n, out_n);
     char *cur = xmalloc(n + 1);
     memcpy(cur, s, n);
     cur[n] = 0;
     *out_n = n;
-    bool ascii = true;
-    for (size_t i = 0; i < n && ascii; i++) ascii = (uint8_t)s[i] < 0x80;
-    if (ascii) return cur; /* every normal form leaves ASCII as it is */
+    if (norm_skip(t, s, n)) return cur;
     for (int k = 0; k < t->n_norm; k++) {
-        utf8proc_option_t opt = UTF8PROC_STABLE;
-        switch (t->norm[k]) {
-        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-        default: continue;
-        }
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)*out_n, &dst, opt);
-        CHECK(r >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(r));
+        size_t rn;
+        char *r = utf8proc_norm(t->norm[k], cur, *out_n, &rn);
         free(cur);
-        cur = (char *)dst;
-        *out_n = (size_t)r;
+        cur = r;
+        *out_n = rn;
     }
     return cur;
 }
@@ -121,7 +194,7 @@ static void push(TokIds *out, int32_t id) {
 static int encode_segment(const Tokenizer *t, const char *s, size_t n, EncScratch *sc, TokIds *out, Err *e) {
     if (!t->n_norm && !t->has_norm_added) return encode_plain(t, s, n, sc, out, e);
     size_t nn;
-    char *norm = t->n_norm ? normalize_str(t, s, n, &nn) : NULL;
+    char *norm = t->n_norm && !norm_skip(t, s, n) ? normalize_str(t, s, n, &nn) : NULL;
     const char *txt = norm ? norm : s;
     if (!norm) nn = n;
     int rc = 0;

@@ -312,30 +312,40 @@ static int tok_load_added(Tokenizer *t, json_t *added, Err *e) {
     size_t i;
     t->n_added = (int)json_array_size(added);
     t->added = xcalloc((size_t)t->n_added + 1, sizeof *t->added);
+    int32_t max_added = -1;
     json_array_foreach(added, i, v) {
         AddedTok *a = &t->added[i];
-        a->id = (int32_t)json_integer_value(json_object_get(v, "id"));
         const char *c = jstr(v, "content");
+        /* AddedVocabulary::add_tokens: the id of the same content if known,
+         * else the next id after the model vocab and earlier added tokens
+         * (the "id" in the file only draws a warning there when it differs). */
+        uint32_t known_id;
+        bool known = strmap_get(&t->str_to_id, c, strlen(c), &known_id);
+        if (known) a->id = (int32_t)known_id;
+        else a->id = max_added >= t->model_vocab_size || t->model_vocab_size == 0 ? max_added + 1 : t->model_vocab_size;
+        if (a->id > max_added) max_added = a->id;
+        if (a->id >= t->n_ids) t->n_ids = a->id + 1;
         a->special = jbool(v, "special");
         a->lstrip = jbool(v, "lstrip");
         a->rstrip = jbool(v, "rstrip");
         a->normalized = jbool(v, "normalized");
         a->single_word = jbool(v, "single_word");
-        if (t->tok_str[a->id] && strcmp(t->tok_str[a->id], c))
-            return ERR(e, 400, "added token %s reuses the id %d of vocab token %s", c, a->id, t->tok_str[a->id]);
-        if (!t->tok_str[a->id]) set_id_string(t, a->id, c);
-        strmap_put(&t->str_to_id, t->tok_str[a->id], strlen(c), (uint32_t)a->id);
         t->is_added[a->id] = 1;
         t->is_special[a->id] = a->special;
         if (a->normalized) {
             a->content = normalize_str(t, c, strlen(c), &a->len);
             trie_add(&t->trie_norm, a->content, a->len, (int32_t)i);
             t->has_norm_added = true;
+            /* `tokenizers` shows and decodes a normalized token by its normalized text */
+            if (!t->tok_str[a->id]) set_id_string(t, a->id, a->content);
         } else {
+            if (!t->tok_str[a->id]) set_id_string(t, a->id, c);
             a->content = xstrdup(c);
             a->len = strlen(c);
             trie_add(&t->trie_raw, a->content, a->len, (int32_t)i);
         }
+        a->orig = xstrdup(c);
+        if (!known) strmap_put(&t->str_to_id, a->orig, strlen(c), (uint32_t)a->id);
     }
     return 0;
 }
@@ -398,13 +408,17 @@ Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     json_array_foreach(added, i, v) {
         json_int_t id = json_integer_value(json_object_get(v, "id"));
         if (id < 0 || id > 0x7fffffff || !jstr(v, "content")) { rc = ERR(e, 400, "added token %zu: bad id or content", i); goto done; }
-        if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
     }
-    t->tok_str = xcalloc((size_t)t->n_ids, sizeof *t->tok_str);
-    t->tok_bytes = xcalloc((size_t)t->n_ids, sizeof *t->tok_bytes);
-    t->tok_bytes_len = xcalloc((size_t)t->n_ids, sizeof *t->tok_bytes_len);
-    t->is_special = xcalloc((size_t)t->n_ids, 1);
-    t->is_added = xcalloc((size_t)t->n_ids, 1);
+    /* Added tokens get ids as `tokenizers` assigns them (see tok_load_added):
+     * at most one new id each, after the model vocab. */
+    t->model_vocab_size = (int32_t)json_object_size(json_object_get(model, "vocab"));
+    if (t->n_ids < t->model_vocab_size) t->n_ids = t->model_vocab_size;
+    size_t n_alloc = (size_t)t->n_ids + json_array_size(added) + 1;
+    t->tok_str = xcalloc(n_alloc, sizeof *t->tok_str);
+    t->tok_bytes = xcalloc(n_alloc, sizeof *t->tok_bytes);
+    t->tok_bytes_len = xcalloc(n_alloc, sizeof *t->tok_bytes_len);
+    t->is_special = xcalloc(n_alloc, 1);
+    t->is_added = xcalloc(n_alloc, 1);
     if ((rc = load_normalizer(t, json_object_get(root, "normalizer"), e))) goto done;
     if ((rc = load_pretok(t, json_object_get(root, "pre_tokenizer"), &seen_bl, e))) goto done;
     if (!seen_bl) { rc = ERR(e, 400, "a ByteLevel pre_tokenizer is required (byte-level BPE only)"); goto done; }
@@ -412,6 +426,7 @@ Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     if ((rc = load_decoder(json_object_get(root, "decoder"), e))) goto done;
     rc = tok_load_vocab(t, model, e);
     if (rc) goto done;
+    bpe_mark_whole(&t->bpe, t->n_ids);
     rc = tok_load_added(t, added, e);
     if (rc) goto done;
     if (cfg) rc = tok_load_config(t, cfg, e);

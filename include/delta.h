@@ -199,6 +199,11 @@ const char *delta_plan_tensor(const DeltaPlan *p, int i, Dtype *dt, int64_t *num
                               const DeltaDecoded **upd);
 const DeltaHeader *delta_plan_header(const DeltaPlan *p);
 
+/* POST /admin/v1/weights/delta in one call (no pause between the phases):
+ * returns the HTTP status (200, or the error's 400/409/422/500/507) and sets
+ * *json to the malloc'ed response body. */
+int delta_http_post(const uint8_t *body, size_t n, const DeltaTarget *tgt, WeightVersion *wv, char **json);
+
 /* HTTP bodies of the admin endpoints (malloc'ed JSON): 200 after an apply,
  * and the error body (409 carries current_version). */
 char *delta_result_json(const DeltaResult *r);

@@ -457,3 +457,14 @@ int delta_apply(const uint8_t *buf, size_t size, const DeltaTarget *tgt, WeightV
     delta_plan_free(p);
     return rc;
 }
+
+int delta_http_post(const uint8_t *body, size_t n, const DeltaTarget *tgt, WeightVersion *wv, char **json) {
+    DeltaResult res;
+    Err err = {0};
+    if (delta_apply(body, n, tgt, wv, &res, &err) == 0) {
+        *json = delta_result_json(&res);
+        return 200;
+    }
+    *json = delta_error_json(&err, wv);
+    return err.code ? err.code : 500;
+}

@@ -9,6 +9,7 @@
 #include "delta.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "test.h"
@@ -365,10 +366,100 @@ static void test_fuzz(void) {
     free(seed);
 }
 
+/* A single-file safetensors checkpoint written by hand (spec layout). */
+static void write_st(const char *path, const Ckpt *c) {
+    char hdr[4096];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "{");
+    for (int i = 0; i < NT; i++) { /* g_names are sorted, as the reader sorts */
+        const StTensor *t = &c->t[i];
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "",
+                               t->name, dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++)
+            hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + t->nbytes);
+        off += t->nbytes;
+    }
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
+    while (hl % 8) hdr[hl++] = ' ';
+    FILE *f = fopen(path, "wb");
+    CHECK_PTR(f, "cannot write %s", path);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < NT; i++) fwrite(c->t[i].data, 1, c->t[i].nbytes, f);
+    fclose(f);
+}
+
+static uint64_t file_hash(const char *path) {
+    FILE *f = fopen(path, "rb");
+    CHECK_PTR(f, "cannot read %s", path);
+    static uint8_t buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    return XXH3_64bits(buf, n);
+}
+
+/* The sampler's path: the delta patches a MAP_PRIVATE checkpoint mapping in
+ * place; the files on disk stay as they were, the hashes follow the target. */
+static void test_safetensors_mapping(void) {
+    char dir[] = "/tmp/test_delta_XXXXXX", p0[256], p1[256];
+    CHECK_PTR(mkdtemp(dir), "mkdtemp");
+    snprintf(p0, sizeof p0, "%s/v0.safetensors", dir);
+    snprintf(p1, sizeof p1, "%s/v1.safetensors", dir);
+    Ckpt v0, v1;
+    ckpt_init(&v0, 0);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 5);
+    write_st(p0, &v0);
+    write_st(p1, &v1);
+    uint64_t disk0 = file_hash(p0);
+    SafeTensors *s0, *s1;
+    Err err = {0};
+    T_ASSERT(safetensors_open(&s0, p0, &err) == 0 && safetensors_open(&s1, p1, &err) == 0, "open: %s", err.msg);
+    WeightVersion *wv = weight_version_from_safetensors(s0, 2), *wv1 = weight_version_from_safetensors(s1, 2),
+                  *wmem = weight_version_from_safetensors(&v0.st, 1);
+    T_ASSERT(wv->fingerprint == wmem->fingerprint, "fingerprint depends on content, not storage");
+    T_ASSERT(wv->fingerprint != wv1->fingerprint, "fingerprint depends on content");
+    size_t n;
+    uint8_t *d = make_delta(&v0, &v1, wv->fingerprint, 0, 1, &n);
+    DeltaTarget tgt = {.lookup = delta_lookup_safetensors, .ctx = s0, .n_threads = 2};
+    char *js;
+    int code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 200 && strstr(js, "\"noop\":false"), "POST: %d %s", code, js);
+    free(js);
+    int same = 1;
+    for (int i = 0; i < s0->n; i++) same &= memcmp(s0->t[i].data, s1->t[i].data, s0->t[i].nbytes) == 0;
+    T_ASSERT(same, "mapping now holds v1's tensors");
+    T_ASSERT(memcmp(wv->hash, wv1->hash, sizeof(uint64_t) * (size_t)wv->n) == 0, "GET hashes == v1 checkpoint's");
+    T_ASSERT(file_hash(p0) == disk0, "the file on disk is untouched (MAP_PRIVATE)");
+    code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 200 && strstr(js, "\"noop\":true"), "replay POST: %d %s", code, js);
+    free(js);
+    free(d);
+    d = make_delta(&v0, &v1, wv->fingerprint, 5, 6, &n);
+    code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 409 && strstr(js, "\"current_version\":1"), "wrong base POST: %d %s", code, js);
+    free(js);
+    free(d);
+    weight_version_free(wv);
+    weight_version_free(wv1);
+    weight_version_free(wmem);
+    safetensors_free(s0);
+    safetensors_free(s1);
+    unlink(p0);
+    unlink(p1);
+    rmdir(dir);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+}
+
 int main(void) {
     test_round_trip();
     test_conflicts();
     test_corruption();
+    test_safetensors_mapping();
     test_fuzz();
     return T_DONE();
 }

@@ -44,7 +44,10 @@
 #define DELTA_MAX_NAME 1024
 #define DELTA_MAX_DIMS 8
 
-enum { DELTA_SPARSE = 0, DELTA_DENSE = 1 };
+/* Encodings: SPARSE carries the new raw values of the changed elements;
+ * SPARSE_XOR carries new XOR base (bit-exact too, compresses ~2x better
+ * because steps mostly flip low mantissa bits); DENSE the whole new tensor. */
+enum { DELTA_SPARSE = 0, DELTA_DENSE = 1, DELTA_SPARSE_XOR = 2 };
 
 typedef struct DeltaHeader {
     uint32_t format_version;
@@ -59,7 +62,7 @@ typedef struct DeltaHeader {
 typedef struct DeltaEntry {
     char *name;              /* NUL-terminated copy */
     Dtype dtype;
-    int encoding;            /* DELTA_SPARSE or DELTA_DENSE */
+    int encoding;            /* DELTA_SPARSE, DELTA_DENSE or DELTA_SPARSE_XOR */
     int ndim;
     int64_t shape[DELTA_MAX_DIMS];
     int64_t numel;
@@ -87,7 +90,9 @@ void delta_file_free(DeltaFile *f);
 typedef struct DeltaDecoded {
     int64_t n;               /* values: n_changed (sparse) or numel (dense) */
     int64_t *pos;            /* [n] strictly increasing, < numel; sparse only */
-    uint8_t *vals;           /* [n * dtype_size] natural little-endian layout */
+    uint8_t *vals;           /* [n * dtype_size] natural little-endian layout: new values,
+                                or XOR masks against the base while xor is set */
+    int xor;                 /* vals are masks (SPARSE_XOR before delta_prepare resolves them) */
 } DeltaDecoded;
 
 /* Decompress and decode entry e, checking every position against e->numel.
@@ -112,9 +117,10 @@ typedef struct DeltaRecord {
 
 /* Diff one tensor bit by bit. Thread-safe. On success out->n_changed == 0
  * means "unchanged" (no payload; leave it out of the container). Sparse is
- * chosen when its uncompressed payload is smaller than the dense one. */
+ * chosen when its uncompressed payload is smaller than the dense one; with
+ * xor_values the sparse values are new XOR old (DELTA_SPARSE_XOR). */
 int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, const int64_t *shape,
-                        const void *old_data, const void *new_data, int level, Err *err);
+                        const void *old_data, const void *new_data, int level, int xor_values, Err *err);
 void delta_record_free(DeltaRecord *r);
 /* Serialize a container (records sorted by name here). Returns a malloc'ed
  * buffer of *size bytes. */

@@ -55,7 +55,7 @@ uint8_t *delta_fuzz_seed(size_t *size) {
     for (int i = 0; i < 3; i++) {
         Err err;
         CHECK(delta_encode_tensor(&r[n], m0.t[i].name, m0.t[i].dtype, m0.t[i].ndim, m0.t[i].shape, m0.t[i].data,
-                                  m1.t[i].data, 3, &err) == 0, "%s", err.msg);
+                                  m1.t[i].data, 3, i == 0, &err) == 0, "%s", err.msg);
         if (r[n].n_changed) n++;
     }
     DeltaHeader h = {.fingerprint = wv->fingerprint, .base_version = 0, .target_version = 1};

@@ -11,10 +11,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "test.h"
 
 #define NT 5
+
+static int g_xor_values; /* encode sparse values as XOR masks (DELTA_SPARSE_XOR) */
 
 /* A small in-memory checkpoint: one storage block per tensor. */
 typedef struct Ckpt {
@@ -110,7 +113,7 @@ static uint8_t *make_delta(const Ckpt *a, const Ckpt *b, uint64_t fp, uint64_t b
     for (int i = 0; i < NT; i++) {
         Err err = {0};
         int rc = delta_encode_tensor(&r[n], a->t[i].name, a->t[i].dtype, a->t[i].ndim, a->t[i].shape, a->t[i].data,
-                                     b->t[i].data, 3, &err);
+                                     b->t[i].data, 3, g_xor_values, &err);
         T_ASSERT(rc == 0, "encode %s: %s", a->t[i].name, err.msg);
         if (r[n].n_changed) n++;
     }
@@ -164,7 +167,8 @@ static void test_round_trip(void) {
         for (int i = 0; i < f->n; i++) {
             const DeltaEntry *e = &f->e[i];
             int want_dense = strcmp(e->name, "layers.0.norm.bias") == 0;
-            T_ASSERT(e->encoding == (want_dense ? DELTA_DENSE : DELTA_SPARSE), "%s encoding %d", e->name, e->encoding);
+            int sparse = g_xor_values ? DELTA_SPARSE_XOR : DELTA_SPARSE;
+            T_ASSERT(e->encoding == (want_dense ? DELTA_DENSE : sparse), "%s encoding %d", e->name, e->encoding);
         }
         delta_file_free(f);
     }
@@ -455,10 +459,53 @@ static void test_safetensors_mapping(void) {
     ckpt_free(&v1);
 }
 
+/* A SPARSE_XOR record whose mask is zero claims a change that is none; its
+ * hash is the unchanged tensor's, so only the mask check can refuse it. */
+static void test_zero_xor_mask(void) {
+    Ckpt v0;
+    ckpt_init(&v0, 0);
+    WeightVersion *wv = weight_version_from_safetensors(&v0.st, 1);
+    uint8_t raw[3] = {5, 0, 0}; /* position 5, then the two planes of a zero BF16 mask */
+    DeltaRecord r = {.name = "layers.0.mlp.weight", .dtype = DT_BF16, .encoding = DELTA_SPARSE_XOR, .ndim = 2,
+                     .shape = {64, 96}, .numel = 64 * 96, .n_changed = 1, .raw_bytes = 3,
+                     .hash_after = XXH3_64bits(v0.t[0].data, v0.t[0].nbytes)};
+    uint8_t z[64];
+    r.comp_bytes = ZSTD_compress(z, sizeof z, raw, 3, 3);
+    r.payload = z;
+    DeltaHeader h = {.fingerprint = wv->fingerprint, .base_version = 0, .target_version = 1};
+    size_t n;
+    uint8_t *d = delta_serialize(&h, &r, 1, &n);
+    DeltaTarget tgt = target_of(&v0);
+    DeltaResult res;
+    Err err = {0};
+    uint64_t h0 = ckpt_hash(&v0);
+    int rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc < 0 && err.code == 400 && strstr(err.msg, "zero") && ckpt_hash(&v0) == h0 && wv->version == 0,
+             "zero XOR mask refused: %d %s", rc, err.msg);
+    raw[1] = 1; /* a real mask, and the hash of the result: accepted */
+    uint16_t want = ((uint16_t *)v0.t[0].data)[5] ^ 1;
+    ((uint16_t *)v0.t[0].data)[5] ^= 1;
+    r.hash_after = XXH3_64bits(v0.t[0].data, v0.t[0].nbytes);
+    ((uint16_t *)v0.t[0].data)[5] ^= 1;
+    r.comp_bytes = ZSTD_compress(z, sizeof z, raw, 3, 3);
+    free(d);
+    d = delta_serialize(&h, &r, 1, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && wv->version == 1 && ((uint16_t *)v0.t[0].data)[5] == want && ckpt_hash(&v0) != h0,
+             "hand-made XOR record applies: %s", err.msg);
+    free(d);
+    weight_version_free(wv);
+    ckpt_free(&v0);
+}
+
 int main(void) {
-    test_round_trip();
-    test_conflicts();
-    test_corruption();
+    for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) { /* SPARSE, then SPARSE_XOR values */
+        test_round_trip();
+        test_conflicts();
+        test_corruption();
+    }
+    g_xor_values = 0;
+    test_zero_xor_mask();
     test_safetensors_mapping();
     test_fuzz();
     return T_DONE();

@@ -1,0 +1,72 @@
+/*
+ * backend.h - the table of ops the forward pass runs, one implementation per
+ * device. The CPU backend (kernels/cpu/backend_cpu.c) is the reference; the
+ * CUDA backend fills the same table with kernel launchers over device memory.
+ * Tensors are row-major; shapes are given per argument.
+ */
+#ifndef SAMPLER_BACKEND_H
+#define SAMPLER_BACKEND_H
+
+#include <stdint.h>
+
+#include "weights.h"
+
+/* Paged attention of one layer for a batch. All pointers are backend memory. */
+typedef struct AttnArgs {
+    float *out;              /* [n_tokens, n_heads * head_dim] f32 */
+    const float *q;          /* [n_tokens, n_heads * head_dim] f32, RoPE applied */
+    const float *k_cache;    /* [n_blocks, block_size, n_kv_heads, head_dim] f32, this layer */
+    const float *v_cache;    /* same */
+    const int32_t *pos;      /* [n_tokens] */
+    const int32_t *seq;      /* [n_tokens] */
+    const int32_t *block_table; /* [n_seqs, bt_stride] physical block ids */
+    int bt_stride;
+    int n_tokens, n_heads, n_kv_heads, head_dim, block_size;
+    float scale;             /* 1/sqrt(head_dim) */
+} AttnArgs;
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name;
+    void *ctx;
+    int host;  /* 1: ops take host pointers (upload/download are never called) */
+    /* memory: zeroed allocation, release, host<->backend copies */
+    void *(*alloc)(Backend *b, size_t bytes);
+    void (*release)(Backend *b, void *p);
+    void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
+    void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
+    void (*zero)(Backend *b, void *p, size_t bytes);
+    /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
+    void (*embed)(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim);
+    /* out[n, dim] = rmsnorm(x[n, dim]) * w[dim] (bf16); out may alias x */
+    void (*rmsnorm)(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps);
+    /* out[n, w->rows] = x[n, w->cols] @ W^T (+ bias[w->rows] bf16) */
+    void (*matmul)(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias);
+    /* per head: optional RMSNorm (norm_w [head_dim] bf16 or NULL) then RoPE with
+     * cos/sin [n, head_dim/2]; x [n, n_heads * head_dim] in place */
+    void (*norm_rope)(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
+                      float eps, const float *cs, const float *sn);
+    void (*attention)(Backend *b, const AttnArgs *a);
+    /* out[n] = silu(g[n]) * u[n] */
+    void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
+    /* x[n] += y[n] */
+    void (*add)(Backend *b, float *x, const float *y, int n);
+    /* cache[slots[i]] = src[i] for k and v; rows of slot_elems f32 */
+    void (*kv_write)(Backend *b, float *k_cache, float *v_cache, const float *k, const float *v,
+                     const int32_t *slots, int n, int slot_elems);
+    /* dst[i] = src[rows[i]], i < n; rows of dim f32 */
+    void (*gather_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim);
+    /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */
+    void (*scale_add_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
+                           int n, int dim);
+    /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
+     * rows of up to max_cols; called once at runner creation. */
+    void (*reserve)(Backend *b, int max_tokens, int max_cols);
+    void (*free)(Backend *b);
+};
+
+/* CPU backend with n_threads threads (<= 0: one per core) and scratch for
+ * attention over up to max_ctx positions. */
+Backend *backend_cpu_create(int n_threads, int max_ctx);
+
+#endif

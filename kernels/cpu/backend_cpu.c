@@ -1,0 +1,192 @@
+/*
+ * backend_cpu.c - the CPU backend: the ops of backend.h, parallelised over a
+ * thread pool. Work is split by output rows (matmul) or (token, head) pairs
+ * (attention) so no reduction crosses threads: results are independent of the
+ * thread count and of the batch composition.
+ */
+#include <math.h>
+#include <string.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "check.h"
+#include "cpu_ops.h"
+#include "dtype.h"
+#include "quant.h"
+#include "threadpool.h"
+
+typedef struct CpuCtx {
+    ThreadPool *tp;
+    int max_ctx;
+    float *scores; /* [n_threads, max_ctx] attention scratch */
+    float *xq;     /* [max_tokens, max_cols] quantized activations */
+    float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
+} CpuCtx;
+
+#define ROWS_PER_TASK 32
+
+typedef struct MatmulJob {
+    float *out;
+    const float *x;
+    const float *xs; /* activation scales when x was quantized, else NULL */
+    int n;
+    const WeightMat *w;
+    const uint16_t *bias;
+} MatmulJob;
+
+static void matmul_task(void *p, int task, int thread) {
+    MatmulJob *j = p;
+    const WeightMat *w = j->w;
+    int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
+    if (r1 > w->rows) r1 = w->rows;
+    if (w->fmt == WF_BF16) {
+        cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
+        return;
+    }
+    if (w->fmt == WF_FP8) quant_matmul_fp8_rows(j->out, j->x, j->xs, w->q, j->n, r0, r1);
+    else quant_matmul_nvfp4_rows(j->out, j->x, j->xs, w->q, j->n, r0, r1);
+    if (j->bias)
+        for (int t = 0; t < j->n; t++)
+            for (int r = r0; r < r1; r++) j->out[(size_t)t * w->rows + r] += bf16_to_f32(j->bias[r]);
+}
+
+/* Quantized weights with quantized activations (the native GPU paths): x is
+ * quantized once per call into scratch, then every row task reads it. */
+static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    CpuCtx *c = b->ctx;
+    MatmulJob j = {out, x, NULL, n, w, bias};
+    if (w->fmt != WF_BF16 && w->act_quant) {
+        if (w->fmt == WF_FP8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
+        else quant_act_nvfp4(c->xq, c->xs, x, n, w->cols, ((const QuantNvfp4 *)w->q)->input_scale);
+        j.x = c->xq;
+        j.xs = c->xs;
+    }
+    threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
+}
+
+static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
+    for (int i = 0; i < n; i++) cpu_embed(x + (size_t)i * dim, emb, tokens[i], dim);
+}
+
+static void cpu_rmsnorm_op(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
+    cpu_rmsnorm(out, x, w, n, dim, eps);
+}
+
+static void cpu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
+                          float eps, const float *cs, const float *sn) {
+    int h2 = head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            if (norm_w) cpu_rmsnorm(v, v, norm_w, 1, head_dim, eps);
+            cpu_rope(v, cs + (size_t)t * h2, sn + (size_t)t * h2, head_dim);
+        }
+}
+
+typedef struct AttnJob {
+    const AttnArgs *a;
+    CpuCtx *c;
+} AttnJob;
+
+/* One (token, head): scores over positions 0..pos, softmax, weighted V sum. */
+static void attn_task(void *p, int task, int thread) {
+    AttnJob *j = p;
+    const AttnArgs *a = j->a;
+    int t = task / a->n_heads, h = task % a->n_heads;
+    int kvh = h / (a->n_heads / a->n_kv_heads), hd = a->head_dim, bs = a->block_size;
+    const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+    float *s = j->c->scores + (size_t)thread * j->c->max_ctx;
+    const int32_t *bt = a->block_table + (size_t)a->seq[t] * a->bt_stride;
+    int n = a->pos[t] + 1;
+    size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float *k = a->k_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        s[i] = cpu_dot(q, k, hd) * a->scale;
+        if (s[i] > mx) mx = s[i];
+    }
+    float sum = 0.f;
+    for (int i = 0; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+    }
+    float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) out[d] = 0.f;
+    for (int i = 0; i < n; i++) {
+        const float *v = a->v_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        cpu_axpy(out, s[i] * inv, v, hd);
+    }
+}
+
+static void cpu_attention(Backend *b, const AttnArgs *a) {
+    AttnJob j = {a, b->ctx};
+    threadpool_run(((CpuCtx *)b->ctx)->tp, a->n_tokens * a->n_heads, attn_task, &j);
+}
+
+static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u, int n) {
+    cpu_swiglu(out, g, u, n);
+}
+
+static void cpu_add_op(Backend *b, float *x, const float *y, int n) { cpu_add(x, y, n); }
+
+static void cpu_kv_write(Backend *b, float *kc, float *vc, const float *k, const float *v,
+                         const int32_t *slots, int n, int se) {
+    for (int i = 0; i < n; i++) {
+        memcpy(kc + (size_t)slots[i] * se, k + (size_t)i * se, sizeof(float) * (size_t)se);
+        memcpy(vc + (size_t)slots[i] * se, v + (size_t)i * se, sizeof(float) * (size_t)se);
+    }
+}
+
+static void cpu_gather_rows(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+}
+
+static void cpu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
+                               int n, int dim) {
+    for (int i = 0; i < n; i++) cpu_axpy(dst + (size_t)rows[i] * dim, w[i], src + (size_t)i * dim, dim);
+}
+
+static void *cpu_alloc(Backend *b, size_t bytes) { return xcalloc(1, bytes); }
+static void cpu_release(Backend *b, void *p) { free(p); }
+static void cpu_copy(Backend *b, void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+static void cpu_zero(Backend *b, void *p, size_t n) { memset(p, 0, n); }
+
+static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
+    CpuCtx *c = b->ctx;
+    free(c->xq);
+    free(c->xs);
+    c->xq = xcalloc((size_t)max_tokens * max_cols, sizeof(float));
+    c->xs = xcalloc((size_t)max_tokens * (max_cols / 16 + 1), sizeof(float));
+}
+
+static void cpu_free(Backend *b) {
+    CpuCtx *c = b->ctx;
+    free(c->xq);
+    free(c->xs);
+    threadpool_free(c->tp);
+    free(c->scores);
+    free(c);
+    free(b);
+}
+
+Backend *backend_cpu_create(int n_threads, int max_ctx) {
+    if (n_threads <= 0) n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+    cpu_ops_init();
+    CpuCtx *c = xcalloc(1, sizeof *c);
+    c->tp = threadpool_create(n_threads);
+    c->max_ctx = max_ctx;
+    c->scores = xmalloc(sizeof(float) * (size_t)n_threads * (size_t)max_ctx);
+    Backend *b = xcalloc(1, sizeof *b);
+    *b = (Backend){.name = "cpu", .ctx = c, .host = 1, .alloc = cpu_alloc, .release = cpu_release,
+                   .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .embed = cpu_embed_op,
+                   .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
+                   .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
+                   .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
+                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve,
+                   .free = cpu_free};
+    return b;
+}

@@ -1,0 +1,239 @@
+/*
+ * cpu_ops.c - CPU reference ops (see cpu_ops.h): a portable C path and an
+ * AVX2+FMA path chosen at run time. Both are deterministic; they need not
+ * agree with each other bit for bit, only each with itself.
+ */
+#include "cpu_ops.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "dtype.h"
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+
+static int g_avx2 = -1;
+
+const char *cpu_ops_init(void) {
+    if (g_avx2 < 0) {
+        __builtin_cpu_init();
+        g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return g_avx2 ? "avx2+fma" : "portable";
+}
+
+static inline int use_avx2(void) {
+    if (g_avx2 < 0) cpu_ops_init();
+    return g_avx2;
+}
+
+/* ---------------- AVX2 helpers ---------------- */
+
+AVX2_INLINE __m256 load_bf16x8(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Horizontal sum in a fixed order. */
+AVX2_INLINE float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+/* Weights as f32 (a converted panel) or bf16 (read in place); the conversion
+ * is exact, so both give the same bits. */
+AVX2_INLINE __m256 load_w8(const void *w, int f32, size_t i) {
+    return f32 ? _mm256_loadu_ps((const float *)w + i) : load_bf16x8((const uint16_t *)w + i);
+}
+
+/* R rows x T tokens of W x^T, one accumulator per (row, token): the
+ * arithmetic for a (row, token) pair is the same for every R, T and weight
+ * source, which is what makes the matmul batch invariant. w: [R, ldw]. */
+AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int ldx, const void *w,
+                          int wf32, int ldw, int K) {
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load_w8(w, wf32, (size_t)r * ldw + k);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float s = hsum8(acc[r][t]);
+            for (int kk = k; kk < K; kk++) {
+                size_t i = (size_t)r * ldw + kk;
+                float wv = wf32 ? ((const float *)w)[i] : bf16_to_f32(((const uint16_t *)w)[i]);
+                s += wv * x[(size_t)t * ldx + kk];
+            }
+            out[(size_t)t * ldo + r] = s;
+        }
+}
+
+#define MM_TOKEN_BLOCK 64
+#define MM_PANEL_MAX_K 16384 /* wider rows are read in place */
+
+AVX2 static void matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
+                             int K, int r0, int r1) {
+    if (n == 1) { /* decode: stream the weights once, 4 rows at a time */
+        int r = r0;
+        for (; r + 4 <= r1; r += 4) mm_block(4, 1, out + r, ldo, x, ldx, w + (size_t)r * K, 0, K, K);
+        for (; r < r1; r++) mm_block(1, 1, out + r, ldo, x, ldx, w + (size_t)r * K, 0, K, K);
+        return;
+    }
+    /* Batches: convert a pair of rows to f32 once per block of tokens, then
+     * run every 4-token group of the block against the panel. */
+    static __thread float panel[2 * MM_PANEL_MAX_K];
+    int use_panel = K <= MM_PANEL_MAX_K && n >= 8;
+    for (int t0 = 0; t0 < n; t0 += MM_TOKEN_BLOCK) {
+        int t1 = t0 + MM_TOKEN_BLOCK < n ? t0 + MM_TOKEN_BLOCK : n;
+        for (int r = r0; r < r1; r += 2) {
+            int R = r + 2 <= r1 ? 2 : 1;
+            const void *wr = w + (size_t)r * K;
+            int ldw = K, wf32 = 0;
+            if (use_panel) {
+                for (size_t i = 0; i < (size_t)R * K; i += 8)
+                    if (i + 8 <= (size_t)R * K) _mm256_storeu_ps(panel + i, load_bf16x8(w + (size_t)r * K + i));
+                    else for (size_t j = i; j < (size_t)R * K; j++) panel[j] = bf16_to_f32(w[(size_t)r * K + j]);
+                wr = panel;
+                wf32 = 1;
+            }
+            int t = t0;
+            float *o = out + r;
+            if (R == 2) {
+                for (; t + 4 <= t1; t += 4) mm_block(2, 4, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+                for (; t < t1; t++) mm_block(2, 1, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+            } else {
+                for (; t + 4 <= t1; t += 4) mm_block(1, 4, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+                for (; t < t1; t++) mm_block(1, 1, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+            }
+        }
+    }
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* ---------------- portable path ---------------- */
+
+static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
+                            int K, int r0, int r1) {
+    for (int t = 0; t < n; t++)
+        for (int r = r0; r < r1; r++) {
+            const uint16_t *wr = w + (size_t)r * K;
+            const float *xt = x + (size_t)t * ldx;
+            float acc[8] = {0};
+            int k = 0;
+            for (; k + 8 <= K; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += bf16_to_f32(wr[k + j]) * xt[k + j];
+            float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            for (; k < K; k++) s += bf16_to_f32(wr[k]) * xt[k];
+            out[(size_t)t * ldo + r] = s;
+        }
+}
+
+/* ---------------- public ops ---------------- */
+
+void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
+                     const uint16_t *bias, int r0, int r1) {
+    if (use_avx2()) matmul_avx2(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    else matmul_portable(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    if (bias)
+        for (int t = 0; t < n; t++)
+            for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);
+}
+
+float cpu_dot(const float *a, const float *b, int n) {
+    if (use_avx2()) return dot_avx2(a, b, n);
+    float s = 0.f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void cpu_axpy(float *y, float a, const float *x, int n) {
+    if (use_avx2()) { axpy_avx2(y, a, x, n); return; }
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cpu_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *ot = out + (size_t)t * dim;
+        float ss = cpu_dot(xt, xt, dim);
+        float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) ot[i] = bf16_to_f32(w[i]) * (xt[i] * scale);
+    }
+}
+
+void cpu_rope(float *x, const float *cs, const float *sn, int head_dim) {
+    int h = head_dim / 2;
+    for (int i = 0; i < h; i++) {
+        float a = x[i], b = x[i + h];
+        x[i] = a * cs[i] - b * sn[i];
+        x[i + h] = b * cs[i] + a * sn[i];
+    }
+}
+
+void cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta, int llama3, float factor,
+                       float low_ff, float high_ff, int orig_max_pos) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        float f = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+        if (llama3) {
+            float low_wavelen = (float)orig_max_pos / low_ff, high_wavelen = (float)orig_max_pos / high_ff;
+            float wavelen = 2.0f * (float)M_PI / f;
+            if (wavelen > low_wavelen) f = f / factor;
+            else if (!(wavelen < high_wavelen)) {
+                float smooth = ((float)orig_max_pos / wavelen - low_ff) / (high_ff - low_ff);
+                f = (1.0f - smooth) * f / factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = (g / (1.0f + expf(-g))) * up[i];
+    }
+}
+
+void cpu_add(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
+void cpu_embed(float *out, const uint16_t *emb, int token, int dim) {
+    const uint16_t *row = emb + (size_t)token * dim;
+    for (int i = 0; i < dim; i++) out[i] = bf16_to_f32(row[i]);
+}

@@ -1,0 +1,330 @@
+/*
+ * forward.c - the forward pass of the supported architectures over a Batch
+ * (tokens of many sequences at arbitrary positions) with a paged KV cache,
+ * written once against the Backend op table. Also the Runner (per-step
+ * scratch sized at start-up) and the KV cache pool.
+ *
+ * Layer: x += o(attn(rope(norm?(q(rms(x)))), ...)); x += mlp(rms(x)), where
+ * mlp is SwiGLU or, on MoE layers, the top-k mixture of SwiGLU experts.
+ * Not here: sampling, scheduling, block allocation (engine).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend.h"
+#include "cpu_ops.h"
+#include "model.h"
+
+struct Runner {
+    Model *m;
+    Backend *b;
+    int max_tokens, max_ctx;
+    /* backend memory, sized at creation */
+    float *x, *xn, *tmp;     /* [T, hidden] */
+    float *q, *att;          /* [T, n_heads * head_dim] */
+    float *k, *v;            /* [T, n_kv_heads * head_dim] */
+    float *g, *u;            /* [T, max(intermediate, moe_intermediate)] */
+    float *cs, *sn;          /* [T, head_dim / 2] */
+    float *router;           /* [T, n_experts] */
+    float *xg, *yg;          /* [T, hidden] gathered inputs / expert outputs */
+    float *hout;             /* [T, hidden] final hidden states of output rows */
+    float *logits;           /* [T, vocab] (device backends only) */
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows, *d_ex_tok; /* [T] */
+    float *d_ex_w;           /* [T] */
+    int32_t *d_bt;           /* [T, bt_stride] */
+    /* host memory */
+    float *inv_freq;         /* [head_dim / 2] */
+    float *h_cs, *h_sn;      /* [T, head_dim / 2] */
+    float *h_router;         /* [T, n_experts] */
+    int32_t *topk_idx;       /* [T, top_k] */
+    float *topk_w;           /* [T, top_k] */
+    int32_t *ex_tok;         /* [T] tokens routed to the current expert */
+    float *ex_w;             /* [T] their routing weights */
+    int32_t *h_slots;        /* [T] cache slot of each token */
+    int32_t *h_bt;           /* [T, bt_stride] */
+    int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
+    int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
+};
+
+static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, Backend *b) {
+    KVCache *kv = xcalloc(1, sizeof *kv);
+    *kv = (KVCache){c->n_layers, n_blocks, block_size, c->n_kv_heads, c->head_dim, NULL, NULL};
+    size_t n = (size_t)c->n_layers * n_blocks * block_size * c->n_kv_heads * c->head_dim * sizeof(float);
+    kv->k = b ? b->alloc(b, n) : xcalloc(1, n);
+    kv->v = b ? b->alloc(b, n) : xcalloc(1, n);
+    return kv;
+}
+
+KVCache *kvcache_create(const ModelConfig *c, int n_blocks, int block_size) {
+    return kv_alloc(c, n_blocks, block_size, NULL);
+}
+
+void kvcache_free(KVCache *kv) {
+    if (!kv) return;
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+#define BALLOC(n, type) ((type *)b->alloc(b, (size_t)(n) * sizeof(type)))
+
+Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads) {
+    const ModelConfig *c = &m->cfg;
+    Runner *r = xcalloc(1, sizeof *r);
+    Backend *b = r->b = backend_cpu_create(n_threads, max_ctx);
+    r->m = m;
+    r->max_tokens = max_tokens;
+    r->max_ctx = max_ctx;
+    size_t T = (size_t)max_tokens, H = (size_t)c->hidden, h2 = (size_t)c->head_dim / 2;
+    size_t inter = (size_t)(c->intermediate > c->moe_intermediate ? c->intermediate : c->moe_intermediate);
+    r->x = BALLOC(T * H, float);
+    r->xn = BALLOC(T * H, float);
+    r->tmp = BALLOC(T * H, float);
+    r->hout = BALLOC(T * H, float);
+    r->q = BALLOC(T * c->n_heads * c->head_dim, float);
+    r->att = BALLOC(T * c->n_heads * c->head_dim, float);
+    r->k = BALLOC(T * c->n_kv_heads * c->head_dim, float);
+    r->v = BALLOC(T * c->n_kv_heads * c->head_dim, float);
+    r->g = BALLOC(T * inter, float);
+    r->u = BALLOC(T * inter, float);
+    r->h_cs = xcalloc(T * h2, sizeof(float));
+    r->h_sn = xcalloc(T * h2, sizeof(float));
+    r->h_slots = xcalloc(T, sizeof(int32_t));
+    r->inv_freq = xcalloc(h2, sizeof(float));
+    int max_cols = c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim;
+    if ((int)inter > max_cols) max_cols = (int)inter;
+    b->reserve(b, max_tokens, max_cols);
+    cpu_rope_inv_freq(r->inv_freq, c->head_dim, c->rope_theta, c->rope_llama3, c->rope_factor,
+                      c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_max_pos);
+    if (!b->host) {
+        r->cs = BALLOC(T * h2, float);
+        r->sn = BALLOC(T * h2, float);
+        r->logits = BALLOC(T * c->vocab, float);
+        r->d_tokens = BALLOC(T, int32_t);
+        r->d_pos = BALLOC(T, int32_t);
+        r->d_seq = BALLOC(T, int32_t);
+        r->d_slots = BALLOC(T, int32_t);
+        r->d_rows = BALLOC(T, int32_t);
+        r->d_ex_tok = BALLOC(T, int32_t);
+        r->d_ex_w = BALLOC(T, float);
+    }
+    if (c->n_experts) {
+        r->router = BALLOC(T * c->n_experts, float);
+        r->h_router = b->host ? r->router : xcalloc(T * c->n_experts, sizeof(float));
+        r->topk_idx = xcalloc(T * c->top_k, sizeof(int32_t));
+        r->topk_w = xcalloc(T * c->top_k, sizeof(float));
+        r->ex_tok = xcalloc(T, sizeof(int32_t));
+        r->ex_w = xcalloc(T, sizeof(float));
+        r->xg = BALLOC(T * H, float);
+        r->yg = BALLOC(T * H, float);
+    }
+    return r;
+}
+
+void runner_free(Runner *r) {
+    if (!r) return;
+    Backend *b = r->b;
+    void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->cs, r->sn,
+                   r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
+                   r->d_rows, r->d_ex_tok, r->d_ex_w, r->d_bt};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) b->release(b, dev[i]);
+    if (!b->host) free(r->h_router);
+    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w,
+                    r->h_slots, r->h_bt};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    b->free(b);
+    free(r);
+}
+
+void runner_set_expert_capture(Runner *r, int32_t *experts) { r->experts = experts; }
+
+/* Host array -> what the backend's ops read: itself on a host backend, else
+ * a copy in the given backend buffer. */
+static const void *to_backend(Runner *r, void *dbuf, const void *h, size_t bytes) {
+    if (r->b->host) return h;
+    r->b->upload(r->b, dbuf, h, bytes);
+    return dbuf;
+}
+
+/* Reject anything that would index outside the runner, the cache or the vocab. */
+static int batch_check(const Runner *r, const KVCache *kv, const Batch *b, Err *err) {
+    const ModelConfig *c = &r->m->cfg;
+    ENSURE(err, b->n_tokens > 0 && b->n_tokens <= r->max_tokens, 400, "batch of %d tokens (max %d)",
+           b->n_tokens, r->max_tokens);
+    ENSURE(err, b->n_seqs > 0 && b->n_seqs <= r->max_tokens, 400, "batch of %d sequences (max %d)",
+           b->n_seqs, r->max_tokens);
+    ENSURE(err, b->n_out >= 0 && b->n_out <= b->n_tokens, 400, "n_out %d out of range", b->n_out);
+    ENSURE(err, kv->n_layers == c->n_layers && kv->n_kv_heads == c->n_kv_heads && kv->head_dim == c->head_dim,
+           400, "KV cache shape does not match the model");
+    for (int i = 0; i < b->n_tokens; i++) {
+        ENSURE(err, b->tokens[i] >= 0 && b->tokens[i] < c->vocab, 400, "token id %d outside the vocabulary (%d)",
+               b->tokens[i], c->vocab);
+        ENSURE(err, b->pos[i] >= 0 && b->pos[i] < r->max_ctx, 400, "position %d outside [0, %d)", b->pos[i],
+               r->max_ctx);
+        ENSURE(err, b->seq[i] >= 0 && b->seq[i] < b->n_seqs, 400, "sequence index %d out of range", b->seq[i]);
+        const int32_t *bt = b->block_table[b->seq[i]];
+        for (int j = 0; j <= b->pos[i] / kv->block_size; j++)
+            ENSURE(err, bt[j] >= 0 && bt[j] < kv->n_blocks, 400, "block table entry %d of sequence %d is %d "
+                   "(pool has %d blocks)", j, b->seq[i], bt[j], kv->n_blocks);
+    }
+    for (int i = 0; i < b->n_out; i++)
+        ENSURE(err, b->out_rows[i] >= 0 && b->out_rows[i] < b->n_tokens, 400, "out row %d out of range",
+               b->out_rows[i]);
+    return 0;
+}
+
+/* Per-step inputs in backend memory: tokens, positions, cache slots, the
+ * flattened block tables and the RoPE cos/sin of each token. */
+typedef struct Step {
+    const int32_t *tokens, *pos, *seq, *slots, *bt, *rows;
+    const float *cs, *sn;
+} Step;
+
+static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st) {
+    Backend *be = r->b;
+    int n = b->n_tokens, h2 = r->m->cfg.head_dim / 2, bs = kv->block_size;
+    int stride = (r->max_ctx + bs - 1) / bs;
+    if (stride != r->bt_stride) { /* first step, or a cache with another block size */
+        free(r->h_bt);
+        if (r->d_bt) be->release(be, r->d_bt);
+        r->h_bt = xcalloc((size_t)r->max_tokens * stride, sizeof(int32_t));
+        r->d_bt = be->host ? NULL : be->alloc(be, (size_t)r->max_tokens * stride * sizeof(int32_t));
+        r->bt_stride = stride;
+    }
+    for (int t = 0; t < n; t++) {
+        const int32_t *bt = b->block_table[b->seq[t]];
+        int p = b->pos[t];
+        r->h_slots[t] = bt[p / bs] * bs + p % bs;
+        memcpy(r->h_bt + (size_t)b->seq[t] * stride, bt, sizeof(int32_t) * (size_t)(p / bs + 1));
+        for (int i = 0; i < h2; i++) {
+            float a = (float)p * r->inv_freq[i];
+            r->h_cs[(size_t)t * h2 + i] = cosf(a);
+            r->h_sn[(size_t)t * h2 + i] = sinf(a);
+        }
+    }
+    size_t ni = sizeof(int32_t) * (size_t)n, nf = sizeof(float) * (size_t)n * h2;
+    st->tokens = to_backend(r, r->d_tokens, b->tokens, ni);
+    st->pos = to_backend(r, r->d_pos, b->pos, ni);
+    st->seq = to_backend(r, r->d_seq, b->seq, ni);
+    st->slots = to_backend(r, r->d_slots, r->h_slots, ni);
+    st->bt = to_backend(r, r->d_bt, r->h_bt, sizeof(int32_t) * (size_t)b->n_seqs * stride);
+    st->rows = to_backend(r, r->d_rows, b->out_rows, sizeof(int32_t) * (size_t)b->n_out);
+    st->cs = to_backend(r, r->cs, r->h_cs, nf);
+    st->sn = to_backend(r, r->sn, r->h_sn, nf);
+}
+
+static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n) {
+    const ModelConfig *c = &r->m->cfg;
+    const LayerWeights *w = &r->m->layers[l];
+    Backend *be = r->b;
+    be->rmsnorm(be, r->xn, r->x, w->attn_norm, n, c->hidden, c->rms_eps);
+    be->matmul(be, r->q, r->xn, n, &w->q, w->q_bias);
+    be->matmul(be, r->k, r->xn, n, &w->k, w->k_bias);
+    be->matmul(be, r->v, r->xn, n, &w->v, w->v_bias);
+    be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, w->q_norm, c->rms_eps, st->cs, st->sn);
+    be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, w->k_norm, c->rms_eps, st->cs, st->sn);
+    int slot = kv->n_kv_heads * kv->head_dim;
+    size_t layer_off = (size_t)l * kv->n_blocks * kv->block_size * slot;
+    be->kv_write(be, kv->k + layer_off, kv->v + layer_off, r->k, r->v, st->slots, n, slot);
+    AttnArgs a = {r->att, r->q, kv->k + layer_off, kv->v + layer_off, st->pos, st->seq, st->bt, r->bt_stride,
+                  n, c->n_heads, c->n_kv_heads, c->head_dim, kv->block_size, 1.0f / sqrtf((float)c->head_dim)};
+    be->attention(be, &a);
+    be->matmul(be, r->tmp, r->att, n, &w->o, w->o_bias);
+    be->add(be, r->x, r->tmp, n * c->hidden);
+}
+
+static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
+                      const float *in, float *out, int n) {
+    Backend *be = r->b;
+    be->matmul(be, r->g, in, n, gate, NULL);
+    be->matmul(be, r->u, in, n, up, NULL);
+    be->swiglu(be, r->g, r->g, r->u, n * gate->rows);
+    be->matmul(be, out, r->g, n, down, NULL);
+}
+
+/* HF Qwen3MoE routing: softmax over all experts in f32, top-k (ties: lower
+ * index first), optional renormalisation over the k chosen. */
+static void route(Runner *r, int n, int moe_layer) {
+    const ModelConfig *c = &r->m->cfg;
+    int E = c->n_experts, K = c->top_k;
+    for (int t = 0; t < n; t++) {
+        float *p = r->h_router + (size_t)t * E, mx = -INFINITY, sum = 0.f;
+        for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        int32_t *idx = r->topk_idx + (size_t)t * K;
+        float *wk = r->topk_w + (size_t)t * K, wsum = 0.f;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= idx[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            idx[k] = best;
+            wsum += (wk[k] = p[best]);
+        }
+        if (c->norm_topk_prob)
+            for (int k = 0; k < K; k++) wk[k] /= wsum;
+        if (r->experts) {
+            int n_moe = 0;
+            for (int l = 0; l < c->n_layers; l++) n_moe += model_layer_is_moe(c, l);
+            memcpy(r->experts + ((size_t)t * n_moe + moe_layer) * K, idx, sizeof(int32_t) * (size_t)K);
+        }
+    }
+}
+
+/* Experts run in index order over the tokens routed to them, so a token's
+ * sum over its experts has the same order whatever else is in the batch.
+ * Routing runs on the host (top-k over a few dozen experts). */
+static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
+    const ModelConfig *c = &r->m->cfg;
+    const LayerWeights *w = &r->m->layers[l];
+    Backend *be = r->b;
+    int H = c->hidden, K = c->top_k;
+    be->matmul(be, r->router, r->xn, n, &w->router, NULL);
+    if (!be->host) be->download(be, r->h_router, r->router, sizeof(float) * (size_t)n * c->n_experts);
+    route(r, n, moe_layer);
+    be->zero(be, r->tmp, sizeof(float) * (size_t)n * H);
+    for (int e = 0; e < c->n_experts; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (r->topk_idx[(size_t)t * K + k] == e) {
+                    r->ex_tok[cnt] = t;
+                    r->ex_w[cnt++] = r->topk_w[(size_t)t * K + k];
+                }
+        if (!cnt) continue;
+        const int32_t *rows = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)cnt);
+        const float *wts = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)cnt);
+        be->gather_rows(be, r->xg, r->xn, rows, cnt, H);
+        dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt);
+        be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
+    }
+}
+
+int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err) {
+    int rc = batch_check(r, kv, b, err);
+    if (rc) return rc;
+    const Model *m = r->m;
+    const ModelConfig *c = &m->cfg;
+    Backend *be = r->b;
+    int n = b->n_tokens, H = c->hidden, moe_layer = 0;
+    Step st;
+    step_prepare(r, kv, b, &st);
+    be->embed(be, r->x, m->embed, st.tokens, n, H);
+    for (int l = 0; l < c->n_layers; l++) {
+        attention_block(r, kv, l, &st, n);
+        be->rmsnorm(be, r->xn, r->x, m->layers[l].mlp_norm, n, H, c->rms_eps);
+        if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
+        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n);
+        be->add(be, r->x, r->tmp, n * H);
+    }
+    be->gather_rows(be, r->hout, r->x, st.rows, b->n_out, H);
+    be->rmsnorm(be, r->hout, r->hout, m->final_norm, b->n_out, H, c->rms_eps);
+    float *out = be->host ? logits : r->logits;
+    be->matmul(be, out, r->hout, b->n_out, &m->lm_head, NULL);
+    if (!be->host) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
+    return 0;
+}

@@ -293,27 +293,35 @@ typedef struct Sink {
     int full;
 } Sink;
 
+static void *grow(void *p, size_t *cap, size_t need) {
+    size_t c = *cap ? *cap : 1 << 12;
+    while (c < need) c *= 2;
+    if (c == *cap) return p;
+    p = realloc(p, c);
+    CHECK_PTR(p, "out of memory encoding a delta");
+    *cap = c;
+    return p;
+}
+
 static void sink_add(Sink *s, int64_t i) {
     s->nch++;
     if (s->full) return;
-    if (s->npos + 10 > s->cap_pos || (size_t)s->nch * (size_t)s->es > s->cap_vals) {
-        if ((uint64_t)(s->npos + 10 + (size_t)s->nch * (size_t)s->es) > s->cap_bytes) {
-            s->full = 1;
-            return;
-        }
-        s->cap_pos = s->cap_pos ? 2 * s->cap_pos : 1 << 12;
-        s->cap_vals = s->cap_vals ? 2 * s->cap_vals : 1 << 12;
-        s->pos = realloc(s->pos, s->cap_pos);
-        s->vals = realloc(s->vals, s->cap_vals);
-        CHECK(s->pos && s->vals, "out of memory encoding a delta");
-    }
     uint64_t g = (uint64_t)(i - s->prev_next);
+    int vl = 1;
+    for (uint64_t v = g; v >= 0x80; v >>= 7) vl++;
+    size_t vbytes = (size_t)s->nch * (size_t)s->es;
+    if ((uint64_t)(s->npos + (size_t)vl + vbytes) > s->cap_bytes) { /* dense is smaller */
+        s->full = 1;
+        return;
+    }
+    s->pos = grow(s->pos, &s->cap_pos, s->npos + (size_t)vl);
+    s->vals = grow(s->vals, &s->cap_vals, vbytes);
     while (g >= 0x80) {
         s->pos[s->npos++] = (uint8_t)(g | 0x80);
         g >>= 7;
     }
     s->pos[s->npos++] = (uint8_t)g;
-    uint8_t *v = s->vals + (size_t)(s->nch - 1) * (size_t)s->es;
+    uint8_t *v = s->vals + vbytes - (size_t)s->es;
     const size_t o = (size_t)i * (size_t)s->es;
     delta_elem_cpy(v, s->b + o, s->es);
     if (s->xor_values)

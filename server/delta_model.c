@@ -5,8 +5,8 @@
  * Model do not pull in model.c.
  *
  * Tensors the model converted at load (F16/F32 checkpoints -> BF16 copies)
- * report BF16 and so refuse deltas made in the checkpoint's dtype (422):
- * a delta must be applied to the bits it was computed from.
+ * are not patchable in place: model_tensor returns NULL for them and a delta
+ * that touches one is refused (422) before anything is written.
  */
 #include "delta.h"
 #include "model.h"

@@ -498,6 +498,23 @@ static void test_zero_xor_mask(void) {
     ckpt_free(&v0);
 }
 
+/* Sparse exactly when its uncompressed payload is smaller than the dense one. */
+static void test_encoding_choice(void) {
+    uint8_t a[7] = {0}, b[7] = {0};
+    int64_t shape[1] = {7};
+    DeltaRecord r;
+    Err err = {0};
+    for (int k = 1; k <= 7; k++) {
+        b[k - 1] = (uint8_t)(1 + k);
+        T_ASSERT(delta_encode_tensor(&r, "t", DT_U8, 1, shape, a, b, 3, 0, &err) == 0, "%s", err.msg);
+        int want = 2 * k < 7 ? DELTA_SPARSE : DELTA_DENSE; /* k 1-byte gaps + k values vs 7 */
+        T_ASSERT(r.n_changed == k && r.encoding == want, "%d changes: encoding %d, want %d", k, r.encoding, want);
+        T_ASSERT(r.raw_bytes == (uint64_t)(want == DELTA_SPARSE ? 2 * k : 7), "%d changes: raw %llu", k,
+                 (unsigned long long)r.raw_bytes);
+        delta_record_free(&r);
+    }
+}
+
 int main(void) {
     for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) { /* SPARSE, then SPARSE_XOR values */
         test_round_trip();
@@ -506,6 +523,7 @@ int main(void) {
     }
     g_xor_values = 0;
     test_zero_xor_mask();
+    test_encoding_choice();
     test_safetensors_mapping();
     test_fuzz();
     return T_DONE();

@@ -159,11 +159,16 @@ uint64_t delta_hash(const void *data, size_t n);
 /* Storage of a weight tensor by checkpoint name, or NULL if the model has no
  * such tensor. Must return the same pointer while a plan is alive. */
 typedef void *(*DeltaLookupFn)(void *ctx, const char *name, Dtype *dt, int64_t *numel);
-/* Called after a successful commit, once per updated tensor: idx lists the
- * touched element indices ([n_idx] increasing), or is NULL when every element
- * was rewritten (dense). For quantized samplers to re-quantize touched blocks. */
-typedef void (*DeltaTouchedFn)(void *ctx, const char *name, void *data, Dtype dt, int64_t numel,
-                               const int64_t *idx, int64_t n_idx);
+/* Called during commit, after the weights verified, once per updated tensor:
+ * idx lists the touched element indices ([n_idx] increasing), or is NULL when
+ * every element was rewritten (dense; n_idx == numel). For derived copies of
+ * the weights (quantized blocks, a device copy): it must recompute them from
+ * data alone, so that running it again after a restore restores them too.
+ * Returns 0, or <0 with err filled: then commit restores every weight, calls
+ * the hook again for the tensors already done (now at their old values) and
+ * fails with that error. */
+typedef int (*DeltaTouchedFn)(void *ctx, const char *name, void *data, Dtype dt, int64_t numel,
+                              const int64_t *idx, int64_t n_idx, Err *err);
 
 typedef struct DeltaTarget {
     DeltaLookupFn lookup;
@@ -219,6 +224,11 @@ char *delta_error_json(const Err *e, const WeightVersion *wv);
 void *delta_lookup_safetensors(void *ctx, const char *name, Dtype *dt, int64_t *numel);
 /* Lookup over a loaded model (ctx = Model *, via model_tensor; server/delta_model.c). */
 void *delta_lookup_model(void *ctx, const char *name, Dtype *dt, int64_t *numel);
+/* Touched hook over a loaded model (ctx = Model *): re-quantizes the touched
+ * blocks of FP8/NVFP4 linears whose BF16 master is data (quant_*_requant);
+ * BF16 weights need nothing. */
+int delta_model_requant(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                        int64_t n_idx, Err *err);
 
 /* Run fn(ctx, i) for i in [0, n) on up to n_threads threads, dynamically. */
 void delta_par_for(int n, int n_threads, void (*fn)(void *ctx, int i), void *ctx);

@@ -425,6 +425,12 @@ static void verify_one(void *ctx, int i) {
                                         " (weights changed during the update?); restored", t->e->name, h, t->e->hash_after);
 }
 
+static int call_touched(const DeltaTarget *tgt, const PlanT *t, Err *err) {
+    int rc = tgt->touched(tgt->touched_ctx, t->e->name, t->data, t->e->dtype, t->e->numel, t->d.pos,
+                          t->d.pos ? t->d.n : t->e->numel, err);
+    return rc < 0 ? rc : 0;
+}
+
 int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaResult *res, Err *err) {
     memset(res, 0, sizeof *res);
     res->version = wv->version;
@@ -449,6 +455,22 @@ int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaR
                 return p->t[i].rc;
             }
     }
+    for (int i = 0; tgt->touched && i < p->n; i++) {
+        int rc = call_touched(tgt, &p->t[i], err);
+        if (rc == 0) continue;
+        /* Undo: old weights back, then the derived copies from them. */
+        delta_par_for(p->n, tgt->n_threads, swap_one, p);
+        for (int j = 0; j <= i; j++) {
+            Err ignored = {0};
+            if (call_touched(tgt, &p->t[j], &ignored) != 0 && err) {
+                char first[sizeof err->msg];
+                memcpy(first, err->msg, sizeof first);
+                ERR(err, 500, "%s; re-deriving '%s' after the restore also failed: %s", first, p->t[j].e->name,
+                    ignored.msg);
+            }
+        }
+        return rc;
+    }
     for (int i = 0; i < p->n; i++) {
         int k = weight_version_find(wv, p->t[i].e->name);
         wv->hash[k] = p->t[i].e->hash_after;
@@ -457,10 +479,6 @@ int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaR
     wv->version = p->f->h.target_version;
     res->version = wv->version;
     res->tensors_updated = p->n;
-    if (tgt->touched)
-        for (int i = 0; i < p->n; i++)
-            tgt->touched(tgt->touched_ctx, p->t[i].e->name, p->t[i].data, p->t[i].e->dtype, p->t[i].e->numel,
-                         p->t[i].d.pos, p->t[i].d.pos ? p->t[i].d.n : p->t[i].e->numel);
     return 0;
 }
 

@@ -136,14 +136,19 @@ typedef struct Touched {
     int calls;
     int64_t n_idx;
     int dense_calls;
+    const char *fail_on;   /* fail the hook for this tensor name */
+    uint64_t seen[8];      /* hash of data at each call */
 } Touched;
 
-static void on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
-                       int64_t n_idx) {
+static int on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                      int64_t n_idx, Err *err) {
     Touched *t = ctx;
+    if (t->calls < 8) t->seen[t->calls] = XXH3_64bits(data, (size_t)numel * (size_t)dtype_size(dt));
     t->calls++;
     t->n_idx += n_idx;
     t->dense_calls += idx == NULL;
+    if (t->fail_on && strcmp(name, t->fail_on) == 0) return ERR(err, 422, "requant refused '%s'", name);
+    return 0;
 }
 
 static void test_round_trip(void) {
@@ -188,6 +193,7 @@ static void test_round_trip(void) {
     T_ASSERT(wv->fingerprint == fp, "fingerprint stays the lineage's");
 
     /* replay: no-op success, nothing touched */
+    tgt.touched = NULL;
     uint64_t h1 = ckpt_hash(&live);
     tc = (Touched){0};
     rc = delta_apply(d01, n01, &tgt, wv, &res, &err);
@@ -254,6 +260,29 @@ static void test_conflicts(void) {
     T_ASSERT(rc < 0 && err.code == 422 && ckpt_hash(&live) == h0 && wv->version == 0, "other base content -> 422: %s",
              err.msg);
     free(d);
+
+    /* a touched hook that fails (e.g. re-quantization refused): all weights
+     * back, and the hook re-run on the restored tensors it had already seen */
+    {
+        Touched tc = {.fail_on = "model.embed"};
+        DeltaTarget th = tgt;
+        th.touched = on_touched;
+        th.touched_ctx = &tc;
+        ckpt_set(&v1, &v0);
+        step(&v1, 11);
+        d = make_delta(&v0, &v1, wv->fingerprint, 0, 1, &n);
+        rc = delta_apply(d, n, &th, wv, &res, &err);
+        T_ASSERT(rc == -422 && ckpt_hash(&live) == h0 && wv->version == 0, "failed hook restores: %d %s", rc,
+                 err.msg);
+        /* plan order (sorted names): mlp.weight, norm.bias, model.embed (fails), z.f16 */
+        T_ASSERT(tc.calls == 6, "3 hook calls then 3 re-derivations, got %d", tc.calls);
+        T_ASSERT(tc.seen[3] == XXH3_64bits(v0.t[0].data, v0.t[0].nbytes) &&
+                     tc.seen[4] == XXH3_64bits(v0.t[1].data, v0.t[1].nbytes) &&
+                     tc.seen[5] == XXH3_64bits(v0.t[3].data, v0.t[3].nbytes) &&
+                     tc.seen[0] == XXH3_64bits(v1.t[0].data, v1.t[0].nbytes),
+                 "the hook saw the new values, then the restored old ones");
+        free(d);
+    }
 
     /* commit's restore path: a weight changes between prepare and commit */
     ckpt_set(&v1, &v0);

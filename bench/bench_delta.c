@@ -14,6 +14,8 @@
 
 #include "delta.h"
 
+static int g_xor; /* --xor: SPARSE_XOR values */
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -141,7 +143,7 @@ static void synthetic(size_t mb, double frac, int threads, double bw) {
         }
         double t0 = now_s();
         Err err;
-        CHECK(delta_encode_tensor(&rec[i], t->name, DT_BF16, 1, t->shape, t->data, newd[i], 3, &err) == 0, "%s", err.msg);
+        CHECK(delta_encode_tensor(&rec[i], t->name, DT_BF16, 1, t->shape, t->data, newd[i], 3, g_xor, &err) == 0, "%s", err.msg);
         tdiff += now_s() - t0;
         nch += rec[i].n_changed;
     }
@@ -172,6 +174,8 @@ int main(int argc, char **argv) {
     int threads = 2;
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--xor") == 0) g_xor = 1;
     double bw = memcpy_gbs(256u << 20);
     if (argc >= 4 && strcmp(argv[1], "--synthetic") == 0) {
         synthetic((size_t)atol(argv[2]), atof(argv[3]), threads, bw);

@@ -50,7 +50,8 @@ def main():
         for lrdir in sorted(glob.glob(os.path.join(a.pairs, "lr*")), key=lambda d: float(d.split("lr")[-1])):
             steps = sorted(glob.glob(os.path.join(lrdir, "step*")), key=lambda d: int(d.split("step")[-1]))
             fp = None
-            acc = dict(frac=[], ratio=[], dsize=[], diff=[], apply=[], prep=[], commit=[], commit_ms=[], bpc=[])
+            acc = dict(frac=[], ratio=[], dsize=[], diff=[], apply=[], prep=[], commit=[], commit_ms=[], bpc=[],
+                       xratio=[], xbpc=[])
             for k in range(len(steps) - 1):
                 dpath = os.path.join(tmp, f"{k}.delta")
                 cmd = [trainer, "diff", steps[k], steps[k + 1], "-o", dpath, "--threads", a.threads,
@@ -66,6 +67,9 @@ def main():
                 acc["dsize"].append(num(r"after (\d+)", out))
                 acc["bpc"].append(num(r"after (\d+)", out) / max(nch, 1))
                 acc["diff"].append(ck / num(r"diff ([\d.]+)", out) / 1e9)
+                xout = run(cmd + ["--values", "xor", "-o", dpath + ".xor"])
+                acc["xratio"].append(num(r"ratio ([\d.]+)x", xout))
+                acc["xbpc"].append(num(r"after (\d+)", xout) / max(nch, 1))
                 outdir = os.path.join(tmp, f"out{k}")
                 out = run([trainer, "apply", steps[k], dpath, "-o", outdir, "--threads", a.threads,
                            "--fingerprint", fp])
@@ -82,11 +86,13 @@ def main():
             rows.append((os.path.basename(lrdir)[2:], len(steps) - 1, avg, ck))
     finally:
         shutil.rmtree(tmp)
-    print("| LR | pairs | changed % | delta bytes | B/changed | ratio vs BF16 ckpt | diff GB/s | apply (offline, copy+patch+fsync) GB/s "
-          "| prepare GB/s | commit ms (pause) | commit GB/s | memcpy GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| LR | pairs | changed % | delta bytes | B/changed | ratio vs BF16 ckpt | xor values: B/changed | xor: ratio "
+          "| diff GB/s | apply (offline, copy+patch+fsync) GB/s | prepare GB/s | commit ms (pause) | commit GB/s "
+          "| memcpy GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for lr, n, v, ck in rows:
-        print(f"| {lr} | {n} | {v['frac']:.4f} | {v['dsize']:.0f} | {v['bpc']:.2f} | {v['ratio']:.1f}x | {v['diff']:.2f} "
+        print(f"| {lr} | {n} | {v['frac']:.4f} | {v['dsize']:.0f} | {v['bpc']:.2f} | {v['ratio']:.1f}x "
+              f"| {v['xbpc']:.2f} | {v['xratio']:.1f}x | {v['diff']:.2f} "
               f"| {v['apply']:.2f} | {v['prep']:.2f} | {v['commit_ms']:.2f} | {v['commit']:.2f} | {bw:.2f} |")
     print(f"\ncheckpoint: {ck / 1e6:.1f} MB of BF16 tensors; means over the pairs of each LR; all applies byte-identical")
     if a.synthetic_mb:

@@ -44,7 +44,10 @@
 #define DELTA_MAX_NAME 1024
 #define DELTA_MAX_DIMS 8
 
-enum { DELTA_SPARSE = 0, DELTA_DENSE = 1 };
+/* Encodings: SPARSE carries the new raw values of the changed elements;
+ * SPARSE_XOR carries new XOR base (bit-exact too, compresses ~2x better
+ * because steps mostly flip low mantissa bits); DENSE the whole new tensor. */
+enum { DELTA_SPARSE = 0, DELTA_DENSE = 1, DELTA_SPARSE_XOR = 2 };
 
 typedef struct DeltaHeader {
     uint32_t format_version;
@@ -59,7 +62,7 @@ typedef struct DeltaHeader {
 typedef struct DeltaEntry {
     char *name;              /* NUL-terminated copy */
     Dtype dtype;
-    int encoding;            /* DELTA_SPARSE or DELTA_DENSE */
+    int encoding;            /* DELTA_SPARSE, DELTA_DENSE or DELTA_SPARSE_XOR */
     int ndim;
     int64_t shape[DELTA_MAX_DIMS];
     int64_t numel;
@@ -87,7 +90,9 @@ void delta_file_free(DeltaFile *f);
 typedef struct DeltaDecoded {
     int64_t n;               /* values: n_changed (sparse) or numel (dense) */
     int64_t *pos;            /* [n] strictly increasing, < numel; sparse only */
-    uint8_t *vals;           /* [n * dtype_size] natural little-endian layout */
+    uint8_t *vals;           /* [n * dtype_size] natural little-endian layout: new values,
+                                or XOR masks against the base while xor is set */
+    int xor;                 /* vals are masks (SPARSE_XOR before delta_prepare resolves them) */
 } DeltaDecoded;
 
 /* Decompress and decode entry e, checking every position against e->numel.
@@ -112,9 +117,10 @@ typedef struct DeltaRecord {
 
 /* Diff one tensor bit by bit. Thread-safe. On success out->n_changed == 0
  * means "unchanged" (no payload; leave it out of the container). Sparse is
- * chosen when its uncompressed payload is smaller than the dense one. */
+ * chosen when its uncompressed payload is smaller than the dense one; with
+ * xor_values the sparse values are new XOR old (DELTA_SPARSE_XOR). */
 int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, const int64_t *shape,
-                        const void *old_data, const void *new_data, int level, Err *err);
+                        const void *old_data, const void *new_data, int level, int xor_values, Err *err);
 void delta_record_free(DeltaRecord *r);
 /* Serialize a container (records sorted by name here). Returns a malloc'ed
  * buffer of *size bytes. */
@@ -153,11 +159,16 @@ uint64_t delta_hash(const void *data, size_t n);
 /* Storage of a weight tensor by checkpoint name, or NULL if the model has no
  * such tensor. Must return the same pointer while a plan is alive. */
 typedef void *(*DeltaLookupFn)(void *ctx, const char *name, Dtype *dt, int64_t *numel);
-/* Called after a successful commit, once per updated tensor: idx lists the
- * touched element indices ([n_idx] increasing), or is NULL when every element
- * was rewritten (dense). For quantized samplers to re-quantize touched blocks. */
-typedef void (*DeltaTouchedFn)(void *ctx, const char *name, void *data, Dtype dt, int64_t numel,
-                               const int64_t *idx, int64_t n_idx);
+/* Called during commit, after the weights verified, once per updated tensor:
+ * idx lists the touched element indices ([n_idx] increasing), or is NULL when
+ * every element was rewritten (dense; n_idx == numel). For derived copies of
+ * the weights (quantized blocks, a device copy): it must recompute them from
+ * data alone, so that running it again after a restore restores them too.
+ * Returns 0, or <0 with err filled: then commit restores every weight, calls
+ * the hook again for the tensors already done (now at their old values) and
+ * fails with that error. */
+typedef int (*DeltaTouchedFn)(void *ctx, const char *name, void *data, Dtype dt, int64_t numel,
+                              const int64_t *idx, int64_t n_idx, Err *err);
 
 typedef struct DeltaTarget {
     DeltaLookupFn lookup;
@@ -199,6 +210,11 @@ const char *delta_plan_tensor(const DeltaPlan *p, int i, Dtype *dt, int64_t *num
                               const DeltaDecoded **upd);
 const DeltaHeader *delta_plan_header(const DeltaPlan *p);
 
+/* POST /admin/v1/weights/delta in one call (no pause between the phases):
+ * returns the HTTP status (200, or the error's 400/409/422/500/507) and sets
+ * *json to the malloc'ed response body. */
+int delta_http_post(const uint8_t *body, size_t n, const DeltaTarget *tgt, WeightVersion *wv, char **json);
+
 /* HTTP bodies of the admin endpoints (malloc'ed JSON): 200 after an apply,
  * and the error body (409 carries current_version). */
 char *delta_result_json(const DeltaResult *r);
@@ -208,6 +224,11 @@ char *delta_error_json(const Err *e, const WeightVersion *wv);
 void *delta_lookup_safetensors(void *ctx, const char *name, Dtype *dt, int64_t *numel);
 /* Lookup over a loaded model (ctx = Model *, via model_tensor; server/delta_model.c). */
 void *delta_lookup_model(void *ctx, const char *name, Dtype *dt, int64_t *numel);
+/* Touched hook over a loaded model (ctx = Model *): re-quantizes the touched
+ * blocks of FP8/NVFP4 linears whose BF16 master is data (quant_*_requant);
+ * BF16 weights need nothing. */
+int delta_model_requant(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                        int64_t n_idx, Err *err);
 
 /* Run fn(ctx, i) for i in [0, n) on up to n_threads threads, dynamically. */
 void delta_par_for(int n, int n_threads, void (*fn)(void *ctx, int i), void *ctx);

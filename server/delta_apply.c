@@ -267,9 +267,28 @@ static uint64_t predicted_hash(const PlanT *t, int64_t *n_diff) {
     return h;
 }
 
+/* SPARSE_XOR: masks -> new values, against the live (base) weights. A zero
+ * mask would claim a change that is none: the record lies. */
+static int resolve_xor(PlanT *t) {
+    int es = t->es;
+    for (int64_t k = 0; k < t->d.n; k++) {
+        uint8_t *v = t->d.vals + (size_t)k * es, any = 0;
+        const uint8_t *w = t->data + (size_t)t->d.pos[k] * es;
+        for (int b = 0; b < es; b++) {
+            any |= v[b];
+            v[b] ^= w[b];
+        }
+        if (!any)
+            return ERR(&t->err, 400, "delta: '%s': XOR mask %" PRId64 " is zero (no change)", t->e->name, k);
+    }
+    t->d.xor = 0;
+    return 0;
+}
+
 static void prepare_one(void *ctx, int i) {
     PlanT *t = &((DeltaPlan *)ctx)->t[i];
     if ((t->rc = delta_decode(t->e, &t->d, &t->err)) != 0) return;
+    if (t->d.xor && (t->rc = resolve_xor(t)) != 0) return;
     int64_t n_diff;
     uint64_t h = predicted_hash(t, &n_diff);
     if (h != t->e->hash_after)
@@ -406,6 +425,12 @@ static void verify_one(void *ctx, int i) {
                                         " (weights changed during the update?); restored", t->e->name, h, t->e->hash_after);
 }
 
+static int call_touched(const DeltaTarget *tgt, const PlanT *t, Err *err) {
+    int rc = tgt->touched(tgt->touched_ctx, t->e->name, t->data, t->e->dtype, t->e->numel, t->d.pos,
+                          t->d.pos ? t->d.n : t->e->numel, err);
+    return rc < 0 ? rc : 0;
+}
+
 int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaResult *res, Err *err) {
     memset(res, 0, sizeof *res);
     res->version = wv->version;
@@ -430,6 +455,22 @@ int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaR
                 return p->t[i].rc;
             }
     }
+    for (int i = 0; tgt->touched && i < p->n; i++) {
+        int rc = call_touched(tgt, &p->t[i], err);
+        if (rc == 0) continue;
+        /* Undo: old weights back, then the derived copies from them. */
+        delta_par_for(p->n, tgt->n_threads, swap_one, p);
+        for (int j = 0; j <= i; j++) {
+            Err ignored = {0};
+            if (call_touched(tgt, &p->t[j], &ignored) != 0 && err) {
+                char first[sizeof err->msg];
+                memcpy(first, err->msg, sizeof first);
+                ERR(err, 500, "%s; re-deriving '%s' after the restore also failed: %s", first, p->t[j].e->name,
+                    ignored.msg);
+            }
+        }
+        return rc;
+    }
     for (int i = 0; i < p->n; i++) {
         int k = weight_version_find(wv, p->t[i].e->name);
         wv->hash[k] = p->t[i].e->hash_after;
@@ -438,10 +479,6 @@ int delta_commit(DeltaPlan *p, const DeltaTarget *tgt, WeightVersion *wv, DeltaR
     wv->version = p->f->h.target_version;
     res->version = wv->version;
     res->tensors_updated = p->n;
-    if (tgt->touched)
-        for (int i = 0; i < p->n; i++)
-            tgt->touched(tgt->touched_ctx, p->t[i].e->name, p->t[i].data, p->t[i].e->dtype, p->t[i].e->numel,
-                         p->t[i].d.pos, p->t[i].d.pos ? p->t[i].d.n : p->t[i].e->numel);
     return 0;
 }
 
@@ -456,4 +493,15 @@ int delta_apply(const uint8_t *buf, size_t size, const DeltaTarget *tgt, WeightV
     rc = delta_commit(p, tgt, wv, res, err);
     delta_plan_free(p);
     return rc;
+}
+
+int delta_http_post(const uint8_t *body, size_t n, const DeltaTarget *tgt, WeightVersion *wv, char **json) {
+    DeltaResult res;
+    Err err = {0};
+    if (delta_apply(body, n, tgt, wv, &res, &err) == 0) {
+        *json = delta_result_json(&res);
+        return 200;
+    }
+    *json = delta_error_json(&err, wv);
+    return err.code ? err.code : 500;
 }

@@ -66,7 +66,8 @@ static int parse_entry(Cur *c, DeltaEntry *e, int idx, Err *err) {
     ENSURE(err, cur_take(c, 4, &p) == 0, 400, "delta: '%s': truncated type bytes", e->name);
     ENSURE(err, p[0] < DT_COUNT, 400, "delta: '%s': unknown dtype code %u", e->name, p[0]);
     e->dtype = (Dtype)p[0];
-    ENSURE(err, p[1] == DELTA_SPARSE || p[1] == DELTA_DENSE, 400, "delta: '%s': unknown encoding %u",
+    ENSURE(err, p[1] == DELTA_SPARSE || p[1] == DELTA_DENSE || p[1] == DELTA_SPARSE_XOR, 400,
+           "delta: '%s': unknown encoding %u",
            e->name, p[1]);
     e->encoding = p[1];
     ENSURE(err, p[2] <= DELTA_MAX_DIMS, 400, "delta: '%s': %u dims (max %d)", e->name, p[2], DELTA_MAX_DIMS);
@@ -218,6 +219,7 @@ int delta_decode(const DeltaEntry *e, DeltaDecoded *out, Err *err) {
     }
     int64_t n = e->encoding == DELTA_DENSE ? e->numel : e->n_changed;
     out->n = n;
+    out->xor = e->encoding == DELTA_SPARSE_XOR;
     out->vals = malloc((size_t)n * (size_t)es);
     if (!out->vals) {
         free(raw);
@@ -225,7 +227,7 @@ int delta_decode(const DeltaEntry *e, DeltaDecoded *out, Err *err) {
     }
     size_t vbytes = (size_t)n * (size_t)es, pbytes = (size_t)e->raw_bytes - vbytes;
     unplane(out->vals, raw + pbytes, n, es);
-    if (e->encoding == DELTA_SPARSE) {
+    if (e->encoding != DELTA_DENSE) {
         out->pos = malloc((size_t)n * sizeof(int64_t));
         if (!out->pos) {
             free(raw);
@@ -281,7 +283,8 @@ void delta_decoded_free(DeltaDecoded *d) {
  * buffers that grow with the changes found, up to the dense size (beyond
  * that the tensor goes dense, and only the count continues). */
 typedef struct Sink {
-    const uint8_t *b;
+    const uint8_t *a, *b;
+    int xor_values;
     int es;
     int64_t nch, prev_next;
     uint64_t cap_bytes;     /* dense payload size: stop storing past it */
@@ -290,27 +293,39 @@ typedef struct Sink {
     int full;
 } Sink;
 
+static void *grow(void *p, size_t *cap, size_t need) {
+    size_t c = *cap ? *cap : 1 << 12;
+    while (c < need) c *= 2;
+    if (c == *cap) return p;
+    p = realloc(p, c);
+    CHECK_PTR(p, "out of memory encoding a delta");
+    *cap = c;
+    return p;
+}
+
 static void sink_add(Sink *s, int64_t i) {
     s->nch++;
     if (s->full) return;
-    if (s->npos + 10 > s->cap_pos || (size_t)s->nch * (size_t)s->es > s->cap_vals) {
-        if ((uint64_t)(s->npos + 10 + (size_t)s->nch * (size_t)s->es) > s->cap_bytes) {
-            s->full = 1;
-            return;
-        }
-        s->cap_pos = s->cap_pos ? 2 * s->cap_pos : 1 << 12;
-        s->cap_vals = s->cap_vals ? 2 * s->cap_vals : 1 << 12;
-        s->pos = realloc(s->pos, s->cap_pos);
-        s->vals = realloc(s->vals, s->cap_vals);
-        CHECK(s->pos && s->vals, "out of memory encoding a delta");
-    }
     uint64_t g = (uint64_t)(i - s->prev_next);
+    int vl = 1;
+    for (uint64_t v = g; v >= 0x80; v >>= 7) vl++;
+    size_t vbytes = (size_t)s->nch * (size_t)s->es;
+    if ((uint64_t)(s->npos + (size_t)vl + vbytes) > s->cap_bytes) { /* dense is smaller */
+        s->full = 1;
+        return;
+    }
+    s->pos = grow(s->pos, &s->cap_pos, s->npos + (size_t)vl);
+    s->vals = grow(s->vals, &s->cap_vals, vbytes);
     while (g >= 0x80) {
         s->pos[s->npos++] = (uint8_t)(g | 0x80);
         g >>= 7;
     }
     s->pos[s->npos++] = (uint8_t)g;
-    delta_elem_cpy(s->vals + (size_t)(s->nch - 1) * (size_t)s->es, s->b + (size_t)i * (size_t)s->es, s->es);
+    uint8_t *v = s->vals + vbytes - (size_t)s->es;
+    const size_t o = (size_t)i * (size_t)s->es;
+    delta_elem_cpy(v, s->b + o, s->es);
+    if (s->xor_values)
+        for (int k = 0; k < s->es; k++) v[k] ^= s->a[o + (size_t)k];
     s->prev_next = i + 1;
 }
 
@@ -340,7 +355,7 @@ static void scan_diffs(const uint8_t *a, const uint8_t *b, int64_t n, int es, Si
 }
 
 int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, const int64_t *shape,
-                        const void *old_data, const void *new_data, int level, Err *err) {
+                        const void *old_data, const void *new_data, int level, int xor_values, Err *err) {
     memset(out, 0, sizeof *out);
     int es = dtype_size(dt);
     ENSURE(err, (es == 1 || es == 2 || es == 4 || es == 8) && ndim >= 0 && ndim <= DELTA_MAX_DIMS, 400,
@@ -351,7 +366,7 @@ int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, 
     ENSURE(err, numel >= 1, 400, "delta: '%s': empty tensor", name);
     const uint8_t *b = new_data;
     uint64_t dense_raw = (uint64_t)numel * (uint64_t)es;
-    Sink s = {.b = b, .es = es, .cap_bytes = dense_raw};
+    Sink s = {.a = old_data, .b = b, .es = es, .cap_bytes = dense_raw, .xor_values = xor_values};
     scan_diffs(old_data, b, numel, es, &s);
     out->n_changed = s.nch;
     if (s.nch == 0) return 0;
@@ -364,7 +379,7 @@ int delta_encode_tensor(DeltaRecord *out, const char *name, Dtype dt, int ndim, 
     uint64_t sparse_raw = s.npos + (uint64_t)s.nch * (uint64_t)es;
     uint8_t *raw;
     if (!s.full && sparse_raw < dense_raw) {
-        out->encoding = DELTA_SPARSE;
+        out->encoding = xor_values ? DELTA_SPARSE_XOR : DELTA_SPARSE;
         out->raw_bytes = sparse_raw;
         raw = xmalloc(sparse_raw);
         memcpy(raw, s.pos, s.npos);

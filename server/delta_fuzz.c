@@ -1,7 +1,7 @@
 /*
  * delta_fuzz.c - the fuzz target of the delta reader and apply path: a tiny
  * built-in model (three tensors of different dtypes), rebuilt on every call,
- * and a seed container that updates it. The target aborts if a rejected
+ * and a seed container that updates it with all three encodings. The target aborts if a rejected
  * container changed any weight bit, or an accepted one left the weights off
  * the hashes it recorded. Not a test by itself: tests/test_delta.c and a
  * libFuzzer driver call delta_fuzz_one.
@@ -28,7 +28,8 @@ static void fuzz_model_init(FuzzModel *m, int step) {
     }
     for (int i = 0; i < NB; i++) m->b[i] = (float)i * 0.25f - 0.5f;
     for (int i = 0; i < NC; i++) m->c[i] = (uint8_t)(i * 37);
-    if (step) { /* version 1: a few elements of a, all of b; c unchanged */
+    if (step) { /* version 1: a few elements of a (sparse-xor), all of b (dense), one of c (sparse) */
+        m->c[2] ^= 0x5;
         m->a[0] ^= 1;
         m->a[3] ^= 0x40;
         m->a[NA - 1] ^= 0x8000;
@@ -55,7 +56,7 @@ uint8_t *delta_fuzz_seed(size_t *size) {
     for (int i = 0; i < 3; i++) {
         Err err;
         CHECK(delta_encode_tensor(&r[n], m0.t[i].name, m0.t[i].dtype, m0.t[i].ndim, m0.t[i].shape, m0.t[i].data,
-                                  m1.t[i].data, 3, &err) == 0, "%s", err.msg);
+                                  m1.t[i].data, 3, i == 0, &err) == 0, "%s", err.msg);
         if (r[n].n_changed) n++;
     }
     DeltaHeader h = {.fingerprint = wv->fingerprint, .base_version = 0, .target_version = 1};

@@ -9,11 +9,15 @@
 #include "delta.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "test.h"
 
 #define NT 5
+
+static int g_xor_values; /* encode sparse values as XOR masks (DELTA_SPARSE_XOR) */
 
 /* A small in-memory checkpoint: one storage block per tensor. */
 typedef struct Ckpt {
@@ -109,7 +113,7 @@ static uint8_t *make_delta(const Ckpt *a, const Ckpt *b, uint64_t fp, uint64_t b
     for (int i = 0; i < NT; i++) {
         Err err = {0};
         int rc = delta_encode_tensor(&r[n], a->t[i].name, a->t[i].dtype, a->t[i].ndim, a->t[i].shape, a->t[i].data,
-                                     b->t[i].data, 3, &err);
+                                     b->t[i].data, 3, g_xor_values, &err);
         T_ASSERT(rc == 0, "encode %s: %s", a->t[i].name, err.msg);
         if (r[n].n_changed) n++;
     }
@@ -132,14 +136,19 @@ typedef struct Touched {
     int calls;
     int64_t n_idx;
     int dense_calls;
+    const char *fail_on;   /* fail the hook for this tensor name */
+    uint64_t seen[8];      /* hash of data at each call */
 } Touched;
 
-static void on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
-                       int64_t n_idx) {
+static int on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                      int64_t n_idx, Err *err) {
     Touched *t = ctx;
+    if (t->calls < 8) t->seen[t->calls] = XXH3_64bits(data, (size_t)numel * (size_t)dtype_size(dt));
     t->calls++;
     t->n_idx += n_idx;
     t->dense_calls += idx == NULL;
+    if (t->fail_on && strcmp(name, t->fail_on) == 0) return ERR(err, 422, "requant refused '%s'", name);
+    return 0;
 }
 
 static void test_round_trip(void) {
@@ -163,7 +172,8 @@ static void test_round_trip(void) {
         for (int i = 0; i < f->n; i++) {
             const DeltaEntry *e = &f->e[i];
             int want_dense = strcmp(e->name, "layers.0.norm.bias") == 0;
-            T_ASSERT(e->encoding == (want_dense ? DELTA_DENSE : DELTA_SPARSE), "%s encoding %d", e->name, e->encoding);
+            int sparse = g_xor_values ? DELTA_SPARSE_XOR : DELTA_SPARSE;
+            T_ASSERT(e->encoding == (want_dense ? DELTA_DENSE : sparse), "%s encoding %d", e->name, e->encoding);
         }
         delta_file_free(f);
     }
@@ -183,6 +193,7 @@ static void test_round_trip(void) {
     T_ASSERT(wv->fingerprint == fp, "fingerprint stays the lineage's");
 
     /* replay: no-op success, nothing touched */
+    tgt.touched = NULL;
     uint64_t h1 = ckpt_hash(&live);
     tc = (Touched){0};
     rc = delta_apply(d01, n01, &tgt, wv, &res, &err);
@@ -249,6 +260,29 @@ static void test_conflicts(void) {
     T_ASSERT(rc < 0 && err.code == 422 && ckpt_hash(&live) == h0 && wv->version == 0, "other base content -> 422: %s",
              err.msg);
     free(d);
+
+    /* a touched hook that fails (e.g. re-quantization refused): all weights
+     * back, and the hook re-run on the restored tensors it had already seen */
+    {
+        Touched tc = {.fail_on = "model.embed"};
+        DeltaTarget th = tgt;
+        th.touched = on_touched;
+        th.touched_ctx = &tc;
+        ckpt_set(&v1, &v0);
+        step(&v1, 11);
+        d = make_delta(&v0, &v1, wv->fingerprint, 0, 1, &n);
+        rc = delta_apply(d, n, &th, wv, &res, &err);
+        T_ASSERT(rc == -422 && ckpt_hash(&live) == h0 && wv->version == 0, "failed hook restores: %d %s", rc,
+                 err.msg);
+        /* plan order (sorted names): mlp.weight, norm.bias, model.embed (fails), z.f16 */
+        T_ASSERT(tc.calls == 6, "3 hook calls then 3 re-derivations, got %d", tc.calls);
+        T_ASSERT(tc.seen[3] == XXH3_64bits(v0.t[0].data, v0.t[0].nbytes) &&
+                     tc.seen[4] == XXH3_64bits(v0.t[1].data, v0.t[1].nbytes) &&
+                     tc.seen[5] == XXH3_64bits(v0.t[3].data, v0.t[3].nbytes) &&
+                     tc.seen[0] == XXH3_64bits(v1.t[0].data, v1.t[0].nbytes),
+                 "the hook saw the new values, then the restored old ones");
+        free(d);
+    }
 
     /* commit's restore path: a weight changes between prepare and commit */
     ckpt_set(&v1, &v0);
@@ -365,10 +399,161 @@ static void test_fuzz(void) {
     free(seed);
 }
 
+/* A single-file safetensors checkpoint written by hand (spec layout). */
+static void write_st(const char *path, const Ckpt *c) {
+    char hdr[4096];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "{");
+    for (int i = 0; i < NT; i++) { /* g_names are sorted, as the reader sorts */
+        const StTensor *t = &c->t[i];
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "",
+                               t->name, dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++)
+            hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + t->nbytes);
+        off += t->nbytes;
+    }
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
+    while (hl % 8) hdr[hl++] = ' ';
+    FILE *f = fopen(path, "wb");
+    CHECK_PTR(f, "cannot write %s", path);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < NT; i++) fwrite(c->t[i].data, 1, c->t[i].nbytes, f);
+    fclose(f);
+}
+
+static uint64_t file_hash(const char *path) {
+    FILE *f = fopen(path, "rb");
+    CHECK_PTR(f, "cannot read %s", path);
+    static uint8_t buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    return XXH3_64bits(buf, n);
+}
+
+/* The sampler's path: the delta patches a MAP_PRIVATE checkpoint mapping in
+ * place; the files on disk stay as they were, the hashes follow the target. */
+static void test_safetensors_mapping(void) {
+    char dir[] = "/tmp/test_delta_XXXXXX", p0[256], p1[256];
+    CHECK_PTR(mkdtemp(dir), "mkdtemp");
+    snprintf(p0, sizeof p0, "%s/v0.safetensors", dir);
+    snprintf(p1, sizeof p1, "%s/v1.safetensors", dir);
+    Ckpt v0, v1;
+    ckpt_init(&v0, 0);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 5);
+    write_st(p0, &v0);
+    write_st(p1, &v1);
+    uint64_t disk0 = file_hash(p0);
+    SafeTensors *s0, *s1;
+    Err err = {0};
+    T_ASSERT(safetensors_open(&s0, p0, &err) == 0 && safetensors_open(&s1, p1, &err) == 0, "open: %s", err.msg);
+    WeightVersion *wv = weight_version_from_safetensors(s0, 2), *wv1 = weight_version_from_safetensors(s1, 2),
+                  *wmem = weight_version_from_safetensors(&v0.st, 1);
+    T_ASSERT(wv->fingerprint == wmem->fingerprint, "fingerprint depends on content, not storage");
+    T_ASSERT(wv->fingerprint != wv1->fingerprint, "fingerprint depends on content");
+    size_t n;
+    uint8_t *d = make_delta(&v0, &v1, wv->fingerprint, 0, 1, &n);
+    DeltaTarget tgt = {.lookup = delta_lookup_safetensors, .ctx = s0, .n_threads = 2};
+    char *js;
+    int code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 200 && strstr(js, "\"noop\":false"), "POST: %d %s", code, js);
+    free(js);
+    int same = 1;
+    for (int i = 0; i < s0->n; i++) same &= memcmp(s0->t[i].data, s1->t[i].data, s0->t[i].nbytes) == 0;
+    T_ASSERT(same, "mapping now holds v1's tensors");
+    T_ASSERT(memcmp(wv->hash, wv1->hash, sizeof(uint64_t) * (size_t)wv->n) == 0, "GET hashes == v1 checkpoint's");
+    T_ASSERT(file_hash(p0) == disk0, "the file on disk is untouched (MAP_PRIVATE)");
+    code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 200 && strstr(js, "\"noop\":true"), "replay POST: %d %s", code, js);
+    free(js);
+    free(d);
+    d = make_delta(&v0, &v1, wv->fingerprint, 5, 6, &n);
+    code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 409 && strstr(js, "\"current_version\":1"), "wrong base POST: %d %s", code, js);
+    free(js);
+    free(d);
+    weight_version_free(wv);
+    weight_version_free(wv1);
+    weight_version_free(wmem);
+    safetensors_free(s0);
+    safetensors_free(s1);
+    unlink(p0);
+    unlink(p1);
+    rmdir(dir);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+}
+
+/* A SPARSE_XOR record whose mask is zero claims a change that is none; its
+ * hash is the unchanged tensor's, so only the mask check can refuse it. */
+static void test_zero_xor_mask(void) {
+    Ckpt v0;
+    ckpt_init(&v0, 0);
+    WeightVersion *wv = weight_version_from_safetensors(&v0.st, 1);
+    uint8_t raw[3] = {5, 0, 0}; /* position 5, then the two planes of a zero BF16 mask */
+    DeltaRecord r = {.name = "layers.0.mlp.weight", .dtype = DT_BF16, .encoding = DELTA_SPARSE_XOR, .ndim = 2,
+                     .shape = {64, 96}, .numel = 64 * 96, .n_changed = 1, .raw_bytes = 3,
+                     .hash_after = XXH3_64bits(v0.t[0].data, v0.t[0].nbytes)};
+    uint8_t z[64];
+    r.comp_bytes = ZSTD_compress(z, sizeof z, raw, 3, 3);
+    r.payload = z;
+    DeltaHeader h = {.fingerprint = wv->fingerprint, .base_version = 0, .target_version = 1};
+    size_t n;
+    uint8_t *d = delta_serialize(&h, &r, 1, &n);
+    DeltaTarget tgt = target_of(&v0);
+    DeltaResult res;
+    Err err = {0};
+    uint64_t h0 = ckpt_hash(&v0);
+    int rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc < 0 && err.code == 400 && strstr(err.msg, "zero") && ckpt_hash(&v0) == h0 && wv->version == 0,
+             "zero XOR mask refused: %d %s", rc, err.msg);
+    raw[1] = 1; /* a real mask, and the hash of the result: accepted */
+    uint16_t want = ((uint16_t *)v0.t[0].data)[5] ^ 1;
+    ((uint16_t *)v0.t[0].data)[5] ^= 1;
+    r.hash_after = XXH3_64bits(v0.t[0].data, v0.t[0].nbytes);
+    ((uint16_t *)v0.t[0].data)[5] ^= 1;
+    r.comp_bytes = ZSTD_compress(z, sizeof z, raw, 3, 3);
+    free(d);
+    d = delta_serialize(&h, &r, 1, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && wv->version == 1 && ((uint16_t *)v0.t[0].data)[5] == want && ckpt_hash(&v0) != h0,
+             "hand-made XOR record applies: %s", err.msg);
+    free(d);
+    weight_version_free(wv);
+    ckpt_free(&v0);
+}
+
+/* Sparse exactly when its uncompressed payload is smaller than the dense one. */
+static void test_encoding_choice(void) {
+    uint8_t a[7] = {0}, b[7] = {0};
+    int64_t shape[1] = {7};
+    DeltaRecord r;
+    Err err = {0};
+    for (int k = 1; k <= 7; k++) {
+        b[k - 1] = (uint8_t)(1 + k);
+        T_ASSERT(delta_encode_tensor(&r, "t", DT_U8, 1, shape, a, b, 3, 0, &err) == 0, "%s", err.msg);
+        int want = 2 * k < 7 ? DELTA_SPARSE : DELTA_DENSE; /* k 1-byte gaps + k values vs 7 */
+        T_ASSERT(r.n_changed == k && r.encoding == want, "%d changes: encoding %d, want %d", k, r.encoding, want);
+        T_ASSERT(r.raw_bytes == (uint64_t)(want == DELTA_SPARSE ? 2 * k : 7), "%d changes: raw %llu", k,
+                 (unsigned long long)r.raw_bytes);
+        delta_record_free(&r);
+    }
+}
+
 int main(void) {
-    test_round_trip();
-    test_conflicts();
-    test_corruption();
+    for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) { /* SPARSE, then SPARSE_XOR values */
+        test_round_trip();
+        test_conflicts();
+        test_corruption();
+    }
+    g_xor_values = 0;
+    test_zero_xor_mask();
+    test_encoding_choice();
+    test_safetensors_mapping();
     test_fuzz();
     return T_DONE();
 }

@@ -17,7 +17,7 @@ typedef struct DiffJob {
     int *order;          /* [n] tensor indices, largest first */
     DeltaRecord *rec;    /* [n] by tensor index */
     uint64_t *old_hash;  /* [n] or NULL when the fingerprint is given */
-    int level;
+    int level, xor_values;
 } DiffJob;
 
 static void diff_one(void *ctx, int k) {
@@ -25,7 +25,7 @@ static void diff_one(void *ctx, int k) {
     int i = j->order[k];
     const StTensor *ta = &j->a->t[i], *tb = &j->b->t[i]; /* same sorted names (check_same_structure) */
     Err err = {0};
-    CHECK(delta_encode_tensor(&j->rec[i], ta->name, ta->dtype, ta->ndim, ta->shape, ta->data, tb->data, j->level,
+    CHECK(delta_encode_tensor(&j->rec[i], ta->name, ta->dtype, ta->ndim, ta->shape, ta->data, tb->data, j->level, j->xor_values,
                               &err) == 0, "%s", err.msg);
     if (j->old_hash) j->old_hash[i] = XXH3_64bits(ta->data, ta->nbytes);
 }
@@ -51,7 +51,7 @@ static void check_same_structure(const SafeTensors *a, const SafeTensors *b, con
 int cmd_diff(int argc, char **argv) {
     const char *old_dir = NULL, *new_dir = NULL, *out = NULL, *fp_hex = NULL;
     uint64_t base = 0, target = 0;
-    int level = 3, threads = default_threads(), have_target = 0;
+    int level = 3, threads = default_threads(), have_target = 0, xor_values = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -60,6 +60,11 @@ int cmd_diff(int argc, char **argv) {
         else if (strcmp(a, "--target-version") == 0 && more) target = strtoull(argv[++i], NULL, 10), have_target = 1;
         else if (strcmp(a, "--fingerprint") == 0 && more) fp_hex = argv[++i];
         else if (strcmp(a, "--level") == 0 && more) level = atoi(argv[++i]);
+        else if (strcmp(a, "--values") == 0 && more) {
+            const char *v = argv[++i];
+            CHECK(strcmp(v, "raw") == 0 || strcmp(v, "xor") == 0, "--values takes raw or xor, not '%s'", v);
+            xor_values = strcmp(v, "xor") == 0;
+        }
         else if (strcmp(a, "--threads") == 0 && more) threads = atoi(argv[++i]);
         else if (a[0] != '-' && !old_dir) old_dir = a;
         else if (a[0] != '-' && !new_dir) new_dir = a;
@@ -86,7 +91,7 @@ int cmd_diff(int argc, char **argv) {
         fprintf(stderr, "note: %s and %s lay their tensors out differently (shards or offsets): `trainer apply` will "
                 "give NEW's tensor bytes in OLD's file layout, not NEW's files byte for byte\n", old_dir, new_dir);
 
-    DiffJob j = {.a = a, .b = b, .level = level};
+    DiffJob j = {.a = a, .b = b, .level = level, .xor_values = xor_values};
     j.order = xmalloc(sizeof(int) * (size_t)(a->n + 1));
     j.rec = xcalloc((size_t)a->n + 1, sizeof(DeltaRecord));
     if (!fp_hex) j.old_hash = xcalloc((size_t)a->n + 1, sizeof(uint64_t));

@@ -33,7 +33,7 @@ int cmd_inspect(int argc, char **argv) {
         }
         strncat(shape, "]", sizeof shape - strlen(shape) - 1);
         printf("%-48s %-5s %-16s %-6s %12" PRId64 " %12" PRId64 " %9.4f %10" PRIu64 " %10" PRIu64 " %6.2f %016" PRIx64 "\n",
-               e->name, dtype_name(e->dtype), shape, e->encoding == DELTA_DENSE ? "dense" : "sparse", e->n_changed,
+               e->name, dtype_name(e->dtype), shape, e->encoding == DELTA_DENSE ? "dense" : e->encoding == DELTA_SPARSE_XOR ? "sxor" : "sparse", e->n_changed,
                e->numel, 100.0 * (double)e->n_changed / (double)e->numel, e->raw_bytes, e->comp_bytes,
                (double)e->comp_bytes / (double)e->n_changed, e->hash_after);
         tch += (uint64_t)e->n_changed;

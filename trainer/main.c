@@ -13,7 +13,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage:\n"
             "  trainer diff OLD NEW -o step.delta [--base-version N] [--target-version M]\n"
-            "               [--fingerprint HEX] [--level L] [--threads T]\n"
+            "               [--fingerprint HEX] [--level L] [--threads T] [--values raw|xor]\n"
             "  trainer apply BASE step.delta -o OUT [--fingerprint HEX] [--threads T]\n"
             "  trainer inspect step.delta\n"
             "  trainer fingerprint DIR [--version N] [--fingerprint HEX]  (prints the GET /admin/v1/weights view)\n"

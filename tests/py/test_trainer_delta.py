@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import numpy as np
+import pytest
 
 from delta_ckpt import TRAINER, parse_delta, random_weights, step, write_checkpoint
 
@@ -24,13 +25,15 @@ def same_dirs(a, b):
         assert filecmp.cmp(os.path.join(a, f), os.path.join(b, f), shallow=False), f
 
 
-def test_diff_apply_round_trip(tmp_path):
+@pytest.mark.parametrize("values", ["raw", "xor"])
+def test_diff_apply_round_trip(tmp_path, values):
     w0 = random_weights(1)
     w1 = step(w0, 2)
     w2 = step(w1, 3)
     for i, w in enumerate((w0, w1, w2)):
         write_checkpoint(tmp_path / f"v{i}", w)
-    out = run("diff", tmp_path / "v0", tmp_path / "v1", "-o", tmp_path / "d01.delta", "--threads", 2).stdout
+    out = run("diff", tmp_path / "v0", tmp_path / "v1", "-o", tmp_path / "d01.delta", "--threads", 2,
+              "--values", values).stdout
     assert "elements changed" in out and "ratio" in out
     d01 = parse_delta((tmp_path / "d01.delta").read_bytes())
     assert (d01["base"], d01["target"]) == (0, 1)
@@ -42,10 +45,11 @@ def test_diff_apply_round_trip(tmp_path):
         want = int(np.sum(w0[n].reshape(-1) != w1[n].reshape(-1)))
         assert names[n]["n_changed"] == want, n
     assert names["model.layers.0.input_layernorm.weight"]["encoding"] == 1  # dense: all changed
-    assert names["model.embed_tokens.weight"]["encoding"] == 0
+    assert names["model.embed_tokens.weight"]["encoding"] == (2 if values == "xor" else 0)
 
     insp = run("inspect", tmp_path / "d01.delta").stdout
-    assert "model.layers.0.mlp.down_proj.weight" in insp and "sparse" in insp and "dense" in insp
+    assert "model.layers.0.mlp.down_proj.weight" in insp and "dense" in insp
+    assert ("sxor" if values == "xor" else "sparse") in insp
 
     run("apply", tmp_path / "v0", tmp_path / "d01.delta", "-o", tmp_path / "out1")
     same_dirs(tmp_path / "out1", tmp_path / "v1")
@@ -53,7 +57,7 @@ def test_diff_apply_round_trip(tmp_path):
     # the next step carries the lineage fingerprint and base version 1
     fp = f"{d01['fingerprint']:016x}"
     run("diff", tmp_path / "v1", tmp_path / "v2", "-o", tmp_path / "d12.delta", "--base-version", 1,
-        "--fingerprint", fp)
+        "--fingerprint", fp, "--values", values)
     d12 = parse_delta((tmp_path / "d12.delta").read_bytes())
     assert (d12["base"], d12["target"], d12["fingerprint"]) == (1, 2, d01["fingerprint"])
     run("apply", tmp_path / "out1", tmp_path / "d12.delta", "-o", tmp_path / "out2", "--fingerprint", fp)

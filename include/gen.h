@@ -22,6 +22,8 @@
 #include "request_parse.h"
 #include "server.h"
 
+#define GEN_MAX_CHOICES 1024 /* prompts x n per request */
+
 typedef struct Choice {
     int index;            /* in the response: prompt_i * n + seq */
     int prompt_i;

@@ -39,6 +39,8 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
                    "max_tokens is %d (prompt + max_tokens must be <= %d)", max_len, np, gp->sp.max_tokens, max_len);
     }
     ENSURE(err, n_prompts > 0 && gp->n > 0, 400, "prompt: must not be empty");
+    ENSURE(err, (long long)n_prompts * gp->n <= GEN_MAX_CHOICES, 400,
+           "n: prompts x n is %lld; at most %d choices per request", (long long)n_prompts * gp->n, GEN_MAX_CHOICES);
     g->reqs = calloc((size_t)n_prompts, sizeof *g->reqs);
     g->seen = calloc((size_t)n_prompts, sizeof *g->seen);
     g->n_ch = n_prompts * gp->n;

@@ -112,6 +112,7 @@ static void count_status(Server *s, int status) {
 
 static int queue(HttpReq *q, int status, struct MHD_Response *r) {
     q->status = status;
+    if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
     count_status(q->s, status);
     int ret = MHD_queue_response(q->c, (unsigned)status, r);
     MHD_destroy_response(r);

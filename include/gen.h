@@ -56,6 +56,7 @@ typedef struct Gen {
     char id[48];
     int64_t created;
     int client_gone;
+    double last_out;      /* streaming: monotonic seconds when bytes last went out */
     int counted;          /* holds a Server.inflight slot */
 } Gen;
 
@@ -68,6 +69,10 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
 /* Wait up to timeout_ms for engine progress, then consume it. Returns 1 when
  * every choice is done, 0 otherwise, -1 when the client went away. */
 int gen_step(Gen *g, int timeout_ms);
+/* Streaming: after a step that produced nothing, add an SSE comment when
+ * the stream has been silent for 15 s (paused engine, long queue), so
+ * proxies and clients do not time out. Returns 1 if it wrote one. */
+int gen_keepalive(Gen *g, Buf *out);
 /* Bytes of c->text that may be sent now. */
 size_t gen_emit_limit(const Gen *g, const Choice *c);
 void gen_free(Gen *g);

@@ -297,7 +297,7 @@ static int fill(void *ctx, Buf *out) {
             buf_free(&content);
             buf_free(&reasoning);
         }
-        if (out->n) return 1;
+        if (gen_keepalive(g, out) || out->n) return 1;
     }
 }
 

@@ -172,7 +172,7 @@ static int fill(void *ctx, Buf *out) {
             c->n_sent = to;
             c->final_sent = final;
         }
-        if (out->n) return 1;
+        if (gen_keepalive(g, out) || out->n) return 1;
     }
 }
 

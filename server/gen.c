@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -174,6 +175,24 @@ int gen_step(Gen *g, int timeout_ms) {
             }
             return 0;
         }
+    return 1;
+}
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int gen_keepalive(Gen *g, Buf *out) {
+    double now = mono_s();
+    if (out->n || g->last_out == 0) {
+        g->last_out = now;
+        return 0;
+    }
+    if (now - g->last_out < 15.0) return 0;
+    g->last_out = now;
+    buf_puts(out, ": keep-alive\n\n");
     return 1;
 }
 

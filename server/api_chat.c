@@ -11,7 +11,6 @@
 
 #include "gen.h"
 #include "sse.h"
-#include "chat_template.h"
 #include "tool_parse.h"
 
 typedef struct ChatOut {
@@ -76,23 +75,6 @@ static json_t *normalize_messages(json_t *msgs, Err *err) {
     return out;
 }
 
-/* transformers' apply_chat_template context: kwargs, then the special
- * tokens, messages, tools and add_generation_prompt on top. */
-static int render(const Tokenizer *t, json_t *msgs, json_t *tools, int add_gen, json_t *kwargs, char **out, Err *err) {
-    const ChatTemplate *ct = tokenizer_chat_template(t);
-    ENSURE(err, ct, 400, "messages: the model has no chat template (use /v1/completions)");
-    json_t *ctx = json_deep_copy(kwargs);
-    const char *names[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
-    const char *vals[4] = {tokenizer_bos_token(t), tokenizer_eos_token(t), tokenizer_pad_token(t), tokenizer_unk_token(t)};
-    for (int i = 0; i < 4; i++) if (vals[i]) json_object_set_new(ctx, names[i], json_string(vals[i]));
-    json_object_set(ctx, "messages", msgs);
-    if (tools) json_object_set(ctx, "tools", tools);
-    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen));
-    int rc = chat_template_render(ct, ctx, out, err);
-    json_decref(ctx);
-    return rc;
-}
-
 /* Render and tokenize the prompt; *tools_on says whether to parse tool calls. */
 int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err) {
     json_t *msgs = normalize_messages(json_object_get(body, "messages"), err);
@@ -118,7 +100,7 @@ int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *e
     json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw)) { rc = ERR(err, 400, "chat_template_kwargs: must be an object"); goto done; }
     kwargs = kw && json_is_object(kw) ? json_deep_copy(kw) : json_object();
-    if ((rc = render(s->tok, msgs, tools, add_gen, kwargs, &text, err)) < 0) {
+    if ((rc = tokenizer_apply_chat_template(s->tok, msgs, tools, add_gen, kwargs, &text, err)) < 0) {
         if (err->code == 0 || err->code == 500) err->code = 400;
         goto done;
     }

@@ -64,4 +64,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode != 0:
+            print("server stderr:\n" + "".join(self.stderr))  # shown by pytest on failure
         return self.proc.returncode

@@ -154,6 +154,29 @@ def test_client_disconnect_aborts(srv):
     still_serving(srv)
 
 
+def test_client_disconnect_aborts_whole_response(srv):
+    import time
+
+    def aborted():
+        m = srv.request("GET", "/metrics")[1]
+        return int(float([l for l in m.splitlines() if 'finish_reason="abort"' in l][0].split()[1]))
+
+    before = aborted()
+    body = json.dumps({"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "top_p": 0.5}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.3)
+    s.close()
+    for _ in range(200):
+        if aborted() > before:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("a whole-response request was not aborted when its client left")
+    still_serving(srv)
+
+
 def test_auth_and_body_limit():
     s = Server("--max-body-bytes", "4096", api_key="sk-test")
     try:

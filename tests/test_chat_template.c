@@ -183,6 +183,22 @@ static void test_refusals(void) {
                  t ? "compiled" : e.msg);
         chat_template_free(t);
     }
+    /* nesting deep enough to exhaust the C stack is refused, not crashed on */
+    char deep[2048] = "{{ ";
+    for (int i = 0; i < 600; i++) strcat(deep, "(");
+    strcat(deep, "1");
+    for (int i = 0; i < 600; i++) strcat(deep, ")");
+    strcat(deep, " }}");
+    Err de = {0};
+    ChatTemplate *dt = chat_template_compile(deep, &de);
+    T_ASSERT(dt == NULL && strstr(de.msg, "nested too deep"), "deep nesting: %s", dt ? "compiled" : de.msg);
+    chat_template_free(dt);
+    /* a runaway template stops at the render budget with an error */
+    dt = chat_template_compile("{% for i in range(1000000) %}{% for j in range(1000000) %}{{ 'x' * 4096 }}{% endfor %}{% endfor %}", &de);
+    char *dout = NULL;
+    T_ASSERT(dt && chat_template_render(dt, NULL, &dout, &de) < 0 && strstr(de.msg, "too"), "runaway: %s", de.msg);
+    free(dout);
+    chat_template_free(dt);
     /* raise_exception reaches the caller as a 400 with the template's message */
     Err e = {0};
     ChatTemplate *t = chat_template_compile("{{ raise_exception('bad role: ' + role) }}", &e);

@@ -57,10 +57,17 @@ typedef struct Render {
     Err *e;
     bool failed;
     int ctl;                   /* 1 break, 2 continue */
+    long steps;                /* statements run, against MAX_STEPS */
 } Render;
 
 typedef struct Args { json_t *pos[8]; int n; char *kw[8]; json_t *kwv[8]; int nkw; } Args;
 
+/* Budgets that stop a pathological template instead of the process. */
+#define JINJA_MAX_STEPS 10000000L
+#define JINJA_MAX_BYTES (64u << 20)
+#define JINJA_MAX_ITEMS 1000000u
+/* Fails (and returns true) if a value of n bytes or items would exceed the budget. */
+bool jtoo_big(Render *r, int line, size_t n, size_t limit);
 /* Record a render error (400) once; returns NULL for convenience. */
 /* Evaluate an expression: a new reference, or NULL for Undefined (or error: r->failed). */
 json_t *jeval(Render *r, Node *n);

@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -212,6 +213,7 @@ json_t *jcall_method(Render *r, Node *n, json_t *obj, Args *a) {
         if (!strcmp(m, "replace")) {
             json_t *o = jargs_get(a, 0, NULL, NULL), *w = jargs_get(a, 1, NULL, NULL), *c = jargs_get(a, 2, "count", NULL);
             if (!o || !w || !json_is_string(o) || !json_is_string(w)) return jfail(r, line, "replace needs two strings");
+            if (jtoo_big(r, line, (json_string_length(obj) + 1) * (json_string_length(w) + 1), JINJA_MAX_BYTES)) return NULL;
             return str_replace(obj, o, w, c && json_is_integer(c) ? json_integer_value(c) : -1);
         }
         if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count") || !strcmp(m, "index")) {
@@ -275,6 +277,7 @@ json_t *jcall_method(Render *r, Node *n, json_t *obj, Args *a) {
                 if (!json_is_string(it)) { free(b.s); return jfail(r, line, "join: sequence item %zu: expected str", i); }
                 if (i) sb_put(&b, json_string_value(obj), json_string_length(obj));
                 sb_put(&b, json_string_value(it), json_string_length(it));
+                if (jtoo_big(r, line, b.n, JINJA_MAX_BYTES)) { free(b.s); return NULL; }
             }
             return b.s ? jsb_take(&b) : jstr_new("", 0);
         }
@@ -340,9 +343,14 @@ json_t *jcall_func(Render *r, Node *n, Args *a) {
         else if (a->n >= 2) { lo = json_integer_value(a->pos[0]); hi = json_integer_value(a->pos[1]); if (a->n == 3) st = json_integer_value(a->pos[2]); }
         else return jfail(r, line, "range needs arguments");
         if (st == 0) return jfail(r, line, "range step is zero");
-        if ((hi - lo) / st > 100000) return jfail(r, line, "range too large");
+        if ((st > 0 && hi > lo && ((double)hi - (double)lo) / (double)st > JINJA_MAX_ITEMS) ||
+            (st < 0 && hi < lo && ((double)lo - (double)hi) / (double)-st > JINJA_MAX_ITEMS))
+            return jfail(r, line, "range too large");
         json_t *out = json_array();
-        for (json_int_t i = lo; st > 0 ? i < hi : i > hi; i += st) json_array_append_new(out, json_integer(i));
+        for (json_int_t i = lo; st > 0 ? i < hi : i > hi;) {
+            json_array_append_new(out, json_integer(i));
+            if (__builtin_add_overflow(i, st, &i)) break;
+        }
         return out;
     }
     if (!strcmp(f, "strftime_now")) {
@@ -454,6 +462,7 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
         return b.s ? jsb_take(&b) : jstr_new("", 0);
     }
     if (!strcmp(f, "abs")) {
+        if (v && json_is_integer(v) && json_integer_value(v) == INT64_MIN) return jfail(r, line, "integer overflow");
         if (v && json_is_integer(v)) return json_integer(llabs(json_integer_value(v)));
         if (v && json_is_real(v)) return json_real(fabs(json_real_value(v)));
         return jfail(r, line, "bad operand type for abs()");
@@ -474,6 +483,8 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
             return json_real(x / sc);
         }
         json_t *dflt = jargs_get(a, 0, "default", NULL);
+        if (f[0] == 'i' && v && json_is_integer(v)) return json_incref(v);
+        if (f[0] == 'i' && !(d > -9.2e18 && d < 9.2e18)) ok = false;
         if (!ok) return dflt ? json_incref(dflt) : f[0] == 'i' ? json_integer(0) : json_real(0);
         if (f[0] == 'i') return json_integer((json_int_t)d);
         return json_real(d);
@@ -481,6 +492,7 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
     if (!strcmp(f, "replace")) {
         json_t *s = jto_str(v), *o = jargs_get(a, 0, "old", NULL), *w = jargs_get(a, 1, "new", NULL), *c = jargs_get(a, 2, "count", NULL);
         if (!o || !w || !json_is_string(o) || !json_is_string(w)) { json_decref(s); return jfail(r, line, "replace needs strings"); }
+        if (jtoo_big(r, line, (json_string_length(s) + 1) * (json_string_length(w) + 1), JINJA_MAX_BYTES)) { json_decref(s); return NULL; }
         json_t *out = str_replace(s, o, w, c && json_is_integer(c) ? json_integer_value(c) : -1);
         json_decref(s);
         return out;
@@ -516,6 +528,7 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
             if (i && d) jv_str(&b, d);
             json_t *it = json_array_get(lst, i);
             jv_str(&b, at && json_is_string(at) ? attr_of(it, json_string_value(at)) : it);
+            if (jtoo_big(r, line, b.n, JINJA_MAX_BYTES)) break;
         }
         out = b.s ? jsb_take(&b) : jstr_new("", 0);
     } else if (!strcmp(f, "map")) {
@@ -580,14 +593,21 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
             if (!x || !(json_is_number(x) || json_is_boolean(x))) { jfail(r, line, "sum of non-numbers"); break; }
             if (json_is_real(x)) real = true;
             fs += json_is_boolean(x) ? json_is_true(x) : json_number_value(x);
-            is += json_is_integer(x) ? json_integer_value(x) : json_is_true(x);
+            if (__builtin_add_overflow(is, json_is_integer(x) ? json_integer_value(x) : (json_int_t)json_is_true(x), &is)) {
+                jfail(r, line, "integer overflow");
+                break;
+            }
         }
         out = real ? json_real(fs) : json_integer(is);
     } else if (!strcmp(f, "indent")) {
         json_t *w = jargs_get(a, 0, "width", NULL), *first = jargs_get(a, 1, "first", NULL), *blank = jargs_get(a, 2, "blank", NULL);
         StrBuf pad = {0}, b = {0};
         if (w && json_is_string(w)) jv_str(&pad, w);
-        else for (json_int_t i = 0; i < (w && json_is_integer(w) ? json_integer_value(w) : 4); i++) sb_putc(&pad, ' ');
+        else {
+            json_int_t width = w && json_is_integer(w) ? json_integer_value(w) : 4;
+            if (width > 0 && jtoo_big(r, line, (size_t)width, 4096)) { json_decref(lst); return NULL; }
+            for (json_int_t i = 0; i < width; i++) sb_putc(&pad, ' ');
+        }
         json_t *s = jto_str(v);
         const char *p = json_string_value(s);
         size_t np = json_string_length(s), i = 0;
@@ -598,6 +618,7 @@ json_t *japply_filter(Render *r, int line, const char *f, json_t *v, Args *a) {
             if (line_start && (e > i || jv_truthy(blank)) && pad.s) sb_put(&b, pad.s, pad.n);
             sb_put(&b, p + i, e - i);
             if (nl) sb_putc(&b, '\n');
+            if (jtoo_big(r, line, b.n, JINJA_MAX_BYTES)) break;
             i = e + (nl ? 1 : 0);
             line_start = true;
         }
@@ -648,7 +669,7 @@ int japply_test(Render *r, int line, const char *t, json_t *v, Args *a, int firs
         if (t[0] == 'o') return (i % 2 + 2) % 2 == 1;
         if (t[0] == 'e') return i % 2 == 0;
         if (!x || !json_is_integer(x) || !json_integer_value(x)) { jfail(r, line, "divisibleby needs a non-zero integer"); return -1; }
-        return i % json_integer_value(x) == 0;
+        return json_integer_value(x) == -1 || i % json_integer_value(x) == 0;
     }
     int c = jv_cmp(v, x);
     if (c == -2) { jfail(r, line, "cannot compare %s and %s", jv_type_name(v), jv_type_name(x)); return -1; }

@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,12 @@ size_t *jcp_offsets(const char *s, size_t n, size_t *count) {
     o[k] = n;
     *count = c;
     return o;
+}
+
+bool jtoo_big(Render *r, int line, size_t n, size_t limit) {
+    if (n <= limit) return false;
+    jfail(r, line, "value too large (%zu > %zu)", n, limit);
+    return true;
 }
 
 bool jis_ns(Render *r, json_t *v) {
@@ -136,7 +143,13 @@ static json_t *do_slice(Render *r, Node *n, json_t *obj) {
     if (is_str) o = jcp_offsets(json_string_value(obj), json_string_length(obj), &cnt);
     else cnt = json_array_size(obj);
     json_int_t len = (json_int_t)cnt;
-    /* Python's slice.indices */
+    /* Python's slice.indices (inputs clamped first so nothing overflows) */
+    if (lo < -len - 1) lo = -len - 1;
+    if (lo > len) lo = len;
+    if (hi < -len - 1) hi = -len - 1;
+    if (hi > len) hi = len;
+    if (st < -len - 1) st = -len - 1;
+    if (st > len + 1) st = len + 1;
     if (st > 0) {
         lo = has_lo ? (lo < 0 ? (lo + len < 0 ? 0 : lo + len) : (lo > len ? len : lo)) : 0;
         hi = has_hi ? (hi < 0 ? (hi + len < 0 ? 0 : hi + len) : (hi > len ? len : hi)) : len;
@@ -160,17 +173,20 @@ static json_t *arith(Render *r, int line, BinOp op, json_t *x, json_t *y) {
         StrBuf b = {0};
         jv_str(&b, x);
         jv_str(&b, y);
+        if (jtoo_big(r, line, b.n, JINJA_MAX_BYTES)) { free(b.s); return NULL; }
         return b.s ? jsb_take(&b) : jstr_new("", 0);
     }
     if (!x || !y) return jfail(r, line, "undefined value in an expression");
     bool nx = json_is_number(x) || json_is_boolean(x), ny = json_is_number(y) || json_is_boolean(y);
     if (op == OP_ADD && json_is_string(x) && json_is_string(y)) {
+        if (jtoo_big(r, line, json_string_length(x) + json_string_length(y), JINJA_MAX_BYTES)) return NULL;
         StrBuf b = {0};
         sb_put(&b, json_string_value(x), json_string_length(x));
         sb_put(&b, json_string_value(y), json_string_length(y));
         return b.s ? jsb_take(&b) : jstr_new("", 0);
     }
     if (op == OP_ADD && json_is_array(x) && json_is_array(y)) {
+        if (jtoo_big(r, line, json_array_size(x) + json_array_size(y), JINJA_MAX_ITEMS)) return NULL;
         json_t *o = json_copy(x);
         json_array_extend(o, y);
         return o;
@@ -178,7 +194,12 @@ static json_t *arith(Render *r, int line, BinOp op, json_t *x, json_t *y) {
     if (op == OP_MUL && json_is_integer(x) && (json_is_string(y) || json_is_array(y))) { json_t *t = x; x = y; y = t; }
     if (op == OP_MUL && (json_is_string(x) || json_is_array(x)) && json_is_integer(y)) {
         json_int_t k = json_integer_value(y);
-        if (k > 100000) return jfail(r, line, "repetition too large");
+        size_t unit = json_is_string(x) ? json_string_length(x) : json_array_size(x), total;
+        if (k > 0 && (__builtin_mul_overflow(unit, (size_t)k, &total) ||
+                      jtoo_big(r, line, total, json_is_string(x) ? JINJA_MAX_BYTES : JINJA_MAX_ITEMS))) {
+            if (!r->failed) jfail(r, line, "repetition too large");
+            return NULL;
+        }
         if (json_is_string(x)) {
             StrBuf b = {0};
             for (json_int_t i = 0; i < k; i++) sb_put(&b, json_string_value(x), json_string_length(x));
@@ -193,21 +214,48 @@ static json_t *arith(Render *r, int line, BinOp op, json_t *x, json_t *y) {
     json_int_t a = json_is_integer(x) ? json_integer_value(x) : json_is_true(x);
     json_int_t b = json_is_integer(y) ? json_integer_value(y) : json_is_true(y);
     double fa = json_is_real(x) ? json_real_value(x) : (double)a, fb = json_is_real(y) ? json_real_value(y) : (double)b;
+    json_int_t res;
     switch (op) {
-    case OP_ADD: return ints ? json_integer(a + b) : json_real(fa + fb);
-    case OP_SUB: return ints ? json_integer(a - b) : json_real(fa - fb);
-    case OP_MUL: return ints ? json_integer(a * b) : json_real(fa * fb);
+    case OP_ADD:
+        if (!ints) return json_real(fa + fb);
+        if (__builtin_add_overflow(a, b, &res)) return jfail(r, line, "integer overflow");
+        return json_integer(res);
+    case OP_SUB:
+        if (!ints) return json_real(fa - fb);
+        if (__builtin_sub_overflow(a, b, &res)) return jfail(r, line, "integer overflow");
+        return json_integer(res);
+    case OP_MUL:
+        if (!ints) return json_real(fa * fb);
+        if (__builtin_mul_overflow(a, b, &res)) return jfail(r, line, "integer overflow");
+        return json_integer(res);
     case OP_DIV: if (fb == 0) return jfail(r, line, "division by zero"); return json_real(fa / fb);
     case OP_FLOORDIV:
         if (fb == 0) return jfail(r, line, "division by zero");
-        if (ints) { json_int_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q--; return json_integer(q); }
+        if (ints) {
+            if (a == INT64_MIN && b == -1) return jfail(r, line, "integer overflow");
+            json_int_t q = a / b;
+            if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
+            return json_integer(q);
+        }
         return json_real(floor(fa / fb));
     case OP_MOD:
         if (fb == 0) return jfail(r, line, "modulo by zero");
-        if (ints) { json_int_t m = a % b; if (m && ((m < 0) != (b < 0))) m += b; return json_integer(m); }
+        if (ints) {
+            if (b == -1) return json_integer(0);
+            json_int_t m = a % b;
+            if (m && ((m < 0) != (b < 0))) m += b;
+            return json_integer(m);
+        }
         { double m = fmod(fa, fb); if (m && ((m < 0) != (fb < 0))) m += fb; return json_real(m); }
     case OP_POW:
-        if (ints && b >= 0) { json_int_t p = 1; for (json_int_t i = 0; i < b && i < 64; i++) p *= a; return json_integer(p); }
+        if (ints && b >= 0) {
+            json_int_t p = 1;
+            if (a == 0 || a == 1) return json_integer(b == 0 ? 1 : a);
+            if (a == -1) return json_integer(b % 2 ? -1 : 1);
+            for (json_int_t i = 0; i < b; i++)
+                if (__builtin_mul_overflow(p, a, &p)) return jfail(r, line, "integer overflow");
+            return json_integer(p);
+        }
         return json_real(pow(fa, fb));
     default: return jfail(r, line, "bad operator");
     }
@@ -296,7 +344,8 @@ json_t *jeval(Render *r, Node *n) {
     case N_NEG: case N_POS: {
         json_t *x = jeval(r, n->a), *v = NULL;
         if (r->failed) return NULL;
-        if (x && json_is_integer(x)) v = json_integer(n->kind == N_NEG ? -json_integer_value(x) : json_integer_value(x));
+        if (x && json_is_integer(x) && n->kind == N_NEG && json_integer_value(x) == INT64_MIN) v = jfail(r, n->line, "integer overflow");
+        else if (x && json_is_integer(x)) v = json_integer(n->kind == N_NEG ? -json_integer_value(x) : json_integer_value(x));
         else if (x && json_is_real(x)) v = json_real(n->kind == N_NEG ? -json_real_value(x) : json_real_value(x));
         else if (x && json_is_boolean(x)) v = json_integer(n->kind == N_NEG ? -(json_int_t)json_is_true(x) : json_is_true(x));
         else v = jfail(r, n->line, "bad operand type for unary %c: '%s'", n->kind == N_NEG ? '-' : '+', jv_type_name(x));
@@ -428,6 +477,8 @@ static void exec_for(Render *r, Node *n) {
 
 static void exec(Render *r, Node *n) {
     if (r->failed || r->ctl) return;
+    if (++r->steps > JINJA_MAX_STEPS) { jfail(r, n->line, "template runs too long"); return; }
+    if (jtoo_big(r, n->line, r->out.n, JINJA_MAX_BYTES)) return;
     switch (n->kind) {
     case N_BODY:
         for (int i = 0; i < n->n_kids && !r->failed && !r->ctl; i++) exec(r, n->kids[i]);

@@ -20,7 +20,10 @@ typedef struct Parser {
     Tok *t; size_t n, cap, pos;
     Err *e;
     bool failed;
+    int depth; /* recursion guard: nesting beyond MAX_DEPTH is refused */
 } Parser;
+
+#define MAX_DEPTH 200
 
 static const char *FILTERS[] = {"tojson", "trim", "length", "count", "string", "lower", "upper", "join", "default",
     "d", "first", "last", "list", "reverse", "replace", "int", "float", "abs", "items", "safe", "capitalize",
@@ -308,6 +311,8 @@ void jinja_node_free(Node *n) {
 }
 
 static Node *parse_expr(Parser *p);
+static Node *parse_expr_1(Parser *p);
+static Node *parse_not_1(Parser *p);
 static Node *parse_or(Parser *p);
 static Node *parse_unary(Parser *p, bool with_filter);
 
@@ -435,7 +440,11 @@ static Node *parse_filters_tests(Parser *p, Node *n) {
         } else if (skip_name(p, "is")) {
             Node *t = mk(N_TEST, line);
             t->negate = skip_name(p, "not");
-            if (cur(p)->kind != T_NAME && !(cur(p)->kind == T_OP)) { perr(p, line, "expected test name"); return n; }
+            if (cur(p)->kind != T_NAME && !(cur(p)->kind == T_OP)) {
+                jinja_node_free(t);
+                perr(p, line, "expected test name");
+                return n;
+            }
             t->name = xstrdup(cur(p)->s);
             if (!in_list(TESTS, t->name)) perr(p, line, "unsupported test '%s'", t->name);
             p->pos++;
@@ -453,7 +462,15 @@ static Node *parse_filters_tests(Parser *p, Node *n) {
     }
 }
 
+static Node *parse_unary_1(Parser *p, bool with_filter);
 static Node *parse_unary(Parser *p, bool with_filter) {
+    if (++p->depth > MAX_DEPTH) { p->depth--; perr(p, cur(p)->line, "expression nested too deep"); return mk(N_LIT, cur(p)->line); }
+    Node *n = parse_unary_1(p, with_filter);
+    p->depth--;
+    return n;
+}
+
+static Node *parse_unary_1(Parser *p, bool with_filter) {
     int line = cur(p)->line;
     Node *n;
     if (skip_op(p, "-")) { n = mk(N_NEG, line); n->a = parse_unary(p, false); }
@@ -534,6 +551,13 @@ static Node *parse_compare(Parser *p) {
 }
 
 static Node *parse_not(Parser *p) {
+    if (++p->depth > MAX_DEPTH) { p->depth--; perr(p, cur(p)->line, "expression nested too deep"); return mk(N_LIT, cur(p)->line); }
+    Node *n = parse_not_1(p);
+    p->depth--;
+    return n;
+}
+
+static Node *parse_not_1(Parser *p) {
     int l = cur(p)->line;
     if (skip_name(p, "not")) { Node *n = mk(N_NOT, l); n->a = parse_not(p); return n; }
     return parse_compare(p);
@@ -564,6 +588,13 @@ static Node *parse_or(Parser *p) {
 }
 
 static Node *parse_expr(Parser *p) {
+    if (++p->depth > MAX_DEPTH) { p->depth--; perr(p, cur(p)->line, "expression nested too deep"); return mk(N_LIT, cur(p)->line); }
+    Node *n = parse_expr_1(p);
+    p->depth--;
+    return n;
+}
+
+static Node *parse_expr_1(Parser *p) {
     Node *n = parse_or(p);
     while (!p->failed && is_name(p, "if")) {
         Node *c = mk(N_COND, cur(p)->line);
@@ -653,7 +684,15 @@ static Node *parse_set(Parser *p, int line) {
 }
 
 /* Statements until one of ends (a tag name) or EOF (ends == NULL). */
+static Node *parse_body_1(Parser *p, const char **ends, const char **which);
 static Node *parse_body(Parser *p, const char **ends, const char **which) {
+    if (++p->depth > MAX_DEPTH) { p->depth--; *which = NULL; perr(p, cur(p)->line, "blocks nested too deep"); return mk(N_BODY, cur(p)->line); }
+    Node *n = parse_body_1(p, ends, which);
+    p->depth--;
+    return n;
+}
+
+static Node *parse_body_1(Parser *p, const char **ends, const char **which) {
     Node *body = mk(N_BODY, cur(p)->line);
     *which = NULL;
     while (!p->failed) {

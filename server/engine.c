@@ -422,6 +422,15 @@ int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts) {
 int engine_request_mask_csr(EngineRequest *r, int i, int64_t *offsets, int32_t *ids) {
     EngineSeqView v;
     engine_request_seq(r, i, &v);
+    return engine_request_mask_csr_n(r, i, v.n_tokens, offsets, ids);
+}
+
+int engine_request_mask_csr_n(EngineRequest *r, int i, int n, int64_t *offsets, int32_t *ids) {
+    EngineSeqView v;
+    engine_request_seq(r, i, &v);
+    if (n > v.n_tokens) n = v.n_tokens;
+    if (n < 0) n = 0;
+    v.n_tokens = n;
     int64_t off = 0;
     for (int k = 0; k < v.n_tokens; k++) {
         const TokenRecord *t = &v.tokens[k];

@@ -346,14 +346,26 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
                    int seq_index, int pos, const SampleWant *want, SampleResult *out) {
     int V = s->vocab;
     float *z = s->z;
-    process(s, logits, p, h, eos_ids, n_eos);
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature;
+    int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     int32_t am = 0;
-    if (!s->greedy) z[0] = z[0] / T;
-    for (int i = 1; i < V; i++) {
-        if (!s->greedy) z[i] = z[i] / T;
-        if (z[i] > z[am]) am = i;
+    if (sparse) {
+        process(s, logits, p, h, eos_ids, n_eos);
+        if (!s->greedy) z[0] = z[0] / T;
+        for (int i = 1; i < V; i++) {
+            if (!s->greedy) z[i] = z[i] / T;
+            if (z[i] > z[am]) am = i;
+        }
+    } else { /* nothing sparse to apply: copy, clean, scale and find the max in one pass */
+        float zm = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float x = logits[i];
+            x = isnan(x) ? -INFINITY : s->greedy ? x : x / T;
+            z[i] = x;
+            if (x > zm) { zm = x; am = i; }
+        }
     }
     float zmax = z[am];
     s->zmax = zmax;

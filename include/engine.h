@@ -96,8 +96,8 @@ const EngineConfig *engine_config(const Engine *e);
 typedef struct EngineRequestParams {
     const int32_t *prompt;  /* [n_prompt] token ids; copied at submit */
     int n_prompt;
-    int n;                  /* samples of this prompt (share the prompt's KV blocks); default 1 */
-    SamplingParams sampling;
+    int n;                  /* samples of this prompt (share the prompt's KV blocks); 1..1024, default 1 */
+    SamplingParams sampling; /* max_tokens is capped at max_model_len - n_prompt */
     /* return options */
     int top_logprobs;       /* N alternatives per generated token, 0..SAMPLING_MAX_TOP_N */
     int want_raw_logprob;   /* log-prob under the temperature-scaled unprocessed distribution */

@@ -96,8 +96,8 @@ const EngineConfig *engine_config(const Engine *e);
 typedef struct EngineRequestParams {
     const int32_t *prompt;  /* [n_prompt] token ids; copied at submit */
     int n_prompt;
-    int n;                  /* samples of this prompt (share the prompt's KV blocks); default 1 */
-    SamplingParams sampling;
+    int n;                  /* samples of this prompt (share the prompt's KV blocks); 1..1024, default 1 */
+    SamplingParams sampling; /* max_tokens is capped at max_model_len - n_prompt */
     /* return options */
     int top_logprobs;       /* N alternatives per generated token, 0..SAMPLING_MAX_TOP_N */
     int want_raw_logprob;   /* log-prob under the temperature-scaled unprocessed distribution */
@@ -145,7 +145,8 @@ int engine_submit(Engine *e, const EngineRequestParams *p, EngineRequest **out, 
 
 /* Block until the request changed since *seen (new tokens, prompt log-probs
  * or a finish), or timeout_ms passed (-1: forever). Returns 1 changed (and
- * updates *seen), 0 timed out. */
+ * updates *seen), 0 timed out, or 0 at once when the request is done and
+ * nothing changed since *seen. */
 int engine_request_wait(EngineRequest *r, uint64_t *seen, int timeout_ms);
 int engine_request_n_seqs(const EngineRequest *r);
 void engine_request_seq(EngineRequest *r, int seq_index, EngineSeqView *out);
@@ -158,8 +159,12 @@ uint64_t engine_request_user_tag(const EngineRequest *r);
 int engine_request_prompt_logprobs(EngineRequest *r, const float **lp,
                                    const int32_t **top_ids, const float **top_lp);
 /* Copy a sequence's masks into CSR form: offsets [n_tokens + 1] (int64), ids
- * [offsets[n_tokens]]. Pass ids NULL to get offsets (the size) first. */
+ * [offsets[n_tokens]]. Pass ids NULL to get offsets (the size) first. Returns
+ * n_tokens. For a FINISHED sequence (the count cannot grow between calls);
+ * while it runs use engine_request_mask_csr_n. */
 int engine_request_mask_csr(EngineRequest *r, int seq_index, int64_t *offsets, int32_t *ids);
+/* The same for records [0, n) only (n <= published records): offsets [n + 1]. */
+int engine_request_mask_csr_n(EngineRequest *r, int seq_index, int n, int64_t *offsets, int32_t *ids);
 /* Experts per token: n_moe_layers * top_k ids per record (0 for dense models).
  * Router replay (want_experts): the record of generated token i holds the
  * routing of the forward step that produced its logits, i.e. of the input

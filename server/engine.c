@@ -422,6 +422,15 @@ int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts) {
 int engine_request_mask_csr(EngineRequest *r, int i, int64_t *offsets, int32_t *ids) {
     EngineSeqView v;
     engine_request_seq(r, i, &v);
+    return engine_request_mask_csr_n(r, i, v.n_tokens, offsets, ids);
+}
+
+int engine_request_mask_csr_n(EngineRequest *r, int i, int n, int64_t *offsets, int32_t *ids) {
+    EngineSeqView v;
+    engine_request_seq(r, i, &v);
+    if (n > v.n_tokens) n = v.n_tokens;
+    if (n < 0) n = 0;
+    v.n_tokens = n;
     int64_t off = 0;
     for (int k = 0; k < v.n_tokens; k++) {
         const TokenRecord *t = &v.tokens[k];
@@ -612,20 +621,33 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
     pthread_mutex_unlock(&r->mu);
 }
 
+typedef struct PlpJob { Engine *e; Seq *q; } PlpJob;
+
+/* One prompt row: the log-prob of the next prompt token (and top-N). Rows
+ * write disjoint entries, so they run in parallel. */
+static void plp_task(void *ctx, int k, int thread) {
+    PlpJob *j = ctx;
+    Engine *e = j->e;
+    Seq *q = j->q;
+    EngineRequest *r = q->req;
+    int N = r->p.prompt_logprobs, pos = q->plan_start + k;
+    if (pos + 1 >= q->n_prompt || pos + 1 < r->plp_pub) return;
+    const float *row = e->logits + (size_t)(q->plan_row0 + k) * e->mc.vocab;
+    r->plp[pos + 1] = sampler_logprob_of(e->samplers[thread], row, q->tokens[pos + 1], N,
+                                         N ? r->ptop_ids + (size_t)(pos + 1) * N : NULL,
+                                         N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL);
+}
+
 /* Prompt log-probs and prompt experts for the rows/tokens of q's chunk. */
 static void prompt_outputs(Engine *e, Seq *q) {
     EngineRequest *r = q->req;
-    int N = r->p.prompt_logprobs, published = 0;
+    int published = 0;
     if (q->rows_all && q->plan_rows > 0) {
-        for (int k = 0; k < q->plan_rows; k++) {
-            int pos = q->plan_start + k;
-            if (pos + 1 >= q->n_prompt || pos + 1 < r->plp_pub) continue;
-            const float *row = e->logits + (size_t)(q->plan_row0 + k) * e->mc.vocab;
-            r->plp[pos + 1] = sampler_logprob_of(e->samplers[0], row, q->tokens[pos + 1], N,
-                                                 N ? r->ptop_ids + (size_t)(pos + 1) * N : NULL,
-                                                 N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL);
-            published = pos + 2;
-        }
+        PlpJob j = { e, q };
+        threadpool_run(e->stp, q->plan_rows, plp_task, &j);
+        int last = q->plan_start + q->plan_rows; /* positions < last scored token last */
+        if (last > q->n_prompt - 1) last = q->n_prompt - 1;
+        if (last + 1 > r->plp_pub) published = last + 1;
         if (q->plan_start + q->plan_n >= q->n_prompt) q->rows_all = 0;
     }
     int pe = 0;

@@ -246,16 +246,19 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
         if (isnan(z[p->logit_bias_ids[i]])) z[p->logit_bias_ids[i]] = -INFINITY;
 }
 
-/* Truncation thresholds on the temperature-scaled z (sampling.h), with
- * s->e = expf(z - zmax) filled in. Returns thr; the kept set is
- * { i : z_i >= thr, z_i > -inf }. */
+/* Truncation thresholds on the temperature-scaled z (sampling.h). Returns
+ * thr, the kept set being { i : z_i >= thr, z_i > -inf }, and fills
+ * s->e[i] = expf(z_i - zmax) at least for every kept id (for all ids when
+ * min_p needs them; after top_k, only for the survivors). */
 #define TOPP_BUCKETS 2048
 #define TOPP_RANGE 32.0f /* buckets cover zmax - z in [0, 32); the last one takes the rest */
 static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
-    const float *z = s->z, *e = s->e;
+    const float *z = s->z;
+    float *e = s->e;
     int V = s->vocab;
     float thr = -INFINITY;
     if (p->min_p > 0) {
+        for (int i = 0; i < V; i++) e[i] = expf(z[i] - zmax);
         float m = INFINITY;
         for (int i = 0; i < V; i++)
             if (z[i] > -INFINITY && e[i] >= p->min_p && z[i] < m) m = z[i];
@@ -265,6 +268,9 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
         int n = top_heap(z, V, p->top_k, thr, s->idx);
         if (n == p->top_k && z[s->idx[n - 1]] > thr) thr = z[s->idx[n - 1]];
     }
+    /* e is only read for ids >= thr from here on */
+    if (!(p->min_p > 0))
+        for (int i = 0; i < V; i++) if (z[i] >= thr) e[i] = expf(z[i] - zmax);
     if (p->top_p < 1.0f) {
         /* The exact rule needs the cumulative sum in sorted order up to the
          * crossing. A mass histogram over zmax - z finds the bucket where the
@@ -340,14 +346,26 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
                    int seq_index, int pos, const SampleWant *want, SampleResult *out) {
     int V = s->vocab;
     float *z = s->z;
-    process(s, logits, p, h, eos_ids, n_eos);
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature;
+    int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     int32_t am = 0;
-    if (!s->greedy) z[0] = z[0] / T;
-    for (int i = 1; i < V; i++) {
-        if (!s->greedy) z[i] = z[i] / T;
-        if (z[i] > z[am]) am = i;
+    if (sparse) {
+        process(s, logits, p, h, eos_ids, n_eos);
+        if (!s->greedy) z[0] = z[0] / T;
+        for (int i = 1; i < V; i++) {
+            if (!s->greedy) z[i] = z[i] / T;
+            if (z[i] > z[am]) am = i;
+        }
+    } else { /* nothing sparse to apply: copy, clean, scale and find the max in one pass */
+        float zm = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float x = logits[i];
+            x = isnan(x) ? -INFINITY : s->greedy ? x : x / T;
+            z[i] = x;
+            if (x > zm) { zm = x; am = i; }
+        }
     }
     float zmax = z[am];
     s->zmax = zmax;
@@ -363,8 +381,7 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
         out->n_kept = 1;
         if (want && want->mask) want->mask[0] = am;
     } else {
-        float *ev = s->e;
-        for (int i = 0; i < V; i++) ev[i] = expf(z[i] - zmax);
+        const float *ev = s->e; /* filled by truncate_thr for every kept id */
         float thr = truncate_thr(s, p, zmax);
         double S = 0;
         int nk = 0;

@@ -660,6 +660,65 @@ static void test_experts(void) {
     model_free(m);
 }
 
+/* Random traffic on a tiny pool (preemption, forks, prefix hits) with random
+ * aborts and a keep-mode pause: every request finishes, non-aborted ones
+ * with exactly the tokens a big pool gives, and no block stays held. */
+static void test_stress(void) {
+    enum { R = 40 };
+    int32_t P[R][48];
+    int np[R], nout[R], nseq[R], abort_it[R];
+    EngineRequest *rs[R], *rb[R];
+    unsigned st = 99;
+    Engine *es = make_engine(g_model, 24, 4, 20, 6, 1), *eb = make_engine(g_model, 512, 4, 64, 32, 1);
+    Err err = { 0 };
+    for (int i = 0; i < R; i++) {
+        st = st * 1103515245u + 12345u;
+        np[i] = 4 + (st >> 16) % 40;
+        nout[i] = 1 + (st >> 8) % 40;
+        if (np[i] + nout[i] > 90) nout[i] = 90 - np[i];
+        nseq[i] = 1 + (st >> 4) % 3;
+        abort_it[i] = (st >> 20) % 5 == 0;
+        /* shared prefixes between requests: salt from a few families */
+        prompt_of(P[i], np[i], (int)((st >> 24) % 4));
+        P[i][np[i] - 1] = 3 + i; /* distinct tails */
+        float temp = (st >> 12) % 2 ? 0.9f : 0.0f;
+        rs[i] = submit(es, P[i], np[i], nout[i], temp, 1000 + i, nseq[i]);
+        rb[i] = submit(eb, P[i], np[i], nout[i], temp, 1000 + i, nseq[i]);
+        if (i == R / 2) {
+            T_ASSERT(engine_pause(es, PAUSE_KEEP, &err) == 0, "pause");
+            engine_resume(es);
+        }
+        if (abort_it[i] && i % 2) engine_abort(es, rs[i]);
+    }
+    for (int i = 0; i < R; i++) if (abort_it[i] && !(i % 2)) engine_abort(es, rs[i]);
+    int bad = 0, aborted = 0;
+    for (int i = 0; i < R; i++) {
+        wait_done(rs[i]); wait_done(rb[i]);
+        for (int k = 0; k < nseq[i]; k++) {
+            int32_t a[64], b[64];
+            EngineSeqView v;
+            engine_request_seq(rs[i], k, &v);
+            int na = tokens_of(rs[i], k, a), nb = tokens_of(rb[i], k, b);
+            if (v.finish == FINISH_ABORT) {
+                aborted++;
+                bad += !abort_it[i] || na > nb || memcmp(a, b, na * 4) != 0; /* a prefix of the full run */
+            } else bad += v.finish != FINISH_LENGTH || na != nout[i] || nb != na || memcmp(a, b, na * 4) != 0;
+        }
+    }
+    T_ASSERT(bad == 0, "stress: %d sequences differ from the big pool", bad);
+    wait_blocks_free(es);
+    wait_blocks_free(eb);
+    EngineMetrics m;
+    engine_metrics(es, &m);
+    T_ASSERT(m.running == 0 && m.waiting == 0, "stress: nothing left running/waiting");
+    printf("stress: %d aborted sequences, %llu preemptions, prefix hit %llu of %llu tokens\n", aborted,
+           (unsigned long long)m.preemptions, (unsigned long long)m.prefix_cache_hits,
+           (unsigned long long)m.prefix_cache_queries);
+    for (int i = 0; i < R; i++) { engine_request_release(rs[i]); engine_request_release(rb[i]); }
+    engine_free(es);
+    engine_free(eb);
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
@@ -676,6 +735,7 @@ int main(void) {
     test_outputs();
     test_errors();
     test_experts();
+    test_stress();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

@@ -372,7 +372,11 @@ static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
     return o;
 }
 
-static json_t *experts_json(Gen *g, const TokenRecord *recs, int from, int to) {
+/* Routed experts of the forward steps behind records [from, to) (record i:
+ * input position n_prompt - 1 + i), and with from == 0 also the prompt's
+ * positions 0..n_prompt-2, so a trainer can replay the routing of every
+ * input position. */
+static json_t *experts_json(Gen *g, Choice *c, const TokenRecord *recs, int from, int to) {
     int E = engine_experts_per_token(g->s->eng);
     if (E <= 0) return json_null();
     int top_k = g->s->model->cfg.top_k;
@@ -383,6 +387,14 @@ static json_t *experts_json(Gen *g, const TokenRecord *recs, int from, int to) {
     for (int k = from; k < to; k++)
         for (int j = 0; j < E; j++) json_array_append_new(ids, json_integer(recs[k].experts ? recs[k].experts[j] : -1));
     json_object_set_new(o, "ids", ids);
+    if (from == 0) {
+        const int32_t *pe = NULL;
+        int n = engine_request_prompt_experts(c->r, &pe);
+        json_t *p = json_array();
+        for (int64_t k = 0; pe && k < (int64_t)n * E; k++) json_array_append_new(p, json_integer(pe[k]));
+        json_object_set_new(o, "prompt_n_tokens", json_integer(pe ? n : 0));
+        json_object_set_new(o, "prompt_ids", p);
+    }
     return o;
 }
 
@@ -409,7 +421,7 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
         json_object_set_new(obj, "raw_logprobs", a);
     }
     if (g->p.ret_mask) json_object_set_new(obj, "sampling_mask", mask_json(g, v.tokens, from, to));
-    if (g->p.ret_experts) json_object_set_new(obj, "routed_experts", experts_json(g, v.tokens, from, to));
+    if (g->p.ret_experts) json_object_set_new(obj, "routed_experts", experts_json(g, c, v.tokens, from, to));
 }
 
 json_t *gen_weight_versions(Gen *g, Choice *c) {

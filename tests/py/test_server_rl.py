@@ -146,6 +146,10 @@ def test_routed_experts_moe():
         ids = np.array(e["ids"]).reshape(6, 2, 2)
         assert ids.min() >= 0 and ids.max() < 8
         assert all(ids[t, l, 0] != ids[t, l, 1] for t in range(6) for l in range(2))
+        # the prompt's positions 0..n_prompt-2: with the 6 records, every input position but the last token
+        assert e["prompt_n_tokens"] == 3 and len(e["prompt_ids"]) == 3 * 2 * 2
+        pids = np.array(e["prompt_ids"]).reshape(3, 2, 2)
+        assert pids.min() >= 0 and pids.max() < 8
         assert s.post("/v1/completions", body)[1]["choices"][0]["routed_experts"] == e
     finally:
         assert s.stop() == 0

@@ -39,6 +39,7 @@ static int gpu_refuse(void) {
 }
 #endif
 
+#ifndef SAMPLER_GPU_SM /* the GPU binaries refuse until the GPU backend is wired in */
 static void usage(void) {
     printf(
 "usage: sampler-cpu [flags]\n"
@@ -160,6 +161,8 @@ static void shutdown_gracefully(Server *s) {
     }
     server_stop(s);
 }
+
+#endif
 
 int main(int argc, char **argv) {
 #ifdef SAMPLER_GPU_SM

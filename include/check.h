@@ -25,19 +25,20 @@ typedef struct Err {
     char msg[512];
 } Err;
 
-void check_fail(const char *file, int line, const char *expr, const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 4, 5)));
+/* with_errno: also print strerror(errno) (for libc calls that set it). */
+void check_fail(const char *file, int line, const char *expr, int with_errno, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 5, 6)));
 int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 /* Fatal: start-up only. */
 #define CHECK(cond, ...) \
-    do { if (!(cond)) check_fail(__FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
+    do { if (!(cond)) check_fail(__FILE__, __LINE__, #cond, 0, __VA_ARGS__); } while (0)
 /* Fatal wrapper for libc/POSIX calls that return -1 (or NULL) and set errno. */
 #define CHECK_SYS(expr, ...) \
-    do { if ((expr) == -1) check_fail(__FILE__, __LINE__, #expr, __VA_ARGS__); } while (0)
+    do { if ((expr) == -1) check_fail(__FILE__, __LINE__, #expr, 1, __VA_ARGS__); } while (0)
 #define CHECK_PTR(expr, ...) \
-    do { if ((expr) == NULL) check_fail(__FILE__, __LINE__, #expr, __VA_ARGS__); } while (0)
+    do { if ((expr) == NULL) check_fail(__FILE__, __LINE__, #expr, 1, __VA_ARGS__); } while (0)
 
 /* Request path: record the error and return its (negative) status. */
 #define ERR(e, code, ...) err_set((e), __FILE__, __LINE__, (code), __VA_ARGS__)

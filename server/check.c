@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-void check_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+void check_fail(const char *file, int line, const char *expr, int with_errno, const char *fmt, ...) {
     int saved = errno;
     fprintf(stderr, "fatal: %s:%d: ", file, line);
     va_list ap;
@@ -16,7 +16,7 @@ void check_fail(const char *file, int line, const char *expr, const char *fmt, .
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fprintf(stderr, "\n  (failed: %s", expr);
-    if (saved) fprintf(stderr, "; errno: %s", strerror(saved));
+    if (with_errno && saved) fprintf(stderr, "; errno: %s", strerror(saved));
     fprintf(stderr, ")\n");
     exit(1);
 }

@@ -50,7 +50,11 @@ static void usage(void) {
 "  --model DIR               Hugging Face model directory (default: the bundled models/tiny-qwen3)\n"
 "  --tokenizer DIR           tokenizer.json + tokenizer_config.json directory (default: --model)\n"
 "  --served-model-name NAME  the model id clients send and /v1/models lists (default: DIR's base name)\n"
-"  --precision P             weight precision: bf16 (the CPU backend computes from BF16 weights; default)\n"
+"  --precision P             bf16 (default), fp8 (128x128 block scales) or nvfp4 (Model Optimizer):\n"
+"                            quantize-on-load of a BF16 checkpoint; a pre-quantized FP8/NVFP4\n"
+"                            checkpoint runs at its own precision\n"
+"  --weight-only             keep activations f32 with fp8/nvfp4 weights (the A100 / Hopper-NVFP4\n"
+"                            paths); default quantizes activations like the native GPU path\n"
 "  --delta FILE              apply a weight delta at start-up (repeatable, in version order)\n"
 "  --weight-version N        version of the checkpoint in --model (default 0)\n"
 "  --model-fingerprint HEX   lineage fingerprint when --weight-version > 0 (from `trainer inspect`)\n"
@@ -179,18 +183,21 @@ int main(int argc, char **argv) {
     long long base_version = 0;
     const char *fingerprint = NULL;
     static int32_t prompt[8192];
+    LoadOptions lo = {PREC_BF16, 0};
     s->cfg.api_key = getenv("SAMPLER_API_KEY");
     s->cfg.admin_token = getenv("SAMPLER_ADMIN_TOKEN");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         if (!strcmp(a, "--no-prefix-cache")) { ec.enable_prefix_cache = 0; continue; }
+        if (!strcmp(a, "--weight-only")) { lo.weight_only = 1; continue; }
         CHECK(i + 1 < argc && !strncmp(a, "--", 2), "unknown or incomplete argument '%s' (see --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--tokenizer")) tok_dir = v;
         else if (!strcmp(a, "--served-model-name")) snprintf(s->model_name, sizeof s->model_name, "%s", v);
-        else if (!strcmp(a, "--precision")) CHECK(!strcmp(v, "bf16") || !strcmp(v, "auto"), "--precision %s: the CPU backend serves bf16 only", v);
+        else if (!strcmp(a, "--precision"))
+            CHECK(precision_parse(v, &lo.precision) == 0, "--precision: bf16, fp8 or nvfp4, got '%s'", v);
         else if (!strcmp(a, "--delta")) { CHECK(n_deltas < 64, "at most 64 --delta files"); deltas[n_deltas++] = v; }
         else if (!strcmp(a, "--weight-version")) base_version = num(a, v, 0, 1ll << 62);
         else if (!strcmp(a, "--model-fingerprint")) fingerprint = v;
@@ -233,7 +240,8 @@ int main(int argc, char **argv) {
     }
 
     Err err = {0};
-    CHECK(model_load(&s->model, dir, &err) == 0, "%s\n  fix: pass --model with a Hugging Face model directory", err.msg);
+    CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0,
+          "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);
     if (n_prompt > 0) {
         ec.verbose = 0;
         Engine *e = engine_create(s->model, &ec);

@@ -17,7 +17,7 @@ def test_help_lists_every_flag(sampler_bin):
 
 def test_bad_flags_are_clear_errors(sampler_bin):
     for args, words in ((["--port", "70000"], "--port"), (["--logprobs-mode", "odd"], "--logprobs-mode"),
-                        (["--bogus", "1"], "--bogus"), (["--precision", "fp8"], "--precision"),
+                        (["--bogus", "1"], "--bogus"), (["--precision", "int4"], "--precision"),
                         (["--weight-version", "3"], "--model-fingerprint")):
         r = subprocess.run([sampler_bin] + args, capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and words in r.stderr, (args, r.stderr)

@@ -55,8 +55,9 @@ typedef struct EngineConfig {
     int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 256 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
     int verbose;            /* 1: print the configuration at create (default 1) */
-    /* Test/debug hook, NULL by default: called on the engine thread with every
-     * logits row a token is sampled from (before any processing). */
+    /* Test/debug hook, NULL by default: called with every logits row a token
+     * is sampled from (before any processing), from the engine's sampling
+     * threads, possibly concurrently (the hook must be thread-safe). */
     void (*logits_tap)(void *ctx, uint64_t request_id, int seq_index, int pos, const float *row,
                        int vocab);
     void *logits_tap_ctx;

@@ -116,7 +116,7 @@ static void *cu_alloc(Backend *b, size_t bytes) {
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     CHECK(e == cudaSuccess, "cudaMalloc of %zu MiB failed: %s\n  fix: lower --max-tokens, the KV cache size or "
           "the context length", bytes >> 20, cudaGetErrorString(e));
-    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx(b)->stream)); /* ordered before any op on it */
     return p;
 }
 static void cu_release(Backend *b, void *p) {
@@ -322,8 +322,9 @@ extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
         DevEntry *e = &c->map[i];
         if (!e->host) continue;
         e->dev = (char *)c->arena + (uintptr_t)e->dev;
-        CUDA_CHECK(cudaMemcpy(e->dev, e->host, e->bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpyAsync(e->dev, e->host, e->bytes, cudaMemcpyHostToDevice, c->stream));
     }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
     free(l.host);
     free(l.bytes);
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -347,7 +348,7 @@ extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes)
         e->owned = 1;
         CUDA_CHECK(cudaMalloc(&e->dev, bytes ? bytes : 1));
     }
+    CUDA_CHECK(cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(cudaMemcpy(e->dev, host, bytes, cudaMemcpyHostToDevice));
     return 0;
 }

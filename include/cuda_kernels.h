@@ -43,7 +43,8 @@ int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, 
 int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
                    const uint16_t *bias, void *stream);
 
-/* Prefill GEMM through cuBLAS (handle: a cublasHandle_t bound to stream):
+/* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
+ * stream with cublasSetStream; -1 if it is bound to another stream):
  * x[n, cols] f32 is rounded to bf16 into xbf[n * cols] (scratch), then
  * out[n, rows] f32 = xbf @ W^T with f32 accumulation (+ bias[rows] bf16 or NULL). */
 int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,

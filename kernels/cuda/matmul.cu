@@ -143,12 +143,15 @@ extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t
                               const uint16_t *W, int rows, int cols, const uint16_t *bias, void *stream) {
     if (n < 0 || rows <= 0 || cols <= 0 || !cublas || !out || !x || !xbf || !W) return -1;
     if (n == 0) return 0;
+    cublasHandle_t h = (cublasHandle_t)cublas;
+    /* Not cublasSetStream here: it would also reset the handle's fixed workspace. */
+    cudaStream_t hs;
+    CUBLAS_CHECK(cublasGetStream(h, &hs));
+    if (hs != (cudaStream_t)stream) return -1;
     if (cuda_f32_to_bf16(xbf, x, (size_t)n * cols, stream)) return -1;
     /* Row-major out[n, rows] is column-major out^T [rows, n] = W (col-major
      * [cols, rows], transposed) x xbf (col-major [cols, n]). */
     const float one = 1.f, zero = 0.f;
-    cublasHandle_t h = (cublasHandle_t)cublas;
-    CUBLAS_CHECK(cublasSetStream(h, (cudaStream_t)stream));
     CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xbf,
                               CUDA_R_16BF, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));

@@ -43,7 +43,8 @@ t1=$(date +%s)
 echo "check.sh: build $((t1 - t0)) s"
 
 set +e
-"$BUILD/gpu_check-sm$SM" "$@" 2>&1 | tee "$BUILD/gpu_check.log"
+# A hung kernel must not eat the GPU session: the run itself gets 6 minutes.
+timeout "${GPU_CHECK_TIMEOUT:-360}" "$BUILD/gpu_check-sm$SM" "$@" 2>&1 | tee "$BUILD/gpu_check.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo "check.sh: total $(( $(date +%s) - t0 )) s, exit $rc (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"

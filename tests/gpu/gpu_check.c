@@ -749,6 +749,7 @@ static void part_bench(void) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill (check.sh pipes us into tee) */
     int bench = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--skip-bench")) bench = 0;
@@ -771,6 +772,8 @@ int main(int argc, char **argv) {
     part_models();
     int mod_pass = n_pass - ops_pass, mod_fail = n_fail - ops_fail;
     double t2 = now_s();
+    printf("parts 1-2: %d passed, %d failed\n", n_pass, n_fail);
+    fflush(stdout);
     if (bench) part_bench();
     double t3 = now_s();
 

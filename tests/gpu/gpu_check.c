@@ -17,7 +17,7 @@
  *      the CPU backend: a prefill of each recorded sequence (> 8 tokens: the
  *      cuBLAS path with bf16 activations) and one-token decode steps (GEMV,
  *      f32 throughout). Bounds: see MAX_* below. The CPU side rounds matmul
- *      inputs to bf16 where the GPU does, so GPU vs CPU is held to f32 bounds.
+ *      inputs to bf16 where the GPU does.
  *   3. bench: a Qwen3-8B-shaped model with random BF16 weights made directly
  *      in device memory; decode tok/s at batch 1, 32, 128 (context 512) and
  *      prefill tok/s (4 x 1024 tokens), each as a fraction of a roofline
@@ -55,16 +55,21 @@
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
  * rounds its input to bf16 exactly when the GPU does (n > CUDA_GEMV_MAX_N, the
- * cuBLAS path), so GPU vs CPU differs only by summation order and device
- * libm: 1e-3 / 1e-7 (the CPU alone is within 1e-5 / 3e-12 of transformers,
- * and a real bug moves logits by > 1e-2). Against transformers, one-token
- * decode steps (f32 throughout) get the same bound; prefill rounds matmul
- * inputs to bf16, which on the CPU, rounded the same way, measured max|dlogit|
- * 6.4e-2 and KL 1.9e-4 over these fixtures: bound 0.2 / 1e-3. */
+ * cuBLAS path). One-token decode steps are f32 throughout: GPU vs CPU and GPU
+ * vs transformers differ only by summation order and device libm (the CPU
+ * alone is within 1e-5 / 3e-12 of transformers), bound 1e-3 / 1e-7, while a
+ * real bug moves logits by > 1e-2. Steps of more than 8 tokens round matmul
+ * inputs to bf16: against transformers the CPU rounded the same way measured
+ * max|dlogit| 6.4e-2 and KL 1.9e-4 over these fixtures, bound 0.2 / 1e-3;
+ * against the rounding CPU, an input within ~1e-7 of a bf16 rounding midpoint
+ * rounds the other way on one side, and one such flip measured 1.9e-2 / 1.7e-5
+ * on these tiny random models (tests/gpu/README.md), bound 0.1 / 3e-4. */
 #define MAX_ABS_F32 1e-3
 #define MAX_KL_F32 1e-7
 #define MAX_ABS_BF16ACT 0.2
 #define MAX_KL_BF16ACT 1e-3
+#define MAX_ABS_FLIP 0.1
+#define MAX_KL_FLIP 3e-4
 
 static int n_pass, n_fail;
 
@@ -484,7 +489,7 @@ static void run_fixture(const char *dir) {
         free(og);
     }
     bound(dir, "prefill vs transformers", pre_ref, MAX_ABS_BF16ACT, MAX_KL_BF16ACT);
-    bound(dir, "prefill vs cpu (bf16 act)", pre_cpu, MAX_ABS_F32, MAX_KL_F32);
+    bound(dir, "prefill vs cpu (bf16 act)", pre_cpu, MAX_ABS_FLIP, MAX_KL_FLIP);
     bound(dir, "decode vs transformers", dec_ref, MAX_ABS_F32, MAX_KL_F32);
     bound(dir, "decode vs cpu", dec_cpu, MAX_ABS_F32, MAX_KL_F32);
     runner_kvcache_free(rg, kvg);

@@ -1,10 +1,15 @@
 /*
- * emu_check.cpp - the CUDA kernels' launchers run on the CPU emulation
- * (shim/), against the CPU backend's reference ops, with NaN-poisoned
- * outputs: catches index, masking, reduction and merge bugs without a GPU.
- * Same tolerance classes as tests/gpu/gpu_check.c part 1. Small shapes (every
- * emulated CUDA thread is a pthread). Not covered: cuBLAS (GPU only), timing,
- * and anything about real device memory or streams.
+ * emu_check.cpp - the CUDA backend on the CPU emulation (shim/):
+ *   1. the kernels' launchers against the CPU backend's reference ops, with
+ *      NaN-poisoned outputs (index, masking, reduction and merge bugs);
+ *   2. the fixture models end to end through backend_cuda_create and the
+ *      device path of forward.c (host->device weight map, uploads, downloads,
+ *      MoE gather/scatter) against transformers and the CPU backend, with the
+ *      bounds of tests/gpu/gpu_check.c part 2 (the emulated cuBLAS GEMM is a
+ *      plain loop, so only its call and layout are checked here).
+ * Same tolerance classes as tests/gpu/gpu_check.c. Small shapes (every
+ * emulated CUDA thread is a thread). Not covered: real cuBLAS, timing, and
+ * anything about real device memory or stream ordering.
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +20,8 @@
 extern "C" {
 #include "backend.h"
 #include "dtype.h"
+#include "model.h"
+#include "safetensors.h"
 }
 
 static int n_pass, n_fail;
@@ -169,6 +176,112 @@ static void t_elementwise(int n, int vocab, int dim) {
     free(g); free(u); free(ref); free(got); free(emb); free(hb); free(er); free(eg); free(o); free(o2); free(bias);
 }
 
+/* ---- 2. fixture models ---- */
+static void (*cpu_mm)(Backend *, float *, const float *, int, const WeightMat *, const uint16_t *);
+/* The CPU matmul rounding its input to bf16 where the GPU path does (cuBLAS, n > CUDA_GEMV_MAX_N). */
+static void mm_bf16act(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    if (n <= CUDA_GEMV_MAX_N) {
+        cpu_mm(b, out, x, n, w, bias);
+        return;
+    }
+    size_t N = (size_t)n * w->cols;
+    float *xr = (float *)malloc(sizeof(float) * N);
+    for (size_t i = 0; i < N; i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    cpu_mm(b, out, xr, n, w, bias);
+    free(xr);
+}
+
+static void logit_check(const char *what, const float *ref, const float *got, int rows, int V, double max_abs, double max_kl) {
+    double ma = 0, mk = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
+        double xa = -INFINITY, xb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        for (int i = 0; i < V; i++) {
+            double d = fabs((double)a[i] - b[i]);
+            if (!(d <= ma)) ma = d;
+            xa = a[i] > xa ? a[i] : xa;
+            xb = b[i] > xb ? b[i] : xb;
+        }
+        for (int i = 0; i < V; i++) { sa += exp(a[i] - xa); sb += exp(b[i] - xb); }
+        for (int i = 0; i < V; i++) {
+            double la = a[i] - xa - log(sa), lb = b[i] - xb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        if (!(kl <= mk)) mk = kl;
+    }
+    int ok = ma <= max_abs && mk <= max_kl;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-58s max|dlogit| %.2e KL %.2e\n", ok ? "ok" : "FAIL", what, ma, mk);
+}
+
+static void t_model(const char *dir, int n_decode) {
+    Err err = {};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    char path[512], what[160];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    int V = m->cfg.vocab;
+    Backend *cpu = backend_cpu_create(1, 128);
+    cpu_mm = cpu->matmul;
+    cpu->matmul = mm_bf16act;
+    Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, backend_cuda_create(m, 128), 128, 128);
+    KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
+    const StTensor *t0 = safetensors_get(ref, "seq0.tokens"), *t1 = safetensors_get(ref, "seq1.tokens");
+    const StTensor *lp = safetensors_get(ref, "seq0.prefill_logits"), *ld = safetensors_get(ref, "seq0.decode_logits");
+    int T0 = (int)t0->numel, T1 = t1 ? (int)t1->numel : 0;
+    int32_t bt0[32], bt1[32], pos[128], seq[128], rows[128], tok[128];
+    for (int i = 0; i < 32; i++) { bt0[i] = 1 + 2 * i; bt1[i] = 78 - 2 * i; }
+    const int32_t *tables[2] = {bt0, bt1};
+    float *oc = (float *)malloc(sizeof(float) * 128 * V), *og = (float *)malloc(sizeof(float) * 128 * V);
+    /* prefill of seq0 */
+    for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+    Batch b = {T0, (const int32_t *)t0->data, pos, seq, 1, tables, T0, rows};
+    int rc1 = model_forward(rc, kvc, &b, oc, &err), rc2 = model_forward(rg, kvg, &b, og, &err);
+    if (rc1 || rc2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
+    snprintf(what, sizeof what, "%s prefill %d vs transformers", dir, T0);
+    logit_check(what, (const float *)lp->data, og, T0, V, 0.2, 1e-3);
+    snprintf(what, sizeof what, "%s prefill %d vs cpu (bf16 act)", dir, T0);
+    logit_check(what, oc, og, T0, V, 1e-3, 1e-7);
+    /* decode steps of seq0 */
+    for (int i = 0; i < n_decode && ld && i < T0; i++) {
+        int32_t zero = 0;
+        Batch b1 = {1, (const int32_t *)t0->data + i, pos + i, seq, 1, tables, 1, &zero};
+        rc1 = model_forward(rc, kvc, &b1, oc, &err);
+        rc2 = model_forward(rg, kvg, &b1, og, &err);
+        if (rc1 || rc2) { printf("  FAIL %s decode: %s\n", dir, err.msg); n_fail++; }
+        snprintf(what, sizeof what, "%s decode pos %d vs transformers", dir, i);
+        logit_check(what, (const float *)ld->data + (size_t)i * V, og, 1, V, 1e-3, 1e-7);
+        snprintf(what, sizeof what, "%s decode pos %d vs cpu", dir, i);
+        logit_check(what, oc, og, 1, V, 1e-3, 1e-7);
+    }
+    /* two sequences in one step (seq1 prefill + the next seq0 token), a few output rows */
+    if (T1 && T1 + 1 <= 128) {
+        int k = 0;
+        for (int i = 0; i < T1; i++, k++) { tok[k] = ((const int32_t *)t1->data)[i]; pos[k] = i; seq[k] = 1; }
+        tok[k] = ((const int32_t *)t0->data)[T0 - 1]; pos[k] = T0 - 1; seq[k] = 0; k++;
+        int32_t outr[3] = {0, T1 - 1, T1};
+        Batch b2 = {k, tok, pos, seq, 2, tables, 3, outr};
+        rc1 = model_forward(rc, kvc, &b2, oc, &err);
+        rc2 = model_forward(rg, kvg, &b2, og, &err);
+        if (rc1 || rc2) { printf("  FAIL %s mixed: %s\n", dir, err.msg); n_fail++; }
+        snprintf(what, sizeof what, "%s mixed step of %d tokens vs cpu", dir, k);
+        logit_check(what, oc, og, 3, V, 0.1, 3e-4); /* cuBLAS path: see gpu_check.c MAX_ABS_FLIP */
+    }
+    free(oc);
+    free(og);
+    runner_kvcache_free(rg, kvg);
+    runner_kvcache_free(rc, kvc);
+    runner_free(rg);
+    runner_free(rc);
+    safetensors_free(ref);
+    model_free(m);
+}
+
 int main(void) {
     bc = backend_cpu_create(1, 4096);
     printf("== CUDA kernels on the CPU emulation vs the CPU reference ops ==\n");
@@ -192,6 +305,12 @@ int main(void) {
     t_attention(1, one, (const int[]){33}, 4, 1, 256, 8, 2);
     t_attention(1, (const int[]){40}, (const int[]){39}, 4, 2, 16, 4, 1000); /* prefill tokens on the split path */
     bc->free(bc);
+    printf("== fixture models through backend_cuda on the emulation ==\n");
+    /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): two fixtures, one decode step */
+    int quick = getenv("EMU_QUICK") != NULL;
+    const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
+                          "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
+    for (size_t i = 0; i < (quick ? 2 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

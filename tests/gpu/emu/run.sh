@@ -8,10 +8,10 @@ cd "$(dirname "$0")/../../.."
 BUILD=${BUILD_DIR:-build}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-for f in rmsnorm elementwise matmul norm_rope attention; do
+for f in rmsnorm elementwise matmul norm_rope attention backend_cuda device; do
   python3 tests/gpu/emu/to_cpp.py "kernels/cuda/$f.cu" "$OUT/$f.cpp" >/dev/null
 done
-g++ -std=c++17 -O1 -g ${EMU_FLAGS:-} -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare -Itests/gpu/emu/shim -Iinclude -o "$OUT/emu_check" \
+g++ -std=c++17 -O1 -g -U_FORTIFY_SOURCE ${EMU_FLAGS:-} -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare -Itests/gpu/emu/shim -Iinclude -DSAMPLER_GPU_SM=90 -o "$OUT/emu_check" \
   tests/gpu/emu/emu_check.cpp tests/gpu/emu/emu.cpp "$OUT"/*.cpp "$BUILD/libsampler.a" \
   $(pkg-config --libs libmicrohttpd jansson libzstd libxxhash libpcre2-8 libutf8proc) -lpthread -lm
 "$OUT/emu_check"

@@ -63,6 +63,9 @@ struct Backend {
     /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */
     void (*scale_add_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
                            int n, int dim);
+    /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
+     * rows of up to max_cols; called once at runner creation. */
+    void (*reserve)(Backend *b, int max_tokens, int max_cols);
     void (*free)(Backend *b);
 };
 

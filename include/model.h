@@ -23,6 +23,20 @@
 
 typedef enum { ARCH_QWEN3 = 0, ARCH_QWEN3_MOE, ARCH_LLAMA, ARCH_QWEN2 } Arch;
 
+/* Weight precision of the decoder-layer linears (quant.h says which tensors
+ * stay BF16). FP8 = 128x128 block scales; NVFP4 = Model Optimizer layout. */
+typedef enum { PREC_BF16 = 0, PREC_FP8, PREC_NVFP4 } Precision;
+
+typedef struct LoadOptions {
+    Precision precision;  /* quantize on load from a BF16 checkpoint */
+    int weight_only;      /* 1: keep activations f32 (A100 / Hopper-NVFP4 paths);
+                             0: quantize activations like the native GPU path */
+} LoadOptions;
+
+/* "bf16" | "fp8" | "nvfp4" -> Precision; -1 if unknown. */
+int precision_parse(const char *s, Precision *out);
+const char *precision_name(Precision p);
+
 #define MODEL_MAX_LAYERS 256
 #define MODEL_MAX_EOS 8
 
@@ -54,6 +68,9 @@ typedef struct ModelConfig {
     int norm_topk_prob;
     int decoder_sparse_step;
     uint8_t mlp_only[MODEL_MAX_LAYERS]; /* 1 where mlp_only_layers lists the layer */
+    /* pre-quantized checkpoint (quantization_config): PREC_FP8 (quant_method
+     * fp8, 128x128 blocks), PREC_NVFP4 (modelopt NVFP4), else PREC_BF16 */
+    int prequant;
     /* special tokens (config.json / generation_config.json), -1 if absent */
     int bos_id;
     int n_eos;
@@ -87,11 +104,18 @@ typedef struct Model {
     void **owned;               /* converted (F16/F32 -> BF16) buffers we must free */
     int n_owned;
     int64_t n_params;
-    size_t weight_bytes;
+    size_t weight_bytes;        /* bf16 bytes of all weights */
+    Precision precision;
+    int act_quant;              /* 1: matmuls quantize activations (see LoadOptions) */
+    size_t compute_bytes;       /* bytes the forward pass reads per decode token */
 } Model;
 
-/* Load a model directory. Start-up path: fatal errors name the file and tensor. */
-int model_load(Model **out, const char *dir, Err *err);
+/* Load a model directory. Start-up path: errors name the file and tensor. */
+int model_load(Model **out, const char *dir, Err *err); /* BF16 */
+int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *err);
+/* Quantize every decoder-layer linear (model_quant.c); BF16 masters are kept. */
+int model_quantize(Model *m, Precision p, int weight_only, Err *err);
+void model_quant_free(Model *m);
 void model_free(Model *m);
 /* Every weight tensor by its checkpoint name, for deltas and hashing:
  * returns the bf16 storage the forward pass reads, or NULL. */

@@ -16,6 +16,7 @@ typedef struct WeightMat {
     int rows, cols;
     uint16_t *bf16;  /* [rows, cols] bf16: the master (also the compute copy for WF_BF16) */
     void *q;         /* quantized form (quant.h: QuantFp8 / QuantNvfp4), NULL for WF_BF16 */
+    int act_quant;   /* quantized formats: 1 = quantize activations too (native GPU path) */
 } WeightMat;
 
 #endif

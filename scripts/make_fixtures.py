@@ -288,6 +288,12 @@ def decode(model, ids):
     return torch.stack(rows)
 
 
+def save_ref(ref, path):
+    # No __metadata__: safetensors writes its keys in hash order, which would make reruns differ
+    # byte-wise. The versions live in tests/fixtures/VERSIONS.json.
+    save_file(ref, path)
+
+
 def dir_bytes(d):
     return {f: os.path.getsize(os.path.join(d, f)) for f in sorted(os.listdir(d))}
 
@@ -317,9 +323,7 @@ def make_fixture(fx):
         ref[f"seq{i}.tokens"] = ids.to(torch.int32).contiguous()
         ref[f"seq{i}.prefill_logits"] = p.contiguous()
         ref[f"seq{i}.decode_logits"] = d.contiguous()
-    save_file(ref, os.path.join(out_dir, "ref.safetensors"),
-              metadata={"generator": "scripts/make_fixtures.py",
-                        "transformers": transformers.__version__, "torch": torch.__version__})
+    save_ref(ref, os.path.join(out_dir, "ref.safetensors"))
     sizes = dir_bytes(out_dir)
     total = sum(sizes.values())
     assert total < 1_000_000, f"{fx['name']} is {total} bytes"
@@ -358,9 +362,7 @@ def make_tiny_qwen3():
         stds.append(p.std().item())
         ref[f"seq{i}.tokens"] = ids.to(torch.int32).contiguous()
         ref[f"seq{i}.prefill_logits"] = p.contiguous()
-    save_file(ref, os.path.join(out_dir, "ref.safetensors"),
-              metadata={"generator": "scripts/make_fixtures.py",
-                        "transformers": transformers.__version__, "torch": torch.__version__})
+    save_ref(ref, os.path.join(out_dir, "ref.safetensors"))
     sizes = dir_bytes(out_dir)
     total = sum(sizes.values())
     assert total < 35_000_000, total

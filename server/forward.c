@@ -106,6 +106,9 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     r->h_sn = xcalloc(T * h2, sizeof(float));
     r->h_slots = xcalloc(T, sizeof(int32_t));
     r->inv_freq = xcalloc(h2, sizeof(float));
+    int max_cols = c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim;
+    if ((int)inter > max_cols) max_cols = (int)inter;
+    b->reserve(b, max_tokens, max_cols);
     cpu_rope_inv_freq(r->inv_freq, c->head_dim, c->rope_theta, c->rope_llama3, c->rope_factor,
                       c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_max_pos);
     if (!b->host) {

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "quant.h"
 
 typedef struct Loader {
     Model *m;
@@ -55,12 +56,59 @@ static uint16_t *load_bf16(Loader *L, const char *name, int64_t d0, int64_t d1, 
     return out;
 }
 
+/* A linear stored pre-quantized: FP8 (`weight` F8_E4M3 + `weight_scale_inv`)
+ * or NVFP4 (`weight` U8 packed + `weight_scale` + `weight_scale_2` [+ `input_scale`]).
+ * There is no BF16 master: deltas cannot be applied to such tensors. */
+static int load_prequant(Loader *L, WeightMat *w, const StTensor *t, const char *name) {
+    Model *m = L->m;
+    char pre[256], nm[300];
+    snprintf(pre, sizeof pre, "%.*s", (int)(strlen(name) - strlen("weight")), name);
+#define AUX(suffix) (snprintf(nm, sizeof nm, "%s%s", pre, suffix), safetensors_get(m->st, nm))
+    Err *e = L->err;
+    if (t->dtype == DT_F8_E4M3) {
+        const StTensor *s = AUX("weight_scale_inv");
+        ENSURE(e, s, 400, "%s: FP8 tensor '%s' has no '%sweight_scale_inv'", L->dir, name, pre);
+        QuantFp8 *q = quant_fp8_from_checkpoint(t->data, t->dtype, t->shape, t->ndim, s->data, s->dtype,
+                                                s->shape, s->ndim, e);
+        if (!q) return -400;
+        ENSURE(e, q->rows == w->rows && q->cols == w->cols, 400, "%s: '%s' is [%d, %d], config implies [%d, %d]",
+               L->dir, name, q->rows, q->cols, w->rows, w->cols);
+        w->fmt = WF_FP8;
+        w->q = q;
+        m->compute_bytes += quant_fp8_bytes(q);
+    } else {
+        const StTensor *s = AUX("weight_scale"), *s2 = AUX("weight_scale_2"), *is = AUX("input_scale");
+        ENSURE(e, s && s2, 400, "%s: NVFP4 tensor '%s' needs '%sweight_scale' and '%sweight_scale_2'", L->dir,
+               name, pre, pre);
+        QuantNvfp4 *q = quant_nvfp4_from_checkpoint(
+            t->data, t->dtype, t->shape, t->ndim, s->data, s->dtype, s->shape, s->ndim, s2->data, s2->dtype,
+            s2->shape, s2->ndim, is ? is->data : NULL, is ? is->dtype : DT_F32, is ? is->shape : NULL,
+            is ? is->ndim : 0, e);
+        if (!q) return -400;
+        ENSURE(e, q->rows == w->rows && q->cols == w->cols, 400, "%s: '%s' is [%d, %d], config implies [%d, %d]",
+               L->dir, name, q->rows, q->cols, w->rows, w->cols);
+        w->fmt = WF_NVFP4;
+        w->q = q;
+        m->compute_bytes += quant_nvfp4_bytes(q);
+    }
+#undef AUX
+    m->n_params += (int64_t)w->rows * w->cols;
+    m->weight_bytes += (size_t)w->rows * w->cols * 2;
+    return 0;
+}
+
 static int load_mat(Loader *L, WeightMat *w, const char *name, int rows, int cols) {
     w->fmt = WF_BF16;
     w->rows = rows;
     w->cols = cols;
     w->q = NULL;
+    w->act_quant = 0;
+    w->bf16 = NULL;
+    const StTensor *t = safetensors_get(L->m->st, name);
+    if (t && L->m->cfg.prequant && (t->dtype == DT_F8_E4M3 || t->dtype == DT_U8))
+        return load_prequant(L, w, t, name);
     w->bf16 = load_bf16(L, name, rows, cols, 0);
+    if (w->bf16) L->m->compute_bytes += (size_t)rows * cols * 2;
     return w->bf16 ? 0 : -400;
 }
 
@@ -121,8 +169,9 @@ static int load_weights(Loader *L) {
     const ModelConfig *c = &m->cfg;
     char nm[256];
     if (!(m->embed = load_bf16(L, "model.embed_tokens.weight", c->vocab, c->hidden, 0))) return -400;
+    if (c->tie_embeddings) m->compute_bytes += (size_t)c->vocab * c->hidden * 2; /* read as lm_head */
     if (!(m->final_norm = load_bf16(L, "model.norm.weight", c->hidden, 0, 0))) return -400;
-    m->lm_head = (WeightMat){WF_BF16, c->vocab, c->hidden, NULL, NULL};
+    m->lm_head = (WeightMat){.fmt = WF_BF16, .rows = c->vocab, .cols = c->hidden};
     if (!c->tie_embeddings) {
         if (load_mat(L, &m->lm_head, "lm_head.weight", c->vocab, c->hidden)) return -400;
     } else {
@@ -147,7 +196,46 @@ static const char *arch_summary(const ModelConfig *c, char *buf, size_t n) {
     return buf;
 }
 
+int precision_parse(const char *s, Precision *out) {
+    static const char *names[] = {"bf16", "fp8", "nvfp4"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, names[i]) == 0) { *out = (Precision)i; return 0; }
+    return -1;
+}
+
+const char *precision_name(Precision p) {
+    return p == PREC_FP8 ? "fp8" : p == PREC_NVFP4 ? "nvfp4" : "bf16";
+}
+
+/* A pre-quantized checkpoint runs at its own precision: asking for another
+ * quantized precision is refused rather than silently re-quantized. */
+static int check_precision(Model *m, const LoadOptions *opt, const char *dir, Err *err) {
+    Precision pq = (Precision)m->cfg.prequant;
+    if (pq == PREC_BF16 || opt->precision == PREC_BF16 || opt->precision == pq) return 0;
+    return ERR(err, 400, "%s is a pre-quantized %s checkpoint; it cannot run at --precision %s (use %s, or "
+               "a BF16 checkpoint)", dir, precision_name(pq), precision_name(opt->precision), precision_name(pq));
+}
+
+static void finish_prequant(Model *m, const LoadOptions *opt) {
+    m->precision = (Precision)m->cfg.prequant;
+    m->act_quant = !opt->weight_only;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        LayerWeights *lw = &m->layers[l];
+        WeightMat *mats[] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down};
+        for (int i = 0; i < 7; i++) mats[i]->act_quant = m->act_quant;
+        for (int e = 0; lw->egate && e < m->cfg.n_experts; e++)
+            lw->egate[e].act_quant = lw->eup[e].act_quant = lw->edown[e].act_quant = m->act_quant;
+    }
+    log_info("pre-quantized %s checkpoint (%s activations)", precision_name(m->precision),
+             opt->weight_only ? "f32, weight-only" : "quantized");
+}
+
 int model_load(Model **out, const char *dir, Err *err) {
+    LoadOptions o = {PREC_BF16, 0};
+    return model_load_opts(out, dir, &o, err);
+}
+
+int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *err) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     *out = NULL;
@@ -155,7 +243,10 @@ int model_load(Model **out, const char *dir, Err *err) {
     int rc = model_config_load(&m->cfg, dir, err);
     if (!rc) rc = safetensors_open(&m->st, dir, err);
     Loader L = {m, dir, err};
+    if (!rc) rc = check_precision(m, opt, dir, err);
     if (!rc) rc = load_weights(&L);
+    if (!rc && m->cfg.prequant) finish_prequant(m, opt);
+    else if (!rc && opt->precision != PREC_BF16) rc = model_quantize(m, opt->precision, opt->weight_only, err);
     if (rc) {
         model_free(m);
         return rc;
@@ -164,16 +255,17 @@ int model_load(Model **out, const char *dir, Err *err) {
     const ModelConfig *c = &m->cfg;
     char moe[96];
     log_info("model %s: %s, %d layers, hidden %d, heads %d/%d kv, head_dim %d, vocab %d, %s, "
-             "%.3fM params, %.1f MiB bf16, tied=%d, loaded in %.3f s",
+             "%.3fM params, %.1f MiB bf16, %s (%.1f MiB read per token), tied=%d, loaded in %.3f s",
              dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab,
              arch_summary(c, moe, sizeof moe), m->n_params / 1e6, m->weight_bytes / 1048576.0,
-             c->tie_embeddings, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+             precision_name(m->precision), m->compute_bytes / 1048576.0, c->tie_embeddings, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     *out = m;
     return 0;
 }
 
 void model_free(Model *m) {
     if (!m) return;
+    model_quant_free(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             free(m->layers[l].egate);

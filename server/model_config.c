@@ -98,6 +98,34 @@ static int parse_moe(ModelConfig *c, json_t *root, const char *path, Err *err) {
     return 0;
 }
 
+/* The pre-quantized formats we read: Qwen3-FP8 / DeepSeek-V3 (fp8, 128x128
+ * block scales) and NVIDIA Model Optimizer NVFP4. */
+static int parse_quant(ModelConfig *c, json_t *root, const char *path, Err *err) {
+    json_t *q = json_object_get(root, "quantization_config");
+    if (!json_is_object(q)) return 0;
+    json_t *jm = json_object_get(q, "quant_method");
+    const char *m = json_is_string(jm) ? json_string_value(jm) : "";
+    if (strcmp(m, "fp8") == 0) {
+        json_t *bs = json_object_get(q, "weight_block_size");
+        ENSURE(err, json_is_array(bs) && json_array_size(bs) == 2 &&
+                        json_integer_value(json_array_get(bs, 0)) == 128 &&
+                        json_integer_value(json_array_get(bs, 1)) == 128, 400,
+               "%s: fp8 quantization_config needs weight_block_size [128, 128] (the Qwen3-FP8 layout)", path);
+        c->prequant = PREC_FP8;
+        return 0;
+    }
+    if (strcmp(m, "modelopt") == 0) {
+        json_t *ja = json_object_get(q, "quant_algo");
+        ENSURE(err, json_is_string(ja) && strcmp(json_string_value(ja), "NVFP4") == 0, 400,
+               "%s: modelopt quant_algo '%s' is not supported (supported: NVFP4)", path,
+               json_is_string(ja) ? json_string_value(ja) : "?");
+        c->prequant = PREC_NVFP4;
+        return 0;
+    }
+    return ERR(err, 400, "%s: quantization_config quant_method '%s' is not supported; supported: fp8 "
+               "(128x128 block scales, as Qwen3-FP8), modelopt NVFP4", path, m);
+}
+
 static int parse_config(ModelConfig *c, json_t *root, const char *path, Err *err) {
     int rc = parse_arch(c, root, path, err);
     if (rc) return rc;
@@ -127,6 +155,7 @@ static int parse_config(ModelConfig *c, json_t *root, const char *path, Err *err
     ENSURE(err, !get_bool(root, "use_sliding_window", 0), 400,
            "%s: use_sliding_window is not supported (set it to false)", path);
     if ((rc = parse_rope(c, root, path, err))) return rc;
+    if ((rc = parse_quant(c, root, path, err))) return rc;
     if (c->arch == ARCH_QWEN3_MOE && (rc = parse_moe(c, root, path, err))) return rc;
     if (c->arch != ARCH_QWEN3_MOE) {
         ENSURE(err, c->intermediate > 0, 400, "%s: intermediate_size must be positive", path);

@@ -12,12 +12,16 @@
 #include "backend.h"
 #include "check.h"
 #include "cpu_ops.h"
+#include "dtype.h"
+#include "quant.h"
 #include "threadpool.h"
 
 typedef struct CpuCtx {
     ThreadPool *tp;
     int max_ctx;
     float *scores; /* [n_threads, max_ctx] attention scratch */
+    float *xq;     /* [max_tokens, max_cols] quantized activations */
+    float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
 } CpuCtx;
 
 #define ROWS_PER_TASK 32
@@ -25,6 +29,7 @@ typedef struct CpuCtx {
 typedef struct MatmulJob {
     float *out;
     const float *x;
+    const float *xs; /* activation scales when x was quantized, else NULL */
     int n;
     const WeightMat *w;
     const uint16_t *bias;
@@ -32,14 +37,31 @@ typedef struct MatmulJob {
 
 static void matmul_task(void *p, int task, int thread) {
     MatmulJob *j = p;
+    const WeightMat *w = j->w;
     int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
-    if (r1 > j->w->rows) r1 = j->w->rows;
-    cpu_matmul_rows(j->out, j->w->rows, j->x, j->w->cols, j->n, j->w, j->bias, r0, r1);
+    if (r1 > w->rows) r1 = w->rows;
+    if (w->fmt == WF_BF16) {
+        cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
+        return;
+    }
+    if (w->fmt == WF_FP8) quant_matmul_fp8_rows(j->out, j->x, j->xs, w->q, j->n, r0, r1);
+    else quant_matmul_nvfp4_rows(j->out, j->x, j->xs, w->q, j->n, r0, r1);
+    if (j->bias)
+        for (int t = 0; t < j->n; t++)
+            for (int r = r0; r < r1; r++) j->out[(size_t)t * w->rows + r] += bf16_to_f32(j->bias[r]);
 }
 
+/* Quantized weights with quantized activations (the native GPU paths): x is
+ * quantized once per call into scratch, then every row task reads it. */
 static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CpuCtx *c = b->ctx;
-    MatmulJob j = {out, x, n, w, bias};
+    MatmulJob j = {out, x, NULL, n, w, bias};
+    if (w->fmt != WF_BF16 && w->act_quant) {
+        if (w->fmt == WF_FP8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
+        else quant_act_nvfp4(c->xq, c->xs, x, n, w->cols, ((const QuantNvfp4 *)w->q)->input_scale);
+        j.x = c->xq;
+        j.xs = c->xs;
+    }
     threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
 }
 
@@ -132,8 +154,18 @@ static void cpu_release(Backend *b, void *p) { free(p); }
 static void cpu_copy(Backend *b, void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 static void cpu_zero(Backend *b, void *p, size_t n) { memset(p, 0, n); }
 
+static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
+    CpuCtx *c = b->ctx;
+    free(c->xq);
+    free(c->xs);
+    c->xq = xcalloc((size_t)max_tokens * max_cols, sizeof(float));
+    c->xs = xcalloc((size_t)max_tokens * (max_cols / 16 + 1), sizeof(float));
+}
+
 static void cpu_free(Backend *b) {
     CpuCtx *c = b->ctx;
+    free(c->xq);
+    free(c->xs);
     threadpool_free(c->tp);
     free(c->scores);
     free(c);
@@ -154,6 +186,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
                    .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
-                   .scale_add_rows = cpu_scale_add_rows, .free = cpu_free};
+                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve,
+                   .free = cpu_free};
     return b;
 }

@@ -45,10 +45,17 @@ AVX2_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* Weights as f32 (a converted panel) or bf16 (read in place); the conversion
+ * is exact, so both give the same bits. */
+AVX2_INLINE __m256 load_w8(const void *w, int f32, size_t i) {
+    return f32 ? _mm256_loadu_ps((const float *)w + i) : load_bf16x8((const uint16_t *)w + i);
+}
+
 /* R rows x T tokens of W x^T, one accumulator per (row, token): the
- * arithmetic for a (row, token) pair is the same for every R and T. */
-AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int ldx,
-                          const uint16_t *w, int K) {
+ * arithmetic for a (row, token) pair is the same for every R, T and weight
+ * source, which is what makes the matmul batch invariant. w: [R, ldw]. */
+AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int ldx, const void *w,
+                          int wf32, int ldw, int K) {
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -58,7 +65,7 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
     for (; k + 8 <= K; k += 8) {
         __m256 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load_bf16x8(w + (size_t)r * K + k);
+        for (int r = 0; r < R; r++) wv[r] = load_w8(w, wf32, (size_t)r * ldw + k);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + k);
@@ -71,35 +78,52 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             float s = hsum8(acc[r][t]);
-            for (int kk = k; kk < K; kk++) s += bf16_to_f32(w[(size_t)r * K + kk]) * x[(size_t)t * ldx + kk];
+            for (int kk = k; kk < K; kk++) {
+                size_t i = (size_t)r * ldw + kk;
+                float wv = wf32 ? ((const float *)w)[i] : bf16_to_f32(((const uint16_t *)w)[i]);
+                s += wv * x[(size_t)t * ldx + kk];
+            }
             out[(size_t)t * ldo + r] = s;
         }
 }
 
 #define MM_TOKEN_BLOCK 64
+#define MM_PANEL_MAX_K 16384 /* wider rows are read in place */
 
 AVX2 static void matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
                              int K, int r0, int r1) {
-    if (n == 1) {
+    if (n == 1) { /* decode: stream the weights once, 4 rows at a time */
         int r = r0;
-        for (; r + 4 <= r1; r += 4) mm_block(4, 1, out + r, ldo, x, ldx, w + (size_t)r * K, K);
-        for (; r < r1; r++) mm_block(1, 1, out + r, ldo, x, ldx, w + (size_t)r * K, K);
+        for (; r + 4 <= r1; r += 4) mm_block(4, 1, out + r, ldo, x, ldx, w + (size_t)r * K, 0, K, K);
+        for (; r < r1; r++) mm_block(1, 1, out + r, ldo, x, ldx, w + (size_t)r * K, 0, K, K);
         return;
     }
+    /* Batches: convert a pair of rows to f32 once per block of tokens, then
+     * run every 4-token group of the block against the panel. */
+    static __thread float panel[2 * MM_PANEL_MAX_K];
+    int use_panel = K <= MM_PANEL_MAX_K && n >= 8;
     for (int t0 = 0; t0 < n; t0 += MM_TOKEN_BLOCK) {
         int t1 = t0 + MM_TOKEN_BLOCK < n ? t0 + MM_TOKEN_BLOCK : n;
-        int r = r0;
-        for (; r + 2 <= r1; r += 2) {
-            const uint16_t *wr = w + (size_t)r * K;
+        for (int r = r0; r < r1; r += 2) {
+            int R = r + 2 <= r1 ? 2 : 1;
+            const void *wr = w + (size_t)r * K;
+            int ldw = K, wf32 = 0;
+            if (use_panel) {
+                for (size_t i = 0; i < (size_t)R * K; i += 8)
+                    if (i + 8 <= (size_t)R * K) _mm256_storeu_ps(panel + i, load_bf16x8(w + (size_t)r * K + i));
+                    else for (size_t j = i; j < (size_t)R * K; j++) panel[j] = bf16_to_f32(w[(size_t)r * K + j]);
+                wr = panel;
+                wf32 = 1;
+            }
             int t = t0;
-            for (; t + 4 <= t1; t += 4) mm_block(2, 4, out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K);
-            for (; t < t1; t++) mm_block(2, 1, out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K);
-        }
-        for (; r < r1; r++) {
-            const uint16_t *wr = w + (size_t)r * K;
-            int t = t0;
-            for (; t + 4 <= t1; t += 4) mm_block(1, 4, out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K);
-            for (; t < t1; t++) mm_block(1, 1, out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K);
+            float *o = out + r;
+            if (R == 2) {
+                for (; t + 4 <= t1; t += 4) mm_block(2, 4, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+                for (; t < t1; t++) mm_block(2, 1, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+            } else {
+                for (; t + 4 <= t1; t += 4) mm_block(1, 4, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+                for (; t < t1; t++) mm_block(1, 1, o + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, wr, wf32, ldw, K);
+            }
         }
     }
 }

@@ -1,0 +1,199 @@
+/*
+ * nvfp4_weight.c - NVFP4 weights (E2M1 elements, one E4M3 scale per 16
+ * elements of a row, one f32 weight_scale_2 per tensor) with NVIDIA Model
+ * Optimizer's scale computation: quantize from a BF16 master, adopt a Model
+ * Optimizer checkpoint, re-quantize the 16-element blocks a sparse delta
+ * touched. Not here: the matmul (matmul.c), activations (act.c).
+ */
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define BF16_ABS(b) ((uint16_t)((b) & 0x7fff))
+#define BF16_NONFINITE(b) (BF16_ABS(b) >= 0x7f80)
+#define NVFP4_SCALE2_DIV 2688.0f /* 6 * 448 */
+#define NVFP4_DIRTY 0xff         /* -NaN: never a scale the quantizer writes */
+
+/* Model Optimizer get_weights_scaling_factor + quantize for one block, with
+ * f32 operations in its order: s = bamax / (6 * g); s==0 -> 1; clamp at 2^-9;
+ * e4m3; codes = e2m1(v / (e4m3(s) * g)). An all-zero block short-cuts to the
+ * bytes Model Optimizer produces for it (and defines the g == 0 case). */
+uint8_t quant_nvfp4_block(const float *v, float g, uint8_t *codes) {
+    float bamax = 0.0f;
+    for (int i = 0; i < QUANT_NVFP4_BLOCK; i++) bamax = fmaxf(bamax, fabsf(v[i]));
+    if (bamax == 0.0f) {
+        memset(codes, 0, QUANT_NVFP4_BLOCK);
+        return QUANT_E4M3_ONE;
+    }
+    float s = bamax / (6.0f * g);
+    if (s == 0.0f) s = 1.0f;
+    else if (s < 0x1p-9f) s = 0x1p-9f;
+    uint8_t sb = quant_f32_to_e4m3(s);
+    float d = quant_e4m3_to_f32(sb) * g;
+    for (int i = 0; i < QUANT_NVFP4_BLOCK; i++) codes[i] = quant_f32_to_e2m1(v[i] / d);
+    return sb;
+}
+
+static void nvfp4_quant_block(QuantNvfp4 *w, const uint16_t *m, int r, int b) {
+    float v[QUANT_NVFP4_BLOCK];
+    uint8_t codes[QUANT_NVFP4_BLOCK];
+    const uint16_t *src = m + (size_t)r * w->cols + (size_t)b * QUANT_NVFP4_BLOCK;
+    for (int i = 0; i < QUANT_NVFP4_BLOCK; i++) v[i] = bf16_to_f32(src[i]);
+    w->scale[(size_t)r * (w->cols / QUANT_NVFP4_BLOCK) + b] = quant_nvfp4_block(v, w->scale2, codes);
+    uint8_t *dst = w->packed + (size_t)r * (w->cols / 2) + (size_t)b * (QUANT_NVFP4_BLOCK / 2);
+    for (int i = 0; i < QUANT_NVFP4_BLOCK / 2; i++) dst[i] = (uint8_t)(codes[2 * i] | (codes[2 * i + 1] << 4));
+}
+
+/* weight_scale_2 = amax / (6 * 448), then every block. */
+static void nvfp4_quant_all(QuantNvfp4 *w, const uint16_t *m, uint16_t amax) {
+    w->amax = bf16_to_f32(amax);
+    w->scale2 = w->amax / NVFP4_SCALE2_DIV;
+    int nb = w->cols / QUANT_NVFP4_BLOCK;
+    for (int r = 0; r < w->rows; r++)
+        for (int b = 0; b < nb; b++) nvfp4_quant_block(w, m, r, b);
+}
+
+static QuantNvfp4 *nvfp4_alloc(int rows, int cols, const uint8_t *packed, const uint8_t *scale) {
+    QuantNvfp4 *w = xcalloc(1, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    w->owns = packed == NULL;
+    w->packed = packed ? (uint8_t *)packed : xmalloc((size_t)rows * (cols / 2));
+    w->scale = scale ? (uint8_t *)scale : xmalloc((size_t)rows * (cols / QUANT_NVFP4_BLOCK));
+    w->amax = NAN;
+    return w;
+}
+
+void quant_nvfp4_free(QuantNvfp4 *w) {
+    if (!w) return;
+    if (w->owns) {
+        free(w->packed);
+        free(w->scale);
+    }
+    free(w);
+}
+
+size_t quant_nvfp4_bytes(const QuantNvfp4 *w) {
+    return (size_t)w->rows * (w->cols / 2) + (size_t)w->rows * (w->cols / QUANT_NVFP4_BLOCK) + sizeof(float);
+}
+
+static int check_dims(int64_t rows, int64_t cols, Err *e) {
+    ENSURE(e, rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, 400,
+           "weight shape [%lld, %lld] must be positive and fit in int", (long long)rows, (long long)cols);
+    ENSURE(e, cols % QUANT_NVFP4_BLOCK == 0, 400,
+           "NVFP4 needs in_features %% 16 == 0, got %lld columns: keep this tensor in BF16 or FP8",
+           (long long)cols);
+    return 0;
+}
+
+QuantNvfp4 *quant_nvfp4_from_bf16(const uint16_t *m, int rows, int cols, Err *e) {
+    if (check_dims(rows, cols, e) < 0) return NULL;
+    size_t n = (size_t)rows * cols;
+    uint16_t amax = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (BF16_NONFINITE(m[i])) {
+            ERR(e, 400, "non-finite bf16 weight at row %zu col %zu", i / cols, i % cols);
+            return NULL;
+        }
+        if (BF16_ABS(m[i]) > amax) amax = BF16_ABS(m[i]);
+    }
+    QuantNvfp4 *w = nvfp4_alloc(rows, cols, NULL, NULL);
+    nvfp4_quant_all(w, m, amax);
+    return w;
+}
+
+/* A scalar F32 tensor (shape [] or [1]) read from possibly unaligned memory. */
+static int read_scalar(const void *p, Dtype dt, const int64_t *shape, int ndim, const char *name, float *out,
+                       Err *e) {
+    ENSURE(e, p != NULL, 400, "NVFP4 checkpoint tensor %s missing", name);
+    ENSURE(e, dt == DT_F32, 400, "%s must be F32, got %s", name, dtype_name(dt));
+    ENSURE(e, ndim == 0 || (ndim == 1 && shape[0] == 1), 400, "%s must be a scalar", name);
+    memcpy(out, p, 4);
+    ENSURE(e, isfinite(*out) && *out >= 0, 400, "%s = %g is not a finite non-negative scale", name, *out);
+    return 0;
+}
+
+QuantNvfp4 *quant_nvfp4_from_checkpoint(const uint8_t *weight, Dtype wdt, const int64_t *wshape, int wndim,
+                                        const uint8_t *wscale, Dtype sdt, const int64_t *sshape, int sndim,
+                                        const void *wscale2, Dtype s2dt, const int64_t *s2shape, int s2ndim,
+                                        const void *input_scale, Dtype idt, const int64_t *ishape, int indim,
+                                        Err *e) {
+    if (!weight || !wscale) { ERR(e, 400, "NVFP4 checkpoint tensor missing (weight or weight_scale)"); return NULL; }
+    if (wdt != DT_U8 || wndim != 2) {
+        ERR(e, 400, "NVFP4 weight must be U8 [rows, cols/2], got %s with %d dims", dtype_name(wdt), wndim);
+        return NULL;
+    }
+    if (wshape[1] > INT32_MAX / 2) { ERR(e, 400, "NVFP4 weight too wide"); return NULL; }
+    if (check_dims(wshape[0], wshape[1] * 2, e) < 0) return NULL;
+    int rows = (int)wshape[0], cols = (int)wshape[1] * 2;
+    if (sdt != DT_F8_E4M3 || sndim != 2 || sshape[0] != rows || sshape[1] != cols / QUANT_NVFP4_BLOCK) {
+        ERR(e, 400, "weight_scale must be F8_E4M3 [%d, %d] for weight [%d, %d] (packed [%d, %d])",
+            rows, cols / QUANT_NVFP4_BLOCK, rows, cols, rows, cols / 2);
+        return NULL;
+    }
+    float s2, is = 0.0f;
+    if (read_scalar(wscale2, s2dt, s2shape, s2ndim, "weight_scale_2", &s2, e) < 0) return NULL;
+    if (input_scale && read_scalar(input_scale, idt, ishape, indim, "input_scale", &is, e) < 0) return NULL;
+    size_t ns = (size_t)rows * (cols / QUANT_NVFP4_BLOCK);
+    for (size_t i = 0; i < ns; i++)
+        if ((wscale[i] & 0x7f) == 0x7f || (wscale[i] & 0x80)) {
+            ERR(e, 400, "weight_scale[%zu] = 0x%02x is NaN or negative", i, wscale[i]);
+            return NULL;
+        }
+    QuantNvfp4 *w = nvfp4_alloc(rows, cols, weight, wscale);
+    w->scale2 = s2;
+    w->input_scale = is;
+    return w;
+}
+
+void quant_nvfp4_dequant_row(const QuantNvfp4 *w, int row, float *out) {
+    const uint8_t *p = w->packed + (size_t)row * (w->cols / 2);
+    const uint8_t *s = w->scale + (size_t)row * (w->cols / QUANT_NVFP4_BLOCK);
+    for (int c = 0; c < w->cols; c++) {
+        uint8_t code = (c & 1) ? p[c / 2] >> 4 : p[c / 2] & 0xf;
+        out[c] = quant_e2m1_to_f32(code) * quant_e4m3_to_f32(s[c / QUANT_NVFP4_BLOCK]) * w->scale2;
+    }
+}
+
+/* Did the tensor amax change? It grew if a touched value exceeds it; it
+ * shrank if no element still attains it (scan with early exit). */
+static int amax_changed(const QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, size_t n_idx,
+                        uint16_t *new_amax) {
+    size_t n = (size_t)w->rows * w->cols;
+    uint16_t old = f32_to_bf16(w->amax), top = 0;
+    for (size_t i = 0; i < n_idx; i++)
+        if (BF16_ABS(m[idx[i]]) > top) top = BF16_ABS(m[idx[i]]);
+    if (isnan(w->amax) || top > old) goto rescan;
+    for (size_t i = 0; i < n; i++)
+        if (BF16_ABS(m[i]) == old) return 0;
+rescan:
+    *new_amax = 0;
+    for (size_t i = 0; i < n; i++)
+        if (BF16_ABS(m[i]) > *new_amax) *new_amax = BF16_ABS(m[i]);
+    return *new_amax != old || isnan(w->amax);
+}
+
+int quant_nvfp4_requant(QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, size_t n_idx, Err *e) {
+    ENSURE(e, w->owns, 409, "NVFP4 tensor [%d, %d] borrows read-only checkpoint memory; cannot re-quantize",
+           w->rows, w->cols);
+    int64_t n = (int64_t)w->rows * w->cols;
+    for (size_t i = 0; i < n_idx; i++) {
+        ENSURE(e, idx[i] >= 0 && idx[i] < n, 400, "touched index %lld out of range [0, %lld)",
+               (long long)idx[i], (long long)n);
+        ENSURE(e, !BF16_NONFINITE(m[idx[i]]), 400, "non-finite master value at index %lld", (long long)idx[i]);
+    }
+    uint16_t amax;
+    if (amax_changed(w, m, idx, n_idx, &amax)) {
+        nvfp4_quant_all(w, m, amax);
+        return QUANT_REQUANT_FULL;
+    }
+    int nb = w->cols / QUANT_NVFP4_BLOCK;
+    for (size_t i = 0; i < n_idx; i++)
+        w->scale[(idx[i] / w->cols) * nb + (idx[i] % w->cols) / QUANT_NVFP4_BLOCK] = NVFP4_DIRTY;
+    for (size_t i = 0; i < n_idx; i++) {
+        int r = (int)(idx[i] / w->cols), b = (int)(idx[i] % w->cols) / QUANT_NVFP4_BLOCK;
+        if (w->scale[(size_t)r * nb + b] == NVFP4_DIRTY) nvfp4_quant_block(w, m, r, b);
+    }
+    return QUANT_REQUANT_BLOCKS;
+}

@@ -1,0 +1,138 @@
+/*
+ * test_quant_requant.c - re-quantization after sparse BF16 deltas equals
+ * quantizing the updated master from scratch, bit for bit (FP8 block /
+ * channel / tensor, NVFP4), including deltas that raise or lower the NVFP4
+ * tensor amax (full recompute, reported), and errors leave state untouched.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "quant.h"
+#include "quant_golden.h"
+#include "test.h"
+
+#define ROWS 200
+#define COLS 320
+
+static int same_fp8(const QuantFp8 *a, const QuantFp8 *b) {
+    return memcmp(a->q, b->q, (size_t)a->rows * a->cols) == 0 &&
+           memcmp(a->scale_inv, b->scale_inv, (size_t)a->scale_rows * a->scale_cols * 4) == 0;
+}
+
+static int same_nvfp4(const QuantNvfp4 *a, const QuantNvfp4 *b) {
+    return memcmp(a->packed, b->packed, (size_t)a->rows * a->cols / 2) == 0 &&
+           memcmp(a->scale, b->scale, (size_t)a->rows * a->cols / 16) == 0 &&
+           memcmp(&a->scale2, &b->scale2, 4) == 0 && memcmp(&a->amax, &b->amax, 4) == 0;
+}
+
+/* Distinct scale blocks among idx (for the FP8 block count). */
+static int distinct_blocks(const QuantFp8 *w, const int64_t *idx, int n) {
+    int cnt = 0;
+    char *seen = calloc((size_t)w->scale_rows * w->scale_cols, 1);
+    for (int i = 0; i < n; i++) {
+        int b = (int)(idx[i] / w->cols / w->block_rows) * w->scale_cols + (int)(idx[i] % w->cols) / w->block_cols;
+        cnt += !seen[b];
+        seen[b] = 1;
+    }
+    free(seen);
+    return cnt;
+}
+
+static uint16_t amax_bits(const uint16_t *m) {
+    uint16_t a = 0;
+    for (int i = 0; i < ROWS * COLS; i++) if ((m[i] & 0x7fff) > a) a = m[i] & 0x7fff;
+    return a;
+}
+
+/* Apply a random sparse delta (kind 0: small, below the amax; 1: one value
+ * above the amax; 2: lower the element(s) holding the amax) and return the
+ * touched indices (unsorted, with a duplicate). */
+static int make_delta(uint16_t *m, int64_t *idx, int kind) {
+    int n = 1 + (int)(qg_uniform() * 60);
+    uint16_t a = amax_bits(m);
+    for (int i = 0; i < n; i++) {
+        do idx[i] = (int64_t)(qg_uniform() * ROWS * COLS);
+        while (kind == 0 && (m[idx[i]] & 0x7fff) == a); /* kind 0 leaves the amax holder alone */
+        float v = bf16_to_f32(m[idx[i]]) + (float)(qg_normal() * 0.002);
+        m[idx[i]] = f32_to_bf16(v);
+        if (kind == 0 && (m[idx[i]] & 0x7fff) >= a) m[idx[i]] = (uint16_t)((m[idx[i]] & 0x8000) | 0x3c00); /* 2^-7 */
+    }
+    idx[n] = idx[0]; /* duplicate */
+    n++;
+    a = amax_bits(m);
+    if (kind == 1) {
+        idx[n] = (int64_t)(qg_uniform() * ROWS * COLS);
+        m[idx[n]] = f32_to_bf16(bf16_to_f32(a) * 1.5f);
+        n++;
+    } else if (kind == 2) {
+        for (int64_t i = 0; i < ROWS * COLS; i++)
+            if ((m[i] & 0x7fff) == a) { m[i] = f32_to_bf16(bf16_to_f32(m[i]) * 0.25f); idx[n++] = i; }
+    }
+    return n;
+}
+
+int main(void) {
+    uint16_t *m = malloc((size_t)ROWS * COLS * 2);
+    for (int i = 0; i < ROWS * COLS; i++) m[i] = f32_to_bf16((float)(qg_normal() * 0.02));
+    m[5 * COLS + 7] = f32_to_bf16(0.3f); /* a unique amax */
+    int64_t idx[4096];
+    Err e = {0};
+    QuantFp8Layout lay[3] = {QUANT_FP8_BLOCK128, QUANT_FP8_PER_CHANNEL, QUANT_FP8_PER_TENSOR};
+    QuantFp8 *f[3];
+    for (int l = 0; l < 3; l++) f[l] = quant_fp8_from_bf16(m, ROWS, COLS, lay[l], &e);
+    QuantNvfp4 *v = quant_nvfp4_from_bf16(m, ROWS, COLS, &e);
+
+    int kinds[] = {0, 0, 0, 0, 0, 1, 0, 0, 2, 0, 1, 0, 2, 0, 0};
+    int fp8_bad = 0, fp8_count_bad = 0, nv_bad = 0, kind_bad = 0, full = 0;
+    for (size_t round = 0; round < sizeof kinds / sizeof kinds[0]; round++) {
+        int n = make_delta(m, idx, kinds[round]);
+        for (int l = 0; l < 3; l++) {
+            int got = quant_fp8_requant(f[l], m, idx, (size_t)n, &e);
+            QuantFp8 *ref = quant_fp8_from_bf16(m, ROWS, COLS, lay[l], &e);
+            fp8_bad += !same_fp8(f[l], ref);
+            fp8_count_bad += got != distinct_blocks(f[l], idx, n);
+            quant_fp8_free(ref);
+        }
+        int got = quant_nvfp4_requant(v, m, idx, (size_t)n, &e);
+        QuantNvfp4 *ref = quant_nvfp4_from_bf16(m, ROWS, COLS, &e);
+        nv_bad += !same_nvfp4(v, ref);
+        kind_bad += got != (kinds[round] ? QUANT_REQUANT_FULL : QUANT_REQUANT_BLOCKS);
+        full += got == QUANT_REQUANT_FULL;
+        quant_nvfp4_free(ref);
+    }
+    T_ASSERT(fp8_bad == 0, "%d FP8 re-quantizations differ from scratch", fp8_bad);
+    T_ASSERT(fp8_count_bad == 0, "%d FP8 block counts wrong", fp8_count_bad);
+    T_ASSERT(nv_bad == 0, "%d NVFP4 re-quantizations differ from scratch", nv_bad);
+    T_ASSERT(kind_bad == 0, "%d NVFP4 rounds reported the wrong kind (blocks vs full)", kind_bad);
+    T_ASSERT(full == 4, "amax changes (2 up, 2 down) forced %d full recomputes", full);
+
+    /* Errors leave everything untouched. */
+    QuantNvfp4 *vs = quant_nvfp4_from_bf16(m, ROWS, COLS, &e);
+    QuantFp8 *fs = quant_fp8_from_bf16(m, ROWS, COLS, QUANT_FP8_BLOCK128, &e);
+    int64_t badidx[3] = {3, ROWS * COLS, 9};
+    uint16_t keep = m[3];
+    m[3] = f32_to_bf16(50.0f); /* would raise the amax if applied */
+    T_ASSERT(quant_nvfp4_requant(v, m, badidx, 3, &e) < 0 && e.code == 400, "out-of-range index: %s", e.msg);
+    T_ASSERT(quant_fp8_requant(f[0], m, badidx, 3, &e) < 0 && e.code == 400, "out-of-range index (fp8)");
+    T_ASSERT(same_nvfp4(v, vs) && same_fp8(f[0], fs), "state untouched after a bad index");
+    m[3] = 0x7fc0; /* NaN */
+    T_ASSERT(quant_nvfp4_requant(v, m, badidx, 1, &e) < 0 && strstr(e.msg, "non-finite"), "NaN: %s", e.msg);
+    T_ASSERT(quant_fp8_requant(f[0], m, badidx, 1, &e) < 0, "NaN (fp8)");
+    T_ASSERT(same_nvfp4(v, vs) && same_fp8(f[0], fs), "state untouched after a NaN");
+    m[3] = keep;
+    T_ASSERT(quant_nvfp4_requant(v, m, idx, 0, &e) == QUANT_REQUANT_BLOCKS && same_nvfp4(v, vs), "empty delta");
+    T_ASSERT(quant_fp8_requant(f[0], m, idx, 0, &e) == 0 && same_fp8(f[0], fs), "empty delta (fp8)");
+
+    /* A pre-quantized (checkpoint) tensor has no known amax: requant recomputes it all. */
+    int64_t psh[2] = {ROWS, COLS / 2}, ssh[2] = {ROWS, COLS / 16};
+    QuantNvfp4 *ck = quant_nvfp4_from_checkpoint(vs->packed, DT_U8, psh, 2, vs->scale, DT_F8_E4M3, ssh, 2,
+                                                 &vs->scale2, DT_F32, NULL, 0, NULL, DT_F32, NULL, 0, &e);
+    T_ASSERT(ck && quant_nvfp4_requant(ck, m, idx, 1, &e) == -409, "borrowed NVFP4 refuses requant: %s", e.msg);
+    quant_nvfp4_free(ck);
+
+    quant_nvfp4_free(vs); quant_fp8_free(fs);
+    for (int l = 0; l < 3; l++) quant_fp8_free(f[l]);
+    quant_nvfp4_free(v);
+    free(m);
+    return T_DONE();
+}

@@ -17,8 +17,6 @@
 #include "check.h"
 #include "model.h"
 
-typedef enum { PREC_BF16 = 0, PREC_FP8 = 1, PREC_NVFP4 = 2 } Precision;
-
 typedef struct DeviceChoice {
     int gpu;            /* 1: CUDA backend on device 0; 0: CPU backend */
     int binary_sm;      /* architecture this binary's CUDA code targets; 0 in sampler-cpu */
@@ -26,12 +24,8 @@ typedef struct DeviceChoice {
     int sm_count;
     size_t mem_bytes;
     char name[256];     /* device name, or "cpu" */
-    Precision precision;
+    Precision precision; /* model.h; precision_parse / precision_name live there */
 } DeviceChoice;
-
-/* "bf16" | "fp8" | "nvfp4" -> Precision; -1 on anything else. */
-int precision_parse(const char *s, Precision *out);
-const char *precision_name(Precision p);
 
 /* The binary built for compute capability major.minor ("sampler-sm90"), or
  * NULL when no per-GPU binary runs on it. sm_80 code runs on every 8.x

@@ -18,19 +18,6 @@
 #pragma weak cuda_device_probe
 #pragma weak backend_cuda_create
 
-static const char *const PREC_NAMES[] = {"bf16", "fp8", "nvfp4"};
-
-int precision_parse(const char *s, Precision *out) {
-    for (int i = 0; i < 3; i++)
-        if (s && !strcmp(s, PREC_NAMES[i])) {
-            *out = (Precision)i;
-            return 0;
-        }
-    return -1;
-}
-
-const char *precision_name(Precision p) { return p >= PREC_BF16 && p <= PREC_NVFP4 ? PREC_NAMES[p] : "?"; }
-
 const char *device_binary_for(int major, int minor) {
     if (major == 8) return "sampler-sm80";
     if (major == 9 && minor == 0) return "sampler-sm90";

@@ -6,9 +6,9 @@
  * into one device arena; a hash map translates the model's host pointers
  * (what the forward pass hands to the ops) to their device copies. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
- * beyond (prefill). Nothing is allocated per step once the largest batch has
- * been seen: the bf16 activation scratch of the GEMM path grows to the
- * largest n * cols met, the attention split scratch is sized at creation.
+ * beyond (prefill). Nothing is allocated per step: the bf16 activation
+ * scratch of the GEMM path is sized by reserve (runner creation), the
+ * attention split scratch at creation.
  * Errors inside ops are bugs (the forward pass validated the batch): fatal.
  * Not here: FP8/NVFP4 weights, CUDA graphs, device sampling.
  */
@@ -101,8 +101,8 @@ static const uint16_t *dw(Backend *b, const void *h) {
     return (const uint16_t *)e->dev;
 }
 
-/* Grow a device scratch buffer; happens only when a larger batch than any before arrives. */
-static void reserve(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
+/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
+static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (*p) CUDA_CHECK(cudaFree(*p));
@@ -150,7 +150,7 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
         LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
         return;
     }
-    reserve(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
+    scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
@@ -161,7 +161,7 @@ static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
     if (splits > 1)
-        reserve(c, (void **)&c->part, &c->part_cap,
+        scratch_grow(c, (void **)&c->part, &c->part_cap,
                 sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
     LAUNCH_OK(cuda_attention(a, c->part, splits, st(b)));
 }
@@ -179,6 +179,12 @@ static void cu_gather_rows(Backend *b, float *dst, const float *src, const int32
 static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w, int n,
                               int dim) {
     LAUNCH_OK(cuda_scale_add_rows(dst, src, rows, w, n, dim, st(b)));
+}
+
+/* Runner creation: the GEMM path's bf16 copy of x for up to max_tokens x max_cols. */
+static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
+    CudaCtx *c = ctx(b);
+    scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
 }
 
 static void cu_free(Backend *b) {
@@ -233,6 +239,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->kv_write = cu_kv_write;
     b->gather_rows = cu_gather_rows;
     b->scale_add_rows = cu_scale_add_rows;
+    b->reserve = cu_reserve;
     b->free = cu_free;
     return b;
 }

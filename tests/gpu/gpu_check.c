@@ -180,11 +180,12 @@ static void check_matmul(int n, int rows, int cols, int bias, int rounded) {
     float *x = rand_f32((size_t)n * cols, 1), *xr = xmalloc(sizeof(float) * (size_t)n * cols);
     for (size_t i = 0; i < (size_t)n * cols; i++) xr[i] = rounded ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
     uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
-    WeightMat hw = {WF_BF16, rows, cols, w, NULL};
+    WeightMat hw = {.fmt = WF_BF16, .rows = rows, .cols = cols, .bf16 = w};
     float *ref = xmalloc(sizeof(float) * (size_t)n * rows);
     bc->matmul(bc, ref, xr, n, &hw, b);
     float *dx = dev_copy(x, sizeof(float) * (size_t)n * cols), *dout = dev_poisoned(sizeof(float) * (size_t)n * rows);
-    WeightMat dwm = {WF_BF16, rows, cols, dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols), NULL};
+    WeightMat dwm = {.fmt = WF_BF16, .rows = rows, .cols = cols,
+                     .bf16 = dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols)};
     uint16_t *db = bias ? dev_copy(b, sizeof(uint16_t) * rows) : NULL;
     bg->matmul(bg, dout, dx, n, &dwm, db);
     float *got = dev_result(dout, (size_t)n * rows);
@@ -591,6 +592,10 @@ static void qwen3_8b_config(ModelConfig *c) {
     c->bos_id = -1;
 }
 
+static WeightMat wmat(size_t rows, size_t cols, uint16_t *p) {
+    return (WeightMat){.fmt = WF_BF16, .rows = (int)rows, .cols = (int)cols, .bf16 = p};
+}
+
 /* Weights carved from one device arena, filled with random bf16. */
 static uint16_t *carve(char **cur, size_t n, uint64_t seed, float mean, float scale) {
     uint16_t *p = (uint16_t *)*cur;
@@ -712,7 +717,7 @@ static void part_bench(void) {
     float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
     m->embed = carve(&cur, V * H, seed++, 0, 0.05f);
     m->final_norm = carve(&cur, H, seed++, 1, 0.1f);
-    m->lm_head = (WeightMat){WF_BF16, (int)V, (int)H, carve(&cur, V * H, seed++, 0, ws), NULL};
+    m->lm_head = wmat(V, H, carve(&cur, V * H, seed++, 0, ws));
     m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *w = &m->layers[l];
@@ -720,13 +725,13 @@ static void part_bench(void) {
         w->mlp_norm = carve(&cur, H, seed++, 1, 0.1f);
         w->q_norm = carve(&cur, c->head_dim, seed++, 1, 0.1f);
         w->k_norm = carve(&cur, c->head_dim, seed++, 1, 0.1f);
-        w->q = (WeightMat){WF_BF16, (int)qd, (int)H, carve(&cur, qd * H, seed++, 0, ws), NULL};
-        w->k = (WeightMat){WF_BF16, (int)kvd, (int)H, carve(&cur, kvd * H, seed++, 0, ws), NULL};
-        w->v = (WeightMat){WF_BF16, (int)kvd, (int)H, carve(&cur, kvd * H, seed++, 0, ws), NULL};
-        w->o = (WeightMat){WF_BF16, (int)H, (int)qd, carve(&cur, H * qd, seed++, 0, ws), NULL};
-        w->gate = (WeightMat){WF_BF16, (int)I, (int)H, carve(&cur, I * H, seed++, 0, ws), NULL};
-        w->up = (WeightMat){WF_BF16, (int)I, (int)H, carve(&cur, I * H, seed++, 0, ws), NULL};
-        w->down = (WeightMat){WF_BF16, (int)H, (int)I, carve(&cur, H * I, seed++, 0, ws), NULL};
+        w->q = wmat(qd, H, carve(&cur, qd * H, seed++, 0, ws));
+        w->k = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
+        w->v = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
+        w->o = wmat(H, qd, carve(&cur, H * qd, seed++, 0, ws));
+        w->gate = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
+        w->up = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
+        w->down = wmat(H, I, carve(&cur, H * I, seed++, 0, ws));
     }
     CHECK((size_t)(cur - arena) <= arena_bytes, "bench arena overflow (a bug)");
     CK(cudaDeviceSynchronize());

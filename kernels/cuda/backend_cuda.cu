@@ -144,7 +144,7 @@ static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w
 }
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
-    CHECK(w->fmt == WF_BF16, "FP8/NVFP4 weights are not implemented on the GPU yet: run with --precision bf16");
+    CHECK(w->fmt == WF_BF16, "FP8/NVFP4 weights reached the GPU backend (a bug: backend_cuda_create refuses them)");
     const uint16_t *W = dw(b, w->bf16), *bs = dw(b, bias);
     if (n <= CUDA_GEMV_MAX_N) {
         LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
@@ -265,7 +265,9 @@ static void wl_add(WeightList *l, const void *h, size_t bytes) {
 
 static void wl_mat(WeightList *l, const WeightMat *w) {
     if (!w->bf16) return;
-    CHECK(w->fmt == WF_BF16, "FP8/NVFP4 weights are not implemented on the GPU yet: run with --precision bf16");
+    CHECK(w->fmt == WF_BF16, "the model has FP8/NVFP4 weights (--precision fp8|nvfp4, or a pre-quantized "
+          "checkpoint); the GPU backend runs BF16 weights only for now\n  fix: --precision bf16 with a BF16 "
+          "checkpoint, or the CPU backend (sampler-cpu / --device cpu)");
     wl_add(l, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
 }
 

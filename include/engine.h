@@ -1,0 +1,236 @@
+/*
+ * engine.h - the generation engine: one engine thread that turns many
+ * concurrent requests into batched forward steps (continuous batching with
+ * chunked prefill, paged KV cache with prefix caching, preemption), samples
+ * every sequence (sampling.h) and publishes per-token records to each
+ * request's consumer. The public API is thread-safe: HTTP threads call
+ * engine_submit / engine_abort / engine_pause / ... concurrently; only the
+ * engine thread touches the model and the KV cache.
+ *
+ * Lifecycle of a request, from an HTTP thread:
+ *
+ *     EngineRequestParams p; engine_request_params_default(&p);
+ *     p.prompt = ids; p.n_prompt = n; p.n = 4; p.sampling.temperature = 1;
+ *     EngineRequest *r;
+ *     if (engine_submit(e, &p, &r, &err) < 0) -> err.code 400 bad input, 503 queue full
+ *     uint64_t seen = 0;
+ *     while (engine_request_wait(r, &seen, 1000) >= 0) {      // wakes on any change
+ *         EngineSeqView v; engine_request_seq(r, i, &v);       // v.tokens[0..v.n_tokens)
+ *         ... stream records not sent yet ...
+ *         if (engine_request_done(r)) break;
+ *     }
+ *     engine_request_release(r);     // consumer is done; aborts it if still running
+ *
+ * Records [0, n_tokens) of a sequence never change once published and stay
+ * valid until engine_request_release, so they can be read without a lock.
+ *
+ * Version tagging: the engine holds a weight version (starts at 0). Every
+ * TokenRecord carries the version of the weights that produced its logits;
+ * prefix-cache keys include it, so a weight update makes old cache entries
+ * unreachable. Weight updates run through engine_run_exclusive, between steps.
+ *
+ * Not here: HTTP, tokenization, chat templates (server), the forward pass
+ * (model.h), the sampling math (sampling.h), the KV block pool (block_manager.h).
+ */
+#ifndef SAMPLER_ENGINE_H
+#define SAMPLER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "check.h"
+#include "model.h"
+#include "sampling.h"
+
+/* ---- configuration (flags; engine_create prints the values it uses) ---- */
+typedef struct EngineConfig {
+    int max_running_seqs;   /* sequences in one step; default 64 */
+    int max_batched_tokens; /* tokens in one step (prefill chunks + decodes); default 2048 */
+    int max_model_len;      /* prompt + output per sequence; default min(model max_pos, 8192) */
+    int max_waiting;        /* bounded waiting queue (requests); full -> 503; default 1024 */
+    int block_size;         /* tokens per KV block; default 16 */
+    int n_blocks;           /* KV pool size in blocks; 0 -> from kv_mem_mb */
+    size_t kv_mem_mb;       /* used when n_blocks == 0; default 1024 */
+    int enable_prefix_cache;/* default 1 */
+    int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 256 */
+    int n_threads;          /* forward-pass threads; 0 -> all cores */
+    int verbose;            /* 1: print the configuration at create (default 1) */
+    /* Test/debug hook, NULL by default: called on the engine thread with every
+     * logits row a token is sampled from (before any processing). */
+    void (*logits_tap)(void *ctx, uint64_t request_id, int seq_index, int pos, const float *row,
+                       int vocab);
+    void *logits_tap_ctx;
+} EngineConfig;
+
+void engine_config_default(EngineConfig *c);
+
+/* A backend the engine drives. NULL members of EngineConfig-less creation mean
+ * the CPU backend (Runner + KVCache from model.h). The CUDA backend provides its
+ * own. All calls come from the engine thread. */
+typedef struct EngineBackend {
+    void *ctx;
+    /* One step: logits [b->n_out, vocab] f32 for b->out_rows. */
+    int (*forward)(void *ctx, const Batch *b, float *logits, Err *err);
+    /* Copy all layers' K/V of block src into block dst. */
+    void (*copy_block)(void *ctx, int src, int dst);
+    /* experts [n_tokens, n_moe_layers, top_k] int32 for the next forward, or NULL. */
+    void (*set_expert_capture)(void *ctx, int32_t *experts);
+} EngineBackend;
+
+typedef struct Engine Engine;
+typedef struct EngineRequest EngineRequest;
+
+/* Start-up path (fatal on bad config, with a message saying which flag to fix).
+ * Creates the KV pool and the CPU Runner and starts the engine thread. */
+Engine *engine_create(Model *m, const EngineConfig *cfg);
+/* Same with a caller-provided backend (CUDA, or a test double); cfg describes
+ * the model (vocab, EOS ids, MoE shape); the pool has cfg->n_blocks blocks. */
+Engine *engine_create_with_backend(const ModelConfig *mc, const EngineBackend *be,
+                                   const EngineConfig *cfg);
+/* Stops the thread, aborts what is left (consumers see FINISH_ABORT), frees. */
+void engine_free(Engine *e);
+/* The configuration after defaults were resolved (n_blocks filled in). */
+const EngineConfig *engine_config(const Engine *e);
+
+/* ---- requests ---- */
+typedef struct EngineRequestParams {
+    const int32_t *prompt;  /* [n_prompt] token ids; copied at submit */
+    int n_prompt;
+    int n;                  /* samples of this prompt (share the prompt's KV blocks); 1..1024, default 1 */
+    SamplingParams sampling; /* max_tokens is capped at max_model_len - n_prompt */
+    /* return options */
+    int top_logprobs;       /* N alternatives per generated token, 0..SAMPLING_MAX_TOP_N */
+    int want_raw_logprob;   /* log-prob under the temperature-scaled unprocessed distribution */
+    int want_mask;          /* the exact kept id set per token (CSR) */
+    int prompt_logprobs;    /* -1: none; 0: the prompt tokens' own log-probs; N: also top-N */
+    int want_experts;       /* MoE: routed expert ids per layer per generated token */
+    uint64_t user_tag;      /* opaque, for the caller's bookkeeping */
+} EngineRequestParams;
+
+void engine_request_params_default(EngineRequestParams *p);
+
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } FinishReason;
+const char *finish_reason_name(FinishReason f); /* "stop" "length" "abort" (NULL for NONE) */
+
+/* One generated token. Pointers point into storage owned by the request. */
+typedef struct TokenRecord {
+    int32_t token;
+    int32_t pos;              /* position in the sequence (n_prompt + index) */
+    uint64_t weight_version;  /* weights that produced the logits this token was sampled from */
+    float logprob;            /* under the distribution actually sampled from */
+    float logprob_raw;        /* under softmax(logits / T); NAN unless want_raw_logprob */
+    int32_t n_top;            /* alternatives (top_logprobs) */
+    const int32_t *top_ids;   /* [n_top] ranked by processed logit, id asc on ties */
+    const float *top_logprobs;     /* [n_top] sampled distribution (-inf outside the mask) */
+    const float *top_logprobs_raw; /* [n_top] raw distribution, or NULL */
+    int32_t mask_n;           /* size of the kept set (always filled) */
+    const int32_t *mask_ids;  /* [mask_n] ascending, or NULL unless want_mask */
+    const int32_t *experts;   /* [n_moe_layers, top_k] or NULL unless want_experts */
+} TokenRecord;
+
+/* A consistent snapshot of one sequence of a request. */
+typedef struct EngineSeqView {
+    int n_tokens;                /* published records */
+    const TokenRecord *tokens;   /* [n_tokens] */
+    FinishReason finish;         /* FINISH_NONE while running */
+    int32_t stop_token;          /* the id that ended it with FINISH_STOP, else -1 */
+} EngineSeqView;
+
+/* Submit. Returns 0 and a handle (the caller must engine_request_release it),
+ * or <0 with err: 400 bad input (prompt empty / too long for max_model_len,
+ * token id out of range, bad sampling params, n out of range), 503 waiting
+ * queue full or engine shutting down. Nothing is queued on error. Requests
+ * submitted while paused wait and are admitted after engine_resume. */
+int engine_submit(Engine *e, const EngineRequestParams *p, EngineRequest **out, Err *err);
+
+/* Block until the request changed since *seen (new tokens, prompt log-probs
+ * or a finish), or timeout_ms passed (-1: forever). Returns 1 changed (and
+ * updates *seen), 0 timed out, or 0 at once when the request is done and
+ * nothing changed since *seen. */
+int engine_request_wait(EngineRequest *r, uint64_t *seen, int timeout_ms);
+int engine_request_n_seqs(const EngineRequest *r);
+void engine_request_seq(EngineRequest *r, int seq_index, EngineSeqView *out);
+int engine_request_done(EngineRequest *r); /* 1 when every sequence has finished */
+uint64_t engine_request_id(const EngineRequest *r);
+uint64_t engine_request_user_tag(const EngineRequest *r);
+/* Prompt log-probs (prompt_logprobs >= 0): returns the number of prompt
+ * positions published so far (n_prompt once done); lp [n_prompt] (lp[0] is NAN,
+ * the first token has no context), top_ids/top_lp [n_prompt, N] or NULL. */
+int engine_request_prompt_logprobs(EngineRequest *r, const float **lp,
+                                   const int32_t **top_ids, const float **top_lp);
+/* Copy a sequence's masks into CSR form: offsets [n_tokens + 1] (int64), ids
+ * [offsets[n_tokens]]. Pass ids NULL to get offsets (the size) first. Returns
+ * n_tokens. For a FINISHED sequence (the count cannot grow between calls);
+ * while it runs use engine_request_mask_csr_n. */
+int engine_request_mask_csr(EngineRequest *r, int seq_index, int64_t *offsets, int32_t *ids);
+/* The same for records [0, n) only (n <= published records): offsets [n + 1]. */
+int engine_request_mask_csr_n(EngineRequest *r, int seq_index, int n, int64_t *offsets, int32_t *ids);
+/* Experts per token: n_moe_layers * top_k ids per record (0 for dense models).
+ * Router replay (want_experts): the record of generated token i holds the
+ * routing of the forward step that produced its logits, i.e. of the input
+ * token at position n_prompt - 1 + i; the prompt's other positions
+ * 0..n_prompt-2 come from engine_request_prompt_experts. Together they cover
+ * every input position of prompt + output except the last sampled token.
+ * Requests with want_experts or prompt_logprobs bypass prefix-cache lookups
+ * (every prompt position is computed). */
+int engine_experts_per_token(const Engine *e);
+/* Returns positions published so far (n_prompt - 1 once done); experts
+ * [n_prompt - 1, experts_per_token]. */
+int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts);
+/* Abort (client gone, abort call). Takes effect at the next step boundary:
+ * blocks freed, unfinished sequences finish with FINISH_ABORT. Idempotent. */
+void engine_abort(Engine *e, EngineRequest *r);
+/* The consumer is done with the handle: aborts it if unfinished; the engine
+ * frees it once it has let go too. */
+void engine_request_release(EngineRequest *r);
+
+/* ---- pause / resume / exclusive sections (weight updates) ---- */
+typedef enum {
+    PAUSE_ABORT = 0, /* finish every request (running and waiting) now with FINISH_ABORT */
+    PAUSE_WAIT,      /* admit nothing new; returns once running sequences have finished */
+    PAUSE_KEEP,      /* freeze running sequences in place (KV kept); continue after resume */
+} PauseMode;
+
+/* Blocks until the pause took effect (no step in flight, and for PAUSE_WAIT
+ * nothing running). New submissions are accepted and wait. */
+int engine_pause(Engine *e, PauseMode mode, Err *err);
+void engine_resume(Engine *e);
+int engine_is_paused(Engine *e);
+
+/* Run fn(ctx, err) on the engine thread between two steps, with exclusive
+ * access to the model and KV cache, and wait for it. If fn returns 0 and
+ * bump_version is set, the weight version is incremented and the prefix cache
+ * invalidated. Returns fn's status. Works whether or not the engine is paused. */
+typedef int (*EngineExclusiveFn)(void *ctx, Err *err);
+int engine_run_exclusive(Engine *e, EngineExclusiveFn fn, void *ctx, int bump_version, Err *err);
+uint64_t engine_weight_version(Engine *e);
+
+/* ---- metrics ---- */
+#define ENGINE_HIST_BUCKETS 16
+extern const double engine_hist_bounds[ENGINE_HIST_BUCKETS]; /* seconds, upper bounds; last is +inf */
+
+typedef struct EngineHist {
+    uint64_t count[ENGINE_HIST_BUCKETS]; /* per bucket (not cumulative) */
+    uint64_t n;
+    double sum; /* seconds */
+} EngineHist;
+
+typedef struct EngineMetrics {
+    uint64_t requests_submitted, requests_rejected;
+    uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort; /* sequences */
+    uint64_t prompt_tokens;      /* submitted prompt tokens (x n) */
+    uint64_t generated_tokens;
+    uint64_t prefill_tokens_computed;
+    uint64_t prefix_cache_queries, prefix_cache_hits; /* tokens looked up / found */
+    uint64_t preemptions, steps;
+    int running, waiting;        /* sequences */
+    int paused;
+    int kv_blocks_total, kv_blocks_used, kv_blocks_cached; /* used: referenced; cached: evictable */
+    double kv_usage;             /* used / total */
+    uint64_t weight_version;
+    EngineHist ttft, itl;
+} EngineMetrics;
+
+void engine_metrics(Engine *e, EngineMetrics *out);
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * gen.h - one HTTP generation in flight: its prompts submitted to the engine
+ * (one EngineRequest per prompt, n samples each), and per choice the
+ * detokenized text with stop strings applied, ready to be written out as a
+ * whole response or as SSE deltas. Also the JSON pieces both endpoints share:
+ * usage, OpenAI logprobs (completions and chat shapes) and the RL fields.
+ *
+ * Stop strings: text is matched across token boundaries; a match ends the
+ * choice (finish "stop") and truncates the text at the match (after it with
+ * include_stop_str_in_output); the token that completed the match is the last
+ * one returned. While streaming, the last (longest stop - 1) bytes are held
+ * back until they cannot start a match.
+ *
+ * Not here: response shapes (api_completions.c, api_chat.c).
+ */
+#ifndef SAMPLER_GEN_H
+#define SAMPLER_GEN_H
+
+#include <jansson.h>
+
+#include "buf.h"
+#include "request_parse.h"
+#include "server.h"
+
+#define GEN_MAX_CHOICES 1024 /* prompts x n per request */
+
+typedef struct Choice {
+    int index;            /* in the response: prompt_i * n + seq */
+    int prompt_i;
+    EngineRequest *r;
+    int seq;
+    TokDecoder *dec;
+    Buf text;             /* generated text, final up to a stop match */
+    size_t text_sent;     /* bytes streamed */
+    int n_seen;           /* engine records consumed */
+    int n_out;            /* records that belong to the output */
+    int n_sent;           /* records streamed */
+    int done;             /* no more output will come */
+    const char *finish;   /* "stop" "length" "abort" once done */
+    int started;          /* streaming: the first chunk went out */
+    int final_sent;       /* streaming: the finish chunk went out */
+    void *api;            /* endpoint state (chat: tool parser) */
+} Choice;
+
+typedef struct Gen {
+    Server *s;
+    int fd;               /* client socket for disconnect checks, or -1 */
+    GenParams p;
+    TokIds *prompts;      /* [n_prompts] */
+    int n_prompts;
+    EngineRequest **reqs; /* [n_prompts] */
+    uint64_t *seen;       /* [n_prompts] */
+    Choice *ch;           /* [n_ch] */
+    int n_ch;
+    LiveReq live;
+    char id[48];
+    int64_t created;
+    int client_gone;
+    double last_out;      /* streaming: monotonic seconds when bytes last went out */
+    int counted;          /* holds a Server.inflight slot */
+} Gen;
+
+/* Check lengths against the model (400 with param max_tokens / prompt),
+ * apply the endpoint's default max_tokens (chat: the rest of the context),
+ * submit every prompt. Takes ownership of p and prompts (freed by gen_free,
+ * also on error). 503 when the queue is full or the server is shutting down. */
+int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
+              Err *err);
+/* Wait up to timeout_ms for engine progress, then consume it. Returns 1 when
+ * every choice is done, 0 otherwise, -1 when the client went away. */
+int gen_step(Gen *g, int timeout_ms);
+/* Streaming: after a step that produced nothing, add an SSE comment when
+ * the stream has been silent for 15 s (paused engine, long queue), so
+ * proxies and clients do not time out. Returns 1 if it wrote one. */
+int gen_keepalive(Gen *g, Buf *out);
+/* Bytes of c->text that may be sent now. */
+size_t gen_emit_limit(const Gen *g, const Choice *c);
+void gen_free(Gen *g);
+
+/* {"prompt_tokens", "completion_tokens", "total_tokens"} */
+json_t *gen_usage(const Gen *g);
+/* OpenAI completions logprobs {"tokens", "token_logprobs", "top_logprobs",
+ * "text_offset"} for records [from, to) of c; *offset carries text_offset. */
+json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offset);
+/* Chat logprobs content list [{"token", "logprob", "bytes", "top_logprobs"}]. */
+json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to);
+/* RL fields of records [from, to) of c added to obj: token_ids,
+ * sampler_logprobs + token_weight_versions, raw_logprobs, sampling_mask,
+ * routed_experts (each when asked for). */
+void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj);
+/* Distinct weight versions of the output tokens of c, ascending. */
+json_t *gen_weight_versions(Gen *g, Choice *c);
+/* vLLM prompt_logprobs of prompt i: [null, {"id": {"logprob", "rank", "decoded_token"}}, ...]. */
+json_t *gen_prompt_logprobs(Gen *g, int prompt_i);
+/* A JSON number for a log-prob (-inf as -9999.0, as vLLM does). */
+json_t *gen_lp(float x);
+/* Text of one token (decoded alone, special tokens kept). malloc'd. */
+char *gen_token_text(Gen *g, int32_t id);
+
+#endif

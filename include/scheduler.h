@@ -1,0 +1,102 @@
+/*
+ * scheduler.h - decides what one engine step computes: which sequences, how
+ * many tokens of each (chunked prefill next to decodes), which KV blocks they
+ * write, which logits rows come back. Owns the running list and the waiting
+ * queue; preempts the newest running sequences when the KV pool is full.
+ *
+ * Policy, per step (budget = max_batched_tokens tokens):
+ *   1. running sequences, oldest first, each get the tokens they still need
+ *      (1 for a decode, a chunk of the rest for a prefill) as the budget
+ *      allows. If their blocks cannot be allocated, the NEWEST running
+ *      sequence is preempted (blocks released, back to the front of the
+ *      waiting queue, recomputed later) until they can; a sequence that is
+ *      itself the newest preempts itself. Running sequences never fail.
+ *   2. if nothing was preempted, waiting sequences are admitted in FIFO order
+ *      while a running slot, budget and blocks are left: first every cached
+ *      full block of their token prefix is taken from the prefix cache, then
+ *      blocks for the chunk are allocated. Admission never preempts.
+ * No deadlock: the pool holds at least one max_model_len sequence, and when
+ * nothing runs every cached block is evictable.
+ *
+ * Not here: requests, sampling, threads (engine.c). Engine thread only.
+ */
+#ifndef SAMPLER_SCHEDULER_H
+#define SAMPLER_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "block_manager.h"
+
+struct EngineRequest;
+
+typedef enum { SEQ_PENDING = 0, SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } SeqState;
+
+typedef struct Seq {
+    struct EngineRequest *req;
+    int index;            /* sample index within the request (RNG stream) */
+    uint64_t arrival;     /* order: older first; preemption takes the largest */
+    SeqState state;
+    int started;          /* admitted at least once (PAUSE_WAIT lets these continue) */
+    /* tokens: prompt then generated */
+    int32_t *tokens;      /* [max_len] */
+    int n_tokens, n_prompt, max_len;
+    /* KV */
+    int32_t *blocks;      /* [max_blocks] block table */
+    int n_blocks;
+    int n_computed;       /* positions [0, n_computed) hold valid K/V */
+    uint64_t *keys;       /* [max_blocks] prefix-cache chain keys of leading full blocks */
+    int n_keys;
+    uint64_t kv_version;  /* weights of the first K/V; blocks register only if current */
+    int no_prefix_lookup; /* needs every position computed (prompt log-probs, experts) */
+    int rows_all;         /* wants a logits row for every prefill token (prompt log-probs) */
+    int lp_done;          /* prompt positions whose log-prob is published */
+    struct Seq *wprev, *wnext; /* waiting queue links */
+    /* this step's plan */
+    int plan_start, plan_n;   /* tokens [plan_start, plan_start + plan_n) */
+    int plan_row0, plan_rows; /* their logits rows */
+    int plan_sample_row;      /* row to sample the next token from, -1 if none */
+    int plan_tok0;            /* index of the first token in the batch */
+} Seq;
+
+typedef struct Scheduler {
+    int max_running, max_batched, block_size, max_blocks, lp_rows_max;
+    int admit;            /* 0: admit nothing; 1: everything; 2: only started sequences */
+    uint64_t version;     /* current weight version */
+    BlockManager *bm;
+    Seq **running;        /* [max_running] by arrival */
+    int n_running;
+    Seq *wait_head, *wait_tail;
+    int n_waiting;
+    /* the planned batch */
+    Seq **sched;          /* [max_running] */
+    int n_sched;
+    int32_t *tok, *pos, *seqi; /* [max_batched] */
+    int32_t *out_rows;    /* [max_running + lp_rows_max] */
+    const int32_t **tables; /* [max_running] */
+    int n_tok, n_out;
+    /* counters */
+    uint64_t preemptions, lookup_tokens, hit_tokens;
+} Scheduler;
+
+Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, int max_model_len,
+                            int lp_rows_max);
+void scheduler_free(Scheduler *s);
+
+/* Queue a sequence (SEQ_WAITING). front: ahead of everything (preempted, forks). */
+void scheduler_enqueue(Scheduler *s, Seq *q, int front);
+/* Take a sequence out of the running list or waiting queue and release its
+ * blocks (full registered ones stay in the prefix cache). State -> SEQ_DONE. */
+void scheduler_remove(Scheduler *s, Seq *q);
+/* Plan one step into s->tok/pos/seqi/tables/out_rows. Returns the number of
+ * tokens (0: nothing to do). */
+int scheduler_plan(Scheduler *s);
+/* After the forward pass: advance n_computed and register full blocks. */
+void scheduler_commit(Scheduler *s);
+/* Start sibling `to` as a copy of `from` (prompt fully computed, nothing
+ * generated): shares full blocks, copies the partial last one via copy_block.
+ * Returns 0, or -1 (no running slot or block; `to` untouched). */
+int scheduler_fork(Scheduler *s, Seq *from, Seq *to, void (*copy_block)(void *, int, int), void *ctx);
+/* Forget the prefix cache (weight version changed to `version`). */
+void scheduler_set_version(Scheduler *s, uint64_t version);
+
+#endif

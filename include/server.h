@@ -1,0 +1,171 @@
+/*
+ * server.h - the OpenAI-compatible HTTP server: shared state, the per-request
+ * context the endpoint handlers receive, and the helpers they answer with.
+ *
+ * Threads: libmicrohttpd runs one thread per connection; a handler may block
+ * on the engine (engine_request_wait) and checks http_client_gone() while it
+ * waits, so a client that disconnects aborts its request at once.
+ * Routing, auth and body limits live in http.c; one file per endpoint family
+ * (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c); metrics.c
+ * renders /metrics.
+ *
+ * Not here: the engine (engine.h), tokenization (tokenizer.h).
+ */
+#ifndef SAMPLER_SERVER_H
+#define SAMPLER_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "buf.h"
+#include "check.h"
+#include "engine.h"
+#include "model.h"
+#include "tokenizer.h"
+
+struct MHD_Connection;
+struct MHD_Daemon;
+typedef struct WeightVersion WeightVersion;
+
+typedef struct ServerConfig {
+    const char *host;              /* default 127.0.0.1 */
+    int port;                      /* default 8000; 0: pick a free port (printed) */
+    const char *served_model_name; /* default: the model directory's base name */
+    const char *api_key;           /* NULL: no auth on /v1 */
+    const char *admin_token;       /* NULL: admin endpoints answer 403 */
+    size_t max_body_bytes;         /* JSON bodies; default 8 MiB */
+    size_t max_delta_bytes;        /* POST /admin/v1/weights/delta; default 4 GiB */
+    int max_connections;           /* default 1024 */
+    double shutdown_timeout_s;     /* SIGTERM: wait this long for in-flight requests; default 30 */
+    int max_logprobs;              /* top_logprobs / logprobs upper bound; default 20 */
+    int max_n;                     /* n upper bound; default 128 */
+    int reasoning_parser;          /* 1: split <think> into reasoning_content (qwen3); default 1 */
+    int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
+    int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
+    int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
+} ServerConfig;
+
+void server_config_default(ServerConfig *c);
+
+/* Server-side counters (the engine keeps its own, see engine_metrics). */
+#define SERVER_N_STATUS 10
+typedef struct ServerMetrics {
+    atomic_ullong http_by_status[SERVER_N_STATUS]; /* see metrics.c: 200 400 401 403 404 409 413 422 429|503 500 */
+    atomic_ullong http_other;
+    atomic_ullong stream_disconnects;
+    atomic_ullong forward_ns;      /* model forward time (timed backend) */
+    atomic_ullong forward_calls;
+} ServerMetrics;
+
+/* A live HTTP generation, findable by its response id for POST /abort_request. */
+typedef struct LiveReq {
+    char id[48];
+    EngineRequest **reqs;
+    int n_reqs;
+    struct LiveReq *next, *prev;
+} LiveReq;
+
+typedef struct Server {
+    ServerConfig cfg;
+    char model_name[256];
+    char model_dir[1024];
+    Model *model;
+    Tokenizer *tok;
+    Engine *eng;
+    int vocab;                     /* the model's vocab (token ids must be below it) */
+    int max_model_len;
+    WeightVersion *wv;             /* per-tensor hashes and lineage; under admin_mu */
+    pthread_mutex_t admin_mu;
+    ServerMetrics metrics;
+    atomic_int shutting_down;
+    atomic_int inflight;
+    atomic_ullong next_id;
+    int64_t created;
+    uint64_t *version_map;         /* [n_versions] engine version -> checkpoint version; under live_mu */
+    int n_versions, cap_versions;
+    pthread_mutex_t live_mu;
+    LiveReq *live;
+    struct MHD_Daemon *d;
+    int bound_port;
+} Server;
+
+/* Start-up path: listen (fatal if the address is taken). */
+void server_start(Server *s);
+/* Stop accepting new connections (SIGTERM, first step). */
+void server_quiesce(Server *s);
+/* Close every connection and stop the daemon. */
+void server_stop(Server *s);
+
+/* ---- per request ---- */
+typedef struct HttpReq {
+    Server *s;
+    struct MHD_Connection *c;
+    const char *method, *url;
+    Buf body;
+    int too_large;
+    int counted;                   /* inflight incremented */
+    int status;                    /* what was answered, for metrics */
+} HttpReq;
+
+/* Answer with a JSON document (steals the reference). Returns an MHD result. */
+int http_send_json(HttpReq *q, int status, json_t *j);
+int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, size_t n);
+/* OpenAI error shape {"error": {"message", "type", "param", "code"}}; type and
+ * code derive from status; param may be NULL. */
+json_t *http_error_json(int status, const char *param, const char *msg);
+int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Error from an Err whose message may start with "param: " (request_parse). */
+int http_send_err(HttpReq *q, const Err *e);
+/* The connection's socket, and whether its client closed it (poll, no wait). */
+int http_conn_fd(HttpReq *q);
+int http_fd_gone(int fd);
+/* "model" of a request body: absent or the served name (or the model
+ * directory); else 404 (400 for a wrong type). */
+int http_check_model(Server *s, json_t *body, Err *err);
+/* A streamed response: fill(ctx, out) appends the next bytes to out and
+ * returns 1 while more may come, 0 at the end, -1 on client loss; done(ctx)
+ * runs once the connection no longer needs the stream (abort + free). */
+typedef int (*StreamFill)(void *ctx, Buf *out);
+typedef void (*StreamDone)(void *ctx);
+int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx);
+
+/* The checkpoint (delta) version of weights the engine calls version e:
+ * the engine counts updates 0, 1, 2, ...; deltas may start later and skip. */
+uint64_t server_weight_version(Server *s, uint64_t e);
+/* Record that engine version e now serves checkpoint version v. */
+void server_map_version(Server *s, uint64_t e, uint64_t v);
+
+/* Fresh id like "cmpl-0001a2b3c4d5e6f7". */
+void server_new_id(Server *s, const char *prefix, char *out, size_t cap);
+int64_t server_now_s(void);
+void server_live_add(Server *s, LiveReq *l);
+void server_live_remove(Server *s, LiveReq *l);
+/* Abort the live request with this id (all of them when id is NULL); returns how many. */
+int server_live_abort(Server *s, const char *id);
+
+/* ---- endpoints ---- */
+int api_models(HttpReq *q);
+int api_completions(HttpReq *q, json_t *body);
+int api_chat(HttpReq *q, json_t *body);
+int api_tokenize(HttpReq *q, json_t *body);
+/* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
+ * rendered and tokenized; *tools_on: tool calls should be parsed. */
+int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err);
+int api_detokenize(HttpReq *q, json_t *body);
+int api_admin_delta(HttpReq *q);
+int api_admin_weights(HttpReq *q);
+int api_admin_pause(HttpReq *q);
+int api_admin_resume(HttpReq *q);
+int api_admin_is_paused(HttpReq *q);
+int api_admin_abort(HttpReq *q, json_t *body);
+int api_metrics(HttpReq *q);
+
+/* Start-up: apply a delta file (--delta), fatal on error. */
+void admin_apply_delta_file(Server *s, const char *path);
+
+#endif

@@ -1,0 +1,132 @@
+/*
+ * api_admin.c - the trainer's controls, behind the admin token (http.c):
+ *   POST /admin/v1/weights/delta   binary delta container -> applied in place
+ *   GET  /admin/v1/weights         {"version", "model_fingerprint", "tensors"}
+ *   POST /pause[?mode=abort|wait|keep], POST /resume, GET /is_paused
+ *   POST /abort_request            {"rid": id} or {"abort_all": true}
+ * A delta is validated and decoded while the engine keeps serving
+ * (delta_prepare), then committed between two engine steps
+ * (engine_run_exclusive): running requests continue, and every token after the
+ * commit carries the new weight version. Deltas are serialized by admin_mu.
+ *
+ * Not here: the delta format and apply (delta.h).
+ */
+#include <microhttpd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "delta.h"
+#include "log.h"
+#include "server.h"
+
+typedef struct Commit {
+    DeltaPlan *plan;
+    DeltaTarget *tgt;
+    WeightVersion *wv;
+    DeltaResult res;
+} Commit;
+
+static int commit_fn(void *ctx, Err *err) {
+    Commit *c = ctx;
+    return delta_commit(c->plan, c->tgt, c->wv, &c->res, err);
+}
+
+/* Prepare while serving, commit between steps. Caller holds admin_mu. */
+static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err *err) {
+    DeltaTarget tgt = { .lookup = delta_lookup_model, .ctx = s->model, .n_threads = 4, .skip_verify_after = 0 };
+    DeltaPlan *plan = NULL;
+    if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;
+    Commit c = { plan, &tgt, s->wv, {0} };
+    uint64_t before = s->wv->version;
+    int rc = engine_run_exclusive(s->eng, commit_fn, &c, delta_plan_header(plan)->target_version != before, err);
+    delta_plan_free(plan);
+    if (rc < 0) return rc;
+    *res = c.res;
+    server_map_version(s, engine_weight_version(s->eng), s->wv->version);
+    if (!res->noop && s->wv->version != before)
+        log_info("weights: version %llu -> %llu (%d tensors, %lld elements)", (unsigned long long)before,
+                 (unsigned long long)s->wv->version, res->tensors_updated, (long long)res->elements_updated);
+    return 0;
+}
+
+int api_admin_delta(HttpReq *q) {
+    Server *s = q->s;
+    Err err = {0};
+    DeltaResult res = {0};
+    pthread_mutex_lock(&s->admin_mu);
+    int rc = apply(s, (const uint8_t *)q->body.p, q->body.n, &res, &err);
+    char *body = rc < 0 ? delta_error_json(&err, s->wv) : delta_result_json(&res);
+    pthread_mutex_unlock(&s->admin_mu);
+    int status = rc < 0 ? (err.code ? err.code : 500) : 200;
+    int ret = http_send_text(q, status, "application/json", body, strlen(body));
+    free(body);
+    return ret;
+}
+
+int api_admin_weights(HttpReq *q) {
+    Server *s = q->s;
+    pthread_mutex_lock(&s->admin_mu);
+    char *body = weight_version_json(s->wv);
+    pthread_mutex_unlock(&s->admin_mu);
+    int ret = http_send_text(q, 200, "application/json", body, strlen(body));
+    free(body);
+    return ret;
+}
+
+void admin_apply_delta_file(Server *s, const char *path) {
+    FILE *f = fopen(path, "rb");
+    CHECK_PTR(f, "--delta %s: cannot open: %s", path, strerror(errno));
+    CHECK(fseek(f, 0, SEEK_END) == 0, "--delta %s: cannot seek", path);
+    long n = ftell(f);
+    CHECK(n >= 0, "--delta %s: cannot size", path);
+    rewind(f);
+    uint8_t *buf = xmalloc((size_t)n + 1);
+    CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n, "--delta %s: short read", path);
+    fclose(f);
+    Err err = {0};
+    DeltaResult res;
+    pthread_mutex_lock(&s->admin_mu);
+    int rc = apply(s, buf, (size_t)n, &res, &err);
+    pthread_mutex_unlock(&s->admin_mu);
+    free(buf);
+    CHECK(rc == 0, "--delta %s: %s\n  fix: pass the deltas in version order, made for this model", path, err.msg);
+}
+
+static json_t *pause_state(Server *s) {
+    json_t *o = json_object();
+    json_object_set_new(o, "is_paused", json_boolean(engine_is_paused(s->eng)));
+    return o;
+}
+
+int api_admin_pause(HttpReq *q) {
+    Server *s = q->s;
+    const char *m = MHD_lookup_connection_value(q->c, MHD_GET_ARGUMENT_KIND, "mode");
+    PauseMode mode = PAUSE_ABORT;
+    if (!m || !strcmp(m, "abort")) mode = PAUSE_ABORT;
+    else if (!strcmp(m, "wait")) mode = PAUSE_WAIT;
+    else if (!strcmp(m, "keep") || !strcmp(m, "in_place")) mode = PAUSE_KEEP;
+    else return http_send_error(q, 400, "mode", "mode: must be abort, wait or keep");
+    Err err = {0};
+    if (engine_pause(s->eng, mode, &err) < 0) return http_send_err(q, &err);
+    return http_send_json(q, 200, pause_state(s));
+}
+
+int api_admin_resume(HttpReq *q) {
+    engine_resume(q->s->eng);
+    return http_send_json(q, 200, pause_state(q->s));
+}
+
+int api_admin_is_paused(HttpReq *q) { return http_send_json(q, 200, pause_state(q->s)); }
+
+int api_admin_abort(HttpReq *q, json_t *body) {
+    Server *s = q->s;
+    json_t *rid = json_object_get(body, "rid");
+    json_t *all = json_object_get(body, "abort_all");
+    int n;
+    if (json_is_true(all)) n = server_live_abort(s, NULL);
+    else if (json_is_string(rid)) n = server_live_abort(s, json_string_value(rid));
+    else return http_send_error(q, 400, "rid", "rid: give the response id to abort, or \"abort_all\": true");
+    json_t *o = json_object();
+    json_object_set_new(o, "aborted", json_integer(n));
+    return http_send_json(q, 200, o);
+}

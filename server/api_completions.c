@@ -1,0 +1,216 @@
+/*
+ * api_completions.c - POST /v1/completions (OpenAI legacy completions as vLLM
+ * serves them): whole responses and SSE streams, echo, logprobs, and the RL
+ * fields (gen.h).
+ */
+#include <microhttpd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen.h"
+#include "sse.h"
+
+static json_t *choice_json(Gen *g, Choice *c, const char *text, size_t n, json_t *logprobs, const char *finish) {
+    json_t *o = json_object();
+    json_object_set_new(o, "index", json_integer(c->index));
+    json_object_set_new(o, "text", json_stringn(text ? text : "", text ? n : 0));
+    json_object_set_new(o, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(o, "finish_reason", finish ? json_string(finish) : json_null());
+    (void)g;
+    return o;
+}
+
+static char *prompt_text(Gen *g, int pi, size_t *n) {
+    char *t = NULL;
+    Err e = {0};
+    if (tokenizer_decode(g->s->tok, g->prompts[pi].ids, g->prompts[pi].n, false, &t, n, &e) < 0) {
+        *n = 0;
+        return strdup("");
+    }
+    return t;
+}
+
+/* Echo with logprobs: the prompt tokens' entries (first one null) in front. */
+static void prepend_prompt_logprobs(Gen *g, int pi, json_t *lp, long *offset) {
+    const float *plp, *top_lp;
+    const int32_t *top_ids;
+    int n = engine_request_prompt_logprobs(g->reqs[pi], &plp, &top_ids, &top_lp);
+    int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int k = 0; k < n; k++) {
+        char *t = gen_token_text(g, g->prompts[pi].ids[k]);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(lps, k ? gen_lp(plp[k]) : json_null());
+        json_array_append_new(offs, json_integer(*offset));
+        for (const char *s = t; *s; s++) *offset += ((unsigned char)*s & 0xC0) != 0x80;
+        if (!k) json_array_append_new(tops, json_null());
+        else {
+            json_t *d = json_object();
+            for (int j = 0; j < N && j < g->p.logprobs && top_ids; j++) {
+                char *a = gen_token_text(g, top_ids[(size_t)k * N + j]);
+                if (!json_object_get(d, a)) json_object_set_new(d, a, gen_lp(top_lp[(size_t)k * N + j]));
+                free(a);
+            }
+            if (!json_object_get(d, t)) json_object_set_new(d, t, gen_lp(plp[k]));
+            json_array_append_new(tops, d);
+        }
+        free(t);
+    }
+    const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    json_t *pre[4] = {toks, lps, tops, offs};
+    for (int i = 0; i < 4; i++) {
+        json_array_extend(pre[i], json_object_get(lp, keys[i]));
+        json_object_set_new(lp, keys[i], pre[i]);
+    }
+}
+
+static json_t *head(Gen *g) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(g->id));
+    json_object_set_new(o, "object", json_string("text_completion"));
+    json_object_set_new(o, "created", json_integer(g->created));
+    json_object_set_new(o, "model", json_string(g->s->model_name));
+    return o;
+}
+
+static void add_prompt_ids(Gen *g, Choice *c, json_t *o) {
+    json_t *a = json_array();
+    for (size_t k = 0; k < g->prompts[c->prompt_i].n; k++) json_array_append_new(a, json_integer(g->prompts[c->prompt_i].ids[k]));
+    json_object_set_new(o, "prompt_token_ids", a);
+}
+
+static int respond_whole(HttpReq *q, Gen *g) {
+    json_t *o = head(g), *choices = json_array();
+    for (int i = 0; i < g->n_ch; i++) {
+        Choice *c = &g->ch[i];
+        Buf text = {0};
+        size_t pn = 0;
+        long offset = 0;
+        if (g->p.echo) {
+            char *pt = prompt_text(g, c->prompt_i, &pn);
+            buf_append(&text, pt, pn);
+            free(pt);
+        }
+        buf_append(&text, c->text.p ? c->text.p : "", c->text.n);
+        json_t *lp = NULL;
+        if (g->p.logprobs >= 0) {
+            long gen_off = 0;
+            if (g->p.echo) {
+                lp = gen_logprobs_completions(g, c, 0, c->n_out, &gen_off);
+                prepend_prompt_logprobs(g, c->prompt_i, lp, &offset);
+                /* shift the generated offsets past the prompt */
+                json_t *offs = json_object_get(lp, "text_offset");
+                size_t np = g->prompts[c->prompt_i].n;
+                for (size_t k = np; k < json_array_size(offs); k++)
+                    json_array_set_new(offs, k, json_integer(json_integer_value(json_array_get(offs, k)) + offset));
+            } else {
+                lp = gen_logprobs_completions(g, c, 0, c->n_out, &offset);
+            }
+        }
+        json_t *ch = choice_json(g, c, text.p, text.n, lp, c->finish);
+        buf_free(&text);
+        if (g->p.ret_token_ids) add_prompt_ids(g, c, ch);
+        gen_rl_fields(g, c, 0, c->n_out, ch);
+        json_object_set_new(ch, "weight_versions", gen_weight_versions(g, c));
+        if (g->p.prompt_logprobs >= 0) json_object_set_new(ch, "prompt_logprobs", gen_prompt_logprobs(g, c->prompt_i));
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", gen_usage(g));
+    json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
+    return http_send_json(q, 200, o);
+}
+
+/* ---- streaming ---- */
+static int fill(void *ctx, Buf *out) {
+    Gen *g = ctx;
+    for (;;) {
+        int all_final = 1;
+        for (int i = 0; i < g->n_ch; i++) all_final &= g->ch[i].final_sent;
+        if (all_final) {
+            if (g->p.include_usage) {
+                json_t *o = head(g);
+                json_object_set_new(o, "choices", json_array());
+                json_object_set_new(o, "usage", gen_usage(g));
+                sse_event_json(out, o);
+            }
+            sse_done(out);
+            return 0;
+        }
+        int r = gen_step(g, 50);
+        if (r < 0) return -1;
+        for (int i = 0; i < g->n_ch; i++) {
+            Choice *c = &g->ch[i];
+            if (c->final_sent) continue;
+            Buf text = {0};
+            if (!c->started && g->p.echo) {
+                size_t pn;
+                char *pt = prompt_text(g, c->prompt_i, &pn);
+                buf_append(&text, pt, pn);
+                free(pt);
+            }
+            size_t lim = gen_emit_limit(g, c);
+            if (lim > c->text_sent) buf_append(&text, c->text.p + c->text_sent, lim - c->text_sent);
+            int from = c->n_sent, to = c->n_out;
+            int final = c->done && lim == c->text.n;
+            int rl = g->p.ret_token_ids || g->p.ret_sampler_lp || g->p.ret_raw_lp || g->p.ret_mask || g->p.ret_experts;
+            if (text.n == 0 && !final && !(to > from && (rl || g->p.logprobs >= 0)) && c->started) { buf_free(&text); continue; }
+            long offset = (long)c->text_sent;
+            json_t *lp = g->p.logprobs >= 0 && to > from ? gen_logprobs_completions(g, c, from, to, &offset) : NULL;
+            json_t *ch = choice_json(g, c, text.p, text.n, lp, final ? c->finish : NULL);
+            buf_free(&text);
+            if (!c->started && g->p.ret_token_ids) add_prompt_ids(g, c, ch);
+            gen_rl_fields(g, c, from, to, ch);
+            if (final) json_object_set_new(ch, "weight_versions", gen_weight_versions(g, c));
+            json_t *o = head(g), *arr = json_array();
+            json_array_append_new(arr, ch);
+            json_object_set_new(o, "choices", arr);
+            if (g->p.continuous_usage) json_object_set_new(o, "usage", gen_usage(g));
+            sse_event_json(out, o);
+            c->started = 1;
+            c->text_sent = lim;
+            c->n_sent = to;
+            c->final_sent = final;
+        }
+        if (gen_keepalive(g, out) || out->n) return 1;
+    }
+}
+
+static void done(void *ctx) {
+    Gen *g = ctx;
+    gen_free(g);
+    free(g);
+}
+
+int api_completions(HttpReq *q, json_t *body) {
+    Server *s = q->s;
+    Err err = {0};
+    if (http_check_model(s, body, &err) < 0) return http_send_err(q, &err);
+    GenParams p;
+    if (request_parse_gen(body, 0, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, &p, &err) < 0) {
+        gen_params_free(&p);
+        return http_send_err(q, &err);
+    }
+    TokIds *prompts;
+    int n_prompts;
+    if (request_parse_prompts(json_object_get(body, "prompt"), s->tok, s->vocab, &prompts, &n_prompts, &err) < 0) {
+        gen_params_free(&p);
+        return http_send_err(q, &err);
+    }
+    Gen *g = calloc(1, sizeof *g);
+    if (gen_start(g, s, http_conn_fd(q), &p, prompts, n_prompts, "cmpl", &err) < 0) {
+        gen_free(g);
+        free(g);
+        return http_send_err(q, &err);
+    }
+    if (g->p.stream) return http_send_stream(q, fill, done, g);
+    int r;
+    while ((r = gen_step(g, 100)) == 0) {}
+    if (r < 0) {
+        done(g);
+        return MHD_NO;
+    }
+    int ret = respond_whole(q, g);
+    done(g);
+    return ret;
+}

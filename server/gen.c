@@ -1,0 +1,483 @@
+/*
+ * gen.c - a generation in flight: submit, consume, detokenize, stop strings,
+ * and the JSON pieces shared by the endpoints (gen.h).
+ */
+#define _GNU_SOURCE
+#include "gen.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+/* ---- lifecycle ---- */
+int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
+              Err *err) {
+    memset(g, 0, sizeof *g);
+    g->s = s;
+    g->fd = fd;
+    g->p = *p;
+    memset(p, 0, sizeof *p);
+    g->prompts = prompts;
+    g->n_prompts = n_prompts;
+    g->created = server_now_s();
+    server_new_id(s, id_prefix, g->id, sizeof g->id);
+    snprintf(g->live.id, sizeof g->live.id, "%s", g->id);
+    atomic_fetch_add(&s->inflight, 1);
+    g->counted = 1;
+    ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
+    GenParams *gp = &g->p;
+    int max_len = s->max_model_len;
+    for (int i = 0; i < n_prompts; i++) {
+        int np = (int)prompts[i].n;
+        ENSURE(err, np < max_len, 400,
+               "prompt: this model's maximum context length is %d tokens, but the prompt has %d tokens", max_len, np);
+        if (gp->max_tokens_set)
+            ENSURE(err, np + gp->sp.max_tokens <= max_len, 400,
+                   "max_tokens: this model's maximum context length is %d tokens; the prompt has %d tokens and "
+                   "max_tokens is %d (prompt + max_tokens must be <= %d)", max_len, np, gp->sp.max_tokens, max_len);
+    }
+    ENSURE(err, n_prompts > 0 && gp->n > 0, 400, "prompt: must not be empty");
+    ENSURE(err, (long long)n_prompts * gp->n <= GEN_MAX_CHOICES, 400,
+           "n: prompts x n is %lld; at most %d choices per request", (long long)n_prompts * gp->n, GEN_MAX_CHOICES);
+    g->reqs = calloc((size_t)n_prompts, sizeof *g->reqs);
+    g->seen = calloc((size_t)n_prompts, sizeof *g->seen);
+    g->n_ch = n_prompts * gp->n;
+    g->ch = calloc((size_t)g->n_ch, sizeof *g->ch);
+    ENSURE(err, g->reqs && g->seen && g->ch, 500, "out of memory");
+    for (int i = 0; i < n_prompts; i++) {
+        EngineRequestParams ep;
+        engine_request_params_default(&ep);
+        ep.prompt = prompts[i].ids;
+        ep.n_prompt = (int)prompts[i].n;
+        ep.n = gp->n;
+        ep.sampling = gp->sp;
+        int rest = max_len - ep.n_prompt;
+        if (!gp->max_tokens_set) ep.sampling.max_tokens = gp->sp.max_tokens > 0 && gp->sp.max_tokens < rest ? gp->sp.max_tokens : rest;
+        ep.top_logprobs = gp->logprobs > 0 ? gp->logprobs : 0;
+        ep.want_raw_logprob = gp->ret_raw_lp || (s->cfg.logprobs_raw && gp->logprobs >= 0);
+        ep.want_mask = gp->ret_mask;
+        ep.prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
+                           : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
+        ep.want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
+        if (engine_submit(s->eng, &ep, &g->reqs[i], err) < 0) return -1;
+    }
+    g->live.reqs = g->reqs;
+    g->live.n_reqs = n_prompts;
+    server_live_add(s, &g->live);
+    for (int i = 0; i < g->n_ch; i++) {
+        Choice *c = &g->ch[i];
+        c->index = i;
+        c->prompt_i = i / gp->n;
+        c->seq = i % gp->n;
+        c->r = g->reqs[c->prompt_i];
+        c->dec = tok_decoder_create(s->tok, gp->skip_special);
+    }
+    return 0;
+}
+
+void gen_free(Gen *g) {
+    if (g->live.reqs) server_live_remove(g->s, &g->live);
+    for (int i = 0; i < g->n_prompts && g->reqs; i++)
+        if (g->reqs[i]) engine_request_release(g->reqs[i]);
+    for (int i = 0; i < g->n_ch && g->ch; i++) {
+        tok_decoder_free(g->ch[i].dec);
+        buf_free(&g->ch[i].text);
+    }
+    free(g->ch);
+    free(g->reqs);
+    free(g->seen);
+    prompts_free(g->prompts, g->n_prompts);
+    gen_params_free(&g->p);
+    if (g->counted) atomic_fetch_sub(&g->s->inflight, 1);
+    g->counted = 0;
+    g->reqs = NULL;
+    g->ch = NULL;
+    g->prompts = NULL;
+}
+
+/* ---- consuming ---- */
+/* Earliest stop-string match in text[from..n): position and length. */
+static int find_stop(const Gen *g, const Buf *t, size_t from, size_t *pos, size_t *len) {
+    int hit = 0;
+    for (int i = 0; i < g->p.n_stop; i++) {
+        const char *m = memmem(t->p + from, t->n - from, g->p.stop[i], strlen(g->p.stop[i]));
+        if (m && (!hit || (size_t)(m - t->p) < *pos)) {
+            hit = 1;
+            *pos = (size_t)(m - t->p);
+            *len = strlen(g->p.stop[i]);
+        }
+    }
+    return hit;
+}
+
+/* Append a decoded piece; 1 when it completed a stop string (text truncated). */
+static int add_text(Gen *g, Choice *c, const char *s, size_t n) {
+    size_t old = c->text.n;
+    buf_append(&c->text, s, n);
+    if (!g->p.n_stop || n == 0) return 0;
+    size_t back = g->p.stop_maxlen - 1, from = old > back ? old - back : 0, pos = 0, len = 0;
+    if (!find_stop(g, &c->text, from, &pos, &len)) return 0;
+    c->text.n = g->p.include_stop_str ? pos + len : pos;
+    c->text.p[c->text.n] = 0;
+    return 1;
+}
+
+static void choice_advance(Gen *g, Choice *c) {
+    if (c->done) return;
+    EngineSeqView v;
+    engine_request_seq(c->r, c->seq, &v);
+    for (int k = c->n_seen; k < v.n_tokens && !c->done; k++) {
+        const char *piece;
+        size_t n;
+        tok_decoder_push(c->dec, v.tokens[k].token, &piece, &n);
+        c->n_out = k + 1;
+        c->n_seen = k + 1;
+        if (add_text(g, c, piece, n)) {
+            c->done = 1;
+            c->finish = "stop";
+        }
+    }
+    if (!c->done && v.finish != FINISH_NONE && c->n_seen == v.n_tokens) {
+        const char *piece;
+        size_t n;
+        tok_decoder_flush(c->dec, &piece, &n);
+        add_text(g, c, piece, n);
+        c->done = 1;
+        c->finish = finish_reason_name(v.finish);
+    }
+    if (c->done && c->finish && !strcmp(c->finish, "stop") && v.finish == FINISH_NONE) {
+        /* stopped by a stop string: abort the engine request once none of its
+         * samples needs more tokens */
+        int all = 1;
+        for (int i = 0; i < g->n_ch; i++) all &= g->ch[i].r != c->r || g->ch[i].done;
+        if (all) engine_abort(g->s->eng, c->r);
+    }
+}
+
+int gen_step(Gen *g, int timeout_ms) {
+    int pending = -1;
+    for (int i = 0; i < g->n_ch; i++)
+        if (!g->ch[i].done) { pending = g->ch[i].prompt_i; break; }
+    if (pending < 0) return 1;
+    int t = g->n_prompts > 1 && timeout_ms > 5 ? 5 : timeout_ms;
+    engine_request_wait(g->reqs[pending], &g->seen[pending], t);
+    for (int i = 0; i < g->n_ch; i++) choice_advance(g, &g->ch[i]);
+    for (int i = 0; i < g->n_ch; i++)
+        if (!g->ch[i].done) {
+            if (http_fd_gone(g->fd)) {
+                g->client_gone = 1;
+                atomic_fetch_add(&g->s->metrics.stream_disconnects, 1);
+                for (int k = 0; k < g->n_prompts; k++) engine_abort(g->s->eng, g->reqs[k]);
+                return -1;
+            }
+            return 0;
+        }
+    return 1;
+}
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int gen_keepalive(Gen *g, Buf *out) {
+    double now = mono_s();
+    if (out->n || g->last_out == 0) {
+        g->last_out = now;
+        return 0;
+    }
+    if (now - g->last_out < 15.0) return 0;
+    g->last_out = now;
+    buf_puts(out, ": keep-alive\n\n");
+    return 1;
+}
+
+size_t gen_emit_limit(const Gen *g, const Choice *c) {
+    if (c->done || !g->p.n_stop) return c->text.n;
+    size_t back = g->p.stop_maxlen - 1;
+    if (c->text.n <= c->text_sent + back) return c->text_sent;
+    return buf_utf8_floor(c->text.p, c->text.n - back);
+}
+
+/* ---- JSON pieces ---- */
+json_t *gen_usage(const Gen *g) {
+    long long pt = 0, ct = 0;
+    for (int i = 0; i < g->n_prompts; i++) pt += (long long)g->prompts[i].n;
+    for (int i = 0; i < g->n_ch; i++) ct += g->ch[i].n_out;
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(pt));
+    json_object_set_new(u, "total_tokens", json_integer(pt + ct));
+    json_object_set_new(u, "completion_tokens", json_integer(ct));
+    return u;
+}
+
+json_t *gen_lp(float x) {
+    if (isnan(x)) return json_null();
+    return json_real(isinf(x) || x < -9999.0f ? -9999.0 : (double)x);
+}
+
+char *gen_token_text(Gen *g, int32_t id) {
+    char *out = NULL;
+    size_t n;
+    Err e = {0};
+    if (tokenizer_decode(g->s->tok, &id, 1, false, &out, &n, &e) < 0) return strdup("");
+    return out;
+}
+
+static json_t *token_bytes(Gen *g, int32_t id) {
+    const char *b;
+    size_t n = 0;
+    json_t *a = json_array();
+    if (tokenizer_token_bytes(g->s->tok, id, &b, &n) == 0)
+        for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)b[i]));
+    return a;
+}
+
+static long utf8_chars(const char *s) {
+    long n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) {
+    int raw = g->s->cfg.logprobs_raw;
+    *lp = raw ? r->logprob_raw : r->logprob;
+    *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
+}
+
+json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offset) {
+    EngineSeqView v;
+    engine_request_seq(c->r, c->seq, &v);
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int k = from; k < to; k++) {
+        const TokenRecord *r = &v.tokens[k];
+        float lp;
+        const float *top;
+        rec_lp(g, r, &lp, &top);
+        char *t = gen_token_text(g, r->token);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(lps, gen_lp(lp));
+        json_array_append_new(offs, json_integer(*offset));
+        *offset += utf8_chars(t);
+        json_t *d = json_object();
+        for (int j = 0; j < r->n_top && j < g->p.logprobs; j++) {
+            char *a = gen_token_text(g, r->top_ids[j]);
+            if (!json_object_get(d, a)) json_object_set_new(d, a, gen_lp(top[j]));
+            free(a);
+        }
+        if (!json_object_get(d, t)) json_object_set_new(d, t, gen_lp(lp));
+        json_array_append_new(tops, d);
+        free(t);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "text_offset", offs);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "tokens", toks);
+    json_object_set_new(o, "top_logprobs", tops);
+    return o;
+}
+
+json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {
+    EngineSeqView v;
+    engine_request_seq(c->r, c->seq, &v);
+    json_t *content = json_array();
+    for (int k = from; k < to; k++) {
+        const TokenRecord *r = &v.tokens[k];
+        float lp;
+        const float *top;
+        rec_lp(g, r, &lp, &top);
+        char *t = gen_token_text(g, r->token);
+        json_t *e = json_object();
+        json_object_set_new(e, "token", json_string(t));
+        json_object_set_new(e, "logprob", gen_lp(lp));
+        json_object_set_new(e, "bytes", token_bytes(g, r->token));
+        json_t *tl = json_array();
+        for (int j = 0; j < r->n_top && j < g->p.logprobs; j++) {
+            char *a = gen_token_text(g, r->top_ids[j]);
+            json_t *x = json_object();
+            json_object_set_new(x, "token", json_string(a));
+            json_object_set_new(x, "logprob", gen_lp(top[j]));
+            json_object_set_new(x, "bytes", token_bytes(g, r->top_ids[j]));
+            json_array_append_new(tl, x);
+            free(a);
+        }
+        json_object_set_new(e, "top_logprobs", tl);
+        json_array_append_new(content, e);
+        free(t);
+    }
+    return content;
+}
+
+/* Sampling masks of records [from, to): CSR over per-token id lists; a token
+ * whose kept set is larger than half the vocab lists the excluded ids instead
+ * (complement flag 1). Binary (base64, little-endian) above a size limit. */
+static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
+    int vocab = g->s->vocab, T = to - from;
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(T + 1));
+    uint8_t *comp = malloc((size_t)(T ? T : 1));
+    int64_t total = 0;
+    for (int k = 0; k < T; k++) {
+        int n = recs[from + k].mask_ids ? recs[from + k].mask_n : 0;
+        comp[k] = (uint8_t)(2 * (int64_t)n > vocab);
+        total += comp[k] ? vocab - n : n;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
+    int64_t w = 0;
+    for (int k = 0; k < T; k++) {
+        const TokenRecord *r = &recs[from + k];
+        int n = r->mask_ids ? r->mask_n : 0;
+        off[k] = w;
+        if (!comp[k]) {
+            if (n) memcpy(ids + w, r->mask_ids, sizeof(int32_t) * (size_t)n);
+            w += n;
+        } else {
+            int j = 0;
+            for (int32_t id = 0; id < vocab; id++) {
+                if (j < n && r->mask_ids[j] == id) j++;
+                else ids[w++] = id;
+            }
+        }
+    }
+    off[T] = w;
+    json_t *o = json_object();
+    int bin = w > g->s->cfg.mask_json_max_ids;
+    json_object_set_new(o, "encoding", json_string(bin ? "csr_base64" : "csr"));
+    json_object_set_new(o, "vocab_size", json_integer(vocab));
+    json_object_set_new(o, "n_tokens", json_integer(T));
+    if (bin) {
+        Buf b = {0};
+        buf_base64(&b, off, sizeof(int64_t) * (size_t)(T + 1));
+        json_object_set_new(o, "offsets", json_stringn(b.p, b.n));
+        b.n = 0;
+        buf_base64(&b, ids, sizeof(int32_t) * (size_t)w);
+        json_object_set_new(o, "ids", json_stringn(b.p ? b.p : "", b.n));
+        b.n = 0;
+        buf_base64(&b, comp, (size_t)T);
+        json_object_set_new(o, "complement", json_stringn(b.p ? b.p : "", b.n));
+        buf_free(&b);
+    } else {
+        json_t *a = json_array(), *i = json_array(), *cp = json_array();
+        for (int k = 0; k <= T; k++) json_array_append_new(a, json_integer(off[k]));
+        for (int64_t k = 0; k < w; k++) json_array_append_new(i, json_integer(ids[k]));
+        for (int k = 0; k < T; k++) json_array_append_new(cp, json_integer(comp[k]));
+        json_object_set_new(o, "offsets", a);
+        json_object_set_new(o, "ids", i);
+        json_object_set_new(o, "complement", cp);
+    }
+    free(off); free(comp); free(ids);
+    return o;
+}
+
+/* Routed experts of the forward steps behind records [from, to) (record i:
+ * input position n_prompt - 1 + i), and with from == 0 also the prompt's
+ * positions 0..n_prompt-2, so a trainer can replay the routing of every
+ * input position. */
+static json_t *experts_json(Gen *g, Choice *c, const TokenRecord *recs, int from, int to) {
+    int E = engine_experts_per_token(g->s->eng);
+    if (E <= 0) return json_null();
+    int top_k = g->s->model->cfg.top_k;
+    json_t *o = json_object(), *ids = json_array();
+    json_object_set_new(o, "num_moe_layers", json_integer(E / top_k));
+    json_object_set_new(o, "top_k", json_integer(top_k));
+    json_object_set_new(o, "n_tokens", json_integer(to - from));
+    for (int k = from; k < to; k++)
+        for (int j = 0; j < E; j++) json_array_append_new(ids, json_integer(recs[k].experts ? recs[k].experts[j] : -1));
+    json_object_set_new(o, "ids", ids);
+    if (from == 0) {
+        const int32_t *pe = NULL;
+        int n = engine_request_prompt_experts(c->r, &pe);
+        json_t *p = json_array();
+        for (int64_t k = 0; pe && k < (int64_t)n * E; k++) json_array_append_new(p, json_integer(pe[k]));
+        json_object_set_new(o, "prompt_n_tokens", json_integer(pe ? n : 0));
+        json_object_set_new(o, "prompt_ids", p);
+    }
+    return o;
+}
+
+void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
+    EngineSeqView v;
+    engine_request_seq(c->r, c->seq, &v);
+    if (g->p.ret_token_ids) {
+        json_t *a = json_array();
+        for (int k = from; k < to; k++) json_array_append_new(a, json_integer(v.tokens[k].token));
+        json_object_set_new(obj, "token_ids", a);
+    }
+    if (g->p.ret_sampler_lp) {
+        json_t *a = json_array(), *w = json_array();
+        for (int k = from; k < to; k++) {
+            json_array_append_new(a, gen_lp(v.tokens[k].logprob));
+            json_array_append_new(w, json_integer((json_int_t)server_weight_version(g->s, v.tokens[k].weight_version)));
+        }
+        json_object_set_new(obj, "sampler_logprobs", a);
+        json_object_set_new(obj, "token_weight_versions", w);
+    }
+    if (g->p.ret_raw_lp) {
+        json_t *a = json_array();
+        for (int k = from; k < to; k++) json_array_append_new(a, gen_lp(v.tokens[k].logprob_raw));
+        json_object_set_new(obj, "raw_logprobs", a);
+    }
+    if (g->p.ret_mask) json_object_set_new(obj, "sampling_mask", mask_json(g, v.tokens, from, to));
+    if (g->p.ret_experts) json_object_set_new(obj, "routed_experts", experts_json(g, c, v.tokens, from, to));
+}
+
+json_t *gen_weight_versions(Gen *g, Choice *c) {
+    EngineSeqView v;
+    engine_request_seq(c->r, c->seq, &v);
+    json_t *a = json_array();
+    uint64_t last = 0;
+    int any = 0;
+    for (int k = 0; k < c->n_out; k++) {
+        uint64_t x = server_weight_version(g->s, v.tokens[k].weight_version);
+        if (any && x == last) continue;
+        size_t i;
+        json_t *e;
+        int dup = 0;
+        json_array_foreach(a, i, e) dup |= (uint64_t)json_integer_value(e) == x;
+        if (!dup) json_array_append_new(a, json_integer((json_int_t)x));
+        last = x;
+        any = 1;
+    }
+    return a;
+}
+
+json_t *gen_prompt_logprobs(Gen *g, int pi) {
+    const float *lp, *top_lp;
+    const int32_t *top_ids;
+    int n = engine_request_prompt_logprobs(g->reqs[pi], &lp, &top_ids, &top_lp);
+    int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
+    json_t *a = json_array();
+    for (int k = 0; k < n; k++) {
+        if (k == 0) { json_array_append_new(a, json_null()); continue; }
+        int32_t id = g->prompts[pi].ids[k];
+        json_t *d = json_object();
+        char key[16];
+        int rank = 0;
+        for (int j = 0; j < N && top_ids; j++) if (top_ids[(size_t)k * N + j] == id) { rank = j + 1; break; }
+        json_t *e = json_object();
+        char *t = gen_token_text(g, id);
+        json_object_set_new(e, "logprob", gen_lp(lp[k]));
+        json_object_set_new(e, "rank", rank ? json_integer(rank) : json_null());
+        json_object_set_new(e, "decoded_token", json_string(t));
+        free(t);
+        snprintf(key, sizeof key, "%d", id);
+        json_object_set_new(d, key, e);
+        for (int j = 0; j < N && top_ids; j++) {
+            int32_t tid = top_ids[(size_t)k * N + j];
+            snprintf(key, sizeof key, "%d", tid);
+            if (json_object_get(d, key)) continue;
+            json_t *x = json_object();
+            char *tt = gen_token_text(g, tid);
+            json_object_set_new(x, "logprob", gen_lp(top_lp[(size_t)k * N + j]));
+            json_object_set_new(x, "rank", json_integer(j + 1));
+            json_object_set_new(x, "decoded_token", json_string(tt));
+            free(tt);
+            json_object_set_new(d, key, x);
+        }
+        json_array_append_new(a, d);
+    }
+    return a;
+}

@@ -1,0 +1,417 @@
+/*
+ * http.c - the HTTP layer of the server (server.h): libmicrohttpd daemon
+ * (one thread per connection), routing, Bearer auth (API key for /v1 and the
+ * tokenizer endpoints, a separate admin token for the trainer's controls),
+ * body size limits, JSON and OpenAI-error answers, streamed responses and
+ * client-disconnect detection.
+ *
+ * Not here: what each endpoint does (api_*.c), Prometheus text (metrics.c).
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+void server_config_default(ServerConfig *c) {
+    *c = (ServerConfig){
+        .host = "127.0.0.1", .port = 8000, .max_body_bytes = 8u << 20, .max_delta_bytes = 4ull << 30,
+        .max_connections = 1024, .shutdown_timeout_s = 30, .max_logprobs = SAMPLING_MAX_TOP_N,
+        .max_n = 128, .reasoning_parser = 1, .tool_parser = 1, .mask_json_max_ids = 4096,
+    };
+}
+
+int64_t server_now_s(void) { return (int64_t)time(NULL); }
+
+void server_new_id(Server *s, const char *prefix, char *out, size_t cap) {
+    uint64_t k = atomic_fetch_add(&s->next_id, 1);
+    /* mix so ids do not look sequential across restarts */
+    uint64_t x = (k + (uint64_t)s->created * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    snprintf(out, cap, "%s-%016llx", prefix, (unsigned long long)x);
+}
+
+uint64_t server_weight_version(Server *s, uint64_t e) {
+    pthread_mutex_lock(&s->live_mu);
+    uint64_t v = e < (uint64_t)s->n_versions ? s->version_map[e] : e;
+    pthread_mutex_unlock(&s->live_mu);
+    return v;
+}
+
+void server_map_version(Server *s, uint64_t e, uint64_t v) {
+    pthread_mutex_lock(&s->live_mu);
+    while ((uint64_t)s->n_versions <= e) {
+        if (s->n_versions == s->cap_versions) {
+            s->cap_versions = s->cap_versions ? 2 * s->cap_versions : 64;
+            s->version_map = realloc(s->version_map, sizeof(uint64_t) * (size_t)s->cap_versions);
+            CHECK_PTR(s->version_map, "out of memory");
+        }
+        s->version_map[s->n_versions] = s->n_versions ? s->version_map[s->n_versions - 1] : 0;
+        s->n_versions++;
+    }
+    s->version_map[e] = v;
+    pthread_mutex_unlock(&s->live_mu);
+}
+
+/* ---- live requests (abort by id) ---- */
+void server_live_add(Server *s, LiveReq *l) {
+    pthread_mutex_lock(&s->live_mu);
+    l->prev = NULL;
+    l->next = s->live;
+    if (s->live) s->live->prev = l;
+    s->live = l;
+    pthread_mutex_unlock(&s->live_mu);
+}
+
+void server_live_remove(Server *s, LiveReq *l) {
+    pthread_mutex_lock(&s->live_mu);
+    if (l->prev) l->prev->next = l->next;
+    else if (s->live == l) s->live = l->next;
+    if (l->next) l->next->prev = l->prev;
+    l->next = l->prev = NULL;
+    pthread_mutex_unlock(&s->live_mu);
+}
+
+int server_live_abort(Server *s, const char *id) {
+    int n = 0;
+    pthread_mutex_lock(&s->live_mu);
+    for (LiveReq *l = s->live; l; l = l->next) {
+        if (id && strcmp(id, l->id) != 0) continue;
+        for (int i = 0; i < l->n_reqs; i++) if (l->reqs[i]) engine_abort(s->eng, l->reqs[i]);
+        n++;
+    }
+    pthread_mutex_unlock(&s->live_mu);
+    return n;
+}
+
+/* ---- answers ---- */
+static int status_slot(int status) {
+    switch (status) {
+    case 200: return 0; case 400: return 1; case 401: return 2; case 403: return 3; case 404: return 4;
+    case 409: return 5; case 413: return 6; case 422: return 7; case 429: case 503: return 8; case 500: return 9;
+    default: return -1;
+    }
+}
+
+static void count_status(Server *s, int status) {
+    int k = status_slot(status);
+    if (k >= 0) atomic_fetch_add(&s->metrics.http_by_status[k], 1);
+    else atomic_fetch_add(&s->metrics.http_other, 1);
+}
+
+static int queue(HttpReq *q, int status, struct MHD_Response *r) {
+    q->status = status;
+    if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    count_status(q->s, status);
+    int ret = MHD_queue_response(q->c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    return queue(q, status, r);
+}
+
+int http_send_json(HttpReq *q, int status, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+    json_decref(j);
+    if (!s) return http_send_text(q, 500, "text/plain", "out of memory\n", 14);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(s); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    return queue(q, status, r);
+}
+
+static void error_kind(int status, const char **type, const char **code) {
+    *code = NULL;
+    switch (status) {
+    case 401: *type = "authentication_error"; *code = "invalid_api_key"; break;
+    case 403: *type = "permission_error"; break;
+    case 404: *type = "not_found_error"; *code = "model_not_found"; break;
+    case 405: *type = "invalid_request_error"; *code = "method_not_allowed"; break;
+    case 409: *type = "conflict_error"; break;
+    case 413: *type = "invalid_request_error"; *code = "request_too_large"; break;
+    case 429: *type = "rate_limit_error"; *code = "rate_limit_exceeded"; break;
+    case 503: *type = "server_error"; *code = "overloaded"; break;
+    default: *type = status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+json_t *http_error_json(int status, const char *param, const char *msg) {
+    const char *type, *code;
+    error_kind(status, &type, &code);
+    json_t *e = json_object();
+    json_object_set_new(e, "message", json_string(msg));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_object_set_new(e, "code", code ? json_string(code) : json_null());
+    json_t *j = json_object();
+    json_object_set_new(j, "error", e);
+    return j;
+}
+
+int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
+    json_t *j = http_error_json(status, param, msg);
+    if (!json_object_get(json_object_get(j, "error"), "message")) { /* invalid UTF-8 echoed back */
+        json_decref(j);
+        j = http_error_json(status, param, "invalid request");
+    }
+    return http_send_json(q, status, j);
+}
+
+int http_send_err(HttpReq *q, const Err *e) {
+    /* request_parse writes "param: message"; a param is a plain identifier path */
+    char param[128] = {0};
+    const char *colon = strstr(e->msg, ": ");
+    if (colon && (size_t)(colon - e->msg) < sizeof param && colon > e->msg) {
+        size_t k = (size_t)(colon - e->msg);
+        int ok = 1;
+        for (size_t i = 0; i < k; i++) {
+            char ch = e->msg[i];
+            ok &= (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '[' || ch == ']';
+        }
+        if (ok) memcpy(param, e->msg, k);
+    }
+    int status = e->code ? e->code : 500;
+    return http_send_error(q, status, param[0] ? param : NULL, "%s", e->msg);
+}
+
+int http_conn_fd(HttpReq *q) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(q->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+int http_check_model(Server *s, json_t *body, Err *err) {
+    json_t *m = json_object_get(body, "model");
+    if (!m || json_is_null(m)) return 0;
+    ENSURE(err, json_is_string(m), 400, "model: must be a string");
+    const char *v = json_string_value(m);
+    ENSURE(err, !strcmp(v, s->model_name) || !strcmp(v, s->model_dir), 404,
+           "The model `%s` does not exist. This server serves `%s`.", v, s->model_name);
+    return 0;
+}
+
+int http_fd_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) <= 0) return 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* ---- streams ---- */
+typedef struct Stream {
+    StreamFill fill;
+    StreamDone done;
+    void *ctx;
+    Buf out;
+    size_t off;
+    int state; /* 1 more, 0 ended, -1 error */
+} Stream;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    Stream *st = cls;
+    (void)pos;
+    while (st->off == st->out.n) {
+        if (st->state != 1) return st->state == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+        st->out.n = st->off = 0;
+        st->state = st->fill(st->ctx, &st->out);
+    }
+    size_t k = st->out.n - st->off < max ? st->out.n - st->off : max;
+    memcpy(buf, st->out.p + st->off, k);
+    st->off += k;
+    return (ssize_t)k;
+}
+
+static void stream_free(void *cls) {
+    Stream *st = cls;
+    st->done(st->ctx);
+    buf_free(&st->out);
+    free(st);
+}
+
+int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx) {
+    Stream *st = xcalloc(1, sizeof *st);
+    *st = (Stream){ .fill = fill, .done = done, .ctx = ctx, .state = 1 };
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_read, st, stream_free);
+    if (!r) { stream_free(st); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    return queue(q, 200, r);
+}
+
+/* ---- routing ---- */
+static const char *bearer(HttpReq *q) {
+    const char *h = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
+    return h;
+}
+
+static int authorized(HttpReq *q, const char *secret) {
+    const char *b = bearer(q);
+    return b && secret_equal(secret, b);
+}
+
+static json_t *parse_body(HttpReq *q, int *sent) {
+    json_error_t je;
+    *sent = 0;
+    if (q->body.n == 0) {
+        *sent = 1;
+        http_send_error(q, 400, NULL, "the request body is empty: send a JSON object");
+        return NULL;
+    }
+    json_t *j = json_loadb(q->body.p, q->body.n, 0, &je);
+    if (!j) {
+        *sent = 1;
+        http_send_error(q, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        *sent = 1;
+        http_send_error(q, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+static int is(HttpReq *q, const char *method, const char *url) {
+    return !strcmp(q->url, url) && !strcmp(q->method, method);
+}
+
+static int route(HttpReq *q) {
+    Server *s = q->s;
+    const char *u = q->url;
+    int post = !strcmp(q->method, "POST");
+    if (q->too_large)
+        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (--max-body-bytes)",
+                               !strcmp(u, "/admin/v1/weights/delta") ? s->cfg.max_delta_bytes : s->cfg.max_body_bytes);
+    if (is(q, "GET", "/health")) {
+        if (atomic_load(&s->shutting_down)) return http_send_error(q, 503, NULL, "shutting down");
+        return http_send_text(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    }
+    if (is(q, "GET", "/metrics")) return api_metrics(q);
+
+    int admin = !strncmp(u, "/admin/", 7) || !strcmp(u, "/pause") || !strcmp(u, "/resume") ||
+                !strcmp(u, "/is_paused") || !strcmp(u, "/abort_request");
+    if (admin) {
+        if (!s->cfg.admin_token) return http_send_error(q, 403, NULL, "admin endpoints are disabled: start the server with --admin-token");
+        if (!authorized(q, s->cfg.admin_token)) return http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
+        if (is(q, "POST", "/admin/v1/weights/delta")) return api_admin_delta(q);
+        if (is(q, "GET", "/admin/v1/weights")) return api_admin_weights(q);
+        if (is(q, "POST", "/pause")) return api_admin_pause(q);
+        if (is(q, "POST", "/resume")) return api_admin_resume(q);
+        if (is(q, "GET", "/is_paused")) return api_admin_is_paused(q);
+        if (is(q, "POST", "/abort_request")) {
+            int sent;
+            json_t *b = q->body.n ? parse_body(q, &sent) : json_object();
+            if (!b) return sent ? MHD_YES : MHD_NO;
+            int r = api_admin_abort(q, b);
+            json_decref(b);
+            return r;
+        }
+        return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
+    }
+
+    int api = !strncmp(u, "/v1/", 4) || !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize");
+    if (!api) return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
+    if (s->cfg.api_key && !authorized(q, s->cfg.api_key))
+        return http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>)");
+    if (!strcmp(q->method, "GET") && (!strcmp(u, "/v1/models") || !strncmp(u, "/v1/models/", 11))) return api_models(q);
+
+    int (*fn)(HttpReq *, json_t *) = NULL;
+    if (!strcmp(u, "/v1/completions")) fn = api_completions;
+    else if (!strcmp(u, "/v1/chat/completions")) fn = api_chat;
+    else if (!strcmp(u, "/tokenize")) fn = api_tokenize;
+    else if (!strcmp(u, "/detokenize")) fn = api_detokenize;
+    if (!fn) return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
+    if (!post) return http_send_error(q, 405, NULL, "%s needs POST", u);
+    int sent;
+    json_t *b = parse_body(q, &sent);
+    if (!b) return sent ? MHD_YES : MHD_NO;
+    int r = fn(q, b);
+    json_decref(b);
+    return r;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    Server *s = cls;
+    HttpReq *q = *con_cls;
+    (void)version;
+    if (!q) {
+        q = xcalloc(1, sizeof *q);
+        q->s = s;
+        q->c = c;
+        q->method = method;
+        q->url = url;
+        *con_cls = q;
+        return MHD_YES;
+    }
+    size_t limit = !strcmp(url, "/admin/v1/weights/delta") ? s->cfg.max_delta_bytes : s->cfg.max_body_bytes;
+    if (*upload_size) {
+        if (!q->too_large && q->body.n + *upload_size <= limit) buf_append(&q->body, upload, *upload_size);
+        else { q->too_large = 1; buf_free(&q->body); }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(q) == MHD_YES ? MHD_YES : MHD_NO;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
+    HttpReq *q = *con_cls;
+    (void)cls; (void)c; (void)tc;
+    if (!q) return;
+    buf_free(&q->body);
+    free(q);
+    *con_cls = NULL;
+}
+
+void server_start(Server *s) {
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port) };
+    CHECK(inet_pton(AF_INET, s->cfg.host, &a.sin_addr) == 1, "--host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", s->cfg.host);
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                            MHD_USE_ERROR_LOG,
+                            (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_END);
+    CHECK_PTR(s->d, "cannot listen on %s:%d: is the port taken? pick another with --port", s->cfg.host, s->cfg.port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->bound_port = di ? di->port : s->cfg.port;
+}
+
+void server_quiesce(Server *s) {
+    if (!s->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d); /* ours to close: new connections are refused from now on */
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void server_stop(Server *s) {
+    if (s->d) MHD_stop_daemon(s->d);
+    s->d = NULL;
+}

@@ -1,0 +1,461 @@
+/*
+ * sampling.c - the token sampler shared by every backend (see sampling.h for
+ * the exact semantics). Works on one CPU row of f32 logits; never allocates
+ * after sampler_create.
+ *
+ * Speed: a row of 151936 logits is scanned a handful of times (copy, max,
+ * one expf pass cached in Sampler.e, normaliser, draw). Truncation never
+ * sorts the whole row: top_k and top-N alternatives keep a k-heap (one
+ * compare per id); top_p builds a mass histogram over zmax - z to find the
+ * bucket holding the crossing and sorts (radix on packed keys) only the ids
+ * at or above it, i.e. about the kept set.
+ *
+ * Not here: stop conditions, the logits.
+ */
+#define _GNU_SOURCE /* qsort_r */
+#include "sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct Sampler {
+    int vocab;
+    float *z;        /* [vocab] processed logits of the last call */
+    int32_t *idx;    /* [vocab] candidate ids for selection */
+    float *e;        /* [vocab] expf(z - zmax) of the last call (0 for -inf) */
+    uint64_t *keys, *tmp; /* [vocab] sort keys (value desc, id asc) and radix scratch */
+    int32_t *cnt;    /* [65537] radix counts */
+    uint8_t *mark;   /* [vocab] penalty marks, all zero between calls */
+    /* state of the last sampler_sample, for sampler_kept_logprobs */
+    int greedy;
+    int32_t token;
+    float zmax, thr;
+    double log_s;
+};
+
+void sampling_params_default(SamplingParams *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+    p->max_tokens = 16;
+}
+
+int sampling_params_check(const SamplingParams *p, int vocab, Err *err) {
+    ENSURE(err, isfinite(p->temperature) && p->temperature >= 0, 400,
+           "temperature must be >= 0 (got %g)", p->temperature);
+    ENSURE(err, p->top_p > 0 && p->top_p <= 1, 400, "top_p must be in (0, 1] (got %g)", p->top_p);
+    ENSURE(err, p->min_p >= 0 && p->min_p <= 1, 400, "min_p must be in [0, 1] (got %g)", p->min_p);
+    ENSURE(err, isfinite(p->repetition_penalty) && p->repetition_penalty > 0, 400,
+           "repetition_penalty must be > 0 (got %g)", p->repetition_penalty);
+    ENSURE(err, isfinite(p->presence_penalty) && isfinite(p->frequency_penalty), 400,
+           "presence_penalty and frequency_penalty must be finite");
+    ENSURE(err, p->n_logit_bias >= 0 && (p->n_logit_bias == 0 || (p->logit_bias_ids && p->logit_bias)),
+           400, "logit_bias: %d entries without arrays", p->n_logit_bias);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        ENSURE(err, p->logit_bias_ids[i] >= 0 && p->logit_bias_ids[i] < vocab, 400,
+               "logit_bias: token id %d out of range [0, %d)", p->logit_bias_ids[i], vocab);
+        ENSURE(err, !isnan(p->logit_bias[i]) && p->logit_bias[i] < INFINITY, 400,
+               "logit_bias: value for token %d must be a number or -inf", p->logit_bias_ids[i]);
+    }
+    ENSURE(err, p->n_stop_ids >= 0 && p->n_stop_ids <= SAMPLING_MAX_STOP_IDS, 400,
+           "at most %d stop token ids (got %d)", SAMPLING_MAX_STOP_IDS, p->n_stop_ids);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        ENSURE(err, p->stop_ids[i] >= 0 && p->stop_ids[i] < vocab, 400,
+               "stop token id %d out of range [0, %d)", p->stop_ids[i], vocab);
+    ENSURE(err, p->min_tokens >= 0, 400, "min_tokens must be >= 0 (got %d)", p->min_tokens);
+    ENSURE(err, p->max_tokens <= 0 || p->min_tokens <= p->max_tokens, 400,
+           "min_tokens (%d) must be <= max_tokens (%d)", p->min_tokens, p->max_tokens);
+    return 0;
+}
+
+Sampler *sampler_create(int vocab) {
+    Sampler *s = xcalloc(1, sizeof *s);
+    s->vocab = vocab;
+    s->z = xmalloc((size_t)vocab * sizeof(float));
+    s->idx = xmalloc((size_t)vocab * sizeof(int32_t));
+    s->e = xmalloc((size_t)vocab * sizeof(float));
+    s->keys = xmalloc((size_t)vocab * sizeof(uint64_t));
+    s->tmp = xmalloc((size_t)vocab * sizeof(uint64_t));
+    s->cnt = xmalloc(65537 * sizeof(int32_t));
+    s->mark = xcalloc((size_t)vocab, 1);
+    return s;
+}
+
+void sampler_free(Sampler *s) {
+    if (!s) return;
+    free(s->z);
+    free(s->idx);
+    free(s->e);
+    free(s->keys);
+    free(s->tmp);
+    free(s->cnt);
+    free(s->mark);
+    free(s);
+}
+
+/* ---- counter-based RNG: splitmix64 finaliser chained over the key ---- */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+double sampling_uniform(uint64_t seed, uint64_t seq_index, uint64_t pos) {
+    uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull);
+    h = mix64(h ^ (seq_index * 0xd1b54a32d192ed03ull + 0x632be59bd9b4e019ull));
+    h = mix64(h ^ (pos * 0xaef17502108ef2d9ull + 0x8cb92ba72f3d8dd7ull));
+    return (double)(h >> 11) * 0x1.0p-53;
+}
+
+/* ---- ordering: (value desc, id asc), a strict total order ---- */
+static inline int before(const float *z, int32_t a, int32_t b) {
+    return z[a] > z[b] || (z[a] == z[b] && a < b);
+}
+
+static int cmp_before(const void *a, const void *b, void *ctx) {
+    const float *z = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return before(z, x, y) ? -1 : before(z, y, x) ? 1 : 0;
+}
+
+static void sort_top(const float *z, int32_t *idx, int m) {
+    qsort_r(idx, (size_t)m, sizeof(int32_t), cmp_before, (void *)z);
+}
+
+/* The term every normaliser sums: expf in float, accumulated in double. */
+static inline double term(float zi, float zmax) { return (double)expf(zi - zmax); }
+
+/* The k first ids in `before` order among ids with z >= lo (z > -inf),
+ * sorted, into out [k]; returns how many there were (<= k). A min-heap on
+ * `before` keeps the k best seen so far: one compare per id for small k. */
+static int top_heap(const float *z, int V, int k, float lo, int32_t *out) {
+    int n = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (!(z[i] > -INFINITY && z[i] >= lo)) continue;
+        if (n < k) { /* sift up */
+            int c = n++;
+            while (c > 0) {
+                int p = (c - 1) / 2;
+                if (!before(z, out[p], i)) break;
+                out[c] = out[p];
+                c = p;
+            }
+            out[c] = i;
+        } else if (before(z, i, out[0])) { /* replace the worst, sift down */
+            int c = 0;
+            for (;;) {
+                int l = 2 * c + 1, r = l + 1, w = c;
+                int32_t wv = i;
+                if (l < n && before(z, wv, out[l])) { w = l; wv = out[l]; }
+                if (r < n && before(z, wv, out[r])) { w = r; wv = out[r]; }
+                if (w == c) break;
+                out[c] = out[w];
+                c = w;
+            }
+            out[c] = i;
+        }
+    }
+    sort_top(z, out, n);
+    return n;
+}
+
+/* Sort key: ascending key = (z desc, id asc). */
+static inline uint64_t order_key(float v, int32_t id) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending order of floats */
+    return ((uint64_t)(~u) << 32) | (uint32_t)id;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* LSD radix sort, 4 passes of 16 bits; cnt [65537] scratch, tmp [n]. */
+static void sort_keys(uint64_t *a, uint64_t *tmp, int32_t *cnt, int n) {
+    if (n < 4096) { qsort(a, (size_t)n, sizeof(uint64_t), cmp_u64); return; }
+    for (int shift = 0; shift < 64; shift += 16) {
+        memset(cnt, 0, 65537 * sizeof(int32_t));
+        for (int i = 0; i < n; i++) cnt[((a[i] >> shift) & 0xffff) + 1]++;
+        for (int b = 0; b < 65536; b++) cnt[b + 1] += cnt[b];
+        for (int i = 0; i < n; i++) tmp[cnt[(a[i] >> shift) & 0xffff]++] = a[i];
+        memcpy(a, tmp, (size_t)n * sizeof(uint64_t));
+    }
+}
+
+/* ---- processing: bias, min_tokens, penalties ---- */
+static void apply_penalties(Sampler *s, const SamplingParams *p, const SampleHistory *h) {
+    float *z = s->z;
+    if (p->repetition_penalty != 1.0f) {
+        float r = p->repetition_penalty;
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *ids = pass ? h->output : h->prompt;
+            int n = pass ? h->n_output : h->n_prompt;
+            for (int i = 0; i < n; i++) {
+                int32_t t = ids[i];
+                if (t < 0 || t >= s->vocab || (s->mark[t] & 1)) continue;
+                s->mark[t] |= 1;
+                z[t] = z[t] > 0 ? z[t] / r : z[t] * r;
+            }
+        }
+    }
+    if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
+        /* counts first, so that the penalty is applied once per id as
+         * l -= f * count (vLLM multiplies; repeated subtraction would round differently) */
+        for (int i = 0; i < h->n_output; i++) {
+            int32_t t = h->output[i];
+            if (t < 0 || t >= s->vocab) continue;
+            if (!(s->mark[t] & 2)) { s->mark[t] |= 2; s->idx[t] = 0; }
+            s->idx[t]++;
+        }
+        for (int i = 0; i < h->n_output; i++) {
+            int32_t t = h->output[i];
+            if (t < 0 || t >= s->vocab || !(s->mark[t] & 2) || (s->mark[t] & 4)) continue;
+            s->mark[t] |= 4;
+            z[t] -= p->frequency_penalty * (float)s->idx[t];
+            z[t] -= p->presence_penalty;
+        }
+    }
+    /* clear the marks: touch only what we set */
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? h->output : h->prompt;
+        int n = pass ? h->n_output : h->n_prompt;
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < s->vocab) s->mark[ids[i]] = 0;
+    }
+}
+
+static void process(Sampler *s, const float *logits, const SamplingParams *p, const SampleHistory *h,
+                    const int32_t *eos_ids, int n_eos) {
+    float *z = s->z;
+    for (int i = 0; i < s->vocab; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
+    if (h->n_output < p->min_tokens) {
+        if (!p->ignore_eos)
+            for (int i = 0; i < n_eos; i++)
+                if (eos_ids[i] >= 0 && eos_ids[i] < s->vocab) z[eos_ids[i]] = -INFINITY;
+        for (int i = 0; i < p->n_stop_ids; i++) z[p->stop_ids[i]] = -INFINITY;
+    }
+    apply_penalties(s, p, h);
+    /* NaN can only appear where something was added (inf + -inf bias) */
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (isnan(z[p->logit_bias_ids[i]])) z[p->logit_bias_ids[i]] = -INFINITY;
+}
+
+/* Truncation thresholds on the temperature-scaled z (sampling.h). Returns
+ * thr, the kept set being { i : z_i >= thr, z_i > -inf }, and fills
+ * s->e[i] = expf(z_i - zmax) at least for every kept id (for all ids when
+ * min_p needs them; after top_k, only for the survivors). */
+#define TOPP_BUCKETS 2048
+#define TOPP_RANGE 32.0f /* buckets cover zmax - z in [0, 32); the last one takes the rest */
+static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
+    const float *z = s->z;
+    float *e = s->e;
+    int V = s->vocab;
+    float thr = -INFINITY;
+    if (p->min_p > 0) {
+        for (int i = 0; i < V; i++) e[i] = expf(z[i] - zmax);
+        float m = INFINITY;
+        for (int i = 0; i < V; i++)
+            if (z[i] > -INFINITY && e[i] >= p->min_p && z[i] < m) m = z[i];
+        thr = m;
+    }
+    if (p->top_k > 0 && p->top_k < V) {
+        int n = top_heap(z, V, p->top_k, thr, s->idx);
+        if (n == p->top_k && z[s->idx[n - 1]] > thr) thr = z[s->idx[n - 1]];
+    }
+    /* e is only read for ids >= thr from here on */
+    if (!(p->min_p > 0))
+        for (int i = 0; i < V; i++) if (z[i] >= thr) e[i] = expf(z[i] - zmax);
+    if (p->top_p < 1.0f) {
+        /* The exact rule needs the cumulative sum in sorted order up to the
+         * crossing. A mass histogram over zmax - z finds the bucket where the
+         * crossing lies; only ids in that bucket and above (an upper set of
+         * the values, so a prefix of the order) plus one bucket of margin are
+         * sorted. If rounding put the crossing lower, retry with everything. */
+        double S = 0, mass[TOPP_BUCKETS] = { 0 };
+        const float scale = TOPP_BUCKETS / TOPP_RANGE;
+        for (int i = 0; i < V; i++) {
+            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+            S += (double)e[i];
+            float d = (zmax - z[i]) * scale;
+            int b = d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
+            mass[b] += (double)e[i];
+        }
+        double want = (double)p->top_p * S * (1 - 1e-9), cum = 0;
+        int bmax = TOPP_BUCKETS - 1;
+        for (int b = 0; b < TOPP_BUCKETS; b++) {
+            cum += mass[b];
+            if (cum >= want) { bmax = b + 1 < TOPP_BUCKETS - 1 ? b + 1 : TOPP_BUCKETS - 1; break; }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            int n = 0;
+            for (int i = 0; i < V; i++) {
+                if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+                float d = (zmax - z[i]) * scale;
+                int b = d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
+                if (b <= bmax) s->keys[n++] = order_key(z[i], i);
+            }
+            sort_keys(s->keys, s->tmp, s->cnt, n);
+            double c = 0;
+            int j = -1;
+            for (int i = 0; i < n; i++) {
+                c += (double)e[(int32_t)(s->keys[i] & 0xffffffffu)] / S;
+                if (c >= (double)p->top_p) { j = i; break; }
+            }
+            if (j >= 0) {
+                float v = z[(int32_t)(s->keys[j] & 0xffffffffu)];
+                if (v > thr) thr = v;
+                break;
+            }
+            if (bmax == TOPP_BUCKETS - 1) break; /* rounding left it short: keep everything */
+            bmax = TOPP_BUCKETS - 1;
+        }
+    }
+    return thr;
+}
+
+static void fill_top(Sampler *s, const float *logits, const SamplingParams *p, const SampleWant *w,
+                     float rawmax, double raw_log_s, float T) {
+    const float *z = s->z;
+    int V = s->vocab, top_n = w->top_n < V ? w->top_n : V;
+    int n = top_heap(z, V, top_n, -INFINITY, s->idx);
+    for (int i = 0; i < V && n < top_n; i++) if (z[i] == -INFINITY) s->idx[n++] = i; /* -inf ties: id asc */
+    for (int i = 0; i < top_n; i++) {
+        int32_t id = s->idx[i];
+        w->top_ids[i] = id;
+        float lp;
+        if (s->greedy) lp = id == s->token ? 0.0f : -INFINITY;
+        else lp = (z[id] > -INFINITY && z[id] >= s->thr)
+                      ? (float)((double)(z[id] - s->zmax) - s->log_s) : -INFINITY;
+        w->top_logprobs[i] = lp;
+        if (w->top_logprobs_raw) {
+            float r = isnan(logits[id]) ? -INFINITY : logits[id] / T;
+            w->top_logprobs_raw[i] = (float)((double)(r - rawmax) - raw_log_s);
+        }
+    }
+    (void)p;
+}
+
+int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
+                   const SampleHistory *h, const int32_t *eos_ids, int n_eos,
+                   int seq_index, int pos, const SampleWant *want, SampleResult *out) {
+    int V = s->vocab;
+    float *z = s->z;
+    s->greedy = p->temperature == 0.0f;
+    float T = s->greedy ? 1.0f : p->temperature;
+    int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    int32_t am = 0;
+    if (sparse) {
+        process(s, logits, p, h, eos_ids, n_eos);
+        if (!s->greedy) z[0] = z[0] / T;
+        for (int i = 1; i < V; i++) {
+            if (!s->greedy) z[i] = z[i] / T;
+            if (z[i] > z[am]) am = i;
+        }
+    } else { /* nothing sparse to apply: copy, clean, scale and find the max in one pass */
+        float zm = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float x = logits[i];
+            x = isnan(x) ? -INFINITY : s->greedy ? x : x / T;
+            z[i] = x;
+            if (x > zm) { zm = x; am = i; }
+        }
+    }
+    float zmax = z[am];
+    s->zmax = zmax;
+    if (s->greedy || zmax == -INFINITY) {
+        /* a point mass on the argmax (lowest id on ties); also the fallback when
+         * everything was banned */
+        s->greedy = 1;
+        s->token = am;
+        s->thr = zmax;
+        s->log_s = 0;
+        out->token = am;
+        out->logprob = 0.0f;
+        out->n_kept = 1;
+        if (want && want->mask) want->mask[0] = am;
+    } else {
+        const float *ev = s->e; /* filled by truncate_thr for every kept id */
+        float thr = truncate_thr(s, p, zmax);
+        double S = 0;
+        int nk = 0;
+        for (int i = 0; i < V; i++)
+            if (z[i] > -INFINITY && z[i] >= thr) { S += (double)ev[i]; nk++; }
+        double u = sampling_uniform(p->seed, (uint64_t)seq_index, (uint64_t)pos) * S, cum = 0;
+        int32_t tok = -1, last = -1;
+        int32_t *mask = want ? want->mask : NULL;
+        int k = 0;
+        for (int i = 0; i < V; i++) {
+            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+            if (mask) mask[k++] = i;
+            last = i;
+            if (tok < 0) { cum += (double)ev[i]; if (cum > u) tok = i; }
+        }
+        if (tok < 0) tok = last;
+        s->token = tok;
+        s->thr = thr;
+        s->log_s = log(S);
+        out->token = tok;
+        out->logprob = (float)((double)(z[tok] - zmax) - s->log_s);
+        out->n_kept = nk;
+    }
+    out->logprob_raw = NAN;
+    float rawmax = -INFINITY;
+    double raw_log_s = 0;
+    int need_raw = want && (want->raw_logprob || (want->top_n > 0 && want->top_logprobs_raw));
+    if (need_raw) {
+        for (int i = 0; i < V; i++) {
+            float r = isnan(logits[i]) ? -INFINITY : logits[i] / T;
+            if (r > rawmax) rawmax = r;
+        }
+        double S = 0;
+        for (int i = 0; i < V; i++) {
+            float r = isnan(logits[i]) ? -INFINITY : logits[i] / T;
+            if (r > -INFINITY) S += term(r, rawmax);
+        }
+        raw_log_s = log(S);
+        float r = isnan(logits[out->token]) ? -INFINITY : logits[out->token] / T;
+        if (want->raw_logprob) out->logprob_raw = (float)((double)(r - rawmax) - raw_log_s);
+    }
+    if (want && want->top_n > 0) fill_top(s, logits, p, want, rawmax, raw_log_s, T);
+    return 0;
+}
+
+void sampler_kept_logprobs(Sampler *s, float *out) {
+    for (int i = 0; i < s->vocab; i++) {
+        const float zi = s->z[i];
+        if (s->greedy) out[i] = i == s->token ? 0.0f : -INFINITY;
+        else out[i] = (zi > -INFINITY && zi >= s->thr) ? (float)((double)(zi - s->zmax) - s->log_s)
+                                                       : -INFINITY;
+    }
+}
+
+float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
+                         int top_n, int32_t *top_ids, float *top_logprobs) {
+    int V = s->vocab;
+    float *z = s->z;
+    float zmax = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+        if (z[i] > zmax) zmax = z[i];
+    }
+    double S = 0;
+    for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += term(z[i], zmax);
+    double ls = log(S);
+    if (top_n > 0) {
+        if (top_n > V) top_n = V;
+        int n = top_heap(z, V, top_n, -INFINITY, s->idx);
+        for (int i = 0; i < V && n < top_n; i++) if (z[i] == -INFINITY) s->idx[n++] = i;
+        for (int i = 0; i < top_n; i++) {
+            top_ids[i] = s->idx[i];
+            top_logprobs[i] = (float)((double)(z[s->idx[i]] - zmax) - ls);
+        }
+    }
+    return (float)((double)(z[id] - zmax) - ls);
+}

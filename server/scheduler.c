@@ -1,0 +1,265 @@
+/*
+ * scheduler.c - step planning, preemption and prefix-cache admission
+ * (policy in scheduler.h). Everything here is bookkeeping over arrays
+ * allocated at creation; no allocation per step.
+ */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, int max_model_len,
+                            int lp_rows_max) {
+    Scheduler *s = xcalloc(1, sizeof *s);
+    s->bm = bm;
+    s->max_running = max_running;
+    s->max_batched = max_batched;
+    s->block_size = block_manager_block_size(bm);
+    s->max_blocks = (max_model_len + s->block_size - 1) / s->block_size;
+    s->lp_rows_max = lp_rows_max;
+    s->admit = 1;
+    s->running = xcalloc(max_running, sizeof(Seq *));
+    s->sched = xcalloc(max_running, sizeof(Seq *));
+    s->tok = xmalloc(max_batched * sizeof(int32_t));
+    s->pos = xmalloc(max_batched * sizeof(int32_t));
+    s->seqi = xmalloc(max_batched * sizeof(int32_t));
+    s->out_rows = xmalloc((size_t)(max_running + lp_rows_max) * sizeof(int32_t));
+    s->tables = xcalloc(max_running, sizeof(int32_t *));
+    return s;
+}
+
+void scheduler_free(Scheduler *s) {
+    if (!s) return;
+    free(s->running); free(s->sched); free(s->tok); free(s->pos); free(s->seqi);
+    free(s->out_rows); free(s->tables);
+    free(s);
+}
+
+void scheduler_enqueue(Scheduler *s, Seq *q, int front) {
+    q->state = SEQ_WAITING;
+    if (front) {
+        q->wprev = NULL;
+        q->wnext = s->wait_head;
+        if (s->wait_head) s->wait_head->wprev = q; else s->wait_tail = q;
+        s->wait_head = q;
+    } else {
+        q->wnext = NULL;
+        q->wprev = s->wait_tail;
+        if (s->wait_tail) s->wait_tail->wnext = q; else s->wait_head = q;
+        s->wait_tail = q;
+    }
+    s->n_waiting++;
+}
+
+static void wait_unlink(Scheduler *s, Seq *q) {
+    if (q->wprev) q->wprev->wnext = q->wnext; else s->wait_head = q->wnext;
+    if (q->wnext) q->wnext->wprev = q->wprev; else s->wait_tail = q->wprev;
+    q->wprev = q->wnext = NULL;
+    s->n_waiting--;
+}
+
+static void release_blocks(Scheduler *s, Seq *q) {
+    for (int i = 0; i < q->n_blocks; i++) block_manager_unref(s->bm, q->blocks[i]);
+    q->n_blocks = 0;
+    q->n_computed = 0;
+    q->n_keys = 0;
+}
+
+static void running_insert(Scheduler *s, Seq *q) {
+    int i = s->n_running;
+    while (i > 0 && s->running[i - 1]->arrival > q->arrival) { s->running[i] = s->running[i - 1]; i--; }
+    s->running[i] = q;
+    s->n_running++;
+    q->state = SEQ_RUNNING;
+    q->started = 1;
+}
+
+static void running_unlink(Scheduler *s, Seq *q) {
+    int i = 0;
+    while (i < s->n_running && s->running[i] != q) i++;
+    if (i == s->n_running) return;
+    memmove(s->running + i, s->running + i + 1, (size_t)(s->n_running - i - 1) * sizeof(Seq *));
+    s->n_running--;
+}
+
+void scheduler_remove(Scheduler *s, Seq *q) {
+    if (q->state == SEQ_WAITING) wait_unlink(s, q);
+    else if (q->state == SEQ_RUNNING) running_unlink(s, q);
+    release_blocks(s, q);
+    q->state = SEQ_DONE;
+}
+
+static void preempt(Scheduler *s, Seq *q) {
+    running_unlink(s, q);
+    release_blocks(s, q);
+    scheduler_enqueue(s, q, 1);
+    s->preemptions++;
+}
+
+/* Make q's block table cover positions [0, end). Returns 0 or -1 (pool empty). */
+static int grow(Scheduler *s, Seq *q, int end) {
+    int need = (end + s->block_size - 1) / s->block_size;
+    if (need - q->n_blocks > block_manager_n_available(s->bm)) return -1;
+    while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_manager_alloc(s->bm);
+    return 0;
+}
+
+/* Take every cached full block of q's token prefix (keeping at least one
+ * token to compute, so the last position's logits come out). */
+static void prefix_lookup(Scheduler *s, Seq *q) {
+    int bs = s->block_size;
+    uint64_t parent = 0;
+    q->kv_version = s->version;
+    if (q->no_prefix_lookup || q->n_blocks > 0) return;
+    int full = q->n_tokens / bs;
+    for (int i = 0; i < full; i++) {
+        const int32_t *t = q->tokens + (size_t)i * bs;
+        uint64_t key = block_manager_key(s->bm, parent, s->version, t);
+        int32_t id = block_manager_lookup(s->bm, key, parent, s->version, t);
+        if (id < 0) break;
+        q->blocks[q->n_blocks++] = id;
+        q->keys[q->n_keys++] = key;
+        parent = key;
+    }
+    if (q->n_blocks * bs == q->n_tokens) {
+        block_manager_unref(s->bm, q->blocks[--q->n_blocks]);
+        q->n_keys--;
+    }
+    q->n_computed = q->n_blocks * bs;
+}
+
+/* Tokens q would compute now, given the budget and the prompt-log-prob rows left. */
+static int chunk_len(const Seq *q, int budget, int lp_left) {
+    int n = q->n_tokens - q->n_computed;
+    if (n > budget) n = budget;
+    if (q->rows_all && q->n_computed < q->n_prompt && n > lp_left + 1) n = lp_left + 1;
+    return n;
+}
+
+static void add_to_batch(Scheduler *s, Seq *q, int n) {
+    int si = s->n_sched++;
+    s->sched[si] = q;
+    s->tables[si] = q->blocks;
+    q->plan_start = q->n_computed;
+    q->plan_n = n;
+    q->plan_tok0 = s->n_tok;
+    for (int i = 0; i < n; i++) {
+        s->tok[s->n_tok] = q->tokens[q->n_computed + i];
+        s->pos[s->n_tok] = q->n_computed + i;
+        s->seqi[s->n_tok] = si;
+        s->n_tok++;
+    }
+    int end = q->n_computed + n;
+    q->plan_row0 = s->n_out;
+    q->plan_rows = 0;
+    q->plan_sample_row = -1;
+    if (q->rows_all && q->n_computed < q->n_prompt) {
+        for (int i = 0; i < n; i++) s->out_rows[s->n_out++] = q->plan_tok0 + i;
+        q->plan_rows = n;
+        if (end == q->n_tokens) q->plan_sample_row = q->plan_row0 + n - 1;
+    } else if (end == q->n_tokens) {
+        s->out_rows[s->n_out++] = q->plan_tok0 + n - 1;
+        q->plan_rows = 1;
+        q->plan_sample_row = q->plan_row0;
+    }
+}
+
+int scheduler_plan(Scheduler *s) {
+    int budget = s->max_batched, lp_left = s->lp_rows_max, preempted = 0;
+    s->n_sched = s->n_tok = s->n_out = 0;
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        Seq *q = s->running[i];
+        int n = chunk_len(q, budget, lp_left);
+        if (n <= 0) continue;
+        while (grow(s, q, q->n_computed + n) < 0) {
+            Seq *victim = s->running[s->n_running - 1];
+            preempt(s, victim);
+            preempted = 1;
+            if (victim == q) break;
+        }
+        if (q->state != SEQ_RUNNING) break; /* q preempted itself: it was the newest */
+        if (q->rows_all && q->n_computed < q->n_prompt) lp_left -= n - 1;
+        add_to_batch(s, q, n);
+        budget -= n;
+    }
+    if (!preempted && s->admit) {
+        Seq *q = s->wait_head;
+        while (q && budget > 0 && s->n_running < s->max_running) {
+            Seq *next = q->wnext;
+            if (s->admit == 2 && !q->started) { q = next; continue; }
+            prefix_lookup(s, q);
+            int n = chunk_len(q, budget, lp_left);
+            if (n <= 0 || grow(s, q, q->n_computed + n) < 0) {
+                release_blocks(s, q);
+                break;
+            }
+            if (!q->no_prefix_lookup) {
+                s->lookup_tokens += (uint64_t)q->n_tokens;
+                s->hit_tokens += (uint64_t)q->n_computed;
+            }
+            wait_unlink(s, q);
+            running_insert(s, q);
+            if (q->rows_all && q->n_computed < q->n_prompt) lp_left -= n - 1;
+            add_to_batch(s, q, n);
+            budget -= n;
+            q = next;
+        }
+    }
+    /* the batch's sequence indices follow s->sched; the running order may have
+     * changed through admissions, which is fine: tables are per sched slot */
+    return s->n_tok;
+}
+
+static void register_full(Scheduler *s, Seq *q) {
+    int bs = s->block_size, full = q->n_computed / bs;
+    if (q->kv_version != s->version) { q->n_keys = full; return; } /* stale K/V: never shared */
+    for (int i = q->n_keys; i < full; i++) {
+        uint64_t parent = i ? q->keys[i - 1] : 0;
+        const int32_t *t = q->tokens + (size_t)i * bs;
+        uint64_t key = block_manager_key(s->bm, parent, s->version, t);
+        block_manager_register(s->bm, q->blocks[i], key, parent, s->version, t);
+        q->keys[i] = key;
+    }
+    q->n_keys = full;
+}
+
+void scheduler_commit(Scheduler *s) {
+    for (int i = 0; i < s->n_sched; i++) {
+        Seq *q = s->sched[i];
+        if (q->plan_start == 0 && q->n_computed == 0) q->kv_version = s->version;
+        q->n_computed = q->plan_start + q->plan_n;
+        register_full(s, q);
+    }
+}
+
+int scheduler_fork(Scheduler *s, Seq *from, Seq *to, void (*copy_block)(void *, int, int), void *ctx) {
+    int bs = s->block_size, full = from->n_computed / bs;
+    int partial = from->n_computed % bs != 0;
+    if (s->n_running >= s->max_running) return -1;
+    if (partial && block_manager_n_available(s->bm) < 1) return -1;
+    for (int i = 0; i < full; i++) {
+        block_manager_ref(s->bm, from->blocks[i]);
+        to->blocks[i] = from->blocks[i];
+        to->keys[i] = from->keys[i];
+    }
+    to->n_blocks = full;
+    to->n_keys = from->n_keys < full ? from->n_keys : full;
+    if (partial) {
+        int32_t id = block_manager_alloc(s->bm);
+        copy_block(ctx, from->blocks[full], id);
+        to->blocks[to->n_blocks++] = id;
+    }
+    memcpy(to->tokens, from->tokens, (size_t)from->n_computed * sizeof(int32_t));
+    to->n_tokens = to->n_computed = from->n_computed;
+    to->kv_version = from->kv_version;
+    if (to->state == SEQ_WAITING) wait_unlink(s, to);
+    running_insert(s, to);
+    return 0;
+}
+
+void scheduler_set_version(Scheduler *s, uint64_t version) {
+    s->version = version;
+    block_manager_invalidate(s->bm);
+}

@@ -1,0 +1,23 @@
+"""--help documents every flag sampler-cpu accepts, and accepts every flag it
+documents; bad flag values are start-up errors that say what to fix."""
+import os
+import re
+import subprocess
+
+from conftest import ROOT
+
+
+def test_help_lists_every_flag(sampler_bin):
+    src = open(os.path.join(ROOT, "server/main.c")).read()
+    handled = set(re.findall(r'!strcmp\(a, "(--[a-z0-9-]+)"\)', src))
+    out = subprocess.run([sampler_bin, "--help"], capture_output=True, text=True, timeout=60).stdout
+    documented = set(re.findall(r"^\s+(?:-h, )?(--[a-z0-9-]+)", out, re.M))
+    assert handled and handled == documented, (handled ^ documented)
+
+
+def test_bad_flags_are_clear_errors(sampler_bin):
+    for args, words in ((["--port", "70000"], "--port"), (["--logprobs-mode", "odd"], "--logprobs-mode"),
+                        (["--bogus", "1"], "--bogus"), (["--precision", "fp8"], "--precision"),
+                        (["--weight-version", "3"], "--model-fingerprint")):
+        r = subprocess.run([sampler_bin] + args, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and words in r.stderr, (args, r.stderr)

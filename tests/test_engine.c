@@ -1,0 +1,743 @@
+/*
+ * test_engine.c - the engine end to end on the tiny fixture models.
+ *
+ * The reference is the foundation's forward pass (model_forward, itself
+ * checked against transformers in test_forward) run on one sequence alone,
+ * all tokens in one step, in a fresh contiguous KV cache. The engine's logits
+ * rows (seen through EngineConfig.logits_tap) must be bit-identical to it
+ * whatever the batch, chunking, paging, prefix-cache hits, forks and
+ * preemptions did. Token streams are compared across engine configurations
+ * (tiny pool vs big pool, alone vs crowded) for greedy and seeded sampling.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "engine.h"
+#include "test.h"
+
+#define FIX "tests/fixtures/qwen3_gqa2"
+#define FIX_MOE "tests/fixtures/qwen3_moe"
+
+/* ---- logits tap: every sampled row, by (request, seq, pos) ---- */
+typedef struct TapRow { uint64_t rid; int seq, pos; float *row; } TapRow;
+static TapRow *g_rows;
+static int g_n_rows, g_cap_rows, g_vocab;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static _Atomic int g_slow; /* ms per sampled row: lets the test act mid-generation */
+
+static void tap(void *ctx, uint64_t rid, int seq, int pos, const float *row, int vocab) {
+    (void)ctx;
+    if (g_slow) usleep(g_slow * 1000);
+    pthread_mutex_lock(&g_mu);
+    if (g_n_rows == g_cap_rows) {
+        g_cap_rows = g_cap_rows ? 2 * g_cap_rows : 1024;
+        g_rows = realloc(g_rows, g_cap_rows * sizeof(TapRow));
+    }
+    float *copy = malloc(vocab * sizeof(float));
+    memcpy(copy, row, vocab * sizeof(float));
+    g_rows[g_n_rows++] = (TapRow){ rid, seq, pos, copy };
+    g_vocab = vocab;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static const float *tap_get(uint64_t rid, int seq, int pos) {
+    const float *r = NULL;
+    pthread_mutex_lock(&g_mu);
+    for (int i = g_n_rows - 1; i >= 0 && !r; i--)
+        if (g_rows[i].rid == rid && g_rows[i].seq == seq && g_rows[i].pos == pos) r = g_rows[i].row;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* ---- reference: one sequence alone, one step ---- */
+static Model *g_model;
+
+static void ref_forward(Model *m, const int32_t *tok, int n, float *logits /* [n, V] */) {
+    int bs = 16, nb = (n + bs - 1) / bs;
+    Runner *r = runner_create(m, n, n, 2);
+    KVCache *kv = kvcache_create(&m->cfg, nb, bs);
+    int32_t *pos = malloc(n * sizeof(int32_t)), *seq = calloc(n, sizeof(int32_t));
+    int32_t *rows = malloc(n * sizeof(int32_t)), *bt = malloc(nb * sizeof(int32_t));
+    for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
+    for (int i = 0; i < nb; i++) bt[i] = i;
+    const int32_t *tables[1] = { bt };
+    Batch b = { n, tok, pos, seq, 1, tables, n, rows };
+    Err err = { 0 };
+    int rc = model_forward(r, kv, &b, logits, &err);
+    T_ASSERT(rc == 0, "reference forward: %s", err.msg);
+    free(pos); free(seq); free(rows); free(bt);
+    kvcache_free(kv);
+    runner_free(r);
+}
+
+/* ---- helpers ---- */
+static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batched, int max_running,
+                           int prefix) {
+    EngineConfig c;
+    engine_config_default(&c);
+    c.n_blocks = n_blocks;
+    c.block_size = block_size;
+    c.max_batched_tokens = max_batched;
+    c.max_running_seqs = max_running;
+    c.max_model_len = n_blocks * block_size < 128 ? n_blocks * block_size : 128;
+    c.enable_prefix_cache = prefix;
+    c.n_threads = 2;
+    c.verbose = 0;
+    c.logits_tap = tap;
+    return engine_create(m, &c);
+}
+
+static void prompt_of(int32_t *p, int n, int salt) {
+    for (int i = 0; i < n; i++) p[i] = 3 + (int32_t)((i * 131 + salt * 977 + (i * i) % 17) % 500);
+}
+
+static EngineRequest *submit(Engine *e, const int32_t *prompt, int n, int max_tokens, float temp,
+                             uint64_t seed, int nseq) {
+    EngineRequestParams p;
+    engine_request_params_default(&p);
+    p.prompt = prompt;
+    p.n_prompt = n;
+    p.n = nseq;
+    p.sampling.max_tokens = max_tokens;
+    p.sampling.temperature = temp;
+    p.sampling.seed = seed;
+    p.sampling.has_seed = 1;
+    p.sampling.ignore_eos = 1;
+    EngineRequest *r = NULL;
+    Err err = { 0 };
+    int rc = engine_submit(e, &p, &r, &err);
+    T_ASSERT(rc == 0, "submit: %s", err.msg);
+    return r;
+}
+
+static void wait_done(EngineRequest *r) {
+    uint64_t seen = 0;
+    for (int i = 0; i < 600 && !engine_request_done(r); i++) engine_request_wait(r, &seen, 100);
+    T_ASSERT(engine_request_done(r), "request %llu did not finish", (unsigned long long)engine_request_id(r));
+}
+
+static int tokens_of(EngineRequest *r, int seq, int32_t *out) {
+    EngineSeqView v;
+    engine_request_seq(r, seq, &v);
+    for (int i = 0; i < v.n_tokens; i++) out[i] = v.tokens[i].token;
+    return v.n_tokens;
+}
+
+/* Every sampled row of (r, seq) equals the reference forward of its history. */
+static int rows_match_reference(EngineRequest *r, int seq, const int32_t *prompt, int n_prompt) {
+    int32_t hist[256];
+    int ng = tokens_of(r, seq, hist + n_prompt);
+    memcpy(hist, prompt, n_prompt * sizeof(int32_t));
+    int V = g_model->cfg.vocab, T = n_prompt + ng - 1, bad = 0;
+    float *ref = malloc((size_t)T * V * sizeof(float));
+    ref_forward(g_model, hist, T, ref);
+    for (int k = 0; k < ng; k++) {
+        const float *row = tap_get(engine_request_id(r), seq, n_prompt + k);
+        if (!row || memcmp(row, ref + (size_t)(n_prompt + k - 1) * V, V * sizeof(float)) != 0) bad++;
+    }
+    free(ref);
+    return bad;
+}
+
+/* ---- tests ---- */
+
+/* The same prompt alone and inside batches of other prompts: bit-identical
+ * logits rows, identical tokens (greedy and seeded), equal to the reference. */
+static void test_batch_invariance(void) {
+    int32_t P[40], others[6][60], t_alone[64], t_crowd[64], s_alone[64], s_crowd[64];
+    prompt_of(P, 37, 1);
+    Engine *e = make_engine(g_model, 256, 16, 64, 16, 0);
+    EngineRequest *a = submit(e, P, 37, 20, 0, 0, 1);
+    EngineRequest *as = submit(e, P, 37, 20, 1.0f, 42, 1);
+    wait_done(a); wait_done(as);
+    int na = tokens_of(a, 0, t_alone), nas = tokens_of(as, 0, s_alone);
+    T_ASSERT(na == 20 && nas == 20, "alone: %d and %d tokens", na, nas);
+    T_ASSERT(rows_match_reference(a, 0, P, 37) == 0, "alone greedy rows differ from the reference forward");
+    T_ASSERT(rows_match_reference(as, 0, P, 37) == 0, "alone seeded rows differ from the reference forward");
+    /* crowded: other prompts first so the target is chunked next to decodes */
+    EngineRequest *o[6];
+    for (int i = 0; i < 6; i++) {
+        prompt_of(others[i], 10 + 8 * i, 10 + i);
+        o[i] = submit(e, others[i], 10 + 8 * i, 15 + i, i % 2 ? 0.7f : 0.0f, 100 + i, 1);
+    }
+    EngineRequest *b = submit(e, P, 37, 20, 0, 0, 1);
+    EngineRequest *bs = submit(e, P, 37, 20, 1.0f, 42, 1);
+    for (int i = 0; i < 6; i++) wait_done(o[i]);
+    wait_done(b); wait_done(bs);
+    tokens_of(b, 0, t_crowd);
+    tokens_of(bs, 0, s_crowd);
+    T_ASSERT(memcmp(t_alone, t_crowd, 20 * 4) == 0, "greedy tokens changed in a crowded batch");
+    T_ASSERT(memcmp(s_alone, s_crowd, 20 * 4) == 0, "seeded tokens changed in a crowded batch");
+    int diff = 0;
+    for (int k = 0; k < 20; k++) {
+        const float *x = tap_get(engine_request_id(a), 0, 37 + k), *y = tap_get(engine_request_id(b), 0, 37 + k);
+        diff += !x || !y || memcmp(x, y, g_vocab * sizeof(float)) != 0;
+    }
+    T_ASSERT(diff == 0, "%d logits rows differ between alone and crowded", diff);
+    for (int i = 0; i < 6; i++) {
+        T_ASSERT(rows_match_reference(o[i], 0, others[i], 10 + 8 * i) == 0, "crowd request %d rows differ", i);
+        engine_request_release(o[i]);
+    }
+    EngineMetrics m;
+    engine_metrics(e, &m);
+    T_ASSERT(m.generated_tokens == 20 * 4 + 15 * 6 + 15, "generated tokens counted: %llu",
+             (unsigned long long)m.generated_tokens);
+    T_ASSERT(m.ttft.n == 10 && m.itl.n == m.generated_tokens - 10, "ttft/itl counts %llu %llu",
+             (unsigned long long)m.ttft.n, (unsigned long long)m.itl.n);
+    engine_request_release(a); engine_request_release(as);
+    engine_request_release(b); engine_request_release(bs);
+    engine_free(e);
+}
+
+static int g_noop_calls;
+static int noop(void *ctx, Err *er) { (void)ctx; (void)er; g_noop_calls++; return 0; }
+
+/* Prefix-cache hits give bit-identical rows to misses; multi-turn reuse. */
+static void test_prefix_cache(void) {
+    int32_t P[80], t1[32], t2[32];
+    prompt_of(P, 41, 3);
+    Engine *e = make_engine(g_model, 256, 4, 16, 8, 1);
+    EngineRequest *a = submit(e, P, 41, 12, 0, 0, 1);
+    wait_done(a);
+    EngineMetrics m0, m1;
+    engine_metrics(e, &m0);
+    T_ASSERT(m0.prefix_cache_hits == 0, "first request has no hit");
+    EngineRequest *b = submit(e, P, 41, 12, 0, 0, 1);
+    wait_done(b);
+    engine_metrics(e, &m1);
+    T_ASSERT(m1.prefix_cache_hits == 40, "second request hits 10 full blocks: %llu tokens",
+             (unsigned long long)m1.prefix_cache_hits);
+    int n1 = tokens_of(a, 0, t1), n2 = tokens_of(b, 0, t2);
+    T_ASSERT(n1 == 12 && n2 == 12 && memcmp(t1, t2, 48) == 0, "hit and miss give the same tokens");
+    int diff = 0;
+    for (int k = 0; k < 12; k++) {
+        const float *x = tap_get(engine_request_id(a), 0, 41 + k), *y = tap_get(engine_request_id(b), 0, 41 + k);
+        diff += !x || !y || memcmp(x, y, g_vocab * sizeof(float)) != 0;
+    }
+    T_ASSERT(diff == 0, "%d rows differ between prefix-cache hit and miss", diff);
+    /* next turn: conversation + generated + new text; blocks holding generated tokens hit too */
+    int n = 41;
+    memcpy(P + n, t1, 12 * 4);
+    n += 12;
+    prompt_of(P + n, 9, 4);
+    n += 9;
+    EngineRequest *c = submit(e, P, n, 6, 0, 0, 1);
+    wait_done(c);
+    EngineMetrics m2;
+    engine_metrics(e, &m2);
+    /* computed K/V: 41 + 11 positions of turn one -> 13 full blocks of 4 */
+    T_ASSERT(m2.prefix_cache_hits - m1.prefix_cache_hits == 52, "turn two hits %llu tokens (want 52)",
+             (unsigned long long)(m2.prefix_cache_hits - m1.prefix_cache_hits));
+    T_ASSERT(rows_match_reference(c, 0, P, n) == 0, "turn two rows differ from the reference");
+    /* a weight update invalidates the cache */
+    Err err = { 0 };
+    T_ASSERT(engine_run_exclusive(e, noop, NULL, 1, &err) == 0, "exclusive ran");
+    EngineRequest *d = submit(e, P, 41, 2, 0, 0, 1);
+    wait_done(d);
+    EngineMetrics m3;
+    engine_metrics(e, &m3);
+    T_ASSERT(m3.prefix_cache_hits == m2.prefix_cache_hits, "no hit after a version bump");
+    EngineSeqView v;
+    engine_request_seq(d, 0, &v);
+    T_ASSERT(v.n_tokens == 2 && v.tokens[0].weight_version == 1 && m3.weight_version == 1,
+             "tokens carry the new version");
+    engine_request_release(a); engine_request_release(b);
+    engine_request_release(c); engine_request_release(d);
+    engine_free(e);
+}
+
+/* A tiny KV pool forces preemption; every request completes with the same
+ * tokens as in a big pool, and the logits still equal the reference. */
+static void test_preemption(void) {
+    enum { R = 8 };
+    int32_t P[R][32], big[R][64], small[R][64];
+    EngineRequest *rb[R], *rs[R];
+    Engine *eb = make_engine(g_model, 512, 4, 64, 16, 1);
+    Engine *es = make_engine(g_model, 20, 4, 24, 8, 1); /* 80 tokens for 8 x (20 + 30) */
+    for (int i = 0; i < R; i++) {
+        prompt_of(P[i], 18 + i % 3, 20 + i);
+        rb[i] = submit(eb, P[i], 18 + i % 3, 30, i % 2 ? 0.8f : 0.0f, 7 + i, 1);
+        rs[i] = submit(es, P[i], 18 + i % 3, 30, i % 2 ? 0.8f : 0.0f, 7 + i, 1);
+    }
+    int bad = 0;
+    for (int i = 0; i < R; i++) {
+        wait_done(rb[i]); wait_done(rs[i]);
+        EngineSeqView v;
+        engine_request_seq(rs[i], 0, &v);
+        bad += v.finish != FINISH_LENGTH;
+        int nb = tokens_of(rb[i], 0, big[i]), ns = tokens_of(rs[i], 0, small[i]);
+        bad += nb != 30 || ns != 30 || memcmp(big[i], small[i], 30 * 4) != 0;
+    }
+    T_ASSERT(bad == 0, "%d requests differ between the tiny and the big pool", bad);
+    T_ASSERT(rows_match_reference(rs[4], 0, P[4], 18 + 4 % 3) == 0, "rows after preemption differ from the reference");
+    EngineMetrics m;
+    engine_metrics(es, &m);
+    T_ASSERT(m.preemptions > 0, "the tiny pool preempted (%llu)", (unsigned long long)m.preemptions);
+    T_ASSERT(m.requests_finished_length == R && m.kv_blocks_used == 0, "all finished, no block held (%d)",
+             m.kv_blocks_used);
+    for (int i = 0; i < R; i++) { engine_request_release(rb[i]); engine_request_release(rs[i]); }
+    engine_free(eb);
+    engine_free(es);
+}
+
+static void wait_tokens(EngineRequest *r, int n) {
+    uint64_t seen = 0;
+    EngineSeqView v = { 0 };
+    for (int i = 0; i < 600; i++) {
+        engine_request_seq(r, 0, &v);
+        if (v.n_tokens >= n || v.finish) break;
+        engine_request_wait(r, &seen, 100);
+    }
+}
+
+static void wait_blocks_free(Engine *e) {
+    EngineMetrics m;
+    for (int i = 0; i < 200; i++) {
+        engine_metrics(e, &m);
+        if (m.kv_blocks_used == 0) break;
+        usleep(10000);
+    }
+    T_ASSERT(m.kv_blocks_used == 0, "%d KV blocks still held", m.kv_blocks_used);
+}
+
+/* Abort mid-generation: finish reason abort, blocks freed; release of a
+ * running request aborts it too. */
+static void test_abort(void) {
+    int32_t P[20];
+    prompt_of(P, 20, 5);
+    Engine *e = make_engine(g_model, 128, 4, 32, 8, 0);
+    g_slow = 1;
+    EngineRequest *a = submit(e, P, 20, 100, 1.0f, 1, 1);
+    EngineRequest *b = submit(e, P, 20, 100, 1.0f, 2, 2);
+    wait_tokens(a, 3);
+    engine_abort(e, a);
+    g_slow = 0;
+    wait_done(a);
+    EngineSeqView v;
+    engine_request_seq(a, 0, &v);
+    T_ASSERT(v.finish == FINISH_ABORT && v.n_tokens >= 3 && v.n_tokens < 100, "aborted after %d tokens",
+             v.n_tokens);
+    engine_request_release(b); /* consumer gone while running */
+    wait_blocks_free(e);
+    EngineMetrics m;
+    engine_metrics(e, &m);
+    T_ASSERT(m.requests_finished_abort == 3, "3 sequences aborted (%llu)",
+             (unsigned long long)m.requests_finished_abort);
+    engine_request_release(a);
+    engine_free(e);
+}
+
+/* Pause modes and an exclusive section with a version bump. */
+static void test_pause(void) {
+    int32_t P[20], ref[64], got[64];
+    prompt_of(P, 20, 6);
+    Engine *e = make_engine(g_model, 128, 4, 32, 8, 1);
+    Err err = { 0 };
+    EngineRequest *r0 = submit(e, P, 20, 40, 1.0f, 9, 1);
+    wait_done(r0);
+    tokens_of(r0, 0, ref);
+    /* keep: frozen in place, continues after the update with the same stream */
+    g_slow = 5;
+    EngineRequest *a = submit(e, P, 20, 40, 1.0f, 9, 1);
+    wait_tokens(a, 5);
+    T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0 && engine_is_paused(e), "paused (keep)");
+    g_slow = 0;
+    EngineSeqView v1, v2;
+    engine_request_seq(a, 0, &v1);
+    g_noop_calls = 0;
+    T_ASSERT(engine_run_exclusive(e, noop, NULL, 1, &err) == 0 && g_noop_calls == 1, "exclusive while paused");
+    engine_request_seq(a, 0, &v2);
+    T_ASSERT(v1.n_tokens == v2.n_tokens && v2.finish == FINISH_NONE, "no progress while paused (%d -> %d)",
+             v1.n_tokens, v2.n_tokens);
+    engine_resume(e);
+    wait_done(a);
+    EngineSeqView v;
+    engine_request_seq(a, 0, &v);
+    tokens_of(a, 0, got);
+    T_ASSERT(v.finish == FINISH_LENGTH && memcmp(ref, got, 40 * 4) == 0, "keep: same tokens as unpaused");
+    T_ASSERT(v.tokens[0].weight_version == 0 && v.tokens[39].weight_version == 1, "versions 0 then 1");
+    int mono = 1;
+    for (int i = 1; i < 40; i++) mono &= v.tokens[i].weight_version >= v.tokens[i - 1].weight_version;
+    T_ASSERT(mono, "versions never go back");
+    /* abort: everything finishes now; submissions wait for resume */
+    g_slow = 2;
+    EngineRequest *b = submit(e, P, 20, 100, 1.0f, 10, 1), *c = submit(e, P, 10, 100, 0.0f, 0, 1);
+    wait_tokens(b, 2);
+    T_ASSERT(engine_pause(e, PAUSE_ABORT, &err) == 0, "paused (abort)");
+    g_slow = 0;
+    T_ASSERT(engine_request_done(b) && engine_request_done(c), "abort mode finished everything");
+    engine_request_seq(c, 0, &v);
+    T_ASSERT(v.finish == FINISH_ABORT, "finish reason abort");
+    EngineRequest *d = submit(e, P, 20, 5, 0.0f, 0, 1);
+    engine_request_seq(d, 0, &v);
+    T_ASSERT(v.n_tokens == 0 && !engine_request_done(d), "nothing runs while paused");
+    engine_resume(e);
+    wait_done(d);
+    engine_request_seq(d, 0, &v);
+    T_ASSERT(v.finish == FINISH_LENGTH && v.n_tokens == 5, "submitted while paused, ran after resume");
+    /* wait: running ones finish normally, then paused */
+    g_slow = 2;
+    EngineRequest *f = submit(e, P, 20, 30, 1.0f, 11, 1);
+    wait_tokens(f, 2);
+    T_ASSERT(engine_pause(e, PAUSE_WAIT, &err) == 0, "paused (wait)");
+    g_slow = 0;
+    engine_request_seq(f, 0, &v);
+    T_ASSERT(engine_request_done(f) && v.finish == FINISH_LENGTH && v.n_tokens == 30, "wait mode let it finish");
+    engine_resume(e);
+    T_ASSERT(!engine_is_paused(e), "resumed");
+    wait_blocks_free(e);
+    EngineRequest *all[] = { r0, a, b, c, d, f };
+    for (int i = 0; i < 6; i++) engine_request_release(all[i]);
+    engine_free(e);
+}
+
+/* A weight update while a sequence is frozen (PAUSE_KEEP): the K/V it keeps
+ * were computed under the old weights, so its blocks must never be shared
+ * under the new version. The next turn of that conversation must equal the
+ * reference forward under the new weights. */
+static int scale_norm(void *ctx, Err *er) {
+    int64_t n = 0;
+    uint16_t *w = model_tensor(g_model, "model.layers.0.post_attention_layernorm.weight", &n);
+    if (!w) return ERR(er, 500, "no post_attention_layernorm weight");
+    float f = *(float *)ctx;
+    for (int64_t i = 0; i < n; i++) w[i] = f32_to_bf16(bf16_to_f32(w[i]) * f);
+    return 0;
+}
+
+static void test_version_tagging(void) {
+    int32_t P[80];
+    prompt_of(P, 3, 13);
+    /* blocks of 16: the frozen sequence has no full block yet when the
+     * version changes, so only the kv_version check stops it from
+     * registering a half-stale first block under the new version */
+    Engine *e = make_engine(g_model, 64, 16, 32, 8, 1);
+    Err err = { 0 };
+    g_slow = 5;
+    EngineRequest *a = submit(e, P, 3, 30, 0.0f, 0, 1);
+    wait_tokens(a, 4);
+    T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
+    float f = 2.0f;
+    uint64_t v0 = engine_weight_version(e);
+    T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "update: %s", err.msg);
+    T_ASSERT(engine_weight_version(e) == v0 + 1, "version bumped");
+    g_slow = 0;
+    engine_resume(e);
+    wait_done(a);
+    int n = 3 + tokens_of(a, 0, P + 3);
+    prompt_of(P + n, 7, 14);
+    n += 7;
+    EngineRequest *b = submit(e, P, n, 4, 0.0f, 0, 1);
+    wait_done(b);
+    EngineSeqView va;
+    engine_request_seq(a, 0, &va);
+    int first_new = 0;
+    while (first_new < va.n_tokens && va.tokens[first_new].weight_version == v0) first_new++;
+    T_ASSERT(first_new >= 4 && va.tokens[first_new].pos < 16, "update landed mid-block (pos %d)",
+             va.tokens[first_new].pos);
+    T_ASSERT(rows_match_reference(b, 0, P, n) == 0, "next turn after a keep-mode update used stale K/V");
+    EngineSeqView v;
+    engine_request_seq(b, 0, &v);
+    T_ASSERT(v.tokens[0].weight_version == v0 + 1, "new version on the next turn");
+    f = 0.5f; /* restore exactly: scaling a bf16 by 2 then 0.5 is exact */
+    T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "restore");
+    engine_request_release(a);
+    engine_request_release(b);
+    engine_free(e);
+}
+
+/* n samples: forks share the prompt blocks; greedy samples are identical,
+ * seeded ones follow their own streams, and every row equals the reference. */
+static void test_n_samples(void) {
+    int32_t P[30], g1[64], gi[64], s1[4][64], s2[4][64];
+    prompt_of(P, 23, 7); /* 23 = 5 full blocks of 4 + a partial one */
+    Engine *e = make_engine(g_model, 256, 4, 64, 16, 1);
+    EngineRequest *g = submit(e, P, 23, 10, 0, 0, 1), *gn = submit(e, P, 23, 10, 0, 0, 4);
+    wait_done(g); wait_done(gn);
+    tokens_of(g, 0, g1);
+    int bad = 0;
+    for (int i = 0; i < 4; i++) bad += tokens_of(gn, i, gi) != 10 || memcmp(g1, gi, 40) != 0;
+    T_ASSERT(bad == 0, "greedy n=4: %d samples differ from n=1", bad);
+    EngineRequest *s = submit(e, P, 23, 12, 1.0f, 5, 4);
+    wait_done(s);
+    int distinct = 0;
+    for (int i = 0; i < 4; i++) {
+        tokens_of(s, i, s1[i]);
+        distinct += i > 0 && memcmp(s1[i], s1[0], 48) != 0;
+        T_ASSERT(rows_match_reference(s, i, P, 23) == 0, "sample %d rows differ from the reference", i);
+    }
+    T_ASSERT(distinct > 0, "samples of one seeded request differ from each other");
+    /* same seeded request next to other traffic */
+    int32_t Q[40];
+    prompt_of(Q, 33, 8);
+    EngineRequest *o = submit(e, Q, 33, 20, 0.5f, 3, 3);
+    EngineRequest *s_again = submit(e, P, 23, 12, 1.0f, 5, 4);
+    wait_done(o); wait_done(s_again);
+    bad = 0;
+    for (int i = 0; i < 4; i++) bad += tokens_of(s_again, i, s2[i]) != 12 || memcmp(s1[i], s2[i], 48) != 0;
+    T_ASSERT(bad == 0, "seeded n=4 changed next to other traffic (%d)", bad);
+    wait_blocks_free(e);
+    engine_request_release(g); engine_request_release(gn); engine_request_release(s);
+    engine_request_release(o); engine_request_release(s_again);
+    engine_free(e);
+}
+
+/* Prompt log-probs equal log_softmax of the reference rows. Also stop ids,
+ * and the record fields (mask, top-N, raw log-prob). */
+static void test_outputs(void) {
+    int32_t P[40];
+    prompt_of(P, 30, 9);
+    int V = g_model->cfg.vocab;
+    Engine *e = make_engine(g_model, 256, 4, 8, 8, 1); /* budget 8: the prompt arrives in chunks */
+    EngineRequestParams p;
+    engine_request_params_default(&p);
+    p.prompt = P;
+    p.n_prompt = 30;
+    p.prompt_logprobs = 3;
+    p.top_logprobs = 5;
+    p.want_mask = 1;
+    p.want_raw_logprob = 1;
+    p.sampling.max_tokens = 6;
+    p.sampling.top_k = 20;
+    p.sampling.seed = 1;
+    p.sampling.has_seed = 1;
+    p.sampling.ignore_eos = 1;
+    EngineRequest *r;
+    Err err = { 0 };
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+    wait_done(r);
+    const float *lp;
+    const int32_t *tid;
+    const float *tlp;
+    int n = engine_request_prompt_logprobs(r, &lp, &tid, &tlp);
+    T_ASSERT(n == 30, "prompt log-probs published for %d positions", n);
+    float *ref = malloc((size_t)30 * V * sizeof(float));
+    ref_forward(g_model, P, 30, ref);
+    double maxerr = 0;
+    int bad_top = 0;
+    for (int i = 1; i < 30; i++) {
+        const float *row = ref + (size_t)(i - 1) * V;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < V; j++) s += exp(row[j] - mx);
+        double want = row[P[i]] - mx - log(s), d = fabs(want - lp[i]);
+        if (d > maxerr) maxerr = d;
+        int am = 0;
+        for (int j = 1; j < V; j++) if (row[j] > row[am]) am = j;
+        bad_top += tid[i * 3] != am || fabs(tlp[i * 3] - (row[am] - mx - log(s))) > 1e-5;
+    }
+    T_ASSERT(isnan(lp[0]) && maxerr < 1e-5, "prompt log-probs off by %g", maxerr);
+    T_ASSERT(bad_top == 0, "%d prompt top-1 mismatches", bad_top);
+    EngineSeqView v;
+    engine_request_seq(r, 0, &v);
+    int bad = 0;
+    for (int k = 0; k < v.n_tokens; k++) {
+        const TokenRecord *t = &v.tokens[k];
+        double s = 0;
+        int in = 0;
+        for (int j = 0; j < t->mask_n; j++) { in |= t->mask_ids[j] == t->token; }
+        for (int j = 0; j < t->n_top; j++) s += exp(t->top_logprobs[j]);
+        bad += !in || t->mask_n < 20 || t->n_top != 5 || isnan(t->logprob_raw) || t->logprob > 0 ||
+               t->top_logprobs_raw == NULL || s > 1 + 1e-6;
+    }
+    T_ASSERT(v.n_tokens == 6 && bad == 0, "%d malformed records", bad);
+    int64_t off[8];
+    engine_request_mask_csr(r, 0, off, NULL);
+    int32_t *ids = malloc(off[6] * sizeof(int32_t));
+    engine_request_mask_csr(r, 0, off, ids);
+    T_ASSERT(off[0] == 0 && off[6] == off[5] + v.tokens[5].mask_n && ids[off[2]] == v.tokens[2].mask_ids[0],
+             "CSR masks");
+    free(ids);
+    free(ref);
+    engine_request_release(r);
+    /* stop id: greedy run, then stop at its 4th token */
+    EngineRequest *g = submit(e, P, 30, 10, 0, 0, 1);
+    wait_done(g);
+    int32_t gt[16];
+    tokens_of(g, 0, gt);
+    engine_request_params_default(&p);
+    p.prompt = P; p.n_prompt = 30;
+    p.sampling.temperature = 0; p.sampling.max_tokens = 10; p.sampling.ignore_eos = 1;
+    p.sampling.n_stop_ids = 1; p.sampling.stop_ids[0] = gt[3];
+    int first = 0;
+    while (gt[first] != gt[3]) first++;
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+    wait_done(r);
+    engine_request_seq(r, 0, &v);
+    T_ASSERT(v.finish == FINISH_STOP && v.stop_token == gt[3] && v.n_tokens == first + 1, "stopped at the stop id");
+    engine_request_release(r);
+    engine_request_release(g);
+    engine_free(e);
+}
+
+/* Bad input and a full queue are clear errors, and nothing is queued. */
+static void test_errors(void) {
+    int32_t P[10];
+    prompt_of(P, 10, 11);
+    EngineConfig c;
+    engine_config_default(&c);
+    c.n_blocks = 64; c.block_size = 4; c.max_model_len = 64; c.max_waiting = 2; c.verbose = 0; c.n_threads = 2;
+    Engine *e = engine_create(g_model, &c);
+    Err err = { 0 };
+    T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
+    EngineRequest *a = submit(e, P, 10, 4, 0, 0, 1), *b = submit(e, P, 10, 4, 0, 0, 1), *x = NULL;
+    EngineRequestParams p;
+    engine_request_params_default(&p);
+    p.prompt = P; p.n_prompt = 10;
+    T_ASSERT(engine_submit(e, &p, &x, &err) < 0 && err.code == 503 && !x, "queue full -> 503");
+    int32_t badp[2] = { 1, 100000 };
+    p.prompt = badp; p.n_prompt = 2;
+    T_ASSERT(engine_submit(e, &p, &x, &err) < 0 && err.code == 400, "token out of range -> 400");
+    int32_t longp[64] = { 0 };
+    p.prompt = longp; p.n_prompt = 64;
+    T_ASSERT(engine_submit(e, &p, &x, &err) < 0 && err.code == 400, "too long -> 400");
+    p.prompt = P; p.n_prompt = 10; p.sampling.top_p = 2;
+    T_ASSERT(engine_submit(e, &p, &x, &err) < 0 && err.code == 400, "bad top_p -> 400");
+    engine_resume(e);
+    wait_done(a); wait_done(b);
+    p.sampling.top_p = 1;
+    T_ASSERT(engine_submit(e, &p, &x, &err) == 0, "queue has room again");
+    wait_done(x);
+    EngineMetrics m;
+    engine_metrics(e, &m);
+    T_ASSERT(m.requests_rejected == 4 && m.requests_submitted == 3, "rejections counted");
+    engine_request_release(a); engine_request_release(b); engine_request_release(x);
+    engine_free(e);
+}
+
+/* MoE router replay: recorded expert ids equal the reference forward's capture. */
+static void test_experts(void) {
+    Model *m = NULL;
+    Err err = { 0 };
+    if (model_load(&m, FIX_MOE, &err) < 0) { T_ASSERT(0, "load %s: %s", FIX_MOE, err.msg); return; }
+    Engine *e = make_engine(m, 128, 4, 16, 8, 1);
+    int E = engine_experts_per_token(e);
+    T_ASSERT(E == 2 * 2, "2 MoE layers x top 2 (got %d)", E);
+    int32_t P[24];
+    prompt_of(P, 21, 12);
+    EngineRequestParams p;
+    engine_request_params_default(&p);
+    p.prompt = P; p.n_prompt = 21; p.want_experts = 1;
+    p.sampling.max_tokens = 5; p.sampling.temperature = 0; p.sampling.ignore_eos = 1;
+    EngineRequest *r;
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+    wait_done(r);
+    EngineSeqView v;
+    engine_request_seq(r, 0, &v);
+    const int32_t *pe;
+    int np = engine_request_prompt_experts(r, &pe);
+    int32_t hist[32];
+    memcpy(hist, P, 21 * 4);
+    for (int k = 0; k < v.n_tokens; k++) hist[21 + k] = v.tokens[k].token;
+    int T = 21 + v.n_tokens - 1;
+    /* reference capture over the whole history */
+    Runner *rr = runner_create(m, T, T, 2);
+    KVCache *kv = kvcache_create(&m->cfg, 16, 4);
+    int32_t pos[32], seq[32] = { 0 }, rows[1] = { T - 1 }, bt[16];
+    for (int i = 0; i < T; i++) pos[i] = i;
+    for (int i = 0; i < 16; i++) bt[i] = i;
+    const int32_t *tables[1] = { bt };
+    int32_t *cap = calloc((size_t)T * E, sizeof(int32_t));
+    float *lg = malloc(m->cfg.vocab * sizeof(float));
+    runner_set_expert_capture(rr, cap);
+    Batch b = { T, hist, pos, seq, 1, tables, 1, rows };
+    T_ASSERT(model_forward(rr, kv, &b, lg, &err) == 0, "%s", err.msg);
+    T_ASSERT(np == 20 && memcmp(pe, cap, (size_t)20 * E * 4) == 0, "prompt experts (%d positions)", np);
+    int bad = 0;
+    for (int k = 0; k < v.n_tokens; k++)
+        bad += !v.tokens[k].experts || memcmp(v.tokens[k].experts, cap + (size_t)(20 + k) * E, E * 4) != 0;
+    T_ASSERT(bad == 0, "%d generated tokens with wrong experts", bad);
+    free(cap); free(lg);
+    kvcache_free(kv);
+    runner_free(rr);
+    engine_request_release(r);
+    engine_free(e);
+    model_free(m);
+}
+
+/* Random traffic on a tiny pool (preemption, forks, prefix hits) with random
+ * aborts and a keep-mode pause: every request finishes, non-aborted ones
+ * with exactly the tokens a big pool gives, and no block stays held. */
+static void test_stress(void) {
+    enum { R = 40 };
+    int32_t P[R][48];
+    int np[R], nout[R], nseq[R], abort_it[R];
+    EngineRequest *rs[R], *rb[R];
+    unsigned st = 99;
+    Engine *es = make_engine(g_model, 24, 4, 20, 6, 1), *eb = make_engine(g_model, 512, 4, 64, 32, 1);
+    Err err = { 0 };
+    for (int i = 0; i < R; i++) {
+        st = st * 1103515245u + 12345u;
+        np[i] = 4 + (st >> 16) % 40;
+        nout[i] = 1 + (st >> 8) % 40;
+        if (np[i] + nout[i] > 90) nout[i] = 90 - np[i];
+        nseq[i] = 1 + (st >> 4) % 3;
+        abort_it[i] = (st >> 20) % 5 == 0;
+        /* shared prefixes between requests: salt from a few families */
+        prompt_of(P[i], np[i], (int)((st >> 24) % 4));
+        P[i][np[i] - 1] = 3 + i; /* distinct tails */
+        float temp = (st >> 12) % 2 ? 0.9f : 0.0f;
+        rs[i] = submit(es, P[i], np[i], nout[i], temp, 1000 + i, nseq[i]);
+        rb[i] = submit(eb, P[i], np[i], nout[i], temp, 1000 + i, nseq[i]);
+        if (i == R / 2) {
+            T_ASSERT(engine_pause(es, PAUSE_KEEP, &err) == 0, "pause");
+            engine_resume(es);
+        }
+        if (abort_it[i] && i % 2) engine_abort(es, rs[i]);
+    }
+    for (int i = 0; i < R; i++) if (abort_it[i] && !(i % 2)) engine_abort(es, rs[i]);
+    int bad = 0, aborted = 0;
+    for (int i = 0; i < R; i++) {
+        wait_done(rs[i]); wait_done(rb[i]);
+        for (int k = 0; k < nseq[i]; k++) {
+            int32_t a[64], b[64];
+            EngineSeqView v;
+            engine_request_seq(rs[i], k, &v);
+            int na = tokens_of(rs[i], k, a), nb = tokens_of(rb[i], k, b);
+            if (v.finish == FINISH_ABORT) {
+                aborted++;
+                bad += !abort_it[i] || na > nb || memcmp(a, b, na * 4) != 0; /* a prefix of the full run */
+            } else bad += v.finish != FINISH_LENGTH || na != nout[i] || nb != na || memcmp(a, b, na * 4) != 0;
+        }
+    }
+    T_ASSERT(bad == 0, "stress: %d sequences differ from the big pool", bad);
+    wait_blocks_free(es);
+    wait_blocks_free(eb);
+    EngineMetrics m;
+    engine_metrics(es, &m);
+    T_ASSERT(m.running == 0 && m.waiting == 0, "stress: nothing left running/waiting");
+    printf("stress: %d aborted sequences, %llu preemptions, prefix hit %llu of %llu tokens\n", aborted,
+           (unsigned long long)m.preemptions, (unsigned long long)m.prefix_cache_hits,
+           (unsigned long long)m.prefix_cache_queries);
+    for (int i = 0; i < R; i++) { engine_request_release(rs[i]); engine_request_release(rb[i]); }
+    engine_free(es);
+    engine_free(eb);
+}
+
+int main(void) {
+    Err err = { 0 };
+    if (model_load(&g_model, FIX, &err) < 0) {
+        fprintf(stderr, "cannot load %s: %s\n", FIX, err.msg);
+        return 1;
+    }
+    test_batch_invariance();
+    test_prefix_cache();
+    test_preemption();
+    test_abort();
+    test_pause();
+    test_n_samples();
+    test_version_tagging();
+    test_outputs();
+    test_errors();
+    test_experts();
+    test_stress();
+    model_free(g_model);
+    for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
+    free(g_rows);
+    return T_DONE();
+}

@@ -1,0 +1,346 @@
+/*
+ * test_tokenizer.c - the tokenizer against goldens made by
+ * scripts/make_tokenizer_goldens.py with the `tokenizers` package: ids of a
+ * >1 MB corpus, decode, streaming decode, random id decode, lookups, use
+ * from several threads, and refusal of unsupported components.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <zstd.h>
+
+#include "test.h"
+#include "tokenizer.h"
+
+#define DATA "tests/data/tokenizers"
+
+static char *read_zst(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "cannot open %s\n", path); exit(1); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) exit(1);
+    fclose(f);
+    unsigned long long sz = ZSTD_getFrameContentSize(buf, (size_t)n);
+    char *out = malloc(sz + 1);
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    ZSTD_DCtx_setParameter(dc, ZSTD_d_windowLogMax, 27);
+    size_t got = ZSTD_decompressDCtx(dc, out, sz, buf, (size_t)n);
+    ZSTD_freeDCtx(dc);
+    if (ZSTD_isError(got) || got != sz) { fprintf(stderr, "bad zstd %s\n", path); exit(1); }
+    free(buf);
+    *len = sz;
+    return out;
+}
+
+typedef struct Reader { const char *p, *end; } Reader;
+static uint32_t rd_u32(Reader *r) { uint32_t v; memcpy(&v, r->p, 4); r->p += 4; return v; }
+static const char *rd_blob(Reader *r, uint32_t *n) { *n = rd_u32(r); const char *p = r->p; r->p += *n; return p; }
+static const int32_t *rd_ids(Reader *r, uint32_t *n, int32_t **copy) {
+    *n = rd_u32(r);
+    *copy = malloc(*n * 4 + 4);
+    memcpy(*copy, r->p, *n * 4);
+    r->p += *n * 4;
+    return *copy;
+}
+
+typedef struct Doc { const char *text; uint32_t len; } Doc;
+static Doc *docs;
+static uint32_t n_docs;
+
+typedef struct Expect { uint8_t add; int32_t *ids; uint32_t n; const char *dec, *dec_skip; uint32_t ld, lds; } Expect;
+
+static int first_diff(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return (int)i;
+}
+
+/* Streaming decode of ids must concatenate to want and never split a char. */
+static int check_stream(const Tokenizer *t, TokDecoder *d, const int32_t *ids, size_t n, const char *want, size_t wl) {
+    tok_decoder_reset(d);
+    char *acc = malloc(wl + 64);
+    size_t al = 0;
+    int bad = 0;
+    for (size_t i = 0; i <= n; i++) {
+        const char *p;
+        size_t l;
+        if (i < n) tok_decoder_push(d, ids[i], &p, &l);
+        else tok_decoder_flush(d, &p, &l);
+        /* a piece is whole characters: it must itself be valid UTF-8 */
+        json_t *s = json_stringn(p, l);
+        if (!s) bad = 1;
+        json_decref(s);
+        if (al + l > wl + 63) { bad = 1; break; }
+        memcpy(acc + al, p, l);
+        al += l;
+    }
+    int ok = !bad && al == wl && memcmp(acc, want, wl) == 0;
+    free(acc);
+    return ok;
+}
+
+static Expect *load_expect(const char *name, char **buf) {
+    char path[512];
+    size_t n;
+    snprintf(path, sizeof path, DATA "/%s/encode.bin.zst", name);
+    *buf = read_zst(path, &n);
+    Reader r = {*buf, *buf + n};
+    uint32_t nd = rd_u32(&r);
+    T_ASSERT(nd == n_docs, "%s: %u docs in golden, %u in corpus", name, nd, n_docs);
+    Expect *ex = calloc(nd, sizeof *ex);
+    for (uint32_t i = 0; i < nd; i++) {
+        ex[i].add = (uint8_t)*r.p++;
+        rd_ids(&r, &ex[i].n, &ex[i].ids);
+        ex[i].dec = rd_blob(&r, &ex[i].ld);
+        ex[i].dec_skip = rd_blob(&r, &ex[i].lds);
+    }
+    return ex;
+}
+
+typedef struct ThreadArg { const Tokenizer *t; const Expect *ex; int start, mismatches; } ThreadArg;
+
+static void *thread_encode(void *p) {
+    ThreadArg *a = p;
+    TokIds ids = {0};
+    for (uint32_t k = 0; k < n_docs; k++) {
+        uint32_t i = (k + (uint32_t)a->start * 97) % n_docs;
+        Err e = {0};
+        ids.n = 0;
+        if (tokenizer_encode(a->t, docs[i].text, docs[i].len, a->ex[i].add, &ids, &e) ||
+            ids.n != a->ex[i].n || memcmp(ids.ids, a->ex[i].ids, ids.n * 4))
+            a->mismatches++;
+    }
+    tok_ids_free(&ids);
+    return NULL;
+}
+
+static void test_model(const char *name) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, DATA "/%s", name);
+    Err e = {0};
+    Tokenizer *t = tokenizer_load(dir, &e);
+    T_ASSERT(t != NULL, "%s: load failed: %s", name, e.msg);
+    if (!t) return;
+    char *buf;
+    Expect *ex = load_expect(name, &buf);
+
+    /* encode + decode + streaming decode of every corpus document */
+    TokIds ids = {0};
+    TokDecoder *d = tok_decoder_create(t, false), *ds = tok_decoder_create(t, true);
+    int enc_bad = 0, dec_bad = 0, str_bad = 0;
+    size_t total = 0;
+    for (uint32_t i = 0; i < n_docs; i++) {
+        ids.n = 0;
+        int rc = tokenizer_encode(t, docs[i].text, docs[i].len, ex[i].add, &ids, &e);
+        total += ids.n;
+        if (rc || ids.n != ex[i].n || memcmp(ids.ids, ex[i].ids, ids.n * 4)) {
+            if (enc_bad++ < 5) {
+                int k = first_diff(ids.ids, ids.n, ex[i].ids, ex[i].n);
+                fprintf(stderr, "%s doc %u (len %u): %zu ids vs %u expected, first diff at %d: got %d want %d\n",
+                        name, i, docs[i].len, ids.n, ex[i].n, k, k < (int)ids.n ? ids.ids[k] : -1,
+                        k < (int)ex[i].n ? ex[i].ids[k] : -1);
+            }
+        }
+        char *out;
+        size_t ol;
+        tokenizer_decode(t, ex[i].ids, ex[i].n, false, &out, &ol, &e);
+        if (ol != ex[i].ld || memcmp(out, ex[i].dec, ol)) dec_bad++;
+        free(out);
+        tokenizer_decode(t, ex[i].ids, ex[i].n, true, &out, &ol, &e);
+        if (ol != ex[i].lds || memcmp(out, ex[i].dec_skip, ol)) dec_bad++;
+        free(out);
+        if (!check_stream(t, d, ex[i].ids, ex[i].n, ex[i].dec, ex[i].ld)) str_bad++;
+        if (!check_stream(t, ds, ex[i].ids, ex[i].n, ex[i].dec_skip, ex[i].lds)) str_bad++;
+    }
+    T_ASSERT(enc_bad == 0, "%s: %d of %u documents encode differently from tokenizers", name, enc_bad, n_docs);
+    T_ASSERT(dec_bad == 0, "%s: %d decodes differ from tokenizers", name, dec_bad);
+    T_ASSERT(str_bad == 0, "%s: %d streaming decodes differ", name, str_bad);
+    printf("%s: %u docs, %zu tokens compared\n", name, n_docs, total);
+
+    /* random id sequences: partial UTF-8, specials, unknown ids */
+    size_t n;
+    snprintf(path, sizeof path, DATA "/%s/decode.bin.zst", name);
+    char *dbuf = read_zst(path, &n);
+    Reader r = {dbuf, dbuf + n};
+    uint32_t ns = rd_u32(&r);
+    int rbad = 0;
+    for (uint32_t k = 0; k < ns; k++) {
+        uint32_t m, l1, l2;
+        int32_t *seq;
+        rd_ids(&r, &m, &seq);
+        const char *w1 = rd_blob(&r, &l1), *w2 = rd_blob(&r, &l2);
+        char *out;
+        size_t ol;
+        tokenizer_decode(t, seq, m, false, &out, &ol, &e);
+        if (ol != l1 || memcmp(out, w1, ol)) rbad++;
+        free(out);
+        tokenizer_decode(t, seq, m, true, &out, &ol, &e);
+        if (ol != l2 || memcmp(out, w2, ol)) rbad++;
+        free(out);
+        if (!check_stream(t, d, seq, m, w1, l1) || !check_stream(t, ds, seq, m, w2, l2)) rbad++;
+        free(seq);
+    }
+    T_ASSERT(ns > 0 && rbad == 0, "%s: %d of %u random id sequences decode differently", name, rbad, ns);
+    free(dbuf);
+
+    /* lookups against transformers / tokenizers */
+    snprintf(path, sizeof path, DATA "/%s/meta.json", name);
+    json_error_t je;
+    json_t *meta = json_load_file(path, 0, &je);
+    T_ASSERT(meta != NULL, "%s: %s", path, je.text);
+    if (meta) {
+        T_ASSERT(tokenizer_vocab_size(t) == json_integer_value(json_object_get(meta, "vocab_size")), "%s vocab size %d", name,
+                 tokenizer_vocab_size(t));
+        json_t *b = json_object_get(meta, "bos_id"), *eo = json_object_get(meta, "eos_id"), *p = json_object_get(meta, "pad_id");
+        T_ASSERT(tokenizer_bos_id(t) == (json_is_null(b) ? -1 : json_integer_value(b)), "%s bos id", name);
+        T_ASSERT(tokenizer_eos_id(t) == (json_is_null(eo) ? -1 : json_integer_value(eo)), "%s eos id", name);
+        T_ASSERT(tokenizer_pad_id(t) == (json_is_null(p) ? -1 : json_integer_value(p)), "%s pad id", name);
+        json_t *eos = json_object_get(meta, "eos_token");
+        T_ASSERT(tokenizer_eos_token(t) && !strcmp(tokenizer_eos_token(t), json_string_value(eos)), "%s eos token", name);
+        json_t *sp = json_object_get(meta, "special_ids"), *v;
+        size_t i;
+        int n_special = 0;
+        for (int32_t id = 0; id < tokenizer_vocab_size(t); id++) n_special += tokenizer_is_special(t, id);
+        T_ASSERT(n_special == (int)json_array_size(sp), "%s: %d special ids, want %zu", name, n_special, json_array_size(sp));
+        json_array_foreach(sp, i, v) T_ASSERT(tokenizer_is_special(t, (int32_t)json_integer_value(v)), "%s special id", name);
+        const char *key;
+        int tok_bad = 0;
+        json_object_foreach(json_object_get(meta, "tokens"), key, v) {
+            int32_t id = atoi(key);
+            const char *s = tokenizer_id_to_token(t, id);
+            if (json_is_null(v) ? s != NULL : (!s || strcmp(s, json_string_value(v)) || tokenizer_token_to_id(t, s) != id))
+                tok_bad++;
+        }
+        T_ASSERT(tok_bad == 0, "%s: %d id<->token lookups differ", name, tok_bad);
+        T_ASSERT(tokenizer_id_to_token(t, -1) == NULL && tokenizer_id_to_token(t, tokenizer_vocab_size(t)) == NULL, "range");
+        json_decref(meta);
+    }
+
+    /* the same Tokenizer from 4 threads at once */
+    pthread_t th[4];
+    ThreadArg ta[4];
+    for (int k = 0; k < 4; k++) {
+        ta[k] = (ThreadArg){t, ex, k, 0};
+        pthread_create(&th[k], NULL, thread_encode, &ta[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        T_ASSERT(ta[k].mismatches == 0, "%s: thread %d: %d mismatches", name, k, ta[k].mismatches);
+    }
+
+    tok_decoder_free(d);
+    tok_decoder_free(ds);
+    tok_ids_free(&ids);
+    for (uint32_t i = 0; i < n_docs; i++) free(ex[i].ids);
+    free(ex);
+    free(buf);
+    tokenizer_free(t);
+}
+
+/* The options the real tokenizers do not use (added-token flags, other
+ * normalizers, Split behaviours, Digits, ByteLevel's regex, a template with
+ * prefix and suffix): variants of qwen3/tokenizer.json against `tokenizers`. */
+static void test_variants(void) {
+    size_t n, vn;
+    char *tj = read_zst(DATA "/qwen3/tokenizer.json.zst", &n), *vj = read_zst(DATA "/variants.json.zst", &vn);
+    json_error_t je;
+    json_t *base = json_loadb(tj, n, 0, &je), *vs = json_loadb(vj, vn, JSON_ALLOW_NUL, &je);
+    T_ASSERT(base && vs, "variants: %s", je.text);
+    if (!base || !vs) return;
+    json_t *texts = json_object_get(vs, "texts"), *v;
+    size_t k;
+    json_array_foreach(json_object_get(vs, "variants"), k, v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        json_t *j = json_copy(base);
+        json_object_update(j, json_object_get(v, "patch"));
+        char *s = json_dumps(j, JSON_COMPACT);
+        Err e = {0};
+        Tokenizer *t = tokenizer_load_json(s, strlen(s), NULL, &e);
+        free(s);
+        json_decref(j);
+        T_ASSERT(t != NULL, "variant %s: %s", name, e.msg);
+        if (!t) continue;
+        json_t *want_ids = json_object_get(v, "ids"), *dec = json_object_get(v, "decoded");
+        TokIds ids = {0};
+        int bad = 0;
+        size_t nt = json_array_size(texts), nd = json_array_size(dec);
+        for (size_t i = 0; i < nt; i++) {
+            json_t *txt = json_array_get(texts, i), *w = json_array_get(want_ids, i);
+            ids.n = 0;
+            tokenizer_encode(t, json_string_value(txt), json_string_length(txt), i % 2 == 0, &ids, &e);
+            bool same = ids.n == json_array_size(w);
+            for (size_t q = 0; same && q < ids.n; q++) same = ids.ids[q] == json_integer_value(json_array_get(w, q));
+            if (!same && bad++ < 3)
+                fprintf(stderr, "variant %s text %zu: %zu ids, want %zu: %.60s\n", name, i, ids.n, json_array_size(w),
+                        json_string_value(txt));
+            if (i >= nt - nd) { /* decode(encode(text)) of the flag-specific texts */
+                json_t *d = json_array_get(dec, i - (nt - nd));
+                char *out;
+                size_t ol;
+                ids.n = 0;
+                tokenizer_encode(t, json_string_value(txt), json_string_length(txt), true, &ids, &e);
+                tokenizer_decode(t, ids.ids, ids.n, true, &out, &ol, &e);
+                if (ol != json_string_length(d) || memcmp(out, json_string_value(d), ol)) {
+                    bad++;
+                    fprintf(stderr, "variant %s decode %zu: [%s] want [%s]\n", name, i, out, json_string_value(d));
+                }
+                free(out);
+            }
+        }
+        T_ASSERT(bad == 0, "variant %s: %d of %zu texts differ from tokenizers", name, bad, nt);
+        tok_ids_free(&ids);
+        tokenizer_free(t);
+    }
+    json_decref(base);
+    json_decref(vs);
+    free(tj);
+    free(vj);
+}
+
+/* A component we do not implement must be refused by name, never ignored. */
+static void test_refusals(void) {
+    static const struct { const char *json, *name; } cases[] = {
+        {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "WordPiece"},
+        {"{\"normalizer\":{\"type\":\"Lowercase\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "Lowercase"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Whitespace\"},{\"type\":\"ByteLevel\"}]},\"decoder\":{\"type\":\"ByteLevel\"}}", "Whitespace"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"WordPiece\"}}", "WordPiece"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"post_processor\":{\"type\":\"RobertaProcessing\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "RobertaProcessing"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[],\"byte_fallback\":true},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "byte_fallback"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Weird\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "Weird"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"decoder\":{\"type\":\"ByteLevel\"}}", "byte 0x00"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        Err e = {0};
+        Tokenizer *t = tokenizer_load_json(cases[i].json, strlen(cases[i].json), NULL, &e);
+        T_ASSERT(t == NULL && strstr(e.msg, cases[i].name), "case %zu: want refusal naming %s, got %s", i, cases[i].name,
+                 t ? "a tokenizer" : e.msg);
+        tokenizer_free(t);
+    }
+    Err e = {0};
+    T_ASSERT(tokenizer_load("tests/data/tokenizers/no-such-model", &e) == NULL && strstr(e.msg, "tokenizer.json"),
+             "missing dir: %s", e.msg);
+}
+
+int main(void) {
+    size_t n;
+    char *corpus = read_zst(DATA "/corpus.bin.zst", &n);
+    Reader r = {corpus, corpus + n};
+    n_docs = rd_u32(&r);
+    docs = calloc(n_docs, sizeof *docs);
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < n_docs; i++) { docs[i].text = rd_blob(&r, &docs[i].len); bytes += docs[i].len; }
+    T_ASSERT(bytes >= 1000000, "corpus is %zu bytes", bytes);
+    test_refusals();
+    test_variants();
+    test_model("qwen3");
+    test_model("llama3.1");
+    free(docs);
+    free(corpus);
+    return T_DONE();
+}

@@ -1,0 +1,159 @@
+/*
+ * tok_internal.h - the pieces of the tokenizer shared between its files:
+ * UTF-8 helpers, the byte-level alphabet, the BPE model, the pre-tokenizer
+ * pipeline and the added-token matcher. Not a public API (see tokenizer.h).
+ */
+#ifndef SAMPLER_TOK_INTERNAL_H
+#define SAMPLER_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "check.h"
+#include "tokenizer.h"
+
+/* ---- UTF-8 (utf8.c) ---- */
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if s starts with an
+ * invalid or truncated sequence; *maximal gets the length of the maximal
+ * subpart (>= 1) to replace by U+FFFD, and *truncated is set when the bytes
+ * are a valid prefix cut by the end of the buffer. */
+size_t utf8_seq(const uint8_t *s, size_t n, size_t *maximal, bool *truncated);
+/* Python's bytes.decode("utf-8", "replace"): NULL if s is valid (no copy
+ * needed), else a malloc'd repaired copy of length *out_len. */
+char *utf8_repair(const char *s, size_t n, size_t *out_len);
+/* Decode one code point of valid UTF-8; returns its byte length. */
+int utf8_decode(const uint8_t *s, int32_t *cp);
+int utf8_encode(int32_t cp, char *out);
+
+/* GPT-2 bytes_to_unicode: byte -> code point, and the inverse (-1 if none). */
+int32_t bytelevel_char(uint8_t b);
+int bytelevel_byte(int32_t cp);
+
+/* ---- string -> id hash (bpe.c) ---- */
+typedef struct StrMap {
+    uint32_t *slots; /* [cap] entry index + 1, 0 = empty */
+    size_t cap;
+    const char **keys; /* [n] pointers into owner arena */
+    uint32_t *klen, *vals;
+    size_t n, nalloc;
+} StrMap;
+void strmap_init(StrMap *m, size_t expect);
+void strmap_free(StrMap *m);
+/* Insert or overwrite; key must outlive the map. */
+void strmap_put(StrMap *m, const char *key, size_t len, uint32_t val);
+bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val);
+
+/* ---- BPE model (bpe.c) ---- */
+typedef struct MergeSlot { uint64_t key; uint32_t rank; int32_t new_id; } MergeSlot;
+
+typedef struct Bpe {
+    StrMap vocab;          /* raw bytes of a token -> id */
+    int32_t byte_id[256];  /* id of the one-byte token of each byte */
+    MergeSlot *merges;     /* open addressing, key (a<<32|b)+1, 0 = empty */
+    size_t merge_cap;
+    bool ignore_merges;
+    uint8_t *whole;        /* [n_ids] 1 if BPE of the token's own bytes gives just that token */
+} Bpe;
+
+bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
+void bpe_merge_put(Bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t new_id);
+/* Scratch reused across words of one encode call. */
+typedef struct BpeScratch {
+    struct BpeSym *sym; size_t sym_cap;
+    struct BpeHeapEnt *heap; size_t heap_cap;
+} BpeScratch;
+void bpe_scratch_free(BpeScratch *s);
+/* Set b->whole for every token (load time, after the merges). */
+void bpe_mark_whole(Bpe *b, int32_t n_ids);
+/* Append the ids of one pre-token word (raw bytes) to out. */
+void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *out);
+
+/* ---- pre-tokenizer pipeline (pretok.c) ---- */
+typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS } SplitBehavior;
+typedef enum { PRE_SPLIT, PRE_DIGITS, PRE_BYTELEVEL_REGEX } PreKind;
+typedef struct PreStep {
+    PreKind kind;
+    pcre2_code *re;       /* PRE_SPLIT, PRE_BYTELEVEL_REGEX */
+    SplitBehavior behavior;
+    bool invert;
+    bool individual_digits;
+} PreStep;
+
+typedef struct Span { uint32_t start, end; } Span;
+typedef struct SpanVec { Span *v; size_t n, cap; } SpanVec;
+void spanvec_push(SpanVec *s, uint32_t a, uint32_t b);
+
+typedef struct PreScratch {
+    SpanVec a, b, m;          /* pieces in/out, matches */
+    uint8_t *is_match; size_t im_cap;
+    pcre2_match_data *md;
+    pcre2_jit_stack *jit;
+} PreScratch;
+void pre_scratch_free(PreScratch *s);
+/* Compile a split regex written for Oniguruma (HF) as PCRE2 with JIT. */
+pcre2_code *pretok_compile(const char *pattern, bool literal, Err *e);
+/* Run steps on text[0..n) and leave the pieces in s->a. */
+int pretok_run(const PreStep *steps, int n_steps, const char *text, size_t n, PreScratch *s, Err *e);
+
+/* ---- added tokens (added.c) ---- */
+typedef struct AddedTok {
+    int32_t id;
+    char *content; size_t len; /* matched text (normalized if .normalized) */
+    char *orig;                /* content as written in tokenizer.json */
+    bool special, lstrip, rstrip, normalized, single_word;
+} AddedTok;
+
+/* A byte trie over added-token contents, leftmost-longest matching. */
+typedef struct Trie {
+    int32_t (*next)[256]; /* [n_nodes][256] child node or 0 */
+    int32_t *tok;         /* [n_nodes] AddedTok index or -1 */
+    size_t n_nodes, cap;
+    uint8_t first[256];   /* 1 if some token starts with this byte */
+} Trie;
+void trie_init(Trie *t);
+void trie_free(Trie *t);
+void trie_add(Trie *t, const char *s, size_t n, int32_t tok);
+
+typedef struct AddedSplit { uint32_t start, end; int32_t tok; /* -1 = plain text */ } AddedSplit;
+typedef struct AddedSplitVec { AddedSplit *v; size_t n, cap; } AddedSplitVec;
+/* HF AddedVocabulary::find_matches over text[0..n) with trie (tokens toks). */
+void added_split(const Trie *trie, const AddedTok *toks, const char *text, size_t n, AddedSplitVec *out);
+
+/* ---- the tokenizer ---- */
+typedef enum { NORM_NONE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } NormKind;
+
+struct Tokenizer {
+    Bpe bpe;
+    int32_t n_ids;             /* vocab size incl. added */
+    int32_t model_vocab_size;  /* entries in model.vocab */
+    char **tok_str;            /* [n_ids] tokenizer.json strings, NULL for holes */
+    char **tok_bytes;          /* [n_ids] decoded bytes (ByteLevel decoder rule) */
+    uint32_t *tok_bytes_len;   /* [n_ids] */
+    uint8_t *is_special;       /* [n_ids] */
+    uint8_t *is_added;         /* [n_ids] */
+    StrMap str_to_id;          /* tok_str -> id (added tokens win) */
+    size_t max_tok_bytes;
+
+    NormKind norm[4]; int n_norm;
+    PreStep pre[8]; int n_pre;
+    AddedTok *added; int n_added;
+    Trie trie_raw, trie_norm;  /* non-normalized / normalized added tokens */
+    bool has_norm_added;
+
+    int32_t prefix_ids[8], suffix_ids[8]; int n_prefix, n_suffix;
+
+    char *bos, *eos, *pad, *unk;
+    int32_t bos_id, eos_id, pad_id;
+    ChatTemplate *chat;
+};
+
+/* Whole file, or the zstd-decompressed path.zst; NULL if neither exists (e->msg set on read errors). */
+char *tok_read_file(const char *path, size_t *len, Err *e);
+/* Apply the normalizers to s[0..n): malloc'd result (tokenizer.c). */
+char *normalize_str(const Tokenizer *t, const char *s, size_t n, size_t *out_n);
+
+#endif

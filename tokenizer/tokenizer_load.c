@@ -1,0 +1,438 @@
+/*
+ * tokenizer_load.c - read tokenizer.json (+ tokenizer_config.json) into a
+ * Tokenizer, refusing every component it does not implement by name, so a
+ * model is never tokenized differently from `tokenizers` without notice.
+ * Not here: encoding and decoding (tokenizer.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <zstd.h>
+
+#include "chat_template.h"
+#include "tok_internal.h"
+
+/* Read a whole file (or decompress path.zst); NULL if neither exists. */
+char *tok_read_file(const char *path, size_t *len, Err *e) {
+    FILE *f = fopen(path, "rb");
+    char zpath[4096];
+    bool zst = false;
+    if (!f) {
+        snprintf(zpath, sizeof zpath, "%s.zst", path);
+        f = fopen(zpath, "rb");
+        zst = true;
+        if (!f) return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = xmalloc((size_t)n + 1);
+    if (n < 0 || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        ERR(e, 500, "cannot read %s", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    *len = (size_t)n;
+    if (!zst) return buf;
+    unsigned long long sz = ZSTD_getFrameContentSize(buf, (size_t)n);
+    if (sz == ZSTD_CONTENTSIZE_ERROR || sz == ZSTD_CONTENTSIZE_UNKNOWN) {
+        free(buf);
+        ERR(e, 400, "%s: not a zstd file with a known content size", zpath);
+        return NULL;
+    }
+    char *out = xmalloc(sz + 1);
+    size_t got = ZSTD_decompress(out, sz, buf, (size_t)n);
+    free(buf);
+    if (ZSTD_isError(got) || got != sz) {
+        free(out);
+        ERR(e, 400, "%s: corrupt zstd data", zpath);
+        return NULL;
+    }
+    out[sz] = 0;
+    *len = sz;
+    return out;
+}
+
+static const char *jstr(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static bool jbool(json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
+
+/* The raw bytes of a byte-level token string; false if a char is outside
+ * the byte-level alphabet. */
+static bool unbytelevel(const char *s, char *out, size_t *n) {
+    size_t k = 0;
+    for (const uint8_t *p = (const uint8_t *)s; *p;) {
+        int32_t cp;
+        p += utf8_decode(p, &cp);
+        int b = bytelevel_byte(cp);
+        if (b < 0) return false;
+        out[k++] = (char)b;
+    }
+    *n = k;
+    return true;
+}
+
+static int set_id_string(Tokenizer *t, int32_t id, const char *s) {
+    t->tok_str[id] = xstrdup(s);
+    size_t n = strlen(s), k;
+    char *raw = xmalloc(n + 1);
+    /* ByteLevel decoder: all chars in the alphabet -> bytes, else the UTF-8 as is. */
+    if (!unbytelevel(s, raw, &k)) { memcpy(raw, s, n); k = n; }
+    raw[k] = 0;
+    t->tok_bytes[id] = raw;
+    t->tok_bytes_len[id] = (uint32_t)k;
+    if (k > t->max_tok_bytes) t->max_tok_bytes = k;
+    return 0;
+}
+
+static int load_normalizer(Tokenizer *t, json_t *n, Err *e) {
+    if (json_is_null(n) || !n) return 0;
+    const char *type = jstr(n, "type");
+    if (!type) return ERR(e, 400, "normalizer without a type");
+    if (!strcmp(type, "Sequence")) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(n, "normalizers"), i, v) {
+            int rc = load_normalizer(t, v, e);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    NormKind k = !strcmp(type, "NFC") ? NORM_NFC : !strcmp(type, "NFD") ? NORM_NFD
+               : !strcmp(type, "NFKC") ? NORM_NFKC : !strcmp(type, "NFKD") ? NORM_NFKD : NORM_NONE;
+    if (k == NORM_NONE) return ERR(e, 400, "unsupported normalizer %s", type);
+    if (t->n_norm == 4) return ERR(e, 400, "too many normalizers");
+    t->norm[t->n_norm++] = k;
+    return 0;
+}
+
+static int load_pretok(Tokenizer *t, json_t *p, bool *seen_bl, Err *e) {
+    if (!p || json_is_null(p)) return ERR(e, 400, "a pre_tokenizer with ByteLevel is required (byte-level BPE only)");
+    const char *type = jstr(p, "type");
+    if (!type) return ERR(e, 400, "pre_tokenizer without a type");
+    if (!strcmp(type, "Sequence")) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(p, "pretokenizers"), i, v) {
+            int rc = load_pretok(t, v, seen_bl, e);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    if (t->n_pre == 8) return ERR(e, 400, "too many pre-tokenizers");
+    PreStep *st = &t->pre[t->n_pre];
+    memset(st, 0, sizeof *st);
+    if (!strcmp(type, "ByteLevel")) {
+        if (jbool(p, "add_prefix_space")) return ERR(e, 400, "unsupported pre_tokenizer ByteLevel with add_prefix_space=true");
+        *seen_bl = true;
+        if (!json_is_false(json_object_get(p, "use_regex"))) {
+            st->kind = PRE_BYTELEVEL_REGEX;
+            st->re = pretok_compile("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false, e);
+            if (!st->re) return -400;
+            t->n_pre++;
+        }
+        return 0;
+    }
+    if (*seen_bl) return ERR(e, 400, "unsupported pre_tokenizer %s after ByteLevel", type);
+    if (!strcmp(type, "Digits")) {
+        st->kind = PRE_DIGITS;
+        st->individual_digits = jbool(p, "individual_digits");
+        t->n_pre++;
+        return 0;
+    }
+    if (!strcmp(type, "Split")) {
+        json_t *pat = json_object_get(p, "pattern");
+        const char *rx = jstr(pat, "Regex"), *lit = jstr(pat, "String");
+        if (!rx && !lit) return ERR(e, 400, "Split pre_tokenizer without a Regex or String pattern");
+        const char *beh = jstr(p, "behavior");
+        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+        int b = -1;
+        for (int i = 0; i < 5; i++)
+            if (beh && !strcmp(beh, names[i])) b = i;
+        if (b < 0) return ERR(e, 400, "unsupported Split behavior %s", beh ? beh : "(none)");
+        st->kind = PRE_SPLIT;
+        st->behavior = (SplitBehavior)b;
+        st->invert = jbool(p, "invert");
+        st->re = pretok_compile(rx ? rx : lit, rx == NULL, e);
+        if (!st->re) return -400;
+        t->n_pre++;
+        return 0;
+    }
+    return ERR(e, 400, "unsupported pre_tokenizer %s", type);
+}
+
+static int load_post(Tokenizer *t, json_t *p, Err *e) {
+    if (!p || json_is_null(p)) return 0;
+    const char *type = jstr(p, "type");
+    if (!type) return ERR(e, 400, "post_processor without a type");
+    if (!strcmp(type, "Sequence")) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(p, "processors"), i, v) {
+            int rc = load_post(t, v, e);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    if (!strcmp(type, "ByteLevel")) return 0; /* offsets only */
+    if (strcmp(type, "TemplateProcessing")) return ERR(e, 400, "unsupported post_processor %s", type);
+    if (t->n_prefix || t->n_suffix) return ERR(e, 400, "more than one TemplateProcessing post_processor");
+    json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens"), *it;
+    size_t i;
+    bool seen_a = false;
+    json_array_foreach(single, i, it) {
+        json_t *sp = json_object_get(it, "SpecialToken"), *sq = json_object_get(it, "Sequence");
+        if (sq) {
+            if (seen_a || strcmp(jstr(sq, "id") ? jstr(sq, "id") : "", "A"))
+                return ERR(e, 400, "unsupported TemplateProcessing single template (sequence B or repeated A)");
+            seen_a = true;
+            continue;
+        }
+        const char *name = jstr(sp, "id");
+        json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids"), *idv;
+        if (!name || !json_is_array(ids)) return ERR(e, 400, "TemplateProcessing: special token %s without ids", name ? name : "?");
+        size_t k;
+        json_array_foreach(ids, k, idv) {
+            int32_t *dst = seen_a ? t->suffix_ids : t->prefix_ids;
+            int *cnt = seen_a ? &t->n_suffix : &t->n_prefix;
+            if (*cnt == 8) return ERR(e, 400, "TemplateProcessing: too many special tokens");
+            dst[(*cnt)++] = (int32_t)json_integer_value(idv);
+        }
+    }
+    if (!seen_a) return ERR(e, 400, "TemplateProcessing single template without sequence A");
+    return 0;
+}
+
+static int load_decoder(json_t *d, Err *e) {
+    const char *type = d ? jstr(d, "type") : NULL;
+    if (!type) return ERR(e, 400, "a ByteLevel decoder is required");
+    if (!strcmp(type, "Sequence")) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(d, "decoders"), i, v) {
+            int rc = load_decoder(v, e);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    if (strcmp(type, "ByteLevel")) return ERR(e, 400, "unsupported decoder %s", type);
+    return 0;
+}
+
+static int load_model(Tokenizer *t, json_t *m, Err *e) {
+    const char *type = jstr(m, "type");
+    if (!type || strcmp(type, "BPE")) return ERR(e, 400, "unsupported model %s", type ? type : "(none)");
+    json_t *dr = json_object_get(m, "dropout");
+    if (dr && !json_is_null(dr)) return ERR(e, 400, "unsupported model BPE with dropout");
+    if (jbool(m, "byte_fallback")) return ERR(e, 400, "unsupported model BPE with byte_fallback");
+    const char *csp = jstr(m, "continuing_subword_prefix"), *eow = jstr(m, "end_of_word_suffix");
+    if ((csp && *csp) || (eow && *eow)) return ERR(e, 400, "unsupported model BPE with continuing_subword_prefix/end_of_word_suffix");
+    t->bpe.ignore_merges = jbool(m, "ignore_merges");
+    json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges"), *v;
+    if (!json_is_object(vocab) || !json_is_array(merges)) return ERR(e, 400, "BPE model without vocab or merges");
+    const char *key;
+    json_object_foreach(vocab, key, v) {
+        json_int_t id = json_integer_value(v);
+        if (!json_is_integer(v) || id < 0 || id > 0x7fffffff) return ERR(e, 400, "vocab entry %s: bad id", key);
+        if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
+    }
+    return 0;
+}
+
+static int tok_load_vocab(Tokenizer *t, json_t *m, Err *e) {
+    json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges"), *v;
+    const char *key;
+    size_t i;
+    strmap_init(&t->bpe.vocab, json_object_size(vocab));
+    strmap_init(&t->str_to_id, json_object_size(vocab) + 1024);
+    char buf[1024];
+    json_object_foreach(vocab, key, v) {
+        int32_t id = (int32_t)json_integer_value(v);
+        if (t->tok_str[id]) return ERR(e, 400, "vocab: tokens %s and %s share the id %d", t->tok_str[id], key, id);
+        set_id_string(t, id, key);
+        strmap_put(&t->str_to_id, t->tok_str[id], strlen(key), (uint32_t)id);
+        size_t n;
+        if (strlen(key) < sizeof buf && unbytelevel(key, buf, &n))
+            strmap_put(&t->bpe.vocab, t->tok_bytes[id], t->tok_bytes_len[id], (uint32_t)id);
+    }
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        int k = utf8_encode(bytelevel_char((uint8_t)b), s);
+        uint32_t id;
+        if (!strmap_get(&t->str_to_id, s, (size_t)k, &id))
+            return ERR(e, 400, "byte-level vocab lacks the token of byte 0x%02x", b);
+        t->bpe.byte_id[b] = (int32_t)id;
+    }
+    size_t nm = json_array_size(merges);
+    t->bpe.merge_cap = 16;
+    while (t->bpe.merge_cap < nm * 2) t->bpe.merge_cap <<= 1;
+    t->bpe.merges = xcalloc(t->bpe.merge_cap, sizeof *t->bpe.merges);
+    char *joined = xmalloc(1 << 16);
+    int rc = 0;
+    json_array_foreach(merges, i, v) {
+        const char *a, *b;
+        size_t la, lb;
+        if (json_is_string(v)) {
+            a = json_string_value(v);
+            const char *sp = strchr(a, ' ');
+            if (!sp) { rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i, a); break; }
+            la = (size_t)(sp - a);
+            b = sp + 1;
+            lb = strlen(b);
+        } else if (json_is_array(v) && json_array_size(v) == 2 && json_is_string(json_array_get(v, 0)) &&
+                   json_is_string(json_array_get(v, 1))) {
+            a = json_string_value(json_array_get(v, 0));
+            b = json_string_value(json_array_get(v, 1));
+            la = strlen(a);
+            lb = strlen(b);
+        } else { rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i); break; }
+        uint32_t ia, ib, in;
+        if (la + lb >= (1 << 16)) { rc = ERR(e, 400, "merge %zu too long", i); break; }
+        memcpy(joined, a, la);
+        memcpy(joined + la, b, lb);
+        if (!strmap_get(&t->str_to_id, a, la, &ia) || !strmap_get(&t->str_to_id, b, lb, &ib) ||
+            !strmap_get(&t->str_to_id, joined, la + lb, &in)) {
+            rc = ERR(e, 400, "merge %zu (%.*s %.*s): token not in vocab", i, (int)la, a, (int)lb, b);
+            break;
+        }
+        bpe_merge_put(&t->bpe, (int32_t)ia, (int32_t)ib, (uint32_t)i, (int32_t)in);
+    }
+    free(joined);
+    return rc;
+}
+
+static int tok_load_added(Tokenizer *t, json_t *added, Err *e) {
+    json_t *v;
+    size_t i;
+    t->n_added = (int)json_array_size(added);
+    t->added = xcalloc((size_t)t->n_added + 1, sizeof *t->added);
+    int32_t max_added = -1;
+    json_array_foreach(added, i, v) {
+        AddedTok *a = &t->added[i];
+        const char *c = jstr(v, "content");
+        /* AddedVocabulary::add_tokens: the id of the same content if known,
+         * else the next id after the model vocab and earlier added tokens
+         * (the "id" in the file only draws a warning there when it differs). */
+        uint32_t known_id;
+        bool known = strmap_get(&t->str_to_id, c, strlen(c), &known_id);
+        if (known) a->id = (int32_t)known_id;
+        else a->id = max_added >= t->model_vocab_size || t->model_vocab_size == 0 ? max_added + 1 : t->model_vocab_size;
+        if (a->id > max_added) max_added = a->id;
+        if (a->id >= t->n_ids) t->n_ids = a->id + 1;
+        a->special = jbool(v, "special");
+        a->lstrip = jbool(v, "lstrip");
+        a->rstrip = jbool(v, "rstrip");
+        a->normalized = jbool(v, "normalized");
+        a->single_word = jbool(v, "single_word");
+        t->is_added[a->id] = 1;
+        t->is_special[a->id] = a->special;
+        if (a->normalized) {
+            a->content = normalize_str(t, c, strlen(c), &a->len);
+            trie_add(&t->trie_norm, a->content, a->len, (int32_t)i);
+            t->has_norm_added = true;
+            /* `tokenizers` shows and decodes a normalized token by its normalized text */
+            if (!t->tok_str[a->id]) set_id_string(t, a->id, a->content);
+        } else {
+            if (!t->tok_str[a->id]) set_id_string(t, a->id, c);
+            a->content = xstrdup(c);
+            a->len = strlen(c);
+            trie_add(&t->trie_raw, a->content, a->len, (int32_t)i);
+        }
+        a->orig = xstrdup(c);
+        if (!known) strmap_put(&t->str_to_id, a->orig, strlen(c), (uint32_t)a->id);
+    }
+    return 0;
+}
+
+/* A special token entry of tokenizer_config.json: "text" or {"content": "text"}. */
+static char *cfg_token(json_t *cfg, const char *key) {
+    json_t *v = json_object_get(cfg, key);
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    return json_is_string(v) ? xstrdup(json_string_value(v)) : NULL;
+}
+
+static int tok_load_config(Tokenizer *t, json_t *cfg, Err *e) {
+    t->bos = cfg_token(cfg, "bos_token");
+    t->eos = cfg_token(cfg, "eos_token");
+    t->pad = cfg_token(cfg, "pad_token");
+    t->unk = cfg_token(cfg, "unk_token");
+    t->bos_id = t->bos ? tokenizer_token_to_id(t, t->bos) : -1;
+    t->eos_id = t->eos ? tokenizer_token_to_id(t, t->eos) : -1;
+    t->pad_id = t->pad ? tokenizer_token_to_id(t, t->pad) : -1;
+    if (json_is_true(json_object_get(cfg, "split_special_tokens")))
+        return ERR(e, 400, "unsupported tokenizer_config split_special_tokens=true");
+    json_t *ct = json_object_get(cfg, "chat_template"), *v;
+    const char *src = NULL;
+    size_t i;
+    if (json_is_string(ct)) src = json_string_value(ct);
+    else if (json_is_array(ct)) {
+        json_array_foreach(ct, i, v)
+            if (jstr(v, "name") && !strcmp(jstr(v, "name"), "default")) src = jstr(v, "template");
+        if (!src) return ERR(e, 400, "tokenizer_config chat_template list has no \"default\" template");
+    }
+    if (src) {
+        Err ce = {0};
+        t->chat = chat_template_compile(src, &ce);
+        if (!t->chat) return ERR(e, 400, "chat_template: %s", ce.msg);
+    }
+    return 0;
+}
+
+Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const char *config_json, Err *e) {
+    json_error_t je;
+    json_t *root = json_loadb(tokenizer_json, len, 0, &je), *cfg = NULL;
+    if (!root) { ERR(e, 400, "tokenizer.json: %s at line %d", je.text, je.line); return NULL; }
+    if (config_json && !(cfg = json_loads(config_json, JSON_DECODE_INT_AS_REAL, &je))) {
+        json_decref(root);
+        ERR(e, 400, "tokenizer_config.json: %s at line %d", je.text, je.line);
+        return NULL;
+    }
+    Tokenizer *t = xcalloc(1, sizeof *t);
+    t->bos_id = t->eos_id = t->pad_id = -1;
+    trie_init(&t->trie_raw);
+    trie_init(&t->trie_norm);
+    int rc = 0;
+    json_t *model = json_object_get(root, "model"), *added = json_object_get(root, "added_tokens"), *v;
+    size_t i;
+    bool seen_bl = false;
+    json_t *trunc = json_object_get(root, "truncation"), *pad = json_object_get(root, "padding");
+    if (trunc && !json_is_null(trunc)) { rc = ERR(e, 400, "unsupported truncation (must be null)"); goto done; }
+    if (pad && !json_is_null(pad)) { rc = ERR(e, 400, "unsupported padding (must be null)"); goto done; }
+    if ((rc = load_model(t, model, e))) goto done;
+    json_array_foreach(added, i, v) {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        if (id < 0 || id > 0x7fffffff || !jstr(v, "content")) { rc = ERR(e, 400, "added token %zu: bad id or content", i); goto done; }
+    }
+    /* Added tokens get ids as `tokenizers` assigns them (see tok_load_added):
+     * at most one new id each, after the model vocab. */
+    t->model_vocab_size = (int32_t)json_object_size(json_object_get(model, "vocab"));
+    if (t->n_ids < t->model_vocab_size) t->n_ids = t->model_vocab_size;
+    size_t n_alloc = (size_t)t->n_ids + json_array_size(added) + 1;
+    t->tok_str = xcalloc(n_alloc, sizeof *t->tok_str);
+    t->tok_bytes = xcalloc(n_alloc, sizeof *t->tok_bytes);
+    t->tok_bytes_len = xcalloc(n_alloc, sizeof *t->tok_bytes_len);
+    t->is_special = xcalloc(n_alloc, 1);
+    t->is_added = xcalloc(n_alloc, 1);
+    if ((rc = load_normalizer(t, json_object_get(root, "normalizer"), e))) goto done;
+    if ((rc = load_pretok(t, json_object_get(root, "pre_tokenizer"), &seen_bl, e))) goto done;
+    if (!seen_bl) { rc = ERR(e, 400, "a ByteLevel pre_tokenizer is required (byte-level BPE only)"); goto done; }
+    if ((rc = load_post(t, json_object_get(root, "post_processor"), e))) goto done;
+    if ((rc = load_decoder(json_object_get(root, "decoder"), e))) goto done;
+    rc = tok_load_vocab(t, model, e);
+    if (rc) goto done;
+    bpe_mark_whole(&t->bpe, t->n_ids);
+    rc = tok_load_added(t, added, e);
+    if (rc) goto done;
+    if (cfg) rc = tok_load_config(t, cfg, e);
+done:
+    json_decref(root);
+    json_decref(cfg);
+    if (rc) { tokenizer_free(t); return NULL; }
+    return t;
+}

@@ -11,6 +11,10 @@
 
 #include "weights.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Paged attention of one layer for a batch. All pointers are backend memory. */
 typedef struct AttnArgs {
     float *out;              /* [n_tokens, n_heads * head_dim] f32 */
@@ -69,4 +73,26 @@ struct Backend {
  * attention over up to max_ctx positions. */
 Backend *backend_cpu_create(int n_threads, int max_ctx);
 
+/* ---- CUDA backend (kernels/cuda/backend_cuda.cu; only linked into the
+ * per-GPU binaries sampler-sm*, see device_select.h for the safe entry) ----
+ * Ops take device pointers for activations, caches and step inputs, and the
+ * model's *host* weight pointers (WeightMat.bf16, norms, biases, embedding),
+ * which the backend translates to the device copies it made at creation.
+ * Runs on device 0 on one stream; weights must be BF16 (WF_BF16); FP8 and
+ * NVFP4 on the GPU are not implemented yet (fatal at creation). */
+struct Model;
+struct ModelConfig;
+/* Copy every weight the forward pass reads to the device (start-up, fatal on error). */
+Backend *backend_cuda_create(struct Model *m, int max_ctx);
+/* For models built directly in device memory (benchmarks): weight pointers
+ * handed to the ops are already device pointers and are used as they are. */
+Backend *backend_cuda_create_resident(const struct ModelConfig *cfg, int max_ctx);
+/* Make host tensor [bytes] readable by the ops: copy it to the device, or, if
+ * it is already registered, copy it again (after an in-place weight update).
+ * Returns 0, or -1 if bytes exceeds the registered size. */
+int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

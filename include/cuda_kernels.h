@@ -1,26 +1,95 @@
 /*
  * cuda_kernels.h - C launchers of the CUDA kernels (kernels/cuda/). Each
- * launcher checks shapes, launches on the given stream and checks the launch.
- * Every kernel has a CPU reference op in cpu_ops.h that tests compare against.
- * Pointers are device pointers.
+ * launcher checks shapes, launches on the given stream (a cudaStream_t passed
+ * as void *) and checks the launch. Every kernel has a CPU reference op
+ * (cpu_ops.h / backend_cpu.c) that tests/gpu/gpu_check.c compares against.
+ * All tensor pointers are device pointers. Launchers return 0, or -1 on a bad
+ * shape or argument (nothing is launched then); n == 0 is a valid no-op.
+ *
+ * Not here: the Backend table over these launchers (backend_cuda.cu), device
+ * selection (device_select.h).
  */
 #ifndef SAMPLER_CUDA_KERNELS_H
 #define SAMPLER_CUDA_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* out[n, dim] (f32) = x[n, dim] (f32) / rms(x) * w[dim] (bf16). Returns 0, or -1 on bad shape. */
-int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps,
-                 void *stream);
+/* The SAMPLER_GPU_SM this object code was compiled for (80, 90, 100, 103). */
+int cuda_binary_sm(void);
 
-/* Device probe for the per-GPU binaries: fills the compute capability and
+/* Device probe for the per-GPU binaries: fills the properties of device 0 and
  * returns 0, or -1 when no CUDA device is usable. */
 int cuda_device_probe(int *major, int *minor, int *sm_count, size_t *mem_bytes, char *name,
                       int name_len);
+
+/* x[n, dim] f32 = emb[tokens[i]] (emb: [vocab, dim] bf16; tokens: [n] int32, already range-checked). */
+int cuda_embed(float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim, void *stream);
+
+/* out[n, dim] (f32) = x[n, dim] (f32) / rms(x) * w[dim] (bf16); out may alias x. */
+int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps,
+                 void *stream);
+
+/* Decode GEMV: out[n, rows] f32 = x[n, cols] f32 @ W^T (W: [rows, cols] bf16)
+ * (+ bias[rows] bf16 or NULL), f32 accumulation, 1 <= n <= CUDA_GEMV_MAX_N.
+ * 16-byte weight loads when cols % 8 == 0 and W, x are 16-byte aligned. */
+#define CUDA_GEMV_MAX_N 8
+int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
+                   const uint16_t *bias, void *stream);
+
+/* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
+ * stream with cublasSetStream; -1 if it is bound to another stream):
+ * x[n, cols] f32 is rounded to bf16 into xbf[n * cols] (scratch), then
+ * out[n, rows] f32 = xbf @ W^T with f32 accumulation (+ bias[rows] bf16 or NULL). */
+int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,
+                   const uint16_t *W, int rows, int cols, const uint16_t *bias, void *stream);
+
+/* Per head of x[n, n_heads * head_dim] f32, in place: optional RMSNorm over
+ * head_dim (norm_w [head_dim] bf16 or NULL), then RoPE (rotate_half pairs
+ * (i, i + head_dim/2)) with cs, sn: [n, head_dim / 2] f32. head_dim even, <= 512. */
+int cuda_norm_rope(float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
+                   const float *cs, const float *sn, void *stream);
+
+/* Paged attention (AttnArgs in backend.h; all its pointers are device
+ * pointers): online softmax, GQA. head_dim <= CUDA_ATTN_MAX_HEAD_DIM.
+ * n_splits > 1 splits each token's positions over that many blocks
+ * (flash-decoding) and needs part: [n_splits, n_tokens * n_heads, head_dim + 2]
+ * f32 scratch; n_splits == 1 writes out directly (part may be NULL). */
+#define CUDA_ATTN_MAX_HEAD_DIM 256
+#define CUDA_ATTN_GROUP 4   /* query heads of one KV head handled per block */
+#define CUDA_ATTN_CHUNK 32  /* positions per split chunk */
+int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream);
+/* How many splits cuda_attention should use for a batch on a device with
+ * sm_count SMs and contexts up to max_ctx (1 when the batch fills the GPU). */
+int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count);
+
+/* out[n] = silu(g[n]) * u[n] (f32; out may alias g or u). */
+int cuda_swiglu(float *out, const float *g, const float *u, size_t n, void *stream);
+/* x[n] += y[n] (f32). */
+int cuda_add(float *x, const float *y, size_t n, void *stream);
+/* out[n] bf16 = round-to-nearest-even(x[n] f32). */
+int cuda_f32_to_bf16(uint16_t *out, const float *x, size_t n, void *stream);
+/* out[n, rows] f32 += bias[rows] bf16. */
+int cuda_add_bias(float *out, const uint16_t *bias, int n, int rows, void *stream);
+
+/* k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i]: rows of slot_elems f32, slots: [n] int32. */
+int cuda_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
+                  const int32_t *slots, int n, int slot_elems, void *stream);
+/* dst[i] = src[rows[i]] for i < n; rows of dim f32. */
+int cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int dim, void *stream);
+/* dst[rows[i]] += w[i] * src[i] for i < n, in order of i (rows may repeat). */
+int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const float *w, int n,
+                        int dim, void *stream);
+
+/* p[n] bf16 = mean + scale * u, u uniform in [-1, 1) from a counter hash of
+ * (seed, index): random weights made directly in device memory (benchmarks). */
+int cuda_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float mean, float scale, void *stream);
 
 #ifdef __cplusplus
 }

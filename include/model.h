@@ -151,6 +151,15 @@ typedef struct Batch {
  * and max_ctx positions per sequence. Nothing is allocated per step. */
 typedef struct Runner Runner;
 Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads);
+/* The same on any backend (backend.h); the runner takes ownership of b and
+ * frees it in runner_free. max_ctx must match the backend's. */
+struct Backend;
+Runner *runner_create_with(Model *m, struct Backend *b, int max_tokens, int max_ctx);
+/* A KV cache in the runner's backend memory (device memory on a GPU); free it
+ * with runner_kvcache_free before runner_free. kvcache_create is the host-only
+ * equivalent for the CPU backend. */
+KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size);
+void runner_kvcache_free(Runner *r, KVCache *kv);
 void runner_free(Runner *r);
 /* logits: [n_out, vocab] f32. Returns 0, or <0 with err on a bad batch. */
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err);

@@ -66,12 +66,27 @@ void kvcache_free(KVCache *kv) {
     free(kv);
 }
 
+KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
+    return kv_alloc(&r->m->cfg, n_blocks, block_size, r->b);
+}
+
+void runner_kvcache_free(Runner *r, KVCache *kv) {
+    if (!kv) return;
+    r->b->release(r->b, kv->k);
+    r->b->release(r->b, kv->v);
+    free(kv);
+}
+
 #define BALLOC(n, type) ((type *)b->alloc(b, (size_t)(n) * sizeof(type)))
 
 Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads) {
+    return runner_create_with(m, backend_cpu_create(n_threads, max_ctx), max_tokens, max_ctx);
+}
+
+Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     const ModelConfig *c = &m->cfg;
     Runner *r = xcalloc(1, sizeof *r);
-    Backend *b = r->b = backend_cpu_create(n_threads, max_ctx);
+    r->b = b;
     r->m = m;
     r->max_tokens = max_tokens;
     r->max_ctx = max_ctx;

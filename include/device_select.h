@@ -1,0 +1,50 @@
+/*
+ * device_select.h - start-up choice of the device, kernels and precision.
+ *
+ * Every binary holds the CPU backend; the per-GPU binaries (sampler-sm80,
+ * -sm90, -sm100, -sm103) also hold the CUDA backend for exactly one GPU
+ * architecture. At start-up the binary probes device 0 (compute capability,
+ * memory, SM count), refuses a device it was not built for with a message
+ * naming the binary that fits, refuses precisions the GPU path does not
+ * implement yet (today only bf16 runs on the GPU), and logs the choice.
+ * Not here: the forward pass (model.h), argument parsing (main.c).
+ */
+#ifndef SAMPLER_DEVICE_SELECT_H
+#define SAMPLER_DEVICE_SELECT_H
+
+#include <stddef.h>
+
+#include "check.h"
+#include "model.h"
+
+typedef struct DeviceChoice {
+    int gpu;            /* 1: CUDA backend on device 0; 0: CPU backend */
+    int binary_sm;      /* architecture this binary's CUDA code targets; 0 in sampler-cpu */
+    int major, minor;   /* compute capability of device 0 (0.0 when none / CPU) */
+    int sm_count;
+    size_t mem_bytes;
+    char name[256];     /* device name, or "cpu" */
+    Precision precision; /* model.h; precision_parse / precision_name live there */
+} DeviceChoice;
+
+/* The binary built for compute capability major.minor ("sampler-sm90"), or
+ * NULL when no per-GPU binary runs on it. sm_80 code runs on every 8.x
+ * device; the arch-specific sm_90a / sm_100a / sm_103a code runs only on
+ * exactly 9.0 / 10.0 / 10.3. */
+const char *device_binary_for(int major, int minor);
+
+/* 0 when a binary built for binary_sm runs on a major.minor device; else -1
+ * with err saying which binary to run instead. */
+int device_check_binary(int binary_sm, int major, int minor, Err *err);
+
+/* Start-up: choose the device. force_cpu (a --device cpu flag) or a binary
+ * without CUDA code gives the CPU backend; a per-GPU binary otherwise needs a
+ * matching device and, today, precision bf16. Returns 0 and logs the choice,
+ * or -1 with err saying how to fix it (the caller exits). */
+int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err);
+
+/* A Runner on the chosen device (GPU: weights copied to the device once).
+ * Its KV cache comes from runner_kvcache_create (model.h). */
+Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads);
+
+#endif

@@ -1,0 +1,165 @@
+/*
+ * attention.cu - paged attention for prefill and decode: each token attends
+ * to positions 0..pos[t] of its sequence, read through the flattened block
+ * table (KV cache layout [n_blocks, block_size, n_kv_heads, head_dim] f32).
+ *
+ * One block per (token, KV head, group of up to CUDA_ATTN_GROUP query heads):
+ * a K/V row is loaded once for all query heads that share it (GQA). The four
+ * warps of a block take positions round-robin, each keeping an online-softmax
+ * state (max, sum, weighted V) per head; the warps merge through shared
+ * memory. When the batch is too small to fill the GPU (decode), positions are
+ * also split over n_splits blocks in chunks of CUDA_ATTN_CHUNK and a second
+ * kernel merges the partial states (flash-decoding).
+ * Reference: attn_task in backend_cpu.c (two-pass softmax, same math).
+ * Not here: tensor-core prefill attention (a later optimisation).
+ */
+#include <math.h>
+
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+
+#define ATT_WARPS 4
+#define GROUP CUDA_ATTN_GROUP
+#define CHUNK CUDA_ATTN_CHUNK
+
+/* Weight of a partial state with max m against the global max M (0 when empty). */
+static __device__ __forceinline__ float rescale(float m, float M) {
+    return m == -INFINITY ? 0.f : expf(m - M);
+}
+
+/* J: dims per lane (head_dim <= 32 * J); lane owns dims lane + 32 * j.
+ * part: [n_splits, n_tokens * n_heads, head_dim + 2] (acc..., max, sum) when n_splits > 1. */
+template <int J>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float *part, int n_splits) {
+    int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
+    int G = a.n_heads / a.n_kv_heads, g0 = blockIdx.y * GROUP;
+    int gn = G - g0 < GROUP ? G - g0 : GROUP;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, bs = a.block_size;
+    int n = a.pos[t] + 1;
+    const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.bt_stride;
+    size_t slot_stride = (size_t)a.n_kv_heads * hd, head0 = (size_t)t * a.n_heads + (size_t)kvh * G + g0;
+
+    float q[GROUP][J], acc[GROUP][J], m[GROUP], l[GROUP];
+#pragma unroll
+    for (int g = 0; g < GROUP; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int d = lane + 32 * j;
+            q[g][j] = g < gn && d < hd ? a.q[(head0 + g) * hd + d] : 0.f;
+            acc[g][j] = 0.f;
+        }
+    }
+    for (int c = blockIdx.z; c * CHUNK < n; c += n_splits) {
+        int end = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
+        for (int i = c * CHUNK + warp; i < end; i += ATT_WARPS) {
+            size_t off = ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+            float k[J], v[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                int d = lane + 32 * j;
+                k[j] = d < hd ? a.k_cache[off + d] : 0.f;
+                v[j] = d < hd ? a.v_cache[off + d] : 0.f;
+            }
+#pragma unroll
+            for (int g = 0; g < GROUP; g++) {
+                if (g >= gn) break; /* uniform across the warp */
+                float s = 0.f;
+#pragma unroll
+                for (int j = 0; j < J; j++) s += q[g][j] * k[j];
+                s = warp_sum(s) * a.scale;
+                float mn = fmaxf(m[g], s), corr = rescale(m[g], mn), p = expf(s - mn);
+                l[g] = l[g] * corr + p;
+#pragma unroll
+                for (int j = 0; j < J; j++) acc[g][j] = acc[g][j] * corr + p * v[j];
+                m[g] = mn;
+            }
+        }
+    }
+
+    __shared__ float sm_m[ATT_WARPS][GROUP], sm_l[ATT_WARPS][GROUP];
+    __shared__ float sm_acc[ATT_WARPS][GROUP][32 * J];
+#pragma unroll
+    for (int g = 0; g < GROUP; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++) sm_acc[warp][g][lane + 32 * j] = acc[g][j];
+    }
+    __syncthreads();
+    size_t rows_total = (size_t)gridDim.x / a.n_kv_heads * a.n_heads;
+    for (int idx = threadIdx.x; idx < gn * hd; idx += blockDim.x) {
+        int g = idx / hd, d = idx % hd;
+        float M = -INFINITY, L = 0.f, O = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        for (int w = 0; w < ATT_WARPS; w++) {
+            float f = rescale(sm_m[w][g], M);
+            L += sm_l[w][g] * f;
+            O += sm_acc[w][g][d] * f;
+        }
+        size_t row = head0 + g;
+        if (n_splits == 1) {
+            a.out[row * hd + d] = O / L;
+        } else {
+            float *p = part + ((size_t)blockIdx.z * rows_total + row) * (hd + 2);
+            p[d] = O;
+            if (d == 0) {
+                p[hd] = M;
+                p[hd + 1] = L;
+            }
+        }
+    }
+}
+
+/* out: [rows, hd] f32; part: [n_splits, rows, hd + 2]. One block per row. */
+__global__ void attn_merge_kernel(float *out, const float *part, int rows, int hd, int n_splits) {
+    size_t row = blockIdx.x, stride = (size_t)rows * (hd + 2);
+    const float *p0 = part + row * (hd + 2);
+    float M = -INFINITY, L = 0.f;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, p0[s * stride + hd]);
+    for (int s = 0; s < n_splits; s++) L += p0[s * stride + hd + 1] * rescale(p0[s * stride + hd], M);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float O = 0.f;
+        for (int s = 0; s < n_splits; s++) O += p0[s * stride + d] * rescale(p0[s * stride + hd], M);
+        out[row * hd + d] = O / L;
+    }
+}
+
+extern "C" int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count) {
+    if (n_tokens <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || sm_count <= 0) return 1;
+    long groups = (n_heads / n_kv_heads + GROUP - 1) / GROUP;
+    long blocks = (long)n_tokens * n_kv_heads * groups;
+    if (blocks >= 2L * sm_count) return 1;
+    long s = (max_ctx + CHUNK - 1) / CHUNK, fill = (8L * sm_count + blocks - 1) / blocks;
+    if (fill < s) s = fill;
+    if (s > 64) s = 64;
+    return s < 1 ? 1 : (int)s;
+}
+
+extern "C" int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream) {
+    if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
+        a->head_dim <= 0 || a->head_dim > CUDA_ATTN_MAX_HEAD_DIM || a->block_size <= 0 || a->bt_stride <= 0 ||
+        n_splits < 1 || (n_splits > 1 && !part) || !a->out || !a->q || !a->k_cache || !a->v_cache || !a->pos ||
+        !a->seq || !a->block_table)
+        return -1;
+    if (a->n_tokens == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    int G = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), (unsigned)((G + GROUP - 1) / GROUP), (unsigned)n_splits);
+    int J = (hd + 31) / 32;
+    if (J == 1) attn_kernel<1><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (J == 2) attn_kernel<2><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (J <= 4) attn_kernel<4><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else attn_kernel<8><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    CUDA_CHECK_LAUNCH();
+    if (n_splits > 1) {
+        int rows = a->n_tokens * a->n_heads;
+        attn_merge_kernel<<<rows, 128, 0, s>>>(a->out, part, rows, hd, n_splits);
+        CUDA_CHECK_LAUNCH();
+    }
+    return 0;
+}

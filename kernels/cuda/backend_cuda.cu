@@ -1,0 +1,363 @@
+/*
+ * backend_cuda.cu - the CUDA backend: the op table of backend.h over device
+ * memory, one stream on device 0, kernels of kernels/cuda/ and cuBLAS.
+ *
+ * Weights: at creation every tensor the forward pass reads is copied once
+ * into one device arena; a hash map translates the model's host pointers
+ * (what the forward pass hands to the ops) to their device copies. Matmul
+ * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
+ * beyond (prefill). Nothing is allocated per step: the bf16 activation
+ * scratch of the GEMM path is sized by reserve (runner creation), the
+ * attention split scratch at creation.
+ * Errors inside ops are bugs (the forward pass validated the batch): fatal.
+ * Not here: FP8/NVFP4 weights, CUDA graphs, device sampling.
+ */
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+extern "C" {
+#include "check.h"
+#include "log.h"
+#include "model.h"
+}
+
+#define CUBLAS_OK(call)                                                                          \
+    do {                                                                                         \
+        cublasStatus_t st_ = (call);                                                             \
+        CHECK(st_ == CUBLAS_STATUS_SUCCESS, "%s: %s", #call, cublasGetStatusString(st_));       \
+    } while (0)
+#define LAUNCH_OK(call) CHECK((call) == 0, "bad shape in %s (a bug in the caller)", #call)
+
+#define BLAS_WORKSPACE (32u << 20)
+
+typedef struct DevEntry {
+    const void *host; /* key; NULL = empty slot */
+    void *dev;
+    size_t bytes;
+    int owned;        /* 1: own cudaMalloc (registered later), 0: in the arena */
+} DevEntry;
+
+typedef struct CudaCtx {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int resident, sms, max_ctx;
+    DevEntry *map;     /* open addressing, cap a power of two */
+    size_t cap, used;
+    void *arena;       /* weights copied at creation */
+    uint16_t *xbf;     /* [xbf_cap] bf16 GEMM activations */
+    size_t xbf_cap;
+    float *part;       /* attention split scratch */
+    size_t part_cap;   /* floats */
+} CudaCtx;
+
+static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
+static void *st(Backend *b) { return (void *)ctx(b)->stream; }
+
+static size_t map_slot(const CudaCtx *c, const void *h) {
+    uint64_t x = (uint64_t)(uintptr_t)h;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    size_t i = (size_t)x & (c->cap - 1);
+    while (c->map[i].host && c->map[i].host != h) i = (i + 1) & (c->cap - 1);
+    return i;
+}
+
+static DevEntry *map_find(CudaCtx *c, const void *h) {
+    if (!c->cap) return NULL;
+    DevEntry *e = &c->map[map_slot(c, h)];
+    return e->host ? e : NULL;
+}
+
+static DevEntry *map_insert(CudaCtx *c, const void *h) {
+    if (2 * (c->used + 1) > c->cap) {
+        DevEntry *old = c->map;
+        size_t oc = c->cap;
+        c->cap = oc ? 2 * oc : 1024;
+        c->map = (DevEntry *)xcalloc(c->cap, sizeof(DevEntry));
+        for (size_t i = 0; i < oc; i++)
+            if (old[i].host) c->map[map_slot(c, old[i].host)] = old[i];
+        free(old);
+    }
+    DevEntry *e = &c->map[map_slot(c, h)];
+    if (!e->host) {
+        e->host = h;
+        c->used++;
+    }
+    return e;
+}
+
+/* Host weight pointer -> device copy (NULL stays NULL). */
+static const uint16_t *dw(Backend *b, const void *h) {
+    CudaCtx *c = ctx(b);
+    if (!h || c->resident) return (const uint16_t *)h;
+    DevEntry *e = map_find(c, h);
+    CHECK(e, "weight at host %p was never copied to the device (a bug: add it to backend_cuda_create)", h);
+    return (const uint16_t *)e->dev;
+}
+
+/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
+static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (*p) CUDA_CHECK(cudaFree(*p));
+    CUDA_CHECK(cudaMalloc(p, bytes));
+    *cap = bytes;
+}
+
+/* ---- memory ---- */
+static void *cu_alloc(Backend *b, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    CHECK(e == cudaSuccess, "cudaMalloc of %zu MiB failed: %s\n  fix: lower --max-tokens, the KV cache size or "
+          "the context length", bytes >> 20, cudaGetErrorString(e));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx(b)->stream)); /* ordered before any op on it */
+    return p;
+}
+static void cu_release(Backend *b, void *p) {
+    CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
+    CUDA_CHECK(cudaFree(p));
+}
+/* Pageable source: the call returns once the bytes are staged, so the caller may reuse it. */
+static void cu_upload(Backend *b, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, ctx(b)->stream));
+}
+static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx(b)->stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
+}
+static void cu_zero(Backend *b, void *p, size_t n) {
+    if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
+}
+
+/* ---- ops ---- */
+static void cu_embed(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
+    LAUNCH_OK(cuda_embed(x, dw(b, emb), tokens, n, dim, st(b)));
+}
+static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
+    LAUNCH_OK(cuda_rmsnorm(out, x, dw(b, w), n, dim, eps, st(b)));
+}
+static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    CudaCtx *c = ctx(b);
+    CHECK(w->fmt == WF_BF16, "FP8/NVFP4 weights reached the GPU backend (a bug: backend_cuda_create refuses them)");
+    const uint16_t *W = dw(b, w->bf16), *bs = dw(b, bias);
+    if (n <= CUDA_GEMV_MAX_N) {
+        LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
+        return;
+    }
+    scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
+    LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
+}
+static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
+                         const float *cs, const float *sn) {
+    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, dw(b, norm_w), eps, cs, sn, st(b)));
+}
+static void cu_attention(Backend *b, const AttnArgs *a) {
+    CudaCtx *c = ctx(b);
+    int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
+    if (splits > 1)
+        scratch_grow(c, (void **)&c->part, &c->part_cap,
+                sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
+    LAUNCH_OK(cuda_attention(a, c->part, splits, st(b)));
+}
+static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
+    LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
+}
+static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
+static void cu_kv_write(Backend *b, float *kc, float *vc, const float *k, const float *v, const int32_t *slots,
+                        int n, int se) {
+    LAUNCH_OK(cuda_kv_write(kc, vc, k, v, slots, n, se, st(b)));
+}
+static void cu_gather_rows(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim) {
+    LAUNCH_OK(cuda_gather_rows(dst, src, rows, n, dim, st(b)));
+}
+static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w, int n,
+                              int dim) {
+    LAUNCH_OK(cuda_scale_add_rows(dst, src, rows, w, n, dim, st(b)));
+}
+
+/* Runner creation: the GEMM path's bf16 copy of x for up to max_tokens x max_cols. */
+static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
+    CudaCtx *c = ctx(b);
+    scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
+}
+
+static void cu_free(Backend *b) {
+    CudaCtx *c = ctx(b);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->map[i].host && c->map[i].owned) CUDA_CHECK(cudaFree(c->map[i].dev));
+    free(c->map);
+    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
+    cublasDestroy(c->blas);
+    CUDA_CHECK(cudaStreamDestroy(c->stream));
+    free(c);
+    free(b);
+}
+
+static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
+    int n = 0;
+    CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "no CUDA device: run sampler-cpu instead");
+    CUDA_CHECK(cudaSetDevice(0));
+    CudaCtx *c = (CudaCtx *)xcalloc(1, sizeof *c);
+    c->resident = resident;
+    c->max_ctx = max_ctx;
+    CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUBLAS_OK(cublasCreate(&c->blas));
+    CUBLAS_OK(cublasSetStream(c->blas, c->stream));
+    /* A fixed workspace: cuBLAS then never allocates during a step. */
+    CUDA_CHECK(cudaMalloc(&c->blas_ws, BLAS_WORKSPACE));
+    CUBLAS_OK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
+    /* Worst-case split scratch (splits only when the batch is under 2 blocks per SM). */
+    size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP;
+    c->part_cap = sizeof(float) * 64 * rows * (size_t)(head_dim + 2);
+    CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
+    Backend *b = (Backend *)xcalloc(1, sizeof *b);
+    b->name = "cuda";
+    b->ctx = c;
+    b->host = 0;
+    b->alloc = cu_alloc;
+    b->release = cu_release;
+    b->upload = cu_upload;
+    b->download = cu_download;
+    b->zero = cu_zero;
+    b->embed = cu_embed;
+    b->rmsnorm = cu_rmsnorm;
+    b->matmul = cu_matmul;
+    b->norm_rope = cu_norm_rope;
+    b->attention = cu_attention;
+    b->swiglu = cu_swiglu;
+    b->add = cu_add;
+    b->kv_write = cu_kv_write;
+    b->gather_rows = cu_gather_rows;
+    b->scale_add_rows = cu_scale_add_rows;
+    b->reserve = cu_reserve;
+    b->free = cu_free;
+    return b;
+}
+
+/* ---- weights ---- */
+typedef struct WeightList {
+    const void **host;
+    size_t *bytes;
+    int n, cap;
+} WeightList;
+
+static void wl_add(WeightList *l, const void *h, size_t bytes) {
+    if (!h) return;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->host = (const void **)realloc(l->host, sizeof(void *) * (size_t)l->cap);
+        l->bytes = (size_t *)realloc(l->bytes, sizeof(size_t) * (size_t)l->cap);
+        CHECK(l->host && l->bytes, "out of host memory");
+    }
+    l->host[l->n] = h;
+    l->bytes[l->n++] = bytes;
+}
+
+static void wl_mat(WeightList *l, const WeightMat *w) {
+    if (!w->bf16) return;
+    CHECK(w->fmt == WF_BF16, "the model has FP8/NVFP4 weights (--precision fp8|nvfp4, or a pre-quantized "
+          "checkpoint); the GPU backend runs BF16 weights only for now\n  fix: --precision bf16 with a BF16 "
+          "checkpoint, or the CPU backend (sampler-cpu / --device cpu)");
+    wl_add(l, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
+}
+
+/* Every tensor forward.c hands to an op. */
+static void collect_weights(WeightList *l, const Model *m) {
+    const ModelConfig *c = &m->cfg;
+    size_t H = (size_t)c->hidden * 2, hd = (size_t)c->head_dim * 2;
+    wl_add(l, m->embed, (size_t)c->vocab * H);
+    wl_add(l, m->final_norm, H);
+    wl_mat(l, &m->lm_head);
+    for (int i = 0; i < c->n_layers; i++) {
+        const LayerWeights *w = &m->layers[i];
+        wl_add(l, w->attn_norm, H);
+        wl_add(l, w->mlp_norm, H);
+        const WeightMat *mats[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down, &w->router};
+        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) wl_mat(l, mats[j]);
+        wl_add(l, w->q_bias, (size_t)w->q.rows * 2);
+        wl_add(l, w->k_bias, (size_t)w->k.rows * 2);
+        wl_add(l, w->v_bias, (size_t)w->v.rows * 2);
+        wl_add(l, w->o_bias, (size_t)w->o.rows * 2);
+        wl_add(l, w->q_norm, hd);
+        wl_add(l, w->k_norm, hd);
+        if (model_layer_is_moe(c, i))
+            for (int e = 0; e < c->n_experts; e++) {
+                wl_mat(l, &w->egate[e]);
+                wl_mat(l, &w->eup[e]);
+                wl_mat(l, &w->edown[e]);
+            }
+    }
+}
+
+#define ARENA_ALIGN 256
+
+extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    Backend *b = cuda_backend_new(m->cfg.head_dim, max_ctx, 0);
+    CudaCtx *c = ctx(b);
+    WeightList l = {0};
+    collect_weights(&l, m);
+    /* Two passes: offsets in one arena (aliases such as a tied lm_head map once), then copies. */
+    size_t total = 0;
+    for (int i = 0; i < l.n; i++) {
+        DevEntry *e = map_insert(c, l.host[i]);
+        if (e->bytes) {
+            CHECK(e->bytes == l.bytes[i], "weight %p listed with two sizes (%zu, %zu)", l.host[i], e->bytes,
+                  l.bytes[i]);
+            continue;
+        }
+        e->bytes = l.bytes[i];
+        e->dev = (void *)(uintptr_t)total; /* offset for now */
+        total += (l.bytes[i] + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    }
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    cudaError_t err = cudaMalloc(&c->arena, total ? total : 1);
+    CHECK(err == cudaSuccess, "the model's %.2f GiB of BF16 weights do not fit in the %.2f GiB free on the GPU: "
+          "%s\n  fix: use a GPU with more memory or a smaller model", total / 1073741824.0,
+          free_b / 1073741824.0, cudaGetErrorString(err));
+    for (size_t i = 0; i < c->cap; i++) {
+        DevEntry *e = &c->map[i];
+        if (!e->host) continue;
+        e->dev = (char *)c->arena + (uintptr_t)e->dev;
+        CUDA_CHECK(cudaMemcpyAsync(e->dev, e->host, e->bytes, cudaMemcpyHostToDevice, c->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    free(l.host);
+    free(l.bytes);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    log_info("cuda backend: %zu weight tensors, %.2f GiB copied to the device in %.2f s; %d SMs",
+             c->used, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, c->sms);
+    return b;
+}
+
+extern "C" Backend *backend_cuda_create_resident(const ModelConfig *cfg, int max_ctx) {
+    return cuda_backend_new(cfg ? cfg->head_dim : CUDA_ATTN_MAX_HEAD_DIM, max_ctx, 1);
+}
+
+extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes) {
+    CudaCtx *c = ctx(b);
+    if (c->resident || !host) return -1;
+    DevEntry *e = map_find(c, host);
+    if (e && bytes > e->bytes) return -1;
+    if (!e) {
+        e = map_insert(c, host);
+        e->bytes = bytes;
+        e->owned = 1;
+        CUDA_CHECK(cudaMalloc(&e->dev, bytes ? bytes : 1));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return 0;
+}

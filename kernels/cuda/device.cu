@@ -1,0 +1,27 @@
+/*
+ * device.cu - what the CUDA side of a per-GPU binary knows about itself and
+ * the device: the architecture it was compiled for and a probe of device 0.
+ * Not here: the binary/device match policy (server/device_select.c).
+ */
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+
+#ifndef SAMPLER_GPU_SM
+#error "kernels/cuda is compiled only into the per-GPU binaries (SAMPLER_GPU_SM=80|90|100|103)"
+#endif
+
+extern "C" int cuda_binary_sm(void) { return SAMPLER_GPU_SM; }
+
+extern "C" int cuda_device_probe(int *major, int *minor, int *sm_count, size_t *mem_bytes,
+                                 char *name, int name_len) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return -1;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    *major = p.major;
+    *minor = p.minor;
+    *sm_count = p.multiProcessorCount;
+    *mem_bytes = p.totalGlobalMem;
+    snprintf(name, (size_t)name_len, "%s", p.name);
+    return 0;
+}

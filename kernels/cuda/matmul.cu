@@ -1,0 +1,160 @@
+/*
+ * matmul.cu - out[n, rows] = x[n, cols] @ W^T for BF16 weights W [rows, cols]
+ * (HF Linear layout) and f32 activations, two ways:
+ *   - decode (n <= CUDA_GEMV_MAX_N): a bandwidth-bound GEMV. One warp per
+ *     weight row, 16-byte weight loads (8 bf16) unrolled four deep so each
+ *     warp keeps 2 KiB of weights in flight, f32 activations, f32 accumulation.
+ *     The row is read once for all n tokens.
+ *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
+ *     (activations rounded to bf16 first, as every BF16 inference engine does).
+ * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
+ * by the bf16 rounding of x; tolerances in tests/gpu/gpu_check.c).
+ * Not here: FP8/NVFP4 weights (quant formats, not yet on the GPU).
+ */
+#include <cublas_v2.h>
+
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+
+#define GEMV_WARPS 8 /* rows per block */
+#define GEMV_UNROLL 4
+
+/* out: [NT, rows] f32; W: [rows, cols] bf16 (cols % 8 == 0, 16-byte aligned);
+ * x: [NT, cols] f32 (16-byte aligned); bias: [rows] bf16 or NULL. */
+template <int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_vec_kernel(float *out, const float *x, const uint4 *W, const uint16_t *bias, int rows, int cols) {
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    int n8 = cols >> 3;
+    const uint4 *wr = W + (size_t)r * n8;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int c = lane;
+    for (; c + 32 * (GEMV_UNROLL - 1) < n8; c += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = __ldg(wr + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            float w[8];
+            bf16x2_to_f32(wv[u].x, &w[0], &w[1]);
+            bf16x2_to_f32(wv[u].y, &w[2], &w[3]);
+            bf16x2_to_f32(wv[u].z, &w[4], &w[5]);
+            bf16x2_to_f32(wv[u].w, &w[6], &w[7]);
+            size_t k = (size_t)(c + 32 * u) * 8;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *xp = (const float4 *)(x + (size_t)t * cols + k);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
+                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
+                          w[6] * b.z + w[7] * b.w;
+            }
+        }
+    }
+    for (; c < n8; c += 32) {
+        uint4 wv = __ldg(wr + c);
+        float w[8];
+        bf16x2_to_f32(wv.x, &w[0], &w[1]);
+        bf16x2_to_f32(wv.y, &w[2], &w[3]);
+        bf16x2_to_f32(wv.z, &w[4], &w[5]);
+        bf16x2_to_f32(wv.w, &w[6], &w[7]);
+        size_t k = (size_t)c * 8;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *xp = (const float4 *)(x + (size_t)t * cols + k);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
+                      w[6] * b.z + w[7] * b.w;
+        }
+    }
+    float bv = bias ? bf16_bits_to_f32(bias[r]) : 0.f;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) out[(size_t)t * rows + r] = s + bv;
+    }
+}
+
+/* Any cols / alignment: one element per lane per step. Same shapes as above. */
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_scalar_kernel(float *out, const float *x, int n, const uint16_t *W, const uint16_t *bias, int rows,
+                   int cols) {
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const uint16_t *wr = W + (size_t)r * cols;
+    float bv = bias ? bf16_bits_to_f32(bias[r]) : 0.f;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * cols;
+        float acc = 0.f;
+        for (int c = lane; c < cols; c += 32) acc += bf16_bits_to_f32(wr[c]) * xt[c];
+        acc = warp_sum(acc);
+        if (lane == 0) out[(size_t)t * rows + r] = acc + bv;
+    }
+}
+
+template <int NT>
+static void gemv_launch(float *out, const float *x, const uint16_t *W, const uint16_t *bias, int rows, int cols,
+                        cudaStream_t s) {
+    unsigned blocks = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    gemv_vec_kernel<NT><<<blocks, GEMV_WARPS * 32, 0, s>>>(out, x, (const uint4 *)W, bias, rows, cols);
+}
+
+extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
+                              const uint16_t *bias, void *stream) {
+    if (n < 0 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || !out || !x || !W) return -1;
+    if (n == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    int vec = cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    if (!vec) {
+        gemv_scalar_kernel<<<(rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, s>>>(out, x, n, W, bias,
+                                                                                           rows, cols);
+    } else {
+        switch (n) {
+        case 1: gemv_launch<1>(out, x, W, bias, rows, cols, s); break;
+        case 2: gemv_launch<2>(out, x, W, bias, rows, cols, s); break;
+        case 3: gemv_launch<3>(out, x, W, bias, rows, cols, s); break;
+        case 4: gemv_launch<4>(out, x, W, bias, rows, cols, s); break;
+        case 5: gemv_launch<5>(out, x, W, bias, rows, cols, s); break;
+        case 6: gemv_launch<6>(out, x, W, bias, rows, cols, s); break;
+        case 7: gemv_launch<7>(out, x, W, bias, rows, cols, s); break;
+        default: gemv_launch<8>(out, x, W, bias, rows, cols, s); break;
+        }
+    }
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+#define CUBLAS_CHECK(call)                                                                       \
+    do {                                                                                         \
+        cublasStatus_t st_ = (call);                                                             \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+            fprintf(stderr, "fatal: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cublasGetStatusString(st_));                                                 \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,
+                              const uint16_t *W, int rows, int cols, const uint16_t *bias, void *stream) {
+    if (n < 0 || rows <= 0 || cols <= 0 || !cublas || !out || !x || !xbf || !W) return -1;
+    if (n == 0) return 0;
+    cublasHandle_t h = (cublasHandle_t)cublas;
+    /* Not cublasSetStream here: it would also reset the handle's fixed workspace. */
+    cudaStream_t hs;
+    CUBLAS_CHECK(cublasGetStream(h, &hs));
+    if (hs != (cudaStream_t)stream) return -1;
+    if (cuda_f32_to_bf16(xbf, x, (size_t)n * cols, stream)) return -1;
+    /* Row-major out[n, rows] is column-major out^T [rows, n] = W (col-major
+     * [cols, rows], transposed) x xbf (col-major [cols, n]). */
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xbf,
+                              CUDA_R_16BF, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    if (bias && cuda_add_bias(out, bias, n, rows, stream)) return -1;
+    return 0;
+}

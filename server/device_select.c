@@ -1,0 +1,75 @@
+/*
+ * device_select.c - the start-up device and precision choice of device_select.h.
+ *
+ * libsampler is built once for every binary, but only the per-GPU binaries
+ * link the CUDA objects (kernels/cuda/). The CUDA entry points are therefore
+ * weak references here: in sampler-cpu they resolve to NULL and the choice is
+ * always the CPU backend; in sampler-smXX they are the real functions.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_kernels.h"
+#include "device_select.h"
+#include "log.h"
+
+#pragma weak cuda_binary_sm
+#pragma weak cuda_device_probe
+#pragma weak backend_cuda_create
+
+const char *device_binary_for(int major, int minor) {
+    if (major == 8) return "sampler-sm80";
+    if (major == 9 && minor == 0) return "sampler-sm90";
+    if (major == 10 && minor == 0) return "sampler-sm100";
+    if (major == 10 && minor == 3) return "sampler-sm103";
+    return NULL;
+}
+
+int device_check_binary(int binary_sm, int major, int minor, Err *err) {
+    const char *want = device_binary_for(major, minor);
+    if (!want)
+        return ERR(err, 500, "the GPU is sm_%d%d, which no sampler binary targets (sampler-sm80: A100 and other "
+                   "8.x, sampler-sm90: H100/H200, sampler-sm100: B200, sampler-sm103: B300)\n  fix: run "
+                   "sampler-cpu", major, minor);
+    char mine[32];
+    snprintf(mine, sizeof mine, "sampler-sm%d", binary_sm);
+    if (strcmp(mine, want))
+        return ERR(err, 500, "this is %s, built for sm_%d%s, but the GPU is sm_%d%d\n  fix: run %s", mine, binary_sm,
+                   binary_sm == 80 ? "" : "a", major, minor, want);
+    return 0;
+}
+
+int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
+    memset(out, 0, sizeof *out);
+    out->precision = p;
+    snprintf(out->name, sizeof out->name, "cpu");
+    int has_cuda = cuda_binary_sm && cuda_device_probe && backend_cuda_create;
+    if (force_cpu || !has_cuda) {
+        log_info("device: cpu backend (%s), precision %s", force_cpu ? "requested" : "binary without CUDA code",
+                 precision_name(p));
+        return 0;
+    }
+    out->binary_sm = cuda_binary_sm();
+    if (cuda_device_probe(&out->major, &out->minor, &out->sm_count, &out->mem_bytes, out->name,
+                          (int)sizeof out->name) != 0)
+        return ERR(err, 500, "sampler-sm%d: no CUDA device found (driver missing, or no GPU visible to this "
+                   "process)\n  fix: run sampler-cpu, or pass --device cpu", out->binary_sm);
+    int rc = device_check_binary(out->binary_sm, out->major, out->minor, err);
+    if (rc) return rc;
+    if (p != PREC_BF16)
+        return ERR(err, 500, "--precision %s is not implemented on the GPU yet (only bf16 runs there; FP8 and "
+                   "NVFP4 GPU kernels are future work)\n  fix: pass --precision bf16, or --device cpu",
+                   precision_name(p));
+    out->gpu = 1;
+    log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision bf16: GEMV for <= %d tokens, "
+             "cuBLAS BF16 GEMM (f32 accumulate) beyond, paged flash-decoding attention",
+             out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
+             CUDA_GEMV_MAX_N);
+    return 0;
+}
+
+Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads) {
+    if (d->gpu) return runner_create_with(m, backend_cuda_create(m, max_ctx), max_tokens, max_ctx);
+    return runner_create(m, max_tokens, max_ctx, n_threads);
+}

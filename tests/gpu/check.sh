@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/gpu/check.sh - the one-shot GPU check, for a machine with an NVIDIA GPU.
+#
+# Builds the binary that fits the GPU found (sampler-smXX and gpu_check-smXX),
+# then runs gpu_check from the repository root: (1) every CUDA op against its
+# CPU reference op, (2) the fixture models end to end against transformers and
+# the CPU backend, (3) the Qwen3-8B-shaped decode/prefill benchmark against a
+# roofline measured in the same run. The summary table is printed last and
+# kept in $BUILD/gpu_check.log. Budget: under 8 minutes on an H200 (build ~2,
+# parts 1-2 under 1, bench ~1).
+#
+#   tests/gpu/check.sh                 # build + all three parts
+#   tests/gpu/check.sh --skip-bench    # parts 1-2 only
+#   SM=90 tests/gpu/check.sh           # force the architecture (no nvidia-smi)
+#   SAMPLER_GPU_PREBUILT=build-gpu tests/gpu/check.sh   # use binaries built elsewhere
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+t0=$(date +%s)
+
+if [ -z "${SM:-}" ]; then
+  command -v nvidia-smi >/dev/null || { echo "check.sh: nvidia-smi not found; set SM=80|90|100|103" >&2; exit 2; }
+  nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
+  case "$cc" in
+    8.*) SM=80 ;;
+    9.0) SM=90 ;;
+    10.0) SM=100 ;;
+    10.3) SM=103 ;;
+    *) echo "check.sh: compute capability '$cc' has no sampler binary (A100 8.x, H100/H200 9.0, B200 10.0, B300 10.3)" >&2
+       exit 2 ;;
+  esac
+fi
+echo "check.sh: architecture sm_$SM -> sampler-sm$SM, gpu_check-sm$SM"
+
+if [ -n "${SAMPLER_GPU_PREBUILT:-}" ]; then
+  BUILD=$SAMPLER_GPU_PREBUILT
+else
+  BUILD=${BUILD_DIR:-build-gpu-check}
+  cmake -S . -B "$BUILD" -DSAMPLER_WERROR=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD" -j"$(nproc)" --target "sampler-sm$SM" "gpu_check-sm$SM"
+fi
+t1=$(date +%s)
+echo "check.sh: build $((t1 - t0)) s"
+
+set +e
+# A hung kernel must not eat the GPU session: the run itself gets 6 minutes.
+timeout "${GPU_CHECK_TIMEOUT:-360}" "$BUILD/gpu_check-sm$SM" "$@" 2>&1 | tee "$BUILD/gpu_check.log"
+rc=${PIPESTATUS[0]}
+set -e
+echo "check.sh: total $(( $(date +%s) - t0 )) s, exit $rc (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+exit "$rc"

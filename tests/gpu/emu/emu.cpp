@@ -1,0 +1,184 @@
+/*
+ * emu.cpp - the execution machinery of shim/cuda_runtime.h. Blocks run one
+ * after another; the threads of a block run as fibers (ucontext) in one OS
+ * thread, switching only at barriers: __syncthreads waits for the block,
+ * __shfl_xor_sync for the warp. A fiber is entered once with setcontext (its
+ * own stack), after that it and the scheduler switch with _setjmp/_longjmp,
+ * which, unlike swapcontext, makes no system call. Built with -DEMU_PTHREADS (sanitizer builds:
+ * ASan does not follow swapcontext) every CUDA thread of a block is an OS
+ * thread of a persistent pool instead, with pthread barriers.
+ */
+#include <semaphore.h>
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include "cuda_runtime.h"
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+thread_local EmuBlock *emu_block;
+
+#define EMU_MAX_THREADS 1024
+
+static struct {
+    dim3 bd, gd;
+    uint3 b;
+    std::function<void()> *fn;
+} job;
+
+#ifndef EMU_PTHREADS
+/* ---- fibers ---- */
+struct EmuBlock {
+    unsigned arrived[33], gen[33]; /* [0..31] per warp, [32] the block */
+    float slots[32][32];
+};
+
+#define FIBER_STACK (128 * 1024)
+static ucontext_t fib_ctx[EMU_MAX_THREADS];
+static jmp_buf sched_jb, fib_jb[EMU_MAX_THREADS];
+static char *stacks;
+static int fib_done[EMU_MAX_THREADS], fib_started[EMU_MAX_THREADS];
+static unsigned cur, cur_nt;
+
+static void emu_yield(void) {
+    if (!_setjmp(fib_jb[cur])) _longjmp(sched_jb, 1);
+}
+
+/* Barrier k (a warp, or 32 for the block) of n fibers. */
+static void emu_barrier(int k, unsigned n) {
+    EmuBlock *b = emu_block;
+    if (++b->arrived[k] == n) {
+        b->arrived[k] = 0;
+        b->gen[k]++;
+        return;
+    }
+    unsigned g = b->gen[k];
+    while (b->gen[k] == g) emu_yield();
+}
+
+float emu_shfl_xor(float v, int off) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu_block->slots[w][l] = v;
+    emu_barrier(w, 32);
+    float r = emu_block->slots[w][l ^ off];
+    emu_barrier(w, 32);
+    return r;
+}
+
+void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
+
+static void fiber_main(void) {
+    (*job.fn)();
+    fib_done[cur] = 1;
+    _longjmp(sched_jb, 1);
+}
+
+void emu_run(EmuCfg c, std::function<void()> fn) {
+    unsigned nt = c.block.x * c.block.y * c.block.z;
+    if (c.block.y != 1 || c.block.z != 1 || nt % 32 || nt > EMU_MAX_THREADS) { fprintf(stderr, "emu: unsupported block\n"); exit(1); }
+    if (!stacks && !(stacks = (char *)malloc((size_t)EMU_MAX_THREADS * FIBER_STACK))) { fprintf(stderr, "emu: stacks\n"); exit(1); }
+    job.fn = &fn;
+    EmuBlock blk;
+    for (unsigned bz = 0; bz < c.grid.z; bz++)
+        for (unsigned by = 0; by < c.grid.y; by++)
+            for (unsigned bx = 0; bx < c.grid.x; bx++) {
+                memset(&blk, 0, sizeof blk);
+                cur_nt = nt;
+                for (unsigned i = 0; i < nt; i++) {
+                    getcontext(&fib_ctx[i]);
+                    fib_ctx[i].uc_stack.ss_sp = stacks + (size_t)i * FIBER_STACK;
+                    fib_ctx[i].uc_stack.ss_size = FIBER_STACK;
+                    fib_ctx[i].uc_link = NULL; /* fiber_main never returns */
+                    makecontext(&fib_ctx[i], fiber_main, 0);
+                    fib_done[i] = fib_started[i] = 0;
+                }
+                for (unsigned left = nt; left;) {
+                    left = 0;
+                    for (unsigned i = 0; i < nt; i++) {
+                        if (fib_done[i]) continue;
+                        threadIdx = uint3{i, 0, 0};
+                        blockIdx = uint3{bx, by, bz};
+                        blockDim = c.block;
+                        gridDim = c.grid;
+                        emu_block = &blk;
+                        cur = i;
+                        if (!_setjmp(sched_jb)) {
+                            if (!fib_started[i]) {
+                                fib_started[i] = 1;
+                                setcontext(&fib_ctx[i]);
+                            }
+                            _longjmp(fib_jb[i], 1);
+                        }
+                        left += !fib_done[i];
+                    }
+                }
+            }
+}
+
+#else
+/* ---- OS threads: a pool of persistent workers, worker i plays CUDA thread i ---- */
+struct EmuBlock {
+    pthread_barrier_t block_bar;
+    pthread_barrier_t warp_bar[32];
+    float slots[32][32];
+};
+
+float emu_shfl_xor(float v, int off) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu_block->slots[w][l] = v;
+    pthread_barrier_wait(&emu_block->warp_bar[w]);
+    float r = emu_block->slots[w][l ^ off];
+    pthread_barrier_wait(&emu_block->warp_bar[w]);
+    return r;
+}
+
+void emu_syncthreads(void) { pthread_barrier_wait(&emu_block->block_bar); }
+
+static pthread_t pool[EMU_MAX_THREADS];
+static sem_t start_sem[EMU_MAX_THREADS], done_sem;
+static int pool_size;
+static EmuBlock *job_blk;
+
+static void *worker(void *p) {
+    unsigned i = (unsigned)(uintptr_t)p;
+    for (;;) {
+        sem_wait(&start_sem[i]);
+        threadIdx = uint3{i, 0, 0};
+        blockIdx = job.b;
+        blockDim = job.bd;
+        gridDim = job.gd;
+        emu_block = job_blk;
+        (*job.fn)();
+        sem_post(&done_sem);
+    }
+    return NULL;
+}
+
+void emu_run(EmuCfg c, std::function<void()> fn) {
+    unsigned nt = c.block.x * c.block.y * c.block.z;
+    if (c.block.y != 1 || c.block.z != 1 || nt % 32 || nt > EMU_MAX_THREADS) { fprintf(stderr, "emu: unsupported block\n"); exit(1); }
+    if (!pool_size) sem_init(&done_sem, 0, 0);
+    for (; pool_size < (int)nt; pool_size++) {
+        sem_init(&start_sem[pool_size], 0, 0);
+        if (pthread_create(&pool[pool_size], NULL, worker, (void *)(uintptr_t)pool_size)) { fprintf(stderr, "emu: pthread_create\n"); exit(1); }
+        pthread_detach(pool[pool_size]);
+    }
+    EmuBlock *blk = new EmuBlock;
+    for (unsigned bz = 0; bz < c.grid.z; bz++)
+        for (unsigned by = 0; by < c.grid.y; by++)
+            for (unsigned bx = 0; bx < c.grid.x; bx++) {
+                pthread_barrier_init(&blk->block_bar, NULL, nt);
+                for (unsigned w = 0; w < nt / 32; w++) pthread_barrier_init(&blk->warp_bar[w], NULL, 32);
+                job.bd = c.block;
+                job.gd = c.grid;
+                job.b = uint3{bx, by, bz};
+                job.fn = &fn;
+                job_blk = blk;
+                for (unsigned i = 0; i < nt; i++) sem_post(&start_sem[i]);
+                for (unsigned i = 0; i < nt; i++) sem_wait(&done_sem);
+                pthread_barrier_destroy(&blk->block_bar);
+                for (unsigned w = 0; w < nt / 32; w++) pthread_barrier_destroy(&blk->warp_bar[w]);
+            }
+    delete blk;
+}
+#endif

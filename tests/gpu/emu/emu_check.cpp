@@ -1,0 +1,316 @@
+/*
+ * emu_check.cpp - the CUDA backend on the CPU emulation (shim/):
+ *   1. the kernels' launchers against the CPU backend's reference ops, with
+ *      NaN-poisoned outputs (index, masking, reduction and merge bugs);
+ *   2. the fixture models end to end through backend_cuda_create and the
+ *      device path of forward.c (host->device weight map, uploads, downloads,
+ *      MoE gather/scatter) against transformers and the CPU backend, with the
+ *      bounds of tests/gpu/gpu_check.c part 2 (the emulated cuBLAS GEMM is a
+ *      plain loop, so only its call and layout are checked here).
+ * Same tolerance classes as tests/gpu/gpu_check.c. Small shapes (every
+ * emulated CUDA thread is a thread). Not covered: real cuBLAS, timing, and
+ * anything about real device memory or stream ordering.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_kernels.h"
+extern "C" {
+#include "backend.h"
+#include "dtype.h"
+#include "model.h"
+#include "safetensors.h"
+}
+
+static int n_pass, n_fail;
+static uint64_t rs = 0x1234567887654321ull;
+static float rf(void) {
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+static uint32_t ru(uint32_t n) { return (uint32_t)((rf() + 1.0f) * 0.5f * n) % n; }
+static float *vec(size_t n, float s) { float *p = (float *)malloc(sizeof(float) * (n ? n : 1)); for (size_t i = 0; i < n; i++) p[i] = s * rf(); return p; }
+static float *nanv(size_t n) { float *p = (float *)malloc(sizeof(float) * (n ? n : 1)); memset(p, 0xff, sizeof(float) * n); return p; }
+static uint16_t *bvec(size_t n, float m, float s) { uint16_t *p = (uint16_t *)malloc(2 * (n ? n : 1)); for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(m + s * rf()); return p; }
+
+static void cmp(const char *what, int exact, const float *ref, const float *got, size_t n) {
+    double se = 0, sr = 0, md = 0, mr = 0;
+    size_t bad = 0, diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) && !isnan(ref[i])) { bad++; continue; }
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= 0)) diff++;
+        se += d * d; sr += (double)ref[i] * ref[i];
+        md = d > md ? d : md; mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+    }
+    double nmse = sr > 0 ? se / sr : se, rel = mr > 0 ? md / mr : md;
+    int ok = bad == 0 && (exact ? diff == 0 : nmse <= 1e-10 && rel <= 3e-5);
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-60s nmse %.2e rel %.2e unwritten %zu\n", ok ? "ok" : "FAIL", what, nmse, rel, bad);
+}
+
+static Backend *bc;
+
+static void t_gemv(int n, int rows, int cols, int bias, int misalign) {
+    float *xbuf = vec((size_t)n * cols + 1, 1), *x = xbuf + misalign;
+    uint16_t *w = bvec((size_t)rows * cols, 0, 0.05f), *b = bias ? bvec(rows, 0, 1) : NULL;
+    WeightMat hw = {WF_BF16, rows, cols, w, NULL};
+    float *ref = (float *)malloc(sizeof(float) * n * rows), *got = nanv((size_t)n * rows);
+    bc->matmul(bc, ref, x, n, &hw, b);
+    int rc = cuda_gemv_bf16(got, x, n, w, rows, cols, b, NULL);
+    char s[128];
+    snprintf(s, sizeof s, "gemv n %d [%d x %d]%s%s rc %d", n, rows, cols, bias ? " +bias" : "", misalign ? " misaligned x" : "", rc);
+    cmp(s, 0, ref, got, (size_t)n * rows);
+    free(xbuf); free(w); free(b); free(ref); free(got);
+}
+
+static void t_rmsnorm(int n, int dim) {
+    float *x = vec((size_t)n * dim, 3), *ref = (float *)malloc(sizeof(float) * n * dim), *got = nanv((size_t)n * dim);
+    uint16_t *w = bvec(dim, 1, 0.5f);
+    bc->rmsnorm(bc, ref, x, w, n, dim, 1e-6f);
+    cuda_rmsnorm(got, x, w, n, dim, 1e-6f, NULL);
+    char s[96];
+    snprintf(s, sizeof s, "rmsnorm n %d dim %d", n, dim);
+    cmp(s, 0, ref, got, (size_t)n * dim);
+    memcpy(got, x, sizeof(float) * n * dim);
+    cuda_rmsnorm(got, got, w, n, dim, 1e-6f, NULL);
+    snprintf(s, sizeof s, "rmsnorm n %d dim %d in place", n, dim);
+    cmp(s, 0, ref, got, (size_t)n * dim);
+    free(x); free(ref); free(got); free(w);
+}
+
+static void t_norm_rope(int n, int heads, int hd, int norm) {
+    size_t N = (size_t)n * heads * hd, h2 = hd / 2;
+    float *x = vec(N, 2), *ref = (float *)malloc(sizeof(float) * N), *cs = vec(n * h2, 1), *sn = vec(n * h2, 1);
+    memcpy(ref, x, sizeof(float) * N);
+    uint16_t *w = norm ? bvec(hd, 1, 0.5f) : NULL;
+    bc->norm_rope(bc, ref, n, heads, hd, w, 1e-6f, cs, sn);
+    cuda_norm_rope(x, n, heads, hd, w, 1e-6f, cs, sn, NULL);
+    char s[96];
+    snprintf(s, sizeof s, "norm_rope n %d heads %d hd %d%s", n, heads, hd, norm ? " +norm" : "");
+    cmp(s, 0, ref, x, N);
+    free(x); free(ref); free(cs); free(sn); free(w);
+}
+
+static void t_attention(int n_seqs, const int *toks, const int *last, int nh, int nkv, int hd, int bs, int sms) {
+    int max_pos = 0, n = 0;
+    for (int s = 0; s < n_seqs; s++) { max_pos = last[s] > max_pos ? last[s] : max_pos; n += toks[s]; }
+    int stride = max_pos / bs + 1, nb = n_seqs * stride + 2;
+    size_t slot = (size_t)nkv * hd, cache = (size_t)nb * bs * slot, N = (size_t)n * nh * hd;
+    float *kc = vec(cache, 1), *vc = vec(cache, 1), *q = vec(N, 1), *ref = (float *)malloc(sizeof(float) * N), *got = nanv(N);
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * nb), *pos = (int32_t *)malloc(4 * n), *seq = (int32_t *)malloc(4 * n);
+    for (int i = 0; i < nb; i++) bt[i] = i;
+    for (int i = nb - 1; i > 0; i--) { int j = (int)ru(i + 1), t = bt[i]; bt[i] = bt[j]; bt[j] = t; }
+    for (int s = 0, k = 0; s < n_seqs; s++)
+        for (int i = 0; i < toks[s]; i++, k++) { pos[k] = last[s] - toks[s] + 1 + i; seq[k] = s; }
+    AttnArgs a = {ref, q, kc, vc, pos, seq, bt, stride, n, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)};
+    bc->attention(bc, &a);
+    a.out = got;
+    int splits = cuda_attention_splits(n, nh, nkv, max_pos + 1, sms);
+    float *part = nanv((size_t)splits * N / hd * (hd + 2));
+    int rc = cuda_attention(&a, part, splits, NULL);
+    char s[128];
+    snprintf(s, sizeof s, "attention tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d rc %d", n, max_pos, nh, nkv, hd, bs, splits, rc);
+    cmp(s, 0, ref, got, N);
+    free(kc); free(vc); free(q); free(ref); free(got); free(bt); free(pos); free(seq); free(part);
+}
+
+static void t_rows(int n_src, int n, int dim) {
+    size_t S = (size_t)n_src * dim, N = (size_t)n * dim;
+    float *src = vec(S, 1), *k = vec(N, 1), *v = vec(N, 1), *w = vec(n, 1);
+    int32_t *rows = (int32_t *)malloc(4 * n), *slots = (int32_t *)malloc(4 * n);
+    for (int i = 0; i < n; i++) { rows[i] = (int32_t)ru(n_src); slots[i] = (i * 7 + 3) % n_src; }
+    float *ref = (float *)malloc(sizeof(float) * S), *got = nanv(S), *ref2 = (float *)malloc(sizeof(float) * S), *got2 = (float *)malloc(sizeof(float) * S);
+    char s[96];
+    bc->gather_rows(bc, ref, src, rows, n, dim);
+    cuda_gather_rows(got, src, rows, n, dim, NULL);
+    snprintf(s, sizeof s, "gather_rows n %d dim %d", n, dim);
+    cmp(s, 1, ref, got, N);
+    memcpy(ref, src, sizeof(float) * S); memcpy(got, src, sizeof(float) * S);
+    bc->scale_add_rows(bc, ref, k, rows, w, n, dim);
+    cuda_scale_add_rows(got, k, rows, w, n, dim, NULL);
+    snprintf(s, sizeof s, "scale_add_rows n %d dim %d", n, dim);
+    cmp(s, 0, ref, got, S);
+    memcpy(ref, src, sizeof(float) * S); memcpy(got, src, sizeof(float) * S);
+    memcpy(ref2, src, sizeof(float) * S); memcpy(got2, src, sizeof(float) * S);
+    bc->kv_write(bc, ref, ref2, k, v, slots, n, dim);
+    cuda_kv_write(got, got2, k, v, slots, n, dim, NULL);
+    snprintf(s, sizeof s, "kv_write n %d slot %d", n, dim);
+    cmp(s, 1, ref, got, S);
+    cmp(s, 1, ref2, got2, S);
+    free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got); free(ref2); free(got2);
+}
+
+static void t_elementwise(int n, int vocab, int dim) {
+    float *g = vec(n, 8), *u = vec(n, 2), *ref = (float *)malloc(sizeof(float) * n), *got = nanv(n);
+    bc->swiglu(bc, ref, g, u, n);
+    cuda_swiglu(got, g, u, n, NULL);
+    cmp("swiglu", 0, ref, got, n);
+    memcpy(ref, g, sizeof(float) * n); memcpy(got, g, sizeof(float) * n);
+    bc->add(bc, ref, u, n);
+    cuda_add(got, u, n, NULL);
+    cmp("add", 1, ref, got, n);
+    uint16_t *emb = bvec((size_t)vocab * dim, 0, 1), *hb = (uint16_t *)malloc(2 * n);
+    int32_t tok[5];
+    for (int i = 0; i < 5; i++) tok[i] = (int32_t)ru(vocab);
+    float *er = (float *)malloc(sizeof(float) * 5 * dim), *eg = nanv(5 * dim);
+    bc->embed(bc, er, emb, tok, 5, dim);
+    cuda_embed(eg, emb, tok, 5, dim, NULL);
+    cmp("embed", 1, er, eg, 5 * dim);
+    cuda_f32_to_bf16(hb, g, n, NULL);
+    size_t bad = 0;
+    for (int i = 0; i < n; i++) bad += hb[i] != f32_to_bf16(g[i]);
+    bad ? n_fail++ : n_pass++;
+    printf("  %-4s f32_to_bf16 equals dtype.h f32_to_bf16 (%zu differ)\n", bad ? "FAIL" : "ok", bad);
+    float *o = vec(3 * 40, 1), *o2 = (float *)malloc(sizeof(float) * 120);
+    uint16_t *bias = bvec(40, 0, 1);
+    memcpy(o2, o, sizeof(float) * 120);
+    for (int t = 0; t < 3; t++) for (int r = 0; r < 40; r++) o2[t * 40 + r] += bf16_to_f32(bias[r]);
+    cuda_add_bias(o, bias, 3, 40, NULL);
+    cmp("add_bias", 1, o2, o, 120);
+    free(g); free(u); free(ref); free(got); free(emb); free(hb); free(er); free(eg); free(o); free(o2); free(bias);
+}
+
+/* ---- 2. fixture models ---- */
+static void (*cpu_mm)(Backend *, float *, const float *, int, const WeightMat *, const uint16_t *);
+/* The CPU matmul rounding its input to bf16 where the GPU path does (cuBLAS, n > CUDA_GEMV_MAX_N). */
+static void mm_bf16act(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    if (n <= CUDA_GEMV_MAX_N) {
+        cpu_mm(b, out, x, n, w, bias);
+        return;
+    }
+    size_t N = (size_t)n * w->cols;
+    float *xr = (float *)malloc(sizeof(float) * N);
+    for (size_t i = 0; i < N; i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    cpu_mm(b, out, xr, n, w, bias);
+    free(xr);
+}
+
+static void logit_check(const char *what, const float *ref, const float *got, int rows, int V, double max_abs, double max_kl) {
+    double ma = 0, mk = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
+        double xa = -INFINITY, xb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        for (int i = 0; i < V; i++) {
+            double d = fabs((double)a[i] - b[i]);
+            if (!(d <= ma)) ma = d;
+            xa = a[i] > xa ? a[i] : xa;
+            xb = b[i] > xb ? b[i] : xb;
+        }
+        for (int i = 0; i < V; i++) { sa += exp(a[i] - xa); sb += exp(b[i] - xb); }
+        for (int i = 0; i < V; i++) {
+            double la = a[i] - xa - log(sa), lb = b[i] - xb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        if (!(kl <= mk)) mk = kl;
+    }
+    int ok = ma <= max_abs && mk <= max_kl;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-58s max|dlogit| %.2e KL %.2e\n", ok ? "ok" : "FAIL", what, ma, mk);
+}
+
+static void t_model(const char *dir, int n_decode) {
+    Err err = {};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    char path[512], what[160];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    int V = m->cfg.vocab;
+    Backend *cpu = backend_cpu_create(1, 128);
+    cpu_mm = cpu->matmul;
+    cpu->matmul = mm_bf16act;
+    Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, backend_cuda_create(m, 128), 128, 128);
+    KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
+    const StTensor *t0 = safetensors_get(ref, "seq0.tokens"), *t1 = safetensors_get(ref, "seq1.tokens");
+    const StTensor *lp = safetensors_get(ref, "seq0.prefill_logits"), *ld = safetensors_get(ref, "seq0.decode_logits");
+    int T0 = (int)t0->numel, T1 = t1 ? (int)t1->numel : 0;
+    int32_t bt0[32], bt1[32], pos[128], seq[128], rows[128], tok[128];
+    for (int i = 0; i < 32; i++) { bt0[i] = 1 + 2 * i; bt1[i] = 78 - 2 * i; }
+    const int32_t *tables[2] = {bt0, bt1};
+    float *oc = (float *)malloc(sizeof(float) * 128 * V), *og = (float *)malloc(sizeof(float) * 128 * V);
+    /* prefill of seq0 */
+    for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+    Batch b = {T0, (const int32_t *)t0->data, pos, seq, 1, tables, T0, rows};
+    int rc1 = model_forward(rc, kvc, &b, oc, &err), rc2 = model_forward(rg, kvg, &b, og, &err);
+    if (rc1 || rc2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
+    snprintf(what, sizeof what, "%s prefill %d vs transformers", dir, T0);
+    logit_check(what, (const float *)lp->data, og, T0, V, 0.2, 1e-3);
+    snprintf(what, sizeof what, "%s prefill %d vs cpu (bf16 act)", dir, T0);
+    logit_check(what, oc, og, T0, V, 1e-3, 1e-7);
+    /* decode steps of seq0 */
+    for (int i = 0; i < n_decode && ld && i < T0; i++) {
+        int32_t zero = 0;
+        Batch b1 = {1, (const int32_t *)t0->data + i, pos + i, seq, 1, tables, 1, &zero};
+        rc1 = model_forward(rc, kvc, &b1, oc, &err);
+        rc2 = model_forward(rg, kvg, &b1, og, &err);
+        if (rc1 || rc2) { printf("  FAIL %s decode: %s\n", dir, err.msg); n_fail++; }
+        snprintf(what, sizeof what, "%s decode pos %d vs transformers", dir, i);
+        logit_check(what, (const float *)ld->data + (size_t)i * V, og, 1, V, 1e-3, 1e-7);
+        snprintf(what, sizeof what, "%s decode pos %d vs cpu", dir, i);
+        logit_check(what, oc, og, 1, V, 1e-3, 1e-7);
+    }
+    /* two sequences in one step (seq1 prefill + the next seq0 token), a few output rows */
+    if (T1 && T1 + 1 <= 128) {
+        int k = 0;
+        for (int i = 0; i < T1; i++, k++) { tok[k] = ((const int32_t *)t1->data)[i]; pos[k] = i; seq[k] = 1; }
+        tok[k] = ((const int32_t *)t0->data)[T0 - 1]; pos[k] = T0 - 1; seq[k] = 0; k++;
+        int32_t outr[3] = {0, T1 - 1, T1};
+        Batch b2 = {k, tok, pos, seq, 2, tables, 3, outr};
+        rc1 = model_forward(rc, kvc, &b2, oc, &err);
+        rc2 = model_forward(rg, kvg, &b2, og, &err);
+        if (rc1 || rc2) { printf("  FAIL %s mixed: %s\n", dir, err.msg); n_fail++; }
+        snprintf(what, sizeof what, "%s mixed step of %d tokens vs cpu", dir, k);
+        logit_check(what, oc, og, 3, V, 0.1, 3e-4); /* cuBLAS path: see gpu_check.c MAX_ABS_FLIP */
+    }
+    free(oc);
+    free(og);
+    runner_kvcache_free(rg, kvg);
+    runner_kvcache_free(rc, kvc);
+    runner_free(rg);
+    runner_free(rc);
+    safetensors_free(ref);
+    model_free(m);
+}
+
+int main(void) {
+    bc = backend_cpu_create(1, 4096);
+    printf("== CUDA kernels on the CPU emulation vs the CPU reference ops ==\n");
+    t_elementwise(1000, 50, 72);
+    t_rows(37, 20, 72);
+    t_rmsnorm(3, 72);
+    t_rmsnorm(2, 1000);
+    t_norm_rope(3, 4, 24, 1);
+    t_norm_rope(2, 3, 128, 0);
+    t_norm_rope(2, 2, 256, 1);
+    for (int n = 1; n <= 8; n++) t_gemv(n, 37, 128 + 256 * (n % 3), n % 2, 0);
+    t_gemv(2, 40, 136, 1, 0);
+    t_gemv(3, 33, 100, 0, 0);
+    t_gemv(1, 20, 64, 1, 1);
+    const int one[] = {1}, two[] = {2, 1}, four[] = {1, 1, 1, 1};
+    t_attention(1, one, (const int[]){70}, 8, 2, 128, 16, 2); /* decode, split */
+    t_attention(4, four, (const int[]){0, 5, 40, 95}, 4, 1, 16, 4, 2);
+    t_attention(2, two, (const int[]){9, 3}, 8, 1, 12, 4, 2);       /* G = 8: two groups */
+    t_attention(1, (const int[]){12}, (const int[]){40}, 3, 3, 24, 4, 1); /* unsplit (batch fills the GPU) */
+    t_attention(1, (const int[]){3}, (const int[]){20}, 16, 1, 32, 4, 1); /* G = 16 */
+    t_attention(1, one, (const int[]){33}, 4, 1, 256, 8, 2);
+    t_attention(1, (const int[]){40}, (const int[]){39}, 4, 2, 16, 4, 1000); /* prefill tokens on the split path */
+    bc->free(bc);
+    printf("== fixture models through backend_cuda on the emulation ==\n");
+    /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): two fixtures, one decode step */
+    int quick = getenv("EMU_QUICK") != NULL;
+    const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
+                          "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
+    for (size_t i = 0; i < (quick ? 2 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,100 @@
+/*
+ * shim/cuda_runtime.h - a CPU emulation of the small part of CUDA the kernels
+ * of kernels/cuda/ use, so their index math and reductions can be checked on
+ * a machine without a GPU (tests/gpu/emu/run.sh). Every CUDA thread is a
+ * pthread; a block's threads run together (barriers for __syncthreads, per
+ * warp barriers + a slot array for __shfl_xor_sync); blocks run one after
+ * another. Not a performance model, not a memory-model emulator.
+ */
+#ifndef EMU_CUDA_RUNTIME_H
+#define EMU_CUDA_RUNTIME_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+typedef int cudaError_t;
+#define cudaSuccess 0
+#define cudaErrorMemoryAllocation 2
+typedef void *cudaStream_t;
+static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+static inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
+
+/* The runtime API over host memory: "device" pointers are malloc'ed, copies
+ * are memcpy, streams are ordered trivially (launches run to completion). */
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+#define cudaStreamNonBlocking 1
+struct cudaDeviceProp { char name[256]; size_t totalGlobalMem; int major, minor, multiProcessorCount; };
+#define EMU_SMS 4
+static inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+static inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = EMU_SMS; return cudaSuccess; }
+static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CPU emulation");
+    p->totalGlobalMem = (size_t)1 << 32;
+    p->major = 9;
+    p->multiProcessorCount = EMU_SMS;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)1 << 32; return cudaSuccess; }
+static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = malloc(1); return cudaSuccess; }
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
+    *p = (T *)malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return cudaSuccess; }
+static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+
+struct EmuBlock;
+extern thread_local uint3 threadIdx, blockIdx;
+extern thread_local dim3 blockDim, gridDim;
+extern thread_local EmuBlock *emu_block;
+
+float emu_shfl_xor(float v, int off);
+void emu_syncthreads(void);
+#define __syncthreads() emu_syncthreads()
+#define __shfl_xor_sync(mask, v, off) emu_shfl_xor((v), (off))
+
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+struct EmuCfg { dim3 grid, block; };
+static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t = 0, cudaStream_t = 0) { return EmuCfg{g, b}; }
+void emu_run(EmuCfg c, std::function<void()> fn);
+#define EMU_LAUNCH(cfg, call) emu_run(emu_cfg cfg, [=]() { call; })
+
+#endif

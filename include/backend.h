@@ -40,6 +40,11 @@ struct Backend {
     void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*zero)(Backend *b, void *p, size_t bytes);
+    /* The host bf16 weight at host[0, bytes) changed (a delta): refresh any
+     * device copy. NULL when the ops read host weights directly. */
+    void (*weights_changed)(Backend *b, const void *host, size_t bytes);
+    /* dst = src, both backend memory, not overlapping */
+    void (*copy)(Backend *b, void *dst, const void *src, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
     void (*embed)(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim);
     /* out[n, dim] = rmsnorm(x[n, dim]) * w[dim] (bf16); out may alias x */

@@ -64,6 +64,9 @@ typedef struct EngineConfig {
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);
+/* Fill n_blocks from kv_mem_mb (f32 K and V of every layer per block) and
+ * max_model_len (min(model max, 4096, pool)) where they are unset. */
+void engine_config_resolve(EngineConfig *c, const ModelConfig *mc);
 
 /* A backend the engine drives. NULL members of EngineConfig-less creation mean
  * the CPU backend (Runner + KVCache from model.h). The CUDA backend provides its

@@ -159,6 +159,11 @@ Runner *runner_create_with(Model *m, struct Backend *b, int max_tokens, int max_
  * with runner_kvcache_free before runner_free. kvcache_create is the host-only
  * equivalent for the CPU backend. */
 KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size);
+/* A delta changed host weights [host, host + bytes): refresh the backend's
+ * copy (no-op on the CPU backend, which reads the host weights). */
+void runner_weights_changed(Runner *r, const void *host, size_t bytes);
+/* Copy all layers' K/V of block src into block dst (backend memory). */
+void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst);
 void runner_kvcache_free(Runner *r, KVCache *kv);
 void runner_free(Runner *r);
 /* logits: [n_out, vocab] f32. Returns 0, or <0 with err on a bad batch. */

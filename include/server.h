@@ -76,6 +76,7 @@ typedef struct Server {
     Model *model;
     Tokenizer *tok;
     Engine *eng;
+    Runner *runner;                /* the engine backend's runner (weights live on its device) */
     int vocab;                     /* the model's vocab (token ids must be below it) */
     int max_model_len;
     WeightVersion *wv;             /* per-tensor hashes and lineage; under admin_mu */

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "runner_backend.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -87,16 +88,11 @@ typedef struct SampleJob {
     int32_t token;            /* result */
 } SampleJob;
 
-typedef struct CpuBackend {
-    Runner *r;
-    KVCache *kv;
-} CpuBackend;
-
 struct Engine {
     ModelConfig mc;
     EngineConfig cfg;
     EngineBackend be;
-    CpuBackend *cpu;
+    int own_be;               /* be was made by engine_create: free it */
     BlockManager *bm;
     Scheduler *sch;
     Sampler **samplers;       /* [n_sample_threads] */
@@ -177,28 +173,6 @@ void engine_request_params_default(EngineRequestParams *p) {
     p->n = 1;
     sampling_params_default(&p->sampling);
     p->prompt_logprobs = -1;
-}
-
-/* ---- CPU backend ---- */
-static int cpu_forward(void *ctx, const Batch *b, float *logits, Err *err) {
-    CpuBackend *c = ctx;
-    return model_forward(c->r, c->kv, b, logits, err);
-}
-
-static void cpu_copy_block(void *ctx, int src, int dst) {
-    CpuBackend *c = ctx;
-    KVCache *kv = c->kv;
-    size_t blk = (size_t)kv->block_size * kv->n_kv_heads * kv->head_dim;
-    size_t layer = blk * (size_t)kv->n_blocks;
-    for (int l = 0; l < kv->n_layers; l++) {
-        memcpy(kv->k + l * layer + (size_t)dst * blk, kv->k + l * layer + (size_t)src * blk, blk * sizeof(float));
-        memcpy(kv->v + l * layer + (size_t)dst * blk, kv->v + l * layer + (size_t)src * blk, blk * sizeof(float));
-    }
-}
-
-static void cpu_set_capture(void *ctx, int32_t *experts) {
-    CpuBackend *c = ctx;
-    runner_set_expert_capture(c->r, experts);
 }
 
 /* ---- request storage ---- */
@@ -949,26 +923,15 @@ static Engine *engine_new(const ModelConfig *mc, const EngineConfig *cfg) {
     return e;
 }
 
-/* Resolve max_model_len against the pool, create the CPU backend when m is
- * given, and start everything. */
-static void engine_start(Engine *e, Model *m) {
+/* Start the scheduler, the block manager and the engine thread over e->be. */
+static void engine_start(Engine *e) {
     EngineConfig *c = &e->cfg;
     int pool_tokens = c->n_blocks * c->block_size;
-    if (c->max_model_len <= 0) {
-        c->max_model_len = e->mc.max_pos < 4096 ? e->mc.max_pos : 4096;
-        if (c->max_model_len > pool_tokens) c->max_model_len = pool_tokens;
-    }
     CHECK(c->max_model_len >= 2, "--max-model-len must be >= 2 (got %d)", c->max_model_len);
     CHECK(c->max_model_len <= pool_tokens,
           "the KV pool (%d blocks of %d tokens = %d tokens) cannot hold one sequence of --max-model-len %d: "
           "raise --kv-mem-mb / --kv-blocks or lower --max-model-len", c->n_blocks, c->block_size, pool_tokens,
           c->max_model_len);
-    if (m) {
-        e->cpu = xcalloc(1, sizeof *e->cpu);
-        e->cpu->r = runner_create(m, c->max_batched_tokens, c->max_model_len, c->n_threads);
-        e->cpu->kv = kvcache_create(&m->cfg, c->n_blocks, c->block_size);
-        e->be = (EngineBackend){ e->cpu, cpu_forward, cpu_copy_block, cpu_set_capture };
-    }
     e->bm = block_manager_create(c->n_blocks, c->block_size, c->enable_prefix_cache);
     e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
                               c->max_prompt_logprob_rows);
@@ -998,13 +961,22 @@ static void engine_start(Engine *e, Model *m) {
     CHECK(pthread_create(&e->thr, NULL, engine_main, e) == 0, "cannot start the engine thread");
 }
 
-Engine *engine_create(Model *m, const EngineConfig *cfg) {
-    Engine *e = engine_new(&m->cfg, cfg);
-    EngineConfig *c = &e->cfg;
-    size_t per_block = 2ull * m->cfg.n_layers * c->block_size * m->cfg.n_kv_heads * m->cfg.head_dim * sizeof(float);
+void engine_config_resolve(EngineConfig *c, const ModelConfig *mc) {
+    size_t per_block = 2ull * mc->n_layers * c->block_size * mc->n_kv_heads * mc->head_dim * sizeof(float);
     if (c->n_blocks <= 0) c->n_blocks = (int)((c->kv_mem_mb << 20) / per_block);
     CHECK(c->n_blocks > 0, "--kv-mem-mb %zu is less than one KV block (%zu bytes)", c->kv_mem_mb, per_block);
-    engine_start(e, m);
+    int pool_tokens = c->n_blocks * c->block_size;
+    if (c->max_model_len <= 0) {
+        c->max_model_len = mc->max_pos < 4096 ? mc->max_pos : 4096;
+        if (c->max_model_len > pool_tokens) c->max_model_len = pool_tokens;
+    }
+}
+
+Engine *engine_create(Model *m, const EngineConfig *cfg) {
+    Engine *e = engine_new(&m->cfg, cfg);
+    e->be = runner_backend_create(m, NULL, &e->cfg, NULL, NULL);
+    e->own_be = 1;
+    engine_start(e);
     return e;
 }
 
@@ -1013,7 +985,8 @@ Engine *engine_create_with_backend(const ModelConfig *mc, const EngineBackend *b
     CHECK(e->cfg.n_blocks > 0, "a custom backend needs EngineConfig.n_blocks > 0 (its KV pool size)");
     CHECK(be && be->forward && be->copy_block, "a backend needs forward and copy_block");
     e->be = *be;
-    engine_start(e, NULL);
+    engine_config_resolve(&e->cfg, mc);
+    engine_start(e);
     return e;
 }
 
@@ -1032,11 +1005,7 @@ void engine_free(Engine *e) {
         e->active = r;
         request_abort_now(e, r);
     }
-    if (e->cpu) {
-        runner_free(e->cpu->r);
-        kvcache_free(e->cpu->kv);
-        free(e->cpu);
-    }
+    if (e->own_be) runner_backend_free(&e->be);
     scheduler_free(e->sch);
     block_manager_free(e->bm);
     for (int i = 0; i < e->n_sample_threads; i++) {

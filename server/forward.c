@@ -70,6 +70,19 @@ KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
     return kv_alloc(&r->m->cfg, n_blocks, block_size, r->b);
 }
 
+void runner_weights_changed(Runner *r, const void *host, size_t bytes) {
+    if (r->b->weights_changed) r->b->weights_changed(r->b, host, bytes);
+}
+
+void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {
+    size_t blk = (size_t)kv->block_size * kv->n_kv_heads * kv->head_dim;
+    size_t layer = blk * (size_t)kv->n_blocks;
+    for (int l = 0; l < kv->n_layers; l++) {
+        r->b->copy(r->b, kv->k + l * layer + (size_t)dst * blk, kv->k + l * layer + (size_t)src * blk, blk * sizeof(float));
+        r->b->copy(r->b, kv->v + l * layer + (size_t)dst * blk, kv->v + l * layer + (size_t)src * blk, blk * sizeof(float));
+    }
+}
+
 void runner_kvcache_free(Runner *r, KVCache *kv) {
     if (!kv) return;
     r->b->release(r->b, kv->k);

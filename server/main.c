@@ -21,25 +21,11 @@
 #include "log.h"
 #include "model.h"
 #include "server.h"
-#include "timed_backend.h"
+#include "device_select.h"
+#include "runner_backend.h"
 #include "tokenizer.h"
 
-#ifdef SAMPLER_GPU_SM
-#include "cuda_kernels.h"
-static int gpu_refuse(void) {
-    int major, minor, sms;
-    size_t mem;
-    char name[256];
-    if (cuda_device_probe(&major, &minor, &sms, &mem, name, sizeof name) != 0)
-        fprintf(stderr, "sampler-sm%d: no CUDA device found; run sampler-cpu instead\n", SAMPLER_GPU_SM);
-    else
-        fprintf(stderr, "sampler-sm%d: found %s (sm_%d%d, %d SMs, %zu MiB); the GPU backend is not "
-                "implemented yet: run sampler-cpu\n", SAMPLER_GPU_SM, name, major, minor, sms, mem >> 20);
-    return 2;
-}
-#endif
 
-#ifndef SAMPLER_GPU_SM /* the GPU binaries refuse until the GPU backend is wired in */
 static void usage(void) {
     printf(
 "usage: sampler-cpu [flags]\n"
@@ -53,6 +39,8 @@ static void usage(void) {
 "  --precision P             bf16 (default), fp8 (128x128 block scales) or nvfp4 (Model Optimizer):\n"
 "                            quantize-on-load of a BF16 checkpoint; a pre-quantized FP8/NVFP4\n"
 "                            checkpoint runs at its own precision\n"
+"  --device D                gpu (default in sampler-smXX: the CUDA backend, bf16 only today) or cpu\n"
+"                            (the CPU backend, in every binary)\n"
 "  --weight-only             keep activations f32 with fp8/nvfp4 weights (the A100 / Hopper-NVFP4\n"
 "                            paths); default quantizes activations like the native GPU path\n"
 "  --delta FILE              apply a weight delta at start-up (repeatable, in version order)\n"
@@ -166,13 +154,7 @@ static void shutdown_gracefully(Server *s) {
     server_stop(s);
 }
 
-#endif
-
 int main(int argc, char **argv) {
-#ifdef SAMPLER_GPU_SM
-    (void)argc; (void)argv;
-    return gpu_refuse();
-#else
     static Server S;
     Server *s = &S;
     server_config_default(&s->cfg);
@@ -184,6 +166,7 @@ int main(int argc, char **argv) {
     const char *fingerprint = NULL;
     static int32_t prompt[8192];
     LoadOptions lo = {PREC_BF16, 0};
+    int force_cpu = 0;
     s->cfg.api_key = getenv("SAMPLER_API_KEY");
     s->cfg.admin_token = getenv("SAMPLER_ADMIN_TOKEN");
     for (int i = 1; i < argc; i++) {
@@ -191,6 +174,12 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         if (!strcmp(a, "--no-prefix-cache")) { ec.enable_prefix_cache = 0; continue; }
         if (!strcmp(a, "--weight-only")) { lo.weight_only = 1; continue; }
+        if (!strcmp(a, "--device")) {
+            CHECK(i + 1 < argc && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "gpu")),
+                  "--device: cpu or gpu");
+            force_cpu = !strcmp(argv[++i], "cpu");
+            continue;
+        }
         CHECK(i + 1 < argc && !strncmp(a, "--", 2), "unknown or incomplete argument '%s' (see --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) dir = v;
@@ -240,13 +229,20 @@ int main(int argc, char **argv) {
     }
 
     Err err = {0};
+    DeviceChoice dev;
+    CHECK(device_select(&dev, force_cpu, lo.precision, &err) == 0, "%s", err.msg);
     CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0,
           "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);
+    engine_config_resolve(&ec, &s->model->cfg);
+    s->runner = device_runner_create(&dev, s->model, ec.max_batched_tokens, ec.max_model_len, ec.n_threads);
+    EngineBackend be = runner_backend_create(s->model, s->runner, &ec, &s->metrics.forward_ns,
+                                             &s->metrics.forward_calls);
     if (n_prompt > 0) {
         ec.verbose = 0;
-        Engine *e = engine_create(s->model, &ec);
+        Engine *e = engine_create_with_backend(&s->model->cfg, &be, &ec);
         int rc = oneshot(e, prompt, n_prompt, max_new);
         engine_free(e);
+        runner_backend_free(&be);
         model_free(s->model);
         return rc;
     }
@@ -282,7 +278,6 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    EngineBackend be = timed_backend_create(s->model, &ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
     s->eng = engine_create_with_backend(&s->model->cfg, &be, &ec);
     s->max_model_len = engine_config(s->eng)->max_model_len;
     server_map_version(s, 0, s->wv->version);
@@ -299,11 +294,10 @@ int main(int argc, char **argv) {
     log_info("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     shutdown_gracefully(s);
     engine_free(s->eng);
-    timed_backend_free(&be);
+    runner_backend_free(&be);
     weight_version_free(s->wv);
     tokenizer_free(s->tok);
     model_free(s->model);
     log_info("bye");
     return 0;
-#endif
 }

@@ -182,7 +182,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
     c->scores = xmalloc(sizeof(float) * (size_t)n_threads * (size_t)max_ctx);
     Backend *b = xcalloc(1, sizeof *b);
     *b = (Backend){.name = "cpu", .ctx = c, .host = 1, .alloc = cpu_alloc, .release = cpu_release,
-                   .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .embed = cpu_embed_op,
+                   .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .copy = cpu_copy, .embed = cpu_embed_op,
                    .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,

@@ -134,6 +134,13 @@ static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
 static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
+extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+static void cu_weights_changed(Backend *b, const void *host, size_t bytes) {
+    CHECK(backend_cuda_register(b, host, bytes) == 0, "re-uploading an updated weight to the GPU failed");
+}
+static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
+}
 
 /* ---- ops ---- */
 static void cu_embed(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
@@ -229,6 +236,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->upload = cu_upload;
     b->download = cu_download;
     b->zero = cu_zero;
+    b->copy = cu_copy;
+    b->weights_changed = cu_weights_changed;
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;
     b->matmul = cu_matmul;

@@ -1,0 +1,27 @@
+/*
+ * runner_backend.h - the engine's backend over a Runner (model.h) on any
+ * device: forward steps, KV block copies and MoE expert capture, with the
+ * model's forward time counted so /metrics and bench/ can tell the share of
+ * time spent outside the model (HTTP, JSON, tokenizer, scheduler).
+ *
+ * Not here: the device choice (device_select.h), the scheduler (engine.h).
+ */
+#ifndef SAMPLER_RUNNER_BACKEND_H
+#define SAMPLER_RUNNER_BACKEND_H
+
+#include <stdatomic.h>
+
+#include "engine.h"
+
+/* Start-up path. Resolves cfg's n_blocks (from kv_mem_mb) and max_model_len
+ * (engine_config_resolve), creates a CPU runner when r is NULL (else takes
+ * ownership of r), allocates the KV pool in the runner's backend memory, and
+ * returns a backend that adds each forward's nanoseconds to *ns and counts
+ * *calls (both may be NULL). */
+EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, atomic_ullong *ns,
+                                    atomic_ullong *calls);
+void runner_backend_free(EngineBackend *be);
+/* The runner a backend made by runner_backend_create drives. */
+Runner *runner_backend_runner(const EngineBackend *be);
+
+#endif

@@ -1,0 +1,56 @@
+/*
+ * runner_backend.c - the engine backend over a Runner (runner_backend.h).
+ */
+#include "runner_backend.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+typedef struct RunnerBackend {
+    Runner *r;
+    KVCache *kv;
+    atomic_ullong *ns, *calls; /* may be NULL */
+} RunnerBackend;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int forward(void *ctx, const Batch *b, float *logits, Err *err) {
+    RunnerBackend *t = ctx;
+    uint64_t t0 = t->ns ? now_ns() : 0;
+    int rc = model_forward(t->r, t->kv, b, logits, err);
+    if (t->ns) atomic_fetch_add(t->ns, now_ns() - t0);
+    if (t->calls) atomic_fetch_add(t->calls, 1);
+    return rc;
+}
+
+static void copy_block(void *ctx, int src, int dst) {
+    RunnerBackend *t = ctx;
+    runner_kv_copy_block(t->r, t->kv, src, dst);
+}
+
+static void set_capture(void *ctx, int32_t *experts) { runner_set_expert_capture(((RunnerBackend *)ctx)->r, experts); }
+
+EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls) {
+    engine_config_resolve(c, &m->cfg);
+    RunnerBackend *t = xcalloc(1, sizeof *t);
+    t->r = r ? r : runner_create(m, c->max_batched_tokens, c->max_model_len, c->n_threads);
+    t->kv = runner_kvcache_create(t->r, c->n_blocks, c->block_size);
+    t->ns = ns;
+    t->calls = calls;
+    return (EngineBackend){t, forward, copy_block, set_capture};
+}
+
+Runner *runner_backend_runner(const EngineBackend *be) { return ((RunnerBackend *)be->ctx)->r; }
+
+void runner_backend_free(EngineBackend *be) {
+    RunnerBackend *t = be->ctx;
+    if (!t) return;
+    runner_kvcache_free(t->r, t->kv);
+    runner_free(t->r);
+    free(t);
+    be->ctx = NULL;
+}

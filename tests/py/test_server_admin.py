@@ -101,6 +101,27 @@ def test_delta_applies_in_place(deltas):
         assert s.stop() == 0
 
 
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_delta_on_quantized_sampler(deltas, precision):
+    """A quantized sampler patches its BF16 master and re-quantizes the touched
+    blocks: afterwards it answers exactly like a sampler that quantized the
+    updated checkpoint from scratch."""
+    tok = ("--tokenizer", os.path.join(ROOT, "models/tiny-qwen3"))
+    ref = Server("--precision", precision, *tok, model=deltas["v1"])
+    want = greedy(ref)
+    ref.stop()
+    s = Server("--precision", precision)
+    try:
+        before = greedy(s)
+        st, r = push(s, deltas["d1"])
+        assert st == 200 and r["version"] == 1, r
+        after = greedy(s)
+        assert before["token_ids"] != want["token_ids"]
+        assert after["token_ids"] == want["token_ids"] and after["raw_logprobs"] == want["raw_logprobs"]
+    finally:
+        assert s.stop() == 0
+
+
 def test_conflict_is_409(deltas):
     s = Server()
     try:

@@ -40,6 +40,12 @@ typedef struct ServerConfig {
     size_t max_body_bytes;         /* JSON bodies; default 8 MiB */
     size_t max_delta_bytes;        /* POST /admin/v1/weights/delta; default 4 GiB */
     int max_connections;           /* default 1024 */
+    unsigned connection_timeout_s; /* idle seconds before a connection is closed (slow clients); default 30 */
+    size_t max_header_bytes;       /* per-connection memory for the request line + headers; default 32 KiB */
+    const char *tls_cert;          /* PEM certificate (chain) file; NULL: plain HTTP */
+    const char *tls_key;           /* PEM private key file; set with tls_cert */
+    const uint8_t *delta_key;      /* HMAC key deltas must be signed with (delta_sign.h); NULL: unsigned ok */
+    size_t delta_key_len;
     double shutdown_timeout_s;     /* SIGTERM: wait this long for in-flight requests; default 30 */
     int max_logprobs;              /* top_logprobs / logprobs upper bound; default 20 */
     int max_n;                     /* n upper bound; default 128 */
@@ -92,9 +98,12 @@ typedef struct Server {
     LiveReq *live;
     struct MHD_Daemon *d;
     int bound_port;
+    char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
 } Server;
 
-/* Start-up path: listen (fatal if the address is taken). */
+/* Start-up path: listen (fatal if the address is taken, or the TLS files are
+ * unreadable or rejected), then log the security warnings (plain HTTP admin
+ * on a non-loopback address, unauthenticated deltas). */
 void server_start(Server *s);
 /* Stop accepting new connections (SIGTERM, first step). */
 void server_quiesce(Server *s);

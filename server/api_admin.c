@@ -8,6 +8,10 @@
  * (delta_prepare), then committed between two engine steps
  * (engine_run_exclusive): running requests continue, and every token after the
  * commit carries the new weight version. Deltas are serialized by admin_mu.
+ * With a delta key (--delta-key-file) the signature (delta_sign.h) is checked
+ * first, before any byte of the body is parsed: unsigned or wrongly signed
+ * -> 401 and nothing changes. Replays cannot move weights back: versions only
+ * move forward (409).
  *
  * Not here: the delta format and apply (delta.h).
  */
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "delta.h"
+#include "delta_sign.h"
 #include "log.h"
 #include "server.h"
 
@@ -60,10 +65,27 @@ static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err 
     return 0;
 }
 
+/* 401 in the OpenAI error shape, plus current_version like the other delta errors. */
+static int refuse_unsigned(HttpReq *q, const Err *err) {
+    Server *s = q->s;
+    log_warn("refused a delta: %s", err->msg);
+    json_t *j = http_error_json(401, NULL, err->msg);
+    json_object_set_new(json_object_get(j, "error"), "code", json_string("invalid_delta_signature"));
+    pthread_mutex_lock(&s->admin_mu);
+    json_object_set_new(j, "current_version", json_integer((json_int_t)s->wv->version));
+    pthread_mutex_unlock(&s->admin_mu);
+    return http_send_json(q, 401, j);
+}
+
 int api_admin_delta(HttpReq *q) {
     Server *s = q->s;
     Err err = {0};
     DeltaResult res = {0};
+    if (s->cfg.delta_key) {
+        const char *sig = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, DELTA_SIG_HEADER);
+        if (delta_verify(s->cfg.delta_key, s->cfg.delta_key_len, (const uint8_t *)q->body.p, q->body.n, sig, &err) < 0)
+            return refuse_unsigned(q, &err);
+    }
     pthread_mutex_lock(&s->admin_mu);
     int rc = apply(s, (const uint8_t *)q->body.p, q->body.n, &res, &err);
     char *body = rc < 0 ? delta_error_json(&err, s->wv) : delta_result_json(&res);
@@ -95,6 +117,18 @@ void admin_apply_delta_file(Server *s, const char *path) {
     CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n, "--delta %s: short read", path);
     fclose(f);
     Err err = {0};
+    if (s->cfg.delta_key) {
+        char sig_path[4096], sig[256] = {0};
+        snprintf(sig_path, sizeof sig_path, "%s.sig", path);
+        FILE *g = fopen(sig_path, "rb");
+        CHECK_PTR(g, "--delta %s: cannot open its signature %s (--delta-key-file requires signed deltas)\n"
+                  "  fix: `trainer sign %s --key-file KEY` with the sampler's key", path, sig_path, path);
+        size_t k = fread(sig, 1, sizeof sig - 1, g);
+        fclose(g);
+        sig[k] = 0;
+        CHECK(delta_verify(s->cfg.delta_key, s->cfg.delta_key_len, buf, (size_t)n, sig, &err) == 0,
+              "--delta %s: %s\n  fix: sign it with the key of --delta-key-file (`trainer sign`)", path, err.msg);
+    }
     DeltaResult res;
     pthread_mutex_lock(&s->admin_mu);
     int rc = apply(s, buf, (size_t)n, &res, &err);

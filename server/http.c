@@ -3,7 +3,9 @@
  * (one thread per connection), routing, Bearer auth (API key for /v1 and the
  * tokenizer endpoints, a separate admin token for the trainer's controls),
  * body size limits, JSON and OpenAI-error answers, streamed responses and
- * client-disconnect detection.
+ * client-disconnect detection. HTTPS through libmicrohttpd's GnuTLS support
+ * (--tls-cert/--tls-key); connection count, idle timeout and header memory
+ * are bounded so slow or greedy clients cannot hold the server.
  *
  * Not here: what each endpoint does (api_*.c), Prometheus text (metrics.c).
  */
@@ -27,7 +29,7 @@
 void server_config_default(ServerConfig *c) {
     *c = (ServerConfig){
         .host = "127.0.0.1", .port = 8000, .max_body_bytes = 8u << 20, .max_delta_bytes = 4ull << 30,
-        .max_connections = 1024, .shutdown_timeout_s = 30, .max_logprobs = SAMPLING_MAX_TOP_N,
+        .max_connections = 1024, .connection_timeout_s = 30, .max_header_bytes = 32u << 10, .shutdown_timeout_s = 30, .max_logprobs = SAMPLING_MAX_TOP_N,
         .max_n = 128, .reasoning_parser = 1, .tool_parser = 1, .mask_json_max_ids = 4096,
     };
 }
@@ -388,23 +390,67 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+/* A PEM file's whole text, NUL-terminated (start-up: fatal with a fix). */
+static char *read_pem(const char *flag, const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    CHECK_PTR(f, "%s %s: cannot open", flag, path);
+    Buf b = {0};
+    char chunk[4096];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        CHECK(b.n + k <= (1u << 20), "%s %s: larger than 1 MiB, not a PEM %s", flag, path, what);
+        buf_append(&b, chunk, k);
+    }
+    CHECK(!ferror(f), "%s %s: read error", flag, path);
+    fclose(f);
+    buf_append(&b, "", 1);
+    CHECK(strstr(b.p, "-----BEGIN ") != NULL, "%s %s: not a PEM file (expected a '-----BEGIN ...' %s; "
+          "convert DER with `openssl x509 -inform der` / `openssl pkey -inform der`)", flag, path, what);
+    return b.p;
+}
+
+static int host_is_loopback(const struct in_addr *a) { return (ntohl(a->s_addr) >> 24) == 127; }
+
 void server_start(Server *s) {
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port) };
     CHECK(inet_pton(AF_INET, s->cfg.host, &a.sin_addr) == 1, "--host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", s->cfg.host);
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                            MHD_USE_ERROR_LOG,
-                            (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    struct MHD_OptionItem opt[12];
+    int n = 0;
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_SOCK_ADDR, 0, &a };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.connection_timeout_s, NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
+    CHECK(!s->cfg.tls_cert == !s->cfg.tls_key, "HTTPS needs both --tls-cert FILE and --tls-key FILE (PEM)");
+    if (s->cfg.tls_cert) {
+        CHECK(MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES,
+              "--tls-cert: this libmicrohttpd was built without TLS (GnuTLS); install a build with HTTPS support "
+              "(Debian's libmicrohttpd12 has it) or serve plain HTTP behind a TLS proxy");
+        s->tls_cert_pem = read_pem("--tls-cert", s->cfg.tls_cert, "certificate");
+        s->tls_key_pem = read_pem("--tls-key", s->cfg.tls_key, "private key");
+        flags |= MHD_USE_TLS;
+        opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert_pem };
+        opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem };
+    }
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
+    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opt,
                             MHD_OPTION_END);
+    if (!s->d && s->cfg.tls_cert)
+        CHECK(0, "cannot start HTTPS on %s:%d: the port may be taken (--port), or --tls-cert %s / --tls-key %s "
+              "are not a matching PEM certificate and unencrypted private key (see the libmicrohttpd message above)",
+              s->cfg.host, s->cfg.port, s->cfg.tls_cert, s->cfg.tls_key);
     CHECK_PTR(s->d, "cannot listen on %s:%d: is the port taken? pick another with --port", s->cfg.host, s->cfg.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->bound_port = di ? di->port : s->cfg.port;
+    if (s->cfg.admin_token && !s->cfg.tls_cert && !host_is_loopback(&a.sin_addr))
+        log_warn("WARNING: the admin endpoints (weights, pause, abort) are reachable over plain HTTP on %s: the "
+                 "admin token and the deltas cross the network in clear text; use --tls-cert/--tls-key, "
+                 "a private network, or --host 127.0.0.1", s->cfg.host);
+    if (s->cfg.admin_token && !s->cfg.delta_key)
+        log_info("deltas are unauthenticated (admin token only): pass --delta-key-file to require signed deltas");
 }
-
 void server_quiesce(Server *s) {
     if (!s->d) return;
     MHD_socket fd = MHD_quiesce_daemon(s->d); /* ours to close: new connections are refused from now on */
@@ -414,4 +460,8 @@ void server_quiesce(Server *s) {
 void server_stop(Server *s) {
     if (s->d) MHD_stop_daemon(s->d);
     s->d = NULL;
+    if (s->tls_key_pem) explicit_bzero(s->tls_key_pem, strlen(s->tls_key_pem));
+    free(s->tls_key_pem);
+    free(s->tls_cert_pem);
+    s->tls_key_pem = s->tls_cert_pem = NULL;
 }

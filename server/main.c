@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "delta.h"
+#include "delta_sign.h"
 #include "engine.h"
 #include "log.h"
 #include "model.h"
@@ -56,7 +57,17 @@ static void usage(void) {
 "                            'Authorization: Bearer TOKEN' (default: env SAMPLER_ADMIN_TOKEN, else disabled)\n"
 "  --max-body-bytes N        largest JSON request body (default 8388608); larger -> 413\n"
 "  --max-delta-bytes N       largest delta body for POST /admin/v1/weights/delta (default 4 GiB)\n"
-"  --max-connections N       concurrent connections (default 1024)\n"
+"  --max-connections N       concurrent connections (default 1024); more are refused at accept\n"
+"  --connection-timeout S    close a connection idle for S seconds, e.g. a client that stalls mid-body\n"
+"                            (default 30; a streaming response waiting on the engine is not idle)\n"
+"  --max-header-bytes N      per-connection memory for the request line and headers (default 32768);\n"
+"                            larger headers -> 431\n"
+"\n"
+"security (docs/delta-format.md, README \"Security\")\n"
+"  --tls-cert FILE           serve HTTPS with this PEM certificate (chain); needs --tls-key\n"
+"  --tls-key FILE            the PEM private key (unencrypted) of --tls-cert\n"
+"  --delta-key-file FILE     require deltas signed with this HMAC-SHA256 key (X-Delta-Signature on POST,\n"
+"                            FILE.sig next to each --delta FILE); unsigned or wrongly signed -> 401\n"
 "  --shutdown-timeout S      on SIGTERM, seconds to let in-flight requests finish before aborting (default 30)\n"
 "\n"
 "API behaviour\n"
@@ -169,6 +180,7 @@ int main(int argc, char **argv) {
     int force_cpu = 0;
     s->cfg.api_key = getenv("SAMPLER_API_KEY");
     s->cfg.admin_token = getenv("SAMPLER_ADMIN_TOKEN");
+    Err err = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
@@ -197,6 +209,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--max-body-bytes")) s->cfg.max_body_bytes = (size_t)num(a, v, 1, 1ll << 40);
         else if (!strcmp(a, "--max-delta-bytes")) s->cfg.max_delta_bytes = (size_t)num(a, v, 1, 1ll << 44);
         else if (!strcmp(a, "--max-connections")) s->cfg.max_connections = (int)num(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--connection-timeout")) s->cfg.connection_timeout_s = (unsigned)num(a, v, 1, 86400);
+        else if (!strcmp(a, "--max-header-bytes")) s->cfg.max_header_bytes = (size_t)num(a, v, 4096, 1 << 24);
+        else if (!strcmp(a, "--tls-cert")) s->cfg.tls_cert = v;
+        else if (!strcmp(a, "--tls-key")) s->cfg.tls_key = v;
+        else if (!strcmp(a, "--delta-key-file")) {
+            uint8_t *k;
+            CHECK(delta_key_load(v, &k, &s->cfg.delta_key_len, &err) == 0, "--delta-key-file: %s", err.msg);
+            s->cfg.delta_key = k;
+        }
         else if (!strcmp(a, "--shutdown-timeout")) s->cfg.shutdown_timeout_s = (double)num(a, v, 0, 86400);
         else if (!strcmp(a, "--max-n")) s->cfg.max_n = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--max-logprobs")) s->cfg.max_logprobs = (int)num(a, v, 0, SAMPLING_MAX_TOP_N);
@@ -228,7 +249,6 @@ int main(int argc, char **argv) {
         else CHECK(0, "unknown argument '%s' (see --help)", a);
     }
 
-    Err err = {0};
     DeviceChoice dev;
     CHECK(device_select(&dev, force_cpu, lo.precision, &err) == 0, "%s", err.msg);
     CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0,
@@ -283,10 +303,12 @@ int main(int argc, char **argv) {
     server_map_version(s, 0, s->wv->version);
     for (int i = 0; i < n_deltas; i++) admin_apply_delta_file(s, deltas[i]);
     server_start(s);
-    log_info("serving %s (%s) on http://%s:%d  (max_model_len %d, weight version %llu%s%s)", s->model_name,
-             s->model_dir, s->cfg.host, s->bound_port, s->max_model_len, (unsigned long long)s->wv->version,
-             s->cfg.api_key ? ", API key required" : "", s->cfg.admin_token ? ", admin endpoints on" : "");
-    printf("listening on http://%s:%d\n", s->cfg.host, s->bound_port);
+    const char *scheme = s->cfg.tls_cert ? "https" : "http";
+    log_info("serving %s (%s) on %s://%s:%d  (max_model_len %d, weight version %llu%s%s%s)", s->model_name,
+             s->model_dir, scheme, s->cfg.host, s->bound_port, s->max_model_len, (unsigned long long)s->wv->version,
+             s->cfg.api_key ? ", API key required" : "", s->cfg.admin_token ? ", admin endpoints on" : "",
+             s->cfg.delta_key ? ", signed deltas required" : "");
+    printf("listening on %s://%s:%d\n", scheme, s->cfg.host, s->bound_port);
     fflush(stdout);
 
     int sig = 0;
@@ -298,6 +320,10 @@ int main(int argc, char **argv) {
     weight_version_free(s->wv);
     tokenizer_free(s->tok);
     model_free(s->model);
+    if (s->cfg.delta_key) {
+        explicit_bzero((void *)s->cfg.delta_key, s->cfg.delta_key_len);
+        free((void *)s->cfg.delta_key);
+    }
     log_info("bye");
     return 0;
 }

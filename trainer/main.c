@@ -18,9 +18,12 @@ static void usage(void) {
             "  trainer inspect step.delta\n"
             "  trainer fingerprint DIR [--version N] [--fingerprint HEX]  (prints the GET /admin/v1/weights view)\n"
             "  trainer push step.delta --to URL [--to URL ...] [--admin-token T] [--deadline S] [--retries N]\n"
+            "               [--key-file K] [--cacert FILE] [--insecure]\n"
+            "  trainer sign step.delta --key-file K   (writes step.delta.sig: HMAC-SHA256 for --delta-key-file)\n"
             "  trainer membw [--mb N]      (memory-copy bandwidth, for benchmarks)\n"
             "OLD/NEW/BASE are Hugging Face checkpoint directories (sharded safetensors).\n"
-            "The admin token may also come from the SAMPLER_ADMIN_TOKEN environment variable.\n");
+            "The admin token may also come from the SAMPLER_ADMIN_TOKEN environment variable.\n"
+            "https:// URLs verify the sampler's certificate (system CAs or --cacert); --insecure skips that.\n");
 }
 
 int main(int argc, char **argv) {
@@ -33,6 +36,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "apply") == 0) return cmd_apply(argc - 1, argv + 1);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "fingerprint") == 0) return cmd_fingerprint(argc - 1, argv + 1);
+    if (strcmp(cmd, "sign") == 0) return cmd_sign(argc - 1, argv + 1);
     if (strcmp(cmd, "membw") == 0) return cmd_membw(argc - 1, argv + 1);
     if (strcmp(cmd, "push") == 0) {
         curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -6,6 +6,9 @@
  * hashes. Exits non-zero, loudly, unless every sampler ends on the delta's
  * target version with the delta's tensor hashes and all samplers agree on
  * every tensor hash. Endpoint contract: docs/delta-format.md.
+ * HTTPS verifies the sampler's certificate (system CAs, or --cacert FILE);
+ * --insecure turns that off, loudly. --key-file signs the delta
+ * (X-Delta-Signature, delta_sign.h) for samplers that require signatures.
  */
 #include <curl/curl.h>
 #include <inttypes.h>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 
 #include "delta.h"
+#include "delta_sign.h"
 #include "trainer.h"
 
 #define MAX_TARGETS 256
@@ -28,6 +32,9 @@ typedef struct Push {
     size_t size;
     const DeltaFile *df;
     const char *token;
+    const char *sig;      /* "hmac-sha256=<hex>" or NULL */
+    const char *cacert;   /* CA bundle (PEM) or NULL: the system's */
+    int insecure;         /* 1: no certificate verification */
     double deadline;   /* absolute, now_s() clock */
     int retries;
     /* results */
@@ -70,6 +77,11 @@ static long http_call(Push *p, const char *path, int post, Buf *resp) {
     }
     hdr = curl_slist_append(hdr, "Expect:");
     if (post) {
+        char sig[DELTA_SIG_CHARS + 64];
+        if (p->sig) {
+            snprintf(sig, sizeof sig, "%s: %s", DELTA_SIG_HEADER, p->sig);
+            hdr = curl_slist_append(hdr, sig);
+        }
         hdr = curl_slist_append(hdr, "Content-Type: application/octet-stream");
         curl_easy_setopt(c, CURLOPT_POST, 1L);
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, (const char *)p->body);
@@ -83,6 +95,9 @@ static long http_call(Push *p, const char *path, int post, Buf *resp) {
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(left > 0.001 ? left * 1000 : 1));
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, p->insecure ? 0L : 1L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, p->insecure ? 0L : 2L);
+    if (p->cacert) curl_easy_setopt(c, CURLOPT_CAINFO, p->cacert);
     long code = 0;
     CURLcode rc = curl_easy_perform(c);
     if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -187,7 +202,8 @@ static void *push_one(void *arg) {
 
 int cmd_push(int argc, char **argv) {
     const char *path = NULL, *token = getenv("SAMPLER_ADMIN_TOKEN"), *urls[MAX_TARGETS];
-    int n = 0, retries = 5;
+    const char *cacert = NULL, *key_file = NULL;
+    int n = 0, retries = 5, insecure = 0;
     double deadline = 120;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -198,6 +214,9 @@ int cmd_push(int argc, char **argv) {
         } else if (strcmp(a, "--admin-token") == 0 && more) token = argv[++i];
         else if (strcmp(a, "--deadline") == 0 && more) deadline = atof(argv[++i]);
         else if (strcmp(a, "--retries") == 0 && more) retries = atoi(argv[++i]);
+        else if (strcmp(a, "--cacert") == 0 && more) cacert = argv[++i];
+        else if (strcmp(a, "--key-file") == 0 && more) key_file = argv[++i];
+        else if (strcmp(a, "--insecure") == 0) insecure = 1;
         else if (a[0] != '-' && !path) path = a;
         else CHECK(0, "trainer push: unknown or incomplete argument '%s'", a);
     }
@@ -207,6 +226,27 @@ int cmd_push(int argc, char **argv) {
     DeltaFile *df;
     Err err = {0};
     CHECK(delta_parse(&df, buf, size, &err) == 0, "%s: %s (not pushed)", path, err.msg);
+    char sig[DELTA_SIG_CHARS + 1];
+    if (key_file) {
+        uint8_t *key;
+        size_t nk;
+        CHECK(delta_key_load(key_file, &key, &nk, &err) == 0, "--key-file: %s", err.msg);
+        CHECK(delta_sign(key, nk, buf, size, sig, &err) == 0, "%s: %s", path, err.msg);
+        explicit_bzero(key, nk);
+        free(key);
+    }
+    if (cacert) {
+        FILE *f = fopen(cacert, "rb");
+        CHECK_PTR(f, "--cacert %s: cannot open (a PEM file of the CA certificates to trust)", cacert);
+        fclose(f);
+    }
+    if (insecure)
+        fprintf(stderr, "trainer push: WARNING: --insecure: TLS certificates are NOT verified; anyone on the path "
+                "can read the admin token and impersonate the samplers\n");
+    for (int i = 0; i < n; i++)
+        if (strncmp(urls[i], "http://", 7) == 0 && !strstr(urls[i], "://127.") && !strstr(urls[i], "://localhost"))
+            fprintf(stderr, "trainer push: warning: %s is plain HTTP: the admin token and the delta travel in clear "
+                    "text (use https://)\n", urls[i]);
     Push *ps = xcalloc((size_t)n, sizeof(Push));
     pthread_t *th = xcalloc((size_t)n, sizeof(pthread_t));
     double t0 = now_s();
@@ -215,6 +255,7 @@ int cmd_push(int argc, char **argv) {
         size_t l = strlen(u);
         while (l > 0 && u[l - 1] == '/') u[--l] = 0;
         ps[i] = (Push){.url = u, .body = buf, .size = size, .df = df, .token = token, .deadline = t0 + deadline,
+                       .sig = key_file ? sig : NULL, .cacert = cacert, .insecure = insecure,
                        .retries = retries};
         CHECK(pthread_create(&th[i], NULL, push_one, &ps[i]) == 0, "cannot start a thread");
     }

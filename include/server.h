@@ -105,6 +105,9 @@ typedef struct Server {
  * unreadable or rejected), then log the security warnings (plain HTTP admin
  * on a non-loopback address, unauthenticated deltas). */
 void server_start(Server *s);
+/* Start-up: check the TLS flags and read the PEM files (fatal with a fix);
+ * main calls it before loading the model so a typo fails fast. */
+void server_tls_load(Server *s);
 /* Stop accepting new connections (SIGTERM, first step). */
 void server_quiesce(Server *s);
 /* Close every connection and stop the daemon. */

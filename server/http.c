@@ -409,6 +409,16 @@ static char *read_pem(const char *flag, const char *path, const char *what) {
     return b.p;
 }
 
+void server_tls_load(Server *s) {
+    CHECK(!s->cfg.tls_cert == !s->cfg.tls_key, "HTTPS needs both --tls-cert FILE and --tls-key FILE (PEM)");
+    if (!s->cfg.tls_cert || s->tls_cert_pem) return;
+    CHECK(MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES,
+          "--tls-cert: this libmicrohttpd was built without TLS (GnuTLS); install a build with HTTPS support "
+          "(Debian's libmicrohttpd12 has it) or serve plain HTTP behind a TLS proxy");
+    s->tls_cert_pem = read_pem("--tls-cert", s->cfg.tls_cert, "certificate");
+    s->tls_key_pem = read_pem("--tls-key", s->cfg.tls_key, "private key");
+}
+
 static int host_is_loopback(const struct in_addr *a) { return (ntohl(a->s_addr) >> 24) == 127; }
 
 void server_start(Server *s) {
@@ -423,13 +433,8 @@ void server_start(Server *s) {
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
-    CHECK(!s->cfg.tls_cert == !s->cfg.tls_key, "HTTPS needs both --tls-cert FILE and --tls-key FILE (PEM)");
+    server_tls_load(s);
     if (s->cfg.tls_cert) {
-        CHECK(MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES,
-              "--tls-cert: this libmicrohttpd was built without TLS (GnuTLS); install a build with HTTPS support "
-              "(Debian's libmicrohttpd12 has it) or serve plain HTTP behind a TLS proxy");
-        s->tls_cert_pem = read_pem("--tls-cert", s->cfg.tls_cert, "certificate");
-        s->tls_key_pem = read_pem("--tls-key", s->cfg.tls_key, "private key");
         flags |= MHD_USE_TLS;
         opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert_pem };
         opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem };

@@ -249,6 +249,7 @@ int main(int argc, char **argv) {
         else CHECK(0, "unknown argument '%s' (see --help)", a);
     }
 
+    if (n_prompt == 0) server_tls_load(s);
     DeviceChoice dev;
     CHECK(device_select(&dev, force_cpu, lo.precision, &err) == 0, "%s", err.msg);
     CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0,

@@ -122,6 +122,33 @@ def test_delta_on_quantized_sampler(deltas, precision):
         assert s.stop() == 0
 
 
+def test_trainer_push_updates_running_samplers(deltas):
+    """The trainer's path end to end: `trainer diff` made the delta, `trainer
+    push` sends it to two running samplers at once, both end on version 1 with
+    exactly the per-tensor hashes of the trainer's v1 checkpoint."""
+    a, b = Server(), Server()
+    try:
+        r = subprocess.run([TRAINER, "push", deltas["d1"], "--to", a.url, "--to", b.url, "--admin-token", ADMIN,
+                            "--deadline", "60"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for s in (a, b):
+            st, w = s.request("GET", "/admin/v1/weights", headers=AUTH)
+            fp = subprocess.run([TRAINER, "fingerprint", deltas["v1"], "--version", "1", "--fingerprint",
+                                 w["model_fingerprint"]], capture_output=True, text=True)
+            assert st == 200 and w["version"] == 1 and w == json.loads(fp.stdout)
+        # pushing the next delta to a sampler that missed one fails loudly (409 reported, non-zero exit)
+        c = Server()
+        try:
+            r = subprocess.run([TRAINER, "push", deltas["d2"], "--to", c.url, "--admin-token", ADMIN,
+                                "--deadline", "20"], capture_output=True, text=True, timeout=120)
+            assert r.returncode != 0 and "409" in (r.stdout + r.stderr), r.stdout + r.stderr
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_conflict_is_409(deltas):
     s = Server()
     try:

@@ -53,6 +53,8 @@ typedef struct ServerConfig {
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
     int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
+    const char *reload_roots[8];   /* --reload-root: directories full reloads may read from */
+    int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
 } ServerConfig;
 
 void server_config_default(ServerConfig *c);
@@ -171,6 +173,11 @@ int api_tokenize(HttpReq *q, json_t *body);
 int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err);
 int api_detokenize(HttpReq *q, json_t *body);
 int api_admin_delta(HttpReq *q);
+int api_admin_reload(HttpReq *q, json_t *body);
+/* The delta touched hook (ctx = Server): re-quantize FP8/NVFP4 blocks holding
+ * touched elements (idx NULL: all) and refresh the device copy. */
+int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                  int64_t n_idx, Err *err);
 int api_admin_weights(HttpReq *q);
 int api_admin_pause(HttpReq *q);
 int api_admin_resume(HttpReq *q);

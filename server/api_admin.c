@@ -38,8 +38,8 @@ static int commit_fn(void *ctx, Err *err) {
 
 /* After commit patched a tensor's host BF16 master: re-quantize its touched
  * FP8/NVFP4 blocks, then refresh the device copy (GPU backends). */
-static int touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
-                   int64_t n_idx, Err *err) {
+int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                  int64_t n_idx, Err *err) {
     Server *s = ctx;
     int rc = delta_model_requant(s->model, name, data, dt, numel, idx, n_idx, err);
     if (rc == 0 && s->runner) runner_weights_changed(s->runner, data, (size_t)numel * (size_t)dtype_size(dt));
@@ -48,7 +48,7 @@ static int touched(void *ctx, const char *name, void *data, Dtype dt, int64_t nu
 
 /* Prepare while serving, commit between steps. Caller holds admin_mu. */
 static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err *err) {
-    DeltaTarget tgt = { .lookup = delta_lookup_model, .ctx = s->model, .touched = touched, .touched_ctx = s,
+    DeltaTarget tgt = { .lookup = delta_lookup_model, .ctx = s->model, .touched = admin_touched, .touched_ctx = s,
                         .n_threads = 4, .skip_verify_after = 0 };
     DeltaPlan *plan = NULL;
     if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;

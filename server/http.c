@@ -322,6 +322,14 @@ static int route(HttpReq *q) {
         if (!authorized(q, s->cfg.admin_token)) return http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
         if (is(q, "POST", "/admin/v1/weights/delta")) return api_admin_delta(q);
         if (is(q, "GET", "/admin/v1/weights")) return api_admin_weights(q);
+        if (is(q, "POST", "/admin/v1/weights/reload")) {
+            int sent;
+            json_t *b = parse_body(q, &sent);
+            if (!b) return sent ? MHD_YES : MHD_NO;
+            int r = api_admin_reload(q, b);
+            json_decref(b);
+            return r;
+        }
         if (is(q, "POST", "/pause")) return api_admin_pause(q);
         if (is(q, "POST", "/resume")) return api_admin_resume(q);
         if (is(q, "GET", "/is_paused")) return api_admin_is_paused(q);

@@ -45,6 +45,8 @@ static void usage(void) {
 "  --weight-only             keep activations f32 with fp8/nvfp4 weights (the A100 / Hopper-NVFP4\n"
 "                            paths); default quantizes activations like the native GPU path\n"
 "  --delta FILE              apply a weight delta at start-up (repeatable, in version order)\n"
+"  --reload-root DIR         allow POST /admin/v1/weights/reload of checkpoints under DIR (repeatable;\n"
+"                            default: full reloads disabled)\n"
 "  --weight-version N        version of the checkpoint in --model (default 0)\n"
 "  --model-fingerprint HEX   lineage fingerprint when --weight-version > 0 (from `trainer inspect`)\n"
 "\n"
@@ -199,7 +201,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--served-model-name")) snprintf(s->model_name, sizeof s->model_name, "%s", v);
         else if (!strcmp(a, "--precision"))
             CHECK(precision_parse(v, &lo.precision) == 0, "--precision: bf16, fp8 or nvfp4, got '%s'", v);
-        else if (!strcmp(a, "--delta")) { CHECK(n_deltas < 64, "at most 64 --delta files"); deltas[n_deltas++] = v; }
+        else if (!strcmp(a, "--reload-root")) {
+            CHECK(s->cfg.n_reload_roots < 8, "at most 8 --reload-root directories");
+            s->cfg.reload_roots[s->cfg.n_reload_roots++] = v;
+        } else if (!strcmp(a, "--delta")) { CHECK(n_deltas < 64, "at most 64 --delta files"); deltas[n_deltas++] = v; }
         else if (!strcmp(a, "--weight-version")) base_version = num(a, v, 0, 1ll << 62);
         else if (!strcmp(a, "--model-fingerprint")) fingerprint = v;
         else if (!strcmp(a, "--host")) s->cfg.host = v;

@@ -122,6 +122,77 @@ def test_delta_on_quantized_sampler(deltas, precision):
         assert s.stop() == 0
 
 
+def test_trainer_push_updates_running_samplers(deltas):
+    """The trainer's path end to end: `trainer diff` made the delta, `trainer
+    push` sends it to two running samplers at once, both end on version 1 with
+    exactly the per-tensor hashes of the trainer's v1 checkpoint."""
+    a, b = Server(), Server()
+    try:
+        r = subprocess.run([TRAINER, "push", deltas["d1"], "--to", a.url, "--to", b.url, "--admin-token", ADMIN,
+                            "--deadline", "60"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for s in (a, b):
+            st, w = s.request("GET", "/admin/v1/weights", headers=AUTH)
+            fp = subprocess.run([TRAINER, "fingerprint", deltas["v1"], "--version", "1", "--fingerprint",
+                                 w["model_fingerprint"]], capture_output=True, text=True)
+            assert st == 200 and w["version"] == 1 and w == json.loads(fp.stdout)
+        # pushing the next delta to a sampler that missed one fails loudly (409 reported, non-zero exit)
+        c = Server()
+        try:
+            r = subprocess.run([TRAINER, "push", deltas["d2"], "--to", c.url, "--admin-token", ADMIN,
+                                "--deadline", "20"], capture_output=True, text=True, timeout=120)
+            assert r.returncode != 0 and "409" in (r.stdout + r.stderr), r.stdout + r.stderr
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_full_reload(deltas, tmp_path):
+    """POST /admin/v1/weights/reload swaps in a whole checkpoint directory of
+    the same model, in place: afterwards the sampler answers like one started
+    on that checkpoint and reports its hashes. Paths outside --reload-root
+    (also through a symlink), stale versions and other models are refused
+    with the weights untouched."""
+    ref = Server("--tokenizer", os.path.join(ROOT, "models/tiny-qwen3"), model=deltas["v2"])
+    want = greedy(ref)
+    ref.stop()
+    root = str(deltas["dir"])
+    os.symlink(os.path.join(ROOT, "tests/fixtures/qwen3_gqa2"), os.path.join(root, "escape"))
+    s = Server("--reload-root", root)
+    try:
+        st, w0 = s.request("GET", "/admin/v1/weights", headers=AUTH)
+        for body, status in (({"path": os.path.join(root, "escape"), "version": 2}, 403),
+                             ({"path": os.path.join(ROOT, "models/tiny-qwen3"), "version": 2}, 403),
+                             ({"path": os.path.join(root, "nope"), "version": 2}, 404),
+                             ({"path": deltas["v2"], "version": 0}, 400),
+                             ({"path": deltas["v2"]}, 400)):
+            st, r = s.request("POST", "/admin/v1/weights/reload", body=body, headers=AUTH)
+            assert st == status and "error" in r and r["current_version"] == 0, (body, st, r)
+        st, w = s.request("GET", "/admin/v1/weights", headers=AUTH)
+        assert w == w0, "a refused reload changed the weights"
+        st, r = s.request("POST", "/admin/v1/weights/reload", body={"path": deltas["v2"], "version": 2}, headers=AUTH)
+        assert st == 200 and r["version"] == 2 and r["tensors_updated"] == 3, r
+        after = greedy(s)
+        assert after["token_ids"] == want["token_ids"] and after["raw_logprobs"] == want["raw_logprobs"]
+        assert after["token_weight_versions"] == [2] * 12
+        st, w = s.request("GET", "/admin/v1/weights", headers=AUTH)
+        fp = subprocess.run([TRAINER, "fingerprint", deltas["v2"], "--version", "2", "--fingerprint",
+                             w["model_fingerprint"]], capture_output=True, text=True)
+        assert w == json.loads(fp.stdout)
+        st, r = s.request("POST", "/admin/v1/weights/reload", body={"path": deltas["v1"], "version": 1}, headers=AUTH)
+        assert st == 409 and r["current_version"] == 2, r
+    finally:
+        assert s.stop() == 0
+    s = Server()
+    try:
+        st, r = s.request("POST", "/admin/v1/weights/reload", body={"path": deltas["v2"], "version": 2}, headers=AUTH)
+        assert st == 403 and "--reload-root" in r["error"]["message"], r
+    finally:
+        s.stop()
+
+
 def test_conflict_is_409(deltas):
     s = Server()
     try:

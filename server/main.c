@@ -255,6 +255,15 @@ int main(int argc, char **argv) {
     }
 
     if (n_prompt == 0) server_tls_load(s);
+    /* Before any thread starts (the runner's pool is created below): every
+     * thread inherits the mask, so SIGTERM/SIGINT reach only main's sigwait. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    if (n_prompt == 0) pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
     DeviceChoice dev;
     CHECK(device_select(&dev, force_cpu, lo.precision, &err) == 0, "%s", err.msg);
     CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0,
@@ -295,14 +304,6 @@ int main(int argc, char **argv) {
     }
     CHECK(base_version == 0 || fingerprint, "--weight-version %lld needs --model-fingerprint (the lineage's, "
           "printed by `trainer inspect` of any delta)", base_version);
-
-    /* Threads started from here on inherit the mask; main waits for the signals. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     s->eng = engine_create_with_backend(&s->model->cfg, &be, &ec);
     s->max_model_len = engine_config(s->eng)->max_model_len;

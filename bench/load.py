@@ -77,14 +77,15 @@ async def _body(reader, headers):
 
 
 async def request(host, port, path, body, on_event=None, timeout=600, headers=None):
-    """POST body (dict) and read the answer; for a 200 event stream, call
-    on_event(res, obj) for each JSON event. Returns a Result."""
+    """POST body (a dict sent as JSON, or bytes sent as they are) and read the
+    answer; for a 200 event stream, call on_event(res, obj) for each JSON
+    event. Returns a Result (res.body: the answer of a non-stream)."""
     res = Result()
     res.t0 = time.monotonic()
     writer = None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        data = json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\n{extra}Connection: close\r\n\r\n".encode() + data)
@@ -103,7 +104,7 @@ async def request(host, port, path, body, on_event=None, timeout=600, headers=No
                 k, _, v = line.decode().partition(":")
                 hdrs[k.strip().lower()] = v.strip()
             buf = b""
-            is_sse = res.status == 200 and hdrs.get("content-type", "").startswith("text/event-stream")
+            is_sse = hdrs.get("content-type", "").startswith("text/event-stream")
             async for piece in _body(reader, hdrs):
                 if not is_sse:
                     res.body += piece

@@ -344,7 +344,7 @@ static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_
 
 static void check_error_shape(const char *body, int status) {
     json_error_t je;
-    json_t *j = json_loads(body, 0, &je);
+    json_t *j = json_loads(body, JSON_ALLOW_NUL, &je); /* "\u0000" is valid JSON (RFC 8259) */
     if (!j) FAIL("%d answer is not JSON: %s", status, body);
     json_t *e = json_object_get(j, "error");
     if (!json_is_object(e) && !json_is_string(e)) FAIL("%d answer without \"error\": %s", status, body);
@@ -361,7 +361,7 @@ static void check_whole(struct MHD_Response *r, const char *path) {
     if (strlen(r->buf) != r->n) FAIL("%s answered a NUL byte", path);
     if (!strncmp(r->ctype, "application/json", 16)) {
         json_error_t je;
-        json_t *j = json_loads(r->buf, 0, &je);
+        json_t *j = json_loadb(r->buf, r->n, JSON_ALLOW_NUL, &je);
         if (!j) FAIL("%s answered JSON that does not parse (%s): %s", path, je.text, r->buf);
         json_decref(j);
         if (r->status >= 400) check_error_shape(r->buf, r->status);
@@ -409,7 +409,7 @@ static void check_sse(const Buf *b, int ended) {
             done = 1;
         } else if (n > 6 && !memcmp(p, "data: ", 6)) {
             json_error_t je;
-            json_t *j = json_loadb(p + 6, n - 6, 0, &je);
+            json_t *j = json_loadb(p + 6, n - 6, JSON_ALLOW_NUL, &je);
             if (!json_is_object(j)) FAIL("stream event is not a JSON object: %.*s", (int)n, p);
             if (!json_object_get(j, "choices") && !json_object_get(j, "error"))
                 FAIL("stream event without choices or error: %.*s", (int)n, p);

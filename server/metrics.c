@@ -65,7 +65,7 @@ int api_metrics(HttpReq *q) {
     gauge(&b, "sampler_kv_blocks_used", "KV blocks referenced.", m.kv_blocks_used);
     gauge(&b, "sampler_kv_blocks_cached", "KV blocks held only by the prefix cache.", m.kv_blocks_cached);
     gauge(&b, "sampler_paused", "1 while the engine is paused.", m.paused);
-    gauge(&b, "sampler_weight_version", "Version of the weights serving now.", (double)server_weight_version(s, m.weight_version));
+    gauge(&b, "sampler_weight_version", "Version of the weights serving now.", (double)server_weight_version(s, engine_weight_version(s->eng)));
     gauge(&b, "sampler_inflight_requests", "HTTP generations in progress.", atomic_load(&s->inflight));
     counter(&b, "sampler_stream_disconnects_total", "Requests aborted because the client went away.",
             atomic_load(&s->metrics.stream_disconnects));

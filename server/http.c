@@ -439,7 +439,6 @@ void server_start(Server *s) {
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.connection_timeout_s, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
-    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
     server_tls_load(s);
     if (s->cfg.tls_cert) {

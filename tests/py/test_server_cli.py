@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 
-from conftest import ROOT
+from conftest import BUILD, ROOT
 
 
 def test_help_lists_every_flag(sampler_bin):
@@ -21,3 +21,15 @@ def test_bad_flags_are_clear_errors(sampler_bin):
                         (["--weight-version", "3"], "--model-fingerprint")):
         r = subprocess.run([sampler_bin] + args, capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and words in r.stderr, (args, r.stderr)
+
+
+def test_port_in_use_is_a_clear_error():
+    """A second sampler on a taken port fails at start-up instead of sharing it."""
+    from server_fixture import Server
+    s = Server()
+    try:
+        r = subprocess.run([os.environ.get("SAMPLER_BIN", os.path.join(BUILD, "sampler-cpu")), "--port",
+                            str(s.port), "--kv-mem-mb", "64"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "port" in r.stderr, r.stderr
+    finally:
+        s.stop()

@@ -311,6 +311,33 @@ static void t_model(const char *dir, int n_decode, Precision prec) {
         snprintf(what, sizeof what, "%s %s mixed step of %d tokens vs cpu", dir, pn, k);
         logit_check(what, oc, og, 3, V, 0.1, 3e-4); /* cuBLAS path: see gpu_check.c MAX_ABS_FLIP */
     }
+    /* a sparse delta on a quantized matrix: the host re-quantizes (as admin_touched does), the
+     * GPU must re-upload the quantized bytes on runner_weights_changed; prefill again vs cpu */
+    if (prec != PREC_BF16) {
+        WeightMat *w = &m->layers[0].o; /* quantized in every fixture (dense or MoE layer) */
+        for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; } /* the mixed step reused them */
+        float *before = (float *)malloc(sizeof(float) * (size_t)T0 * V);
+        rc1 = model_forward(rc, kvc, &b, before, &err);
+        int64_t idx[24];
+        for (int i = 0; i < 24; i++) {
+            idx[i] = (int64_t)ru((uint32_t)((size_t)w->rows * w->cols));
+            w->bf16[idx[i]] = f32_to_bf16(i % 2 ? 0.75f : -0.75f);
+        }
+        int rq = prec == PREC_FP8 ? quant_fp8_requant((QuantFp8 *)w->q, w->bf16, idx, 24, &err)
+                                  : quant_nvfp4_requant((QuantNvfp4 *)w->q, w->bf16, idx, 24, &err);
+        runner_weights_changed(rg, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
+        rc1 |= model_forward(rc, kvc, &b, oc, &err);
+        rc2 = model_forward(rg, kvg, &b, og, &err);
+        if (rq < 0 || rc1 || rc2) { printf("  FAIL %s delta: %s\n", dir, err.msg); n_fail++; }
+        double moved = 0;
+        for (size_t i = 0; i < (size_t)T0 * V; i++) moved = fmax(moved, fabs((double)oc[i] - before[i]));
+        int ok = moved > 1e-2; /* else a stale device copy would pass unnoticed */
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s %s %s delta on layer 0 o_proj moved the cpu logits by %.2e\n", ok ? "ok" : "FAIL", dir, pn, moved);
+        snprintf(what, sizeof what, "%s %s prefill after the delta vs cpu", dir, pn);
+        logit_check(what, oc, og, T0, V, 1e-3, 1e-7);
+        free(before);
+    }
     free(oc);
     free(og);
     runner_kvcache_free(rg, kvg);

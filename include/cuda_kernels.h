@@ -43,6 +43,22 @@ int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, 
 int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
                    const uint16_t *bias, void *stream);
 
+/* Weight-only quantized matmul (kernels/cuda/quant_gemv.cu), any n >= 0 (up to 8
+ * tokens per launch), f32 activations, weights dequantized in the kernel, f32
+ * accumulation; reference quant_matmul_*_rows with xs = NULL (quant.h).
+ * FP8: out[n, rows] = x[n, cols] @ (e4m3(Q) * scale_inv)^T (+ bias[rows] bf16 or
+ * NULL); Q: [rows, cols] e4m3, scale_inv: [ceil(rows / block_rows),
+ * ceil(cols / block_cols)] f32. 16-byte loads when cols % 16 == 0, block_cols is
+ * a multiple of 16 (or >= cols) and Q, x are 16-byte aligned. */
+int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv, int rows,
+                  int cols, int block_rows, int block_cols, const uint16_t *bias, void *stream);
+/* NVFP4: out[n, rows] = (x @ (e2m1(packed) * e4m3(scale))^T) * scale2 (+ bias);
+ * packed: [rows, cols / 2] (element 2i in the low nibble), scale: [rows, cols / 16]
+ * e4m3, cols % 16 == 0. 16-byte loads when cols % 32 == 0 and packed, x are 16-byte
+ * aligned. */
+int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
+                    float scale2, int rows, int cols, const uint16_t *bias, void *stream);
+
 /* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
  * stream with cublasSetStream; -1 if it is bound to another stream):
  * x[n, cols] f32 is rounded to bf16 into xbf[n * cols] (scratch), then

@@ -57,15 +57,19 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
                    "process)\n  fix: run sampler-cpu, or pass --device cpu", out->binary_sm);
     int rc = device_check_binary(out->binary_sm, out->major, out->minor, err);
     if (rc) return rc;
-    if (p != PREC_BF16)
-        return ERR(err, 500, "--precision %s is not implemented on the GPU yet (only bf16 runs there; FP8 and "
-                   "NVFP4 GPU kernels are future work)\n  fix: pass --precision bf16, or --device cpu",
-                   precision_name(p));
     out->gpu = 1;
-    log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision bf16: GEMV for <= %d tokens, "
-             "cuBLAS BF16 GEMM (f32 accumulate) beyond, paged flash-decoding attention",
-             out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
-             CUDA_GEMV_MAX_N);
+    if (p == PREC_BF16)
+        log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision bf16: GEMV for <= %d tokens, "
+                 "cuBLAS BF16 GEMM (f32 accumulate) beyond, paged flash-decoding attention",
+                 out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
+                 CUDA_GEMV_MAX_N);
+    else /* every GPU binary: no native FP8/NVFP4 tensor-core path yet (quant_gemv.cu) */
+        log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision %s: weight-only GEMV "
+                 "kernel for every batch size (f32 activations, weights dequantized in the kernel, f32 "
+                 "accumulate; quantized activations are not implemented on the GPU: --weight-only or not, "
+                 "activations stay f32), paged flash-decoding attention",
+                 out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
+                 precision_name(p));
     return 0;
 }
 

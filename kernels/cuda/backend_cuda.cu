@@ -6,11 +6,14 @@
  * into one device arena; a hash map translates the model's host pointers
  * (what the forward pass hands to the ops) to their device copies. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
- * beyond (prefill). Nothing is allocated per step: the bf16 activation
+ * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
+ * copied (not the BF16 master) and every n runs the weight-only kernels of
+ * quant_gemv.cu; act_quant models run weight-only too (logged at creation). Nothing is allocated per step: the bf16 activation
  * scratch of the GEMM path is sized by reserve (runner creation), the
  * attention split scratch at creation.
  * Errors inside ops are bugs (the forward pass validated the batch): fatal.
- * Not here: FP8/NVFP4 weights, CUDA graphs, device sampling.
+ * Not here: quantized activations (native FP8 / NVFP4 tensor cores), CUDA
+ * graphs, device sampling.
  */
 #include <cublas_v2.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@ extern "C" {
 #include "check.h"
 #include "log.h"
 #include "model.h"
+#include "quant.h"
 }
 
 #define CUBLAS_OK(call)                                                                          \
@@ -53,6 +57,8 @@ typedef struct CudaCtx {
     size_t xbf_cap;
     float *part;       /* attention split scratch */
     size_t part_cap;   /* floats */
+    const WeightMat **qmats; /* [n_qmats] the model's FP8/NVFP4 matrices (delta re-uploads) */
+    int n_qmats, cap_qmats;
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -101,6 +107,8 @@ static const uint16_t *dw(Backend *b, const void *h) {
     return (const uint16_t *)e->dev;
 }
 
+static const void *dv(Backend *b, const void *h) { return (const void *)dw(b, h); }
+
 /* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
 static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return;
@@ -135,7 +143,26 @@ static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
 extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+/* A quantized matrix's BF16 master is not on the device: after a delta the
+ * host re-quantized it (admin_touched), so its quantized buffers are re-uploaded. */
 static void cu_weights_changed(Backend *b, const void *host, size_t bytes) {
+    CudaCtx *c = ctx(b);
+    for (int i = 0; i < c->n_qmats; i++) {
+        const WeightMat *w = c->qmats[i];
+        if (w->bf16 != host) continue;
+        int rc;
+        if (w->fmt == WF_FP8) {
+            const QuantFp8 *q = (const QuantFp8 *)w->q;
+            rc = backend_cuda_register(b, q->q, (size_t)q->rows * q->cols) ||
+                 backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+        } else {
+            const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+            rc = backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2)) ||
+                 backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK));
+        }
+        CHECK(rc == 0, "re-uploading a re-quantized weight to the GPU failed");
+        return;
+    }
     CHECK(backend_cuda_register(b, host, bytes) == 0, "re-uploading an updated weight to the GPU failed");
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
@@ -151,7 +178,18 @@ static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w
 }
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
-    CHECK(w->fmt == WF_BF16, "FP8/NVFP4 weights reached the GPU backend (a bug: backend_cuda_create refuses them)");
+    if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)dv(b, q->q), (const float *)dv(b, q->scale_inv),
+                                q->rows, q->cols, q->block_rows, q->block_cols, dw(b, bias), st(b)));
+        return;
+    }
+    if (w->fmt == WF_NVFP4) {
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, (const uint8_t *)dv(b, q->packed), (const uint8_t *)dv(b, q->scale),
+                                  q->scale2, q->rows, q->cols, dw(b, bias), st(b)));
+        return;
+    }
     const uint16_t *W = dw(b, w->bf16), *bs = dw(b, bias);
     if (n <= CUDA_GEMV_MAX_N) {
         LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
@@ -200,6 +238,7 @@ static void cu_free(Backend *b) {
     for (size_t i = 0; i < c->cap; i++)
         if (c->map[i].host && c->map[i].owned) CUDA_CHECK(cudaFree(c->map[i].dev));
     free(c->map);
+    free(c->qmats);
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
@@ -272,27 +311,43 @@ static void wl_add(WeightList *l, const void *h, size_t bytes) {
     l->bytes[l->n++] = bytes;
 }
 
-static void wl_mat(WeightList *l, const WeightMat *w) {
-    if (!w->bf16) return;
-    CHECK(w->fmt == WF_BF16, "the model has FP8/NVFP4 weights (--precision fp8|nvfp4, or a pre-quantized "
-          "checkpoint); the GPU backend runs BF16 weights only for now\n  fix: --precision bf16 with a BF16 "
-          "checkpoint, or the CPU backend (sampler-cpu / --device cpu)");
-    wl_add(l, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
+/* BF16: the matrix. FP8/NVFP4: the quantized bytes and scales only (the BF16
+ * master stays on the host for deltas); the matrix is remembered for re-uploads. */
+static void wl_mat(WeightList *l, CudaCtx *c, const WeightMat *w) {
+    if (w->fmt == WF_BF16) {
+        wl_add(l, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
+        return;
+    }
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        wl_add(l, q->q, (size_t)q->rows * q->cols);
+        wl_add(l, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+    } else {
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        wl_add(l, q->packed, (size_t)q->rows * (q->cols / 2));
+        wl_add(l, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK));
+    }
+    if (c->n_qmats == c->cap_qmats) {
+        c->cap_qmats = c->cap_qmats ? 2 * c->cap_qmats : 256;
+        c->qmats = (const WeightMat **)realloc(c->qmats, sizeof(WeightMat *) * (size_t)c->cap_qmats);
+        CHECK(c->qmats, "out of host memory");
+    }
+    c->qmats[c->n_qmats++] = w;
 }
 
 /* Every tensor forward.c hands to an op. */
-static void collect_weights(WeightList *l, const Model *m) {
+static void collect_weights(WeightList *l, CudaCtx *cc, const Model *m) {
     const ModelConfig *c = &m->cfg;
     size_t H = (size_t)c->hidden * 2, hd = (size_t)c->head_dim * 2;
     wl_add(l, m->embed, (size_t)c->vocab * H);
     wl_add(l, m->final_norm, H);
-    wl_mat(l, &m->lm_head);
+    wl_mat(l, cc, &m->lm_head);
     for (int i = 0; i < c->n_layers; i++) {
         const LayerWeights *w = &m->layers[i];
         wl_add(l, w->attn_norm, H);
         wl_add(l, w->mlp_norm, H);
         const WeightMat *mats[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down, &w->router};
-        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) wl_mat(l, mats[j]);
+        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) wl_mat(l, cc, mats[j]);
         wl_add(l, w->q_bias, (size_t)w->q.rows * 2);
         wl_add(l, w->k_bias, (size_t)w->k.rows * 2);
         wl_add(l, w->v_bias, (size_t)w->v.rows * 2);
@@ -301,9 +356,9 @@ static void collect_weights(WeightList *l, const Model *m) {
         wl_add(l, w->k_norm, hd);
         if (model_layer_is_moe(c, i))
             for (int e = 0; e < c->n_experts; e++) {
-                wl_mat(l, &w->egate[e]);
-                wl_mat(l, &w->eup[e]);
-                wl_mat(l, &w->edown[e]);
+                wl_mat(l, cc, &w->egate[e]);
+                wl_mat(l, cc, &w->eup[e]);
+                wl_mat(l, cc, &w->edown[e]);
             }
     }
 }
@@ -316,7 +371,7 @@ extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
     Backend *b = cuda_backend_new(m->cfg.head_dim, max_ctx, 0);
     CudaCtx *c = ctx(b);
     WeightList l = {0};
-    collect_weights(&l, m);
+    collect_weights(&l, c, m);
     /* Two passes: offsets in one arena (aliases such as a tied lm_head map once), then copies. */
     size_t total = 0;
     for (int i = 0; i < l.n; i++) {
@@ -333,7 +388,7 @@ extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     cudaError_t err = cudaMalloc(&c->arena, total ? total : 1);
-    CHECK(err == cudaSuccess, "the model's %.2f GiB of BF16 weights do not fit in the %.2f GiB free on the GPU: "
+    CHECK(err == cudaSuccess, "the model's %.2f GiB of weights do not fit in the %.2f GiB free on the GPU: "
           "%s\n  fix: use a GPU with more memory or a smaller model", total / 1073741824.0,
           free_b / 1073741824.0, cudaGetErrorString(err));
     for (size_t i = 0; i < c->cap; i++) {
@@ -346,6 +401,11 @@ extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
     free(l.host);
     free(l.bytes);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (c->n_qmats)
+        log_info("cuda backend: %d %s matrices run the weight-only kernel (f32 activations, weights dequantized "
+                 "in the GEMV)%s", c->n_qmats, precision_name(m->precision),
+                 m->act_quant ? "; quantized activations (native FP8/NVFP4 tensor cores) are not implemented on "
+                                "the GPU yet, so this model runs weight-only here, unlike the CPU backend" : "");
     log_info("cuda backend: %zu weight tensors, %.2f GiB copied to the device in %.2f s; %d SMs",
              c->used, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, c->sms);
     return b;

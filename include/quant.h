@@ -209,6 +209,9 @@ void quant_force_portable(int on);
  * (index out of range, non-finite touched value, borrowed checkpoint memory)
  * nothing is modified. */
 typedef enum { QUANT_REQUANT_BLOCKS = 0, QUANT_REQUANT_FULL = 1 } QuantRequant;
+/* Both requant functions first check every touched index: in [0, n) and a
+ * finite master value there. 0, or <0 with Err (400). */
+int quant_check_touched(const uint16_t *master, int64_t n, const int64_t *idx, size_t n_idx, Err *e);
 /* FP8: re-quantizes every scale block holding a touched element (for
  * per-tensor scales that block is the tensor). Returns the number of blocks
  * re-quantized (>= 0) or <0. */

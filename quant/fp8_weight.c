@@ -156,17 +156,22 @@ void quant_fp8_dequant_row(const QuantFp8 *w, int row, float *out) {
         out[c] = quant_e4m3_to_f32(w->q[(size_t)row * w->cols + c]) * s[c / w->block_cols];
 }
 
-/* Validate everything first, then mark each touched block's scale NaN and
- * re-quantize the marked blocks once: no allocation, exact dedup. */
-int quant_fp8_requant(QuantFp8 *w, const uint16_t *m, const int64_t *idx, size_t n_idx, Err *e) {
-    ENSURE(e, w->owns_q, 409, "FP8 tensor [%d, %d] borrows read-only checkpoint memory; cannot re-quantize",
-           w->rows, w->cols);
-    int64_t n = (int64_t)w->rows * w->cols;
+int quant_check_touched(const uint16_t *m, int64_t n, const int64_t *idx, size_t n_idx, Err *e) {
     for (size_t i = 0; i < n_idx; i++) {
         ENSURE(e, idx[i] >= 0 && idx[i] < n, 400, "touched index %lld out of range [0, %lld)",
                (long long)idx[i], (long long)n);
         ENSURE(e, !BF16_NONFINITE(m[idx[i]]), 400, "non-finite master value at index %lld", (long long)idx[i]);
     }
+    return 0;
+}
+
+/* Validate everything first, then mark each touched block's scale NaN and
+ * re-quantize the marked blocks once: no allocation, exact dedup. */
+int quant_fp8_requant(QuantFp8 *w, const uint16_t *m, const int64_t *idx, size_t n_idx, Err *e) {
+    ENSURE(e, w->owns_q, 409, "FP8 tensor [%d, %d] borrows read-only checkpoint memory; cannot re-quantize",
+           w->rows, w->cols);
+    int rc = quant_check_touched(m, (int64_t)w->rows * w->cols, idx, n_idx, e);
+    if (rc) return rc;
     for (size_t i = 0; i < n_idx; i++) {
         int r = (int)(idx[i] / w->cols), c = (int)(idx[i] % w->cols);
         w->scale_inv[(size_t)(r / w->block_rows) * w->scale_cols + c / w->block_cols] = NAN;

@@ -177,12 +177,8 @@ rescan:
 int quant_nvfp4_requant(QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, size_t n_idx, Err *e) {
     ENSURE(e, w->owns, 409, "NVFP4 tensor [%d, %d] borrows read-only checkpoint memory; cannot re-quantize",
            w->rows, w->cols);
-    int64_t n = (int64_t)w->rows * w->cols;
-    for (size_t i = 0; i < n_idx; i++) {
-        ENSURE(e, idx[i] >= 0 && idx[i] < n, 400, "touched index %lld out of range [0, %lld)",
-               (long long)idx[i], (long long)n);
-        ENSURE(e, !BF16_NONFINITE(m[idx[i]]), 400, "non-finite master value at index %lld", (long long)idx[i]);
-    }
+    int rc = quant_check_touched(m, (int64_t)w->rows * w->cols, idx, n_idx, e);
+    if (rc) return rc;
     uint16_t amax;
     if (amax_changed(w, m, idx, n_idx, &amax)) {
         nvfp4_quant_all(w, m, amax);

@@ -40,9 +40,11 @@ struct Backend {
     void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*zero)(Backend *b, void *p, size_t bytes);
-    /* The host bf16 weight at host[0, bytes) changed (a delta): refresh any
-     * device copy. NULL when the ops read host weights directly. */
-    void (*weights_changed)(Backend *b, const void *host, size_t bytes);
+    /* The host weight at host[0, bytes) changed (a delta): refresh any device
+     * copy. idx: the touched element indices [n_idx] (elem bytes each), or NULL
+     * when every element may have changed. Returns 0, or -1 when the device copy
+     * could not be brought up to date. NULL when the ops read host weights. */
+    int (*weights_changed)(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem);
     /* dst = src, both backend memory, not overlapping */
     void (*copy)(Backend *b, void *dst, const void *src, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
@@ -83,8 +85,8 @@ Backend *backend_cpu_create(int n_threads, int max_ctx);
  * Ops take device pointers for activations, caches and step inputs, and the
  * model's *host* weight pointers (WeightMat.bf16, norms, biases, embedding),
  * which the backend translates to the device copies it made at creation.
- * Runs on device 0 on one stream; weights must be BF16 (WF_BF16); FP8 and
- * NVFP4 on the GPU are not implemented yet (fatal at creation). */
+ * Runs on device 0 on one stream; FP8 and NVFP4 matrices run weight-only
+ * (their quantized bytes on the device, the BF16 master on the host). */
 struct Model;
 struct ModelConfig;
 /* Copy every weight the forward pass reads to the device (start-up, fatal on error). */
@@ -96,6 +98,9 @@ Backend *backend_cuda_create_resident(const struct ModelConfig *cfg, int max_ctx
  * it is already registered, copy it again (after an in-place weight update).
  * Returns 0, or -1 if bytes exceeds the registered size. */
 int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+/* Copy the device copy of registered host tensor [bytes] back into dst (checks
+ * that a delta reached the device: hash it against the host). -1 if unknown. */
+int backend_cuda_read_weight(Backend *b, const void *host, void *dst, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,13 @@ int cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n, i
 int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const float *w, int n,
                         int dim, void *stream);
 
+/* Sparse delta on a device weight copy (scatter.cu): dst[idx[i]] = val[i] for i < n,
+ * elements of elem bytes (1, 2, 4); dst: [numel]; idx: [n] int64 (device); val: [n]
+ * (device). Indices outside [0, numel) are skipped. */
+int cuda_scatter(void *dst, int64_t numel, const int64_t *idx, const void *val, int64_t n, int elem, void *stream);
+/* out[i] = src[idx[i]] (the read-back that verifies a scatter); zero bytes out of range. */
+int cuda_gather(void *out, const void *src, int64_t numel, const int64_t *idx, int64_t n, int elem, void *stream);
+
 /* p[n] bf16 = mean + scale * u, u uniform in [-1, 1) from a counter hash of
  * (seed, index): random weights made directly in device memory (benchmarks). */
 int cuda_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float mean, float scale, void *stream);

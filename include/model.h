@@ -160,8 +160,11 @@ Runner *runner_create_with(Model *m, struct Backend *b, int max_tokens, int max_
  * equivalent for the CPU backend. */
 KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size);
 /* A delta changed host weights [host, host + bytes): refresh the backend's
- * copy (no-op on the CPU backend, which reads the host weights). */
-void runner_weights_changed(Runner *r, const void *host, size_t bytes);
+ * copy (no-op on the CPU backend, which reads the host weights). idx: the
+ * touched element indices [n_idx] of elem bytes, or NULL for "any". Returns 0,
+ * or -1 with err (500) when the device copy could not be updated. */
+int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
+                           Err *err);
 /* Copy all layers' K/V of block src into block dst (backend memory). */
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst);
 void runner_kvcache_free(Runner *r, KVCache *kv);

@@ -42,7 +42,9 @@ int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t num
                   int64_t n_idx, Err *err) {
     Server *s = ctx;
     int rc = delta_model_requant(s->model, name, data, dt, numel, idx, n_idx, err);
-    if (rc == 0 && s->runner) runner_weights_changed(s->runner, data, (size_t)numel * (size_t)dtype_size(dt));
+    if (rc == 0 && s->runner)
+        rc = runner_weights_changed(s->runner, data, (size_t)numel * (size_t)dtype_size(dt), idx, n_idx,
+                                    (int)dtype_size(dt), err);
     return rc;
 }
 

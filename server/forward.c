@@ -70,8 +70,10 @@ KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
     return kv_alloc(&r->m->cfg, n_blocks, block_size, r->b);
 }
 
-void runner_weights_changed(Runner *r, const void *host, size_t bytes) {
-    if (r->b->weights_changed) r->b->weights_changed(r->b, host, bytes);
+int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
+                           Err *err) {
+    if (!r->b->weights_changed || r->b->weights_changed(r->b, host, bytes, idx, n_idx, elem) == 0) return 0;
+    return ERR(err, 500, "the %s backend could not update its copy of a weight (%zu bytes)", r->b->name, bytes);
 }
 
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {

@@ -59,6 +59,10 @@ typedef struct CudaCtx {
     size_t part_cap;   /* floats */
     const WeightMat **qmats; /* [n_qmats] the model's FP8/NVFP4 matrices (delta re-uploads) */
     int n_qmats, cap_qmats;
+    void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
+    size_t sc_dev_cap;
+    uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
+    size_t sc_host_cap;
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -143,27 +147,61 @@ static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
 extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes);
-/* A quantized matrix's BF16 master is not on the device: after a delta the
- * host re-quantized it (admin_touched), so its quantized buffers are re-uploaded. */
-static void cu_weights_changed(Backend *b, const void *host, size_t bytes) {
+
+/* Sparse delta on a registered device copy: upload (idx, values), scatter, gather
+ * the touched elements back and compare them with what was sent (the verified
+ * copy back). Staging grows on this path only (deltas, never a step). */
+static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const int64_t *idx, int64_t n, int elem) {
+    CudaCtx *c = ctx(b);
+    size_t vb = (size_t)n * elem, need = sizeof(int64_t) * (size_t)n + 2 * vb;
+    scratch_grow(c, &c->sc_dev, &c->sc_dev_cap, need);
+    if (c->sc_host_cap < 2 * vb) {
+        free(c->sc_host);
+        c->sc_host = (uint8_t *)malloc(2 * vb);
+        c->sc_host_cap = c->sc_host ? 2 * vb : 0;
+        if (!c->sc_host) return -1;
+    }
+    const uint8_t *h = (const uint8_t *)host;
+    uint8_t *vals = c->sc_host, *back = c->sc_host + vb;
+    for (int64_t i = 0; i < n; i++) memcpy(vals + (size_t)i * elem, h + (size_t)idx[i] * elem, (size_t)elem);
+    int64_t *didx = (int64_t *)c->sc_dev;
+    uint8_t *dval = (uint8_t *)c->sc_dev + sizeof(int64_t) * (size_t)n, *dback = dval + vb;
+    int64_t numel = (int64_t)(e->bytes / (size_t)elem);
+    if (cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
+        cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
+        cuda_scatter(e->dev, numel, didx, dval, n, elem, st(b)) ||
+        cuda_gather(dback, e->dev, numel, didx, n, elem, st(b)) ||
+        cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess ||
+        cudaStreamSynchronize(c->stream) != cudaSuccess)
+        return -1;
+    return memcmp(vals, back, vb) ? -1 : 0;
+}
+
+/* A BF16 weight: scatter the touched elements when that moves well under the
+ * tensor's bytes, else re-upload it. A quantized matrix's BF16 master is not on
+ * the device: the host re-quantized it (admin_touched), so its quantized buffers
+ * are re-uploaded. Returns 0, or -1 (the caller restores the host weights and
+ * calls again, which rewrites the device copy from them). */
+static int cu_weights_changed(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx,
+                              int elem) {
     CudaCtx *c = ctx(b);
     for (int i = 0; i < c->n_qmats; i++) {
         const WeightMat *w = c->qmats[i];
         if (w->bf16 != host) continue;
-        int rc;
         if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            rc = backend_cuda_register(b, q->q, (size_t)q->rows * q->cols) ||
-                 backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
-        } else {
-            const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-            rc = backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2)) ||
-                 backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK));
+            return backend_cuda_register(b, q->q, (size_t)q->rows * q->cols) ||
+                   backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols) ? -1 : 0;
         }
-        CHECK(rc == 0, "re-uploading a re-quantized weight to the GPU failed");
-        return;
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        return backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2)) ||
+               backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK)) ? -1 : 0;
     }
-    CHECK(backend_cuda_register(b, host, bytes) == 0, "re-uploading an updated weight to the GPU failed");
+    DevEntry *e = c->resident ? NULL : map_find(c, host);
+    if (e && idx && n_idx > 0 && (elem == 1 || elem == 2 || elem == 4) && bytes <= e->bytes &&
+        (size_t)n_idx * (sizeof(int64_t) + 2 * (size_t)elem) < bytes / 4)
+        return cu_scatter_verified(b, e, host, idx, n_idx, elem);
+    return backend_cuda_register(b, host, bytes);
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
@@ -239,7 +277,8 @@ static void cu_free(Backend *b) {
         if (c->map[i].host && c->map[i].owned) CUDA_CHECK(cudaFree(c->map[i].dev));
     free(c->map);
     free(c->qmats);
-    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws};
+    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev};
+    free(c->sc_host);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
     cublasDestroy(c->blas);
@@ -427,6 +466,15 @@ extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes)
         CUDA_CHECK(cudaMalloc(&e->dev, bytes ? bytes : 1));
     }
     CUDA_CHECK(cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+extern "C" int backend_cuda_read_weight(Backend *b, const void *host, void *dst, size_t bytes) {
+    CudaCtx *c = ctx(b);
+    DevEntry *e = c->resident ? NULL : map_find(c, host);
+    if (!e || bytes > e->bytes) return -1;
+    CUDA_CHECK(cudaMemcpyAsync(dst, e->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return 0;
 }

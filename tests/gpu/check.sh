@@ -2,7 +2,8 @@
 # tests/gpu/check.sh - the one-shot GPU check, for a machine with an NVIDIA GPU.
 #
 # Builds the binary that fits the GPU found (sampler-smXX and gpu_check-smXX),
-# then runs gpu_check from the repository root: (1) every CUDA op against its
+# then (0) serves the bundled model with sampler-smXX at bf16, fp8 and nvfp4
+# (tests/gpu/server_smoke.py) and runs gpu_check from the repository root: (1) every CUDA op against its
 # CPU reference op, (2) the fixture models end to end against transformers and
 # the CPU backend, (3) the Qwen3-8B-shaped decode/prefill benchmark against a
 # roofline measured in the same run. The summary table is printed last and
@@ -43,9 +44,16 @@ t1=$(date +%s)
 echo "check.sh: build $((t1 - t0)) s"
 
 set +e
+# The product binary first (part 0): the server on the bundled model at each precision.
+echo "== 0. sampler-sm$SM serving models/tiny-qwen3 (tests/gpu/server_smoke.py) =="
+src=0
+for p in bf16 fp8 nvfp4; do
+  timeout 120 python3 tests/gpu/server_smoke.py "$BUILD/sampler-sm$SM" --precision "$p" || src=1
+done
 # A hung kernel must not eat the GPU session: the run itself gets 6 minutes.
 timeout "${GPU_CHECK_TIMEOUT:-360}" "$BUILD/gpu_check-sm$SM" "$@" 2>&1 | tee "$BUILD/gpu_check.log"
 rc=${PIPESTATUS[0]}
+[ "$src" = 0 ] || { echo "check.sh: the server smoke test failed (above)"; rc=1; }
 set -e
 echo "check.sh: total $(( $(date +%s) - t0 )) s, exit $rc (commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 exit "$rc"

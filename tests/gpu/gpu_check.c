@@ -24,9 +24,12 @@
  *      measured in the same run (device-to-device copy bandwidth; cuBLAS
  *      BF16 GEMM FLOP/s with the prefill's types).
  *
+ * Part 1 also covers the weight-only FP8/NVFP4 GEMV and the delta scatter; part
+ * 2 runs fixtures at FP8/NVFP4 (vs the CPU at the same precision) and applies a
+ * sparse delta to each fixture on the device (XXH3 of the device copy vs the
+ * host's); part 3 adds FP8/NVFP4 weight-only decode at batch 1 and 8.
  * Usage: gpu_check-smXX [--skip-bench] (from the repo root). Exit 1 on any
- * failed check. Not here: FP8/NVFP4 (not on the GPU yet), delta application
- * on the device (issue 8 step 3, not implemented).
+ * failed check. Not here: native FP8/NVFP4 (quantized activations).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -40,7 +43,9 @@
 #include "cpu_ops.h"
 #include "cuda_kernels.h"
 #include "dtype.h"
+#include "delta.h"
 #include "model.h"
+#include "quant.h"
 #include "safetensors.h"
 
 #define CK(call)                                                                                      \
@@ -196,6 +201,84 @@ static void check_matmul(int n, int rows, int cols, int bias, int rounded) {
     compare_op(what, gemv || rounded ? TOL_F32 : TOL_BF16ACT, ref, got, (size_t)n * rows);
     cudaFree(dx); cudaFree(dout); cudaFree(dwm.bf16); cudaFree(db);
     free(x); free(xr); free(w); free(b); free(ref); free(got);
+}
+
+/* Weight-only FP8 (three scale layouts) / NVFP4 GEMV (quant_gemv.cu) against
+ * quant_matmul_*_rows(xs = NULL) plus the bias, f32 class: the kernel dequantizes
+ * exactly (e4m3/e2m1 times an f32 or e4m3 scale) and sums in f32. */
+static void check_qgemv(int nvfp4, int n, int rows, int cols, QuantFp8Layout layout, int bias) {
+    Err err = {0};
+    float *x = rand_f32((size_t)n * cols, 1), *ref = xmalloc(sizeof(float) * (size_t)n * rows);
+    uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
+    WeightMat dwm = {.fmt = nvfp4 ? WF_NVFP4 : WF_FP8, .rows = rows, .cols = cols};
+    QuantFp8 dq;
+    QuantNvfp4 dn;
+    void *d1, *d2;
+    if (nvfp4) {
+        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        quant_matmul_nvfp4_rows(ref, x, NULL, q, n, 0, rows);
+        dn = *q;
+        dn.packed = d1 = dev_copy(q->packed, (size_t)rows * cols / 2);
+        dn.scale = d2 = dev_copy(q->scale, (size_t)rows * cols / QUANT_NVFP4_BLOCK);
+        dwm.q = &dn;
+        quant_nvfp4_free(q);
+    } else {
+        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        quant_matmul_fp8_rows(ref, x, NULL, q, n, 0, rows);
+        dq = *q;
+        dq.q = d1 = dev_copy(q->q, (size_t)rows * cols);
+        dq.scale_inv = d2 = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+        dwm.q = &dq;
+        quant_fp8_free(q);
+    }
+    if (b)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += bf16_to_f32(b[r]);
+    float *dx = dev_copy(x, sizeof(float) * (size_t)n * cols), *dout = dev_poisoned(sizeof(float) * (size_t)n * rows);
+    uint16_t *db = bias ? dev_copy(b, sizeof(uint16_t) * rows) : NULL;
+    bg->matmul(bg, dout, dx, n, &dwm, db);
+    float *got = dev_result(dout, (size_t)n * rows);
+    char what[96];
+    snprintf(what, sizeof what, "%s gemv n %d [%d x %d]%s", nvfp4 ? "nvfp4" : layout == QUANT_FP8_BLOCK128 ? "fp8 block128"
+             : layout == QUANT_FP8_PER_CHANNEL ? "fp8 per-channel" : "fp8 per-tensor", n, rows, cols, bias ? " +bias" : "");
+    compare_op(what, TOL_F32, ref, got, (size_t)n * rows);
+    cudaFree(dx); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
+    free(x); free(w); free(b); free(ref); free(got);
+}
+
+/* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
+ * indices (plus one repeat of the same value and two out of range), exact. */
+static void check_scatter(int64_t numel, int64_t n, int elem) {
+    size_t bytes = (size_t)numel * elem;
+    uint8_t *h = xmalloc(bytes), *ref = xmalloc(bytes), *val = xmalloc((size_t)n * elem), *back = xmalloc((size_t)n * elem);
+    int64_t *idx = xmalloc(sizeof(int64_t) * (size_t)n);
+    for (size_t i = 0; i < bytes; i++) h[i] = ref[i] = (uint8_t)rng_u64();
+    for (int64_t i = 0; i < n; i++) {
+        idx[i] = i == 3 ? numel + 5 : i == 4 ? -1 : i * (numel / n) + (int64_t)(rng_u64() % (uint64_t)(numel / n));
+        for (int k = 0; k < elem; k++) val[i * elem + k] = (uint8_t)rng_u64();
+    }
+    idx[n - 1] = idx[0];
+    memcpy(val + (n - 1) * elem, val, (size_t)elem);
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] >= 0 && idx[i] < numel) memcpy(ref + idx[i] * elem, val + i * elem, (size_t)elem);
+    void *dd = dev_copy(h, bytes), *didx = dev_copy(idx, sizeof(int64_t) * (size_t)n), *dval = dev_copy(val, (size_t)n * elem);
+    void *dback = dev_poisoned((size_t)n * elem);
+    int rc = cuda_scatter(dd, numel, didx, dval, n, elem, NULL) | cuda_gather(dback, dd, numel, didx, n, elem, NULL);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, dd, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(back, dback, (size_t)n * elem, cudaMemcpyDeviceToHost));
+    size_t bad = memcmp(h, ref, bytes) != 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 0; k < elem; k++) bad += back[i * elem + k] != (idx[i] >= 0 && idx[i] < numel ? val[i * elem + k] : 0);
+    int ok = rc == 0 && bad == 0;
+    ok ? n_pass++ : n_fail++;
+    char what[96];
+    snprintf(what, sizeof what, "delta scatter + read-back %lld of %lld x %d B", (long long)n, (long long)numel, elem);
+    printf("  %-4s %-52s %-7s %zu wrong\n", ok ? "ok" : "FAIL", what, "exact", bad);
+    cudaFree(dd); cudaFree(didx); cudaFree(dval); cudaFree(dback);
+    free(h); free(ref); free(val); free(back); free(idx);
 }
 
 static void check_norm_rope(int n, int heads, int hd, int norm) {
@@ -361,6 +444,21 @@ static void part_ops(void) {
             check_matmul(n, shapes[s][0], shapes[s][1], bias, 0);
             if (n > CUDA_GEMV_MAX_N) check_matmul(n, shapes[s][0], shapes[s][1], bias, 1);
         }
+    /* weight-only FP8 / NVFP4: Qwen3-8B widths (16-byte paths), ragged widths (scalar paths), n > 8 */
+    const int qs[][2] = {{4096, 4096}, {12288, 4096}, {4096, 12288}, {130, 272}, {33, 100}};
+    for (size_t s = 0; s < sizeof qs / sizeof qs[0]; s++)
+        for (int n = 1; n <= 19; n += (n < 3 ? 1 : 8)) { /* 1, 2, 3, 11, 19 */
+            int bias = (int)(s + n) % 2;
+            if (qs[s][0] * (double)qs[s][1] * n > 4e8) continue; /* keep the CPU reference quick */
+            check_qgemv(0, n, qs[s][0], qs[s][1], QUANT_FP8_BLOCK128, bias);
+            if (qs[s][1] % 16 == 0) check_qgemv(1, n, qs[s][0], qs[s][1], QUANT_FP8_BLOCK128, bias);
+        }
+    check_qgemv(0, 4, 1024, 4096, QUANT_FP8_PER_CHANNEL, 1);
+    check_qgemv(0, 2, 1024, 4096, QUANT_FP8_PER_TENSOR, 0);
+    check_qgemv(0, 3, 21, 200, QUANT_FP8_PER_CHANNEL, 0);
+    check_scatter(4096 * 4096, 40000, 2);
+    check_scatter(70000, 300, 1);
+    check_scatter(513, 9, 4);
     check_norm_rope(5, 32, 128, 1);
     check_norm_rope(5, 8, 128, 0);
     check_norm_rope(3, 3, 24, 1);
@@ -383,9 +481,10 @@ static void part_ops(void) {
 }
 
 /* ---- part 2: fixture models ---- */
-typedef struct Cmp { double max_abs, max_kl; } Cmp;
+typedef struct Cmp { double max_abs, max_kl; int rows; } Cmp;
 
 static void logit_cmp(Cmp *c, const float *ref, const float *ours, int rows, int vocab) {
+    c->rows += rows;
     double *lr = xmalloc(sizeof(double) * vocab), *lo = xmalloc(sizeof(double) * vocab);
     for (int r = 0; r < rows; r++) {
         const float *a = ref + (size_t)r * vocab, *b = ours + (size_t)r * vocab;
@@ -412,6 +511,10 @@ static void logit_cmp(Cmp *c, const float *ref, const float *ours, int rows, int
 }
 
 static void bound(const char *dir, const char *what, Cmp c, double max_abs, double max_kl) {
+    if (!c.rows) { /* nothing recorded to compare (e.g. no decode logits in ref.safetensors) */
+        printf("  skip %-30s %-22s no reference rows\n", dir, what);
+        return;
+    }
     int ok = c.max_abs <= max_abs && c.max_kl <= max_kl;
     ok ? n_pass++ : n_fail++;
     printf("  %-4s %-30s %-22s max|dlogit| %.2e (<= %.0e)  KL %.2e (<= %.0e)\n", ok ? "ok" : "FAIL", dir, what,
@@ -423,7 +526,7 @@ static void bound(const char *dir, const char *what, Cmp c, double max_abs, doub
 /* The CPU matmul fed what the GPU's cuBLAS path computes with: x rounded to bf16 for n > CUDA_GEMV_MAX_N. */
 static void (*cpu_matmul_op)(Backend *, float *, const float *, int, const WeightMat *, const uint16_t *);
 static void matmul_bf16act(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
-    if (n <= CUDA_GEMV_MAX_N) {
+    if (n <= CUDA_GEMV_MAX_N || w->fmt != WF_BF16) { /* FP8/NVFP4: the GPU's weight-only kernel takes f32 x */
         cpu_matmul_op(b, out, x, n, w, bias);
         return;
     }
@@ -434,26 +537,94 @@ static void matmul_bf16act(Backend *b, float *out, const float *x, int n, const 
     free(xr);
 }
 
-static void run_fixture(const char *dir) {
+/* Prefill of tokens [T] as sequence 0 into blocks bt, logits of every position. */
+static int prefill(Runner *r, KVCache *kv, const int32_t *tok, int T, const int32_t *bt, float *out, Err *err) {
+    int32_t pos[128], seq[128], rows[128];
+    for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+    const int32_t *tables[1] = {bt};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    return model_forward(r, kv, &b, out, err);
+}
+
+/* Issue 8 step 3: a sparse delta on layer 0's o_proj master as admin_touched
+ * applies it (host master patched, FP8/NVFP4 blocks re-quantized, then
+ * runner_weights_changed with the touched indices: BF16 scatters them into the
+ * device copy and reads them back; quantized matrices re-upload). Checks: the
+ * CPU logits moved (else a stale device copy would pass), the GPU follows the
+ * CPU, and for BF16 the device copy hashes (XXH3, as the delta format) like the
+ * host master. */
+static void fixture_delta(const char *dir, Model *m, Precision prec, Backend *gb, Runner *rc, KVCache *kvc, Runner *rg,
+                          KVCache *kvg, const int32_t *tok, int T, const int32_t *bt) {
+    Err err = {0};
+    int V = m->cfg.vocab;
+    WeightMat *w = &m->layers[0].o;
+    size_t numel = (size_t)w->rows * w->cols, wb = sizeof(uint16_t) * numel;
+    float *before = xmalloc(sizeof(float) * (size_t)T * V), *oc = xmalloc(sizeof(float) * (size_t)T * V),
+          *og = xmalloc(sizeof(float) * (size_t)T * V);
+    int rc1 = prefill(rc, kvc, tok, T, bt, before, &err);
+    int64_t idx[24];
+    int n_idx = 0;
+    for (int i = 0; i < 24; i++) { /* increasing and distinct, as delta commit passes them */
+        idx[n_idx] = (int64_t)(i * (numel / 24) + rng_u64() % (numel / 24));
+        w->bf16[idx[n_idx++]] = f32_to_bf16(i % 2 ? 0.75f : -0.75f);
+    }
+    int rq = prec == PREC_BF16 ? 0
+             : prec == PREC_FP8 ? quant_fp8_requant((QuantFp8 *)w->q, w->bf16, idx, n_idx, &err)
+                                : quant_nvfp4_requant((QuantNvfp4 *)w->q, w->bf16, idx, n_idx, &err);
+    int ru = rq < 0 ? -1 : runner_weights_changed(rg, w->bf16, wb, idx, n_idx, 2, &err);
+    rc1 |= prefill(rc, kvc, tok, T, bt, oc, &err);
+    int rc2 = prefill(rg, kvg, tok, T, bt, og, &err);
+    if (rq < 0 || ru || rc1 || rc2) {
+        printf("  FAIL %s %s delta: %s\n", dir, precision_name(prec), err.msg);
+        n_fail++;
+    }
+    double moved = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) moved = fmax(moved, fabs((double)oc[i] - before[i]));
+    int ok = moved > 1e-2;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-30s %-22s cpu logits moved by %.2e (> 1e-2)\n", ok ? "ok" : "FAIL", dir, "delta (24 elements)", moved);
+    if (prec == PREC_BF16) {
+        uint16_t *dev = xmalloc(wb);
+        uint64_t hd = backend_cuda_read_weight(gb, w->bf16, dev, wb) == 0 ? delta_hash(dev, wb) : 0,
+                 hh = delta_hash(w->bf16, wb);
+        ok = hd == hh;
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s %-30s %-22s device copy XXH3 %016llx, host %016llx\n", ok ? "ok" : "FAIL", dir,
+               "delta scatter hash", (unsigned long long)hd, (unsigned long long)hh);
+        free(dev);
+    }
+    Cmp c = {0};
+    logit_cmp(&c, oc, og, T, V);
+    bound(dir, "prefill after delta vs cpu", c, MAX_ABS_FLIP, MAX_KL_FLIP);
+    free(before); free(oc); free(og);
+}
+
+/* prec: BF16 compares with transformers and the CPU; FP8/NVFP4 (decoder linears
+ * quantized weight-only on load, the same Model on both backends) with the CPU
+ * at the same precision only (transformers is BF16). */
+static void run_fixture(const char *dir, Precision prec) {
     Err err = {0};
     Model *m = NULL;
-    char path[512];
+    char path[512], label[64];
     snprintf(path, sizeof path, "%s/ref.safetensors", dir);
     SafeTensors *ref = NULL;
-    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+    if (model_load(&m, dir, &err) || (prec != PREC_BF16 && model_quantize(m, prec, 1, &err)) ||
+        safetensors_open(&ref, path, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
         model_free(m);
         return;
     }
+    snprintf(label, sizeof label, "%s%s%s", dir, prec == PREC_BF16 ? "" : " ", prec == PREC_BF16 ? "" : precision_name(prec));
     int V = m->cfg.vocab, max_ctx = 128;
-    Backend *cpu = backend_cpu_create(0, max_ctx);
+    Backend *cpu = backend_cpu_create(0, max_ctx), *gb = backend_cuda_create(m, max_ctx);
     cpu_matmul_op = cpu->matmul;
     cpu->matmul = matmul_bf16act;
     Runner *rc = runner_create_with(m, cpu, 128, max_ctx);
-    Runner *rg = runner_create_with(m, backend_cuda_create(m, max_ctx), 128, max_ctx);
+    Runner *rg = runner_create_with(m, gb, 128, max_ctx);
     KVCache *kvc = kvcache_create(&m->cfg, 128, FX_BLOCK), *kvg = runner_kvcache_create(rg, 128, FX_BLOCK);
     Cmp pre_ref = {0}, pre_cpu = {0}, dec_ref = {0}, dec_cpu = {0};
+    int32_t bt[32];
     for (int s = 0; s < 8; s++) {
         snprintf(path, sizeof path, "seq%d.tokens", s);
         const StTensor *tt = safetensors_get(ref, path);
@@ -464,35 +635,38 @@ static void run_fixture(const char *dir) {
         const float *lp = (const float *)safetensors_get(ref, path)->data;
         snprintf(path, sizeof path, "seq%d.decode_logits", s);
         const StTensor *dt = safetensors_get(ref, path);
-        int32_t bt[32], pos[128], seq[128], rows[128];
+        int32_t pos[128], seq[128];
         for (int i = 0; i < (T + FX_BLOCK - 1) / FX_BLOCK; i++) bt[i] = 1 + 2 * ((T + FX_BLOCK - 1) / FX_BLOCK - 1 - i);
         const int32_t *tables[1] = {bt};
-        for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+        for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; }
         float *oc = xmalloc(sizeof(float) * (size_t)T * V), *og = xmalloc(sizeof(float) * (size_t)T * V);
-        Batch b = {T, tok, pos, seq, 1, tables, T, rows};
-        if (model_forward(rc, kvc, &b, oc, &err) || model_forward(rg, kvg, &b, og, &err)) {
-            printf("  FAIL %s seq%d prefill: %s\n", dir, s, err.msg);
+        if (prefill(rc, kvc, tok, T, bt, oc, &err) || prefill(rg, kvg, tok, T, bt, og, &err)) {
+            printf("  FAIL %s seq%d prefill: %s\n", label, s, err.msg);
             n_fail++;
         }
-        logit_cmp(&pre_ref, lp, og, T, V);
+        if (prec == PREC_BF16) logit_cmp(&pre_ref, lp, og, T, V);
         logit_cmp(&pre_cpu, oc, og, T, V);
         for (int i = 0; dt && i < T; i++) {
             int32_t zero = 0;
             Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero};
             if (model_forward(rc, kvc, &b1, oc, &err) || model_forward(rg, kvg, &b1, og, &err)) {
-                printf("  FAIL %s seq%d decode %d: %s\n", dir, s, i, err.msg);
+                printf("  FAIL %s seq%d decode %d: %s\n", label, s, i, err.msg);
                 n_fail++;
             }
-            logit_cmp(&dec_ref, (const float *)dt->data + (size_t)i * V, og, 1, V);
+            if (prec == PREC_BF16) logit_cmp(&dec_ref, (const float *)dt->data + (size_t)i * V, og, 1, V);
             logit_cmp(&dec_cpu, oc, og, 1, V);
         }
         free(oc);
         free(og);
     }
-    bound(dir, "prefill vs transformers", pre_ref, MAX_ABS_BF16ACT, MAX_KL_BF16ACT);
-    bound(dir, "prefill vs cpu (bf16 act)", pre_cpu, MAX_ABS_FLIP, MAX_KL_FLIP);
-    bound(dir, "decode vs transformers", dec_ref, MAX_ABS_F32, MAX_KL_F32);
-    bound(dir, "decode vs cpu", dec_cpu, MAX_ABS_F32, MAX_KL_F32);
+    if (prec == PREC_BF16) bound(label, "prefill vs transformers", pre_ref, MAX_ABS_BF16ACT, MAX_KL_BF16ACT);
+    bound(label, "prefill vs cpu (bf16 act)", pre_cpu, MAX_ABS_FLIP, MAX_KL_FLIP);
+    if (prec == PREC_BF16) bound(label, "decode vs transformers", dec_ref, MAX_ABS_F32, MAX_KL_F32);
+    bound(label, "decode vs cpu", dec_cpu, MAX_ABS_F32, MAX_KL_F32);
+    const StTensor *t0 = safetensors_get(ref, "seq0.tokens");
+    int T0 = (int)t0->numel;
+    for (int i = 0; i < (T0 + FX_BLOCK - 1) / FX_BLOCK; i++) bt[i] = 2 * i;
+    fixture_delta(label, m, prec, gb, rc, kvc, rg, kvg, (const int32_t *)t0->data, T0, bt);
     runner_kvcache_free(rg, kvg);
     kvcache_free(kvc);
     runner_free(rg);
@@ -506,7 +680,13 @@ static void part_models(void) {
     const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe",
                           "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31", "tests/fixtures/qwen2",
                           "models/tiny-qwen3"};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) run_fixture(dirs[i]);
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) run_fixture(dirs[i], PREC_BF16);
+    /* weight-only FP8 (MoE experts too) and NVFP4 (llama31, tiny-qwen3: every width a multiple of 16) */
+    run_fixture("tests/fixtures/qwen3_moe", PREC_FP8);
+    run_fixture("tests/fixtures/qwen2", PREC_FP8);
+    run_fixture("models/tiny-qwen3", PREC_FP8);
+    run_fixture("tests/fixtures/llama31", PREC_NVFP4);
+    run_fixture("models/tiny-qwen3", PREC_NVFP4);
 }
 
 /* ---- part 3: benchmark ---- */
@@ -517,7 +697,7 @@ static double now_s(void) {
 }
 
 typedef struct BenchRow { char name[48]; double tok_s, ms, roof_tok_s, frac; } BenchRow;
-static BenchRow rows_out[8];
+static BenchRow rows_out[16];
 static int n_rows;
 static double bw_gbs, gemm_tfs;
 
@@ -612,7 +792,7 @@ static uint16_t *carve(char **cur, size_t n, uint64_t seed, float mean, float sc
 #define BS 16
 
 static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, double weight_bytes, float *logits,
-                         int32_t *tables_mem, int blocks_per_seq) {
+                         int32_t *tables_mem, int blocks_per_seq, const char *prec) {
     int32_t *tok = xmalloc(sizeof(int32_t) * B), *pos = xmalloc(sizeof(int32_t) * B),
             *seq = xmalloc(sizeof(int32_t) * B), *rows = xmalloc(sizeof(int32_t) * B);
     const int32_t **tables = xmalloc(sizeof(int32_t *) * B);
@@ -635,7 +815,7 @@ static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, do
     double dt = now_s() - t0, step_s = dt / BENCH_STEPS;
     double roof_step = (weight_bytes + kv_bytes / BENCH_STEPS) / (bw_gbs * 1e9);
     BenchRow *row = &rows_out[n_rows++];
-    snprintf(row->name, sizeof row->name, "decode batch %d (ctx %d)", B, BENCH_CTX);
+    snprintf(row->name, sizeof row->name, "%s decode batch %d (ctx %d)", prec, B, BENCH_CTX);
     row->tok_s = B / step_s;
     row->ms = step_s * 1e3;
     row->roof_tok_s = B / roof_step;
@@ -673,7 +853,7 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     double flops = 2.0 * T * mat_params + 2.0 * S * (double)c->vocab * c->hidden + attn;
     double roof = flops / (gemm_tfs * 1e12);
     BenchRow *row = &rows_out[n_rows++];
-    snprintf(row->name, sizeof row->name, "prefill %d x %d tokens", S, L);
+    snprintf(row->name, sizeof row->name, "bf16 prefill %d x %d tokens", S, L);
     row->tok_s = T / dt;
     row->ms = dt * 1e3;
     row->roof_tok_s = T / roof;
@@ -681,6 +861,82 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     printf("  %-28s %9.1f tok/s  %8.2f ms/batch  roofline %9.1f tok/s  %5.1f%%\n", row->name, row->tok_s, row->ms,
            row->roof_tok_s, 100 * row->frac);
     free(tok); free(pos); free(seq);
+}
+
+/* One decoder matrix at FP8 (128x128 blocks) or NVFP4 with random bytes made in
+ * device memory (the GEMV's speed does not depend on the values; a few random
+ * e4m3 bytes are NaN, which costs nothing on a GPU). Returns its bytes. */
+static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols, qb, sb;
+    w->bf16 = NULL;
+    w->act_quant = 0;
+    uint8_t *q = (uint8_t *)*cur, *sc;
+    if (prec == PREC_FP8) {
+        QuantFp8 *f = xcalloc(1, sizeof *f);
+        *f = (QuantFp8){.rows = (int)rows, .cols = (int)cols, .block_rows = 128, .block_cols = 128,
+                        .scale_rows = (int)((rows + 127) / 128), .scale_cols = (int)((cols + 127) / 128)};
+        qb = rows * cols;
+        sb = sizeof(float) * (size_t)f->scale_rows * f->scale_cols;
+        f->q = q;
+        f->scale_inv = (float *)(sc = q + (qb + 255) / 256 * 256);
+        w->fmt = WF_FP8;
+        w->q = f;
+    } else {
+        QuantNvfp4 *f = xcalloc(1, sizeof *f);
+        *f = (QuantNvfp4){.rows = (int)rows, .cols = (int)cols, .scale2 = 1e-3f};
+        qb = rows * cols / 2;
+        sb = rows * cols / QUANT_NVFP4_BLOCK;
+        f->packed = q;
+        f->scale = sc = q + (qb + 255) / 256 * 256;
+        w->fmt = WF_NVFP4;
+        w->q = f;
+    }
+    if (cuda_fill_bf16((uint16_t *)q, qb / 2, seed, 0, 0.02f, NULL)) { fprintf(stderr, "fatal: fill\n"); exit(1); }
+    CK(cudaMemset(sc, prec == PREC_FP8 ? 0x3a : 0x38, sb)); /* f32 ~7e-4 / e4m3 1.0 */
+    *cur = (char *)sc + (sb + 255) / 256 * 256;
+    return qb + sb;
+}
+
+/* Batch 1 and 8 decode with the decoder linears weight-only FP8 / NVFP4 (embedding,
+ * norms and lm_head BF16, as model_quantize leaves them); roofline bytes = the
+ * quantized matrices + scales + the BF16 lm_head. */
+static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *tables, int bps) {
+    const ModelConfig *c = &m->cfg;
+    Model q = *m;
+    q.layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
+    size_t arena_bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        const WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++) arena_bytes += (size_t)ms[i]->rows * ms[i]->cols + 2 * 256 + (size_t)ms[i]->rows * ms[i]->cols / 16 * 4;
+    }
+    char *arena = NULL, *cur;
+    CK(cudaMalloc((void **)&arena, arena_bytes));
+    cur = arena;
+    double bytes = 2.0 * c->vocab * c->hidden;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights *w = &q.layers[l];
+        *w = m->layers[l];
+        WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++) bytes += (double)quant_mat(ms[i], prec, &cur, 1000 + 7 * l + i);
+    }
+    CHECK((size_t)(cur - arena) <= arena_bytes, "bench quant arena overflow (a bug)");
+    CK(cudaDeviceSynchronize());
+    Backend *b = backend_cuda_create_resident(c, BENCH_MAX_CTX);
+    Runner *r = runner_create_with(&q, b, 64, BENCH_MAX_CTX);
+    KVCache *kv = runner_kvcache_create(r, 8 * bps, BS);
+    printf("  %s weight-only: %.1f GiB of weights read per decode step\n", precision_name(prec), bytes / 1073741824.0);
+    bench_decode(r, kv, c, 1, bytes, logits, tables, bps, precision_name(prec));
+    bench_decode(r, kv, c, 8, bytes, logits, tables, bps, precision_name(prec));
+    runner_kvcache_free(r, kv);
+    runner_free(r);
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights *w = &q.layers[l];
+        WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++) free(ms[i]->q);
+    }
+    free(q.layers);
+    CK(cudaFree(arena));
 }
 
 static void part_bench(void) {
@@ -748,7 +1004,9 @@ static void part_bench(void) {
     CK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
     bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre);
     const int batches[] = {1, 32, 128};
-    for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec);
+    for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
+    bench_quant(m, PREC_FP8, logits, tables, bps_dec);
+    bench_quant(m, PREC_NVFP4, logits, tables, bps_dec);
     CK(cudaFreeHost(logits));
     free(tables);
     runner_kvcache_free(r, kv);

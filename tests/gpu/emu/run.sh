@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../../.."
 BUILD=${BUILD_DIR:-build}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-for f in rmsnorm elementwise matmul quant_gemv norm_rope attention backend_cuda device; do
+for f in rmsnorm elementwise matmul quant_gemv norm_rope attention scatter backend_cuda device; do
   python3 tests/gpu/emu/to_cpp.py "kernels/cuda/$f.cu" "$OUT/$f.cpp" >/dev/null
 done
 g++ -std=c++17 -O1 -g -U_FORTIFY_SOURCE ${EMU_FLAGS:-} -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare -Itests/gpu/emu/shim -Iinclude -DSAMPLER_GPU_SM=90 -o "$OUT/emu_check" \

@@ -48,14 +48,39 @@ static __device__ __forceinline__ void dot16(float *p, const float *x, int cols,
     }
 }
 
+/* Four e4m3 bytes of u (byte i -> w[i]) -> f32, exact, NaN kept. sm_89+: the
+ * hardware e4m3x2 -> f16x2 convert (e4m3 is a subset of f16) then f16 -> f32.
+ * Older GPUs and the CPU emulation: the byte's bits placed in an f32 (exponent
+ * bias 127 instead of 7, subnormals included, no FTZ in this build) times 2^120. */
 static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t h0, h1;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"((unsigned short)(u & 0xffffu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"((unsigned short)(u >> 16)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h0 & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h0 >> 16)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h1 & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h1 >> 16)));
+#else
 #pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = e4m3_to_f32((u >> (8 * i)) & 0xff);
+    for (int i = 0; i < 4; i++) {
+        uint32_t b = (u >> (8 * i)) & 0xffu;
+        float v = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f; /* 2^120 */
+        w[i] = (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
+    }
+#endif
 }
+/* Eight e2m1 nibbles of u (nibble i -> w[i]) times the block scale sf, exact:
+ * the nibble's bits placed in an f32 (bias 127 instead of 1) times 2^126. */
 static __device__ __forceinline__ void e2m1x8(uint32_t u, float sf, float *w) {
 #pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = e2m1_to_f32(u >> (4 * i)) * sf; /* exact product */
+    for (int i = 0; i < 8; i++) { /* two exact products: (bits * 2^126) is the e2m1 value; sf * 2^126 could overflow */
+        uint32_t c = u >> (4 * i);
+        w[i] = __uint_as_float(((c & 8u) << 28) | ((c & 7u) << 22)) * 8.507059173023462e37f * sf;
+    }
 }
+
+#define QGEMV_UNROLL 4 /* 16-byte loads in flight per lane */
 
 /* out: [NT, rows] f32; Q: [rows, cols] e4m3 (cols % 16 == 0, 16-byte aligned);
  * S: [ceil(rows / br), sc] f32 scale_inv of br x bc blocks (bc % 16 == 0 or bc >= cols);
@@ -70,19 +95,38 @@ qgemv_fp8_vec_kernel(float *out, const float *x, const uint4 *Q, const float *S,
     int n16 = cols >> 4;
     const uint4 *wr = Q + (size_t)r * n16;
     const float *srow = S + (size_t)(r / br) * sc;
-    float acc[NT], p[NT];
+    float acc[NT], p[NT], w[16];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    for (int c = lane; c < n16; c += 32) {
+    int c = lane;
+    for (; c + 32 * (QGEMV_UNROLL - 1) < n16; c += 32 * QGEMV_UNROLL) {
+        uint4 wv[QGEMV_UNROLL];
+        float s[QGEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++) wv[u] = __ldg(wr + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++) s[u] = __ldg(srow + ((c + 32 * u) * 16) / bc);
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++) {
+            e4m3x4(wv[u].x, w);
+            e4m3x4(wv[u].y, w + 4);
+            e4m3x4(wv[u].z, w + 8);
+            e4m3x4(wv[u].w, w + 12);
+            dot16<NT>(p, x, cols, (size_t)(c + 32 * u) * 16, w);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] = fmaf(p[t], s[u], acc[t]); /* 16 | 128: one scale block */
+        }
+    }
+    for (; c < n16; c += 32) {
         uint4 wv = __ldg(wr + c);
-        float s = __ldg(srow + (c * 16) / bc), w[16];
+        float s = __ldg(srow + (c * 16) / bc);
         e4m3x4(wv.x, w);
         e4m3x4(wv.y, w + 4);
         e4m3x4(wv.z, w + 8);
         e4m3x4(wv.w, w + 12);
         dot16<NT>(p, x, cols, (size_t)c * 16, w);
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = fmaf(p[t], s, acc[t]); /* 16 | 128: one scale block */
+        for (int t = 0; t < NT; t++) acc[t] = fmaf(p[t], s, acc[t]);
     }
     float bv = bias ? bf16_bits_to_f32(bias[r]) : 0.f;
 #pragma unroll
@@ -114,6 +158,23 @@ qgemv_fp8_scalar_kernel(float *out, const float *x, int n, const uint8_t *Q, con
 /* out: [NT, rows] f32; P: [rows, cols / 2] packed e2m1, element 2i in the low
  * nibble (cols % 32 == 0, 16-byte aligned); SF: [rows, cols / 16] e4m3 block
  * scales; x: [NT, cols] f32 (16-byte aligned); out = (x . e2m1 * sf) * scale2 + bias. */
+/* One lane's 32 nvfp4 values (wv, block scales s0 for the first 16, s1 for the rest) at column k. */
+template <int NT>
+static __device__ __forceinline__ void nvfp4_chunk(float *acc, const float *x, int cols, size_t k, uint4 wv,
+                                                   float s0, float s1) {
+    float w[16], p[NT];
+    e2m1x8(wv.x, s0, w);
+    e2m1x8(wv.y, s0, w + 8);
+    dot16<NT>(p, x, cols, k, w);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] += p[t];
+    e2m1x8(wv.z, s1, w);
+    e2m1x8(wv.w, s1, w + 8);
+    dot16<NT>(p, x, cols, k + 16, w);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] += p[t];
+}
+
 template <int NT>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32)
 qgemv_nvfp4_vec_kernel(float *out, const float *x, const uint4 *P, const uint8_t *SF, float scale2,
@@ -123,23 +184,26 @@ qgemv_nvfp4_vec_kernel(float *out, const float *x, const uint4 *P, const uint8_t
     if (r >= rows) return;
     int n32 = cols >> 5;
     const uint4 *wr = P + (size_t)r * n32;
-    const uint8_t *sr = SF + (size_t)r * (cols >> 4);
-    float acc[NT], p[NT];
+    const uint16_t *sr = (const uint16_t *)(SF + (size_t)r * (cols >> 4)); /* two scales per 32 values */
+    float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    for (int c = lane; c < n32; c += 32) {
-        uint4 wv = __ldg(wr + c);
-        float s0 = e4m3_to_f32(__ldg(sr + 2 * c)), s1 = e4m3_to_f32(__ldg(sr + 2 * c + 1)), w[16];
-        e2m1x8(wv.x, s0, w);
-        e2m1x8(wv.y, s0, w + 8);
-        dot16<NT>(p, x, cols, (size_t)c * 32, w);
+    int c = lane;
+    for (; c + 32 * (QGEMV_UNROLL - 1) < n32; c += 32 * QGEMV_UNROLL) {
+        uint4 wv[QGEMV_UNROLL];
+        uint32_t sv[QGEMV_UNROLL];
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] += p[t];
-        e2m1x8(wv.z, s1, w);
-        e2m1x8(wv.w, s1, w + 8);
-        dot16<NT>(p, x, cols, (size_t)c * 32 + 16, w);
+        for (int u = 0; u < QGEMV_UNROLL; u++) wv[u] = __ldg(wr + c + 32 * u);
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] += p[t];
+        for (int u = 0; u < QGEMV_UNROLL; u++) sv[u] = __ldg(sr + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++)
+            nvfp4_chunk<NT>(acc, x, cols, (size_t)(c + 32 * u) * 32, wv[u], e4m3_to_f32(sv[u] & 0xffu),
+                            e4m3_to_f32(sv[u] >> 8));
+    }
+    for (; c < n32; c += 32) {
+        uint32_t sv = __ldg(sr + c);
+        nvfp4_chunk<NT>(acc, x, cols, (size_t)c * 32, __ldg(wr + c), e4m3_to_f32(sv & 0xffu), e4m3_to_f32(sv >> 8));
     }
     float bv = bias ? bf16_bits_to_f32(bias[r]) : 0.f;
 #pragma unroll
@@ -229,7 +293,8 @@ extern "C" int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t 
                                float scale2, int rows, int cols, const uint16_t *bias, void *stream) {
     if (n < 0 || rows <= 0 || cols <= 0 || cols % 16 || !out || !x || !packed || !scale) return -1;
     cudaStream_t s = (cudaStream_t)stream;
-    int vec = cols % 32 == 0 && aligned16(packed) && aligned16(x);
+    /* 16-byte weight loads and 2-byte scale loads (cols / 16 is even, so rows of scales stay aligned) */
+    int vec = cols % 32 == 0 && aligned16(packed) && aligned16(x) && ((uintptr_t)scale & 1) == 0;
     for (int t0 = 0; t0 < n; t0 += QGEMV_NT) {
         int m = n - t0 < QGEMV_NT ? n - t0 : QGEMV_NT;
         float *o = out + (size_t)t0 * rows;

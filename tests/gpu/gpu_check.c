@@ -863,6 +863,61 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     free(tok); free(pos); free(seq);
 }
 
+/* The decode GEMVs alone (batch 1), per format and Qwen3-8B shape: GB/s of
+ * weight bytes read, against the copy bandwidth. Several weight copies rotate
+ * so that no run is served from the 50 MB L2; 20 timed launches after 3. */
+typedef struct GemvRow { char name[64]; double gbs, us; } GemvRow;
+static GemvRow gemv_rows[16];
+static int n_gemv_rows;
+
+static void bench_gemv_one(int fmt, int rows, int cols) {
+    const int copies = 4, it = 20;
+    size_t n = (size_t)rows * cols, wbytes = fmt == 0 ? 2 * n : fmt == 1 ? n : n / 2,
+           sbytes = fmt == 0 ? 0 : fmt == 1 ? sizeof(float) * ((rows + 127) / 128) * ((cols + 127) / 128) : n / 16;
+    char *w[4], *sc[4];
+    for (int i = 0; i < copies; i++) {
+        CK(cudaMalloc((void **)&w[i], wbytes));
+        CK(cudaMalloc((void **)&sc[i], sbytes + 16));
+        if (cuda_fill_bf16((uint16_t *)w[i], wbytes / 2, 77 + i, 0, 0.02f, NULL)) exit(1);
+        CK(cudaMemset(sc[i], fmt == 1 ? 0x3a : 0x38, sbytes + 16));
+    }
+    float *x, *out;
+    CK(cudaMalloc((void **)&x, sizeof(float) * cols));
+    CK(cudaMalloc((void **)&out, sizeof(float) * rows));
+    if (cuda_fill_bf16((uint16_t *)x, cols, 5, 0, 0.5f, NULL)) exit(1); /* any finite pattern */
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = -3; i < it; i++) {
+        if (i == 0) CK(cudaEventRecord(e0, 0));
+        int k = (i + 3) % copies, rc;
+        if (fmt == 0) rc = cuda_gemv_bf16(out, x, 1, (uint16_t *)w[k], rows, cols, NULL, NULL);
+        else if (fmt == 1) rc = cuda_gemv_fp8(out, x, 1, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
+        else rc = cuda_gemv_nvfp4(out, x, 1, (uint8_t *)w[k], (uint8_t *)sc[k], 1e-3f, rows, cols, NULL, NULL);
+        CHECK(rc == 0, "gemv bench launch");
+    }
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    GemvRow *g = &gemv_rows[n_gemv_rows++];
+    g->us = ms * 1e3 / it;
+    g->gbs = (wbytes + sbytes) / (g->us * 1e-6) / 1e9;
+    snprintf(g->name, sizeof g->name, "%s gemv n=1 [%d x %d]", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4", rows, cols);
+    printf("  %-34s %8.1f us  %7.0f GB/s  %5.1f%% of copy\n", g->name, g->us, g->gbs, 100 * g->gbs / bw_gbs);
+    for (int i = 0; i < copies; i++) { CK(cudaFree(w[i])); CK(cudaFree(sc[i])); }
+    CK(cudaFree(x)); CK(cudaFree(out));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+static void bench_gemv(void) {
+    const int shapes[][2] = {{1024, 4096}, {4096, 4096}, {12288, 4096}, {4096, 12288}, {151936, 4096}};
+    for (int f = 0; f < 3; f++)
+        for (int i = 0; i < 5; i++)
+            if (f == 0 || i < 4) bench_gemv_one(f, shapes[i][0], shapes[i][1]);
+}
+
 /* One decoder matrix at FP8 (128x128 blocks) or NVFP4 with random bytes made in
  * device memory (the GEMV's speed does not depend on the values; a few random
  * e4m3 bytes are NaN, which costs nothing on a GPU). Returns its bytes. */
@@ -942,6 +997,7 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
 static void part_bench(void) {
     printf("== 3. bench: Qwen3-8B-shaped random BF16 model in device memory ==\n");
     measure_roofline();
+    bench_gemv();
     Model *m = xcalloc(1, sizeof *m);
     ModelConfig *c = &m->cfg;
     qwen3_8b_config(c);
@@ -1053,11 +1109,15 @@ int main(int argc, char **argv) {
     if (bench && n_rows) {
         printf("| 3. bench (roofline: copy %.0f GB/s, BF16 GEMM %.0f TFLOP/s) | see below | %.1f s |\n\n", bw_gbs,
                gemm_tfs, t3 - t2);
-        printf("| Qwen3-8B shapes, BF16 | tok/s | ms/step | roofline tok/s | fraction of roofline |\n"
+        printf("| Qwen3-8B shapes | tok/s | ms/step | roofline tok/s | fraction of roofline |\n"
                "|---|---|---|---|---|\n");
         for (int i = 0; i < n_rows; i++)
             printf("| %s | %.1f | %.2f | %.1f | %.1f%% |\n", rows_out[i].name, rows_out[i].tok_s, rows_out[i].ms,
                    rows_out[i].roof_tok_s, 100 * rows_out[i].frac);
+        printf("\n| decode GEMV alone | us | GB/s | fraction of copy bandwidth |\n|---|---|---|---|\n");
+        for (int i = 0; i < n_gemv_rows; i++)
+            printf("| %s | %.1f | %.0f | %.1f%% |\n", gemv_rows[i].name, gemv_rows[i].us, gemv_rows[i].gbs,
+                   100 * gemv_rows[i].gbs / bw_gbs);
     }
     printf("\n%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

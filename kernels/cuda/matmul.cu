@@ -1,83 +1,23 @@
 /*
  * matmul.cu - out[n, rows] = x[n, cols] @ W^T for BF16 weights W [rows, cols]
  * (HF Linear layout) and f32 activations, two ways:
- *   - decode (n <= CUDA_GEMV_MAX_N): a bandwidth-bound GEMV. One warp per
- *     weight row, 16-byte weight loads (8 bf16) unrolled four deep so each
- *     warp keeps 2 KiB of weights in flight, f32 activations, f32 accumulation.
- *     The row is read once for all n tokens.
+ *   - decode (n <= CUDA_GEMV_MAX_N): a bandwidth-bound GEMV (gemv_tile.cuh:
+ *     4 rows x 8 column slices per block, 16-byte weight loads, f32
+ *     activations and accumulation); the rows are read once for all n tokens.
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
  * by the bf16 rounding of x; tolerances in tests/gpu/gpu_check.c).
- * Not here: FP8/NVFP4 weights (quant formats, not yet on the GPU).
+ * Not here: FP8/NVFP4 weights (quant_gemv.cu).
  */
 #include <cublas_v2.h>
 
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "gemv_tile.cuh"
 
-#define GEMV_WARPS 8 /* rows per block */
-#define GEMV_UNROLL 4
-
-/* out: [NT, rows] f32; W: [rows, cols] bf16 (cols % 8 == 0, 16-byte aligned);
- * x: [NT, cols] f32 (16-byte aligned); bias: [rows] bf16 or NULL. */
-template <int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_vec_kernel(float *out, const float *x, const uint4 *W, const uint16_t *bias, int rows, int cols) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    int n8 = cols >> 3;
-    const uint4 *wr = W + (size_t)r * n8;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int c = lane;
-    for (; c + 32 * (GEMV_UNROLL - 1) < n8; c += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = __ldg(wr + c + 32 * u);
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            float w[8];
-            bf16x2_to_f32(wv[u].x, &w[0], &w[1]);
-            bf16x2_to_f32(wv[u].y, &w[2], &w[3]);
-            bf16x2_to_f32(wv[u].z, &w[4], &w[5]);
-            bf16x2_to_f32(wv[u].w, &w[6], &w[7]);
-            size_t k = (size_t)(c + 32 * u) * 8;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float4 *xp = (const float4 *)(x + (size_t)t * cols + k);
-                float4 a = __ldg(xp), b = __ldg(xp + 1);
-                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
-                          w[6] * b.z + w[7] * b.w;
-            }
-        }
-    }
-    for (; c < n8; c += 32) {
-        uint4 wv = __ldg(wr + c);
-        float w[8];
-        bf16x2_to_f32(wv.x, &w[0], &w[1]);
-        bf16x2_to_f32(wv.y, &w[2], &w[3]);
-        bf16x2_to_f32(wv.z, &w[4], &w[5]);
-        bf16x2_to_f32(wv.w, &w[6], &w[7]);
-        size_t k = (size_t)c * 8;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4 *xp = (const float4 *)(x + (size_t)t * cols + k);
-            float4 a = __ldg(xp), b = __ldg(xp + 1);
-            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
-                      w[6] * b.z + w[7] * b.w;
-        }
-    }
-    float bv = bias ? bf16_bits_to_f32(bias[r]) : 0.f;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) out[(size_t)t * rows + r] = s + bv;
-    }
-}
+#define GEMV_WARPS 8 /* rows per block (the scalar kernel) */
 
 /* Any cols / alignment: one element per lane per step. Same shapes as above. */
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -100,8 +40,15 @@ gemv_scalar_kernel(float *out, const float *x, int n, const uint16_t *W, const u
 template <int NT>
 static void gemv_launch(float *out, const float *x, const uint16_t *W, const uint16_t *bias, int rows, int cols,
                         cudaStream_t s) {
-    unsigned blocks = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
-    gemv_vec_kernel<NT><<<blocks, GEMV_WARPS * 32, 0, s>>>(out, x, (const uint4 *)W, bias, rows, cols);
+    GemvArgs a = {};
+    a.out = out;
+    a.x = x;
+    a.W = (const uint4 *)W;
+    a.bias = bias;
+    a.rows = rows;
+    a.cols = cols;
+    void (*k)(GemvArgs) = gemv_tile_kernel<NT, 0>; /* (a template's comma would split the emulation's launch macro) */
+    k<<<(unsigned)((rows + GT_ROWS - 1) / GT_ROWS), GT_WARPS * 32, 0, s>>>(a);
 }
 
 extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,

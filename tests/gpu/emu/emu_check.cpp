@@ -405,6 +405,7 @@ int main(void) {
     t_norm_rope(2, 2, 256, 1);
     for (int n = 1; n <= 8; n++) t_gemv(n, 37, 128 + 256 * (n % 3), n % 2, 0);
     t_gemv(2, 40, 136, 1, 0);
+    t_gemv(2, 5, 2056, 1, 0); /* gemv_tile: slices of > 32 chunks (the two-deep loop), 5 rows (a partial tile) */
     t_gemv(3, 33, 100, 0, 0);
     t_gemv(1, 20, 64, 1, 1);
     /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), >8 tokens (several launches) */
@@ -412,6 +413,7 @@ int main(void) {
     t_qgemv(0, 19, 130, 272, QUANT_FP8_BLOCK128, 1, 0);
     t_qgemv(0, 3, 9, 2064, QUANT_FP8_BLOCK128, 1, 0);  /* the unrolled loop (cols / 16 > 96) and its tail */
     t_qgemv(0, 1, 5, 4096, QUANT_FP8_PER_CHANNEL, 0, 0);
+    t_qgemv(0, 2, 5, 4112, QUANT_FP8_BLOCK128, 1, 0); /* slices of > 32 chunks, a partial tile */
     t_qgemv(0, 3, 33, 100, QUANT_FP8_BLOCK128, 0, 0);
     t_qgemv(0, 2, 20, 144, QUANT_FP8_BLOCK128, 1, 1);
     t_qgemv(0, 4, 21, 200, QUANT_FP8_PER_CHANNEL, 0, 0);
@@ -419,7 +421,8 @@ int main(void) {
     /* NVFP4: 16-byte path (cols % 32 == 0), byte path (cols % 32 == 16, misaligned x), >8 tokens */
     for (int n = 1; n <= 8; n++) t_qgemv(1, n, 37, 128 + 256 * (n % 3), QUANT_FP8_BLOCK128, n % 2, 0);
     t_qgemv(1, 11, 40, 272, QUANT_FP8_BLOCK128, 1, 0);
-    t_qgemv(1, 2, 9, 4128, QUANT_FP8_BLOCK128, 1, 0); /* the unrolled loop (cols / 32 > 96) and its tail */
+    t_qgemv(1, 2, 9, 4128, QUANT_FP8_BLOCK128, 1, 0);
+    t_qgemv(1, 2, 5, 8224, QUANT_FP8_BLOCK128, 1, 0); /* slices of > 32 chunks, a partial tile */
     t_qgemv(1, 3, 33, 144, QUANT_FP8_BLOCK128, 0, 0);
     t_qgemv(1, 2, 20, 64, QUANT_FP8_BLOCK128, 1, 1);
     const int one[] = {1}, two[] = {2, 1}, four[] = {1, 1, 1, 1};

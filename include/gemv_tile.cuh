@@ -1,0 +1,218 @@
+/*
+ * gemv_tile.cuh - the decode GEMV kernel shared by the BF16 (matmul.cu) and
+ * the weight-only FP8 / NVFP4 (quant_gemv.cu) paths: out[NT, rows] =
+ * x[NT, cols] @ W^T with f32 activations and f32 accumulation, the weights
+ * decoded in registers. Device code only; the launchers live in those files.
+ *
+ * Tiling: a block owns GT_ROWS weight rows and splits their columns into
+ * GT_WARPS slices, one warp each. Each lane loads one 16-byte chunk of every
+ * row of the tile (GT_ROWS loads in flight, two chunks deep), so each f32
+ * activation it reads serves GT_ROWS rows: at batch 1 the activations cost
+ * 8 / GT_ROWS (bf16), 16 / GT_ROWS (fp8) or 32 / GT_ROWS (nvfp4) bytes of L1
+ * traffic per 4 weight bytes instead of 8, 16 or 32, which is what capped the
+ * one-row-per-warp kernels below the memory bandwidth. Small matrices (1024
+ * rows) still get 256 blocks. The warps' partial sums meet in shared memory
+ * and are added in warp order: the result does not depend on timing.
+ *
+ * Formats (FMT): 0 bf16 (8 values per chunk), 1 fp8 e4m3 with f32 scale_inv
+ * per br x bc block (16 values, one scale: 16 divides bc or bc >= cols), 2
+ * nvfp4 e2m1 pairs with an e4m3 scale per 16 values and a global scale2
+ * (32 values, two scales).
+ * Not here: odd shapes and unaligned pointers (the scalar kernels), n > 8.
+ */
+#ifndef SAMPLER_GEMV_TILE_CUH
+#define SAMPLER_GEMV_TILE_CUH
+
+#include "cuda_device.cuh"
+
+#define GT_ROWS 4  /* weight rows per block */
+#define GT_WARPS 8 /* column slices per block, one warp each */
+
+typedef struct GemvArgs {
+    float *out;           /* [n, rows] f32 */
+    const float *x;       /* [n, cols] f32, 16-byte aligned */
+    const uint4 *W;       /* [rows, cols / V] chunks, 16-byte aligned */
+    const uint16_t *bias; /* [rows] bf16 or NULL */
+    int rows, cols;       /* cols % V == 0 */
+    const float *S;       /* fp8: [ceil(rows / br), sc] f32 scale_inv */
+    int br, bc, sc;
+    const uint16_t *SF;   /* nvfp4: [rows, cols / 32] pairs of e4m3 block scales */
+    float scale2;         /* nvfp4: global scale */
+} GemvArgs;
+
+/* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
+static __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
+    uint32_t e = (b >> 3) & 0xf, m = b & 7, s = (b & 0x80) << 24;
+    if ((b & 0x7f) == 0x7f) return __uint_as_float(s | 0x7fc00000u);
+    if (e) return __uint_as_float(s | ((e + 120) << 23) | (m << 20));
+    float v = (float)m * 0.001953125f; /* subnormal: m * 2^-9 */
+    return s ? -v : v;
+}
+
+/* e2m1 code (low 4 bits of c) -> f32, exact: 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign. */
+static __device__ __forceinline__ float e2m1_to_f32(uint32_t c) {
+    uint32_t e = (c >> 1) & 3, m = c & 1, s = (c & 8) << 28;
+    uint32_t mag = e ? ((e + 126) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(s | mag);
+}
+
+/* Four e4m3 bytes of u (byte i -> w[i]) -> f32, exact, NaN kept. sm_89+: the
+ * hardware e4m3x2 -> f16x2 convert (e4m3 is a subset of f16) then f16 -> f32.
+ * Older GPUs and the CPU emulation: the byte's bits placed in an f32 (exponent
+ * bias 127 instead of 7, subnormals included, no FTZ in this build) times 2^120. */
+static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t h0, h1;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"((unsigned short)(u & 0xffffu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"((unsigned short)(u >> 16)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h0 & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h0 >> 16)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h1 & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h1 >> 16)));
+#else
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t b = (u >> (8 * i)) & 0xffu;
+        float v = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f; /* 2^120 */
+        w[i] = (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
+    }
+#endif
+}
+
+/* Eight e2m1 nibbles of u (nibble i -> w[i]), exact: the nibble's bits placed
+ * in an f32 (bias 127 instead of 1, the subnormal 0.5 included) times 2^126. */
+static __device__ __forceinline__ void e2m1x8(uint32_t u, float *w) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t c = u >> (4 * i);
+        w[i] = __uint_as_float(((c & 8u) << 28) | ((c & 7u) << 22)) * 8.507059173023462e37f;
+    }
+}
+
+/* Values 8j .. 8j+8 of chunk wv, decoded (fp8/nvfp4: before their scale). */
+template <int FMT>
+static __device__ __forceinline__ void gt_decode8(const uint4 &wv, int j, float *w) {
+    if (FMT == 0) {
+        bf16x2_to_f32(wv.x, &w[0], &w[1]);
+        bf16x2_to_f32(wv.y, &w[2], &w[3]);
+        bf16x2_to_f32(wv.z, &w[4], &w[5]);
+        bf16x2_to_f32(wv.w, &w[6], &w[7]);
+    } else if (FMT == 1) {
+        e4m3x4(j ? wv.z : wv.x, w);
+        e4m3x4(j ? wv.w : wv.y, w + 4);
+    } else {
+        e2m1x8(j == 0 ? wv.x : j == 1 ? wv.y : j == 2 ? wv.z : wv.w, w);
+    }
+}
+
+/* One chunk column c of the tile: acc[rr][t] += (scaled) dot of row rr's chunk with x[t]. */
+template <int NT, int FMT>
+static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c, const uint4 *wv,
+                                                float (*acc)[NT]) {
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    float sc[GT_ROWS][2];
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++) {
+        int r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
+        if (FMT == 1) sc[rr][0] = __ldg(a.S + (size_t)(r / a.br) * a.sc + (c * 16) / a.bc);
+        if (FMT == 2) {
+            uint32_t s2 = __ldg(a.SF + (size_t)r * (a.cols >> 5) + c);
+            sc[rr][0] = e4m3_to_f32(s2 & 0xffu);
+            sc[rr][1] = e4m3_to_f32(s2 >> 8);
+        }
+    }
+    float part[GT_ROWS][NT];
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) part[rr][t] = 0.f;
+#pragma unroll
+    for (int j = 0; j < V / 8; j++) {
+        float4 xa[NT], xb[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *xp = (const float4 *)(a.x + (size_t)t * a.cols + (size_t)c * V + 8 * j);
+            xa[t] = __ldg(xp);
+            xb[t] = __ldg(xp + 1);
+        }
+#pragma unroll
+        for (int rr = 0; rr < GT_ROWS; rr++) {
+            float w[8];
+            gt_decode8<FMT>(wv[rr], j, w);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                part[rr][t] += w[0] * xa[t].x + w[1] * xa[t].y + w[2] * xa[t].z + w[3] * xa[t].w + w[4] * xb[t].x +
+                               w[5] * xb[t].y + w[6] * xb[t].z + w[7] * xb[t].w;
+        }
+        if (FMT == 2 && (j & 1)) { /* a 16-value scale block ends */
+#pragma unroll
+            for (int rr = 0; rr < GT_ROWS; rr++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    acc[rr][t] = fmaf(part[rr][t], sc[rr][j >> 1], acc[rr][t]);
+                    part[rr][t] = 0.f;
+                }
+        }
+    }
+    if (FMT != 2) {
+#pragma unroll
+        for (int rr = 0; rr < GT_ROWS; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[rr][t] = FMT == 1 ? fmaf(part[rr][t], sc[rr][0], acc[rr][t]) : acc[rr][t] + part[rr][t];
+    }
+}
+
+template <int NT, int FMT>
+__global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvArgs a) {
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    __shared__ float red[GT_WARPS][GT_ROWS][NT];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blockIdx.x * GT_ROWS;
+    int nv = a.cols / V;
+    int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+    float acc[GT_ROWS][NT];
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
+    /* rows past the end load the last row again; their sums are dropped below */
+    const uint4 *wr[GT_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++) wr[rr] = a.W + (size_t)(r0 + rr < a.rows ? r0 + rr : a.rows - 1) * nv;
+    int c = lo + lane;
+    for (; c + 32 < hi; c += 64) { /* two chunks deep: 2 * GT_ROWS 16-byte loads in flight */
+        uint4 w0[GT_ROWS], w1[GT_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < GT_ROWS; rr++) {
+            w0[rr] = __ldg(wr[rr] + c);
+            w1[rr] = __ldg(wr[rr] + c + 32);
+        }
+        gt_chunk<NT, FMT>(a, r0, c, w0, acc);
+        gt_chunk<NT, FMT>(a, r0, c + 32, w1, acc);
+    }
+    if (c < hi) {
+        uint4 w0[GT_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < GT_ROWS; rr++) w0[rr] = __ldg(wr[rr] + c);
+        gt_chunk<NT, FMT>(a, r0, c, w0, acc);
+    }
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[rr][t]);
+            if (lane == 0) red[wp][rr][t] = v;
+        }
+    __syncthreads();
+    int i = threadIdx.x;
+    if (i < GT_ROWS * NT) {
+        int rr = i / NT, t = i % NT, r = r0 + rr;
+        if (r < a.rows) {
+            float v = 0.f;
+            for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][t];
+            if (FMT == 2) v *= a.scale2;
+            a.out[(size_t)t * a.rows + r] = v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+        }
+    }
+}
+
+#endif

@@ -73,6 +73,14 @@ struct Backend {
     /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
      * rows of up to max_cols; called once at runner creation. */
     void (*reserve)(Backend *b, int max_tokens, int max_cols);
+    /* Optional (NULL on the CPU): record the ops issued between graph_begin and
+     * graph_end instead of running them, and replay the recording. graph_begin
+     * returns 0 or -1 (nothing recorded); graph_end returns the replayable graph
+     * or NULL (the ops issued since graph_begin did not run: issue them again). */
+    int (*graph_begin)(Backend *b);
+    void *(*graph_end)(Backend *b);
+    void (*graph_launch)(Backend *b, void *graph);
+    void (*graph_free)(Backend *b, void *graph);
     void (*free)(Backend *b);
 };
 

@@ -13,7 +13,10 @@
 
 #include "backend.h"
 #include "cpu_ops.h"
+#include "log.h"
 #include "model.h"
+
+#define RUNNER_GRAPH_MAX 256
 
 struct Runner {
     Model *m;
@@ -43,8 +46,24 @@ struct Runner {
     int32_t *h_slots;        /* [T] cache slot of each token */
     int32_t *h_bt;           /* [T, bt_stride] */
     int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
+    /* decode graphs (backends with graph_begin): [n] for a pure decode step of n <= RUNNER_GRAPH_MAX
+     * sequences on cache graph_kv; seen[n]: ran once eagerly (scratch buffers grown), capture next */
+    void *graph[RUNNER_GRAPH_MAX + 1];
+    unsigned char graph_seen[RUNNER_GRAPH_MAX + 1];
+    const KVCache *graph_kv;
+    int graphs_off;          /* a capture failed: eager from then on */
+    float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
 };
+
+static void graphs_reset(Runner *r) {
+    for (int i = 0; i <= RUNNER_GRAPH_MAX; i++) {
+        if (r->graph[i]) r->b->graph_free(r->b, r->graph[i]);
+        r->graph[i] = NULL;
+        r->graph_seen[i] = 0;
+    }
+    r->graph_kv = NULL;
+}
 
 static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, Backend *b) {
     KVCache *kv = xcalloc(1, sizeof *kv);
@@ -86,6 +105,7 @@ void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {
 }
 
 void runner_kvcache_free(Runner *r, KVCache *kv) {
+    if (kv && kv == r->graph_kv) graphs_reset(r); /* a later cache may reuse the address */
     if (!kv) return;
     r->b->release(r->b, kv->k);
     r->b->release(r->b, kv->v);
@@ -154,6 +174,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
 void runner_free(Runner *r) {
     if (!r) return;
     Backend *b = r->b;
+    graphs_reset(r);
     void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->cs, r->sn,
                    r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
                    r->d_rows, r->d_ex_tok, r->d_ex_w, r->d_bt};
@@ -334,27 +355,72 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
     }
 }
 
-int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err) {
-    int rc = batch_check(r, kv, b, err);
-    if (rc) return rc;
+/* Everything after the uploads: the ops read only runner buffers and st's
+ * device copies, so a graph of them replays any step of the same shape. */
+static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out) {
     const Model *m = r->m;
     const ModelConfig *c = &m->cfg;
     Backend *be = r->b;
-    int n = b->n_tokens, H = c->hidden, moe_layer = 0;
-    Step st;
-    step_prepare(r, kv, b, &st);
-    be->embed(be, r->x, m->embed, st.tokens, n, H);
+    int H = c->hidden, moe_layer = 0;
+    be->embed(be, r->x, m->embed, st->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) {
-        attention_block(r, kv, l, &st, n);
+        attention_block(r, kv, l, st, n);
         be->rmsnorm(be, r->xn, r->x, m->layers[l].mlp_norm, n, H, c->rms_eps);
         if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
         else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n);
         be->add(be, r->x, r->tmp, n * H);
     }
-    be->gather_rows(be, r->hout, r->x, st.rows, b->n_out, H);
-    be->rmsnorm(be, r->hout, r->hout, m->final_norm, b->n_out, H, c->rms_eps);
-    float *out = be->host ? logits : r->logits;
-    be->matmul(be, out, r->hout, b->n_out, &m->lm_head, NULL);
+    be->gather_rows(be, r->hout, r->x, st->rows, n_out, H);
+    be->rmsnorm(be, r->hout, r->hout, m->final_norm, n_out, H, c->rms_eps);
+    be->matmul(be, be->host ? r->h_logits_out : r->logits, r->hout, n_out, &m->lm_head, NULL);
+}
+
+/* A pure decode step (one token per sequence, each an output row) of a dense
+ * model on a graph-capable backend runs as a graph: the first step of a shape
+ * runs eagerly (scratch grows to its size), the second is captured, later ones
+ * replay it, saving a launch per op (~600 per step for 36 layers). MoE steps
+ * route on the host and stay eager. */
+static int graph_eligible(const Runner *r, const Batch *b) {
+    return r->b->graph_begin && !r->graphs_off && !r->m->cfg.n_experts && b->n_tokens == b->n_seqs &&
+           b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts;
+}
+
+static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
+    Backend *be = r->b;
+    if (kv != r->graph_kv) {
+        graphs_reset(r);
+        r->graph_kv = kv;
+    }
+    if (r->graph[n]) {
+        be->graph_launch(be, r->graph[n]);
+        return;
+    }
+    if (!r->graph_seen[n] || be->graph_begin(be) != 0) {
+        r->graph_seen[n] = 1;
+        forward_ops(r, kv, st, n, n);
+        return;
+    }
+    forward_ops(r, kv, st, n, n);
+    r->graph[n] = be->graph_end(be);
+    if (r->graph[n]) {
+        be->graph_launch(be, r->graph[n]);
+        return;
+    }
+    log_warn("%s backend: capturing a decode step of %d tokens failed; decoding without graphs", be->name, n);
+    r->graphs_off = 1;
+    forward_ops(r, kv, st, n, n);
+}
+
+int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err) {
+    int rc = batch_check(r, kv, b, err);
+    if (rc) return rc;
+    const ModelConfig *c = &r->m->cfg;
+    Backend *be = r->b;
+    Step st;
+    step_prepare(r, kv, b, &st);
+    r->h_logits_out = logits;
+    if (graph_eligible(r, b)) forward_graph(r, kv, &st, b->n_tokens);
+    else forward_ops(r, kv, &st, b->n_tokens, b->n_out);
     if (!be->host) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
     return 0;
 }

@@ -287,6 +287,36 @@ static void cu_free(Backend *b) {
     free(b);
 }
 
+/* ---- graphs (forward.c captures pure decode steps) ----
+ * Thread-local capture: another thread's CUDA call cannot invalidate it. A
+ * failed capture or instantiation returns NULL and clears the error, so the
+ * caller can run the ops eagerly instead. */
+static int cu_graph_begin(Backend *b) {
+    return cudaStreamBeginCapture(ctx(b)->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess ? 0 : -1;
+}
+static void *cu_graph_end(Backend *b) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t e = NULL;
+    if (cudaStreamEndCapture(ctx(b)->stream, &g) != cudaSuccess || !g) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    cudaError_t rc = cudaGraphInstantiate(&e, g, 0);
+    CUDA_CHECK(cudaGraphDestroy(g));
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (void *)e;
+}
+static void cu_graph_launch(Backend *b, void *g) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, ctx(b)->stream));
+}
+static void cu_graph_free(Backend *b, void *g) {
+    CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)g));
+}
+
 static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     int n = 0;
     CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "no CUDA device: run sampler-cpu instead");
@@ -327,6 +357,10 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->gather_rows = cu_gather_rows;
     b->scale_add_rows = cu_scale_add_rows;
     b->reserve = cu_reserve;
+    b->graph_begin = cu_graph_begin;
+    b->graph_end = cu_graph_end;
+    b->graph_launch = cu_graph_launch;
+    b->graph_free = cu_graph_free;
     b->free = cu_free;
     return b;
 }

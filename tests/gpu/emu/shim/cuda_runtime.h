@@ -28,6 +28,7 @@
 typedef int cudaError_t;
 #define cudaSuccess 0
 #define cudaErrorMemoryAllocation 2
+#define cudaErrorNotSupported 801
 typedef void *cudaStream_t;
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 static inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
@@ -67,6 +68,18 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cuda
     memcpy(d, s, n);
     return cudaSuccess;
 }
+
+/* Graphs: the emulation runs every launch at once, so capture is refused and
+ * forward.c runs the ops eagerly (the real capture is checked by gpu_check). */
+typedef void *cudaGraph_t;
+typedef void *cudaGraphExec_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeThreadLocal = 1 };
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cudaErrorNotSupported; }
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) { *g = NULL; return cudaErrorNotSupported; }
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *, cudaGraph_t, unsigned long long) { return cudaErrorNotSupported; }
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaErrorNotSupported; }
+static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 {

@@ -51,6 +51,15 @@ struct Backend {
     void (*embed)(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim);
     /* out[n, dim] = rmsnorm(x[n, dim]) * w[dim] (bf16); out may alias x */
     void (*rmsnorm)(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps);
+    /* Optional: outs[i] = matmul(x, ws[i]) + biases[i] for i < count (<= 3 matrices with
+     * the same cols over the same x, e.g. q/k/v or gate/up) in as few launches as the
+     * backend can; the same results as count matmul calls. */
+    void (*matmul_multi)(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
+                         const uint16_t *const *biases, int count);
+    /* Optional: x[n, dim] += y, then out = rmsnorm(x) * w, the same bits as add then
+     * rmsnorm (NULL: forward.c issues those two); out does not alias x or y. */
+    void (*add_rmsnorm)(Backend *b, float *out, float *x, const float *y, const uint16_t *w, int n, int dim,
+                        float eps);
     /* out[n, w->rows] = x[n, w->cols] @ W^T (+ bias[w->rows] bf16) */
     void (*matmul)(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias);
     /* per head: optional RMSNorm (norm_w [head_dim] bf16 or NULL) then RoPE with

@@ -35,6 +35,10 @@ int cuda_embed(float *x, const uint16_t *emb, const int32_t *tokens, int n, int 
 /* out[n, dim] (f32) = x[n, dim] (f32) / rms(x) * w[dim] (bf16); out may alias x. */
 int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps,
                  void *stream);
+/* x[n, dim] += y[n, dim] (f32), then out = rmsnorm(x) * w: the residual add fused with
+ * the norm after it, bit-identical to cuda_add then cuda_rmsnorm; out must not alias x. */
+int cuda_add_rmsnorm(float *out, float *x, const float *y, const uint16_t *w, int n, int dim, float eps,
+                     void *stream);
 
 /* Decode GEMV: out[n, rows] f32 = x[n, cols] f32 @ W^T (W: [rows, cols] bf16)
  * (+ bias[rows] bf16 or NULL), f32 accumulation, 1 <= n <= CUDA_GEMV_MAX_N.

@@ -40,6 +40,15 @@ typedef struct GemvArgs {
     float scale2;         /* nvfp4: global scale */
 } GemvArgs;
 
+/* Up to GT_MAX_SEG matrices over the same x in one launch (q/k/v, gate/up):
+ * blocks [end[s-1], end[s]) run segment s. */
+#define GT_MAX_SEG 3
+typedef struct GemvMulti {
+    GemvArgs seg[GT_MAX_SEG];
+    int end[GT_MAX_SEG]; /* cumulative block counts */
+    int nseg;
+} GemvMulti;
+
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
 static __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
     uint32_t e = (b >> 3) & 0xf, m = b & 7, s = (b & 0x80) << 24;
@@ -76,6 +85,15 @@ static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
         float v = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f; /* 2^120 */
         w[i] = (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
     }
+/* Fills m->end from the segments' rows and launches gemv_tile_kernel<n, fmt>
+ * (matmul.cu). 1 <= n <= 8, 1 <= m->nseg <= GT_MAX_SEG. */
+void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
+/* The checked launcher of several matrices over one x (matmul.cu): every segment
+ * shares x and cols, cols % (8 << fmt) == 0, W and x 16-byte aligned (fp8: bc a
+ * multiple of 16 or >= cols; nvfp4: SF 2-byte aligned). 0, or -1 without a launch
+ * (the caller runs the matrices one by one). */
+int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
+
 #endif
 }
 
@@ -163,10 +181,10 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
 }
 
 template <int NT, int FMT>
-__global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvArgs a) {
+static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
     constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
     __shared__ float red[GT_WARPS][GT_ROWS][NT];
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blockIdx.x * GT_ROWS;
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blk * GT_ROWS;
     int nv = a.cols / V;
     int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
     float acc[GT_ROWS][NT];
@@ -214,5 +232,20 @@ __global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvArgs a) {
         }
     }
 }
+
+template <int NT, int FMT>
+__global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvMulti m) {
+    int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
+    gemv_tile<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], s == 0 ? b : b - m.end[s - 1]);
+}
+
+/* Fills m->end from the segments' rows and launches gemv_tile_kernel<n, fmt>
+ * (matmul.cu). 1 <= n <= 8, 1 <= m->nseg <= GT_MAX_SEG. */
+void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
+/* The checked launcher of several matrices over one x (matmul.cu): every segment
+ * shares x and cols, cols % (8 << fmt) == 0, W and x 16-byte aligned (fp8: bc a
+ * multiple of 16 or >= cols; nvfp4: SF 2-byte aligned). 0, or -1 without a launch
+ * (the caller runs the matrices one by one). */
+int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
 
 #endif

@@ -265,14 +265,21 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st)
     st->sn = to_backend(r, r->sn, r->h_sn, nf);
 }
 
+/* Attention of layer l on the normed input xn; its output projection lands in tmp. */
 static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
-    be->rmsnorm(be, r->xn, r->x, w->attn_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, r->q, r->xn, n, &w->q, w->q_bias);
-    be->matmul(be, r->k, r->xn, n, &w->k, w->k_bias);
-    be->matmul(be, r->v, r->xn, n, &w->v, w->v_bias);
+    if (be->matmul_multi) {
+        float *outs[3] = {r->q, r->k, r->v};
+        const WeightMat *ws[3] = {&w->q, &w->k, &w->v};
+        const uint16_t *bs[3] = {w->q_bias, w->k_bias, w->v_bias};
+        be->matmul_multi(be, outs, r->xn, n, ws, bs, 3);
+    } else {
+        be->matmul(be, r->q, r->xn, n, &w->q, w->q_bias);
+        be->matmul(be, r->k, r->xn, n, &w->k, w->k_bias);
+        be->matmul(be, r->v, r->xn, n, &w->v, w->v_bias);
+    }
     be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, w->q_norm, c->rms_eps, st->cs, st->sn);
     be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, w->k_norm, c->rms_eps, st->cs, st->sn);
     int slot = kv->n_kv_heads * kv->head_dim;
@@ -282,14 +289,32 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
                   n, c->n_heads, c->n_kv_heads, c->head_dim, kv->block_size, 1.0f / sqrtf((float)c->head_dim)};
     be->attention(be, &a);
     be->matmul(be, r->tmp, r->att, n, &w->o, w->o_bias);
+}
+
+/* The residual add of a block's output (tmp) and the norm of the next block's input. */
+static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
+    const ModelConfig *c = &r->m->cfg;
+    Backend *be = r->b;
+    if (be->add_rmsnorm) {
+        be->add_rmsnorm(be, r->xn, r->x, r->tmp, norm_w, n, c->hidden, c->rms_eps);
+        return;
+    }
     be->add(be, r->x, r->tmp, n * c->hidden);
+    be->rmsnorm(be, r->xn, r->x, norm_w, n, c->hidden, c->rms_eps);
 }
 
 static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
                       const float *in, float *out, int n) {
     Backend *be = r->b;
-    be->matmul(be, r->g, in, n, gate, NULL);
-    be->matmul(be, r->u, in, n, up, NULL);
+    if (be->matmul_multi) {
+        float *outs[2] = {r->g, r->u};
+        const WeightMat *ws[2] = {gate, up};
+        const uint16_t *bs[2] = {NULL, NULL};
+        be->matmul_multi(be, outs, in, n, ws, bs, 2);
+    } else {
+        be->matmul(be, r->g, in, n, gate, NULL);
+        be->matmul(be, r->u, in, n, up, NULL);
+    }
     be->swiglu(be, r->g, r->g, r->u, n * gate->rows);
     be->matmul(be, out, r->g, n, down, NULL);
 }
@@ -363,12 +388,14 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
     Backend *be = r->b;
     int H = c->hidden, moe_layer = 0;
     be->embed(be, r->x, m->embed, st->tokens, n, H);
+    be->rmsnorm(be, r->xn, r->x, m->layers[0].attn_norm, n, H, c->rms_eps);
     for (int l = 0; l < c->n_layers; l++) {
         attention_block(r, kv, l, st, n);
-        be->rmsnorm(be, r->xn, r->x, m->layers[l].mlp_norm, n, H, c->rms_eps);
+        add_norm(r, m->layers[l].mlp_norm, n);
         if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
         else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n);
-        be->add(be, r->x, r->tmp, n * H);
+        if (l + 1 < c->n_layers) add_norm(r, m->layers[l + 1].attn_norm, n);
+        else be->add(be, r->x, r->tmp, n * H);
     }
     be->gather_rows(be, r->hout, r->x, st->rows, n_out, H);
     be->rmsnorm(be, r->hout, r->hout, m->final_norm, n_out, H, c->rms_eps);

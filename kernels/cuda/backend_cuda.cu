@@ -28,6 +28,7 @@ extern "C" {
 #include "model.h"
 #include "quant.h"
 }
+#include "gemv_tile.cuh"
 
 #define CUBLAS_OK(call)                                                                          \
     do {                                                                                         \
@@ -214,6 +215,10 @@ static void cu_embed(Backend *b, float *x, const uint16_t *emb, const int32_t *t
 static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
     LAUNCH_OK(cuda_rmsnorm(out, x, dw(b, w), n, dim, eps, st(b)));
 }
+static void cu_add_rmsnorm(Backend *b, float *out, float *x, const float *y, const uint16_t *w, int n, int dim,
+                           float eps) {
+    LAUNCH_OK(cuda_add_rmsnorm(out, x, y, dw(b, w), n, dim, eps, st(b)));
+}
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
@@ -235,6 +240,41 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     }
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
+}
+/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
+ * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
+static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
+                            const uint16_t *const *biases, int count) {
+    GemvMulti m = {};
+    int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
+    for (int i = 0; ok && i < count; i++) {
+        const WeightMat *w = ws[i];
+        GemvArgs *a = &m.seg[i];
+        ok = w->fmt == ws[0]->fmt;
+        a->out = outs[i];
+        a->x = x;
+        a->bias = dw(b, biases[i]);
+        a->rows = w->rows;
+        a->cols = w->cols;
+        if (w->fmt == WF_BF16) {
+            a->W = (const uint4 *)dw(b, w->bf16);
+        } else if (w->fmt == WF_FP8) {
+            const QuantFp8 *q = (const QuantFp8 *)w->q;
+            a->W = (const uint4 *)dv(b, q->q);
+            a->S = (const float *)dv(b, q->scale_inv);
+            a->br = q->block_rows;
+            a->bc = q->block_cols;
+            a->sc = q->scale_cols;
+        } else {
+            const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+            a->W = (const uint4 *)dv(b, q->packed);
+            a->SF = (const uint16_t *)dv(b, q->scale);
+            a->scale2 = q->scale2;
+        }
+    }
+    m.nseg = count;
+    if (ok && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
+    for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
                          const float *cs, const float *sn) {
@@ -348,7 +388,9 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->weights_changed = cu_weights_changed;
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;
+    b->add_rmsnorm = cu_add_rmsnorm;
     b->matmul = cu_matmul;
+    b->matmul_multi = cu_matmul_multi;
     b->norm_rope = cu_norm_rope;
     b->attention = cu_attention;
     b->swiglu = cu_swiglu;

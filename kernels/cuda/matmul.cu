@@ -37,18 +37,51 @@ gemv_scalar_kernel(float *out, const float *x, int n, const uint16_t *W, const u
     }
 }
 
-template <int NT>
-static void gemv_launch(float *out, const float *x, const uint16_t *W, const uint16_t *bias, int rows, int cols,
-                        cudaStream_t s) {
-    GemvArgs a = {};
-    a.out = out;
-    a.x = x;
-    a.W = (const uint4 *)W;
-    a.bias = bias;
-    a.rows = rows;
-    a.cols = cols;
-    void (*k)(GemvArgs) = gemv_tile_kernel<NT, 0>; /* (a template's comma would split the emulation's launch macro) */
-    k<<<(unsigned)((rows + GT_ROWS - 1) / GT_ROWS), GT_WARPS * 32, 0, s>>>(a);
+template <int NT, int FMT>
+static void tile_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
+    void (*k)(GemvMulti) = gemv_tile_kernel<NT, FMT>; /* (a template's comma would split the emulation's launch macro) */
+    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+}
+
+template <int FMT>
+static void tile_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_t s) {
+    switch (n) {
+    case 1: tile_launch<1, FMT>(m, blocks, s); break;
+    case 2: tile_launch<2, FMT>(m, blocks, s); break;
+    case 3: tile_launch<3, FMT>(m, blocks, s); break;
+    case 4: tile_launch<4, FMT>(m, blocks, s); break;
+    case 5: tile_launch<5, FMT>(m, blocks, s); break;
+    case 6: tile_launch<6, FMT>(m, blocks, s); break;
+    case 7: tile_launch<7, FMT>(m, blocks, s); break;
+    default: tile_launch<8, FMT>(m, blocks, s); break;
+    }
+}
+
+void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
+    int tot = 0;
+    for (int i = 0; i < GT_MAX_SEG; i++) {
+        if (i < m->nseg) tot += (m->seg[i].rows + GT_ROWS - 1) / GT_ROWS;
+        m->end[i] = tot;
+    }
+    if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);
+    else if (fmt == 1) tile_launch_n<1>(m, n, (unsigned)tot, s);
+    else tile_launch_n<2>(m, n, (unsigned)tot, s);
+}
+
+int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream) {
+    if (n < 1 || n > CUDA_GEMV_MAX_N || m->nseg < 1 || m->nseg > GT_MAX_SEG || fmt < 0 || fmt > 2) return -1;
+    int V = 8 << fmt, cols = m->seg[0].cols;
+    for (int i = 0; i < m->nseg; i++) {
+        const GemvArgs *a = &m->seg[i];
+        if (a->cols != cols || a->x != m->seg[0].x || a->rows <= 0 || cols <= 0 || cols % V || !a->out || !a->W ||
+            ((uintptr_t)a->W & 15) || ((uintptr_t)a->x & 15))
+            return -1;
+        if (fmt == 1 && (!a->S || a->br <= 0 || a->bc <= 0 || (a->bc % 16 && a->bc < cols))) return -1;
+        if (fmt == 2 && (!a->SF || ((uintptr_t)a->SF & 1))) return -1;
+    }
+    gemv_tile_run(m, n, fmt, (cudaStream_t)stream);
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
@@ -61,16 +94,15 @@ extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t 
         gemv_scalar_kernel<<<(rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, s>>>(out, x, n, W, bias,
                                                                                            rows, cols);
     } else {
-        switch (n) {
-        case 1: gemv_launch<1>(out, x, W, bias, rows, cols, s); break;
-        case 2: gemv_launch<2>(out, x, W, bias, rows, cols, s); break;
-        case 3: gemv_launch<3>(out, x, W, bias, rows, cols, s); break;
-        case 4: gemv_launch<4>(out, x, W, bias, rows, cols, s); break;
-        case 5: gemv_launch<5>(out, x, W, bias, rows, cols, s); break;
-        case 6: gemv_launch<6>(out, x, W, bias, rows, cols, s); break;
-        case 7: gemv_launch<7>(out, x, W, bias, rows, cols, s); break;
-        default: gemv_launch<8>(out, x, W, bias, rows, cols, s); break;
-        }
+        GemvMulti m = {};
+        m.nseg = 1;
+        m.seg[0].out = out;
+        m.seg[0].x = x;
+        m.seg[0].W = (const uint4 *)W;
+        m.seg[0].bias = bias;
+        m.seg[0].rows = rows;
+        m.seg[0].cols = cols;
+        gemv_tile_run(&m, n, 0, s);
     }
     CUDA_CHECK_LAUNCH();
     return 0;

@@ -70,40 +70,6 @@ qgemv_nvfp4_scalar_kernel(float *out, const float *x, int n, const uint8_t *P, c
 
 static unsigned qblocks(int rows) { return (unsigned)((rows + QGEMV_WARPS - 1) / QGEMV_WARPS); }
 
-template <int NT>
-static void fp8_launch(float *out, const float *x, const uint8_t *Q, const float *S, int br, int bc, int sc,
-                       const uint16_t *bias, int rows, int cols, cudaStream_t s) {
-    GemvArgs a = {};
-    a.out = out;
-    a.x = x;
-    a.W = (const uint4 *)Q;
-    a.bias = bias;
-    a.rows = rows;
-    a.cols = cols;
-    a.S = S;
-    a.br = br;
-    a.bc = bc;
-    a.sc = sc;
-    void (*k)(GemvArgs) = gemv_tile_kernel<NT, 1>; /* (a template's comma would split the emulation's launch macro) */
-    k<<<(unsigned)((rows + GT_ROWS - 1) / GT_ROWS), GT_WARPS * 32, 0, s>>>(a);
-}
-
-template <int NT>
-static void nvfp4_launch(float *out, const float *x, const uint8_t *P, const uint8_t *SF, float scale2,
-                         const uint16_t *bias, int rows, int cols, cudaStream_t s) {
-    GemvArgs a = {};
-    a.out = out;
-    a.x = x;
-    a.W = (const uint4 *)P;
-    a.bias = bias;
-    a.rows = rows;
-    a.cols = cols;
-    a.SF = (const uint16_t *)SF;
-    a.scale2 = scale2;
-    void (*k)(GemvArgs) = gemv_tile_kernel<NT, 2>; /* (a template's comma would split the emulation's launch macro) */
-    k<<<(unsigned)((rows + GT_ROWS - 1) / GT_ROWS), GT_WARPS * 32, 0, s>>>(a);
-}
-
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 extern "C" int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv,
@@ -123,16 +89,20 @@ extern "C" int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q
             qgemv_fp8_scalar_kernel<<<qblocks(rows), QGEMV_WARPS * 32, 0, s>>>(o, xt, m, Q, scale_inv, block_rows,
                                                                                block_cols, sc, bias, rows, cols);
         } else {
-            switch (m) {
-            case 1: fp8_launch<1>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 2: fp8_launch<2>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 3: fp8_launch<3>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 4: fp8_launch<4>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 5: fp8_launch<5>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 6: fp8_launch<6>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            case 7: fp8_launch<7>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            default: fp8_launch<8>(o, xt, Q, scale_inv, block_rows, block_cols, sc, bias, rows, cols, s); break;
-            }
+            GemvMulti g = {};
+            g.nseg = 1;
+            GemvArgs *a = &g.seg[0];
+            a->out = o;
+            a->x = xt;
+            a->W = (const uint4 *)Q;
+            a->bias = bias;
+            a->rows = rows;
+            a->cols = cols;
+            a->S = scale_inv;
+            a->br = block_rows;
+            a->bc = block_cols;
+            a->sc = sc;
+            gemv_tile_run(&g, m, 1, s);
         }
         CUDA_CHECK_LAUNCH();
     }
@@ -153,16 +123,18 @@ extern "C" int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t 
             qgemv_nvfp4_scalar_kernel<<<qblocks(rows), QGEMV_WARPS * 32, 0, s>>>(o, xt, m, packed, scale, scale2,
                                                                                  bias, rows, cols);
         } else {
-            switch (m) {
-            case 1: nvfp4_launch<1>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 2: nvfp4_launch<2>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 3: nvfp4_launch<3>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 4: nvfp4_launch<4>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 5: nvfp4_launch<5>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 6: nvfp4_launch<6>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            case 7: nvfp4_launch<7>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            default: nvfp4_launch<8>(o, xt, packed, scale, scale2, bias, rows, cols, s); break;
-            }
+            GemvMulti g = {};
+            g.nseg = 1;
+            GemvArgs *a = &g.seg[0];
+            a->out = o;
+            a->x = xt;
+            a->W = (const uint4 *)packed;
+            a->bias = bias;
+            a->rows = rows;
+            a->cols = cols;
+            a->SF = (const uint16_t *)scale;
+            a->scale2 = scale2;
+            gemv_tile_run(&g, m, 2, s);
         }
         CUDA_CHECK_LAUNCH();
     }

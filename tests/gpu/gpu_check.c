@@ -180,6 +180,27 @@ static void check_rmsnorm(int n, int dim, int in_place) {
     free(x); free(ref); free(w); free(got);
 }
 
+/* The residual add fused with the next norm against cpu add then rmsnorm: the
+ * updated residual bitwise, the normed output in the f32 class. */
+static void check_add_rmsnorm(int n, int dim) {
+    size_t N = (size_t)n * dim;
+    float *x = rand_f32(N, 3), *y = rand_f32(N, 3), *ref = xmalloc(sizeof(float) * N);
+    uint16_t *w = rand_bf16(dim, 1, 0.5f);
+    float *dx = dev_copy(x, sizeof(float) * N), *dy = dev_copy(y, sizeof(float) * N), *dout = dev_poisoned(sizeof(float) * N);
+    void *dw = dev_copy(w, sizeof(uint16_t) * dim);
+    bc->add(bc, x, y, N);
+    bc->rmsnorm(bc, ref, x, w, n, dim, 1e-6f);
+    bg->add_rmsnorm(bg, dout, dx, dy, dw, n, dim, 1e-6f);
+    float *got = dev_result(dout, N), *gx = dev_result(dx, N);
+    char what[96];
+    snprintf(what, sizeof what, "add_rmsnorm n %d dim %d: residual", n, dim);
+    compare_op(what, TOL_EXACT, x, gx, N);
+    snprintf(what, sizeof what, "add_rmsnorm n %d dim %d: normed", n, dim);
+    compare_op(what, TOL_F32, ref, got, N);
+    cudaFree(dx); cudaFree(dy); cudaFree(dout); cudaFree(dw);
+    free(x); free(y); free(ref); free(w); free(got); free(gx);
+}
+
 /* via: which GPU path n selects; rounded: feed the CPU the bf16-rounded x the GEMM path uses. */
 static void check_matmul(int n, int rows, int cols, int bias, int rounded) {
     float *x = rand_f32((size_t)n * cols, 1), *xr = xmalloc(sizeof(float) * (size_t)n * cols);
@@ -246,6 +267,71 @@ static void check_qgemv(int nvfp4, int n, int rows, int cols, QuantFp8Layout lay
     compare_op(what, TOL_F32, ref, got, (size_t)n * rows);
     cudaFree(dx); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
     free(x); free(w); free(b); free(ref); free(got);
+}
+
+/* Several matrices over one x in one launch (matmul_multi: q/k/v, gate/up) against
+ * the CPU's matmul of each, f32 class; fmt 0 bf16, 1 fp8 (128x128), 2 nvfp4. */
+static void check_matmul_multi(int fmt, int n, int count, const int *rows, int cols) {
+    Err err = {0};
+    float *x = rand_f32((size_t)n * cols, 1), *dx = dev_copy(x, sizeof(float) * (size_t)n * cols);
+    float *outs[3], *refs[3];
+    WeightMat hw[3], dwm[3];
+    const WeightMat *wp[3];
+    const uint16_t *db[3];
+    QuantFp8 dq[3];
+    QuantNvfp4 dn[3];
+    void *dev[9] = {0};
+    uint16_t *hb[3];
+    for (int i = 0; i < count; i++) {
+        uint16_t *w = rand_bf16((size_t)rows[i] * cols, 0, 0.05f);
+        hb[i] = i == 1 ? rand_bf16(rows[i], 0, 1) : NULL; /* a bias on one of them */
+        refs[i] = xmalloc(sizeof(float) * (size_t)n * rows[i]);
+        hw[i] = (WeightMat){.fmt = WF_BF16, .rows = rows[i], .cols = cols, .bf16 = w};
+        dwm[i] = hw[i];
+        if (fmt == 1) {
+            QuantFp8 *q = quant_fp8_from_bf16(w, rows[i], cols, QUANT_FP8_BLOCK128, &err);
+            CHECK(q, "quantize: %s", err.msg);
+            hw[i].fmt = dwm[i].fmt = WF_FP8;
+            hw[i].q = q;
+            dq[i] = *q;
+            dq[i].q = dev[3 * i] = dev_copy(q->q, (size_t)rows[i] * cols);
+            dq[i].scale_inv = dev[3 * i + 1] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+            dwm[i].q = &dq[i];
+        } else if (fmt == 2) {
+            QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows[i], cols, &err);
+            CHECK(q, "quantize: %s", err.msg);
+            hw[i].fmt = dwm[i].fmt = WF_NVFP4;
+            hw[i].q = q;
+            dn[i] = *q;
+            dn[i].packed = dev[3 * i] = dev_copy(q->packed, (size_t)rows[i] * cols / 2);
+            dn[i].scale = dev[3 * i + 1] = dev_copy(q->scale, (size_t)rows[i] * cols / 16);
+            dwm[i].q = &dn[i];
+        } else {
+            dwm[i].bf16 = dev[3 * i] = dev_copy(w, sizeof(uint16_t) * (size_t)rows[i] * cols);
+        }
+        bc->matmul(bc, refs[i], x, n, &hw[i], hb[i]);
+        db[i] = hb[i] ? (dev[3 * i + 2] = dev_copy(hb[i], sizeof(uint16_t) * rows[i])) : NULL;
+        outs[i] = dev_poisoned(sizeof(float) * (size_t)n * rows[i]);
+        wp[i] = &dwm[i];
+    }
+    bg->matmul_multi(bg, outs, dx, n, wp, db, count);
+    for (int i = 0; i < count; i++) {
+        float *got = dev_result(outs[i], (size_t)n * rows[i]);
+        char what[96];
+        snprintf(what, sizeof what, "%s matmul_multi %d/%d n %d [%d x %d]%s", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
+                 i + 1, count, n, rows[i], cols, hb[i] ? " +bias" : "");
+        compare_op(what, TOL_F32, refs[i], got, (size_t)n * rows[i]);
+        free(got);
+        cudaFree(outs[i]);
+        free(refs[i]);
+        free(hw[i].bf16);
+        free(hb[i]);
+        if (fmt == 1) quant_fp8_free(hw[i].q);
+        if (fmt == 2) quant_nvfp4_free(hw[i].q);
+    }
+    for (int i = 0; i < 9; i++) cudaFree(dev[i]);
+    cudaFree(dx);
+    free(x);
 }
 
 /* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
@@ -435,6 +521,9 @@ static void part_ops(void) {
         check_rmsnorm(3, 72, ip);
         check_rmsnorm(2, 100, ip);
     }
+    check_add_rmsnorm(5, 4096);
+    check_add_rmsnorm(3, 72);
+    check_add_rmsnorm(2, 1500);
     const int shapes[][2] = {{4096, 4096}, {1024, 4096}, {4096, 12288}, {257, 136}, {100, 100}, {96, 72}};
     const int ns[] = {1, 2, 3, 8, 9, 64};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -456,6 +545,11 @@ static void part_ops(void) {
     check_qgemv(0, 4, 1024, 4096, QUANT_FP8_PER_CHANNEL, 1);
     check_qgemv(0, 2, 1024, 4096, QUANT_FP8_PER_TENSOR, 0);
     check_qgemv(0, 3, 21, 200, QUANT_FP8_PER_CHANNEL, 0);
+    for (int f = 0; f < 3; f++) {
+        check_matmul_multi(f, 1, 3, (const int[]){4096, 1024, 1024}, 4096); /* q/k/v */
+        check_matmul_multi(f, 5, 2, (const int[]){12288, 12288}, 4096);    /* gate/up */
+        check_matmul_multi(f, 2, 3, (const int[]){130, 33, 7}, 512);       /* partial tiles */
+    }
     check_scatter(4096 * 4096, 40000, 2);
     check_scatter(70000, 300, 1);
     check_scatter(513, 9, 4);

@@ -142,6 +142,23 @@ static void t_rmsnorm(int n, int dim) {
     free(x); free(ref); free(got); free(w);
 }
 
+static void t_add_rmsnorm(int n, int dim) {
+    size_t N = (size_t)n * dim;
+    float *x = vec(N, 3), *y = vec(N, 3), *gx = (float *)malloc(sizeof(float) * N), *ref = (float *)malloc(sizeof(float) * N),
+          *got = nanv(N);
+    uint16_t *w = bvec(dim, 1, 0.5f);
+    memcpy(gx, x, sizeof(float) * N);
+    bc->add(bc, x, y, N);
+    bc->rmsnorm(bc, ref, x, w, n, dim, 1e-6f);
+    int rc = cuda_add_rmsnorm(got, gx, y, w, n, dim, 1e-6f, NULL);
+    char s[96];
+    snprintf(s, sizeof s, "add_rmsnorm n %d dim %d residual rc %d", n, dim, rc);
+    cmp(s, 1, x, gx, N);
+    snprintf(s, sizeof s, "add_rmsnorm n %d dim %d normed", n, dim);
+    cmp(s, 0, ref, got, N);
+    free(x); free(y); free(gx); free(ref); free(got); free(w);
+}
+
 static void t_norm_rope(int n, int heads, int hd, int norm) {
     size_t N = (size_t)n * heads * hd, h2 = hd / 2;
     float *x = vec(N, 2), *ref = (float *)malloc(sizeof(float) * N), *cs = vec(n * h2, 1), *sn = vec(n * h2, 1);
@@ -400,6 +417,8 @@ int main(void) {
     t_rows(37, 20, 72);
     t_rmsnorm(3, 72);
     t_rmsnorm(2, 1000);
+    t_add_rmsnorm(3, 72);
+    t_add_rmsnorm(2, 1500);
     t_norm_rope(3, 4, 24, 1);
     t_norm_rope(2, 3, 128, 0);
     t_norm_rope(2, 2, 256, 1);

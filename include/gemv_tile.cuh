@@ -25,7 +25,7 @@
 
 #include "cuda_device.cuh"
 
-#define GT_ROWS 4  /* weight rows per block; 8 for fp8/nvfp4 at 1-2 tokens (gt_rows) */
+#define GT_ROWS 4  /* weight rows per block */
 #define GT_WARPS 8 /* column slices per block, one warp each */
 
 typedef struct GemvArgs {
@@ -48,11 +48,6 @@ typedef struct GemvMulti {
     int end[GT_MAX_SEG]; /* cumulative block counts */
     int nseg;
 } GemvMulti;
-
-/* Rows per block: FP8/NVFP4 chunks hold 16/32 values, so a 4-row tile gives
- * each lane a single 16-byte load per row at 4096 columns; 8 rows double the
- * loads in flight and halve the activation reads, where registers allow. */
-static __host__ __device__ constexpr int gt_rows(int nt, int fmt) { return fmt != 0 && nt <= 2 ? 8 : GT_ROWS; }
 
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
 static __device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
@@ -132,10 +127,10 @@ static __device__ __forceinline__ void gt_decode8(const uint4 &wv, int j, float 
 template <int NT, int FMT>
 static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c, const uint4 *wv,
                                                 float (*acc)[NT]) {
-    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32, GT_R = gt_rows(NT, FMT);
-    float sc[GT_R][2];
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    float sc[GT_ROWS][2];
 #pragma unroll
-    for (int rr = 0; rr < GT_R; rr++) {
+    for (int rr = 0; rr < GT_ROWS; rr++) {
         int r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
         if (FMT == 1) sc[rr][0] = __ldg(a.S + (size_t)(r / a.br) * a.sc + (c * 16) / a.bc);
         if (FMT == 2) {
@@ -144,9 +139,9 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
             sc[rr][1] = e4m3_to_f32(s2 >> 8);
         }
     }
-    float part[GT_R][NT];
+    float part[GT_ROWS][NT];
 #pragma unroll
-    for (int rr = 0; rr < GT_R; rr++)
+    for (int rr = 0; rr < GT_ROWS; rr++)
 #pragma unroll
         for (int t = 0; t < NT; t++) part[rr][t] = 0.f;
 #pragma unroll
@@ -159,7 +154,7 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
             xb[t] = __ldg(xp + 1);
         }
 #pragma unroll
-        for (int rr = 0; rr < GT_R; rr++) {
+        for (int rr = 0; rr < GT_ROWS; rr++) {
             float w[8];
             gt_decode8<FMT>(wv[rr], j, w);
 #pragma unroll
@@ -169,7 +164,7 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
         }
         if (FMT == 2 && (j & 1)) { /* a 16-value scale block ends */
 #pragma unroll
-            for (int rr = 0; rr < GT_R; rr++)
+            for (int rr = 0; rr < GT_ROWS; rr++)
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     acc[rr][t] = fmaf(part[rr][t], sc[rr][j >> 1], acc[rr][t]);
@@ -179,7 +174,7 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
     }
     if (FMT != 2) {
 #pragma unroll
-        for (int rr = 0; rr < GT_R; rr++)
+        for (int rr = 0; rr < GT_ROWS; rr++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[rr][t] = FMT == 1 ? fmaf(part[rr][t], sc[rr][0], acc[rr][t]) : acc[rr][t] + part[rr][t];
     }
@@ -187,25 +182,25 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
 
 template <int NT, int FMT>
 static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
-    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32, GT_R = gt_rows(NT, FMT);
-    __shared__ float red[GT_WARPS][GT_R][NT];
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blk * GT_R;
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    __shared__ float red[GT_WARPS][GT_ROWS][NT];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blk * GT_ROWS;
     int nv = a.cols / V;
     int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
-    float acc[GT_R][NT];
+    float acc[GT_ROWS][NT];
 #pragma unroll
-    for (int rr = 0; rr < GT_R; rr++)
+    for (int rr = 0; rr < GT_ROWS; rr++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
     /* rows past the end load the last row again; their sums are dropped below */
-    const uint4 *wr[GT_R];
+    const uint4 *wr[GT_ROWS];
 #pragma unroll
-    for (int rr = 0; rr < GT_R; rr++) wr[rr] = a.W + (size_t)(r0 + rr < a.rows ? r0 + rr : a.rows - 1) * nv;
+    for (int rr = 0; rr < GT_ROWS; rr++) wr[rr] = a.W + (size_t)(r0 + rr < a.rows ? r0 + rr : a.rows - 1) * nv;
     int c = lo + lane;
-    for (; c + 32 < hi; c += 64) { /* two chunks deep: 2 * GT_R 16-byte loads in flight */
-        uint4 w0[GT_R], w1[GT_R];
+    for (; c + 32 < hi; c += 64) { /* two chunks deep: 2 * GT_ROWS 16-byte loads in flight */
+        uint4 w0[GT_ROWS], w1[GT_ROWS];
 #pragma unroll
-        for (int rr = 0; rr < GT_R; rr++) {
+        for (int rr = 0; rr < GT_ROWS; rr++) {
             w0[rr] = __ldg(wr[rr] + c);
             w1[rr] = __ldg(wr[rr] + c + 32);
         }
@@ -213,13 +208,13 @@ static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
         gt_chunk<NT, FMT>(a, r0, c + 32, w1, acc);
     }
     if (c < hi) {
-        uint4 w0[GT_R];
+        uint4 w0[GT_ROWS];
 #pragma unroll
-        for (int rr = 0; rr < GT_R; rr++) w0[rr] = __ldg(wr[rr] + c);
+        for (int rr = 0; rr < GT_ROWS; rr++) w0[rr] = __ldg(wr[rr] + c);
         gt_chunk<NT, FMT>(a, r0, c, w0, acc);
     }
 #pragma unroll
-    for (int rr = 0; rr < GT_R; rr++)
+    for (int rr = 0; rr < GT_ROWS; rr++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float v = warp_sum(acc[rr][t]);
@@ -227,7 +222,7 @@ static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
         }
     __syncthreads();
     int i = threadIdx.x;
-    if (i < GT_R * NT) {
+    if (i < GT_ROWS * NT) {
         int rr = i / NT, t = i % NT, r = r0 + rr;
         if (r < a.rows) {
             float v = 0.f;

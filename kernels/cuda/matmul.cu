@@ -60,7 +60,7 @@ static void tile_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream
 void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
     int tot = 0;
     for (int i = 0; i < GT_MAX_SEG; i++) {
-        if (i < m->nseg) tot += (m->seg[i].rows + gt_rows(n, fmt) - 1) / gt_rows(n, fmt);
+        if (i < m->nseg) tot += (m->seg[i].rows + GT_ROWS - 1) / GT_ROWS;
         m->end[i] = tot;
     }
     if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);

@@ -40,7 +40,7 @@ static void usage(void) {
 "  --precision P             bf16 (default), fp8 (128x128 block scales) or nvfp4 (Model Optimizer):\n"
 "                            quantize-on-load of a BF16 checkpoint; a pre-quantized FP8/NVFP4\n"
 "                            checkpoint runs at its own precision\n"
-"  --device D                gpu (default in sampler-smXX: the CUDA backend, bf16 only today) or cpu\n"
+"  --device D                gpu (default in sampler-smXX: the CUDA backend; fp8/nvfp4 weight-only) or cpu\n"
 "                            (the CPU backend, in every binary)\n"
 "  --weight-only             keep activations f32 with fp8/nvfp4 weights (the A100 / Hopper-NVFP4\n"
 "                            paths); default quantizes activations like the native GPU path\n"

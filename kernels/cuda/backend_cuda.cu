@@ -8,12 +8,16 @@
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
  * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
- * quant_gemv.cu; act_quant models run weight-only too (logged at creation). Nothing is allocated per step: the bf16 activation
- * scratch of the GEMM path is sized by reserve (runner creation), the
- * attention split scratch at creation.
+ * quant_gemv.cu; act_quant models run weight-only too (logged at creation).
+ * Deltas (weights_changed): BF16 tensors get a verified scatter of the touched
+ * elements (scatter.cu), quantized matrices a re-upload of their bytes.
+ * Graphs (graph_*): stream capture of the ops forward.c issues for a decode
+ * step, replayed per batch size. Nothing is allocated per step: the bf16
+ * activation scratch of the GEMM path is sized by reserve (runner creation),
+ * the attention split scratch at creation.
  * Errors inside ops are bugs (the forward pass validated the batch): fatal.
- * Not here: quantized activations (native FP8 / NVFP4 tensor cores), CUDA
- * graphs, device sampling.
+ * Not here: quantized activations (native FP8 / NVFP4 tensor cores), device
+ * sampling.
  */
 #include <cublas_v2.h>
 #include <stdio.h>

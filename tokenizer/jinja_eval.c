@@ -276,7 +276,7 @@ static json_t *contains(Render *r, int line, json_t *item, json_t *c) {
     return jfail(r, line, "argument of type '%s' is not iterable", jv_type_name(c));
 }
 
-json_t *jeval(Render *r, Node *n) {
+static json_t *jeval_node(Render *r, Node *n) {
     if (r->failed) return NULL;
     switch (n->kind) {
     case N_LIT: return json_incref(n->lit);
@@ -412,6 +412,18 @@ json_t *jeval(Render *r, Node *n) {
     }
     default: return jfail(r, n->line, "not an expression");
     }
+}
+
+/* Once rendering failed, every evaluation yields NULL: a node that built a
+ * value before a sub-expression failed (a list or dict half filled) drops it
+ * here, so no caller has to free values on its error paths. */
+json_t *jeval(Render *r, Node *n) {
+    json_t *v = jeval_node(r, n);
+    if (r->failed && v) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
 }
 
 static void set_var(Render *r, const char *name, json_t *v) {

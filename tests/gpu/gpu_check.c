@@ -1012,6 +1012,99 @@ static void bench_gemv(void) {
             if (f == 0 || i < 4) bench_gemv_one(f, shapes[i][0], shapes[i][1]);
 }
 
+/* Where a batch-1 BF16 decode step's time goes: each op of a Qwen3-8B layer
+ * timed alone (events around 50 back-to-back launches after 3), times its
+ * launches per step, against the measured step. What the sum misses is the
+ * gap between dependent kernels inside the graph. */
+typedef struct OpRow { char name[48]; double us; int per_step; } OpRow;
+static OpRow op_rows[16];
+static int n_op_rows;
+
+#define TIME_OP(label, count, call)                                                      \
+    do {                                                                                  \
+        float ms_ = 0;                                                                    \
+        for (int i_ = -3; i_ < 50; i_++) {                                                \
+            if (i_ == 0) CK(cudaEventRecord(e0, 0));                                      \
+            CHECK((call) == 0, "op bench: %s", label);                                    \
+        }                                                                                 \
+        CK(cudaEventRecord(e1, 0));                                                       \
+        CK(cudaEventSynchronize(e1));                                                     \
+        CK(cudaEventElapsedTime(&ms_, e0, e1));                                           \
+        OpRow *o_ = &op_rows[n_op_rows++];                                                \
+        snprintf(o_->name, sizeof o_->name, "%s", label);                                 \
+        o_->us = ms_ * 1e3 / 50;                                                          \
+        o_->per_step = (count);                                                           \
+    } while (0)
+
+static int mm_multi_call(WeightMat *ws, float **outs, const float *x, int count) {
+    const WeightMat *wp[3] = {&ws[0], &ws[1], &ws[2]};
+    const uint16_t *bs[3] = {NULL, NULL, NULL};
+    bg->matmul_multi(bg, outs, x, 1, wp, bs, count);
+    return 0;
+}
+
+static void bench_ops(const Model *m, double step_ms) {
+    const ModelConfig *c = &m->cfg;
+    int L = c->n_layers, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, I = c->intermediate;
+    int ctx = BENCH_CTX, bsz = BS, nblk = (ctx + bsz) / bsz;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    bg = backend_cuda_create_resident(c, BENCH_MAX_CTX);
+    float *x, *y, *xn, *q, *k, *v, *att, *g, *u, *cs, *sn, *kc, *vc, *part, *logits;
+    int32_t *ip;
+    size_t kvn = (size_t)nblk * bsz * nkv * hd;
+    CK(cudaMalloc((void **)&x, 4 * H)); CK(cudaMalloc((void **)&y, 4 * H)); CK(cudaMalloc((void **)&xn, 4 * H));
+    CK(cudaMalloc((void **)&q, 4 * nh * hd)); CK(cudaMalloc((void **)&att, 4 * nh * hd));
+    CK(cudaMalloc((void **)&k, 4 * nkv * hd)); CK(cudaMalloc((void **)&v, 4 * nkv * hd));
+    CK(cudaMalloc((void **)&g, 4 * I)); CK(cudaMalloc((void **)&u, 4 * I));
+    CK(cudaMalloc((void **)&cs, 4 * hd)); CK(cudaMalloc((void **)&sn, 4 * hd));
+    CK(cudaMalloc((void **)&kc, 4 * kvn)); CK(cudaMalloc((void **)&vc, 4 * kvn));
+    CK(cudaMalloc((void **)&logits, 4 * (size_t)c->vocab));
+    int splits = cuda_attention_splits(1, nh, nkv, BENCH_MAX_CTX, 132);
+    CK(cudaMalloc((void **)&part, sizeof(float) * (size_t)(splits > 1 ? splits : 1) * nh * (hd + 2)));
+    /* device int32 scratch: [0] pos, [1] seq, [2] slot, [3] row, [4..] block table */
+    int32_t hip[4 + 128];
+    hip[0] = ctx; hip[1] = 0; hip[2] = ctx; hip[3] = 0;
+    for (int i = 0; i < 128; i++) hip[4 + i] = i < nblk ? i : 0;
+    ip = dev_copy(hip, sizeof hip);
+    float *fill[] = {x, y, xn, q, k, v, g, u, cs, sn, kc, vc};
+    size_t fn[] = {H, H, H, (size_t)nh * hd, (size_t)nkv * hd, (size_t)nkv * hd, I, I, hd, hd, kvn, kvn};
+    for (int i = 0; i < 12; i++) /* f32 buffers from bf16 noise: finite, non-zero */
+        if (cuda_fill_bf16((uint16_t *)fill[i], fn[i] * 2, 900 + i, 0, 0.01f, NULL)) exit(1);
+    const uint16_t *wn = m->layers[0].attn_norm, *qn = m->layers[0].q_norm, *kn = m->layers[0].k_norm;
+    AttnArgs a = {att, q, kc, vc, ip, ip + 1, ip + 4, 128, 1, nh, nkv, hd, bsz, 1.0f / sqrtf((float)hd)};
+    const LayerWeights *lw = &m->layers[0];
+    WeightMat qkv[3] = {lw->q, lw->k, lw->v}, gu[3] = {lw->gate, lw->up, lw->up};
+    float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
+    TIME_OP("embed", 1, cuda_embed(x, m->embed, ip + 3, 1, H, NULL));
+    TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
+    TIME_OP("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
+    TIME_OP("norm_rope q", L, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, NULL));
+    TIME_OP("norm_rope k", L, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, NULL));
+    TIME_OP("kv_write", L, cuda_kv_write(kc, vc, k, v, ip + 2, 1, nkv * hd, NULL));
+    TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
+    TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
+    TIME_OP("gate/up GEMV (one launch)", L, mm_multi_call(gu, gu_out, xn, 2));
+    TIME_OP("swiglu", L, cuda_swiglu(g, g, u, (size_t)I, NULL));
+    TIME_OP("down GEMV", L, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
+    TIME_OP("lm_head GEMV", 1, cuda_gemv_bf16(logits, xn, 1, m->lm_head.bf16, c->vocab, H, NULL, NULL));
+    double sum = 0;
+    printf("  decode step at batch 1, BF16, op by op (each timed alone):\n");
+    for (int i = 0; i < n_op_rows; i++) {
+        sum += op_rows[i].us * op_rows[i].per_step;
+        printf("    %-28s %7.1f us x %3d = %7.3f ms\n", op_rows[i].name, op_rows[i].us, op_rows[i].per_step,
+               op_rows[i].us * op_rows[i].per_step / 1e3);
+    }
+    printf("    %-28s %27.3f ms; measured step %.3f ms; gaps and the logits copy %.3f ms\n", "sum", sum / 1e3, step_ms,
+           step_ms - sum / 1e3);
+    void *bufs[] = {x, y, xn, q, k, v, att, g, u, cs, sn, kc, vc, part, logits, ip};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
+    bg->free(bg);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 /* One decoder matrix at FP8 (128x128 blocks) or NVFP4 with random bytes made in
  * device memory (the GEMV's speed does not depend on the values; a few random
  * e4m3 bytes are NaN, which costs nothing on a GPU). Returns its bytes. */
@@ -1155,6 +1248,7 @@ static void part_bench(void) {
     bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre);
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
+    bench_ops(m, rows_out[n_rows - 3].ms);
     bench_quant(m, PREC_FP8, logits, tables, bps_dec);
     bench_quant(m, PREC_NVFP4, logits, tables, bps_dec);
     CK(cudaFreeHost(logits));

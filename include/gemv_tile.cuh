@@ -73,8 +73,10 @@ static __device__ __forceinline__ float e2m1_to_f32(uint32_t c) {
 static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     uint32_t h0, h1;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"((unsigned short)(u & 0xffffu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"((unsigned short)(u >> 16)));
+    unsigned short b01, b23;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(b01), "=h"(b23) : "r"(u)); /* split so the convert reads .H1 in place, no shift */
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"(b01));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"(b23));
     asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h0 & 0xffffu)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h0 >> 16)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h1 & 0xffffu)));

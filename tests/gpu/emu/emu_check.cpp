@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "cuda_kernels.h"
+#include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
+#include "gemv_tile.cuh"
 extern "C" {
 #include "backend.h"
 #include "dtype.h"
@@ -68,6 +70,32 @@ static void t_gemv(int n, int rows, int cols, int bias, int misalign) {
     snprintf(s, sizeof s, "gemv n %d [%d x %d]%s%s rc %d", n, rows, cols, bias ? " +bias" : "", misalign ? " misaligned x" : "", rc);
     cmp(s, 0, ref, got, (size_t)n * rows);
     free(xbuf); free(w); free(b); free(ref); free(got);
+}
+
+/* The tiled GEMV's decoders (gemv_tile.cuh; their portable paths, which share the
+ * PRMT selectors with the device) against the scalar references, bit for bit: every
+ * byte value in every byte of a word through e2m1x8 (both nibbles: all 16 codes in
+ * all 8 positions) vs e2m1_to_f32, and every byte through e4m3x4 (NaN for NaN). */
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static void t_decode(void) {
+    size_t bad = 0;
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t u = b | ((b + 85) & 0xffu) << 8 | ((b + 170) & 0xffu) << 16 | ((b + 37) & 0xffu) << 24;
+        float w[8];
+        e2m1x8(u, w);
+        for (int i = 0; i < 8; i++)
+            if (f32_bits(w[i]) != f32_bits(e2m1_to_f32(u >> (4 * i) & 0xfu)) && bad++ < 4)
+                printf("       e2m1x8 word 0x%08x value %d: 0x%08x, want 0x%08x\n", u, i, f32_bits(w[i]),
+                       f32_bits(e2m1_to_f32(u >> (4 * i) & 0xfu)));
+        e4m3x4(u, w);
+        for (int i = 0; i < 4; i++) {
+            float want = e4m3_to_f32(u >> (8 * i) & 0xffu);
+            if ((isnan(want) ? !isnan(w[i]) : f32_bits(w[i]) != f32_bits(want)) && bad++ < 4)
+                printf("       e4m3x4 word 0x%08x value %d: 0x%08x, want 0x%08x\n", u, i, f32_bits(w[i]), f32_bits(want));
+        }
+    }
+    bad ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s mismatches %zu\n", bad ? "FAIL" : "ok", "e2m1x8 / e4m3x4 decode of all 256 bytes vs scalar", bad);
 }
 
 /* Weight-only FP8 / NVFP4 GEMV (quant_gemv.cu) against quant_matmul_*_rows(xs = NULL) plus
@@ -422,6 +450,7 @@ int main(void) {
     t_norm_rope(3, 4, 24, 1);
     t_norm_rope(2, 3, 128, 0);
     t_norm_rope(2, 2, 256, 1);
+    t_decode();
     for (int n = 1; n <= 8; n++) t_gemv(n, 37, 128 + 256 * (n % 3), n % 2, 0);
     t_gemv(2, 40, 136, 1, 0);
     t_gemv(2, 5, 2056, 1, 0); /* gemv_tile: slices of > 32 chunks (the two-deep loop), 5 rows (a partial tile) */

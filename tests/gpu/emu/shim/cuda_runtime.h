@@ -104,6 +104,15 @@ static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); re
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* CUDA's documented semantics: byte i of the result is byte (s >> 4i) & 7 of
+ * the 8 bytes y:x (x the low four); the selector's bit 3 of each nibble and its
+ * bits 16..31 are ignored. (PTX prmt would replicate the sign on bit 3.) */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)(v >> (8 * ((s >> (4 * i)) & 7)) & 0xffu) << (8 * i);
+    return r;
+}
 
 struct EmuCfg { dim3 grid, block; };
 static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t = 0, cudaStream_t = 0) { return EmuCfg{g, b}; }

@@ -340,7 +340,12 @@ static void t_model(const char *dir, int n_decode, Precision prec) {
     KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
     const StTensor *t0 = safetensors_get(ref, "seq0.tokens"), *t1 = safetensors_get(ref, "seq1.tokens");
     const StTensor *lp = safetensors_get(ref, "seq0.prefill_logits"), *ld = safetensors_get(ref, "seq0.decode_logits");
-    int T0 = (int)t0->numel, T1 = t1 ? (int)t1->numel : 0;
+    /* EMU_QUICK (sanitizers: one OS thread per CUDA thread, every warp shuffle a
+     * pthread barrier): the first 3 positions only (causal, so the reference rows
+     * still apply) and no mixed step */
+    int quick = getenv("EMU_QUICK") != NULL;
+    int T0 = (int)t0->numel, T1 = t1 && !quick ? (int)t1->numel : 0;
+    if (quick && T0 > 3) T0 = 3;
     int32_t bt0[32], bt1[32], pos[128], seq[128], rows[128], tok[128];
     for (int i = 0; i < 32; i++) { bt0[i] = 1 + 2 * i; bt1[i] = 78 - 2 * i; }
     const int32_t *tables[2] = {bt0, bt1};
@@ -483,11 +488,11 @@ int main(void) {
     t_attention(1, (const int[]){40}, (const int[]){39}, 4, 2, 16, 4, 1000); /* prefill tokens on the split path */
     bc->free(bc);
     printf("== fixture models through backend_cuda on the emulation ==\n");
-    /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): two fixtures, one decode step */
+    /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): one bf16 fixture, one decode step */
     int quick = getenv("EMU_QUICK") != NULL;
     const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
                           "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
-    for (size_t i = 0; i < (quick ? 2 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
+    for (size_t i = 0; i < (quick ? 1 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
     /* weight-only FP8 / NVFP4 (llama31: every linear width a multiple of 16) vs the CPU at the same precision */
     if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
     t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);

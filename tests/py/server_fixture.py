@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -67,3 +68,28 @@ class Server:
         if self.proc.returncode != 0:
             print("server stderr:\n" + "".join(self.stderr))  # shown by pytest on failure
         return self.proc.returncode
+
+
+def metrics(s):
+    """GET /metrics of Server s as {name: value}."""
+    st, text = s.request("GET", "/metrics")
+    assert st == 200
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def wait_idle(s, timeout=30):
+    """Poll /metrics until nothing runs, waits or holds KV blocks; (metrics, seconds waited)."""
+    t0 = time.monotonic()
+    while True:
+        m = metrics(s)
+        if m["sampler_num_requests_running"] == 0 and m["sampler_num_requests_waiting"] == 0 and \
+                m["sampler_kv_blocks_used"] == 0 and m["sampler_inflight_requests"] == 0:
+            return m, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"server not idle after {timeout} s: {m}")
+        time.sleep(0.05)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import BUILD, ROOT
-from server_fixture import ADMIN, Server
+from server_fixture import ADMIN, Server, metrics, wait_idle
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import load  # noqa: E402  bench/load.py
@@ -33,30 +33,6 @@ import load  # noqa: E402  bench/load.py
 AUTH = {"Authorization": "Bearer " + ADMIN}
 TRAINER = os.environ.get("TRAINER_BIN", os.path.join(BUILD, "trainer"))
 TINY = os.path.join(ROOT, "models/tiny-qwen3")
-
-
-def metrics(s):
-    st, text = s.request("GET", "/metrics")
-    assert st == 200
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
-
-
-def wait_idle(s, timeout):
-    """Poll /metrics until nothing runs, waits or holds KV blocks."""
-    t0 = time.monotonic()
-    while True:
-        m = metrics(s)
-        if m["sampler_num_requests_running"] == 0 and m["sampler_num_requests_waiting"] == 0 and \
-                m["sampler_kv_blocks_used"] == 0 and m["sampler_inflight_requests"] == 0:
-            return m, time.monotonic() - t0
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"server not idle after {timeout} s: {m}")
-        time.sleep(0.05)
 
 
 def http_raw(port, data, timeout=10.0):

@@ -10,35 +10,13 @@ import threading
 import time
 
 from conftest import ROOT
-from server_fixture import ADMIN, Server
+from server_fixture import ADMIN, Server, metrics, wait_idle
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import load  # noqa: E402  bench/load.py
 
 AUTH = {"Authorization": "Bearer " + ADMIN}
 PROMPT = [9707, 11, 1879, 0, 785, 3974, 13876, 38835]
-
-
-def metrics(s):
-    st, text = s.request("GET", "/metrics")
-    assert st == 200
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
-
-
-def wait_idle(s, timeout=30):
-    t0 = time.monotonic()
-    while True:
-        m = metrics(s)
-        if m["sampler_num_requests_running"] == 0 and m["sampler_num_requests_waiting"] == 0 and \
-                m["sampler_kv_blocks_used"] == 0 and m["sampler_inflight_requests"] == 0:
-            return m
-        assert time.monotonic() - t0 < timeout, f"server not idle: {m}"
-        time.sleep(0.05)
 
 
 def test_200_concurrent_streams():
@@ -49,7 +27,7 @@ def test_200_concurrent_streams():
         assert m["errors"] == [], m["errors"][:5]
         assert m["accepted"] == 200 and m["rejected"] == 0
         assert m["tokens"] == 200 * 4
-        after = wait_idle(s)
+        after, _ = wait_idle(s)
         assert after['sampler_http_requests_total{status="200"}'] >= 200
         assert after['sampler_sequences_finished_total{finish_reason="length"}'] == 200
     finally:

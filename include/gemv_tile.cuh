@@ -88,15 +88,6 @@ static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
         float v = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f; /* 2^120 */
         w[i] = (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
     }
-/* Fills m->end from the segments' rows and launches gemv_tile_kernel<n, fmt>
- * (matmul.cu). 1 <= n <= 8, 1 <= m->nseg <= GT_MAX_SEG. */
-void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
-/* The checked launcher of several matrices over one x (matmul.cu): every segment
- * shares x and cols, cols % (8 << fmt) == 0, W and x 16-byte aligned (fp8: bc a
- * multiple of 16 or >= cols; nvfp4: SF 2-byte aligned). 0, or -1 without a launch
- * (the caller runs the matrices one by one). */
-int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
-
 #endif
 }
 
@@ -287,6 +278,34 @@ template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvMulti m) {
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
     gemv_tile<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], s == 0 ? b : b - m.end[s - 1]);
+}
+
+/* One matrix of the launch, per format (host side). */
+static inline GemvArgs gemv_args(float *out, const float *x, const void *W, const uint16_t *bias, int rows, int cols) {
+    GemvArgs a = {};
+    a.out = out;
+    a.x = x;
+    a.W = (const uint4 *)W;
+    a.bias = bias;
+    a.rows = rows;
+    a.cols = cols;
+    return a;
+}
+static inline GemvArgs gemv_args_fp8(float *out, const float *x, const uint8_t *Q, const float *scale_inv, int br,
+                                     int bc, const uint16_t *bias, int rows, int cols) {
+    GemvArgs a = gemv_args(out, x, Q, bias, rows, cols);
+    a.S = scale_inv;
+    a.br = br;
+    a.bc = bc;
+    a.sc = (cols + bc - 1) / bc;
+    return a;
+}
+static inline GemvArgs gemv_args_nvfp4(float *out, const float *x, const uint8_t *P, const uint8_t *SF, float scale2,
+                                       const uint16_t *bias, int rows, int cols) {
+    GemvArgs a = gemv_args(out, x, P, bias, rows, cols);
+    a.SF = (const uint16_t *)SF;
+    a.scale2 = scale2;
+    return a;
 }
 
 /* Fills m->end from the segments' rows and launches gemv_tile_kernel<n, fmt>

@@ -253,27 +253,18 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
     int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
-        GemvArgs *a = &m.seg[i];
+        const uint16_t *bias = dw(b, biases[i]);
         ok = w->fmt == ws[0]->fmt;
-        a->out = outs[i];
-        a->x = x;
-        a->bias = dw(b, biases[i]);
-        a->rows = w->rows;
-        a->cols = w->cols;
         if (w->fmt == WF_BF16) {
-            a->W = (const uint4 *)dw(b, w->bf16);
+            m.seg[i] = gemv_args(outs[i], x, dw(b, w->bf16), bias, w->rows, w->cols);
         } else if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            a->W = (const uint4 *)dv(b, q->q);
-            a->S = (const float *)dv(b, q->scale_inv);
-            a->br = q->block_rows;
-            a->bc = q->block_cols;
-            a->sc = q->scale_cols;
+            m.seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)dv(b, q->q), (const float *)dv(b, q->scale_inv),
+                                     q->block_rows, q->block_cols, bias, w->rows, w->cols);
         } else {
             const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-            a->W = (const uint4 *)dv(b, q->packed);
-            a->SF = (const uint16_t *)dv(b, q->scale);
-            a->scale2 = q->scale2;
+            m.seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)dv(b, q->packed), (const uint8_t *)dv(b, q->scale),
+                                       q->scale2, bias, w->rows, w->cols);
         }
     }
     m.nseg = count;

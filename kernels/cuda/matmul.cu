@@ -96,12 +96,7 @@ extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t 
     } else {
         GemvMulti m = {};
         m.nseg = 1;
-        m.seg[0].out = out;
-        m.seg[0].x = x;
-        m.seg[0].W = (const uint4 *)W;
-        m.seg[0].bias = bias;
-        m.seg[0].rows = rows;
-        m.seg[0].cols = cols;
+        m.seg[0] = gemv_args(out, x, W, bias, rows, cols);
         gemv_tile_run(&m, n, 0, s);
     }
     CUDA_CHECK_LAUNCH();

@@ -91,17 +91,7 @@ extern "C" int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q
         } else {
             GemvMulti g = {};
             g.nseg = 1;
-            GemvArgs *a = &g.seg[0];
-            a->out = o;
-            a->x = xt;
-            a->W = (const uint4 *)Q;
-            a->bias = bias;
-            a->rows = rows;
-            a->cols = cols;
-            a->S = scale_inv;
-            a->br = block_rows;
-            a->bc = block_cols;
-            a->sc = sc;
+            g.seg[0] = gemv_args_fp8(o, xt, Q, scale_inv, block_rows, block_cols, bias, rows, cols);
             gemv_tile_run(&g, m, 1, s);
         }
         CUDA_CHECK_LAUNCH();
@@ -125,15 +115,7 @@ extern "C" int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t 
         } else {
             GemvMulti g = {};
             g.nseg = 1;
-            GemvArgs *a = &g.seg[0];
-            a->out = o;
-            a->x = xt;
-            a->W = (const uint4 *)packed;
-            a->bias = bias;
-            a->rows = rows;
-            a->cols = cols;
-            a->SF = (const uint16_t *)scale;
-            a->scale2 = scale2;
+            g.seg[0] = gemv_args_nvfp4(o, xt, packed, scale, scale2, bias, rows, cols);
             gemv_tile_run(&g, m, 2, s);
         }
         CUDA_CHECK_LAUNCH();

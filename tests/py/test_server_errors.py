@@ -7,7 +7,7 @@ import socket
 import openai
 import pytest
 
-from server_fixture import ADMIN, Server
+from server_fixture import ADMIN, Server, metrics
 
 
 @pytest.fixture(scope="module")
@@ -162,18 +162,21 @@ def test_client_disconnect_aborts_whole_response(srv):
         return int(float([l for l in m.splitlines() if 'finish_reason="abort"' in l][0].split()[1]))
 
     before = aborted()
-    body = json.dumps({"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "top_p": 0.5}).encode()
+    # n = 8 x 255 tokens (max-model-len 256) with top-p over the whole vocabulary: seconds of work, so it
+    # is still running when the client leaves (one 200-token sample took ~0.5 s: too short to be sure)
+    body = json.dumps({"prompt": "hi", "n": 8, "max_tokens": 255, "ignore_eos": True, "top_p": 0.5}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30  # the request runs, then its client leaves
+    while metrics(srv)["sampler_num_requests_running"] == 0:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.01)
     s.close()
-    for _ in range(200):
-        if aborted() > before:
-            break
+    deadline = time.monotonic() + 30
+    while aborted() <= before:
+        assert time.monotonic() < deadline, "a whole-response request was not aborted when its client left"
         time.sleep(0.05)
-    else:
-        raise AssertionError("a whole-response request was not aborted when its client left")
     still_serving(srv)
 
 

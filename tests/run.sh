@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README). Builds with warnings as errors and runs every test
-# under ctest, twice: a release build (build/, with the CUDA targets when nvcc
-# is found) and an ASan+UBSan build (build-asan/, CPU only), where any leak or
-# undefined behaviour fails; then every libFuzzer target for FUZZ_SECONDS
-# (default 30) each when clang is installed. QUICK=1 skips both extra passes.
+# under ctest: a release build (build/, with the CUDA targets when nvcc is
+# found), then an ASan+UBSan build (build-asan/, CPU only) where any leak or
+# undefined behaviour fails, then a ThreadSanitizer build (build-tsan/) of the
+# tests where threads meet (engine, block manager, sampling, the server tests),
+# then every libFuzzer target for FUZZ_SECONDS (default 30) each when clang is
+# installed. QUICK=1 runs the release pass only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -18,6 +20,13 @@ if [ "${QUICK:-0}" != 1 ]; then
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure
+
+  cmake -S . -B build-tsan -DSAMPLER_WERROR=ON -DSAMPLER_TSAN=ON -DSAMPLER_CUDA=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build-tsan -j"$jobs"
+  TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
+    ctest --test-dir build-tsan --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|pytest)$'
+
   if command -v clang >/dev/null; then
     FUZZ_SECONDS=${FUZZ_SECONDS:-30} ./tests/fuzz/run.sh
   fi

@@ -43,14 +43,25 @@ typedef struct TensorKind {
     int ties_lm_head;      /* the embedding: with tie_embeddings its entry fills lm_head too */
 } TensorKind;
 
+/* An architecture: its config.json name, the config rules that differ
+ * between architectures, and its tensor table. */
 typedef struct ArchTable {
     Arch arch;
+    const char *hf_name;     /* config.json architectures[0] */
+    int qk_norm;             /* RMSNorm on q and k per head before RoPE */
+    int qkv_bias;            /* q/k/v always biased (else only with attention_bias) */
+    int attn_bias_o;         /* attention_bias also biases o_proj */
+    int moe;                 /* sparse MoE keys in config.json (num_experts, ...) */
     const TensorKind *kinds;
     int n;
 } ArchTable;
 
 /* The table of an architecture (arch_tables.c); NULL if it has none. */
 const ArchTable *arch_table(Arch arch);
+/* The table whose hf_name is name, or NULL. */
+const ArchTable *arch_table_by_name(const char *name);
+/* "A, B, ..." of every supported hf_name, into buf[n]; returns buf. */
+const char *arch_supported(char *buf, size_t n);
 
 /* Build m->weights from m->cfg's table: one entry per tensor present, in load
  * order (model tensors, then per layer; experts interleaved gate/up/down per

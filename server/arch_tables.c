@@ -1,12 +1,15 @@
 /*
- * arch_tables.c - the tensor-name table of each supported architecture: one
- * row per tensor kind, in load order (weight_registry.h says what a row
- * holds). Adding an architecture whose tensors are named like these is a new
- * table here plus its name in model_config.c; a new tensor kind is a row here
- * and the field it fills in LayerWeights / Model.
+ * arch_tables.c - each supported architecture as data: its config.json
+ * name, the config rules that differ between architectures, and its tensor
+ * table, one row per tensor kind in load order (weight_registry.h says what a
+ * row holds). Adding an architecture whose layer computes like these is an
+ * entry of `tables` (plus its Arch value in model.h); a new tensor kind is a
+ * row here and the field it fills in LayerWeights / Model.
  * Not here: building the list from a table (weight_registry.c), loading.
  */
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "weight_registry.h"
 
@@ -61,16 +64,35 @@ static const TensorKind qwen3_moe[] = {TOP_ROWS, NORM_ROWS, ATTN_ROWS, O_BIAS_RO
 static const TensorKind llama[] = {TOP_ROWS, NORM_ROWS, ATTN_ROWS, O_BIAS_ROW, DENSE_MLP_ROWS};
 static const TensorKind qwen2[] = {TOP_ROWS, NORM_ROWS, ATTN_ROWS, DENSE_MLP_ROWS};
 
-#define TABLE(a, rows) {a, rows, (int)(sizeof rows / sizeof rows[0])}
+#define TABLE(rows) rows, (int)(sizeof rows / sizeof rows[0])
 static const ArchTable tables[] = {
-    TABLE(ARCH_QWEN3, qwen3),
-    TABLE(ARCH_QWEN3_MOE, qwen3_moe),
-    TABLE(ARCH_LLAMA, llama),
-    TABLE(ARCH_QWEN2, qwen2),
+    /* arch, hf_name, qk_norm, qkv_bias, attn_bias_o, moe, rows */
+    {ARCH_QWEN3, "Qwen3ForCausalLM", 1, 0, 1, 0, TABLE(qwen3)},
+    {ARCH_QWEN3_MOE, "Qwen3MoeForCausalLM", 1, 0, 1, 1, TABLE(qwen3_moe)},
+    {ARCH_LLAMA, "LlamaForCausalLM", 0, 0, 1, 0, TABLE(llama)},
+    {ARCH_QWEN2, "Qwen2ForCausalLM", 0, 1, 0, 0, TABLE(qwen2)},
 };
+#define N_TABLES (sizeof tables / sizeof tables[0])
 
 const ArchTable *arch_table(Arch arch) {
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+    for (size_t i = 0; i < N_TABLES; i++)
         if (tables[i].arch == arch) return &tables[i];
     return NULL;
+}
+
+const ArchTable *arch_table_by_name(const char *name) {
+    for (size_t i = 0; i < N_TABLES; i++)
+        if (strcmp(tables[i].hf_name, name) == 0) return &tables[i];
+    return NULL;
+}
+
+const char *arch_supported(char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < N_TABLES && used < n; i++) {
+        int w = snprintf(buf + used, n - used, "%s%s", i ? ", " : "", tables[i].hf_name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return buf;
 }

@@ -1,8 +1,9 @@
 /*
  * model.c - load a Hugging Face model directory into a Model: map the
- * safetensors, check every tensor the architecture needs (name, dtype, shape),
- * use BF16 in place and convert F16/F32 to BF16 once. Prints a summary.
- * Not here: the forward pass (forward.c), quantization (quant/).
+ * safetensors, check every tensor of the weight registry's list (name, dtype,
+ * shape; weight_registry.h), use BF16 in place and convert F16/F32 to BF16
+ * once. Prints a summary. Not here: which tensors an architecture has
+ * (arch_tables.c), the forward pass (forward.c), quantization (quant/).
  */
 #include "model.h"
 

@@ -111,28 +111,32 @@ void weight_registry_build(Model *m) {
     }
 }
 
-static const WeightSet *g_sort; /* qsort has no context argument; start-up and single-threaded */
-
 static int cmp_name(const void *a, const void *b) {
-    return strcmp(g_sort->t[*(const int *)a].name, g_sort->t[*(const int *)b].name);
+    return strcmp((*(const WeightTensor *const *)a)->name, (*(const WeightTensor *const *)b)->name);
 }
 
 static int cmp_host(const void *a, const void *b) {
-    uintptr_t x = (uintptr_t)weight_tensor_bf16(&g_sort->t[*(const int *)a]),
-              y = (uintptr_t)weight_tensor_bf16(&g_sort->t[*(const int *)b]);
+    uintptr_t x = (uintptr_t)weight_tensor_bf16(*(const WeightTensor *const *)a),
+              y = (uintptr_t)weight_tensor_bf16(*(const WeightTensor *const *)b);
     return x < y ? -1 : x > y;
+}
+
+/* out[i] = index of the i-th entry in cmp order. */
+static int *sorted_index(const WeightSet *ws, int (*cmp)(const void *, const void *)) {
+    WeightTensor **p = xcalloc((size_t)ws->n + 1, sizeof *p);
+    int *out = xcalloc((size_t)ws->n + 1, sizeof(int));
+    for (int i = 0; i < ws->n; i++) p[i] = &ws->t[i];
+    qsort(p, (size_t)ws->n, sizeof *p, cmp);
+    for (int i = 0; i < ws->n; i++) out[i] = (int)(p[i] - ws->t);
+    free(p);
+    return out;
 }
 
 void weight_registry_index(WeightSet *ws) {
     free(ws->by_name);
     free(ws->by_host);
-    ws->by_name = xcalloc((size_t)ws->n + 1, sizeof(int));
-    ws->by_host = xcalloc((size_t)ws->n + 1, sizeof(int));
-    for (int i = 0; i < ws->n; i++) ws->by_name[i] = ws->by_host[i] = i;
-    g_sort = ws;
-    qsort(ws->by_name, (size_t)ws->n, sizeof(int), cmp_name);
-    qsort(ws->by_host, (size_t)ws->n, sizeof(int), cmp_host);
-    g_sort = NULL;
+    ws->by_name = sorted_index(ws, cmp_name);
+    ws->by_host = sorted_index(ws, cmp_host);
 }
 
 void weight_registry_free(Model *m) {

@@ -2,7 +2,10 @@
  * backend.h - the table of ops the forward pass runs, one implementation per
  * device. The CPU backend (kernels/cpu/backend_cpu.c) is the reference; the
  * CUDA backend fills the same table with kernel launchers over device memory.
- * Tensors are row-major; shapes are given per argument.
+ * Tensors are row-major; shapes are given per argument. Weights: a WeightMat
+ * (the op reads bf16 / q on a host backend, dev / dev_scale on a device
+ * backend) and bf16 vectors passed as pointers into the backend's memory
+ * (forward.c picks WeightVec.host or .dev); no op translates host pointers.
  */
 #ifndef SAMPLER_BACKEND_H
 #define SAMPLER_BACKEND_H
@@ -40,11 +43,12 @@ struct Backend {
     void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*zero)(Backend *b, void *p, size_t bytes);
-    /* The host weight at host[0, bytes) changed (a delta): refresh any device
-     * copy. idx: the touched element indices [n_idx] (elem bytes each), or NULL
-     * when every element may have changed. Returns 0, or -1 when the device copy
-     * could not be brought up to date. NULL when the ops read host weights. */
-    int (*weights_changed)(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem);
+    /* Registered tensor t's host storage changed (a delta; a quantized matrix
+     * was re-quantized on the host): refresh its device copy. idx: the touched
+     * element indices [n_idx] (elem bytes each), or NULL when every element may
+     * have changed. Returns 0, or -1 when the device copy could not be brought
+     * up to date. NULL when the ops read host weights. */
+    int (*weights_changed)(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem);
     /* dst = src, both backend memory, not overlapping */
     void (*copy)(Backend *b, void *dst, const void *src, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
@@ -99,25 +103,22 @@ Backend *backend_cpu_create(int n_threads, int max_ctx);
 
 /* ---- CUDA backend (kernels/cuda/backend_cuda.cu; only linked into the
  * per-GPU binaries sampler-sm*, see device_select.h for the safe entry) ----
- * Ops take device pointers for activations, caches and step inputs, and the
- * model's *host* weight pointers (WeightMat.bf16, norms, biases, embedding),
- * which the backend translates to the device copies it made at creation.
- * Runs on device 0 on one stream; FP8 and NVFP4 matrices run weight-only
- * (their quantized bytes on the device, the BF16 master on the host). */
-struct Model;
-struct ModelConfig;
-/* Copy every weight the forward pass reads to the device (start-up, fatal on error). */
-Backend *backend_cuda_create(struct Model *m, int max_ctx);
-/* For models built directly in device memory (benchmarks): weight pointers
- * handed to the ops are already device pointers and are used as they are. */
-Backend *backend_cuda_create_resident(const struct ModelConfig *cfg, int max_ctx);
-/* Make host tensor [bytes] readable by the ops: copy it to the device, or, if
- * it is already registered, copy it again (after an in-place weight update).
- * Returns 0, or -1 if bytes exceeds the registered size. */
-int backend_cuda_register(Backend *b, const void *host, size_t bytes);
-/* Copy the device copy of registered host tensor [bytes] back into dst (checks
- * that a delta reached the device: hash it against the host). -1 if unknown. */
-int backend_cuda_read_weight(Backend *b, const void *host, void *dst, size_t bytes);
+ * Ops take device pointers for activations, caches, step inputs and vectors,
+ * and read a WeightMat's dev / dev_scale. Runs on device 0 on one stream; FP8
+ * and NVFP4 matrices run weight-only (their quantized bytes on the device,
+ * the BF16 master on the host). */
+/* Copy every tensor of ws to one device arena and set each entry's dev slots
+ * (WeightVec.dev, WeightMat.dev / dev_scale). head_dim sizes the attention
+ * scratch. Start-up: fatal on error. */
+Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx);
+/* For models built directly in device memory (benchmarks): the caller sets
+ * the dev slots of the WeightMats it passes and hands vectors as device
+ * pointers; deltas are not supported. */
+Backend *backend_cuda_create_resident(int head_dim, int max_ctx); /* head_dim <= 0: the largest supported */
+/* Copy w's device BF16 copy [bytes] back into dst (checks that a delta reached
+ * the device: hash it against the host master). -1 if w has none or bytes
+ * exceeds it. */
+int backend_cuda_read_weight(Backend *b, const WeightMat *w, void *dst, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,6 @@ typedef void (*TaskFn)(void *ctx, int task, int thread);
 
 ThreadPool *threadpool_create(int n_threads); /* n_threads includes the caller */
 void threadpool_free(ThreadPool *tp);
-int threadpool_size(const ThreadPool *tp);
 /* Runs fn for task in [0, n_tasks) and returns when all are done. Not reentrant. */
 void threadpool_run(ThreadPool *tp, int n_tasks, TaskFn fn, void *ctx);
 

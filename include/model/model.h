@@ -83,12 +83,14 @@ int model_config_load(ModelConfig *cfg, const char *dir, Err *err);
 /* 1 when layer l uses the sparse MoE block. */
 int model_layer_is_moe(const ModelConfig *cfg, int l);
 
+/* The tensors of one decoder layer. Which are present, their names and
+ * shapes: the architecture's table (weight_registry.h, arch_tables.c). */
 typedef struct LayerWeights {
-    const uint16_t *attn_norm;  /* [hidden] bf16 */
-    const uint16_t *mlp_norm;   /* [hidden] bf16 */
+    WeightVec attn_norm;        /* [hidden] bf16 */
+    WeightVec mlp_norm;         /* [hidden] bf16 */
     WeightMat q, k, v, o;       /* q [nh*hd, hidden], k/v [nkv*hd, hidden], o [hidden, nh*hd] */
-    const uint16_t *q_bias, *k_bias, *v_bias, *o_bias; /* [rows] bf16 or NULL */
-    const uint16_t *q_norm, *k_norm; /* [head_dim] bf16, Qwen3 only */
+    WeightVec q_bias, k_bias, v_bias, o_bias; /* [rows] bf16, host NULL if absent */
+    WeightVec q_norm, k_norm;   /* [head_dim] bf16, Qwen3 only */
     WeightMat gate, up, down;   /* dense: gate/up [inter, hidden], down [hidden, inter] */
     WeightMat router;           /* MoE: [n_experts, hidden] */
     WeightMat *egate, *eup, *edown; /* MoE: [n_experts] of [moe_inter, hidden] / [hidden, moe_inter] */
@@ -97,10 +99,11 @@ typedef struct LayerWeights {
 typedef struct Model {
     ModelConfig cfg;
     SafeTensors *st;            /* the mapping the weights point into */
-    const uint16_t *embed;      /* [vocab, hidden] bf16 */
-    const uint16_t *final_norm; /* [hidden] bf16 */
+    WeightVec embed;            /* [vocab, hidden] bf16 */
+    WeightVec final_norm;       /* [hidden] bf16 */
     WeightMat lm_head;          /* [vocab, hidden]; aliases embed when tied */
     LayerWeights *layers;       /* [n_layers] */
+    WeightSet weights;          /* every tensor above, one entry each (weight_registry.h) */
     void **owned;               /* converted (F16/F32 -> BF16) buffers we must free */
     int n_owned;
     int64_t n_params;

@@ -119,7 +119,9 @@ static inline float quant_e2m1_to_f32(uint8_t code) {
 }
 
 /* 1 if a checkpoint tensor (HF name, ndim) is quantized under --precision fp8|nvfp4:
- * the 2-D `*_proj.weight` inside `.layers.`; 0 for what stays BF16 (see above). */
+ * the 2-D `*_proj.weight` inside `.layers.`; 0 for what stays BF16 (see above).
+ * The loader's choice: the weight registry derives each entry's quantizable
+ * flag from this (and checks the architecture tables against it). */
 int quant_should_quantize(const char *name, int ndim);
 
 /* ---- FP8 weights ---- */

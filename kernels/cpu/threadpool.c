@@ -88,8 +88,6 @@ void threadpool_free(ThreadPool *tp) {
     free(tp);
 }
 
-int threadpool_size(const ThreadPool *tp) { return tp->n; }
-
 void threadpool_run(ThreadPool *tp, int n_tasks, TaskFn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (tp->n == 1 || n_tasks == 1) {

@@ -2,9 +2,10 @@
  * backend_cuda.cu - the CUDA backend: the op table of backend.h over device
  * memory, one stream on device 0, kernels of kernels/cuda/ and cuBLAS.
  *
- * Weights: at creation every tensor the forward pass reads is copied once
- * into one device arena; a hash map translates the model's host pointers
- * (what the forward pass hands to the ops) to their device copies. Matmul
+ * Weights: at creation every tensor of the model's WeightSet (weights.h, the
+ * weight registry's list) is copied once into one device arena and its dev
+ * slots are set; ops read WeightMat.dev / dev_scale and are handed vectors as
+ * device pointers, so nothing is looked up per op. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
  * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
@@ -29,8 +30,8 @@
 extern "C" {
 #include "check.h"
 #include "log.h"
-#include "model.h"
 #include "quant.h"
+#include "weights.h"
 }
 #include "gemv_tile.cuh"
 
@@ -43,27 +44,16 @@ extern "C" {
 
 #define BLAS_WORKSPACE (32u << 20)
 
-typedef struct DevEntry {
-    const void *host; /* key; NULL = empty slot */
-    void *dev;
-    size_t bytes;
-    int owned;        /* 1: own cudaMalloc (registered later), 0: in the arena */
-} DevEntry;
-
 typedef struct CudaCtx {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
     int resident, sms, max_ctx;
-    DevEntry *map;     /* open addressing, cap a power of two */
-    size_t cap, used;
     void *arena;       /* weights copied at creation */
     uint16_t *xbf;     /* [xbf_cap] bf16 GEMM activations */
     size_t xbf_cap;
     float *part;       /* attention split scratch */
     size_t part_cap;   /* floats */
-    const WeightMat **qmats; /* [n_qmats] the model's FP8/NVFP4 matrices (delta re-uploads) */
-    int n_qmats, cap_qmats;
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
     size_t sc_dev_cap;
     uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
@@ -72,51 +62,6 @@ typedef struct CudaCtx {
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
 static void *st(Backend *b) { return (void *)ctx(b)->stream; }
-
-static size_t map_slot(const CudaCtx *c, const void *h) {
-    uint64_t x = (uint64_t)(uintptr_t)h;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    size_t i = (size_t)x & (c->cap - 1);
-    while (c->map[i].host && c->map[i].host != h) i = (i + 1) & (c->cap - 1);
-    return i;
-}
-
-static DevEntry *map_find(CudaCtx *c, const void *h) {
-    if (!c->cap) return NULL;
-    DevEntry *e = &c->map[map_slot(c, h)];
-    return e->host ? e : NULL;
-}
-
-static DevEntry *map_insert(CudaCtx *c, const void *h) {
-    if (2 * (c->used + 1) > c->cap) {
-        DevEntry *old = c->map;
-        size_t oc = c->cap;
-        c->cap = oc ? 2 * oc : 1024;
-        c->map = (DevEntry *)xcalloc(c->cap, sizeof(DevEntry));
-        for (size_t i = 0; i < oc; i++)
-            if (old[i].host) c->map[map_slot(c, old[i].host)] = old[i];
-        free(old);
-    }
-    DevEntry *e = &c->map[map_slot(c, h)];
-    if (!e->host) {
-        e->host = h;
-        c->used++;
-    }
-    return e;
-}
-
-/* Host weight pointer -> device copy (NULL stays NULL). */
-static const uint16_t *dw(Backend *b, const void *h) {
-    CudaCtx *c = ctx(b);
-    if (!h || c->resident) return (const uint16_t *)h;
-    DevEntry *e = map_find(c, h);
-    CHECK(e, "weight at host %p was never copied to the device (a bug: add it to backend_cuda_create)", h);
-    return (const uint16_t *)e->dev;
-}
-
-static const void *dv(Backend *b, const void *h) { return (const void *)dw(b, h); }
 
 /* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
 static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
@@ -151,12 +96,43 @@ static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
 static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
-extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+/* The device parts of a matrix: what the kernels read and its scales (FP8/NVFP4).
+ * host[i] -> dev[i] of bytes[i]; returns the number of parts (1 or 2). */
+static int mat_parts(WeightMat *w, const void **host, void ***dev, size_t *bytes) {
+    dev[0] = &w->dev;
+    dev[1] = &w->dev_scale;
+    if (w->fmt == WF_BF16) {
+        host[0] = w->bf16;
+        bytes[0] = sizeof(uint16_t) * (size_t)w->rows * w->cols;
+        return 1;
+    }
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        host[0] = q->q;
+        bytes[0] = (size_t)q->rows * q->cols;
+        host[1] = q->scale_inv;
+        bytes[1] = sizeof(float) * (size_t)q->scale_rows * q->scale_cols;
+        return 2;
+    }
+    const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+    host[0] = q->packed;
+    bytes[0] = (size_t)q->rows * (q->cols / 2);
+    host[1] = q->scale;
+    bytes[1] = (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK);
+    return 2;
+}
+
+/* Rewrite a device copy from the host (delta path: may return -1, never fatal). */
+static int cu_rewrite(CudaCtx *c, void *dev, const void *host, size_t bytes) {
+    return cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream) == cudaSuccess &&
+                   cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+}
 
 /* Sparse delta on a registered device copy: upload (idx, values), scatter, gather
  * the touched elements back and compare them with what was sent (the verified
  * copy back). Staging grows on this path only (deltas, never a step). */
-static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const int64_t *idx, int64_t n, int elem) {
+static int cu_scatter_verified(Backend *b, void *dev, size_t dev_bytes, const void *host, const int64_t *idx, int64_t n,
+                               int elem) {
     CudaCtx *c = ctx(b);
     size_t vb = (size_t)n * elem, need = sizeof(int64_t) * (size_t)n + 2 * vb;
     scratch_grow(c, &c->sc_dev, &c->sc_dev_cap, need);
@@ -171,42 +147,42 @@ static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const 
     for (int64_t i = 0; i < n; i++) memcpy(vals + (size_t)i * elem, h + (size_t)idx[i] * elem, (size_t)elem);
     int64_t *didx = (int64_t *)c->sc_dev;
     uint8_t *dval = (uint8_t *)c->sc_dev + sizeof(int64_t) * (size_t)n, *dback = dval + vb;
-    int64_t numel = (int64_t)(e->bytes / (size_t)elem);
+    int64_t numel = (int64_t)(dev_bytes / (size_t)elem);
     if (cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
         cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
-        cuda_scatter(e->dev, numel, didx, dval, n, elem, st(b)) ||
-        cuda_gather(dback, e->dev, numel, didx, n, elem, st(b)) ||
+        cuda_scatter(dev, numel, didx, dval, n, elem, st(b)) ||
+        cuda_gather(dback, dev, numel, didx, n, elem, st(b)) ||
         cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess ||
         cudaStreamSynchronize(c->stream) != cudaSuccess)
         return -1;
     return memcmp(vals, back, vb) ? -1 : 0;
 }
 
-/* A BF16 weight: scatter the touched elements when that moves well under the
+/* A BF16 tensor: scatter the touched elements when that moves well under the
  * tensor's bytes, else re-upload it. A quantized matrix's BF16 master is not on
  * the device: the host re-quantized it (admin_touched), so its quantized buffers
  * are re-uploaded. Returns 0, or -1 (the caller restores the host weights and
  * calls again, which rewrites the device copy from them). */
-static int cu_weights_changed(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx,
-                              int elem) {
+static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem) {
     CudaCtx *c = ctx(b);
-    for (int i = 0; i < c->n_qmats; i++) {
-        const WeightMat *w = c->qmats[i];
-        if (w->bf16 != host) continue;
-        if (w->fmt == WF_FP8) {
-            const QuantFp8 *q = (const QuantFp8 *)w->q;
-            return backend_cuda_register(b, q->q, (size_t)q->rows * q->cols) ||
-                   backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols) ? -1 : 0;
-        }
-        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        return backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2)) ||
-               backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK)) ? -1 : 0;
+    if (c->resident) return -1;
+    if (t->mat && !t->vec && t->mat->fmt != WF_BF16) {
+        const void *host[2];
+        void **dev[2];
+        size_t bytes[2];
+        int np = mat_parts(t->mat, host, dev, bytes);
+        for (int i = 0; i < np; i++)
+            if (!*dev[i] || cu_rewrite(c, *dev[i], host[i], bytes[i])) return -1;
+        return 0;
     }
-    DevEntry *e = c->resident ? NULL : map_find(c, host);
-    if (e && idx && n_idx > 0 && (elem == 1 || elem == 2 || elem == 4) && bytes <= e->bytes &&
+    const void *host = t->vec ? (const void *)t->vec->host : (const void *)t->mat->bf16;
+    void *dev = t->vec ? (void *)t->vec->dev : t->mat->dev;
+    size_t bytes = sizeof(uint16_t) * (size_t)t->numel;
+    if (!dev || !host) return -1;
+    if (idx && n_idx > 0 && (elem == 1 || elem == 2 || elem == 4) &&
         (size_t)n_idx * (sizeof(int64_t) + 2 * (size_t)elem) < bytes / 4)
-        return cu_scatter_verified(b, e, host, idx, n_idx, elem);
-    return backend_cuda_register(b, host, bytes);
+        return cu_scatter_verified(b, dev, bytes, host, idx, n_idx, elem);
+    return cu_rewrite(c, dev, host, bytes);
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
@@ -214,30 +190,30 @@ static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
 
 /* ---- ops ---- */
 static void cu_embed(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
-    LAUNCH_OK(cuda_embed(x, dw(b, emb), tokens, n, dim, st(b)));
+    LAUNCH_OK(cuda_embed(x, emb, tokens, n, dim, st(b)));
 }
 static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
-    LAUNCH_OK(cuda_rmsnorm(out, x, dw(b, w), n, dim, eps, st(b)));
+    LAUNCH_OK(cuda_rmsnorm(out, x, w, n, dim, eps, st(b)));
 }
 static void cu_add_rmsnorm(Backend *b, float *out, float *x, const float *y, const uint16_t *w, int n, int dim,
                            float eps) {
-    LAUNCH_OK(cuda_add_rmsnorm(out, x, y, dw(b, w), n, dim, eps, st(b)));
+    LAUNCH_OK(cuda_add_rmsnorm(out, x, y, w, n, dim, eps, st(b)));
 }
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
         const QuantFp8 *q = (const QuantFp8 *)w->q;
-        LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)dv(b, q->q), (const float *)dv(b, q->scale_inv),
-                                q->rows, q->cols, q->block_rows, q->block_cols, dw(b, bias), st(b)));
+        LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
+                                q->rows, q->cols, q->block_rows, q->block_cols, bias, st(b)));
         return;
     }
     if (w->fmt == WF_NVFP4) {
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, (const uint8_t *)dv(b, q->packed), (const uint8_t *)dv(b, q->scale),
-                                  q->scale2, q->rows, q->cols, dw(b, bias), st(b)));
+        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
+                                  q->scale2, q->rows, q->cols, bias, st(b)));
         return;
     }
-    const uint16_t *W = dw(b, w->bf16), *bs = dw(b, bias);
+    const uint16_t *W = (const uint16_t *)w->dev, *bs = bias;
     if (n <= CUDA_GEMV_MAX_N) {
         LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
         return;
@@ -253,17 +229,17 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
     int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
-        const uint16_t *bias = dw(b, biases[i]);
+        const uint16_t *bias = biases[i];
         ok = w->fmt == ws[0]->fmt;
         if (w->fmt == WF_BF16) {
-            m.seg[i] = gemv_args(outs[i], x, dw(b, w->bf16), bias, w->rows, w->cols);
+            m.seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
         } else if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            m.seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)dv(b, q->q), (const float *)dv(b, q->scale_inv),
+            m.seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
                                      q->block_rows, q->block_cols, bias, w->rows, w->cols);
         } else {
             const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-            m.seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)dv(b, q->packed), (const uint8_t *)dv(b, q->scale),
+            m.seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
                                        q->scale2, bias, w->rows, w->cols);
         }
     }
@@ -273,7 +249,7 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
                          const float *cs, const float *sn) {
-    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, dw(b, norm_w), eps, cs, sn, st(b)));
+    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, st(b)));
 }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
@@ -308,10 +284,6 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
 static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    for (size_t i = 0; i < c->cap; i++)
-        if (c->map[i].host && c->map[i].owned) CUDA_CHECK(cudaFree(c->map[i].dev));
-    free(c->map);
-    free(c->qmats);
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev};
     free(c->sc_host);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -403,149 +375,66 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
 }
 
 /* ---- weights ---- */
-typedef struct WeightList {
-    const void **host;
-    size_t *bytes;
-    int n, cap;
-} WeightList;
-
-static void wl_add(WeightList *l, const void *h, size_t bytes) {
-    if (!h) return;
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 256;
-        l->host = (const void **)realloc(l->host, sizeof(void *) * (size_t)l->cap);
-        l->bytes = (size_t *)realloc(l->bytes, sizeof(size_t) * (size_t)l->cap);
-        CHECK(l->host && l->bytes, "out of host memory");
-    }
-    l->host[l->n] = h;
-    l->bytes[l->n++] = bytes;
-}
-
-/* BF16: the matrix. FP8/NVFP4: the quantized bytes and scales only (the BF16
- * master stays on the host for deltas); the matrix is remembered for re-uploads. */
-static void wl_mat(WeightList *l, CudaCtx *c, const WeightMat *w) {
-    if (w->fmt == WF_BF16) {
-        wl_add(l, w->bf16, sizeof(uint16_t) * (size_t)w->rows * w->cols);
-        return;
-    }
-    if (w->fmt == WF_FP8) {
-        const QuantFp8 *q = (const QuantFp8 *)w->q;
-        wl_add(l, q->q, (size_t)q->rows * q->cols);
-        wl_add(l, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
-    } else {
-        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        wl_add(l, q->packed, (size_t)q->rows * (q->cols / 2));
-        wl_add(l, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK));
-    }
-    if (c->n_qmats == c->cap_qmats) {
-        c->cap_qmats = c->cap_qmats ? 2 * c->cap_qmats : 256;
-        c->qmats = (const WeightMat **)realloc(c->qmats, sizeof(WeightMat *) * (size_t)c->cap_qmats);
-        CHECK(c->qmats, "out of host memory");
-    }
-    c->qmats[c->n_qmats++] = w;
-}
-
-/* Every tensor forward.c hands to an op. */
-static void collect_weights(WeightList *l, CudaCtx *cc, const Model *m) {
-    const ModelConfig *c = &m->cfg;
-    size_t H = (size_t)c->hidden * 2, hd = (size_t)c->head_dim * 2;
-    wl_add(l, m->embed, (size_t)c->vocab * H);
-    wl_add(l, m->final_norm, H);
-    wl_mat(l, cc, &m->lm_head);
-    for (int i = 0; i < c->n_layers; i++) {
-        const LayerWeights *w = &m->layers[i];
-        wl_add(l, w->attn_norm, H);
-        wl_add(l, w->mlp_norm, H);
-        const WeightMat *mats[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down, &w->router};
-        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) wl_mat(l, cc, mats[j]);
-        wl_add(l, w->q_bias, (size_t)w->q.rows * 2);
-        wl_add(l, w->k_bias, (size_t)w->k.rows * 2);
-        wl_add(l, w->v_bias, (size_t)w->v.rows * 2);
-        wl_add(l, w->o_bias, (size_t)w->o.rows * 2);
-        wl_add(l, w->q_norm, hd);
-        wl_add(l, w->k_norm, hd);
-        if (model_layer_is_moe(c, i))
-            for (int e = 0; e < c->n_experts; e++) {
-                wl_mat(l, cc, &w->egate[e]);
-                wl_mat(l, cc, &w->eup[e]);
-                wl_mat(l, cc, &w->edown[e]);
-            }
-    }
-}
-
 #define ARENA_ALIGN 256
 
-extern "C" Backend *backend_cuda_create(Model *m, int max_ctx) {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    Backend *b = cuda_backend_new(m->cfg.head_dim, max_ctx, 0);
-    CudaCtx *c = ctx(b);
-    WeightList l = {0};
-    collect_weights(&l, c, m);
-    /* Two passes: offsets in one arena (aliases such as a tied lm_head map once), then copies. */
-    size_t total = 0;
-    for (int i = 0; i < l.n; i++) {
-        DevEntry *e = map_insert(c, l.host[i]);
-        if (e->bytes) {
-            CHECK(e->bytes == l.bytes[i], "weight %p listed with two sizes (%zu, %zu)", l.host[i], e->bytes,
-                  l.bytes[i]);
+/* Every part of every tensor of ws: fn(host, dev slot, bytes). */
+template <typename F> static void ws_parts(WeightSet *ws, F fn) {
+    for (int i = 0; i < ws->n; i++) {
+        WeightTensor *t = &ws->t[i];
+        if (t->vec) { /* a tied lm_head (t->mat) reads the same bf16 copy: set after the upload */
+            fn((const void *)t->vec->host, (void **)&t->vec->dev, sizeof(uint16_t) * (size_t)t->numel);
             continue;
         }
-        e->bytes = l.bytes[i];
-        e->dev = (void *)(uintptr_t)total; /* offset for now */
-        total += (l.bytes[i] + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        const void *host[2];
+        void **dev[2];
+        size_t bytes[2];
+        int np = mat_parts(t->mat, host, dev, bytes);
+        for (int p = 0; p < np; p++) fn(host[p], dev[p], bytes[p]);
     }
+}
+
+extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    Backend *b = cuda_backend_new(head_dim, max_ctx, 0);
+    CudaCtx *c = ctx(b);
+    /* Two passes: offsets in one arena, then the copies. */
+    size_t total = 0;
+    int n_parts = 0;
+    ws_parts(ws, [&](const void *, void **, size_t bytes) {
+        total += (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        n_parts++;
+    });
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     cudaError_t err = cudaMalloc(&c->arena, total ? total : 1);
     CHECK(err == cudaSuccess, "the model's %.2f GiB of weights do not fit in the %.2f GiB free on the GPU: "
           "%s\n  fix: use a GPU with more memory or a smaller model", total / 1073741824.0,
           free_b / 1073741824.0, cudaGetErrorString(err));
-    for (size_t i = 0; i < c->cap; i++) {
-        DevEntry *e = &c->map[i];
-        if (!e->host) continue;
-        e->dev = (char *)c->arena + (uintptr_t)e->dev;
-        CUDA_CHECK(cudaMemcpyAsync(e->dev, e->host, e->bytes, cudaMemcpyHostToDevice, c->stream));
-    }
+    size_t off = 0;
+    ws_parts(ws, [&](const void *host, void **dev, size_t bytes) {
+        CHECK(host, "a registered weight has no host data to copy (a bug in the loader)");
+        *dev = (char *)c->arena + off;
+        off += (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        CUDA_CHECK(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    });
+    for (int i = 0; i < ws->n; i++)
+        if (ws->t[i].vec && ws->t[i].mat) ws->t[i].mat->dev = (void *)ws->t[i].vec->dev;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    free(l.host);
-    free(l.bytes);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (c->n_qmats)
-        log_info("cuda backend: %d %s matrices run the weight-only kernel (f32 activations, weights dequantized "
-                 "in the GEMV)%s", c->n_qmats, precision_name(m->precision),
-                 m->act_quant ? "; quantized activations (native FP8/NVFP4 tensor cores) are not implemented on "
-                                "the GPU yet, so this model runs weight-only here, unlike the CPU backend" : "");
-    log_info("cuda backend: %zu weight tensors, %.2f GiB copied to the device in %.2f s; %d SMs",
-             c->used, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, c->sms);
+    log_info("cuda backend: %d weight tensors (%d buffers), %.2f GiB copied to the device in %.2f s; %d SMs", ws->n,
+             n_parts, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, c->sms);
     return b;
 }
 
-extern "C" Backend *backend_cuda_create_resident(const ModelConfig *cfg, int max_ctx) {
-    return cuda_backend_new(cfg ? cfg->head_dim : CUDA_ATTN_MAX_HEAD_DIM, max_ctx, 1);
+extern "C" Backend *backend_cuda_create_resident(int head_dim, int max_ctx) {
+    return cuda_backend_new(head_dim > 0 ? head_dim : CUDA_ATTN_MAX_HEAD_DIM, max_ctx, 1);
 }
 
-extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes) {
+extern "C" int backend_cuda_read_weight(Backend *b, const WeightMat *w, void *dst, size_t bytes) {
     CudaCtx *c = ctx(b);
-    if (c->resident || !host) return -1;
-    DevEntry *e = map_find(c, host);
-    if (e && bytes > e->bytes) return -1;
-    if (!e) {
-        e = map_insert(c, host);
-        e->bytes = bytes;
-        e->owned = 1;
-        CUDA_CHECK(cudaMalloc(&e->dev, bytes ? bytes : 1));
-    }
-    CUDA_CHECK(cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    return 0;
-}
-
-extern "C" int backend_cuda_read_weight(Backend *b, const void *host, void *dst, size_t bytes) {
-    CudaCtx *c = ctx(b);
-    DevEntry *e = c->resident ? NULL : map_find(c, host);
-    if (!e || bytes > e->bytes) return -1;
-    CUDA_CHECK(cudaMemcpyAsync(dst, e->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
+    if (c->resident || w->fmt != WF_BF16 || !w->dev || bytes > sizeof(uint16_t) * (size_t)w->rows * w->cols) return -1;
+    CUDA_CHECK(cudaMemcpyAsync(dst, w->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return 0;
 }

@@ -1,7 +1,7 @@
 /*
  * delta_model.c - deltas on a loaded Model: the DeltaTarget lookup
  * (checkpoint tensor name -> the BF16 storage the forward pass reads, via
- * model_tensor) and the touched hook that re-quantizes the FP8/NVFP4 blocks
+ * model_tensor over the weight registry) and the touched hook that re-quantizes the FP8/NVFP4 blocks
  * holding touched elements (quant_*_requant: bit-identical to quantizing the
  * updated master from scratch).
  *
@@ -16,28 +16,12 @@
 #include "delta.h"
 #include "model.h"
 #include "quant.h"
+#include "weight_registry.h"
 
 void *delta_lookup_model(void *ctx, const char *name, Dtype *dt, int64_t *numel) {
     uint16_t *p = model_tensor((Model *)ctx, name, numel);
     if (p) *dt = DT_BF16;
     return p;
-}
-
-/* The linear whose BF16 master is data, or NULL (norms, embeddings, ...). */
-static WeightMat *find_mat(Model *m, const void *data) {
-    if (m->lm_head.bf16 == data) return &m->lm_head;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        LayerWeights *lw = &m->layers[l];
-        WeightMat *mats[] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down, &lw->router};
-        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
-            if (mats[i]->bf16 == data) return mats[i];
-        for (int e = 0; e < m->cfg.n_experts; e++) {
-            if (lw->egate && lw->egate[e].bf16 == data) return &lw->egate[e];
-            if (lw->eup && lw->eup[e].bf16 == data) return &lw->eup[e];
-            if (lw->edown && lw->edown[e].bf16 == data) return &lw->edown[e];
-        }
-    }
-    return NULL;
 }
 
 static int requant(WeightMat *w, const int64_t *idx, size_t n, Err *err) {
@@ -48,7 +32,9 @@ static int requant(WeightMat *w, const int64_t *idx, size_t n, Err *err) {
 
 int delta_model_requant(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
                         int64_t n_idx, Err *err) {
-    WeightMat *w = find_mat(ctx, data);
+    /* the registered linear whose master is data (norms, embeddings: nothing to re-quantize) */
+    const WeightTensor *t = weight_registry_find_host(&((Model *)ctx)->weights, data);
+    WeightMat *w = t && !t->vec ? t->mat : NULL;
     if (!w || w->fmt == WF_BF16 || !w->q) return 0;
     if (idx) return requant(w, idx, (size_t)n_idx, err);
     /* Dense update: every element, in bounded chunks. */

@@ -74,6 +74,14 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
 }
 
 Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads) {
-    if (d->gpu) return runner_create_with(m, backend_cuda_create(m, max_ctx), max_tokens, max_ctx);
-    return runner_create(m, max_tokens, max_ctx, n_threads);
+    if (!d->gpu) return runner_create(m, max_tokens, max_ctx, n_threads);
+    Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, max_ctx);
+    int n_q = 0;
+    for (int i = 0; i < m->weights.n; i++) n_q += m->weights.t[i].mat && m->weights.t[i].mat->fmt != WF_BF16;
+    if (n_q)
+        log_info("cuda backend: %d %s matrices run the weight-only kernel (f32 activations, weights dequantized "
+                 "in the GEMV)%s", n_q, precision_name(m->precision),
+                 m->act_quant ? "; quantized activations (native FP8/NVFP4 tensor cores) are not implemented on "
+                                "the GPU yet, so this model runs weight-only here, unlike the CPU backend" : "");
+    return runner_create_with(m, b, max_tokens, max_ctx);
 }

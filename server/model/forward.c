@@ -15,8 +15,13 @@
 #include "cpu_ops.h"
 #include "log.h"
 #include "model.h"
+#include "weight_registry.h"
 
 #define RUNNER_GRAPH_MAX 256
+
+/* A vector weight as the ops read it: the host copy on a host backend, the
+ * backend's copy (WeightVec.dev, set at upload) otherwise; NULL when absent. */
+#define VEC(r, v) ((r)->b->host ? (v).host : (v).dev)
 
 struct Runner {
     Model *m;
@@ -91,7 +96,10 @@ KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
 
 int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
                            Err *err) {
-    if (!r->b->weights_changed || r->b->weights_changed(r->b, host, bytes, idx, n_idx, elem) == 0) return 0;
+    if (!r->b->weights_changed) return 0;
+    /* a checkpoint tensor outside the registry has no backend copy: nothing reads it */
+    const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
+    if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem) == 0) return 0;
     return ERR(err, 500, "the %s backend could not update its copy of a weight (%zu bytes)", r->b->name, bytes);
 }
 
@@ -120,6 +128,11 @@ Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads) {
 
 Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     const ModelConfig *c = &m->cfg;
+    for (int i = 0; !b->host && i < m->weights.n; i++) {
+        const WeightTensor *t = &m->weights.t[i];
+        CHECK((!t->vec || t->vec->dev) && (!t->mat || t->mat->dev), "the %s backend has no copy of '%s' (a bug in "
+              "its upload)", b->name, t->name);
+    }
     Runner *r = xcalloc(1, sizeof *r);
     r->b = b;
     r->m = m;
@@ -273,22 +286,22 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
     if (be->matmul_multi) {
         float *outs[3] = {r->q, r->k, r->v};
         const WeightMat *ws[3] = {&w->q, &w->k, &w->v};
-        const uint16_t *bs[3] = {w->q_bias, w->k_bias, w->v_bias};
+        const uint16_t *bs[3] = {VEC(r, w->q_bias), VEC(r, w->k_bias), VEC(r, w->v_bias)};
         be->matmul_multi(be, outs, r->xn, n, ws, bs, 3);
     } else {
-        be->matmul(be, r->q, r->xn, n, &w->q, w->q_bias);
-        be->matmul(be, r->k, r->xn, n, &w->k, w->k_bias);
-        be->matmul(be, r->v, r->xn, n, &w->v, w->v_bias);
+        be->matmul(be, r->q, r->xn, n, &w->q, VEC(r, w->q_bias));
+        be->matmul(be, r->k, r->xn, n, &w->k, VEC(r, w->k_bias));
+        be->matmul(be, r->v, r->xn, n, &w->v, VEC(r, w->v_bias));
     }
-    be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, w->q_norm, c->rms_eps, st->cs, st->sn);
-    be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, w->k_norm, c->rms_eps, st->cs, st->sn);
+    be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
+    be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
     int slot = kv->n_kv_heads * kv->head_dim;
     size_t layer_off = (size_t)l * kv->n_blocks * kv->block_size * slot;
     be->kv_write(be, kv->k + layer_off, kv->v + layer_off, r->k, r->v, st->slots, n, slot);
     AttnArgs a = {r->att, r->q, kv->k + layer_off, kv->v + layer_off, st->pos, st->seq, st->bt, r->bt_stride,
                   n, c->n_heads, c->n_kv_heads, c->head_dim, kv->block_size, 1.0f / sqrtf((float)c->head_dim)};
     be->attention(be, &a);
-    be->matmul(be, r->tmp, r->att, n, &w->o, w->o_bias);
+    be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
 }
 
 /* The residual add of a block's output (tmp) and the norm of the next block's input. */
@@ -387,18 +400,18 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
     const ModelConfig *c = &m->cfg;
     Backend *be = r->b;
     int H = c->hidden, moe_layer = 0;
-    be->embed(be, r->x, m->embed, st->tokens, n, H);
-    be->rmsnorm(be, r->xn, r->x, m->layers[0].attn_norm, n, H, c->rms_eps);
+    be->embed(be, r->x, VEC(r, m->embed), st->tokens, n, H);
+    be->rmsnorm(be, r->xn, r->x, VEC(r, m->layers[0].attn_norm), n, H, c->rms_eps);
     for (int l = 0; l < c->n_layers; l++) {
         attention_block(r, kv, l, st, n);
-        add_norm(r, m->layers[l].mlp_norm, n);
+        add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
         if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
         else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n);
-        if (l + 1 < c->n_layers) add_norm(r, m->layers[l + 1].attn_norm, n);
+        if (l + 1 < c->n_layers) add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
         else be->add(be, r->x, r->tmp, n * H);
     }
     be->gather_rows(be, r->hout, r->x, st->rows, n_out, H);
-    be->rmsnorm(be, r->hout, r->hout, m->final_norm, n_out, H, c->rms_eps);
+    be->rmsnorm(be, r->hout, r->hout, VEC(r, m->final_norm), n_out, H, c->rms_eps);
     be->matmul(be, be->host ? r->h_logits_out : r->logits, r->hout, n_out, &m->lm_head, NULL);
 }
 

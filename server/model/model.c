@@ -1,8 +1,9 @@
 /*
  * model.c - load a Hugging Face model directory into a Model: map the
- * safetensors, check every tensor the architecture needs (name, dtype, shape),
- * use BF16 in place and convert F16/F32 to BF16 once. Prints a summary.
- * Not here: the forward pass (forward.c), quantization (quant/).
+ * safetensors, check every tensor of the weight registry's list (name, dtype,
+ * shape; weight_registry.h), use BF16 in place and convert F16/F32 to BF16
+ * once. Prints a summary. Not here: which tensors an architecture has
+ * (arch_tables.c), the forward pass (forward.c), quantization (quant/).
  */
 #include "model.h"
 
@@ -12,6 +13,7 @@
 
 #include "log.h"
 #include "quant.h"
+#include "weight_registry.h"
 
 typedef struct Loader {
     Model *m;
@@ -97,94 +99,41 @@ static int load_prequant(Loader *L, WeightMat *w, const StTensor *t, const char 
     return 0;
 }
 
-static int load_mat(Loader *L, WeightMat *w, const char *name, int rows, int cols) {
-    w->fmt = WF_BF16;
-    w->rows = rows;
-    w->cols = cols;
-    w->q = NULL;
-    w->act_quant = 0;
-    w->bf16 = NULL;
-    const StTensor *t = safetensors_get(L->m->st, name);
-    if (t && L->m->cfg.prequant && (t->dtype == DT_F8_E4M3 || t->dtype == DT_U8))
-        return load_prequant(L, w, t, name);
-    w->bf16 = load_bf16(L, name, rows, cols, 0);
-    if (w->bf16) L->m->compute_bytes += (size_t)rows * cols * 2;
-    return w->bf16 ? 0 : -400;
-}
-
-#define LOADF(L, ...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-
-static int load_attn(Loader *L, LayerWeights *lw, int l) {
-    const ModelConfig *c = &L->m->cfg;
-    char nm[256];
-    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-    if (load_mat(L, &lw->q, LOADF(L, "model.layers.%d.self_attn.q_proj.weight", l), qd, c->hidden) ||
-        load_mat(L, &lw->k, LOADF(L, "model.layers.%d.self_attn.k_proj.weight", l), kvd, c->hidden) ||
-        load_mat(L, &lw->v, LOADF(L, "model.layers.%d.self_attn.v_proj.weight", l), kvd, c->hidden) ||
-        load_mat(L, &lw->o, LOADF(L, "model.layers.%d.self_attn.o_proj.weight", l), c->hidden, qd))
-        return -400;
-    if (c->qkv_bias) {
-        if (!(lw->q_bias = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.q_proj.bias", l), qd, 0, 0)) ||
-            !(lw->k_bias = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.k_proj.bias", l), kvd, 0, 0)) ||
-            !(lw->v_bias = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.v_proj.bias", l), kvd, 0, 0)))
-            return -400;
+/* One registry entry: a matrix (BF16, or stored pre-quantized), or a BF16
+ * vector / embedding. Counts its parameters and the bytes a decode token reads. */
+static int load_entry(Loader *L, WeightTensor *t) {
+    Model *m = L->m;
+    int64_t d1 = t->ndim == 2 ? t->shape[1] : 0;
+    if (t->mat && !t->vec) {
+        WeightMat *w = t->mat;
+        const StTensor *st = safetensors_get(m->st, t->name);
+        if (st && m->cfg.prequant && (st->dtype == DT_F8_E4M3 || st->dtype == DT_U8))
+            return load_prequant(L, w, st, t->name);
+        w->bf16 = load_bf16(L, t->name, t->shape[0], d1, 0);
+        if (!w->bf16) return -400;
+        m->compute_bytes += (size_t)w->rows * w->cols * 2;
+        t->patchable = w->bf16 == (const uint16_t *)st->data;
+        return 0;
     }
-    if (c->o_bias && !(lw->o_bias = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.o_proj.bias", l),
-                                              c->hidden, 0, 0)))
-        return -400;
-    if (c->qk_norm) {
-        if (!(lw->q_norm = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.q_norm.weight", l), c->head_dim, 0, 0)) ||
-            !(lw->k_norm = load_bf16(L, LOADF(L, "model.layers.%d.self_attn.k_norm.weight", l), c->head_dim, 0, 0)))
-            return -400;
+    const uint16_t *p = load_bf16(L, t->name, t->shape[0], d1, 0);
+    if (!p) return -400;
+    t->vec->host = p;
+    t->patchable = p == (const uint16_t *)safetensors_get(m->st, t->name)->data;
+    if (t->mat) { /* tied: lm_head reads the embedding */
+        t->mat->bf16 = (uint16_t *)p;
+        m->compute_bytes += (size_t)t->mat->rows * t->mat->cols * 2;
     }
     return 0;
 }
 
-static int load_mlp(Loader *L, LayerWeights *lw, int l) {
-    const ModelConfig *c = &L->m->cfg;
-    char nm[256];
-    if (!model_layer_is_moe(c, l)) {
-        int I = c->intermediate;
-        return load_mat(L, &lw->gate, LOADF(L, "model.layers.%d.mlp.gate_proj.weight", l), I, c->hidden) ||
-               load_mat(L, &lw->up, LOADF(L, "model.layers.%d.mlp.up_proj.weight", l), I, c->hidden) ||
-               load_mat(L, &lw->down, LOADF(L, "model.layers.%d.mlp.down_proj.weight", l), c->hidden, I)
-                   ? -400 : 0;
-    }
-    int E = c->n_experts, I = c->moe_intermediate;
-    if (load_mat(L, &lw->router, LOADF(L, "model.layers.%d.mlp.gate.weight", l), E, c->hidden)) return -400;
-    lw->egate = xcalloc((size_t)E, sizeof(WeightMat));
-    lw->eup = xcalloc((size_t)E, sizeof(WeightMat));
-    lw->edown = xcalloc((size_t)E, sizeof(WeightMat));
-    for (int e = 0; e < E; e++) {
-        if (load_mat(L, &lw->egate[e], LOADF(L, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e), I, c->hidden) ||
-            load_mat(L, &lw->eup[e], LOADF(L, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e), I, c->hidden) ||
-            load_mat(L, &lw->edown[e], LOADF(L, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e), c->hidden, I))
-            return -400;
-    }
-    return 0;
-}
-
+/* Every tensor of the architecture's table, in table order (so the first
+ * missing or misshapen one is the one reported). */
 static int load_weights(Loader *L) {
     Model *m = L->m;
-    const ModelConfig *c = &m->cfg;
-    char nm[256];
-    if (!(m->embed = load_bf16(L, "model.embed_tokens.weight", c->vocab, c->hidden, 0))) return -400;
-    if (c->tie_embeddings) m->compute_bytes += (size_t)c->vocab * c->hidden * 2; /* read as lm_head */
-    if (!(m->final_norm = load_bf16(L, "model.norm.weight", c->hidden, 0, 0))) return -400;
-    m->lm_head = (WeightMat){.fmt = WF_BF16, .rows = c->vocab, .cols = c->hidden};
-    if (!c->tie_embeddings) {
-        if (load_mat(L, &m->lm_head, "lm_head.weight", c->vocab, c->hidden)) return -400;
-    } else {
-        m->lm_head.bf16 = (uint16_t *)m->embed;
-    }
-    m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerWeights *lw = &m->layers[l];
-        if (!(lw->attn_norm = load_bf16(L, LOADF(L, "model.layers.%d.input_layernorm.weight", l), c->hidden, 0, 0)) ||
-            !(lw->mlp_norm = load_bf16(L, LOADF(L, "model.layers.%d.post_attention_layernorm.weight", l), c->hidden, 0, 0)))
-            return -400;
-        if (load_attn(L, lw, l) || load_mlp(L, lw, l)) return -400;
-    }
+    weight_registry_build(m);
+    for (int i = 0; i < m->weights.n; i++)
+        if (load_entry(L, &m->weights.t[i])) return -400;
+    weight_registry_index(&m->weights);
     return 0;
 }
 
@@ -219,13 +168,8 @@ static int check_precision(Model *m, const LoadOptions *opt, const char *dir, Er
 static void finish_prequant(Model *m, const LoadOptions *opt) {
     m->precision = (Precision)m->cfg.prequant;
     m->act_quant = !opt->weight_only;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        LayerWeights *lw = &m->layers[l];
-        WeightMat *mats[] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down};
-        for (int i = 0; i < 7; i++) mats[i]->act_quant = m->act_quant;
-        for (int e = 0; lw->egate && e < m->cfg.n_experts; e++)
-            lw->egate[e].act_quant = lw->eup[e].act_quant = lw->edown[e].act_quant = m->act_quant;
-    }
+    for (int i = 0; i < m->weights.n; i++)
+        if (m->weights.t[i].quantizable) m->weights.t[i].mat->act_quant = m->act_quant;
     log_info("pre-quantized %s checkpoint (%s activations)", precision_name(m->precision),
              opt->weight_only ? "f32, weight-only" : "quantized");
 }
@@ -266,26 +210,22 @@ int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *e
 void model_free(Model *m) {
     if (!m) return;
     model_quant_free(m);
-    if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            free(m->layers[l].egate);
-            free(m->layers[l].eup);
-            free(m->layers[l].edown);
-        }
-    }
-    free(m->layers);
+    weight_registry_free(m);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     safetensors_free(m->st);
     free(m);
 }
 
+/* Registered tensors: their bf16 storage when it is the mapping (converted
+ * and pre-quantized tensors have none to patch). A checkpoint tensor the
+ * architecture does not read: its mapping when it is aligned BF16. */
 uint16_t *model_tensor(Model *m, const char *name, int64_t *numel) {
     const StTensor *t = safetensors_get(m->st, name);
     if (!t) return NULL;
     if (numel) *numel = t->numel;
-    /* Converted tensors live in owned buffers: find the pointer the forward
-     * pass reads by matching the name against the layout we loaded. */
+    const WeightTensor *w = weight_registry_find(&m->weights, name);
+    if (w) return w->patchable ? weight_tensor_bf16(w) : NULL;
     if (t->dtype == DT_BF16 && ((uintptr_t)t->data & 1) == 0) return (uint16_t *)t->data;
-    return NULL; /* converted tensors are not patchable in place (documented) */
+    return NULL;
 }

@@ -10,7 +10,7 @@
 #include <jansson.h>
 #include <stdio.h>
 
-#define SUPPORTED "Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM"
+#include "weight_registry.h"
 
 static int get_int(json_t *o, const char *k, int dflt) {
     json_t *v = json_object_get(o, k);
@@ -66,15 +66,17 @@ static int parse_rope(ModelConfig *c, json_t *root, const char *path, Err *err) 
 }
 
 static int parse_arch(ModelConfig *c, json_t *root, const char *path, Err *err) {
+    char sup[256];
     json_t *a = json_array_get(json_object_get(root, "architectures"), 0);
-    ENSURE(err, json_is_string(a), 400, "%s: no architectures[0]; supported: " SUPPORTED, path);
+    ENSURE(err, json_is_string(a), 400, "%s: no architectures[0]; supported: %s", path, arch_supported(sup, sizeof sup));
     snprintf(c->arch_name, sizeof c->arch_name, "%s", json_string_value(a));
-    static const struct { const char *name; Arch arch; } archs[] = {
-        {"Qwen3ForCausalLM", ARCH_QWEN3}, {"Qwen3MoeForCausalLM", ARCH_QWEN3_MOE},
-        {"LlamaForCausalLM", ARCH_LLAMA}, {"Qwen2ForCausalLM", ARCH_QWEN2}};
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        if (strcmp(c->arch_name, archs[i].name) == 0) { c->arch = archs[i].arch; return 0; }
-    return ERR(err, 400, "%s: architecture '%s' is not supported; supported: " SUPPORTED, path, c->arch_name);
+    const ArchTable *t = arch_table_by_name(c->arch_name);
+    if (t) {
+        c->arch = t->arch;
+        return 0;
+    }
+    return ERR(err, 400, "%s: architecture '%s' is not supported; supported: %s", path, c->arch_name,
+               arch_supported(sup, sizeof sup));
 }
 
 static int parse_moe(ModelConfig *c, json_t *root, const char *path, Err *err) {
@@ -145,9 +147,10 @@ static int parse_config(ModelConfig *c, json_t *root, const char *path, Err *err
            400, "%s: need positive hidden_size, num_hidden_layers (<= %d), num_attention_heads, "
            "num_key_value_heads dividing it, even head_dim <= 1024, vocab_size, max_position_embeddings",
            path, MODEL_MAX_LAYERS);
-    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
-    c->qkv_bias = c->arch == ARCH_QWEN2 || get_bool(root, "attention_bias", 0);
-    c->o_bias = c->arch != ARCH_QWEN2 && get_bool(root, "attention_bias", 0);
+    const ArchTable *at = arch_table(c->arch);
+    c->qk_norm = at->qk_norm;
+    c->qkv_bias = at->qkv_bias || get_bool(root, "attention_bias", 0);
+    c->o_bias = at->attn_bias_o && get_bool(root, "attention_bias", 0);
     json_t *act = json_object_get(root, "hidden_act");
     ENSURE(err, !act || (json_is_string(act) && strcmp(json_string_value(act), "silu") == 0), 400,
            "%s: hidden_act must be 'silu' (SwiGLU)", path);
@@ -156,8 +159,8 @@ static int parse_config(ModelConfig *c, json_t *root, const char *path, Err *err
            "%s: use_sliding_window is not supported (set it to false)", path);
     if ((rc = parse_rope(c, root, path, err))) return rc;
     if ((rc = parse_quant(c, root, path, err))) return rc;
-    if (c->arch == ARCH_QWEN3_MOE && (rc = parse_moe(c, root, path, err))) return rc;
-    if (c->arch != ARCH_QWEN3_MOE) {
+    if (at->moe && (rc = parse_moe(c, root, path, err))) return rc;
+    if (!at->moe) {
         ENSURE(err, c->intermediate > 0, 400, "%s: intermediate_size must be positive", path);
     }
     c->bos_id = get_int(root, "bos_token_id", -1);

@@ -1,8 +1,9 @@
 /*
  * model_quant.c - quantize-on-load: turn every decoder-layer linear of a
  * BF16 model into FP8 (128x128 block scales) or NVFP4 (Model Optimizer)
- * weights. Embeddings, norms, the MoE router, lm_head and biases stay BF16,
- * as in the official Qwen3-FP8 and Model Optimizer NVFP4 checkpoints.
+ * weights: the registry entries quant_should_quantize (quant/policy.c) marks.
+ * Embeddings, norms, the MoE router, lm_head and biases stay BF16, as in the
+ * official Qwen3-FP8 and Model Optimizer NVFP4 checkpoints.
  *
  * The BF16 master stays mapped: sparse deltas patch it, then the touched
  * blocks are re-quantized (quant_*_requant). Not here: the kernels (quant/).
@@ -12,6 +13,7 @@
 #include "log.h"
 #include "model.h"
 #include "quant.h"
+#include "weight_registry.h"
 
 static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, Err *err) {
     w->act_quant = act_quant;
@@ -36,37 +38,13 @@ static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, Err 
     return 0;
 }
 
-/* Each quantized linear of layer l, in a fixed order. */
-static int layer_mats(Model *m, int l, WeightMat **out) {
-    LayerWeights *lw = &m->layers[l];
-    int n = 0;
-    out[n++] = &lw->q;
-    out[n++] = &lw->k;
-    out[n++] = &lw->v;
-    out[n++] = &lw->o;
-    if (model_layer_is_moe(&m->cfg, l)) {
-        for (int e = 0; lw->egate && e < m->cfg.n_experts; e++) { /* NULL if loading stopped early */
-            out[n++] = &lw->egate[e];
-            out[n++] = &lw->eup[e];
-            out[n++] = &lw->edown[e];
-        }
-    } else {
-        out[n++] = &lw->gate;
-        out[n++] = &lw->up;
-        out[n++] = &lw->down;
-    }
-    return n;
-}
-
+/* The registry's quantizable entries (quant_should_quantize, the policy)
+ * are the ones quantized, in load order. */
 int model_quantize(Model *m, Precision p, int weight_only, Err *err) {
-    WeightMat **mats = xmalloc(sizeof(WeightMat *) * (size_t)(4 + 3 * (m->cfg.n_experts + 1)));
     int rc = 0;
     m->precision = p; /* from here model_quant_free releases what was quantized */
-    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
-        int n = layer_mats(m, l, mats);
-        for (int i = 0; i < n && !rc; i++) rc = quantize_mat(m, mats[i], p, !weight_only, err);
-    }
-    free(mats);
+    for (int i = 0; i < m->weights.n && !rc; i++)
+        if (m->weights.t[i].quantizable) rc = quantize_mat(m, m->weights.t[i].mat, p, !weight_only, err);
     if (rc) return rc;
     m->act_quant = !weight_only;
     log_info("quantized decoder linears to %s (%s activations); embeddings, norms, router, lm_head stay bf16",
@@ -76,16 +54,12 @@ int model_quantize(Model *m, Precision p, int weight_only, Err *err) {
 
 /* Frees every quantized form, also after a load that failed half-way. */
 void model_quant_free(Model *m) {
-    if (!m->layers) return;
-    WeightMat **mats = xmalloc(sizeof(WeightMat *) * (size_t)(4 + 3 * (m->cfg.n_experts + 1)));
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        int n = layer_mats(m, l, mats);
-        for (int i = 0; i < n; i++) {
-            if (mats[i]->fmt == WF_FP8) quant_fp8_free(mats[i]->q);
-            else if (mats[i]->fmt == WF_NVFP4) quant_nvfp4_free(mats[i]->q);
-            mats[i]->q = NULL;
-            mats[i]->fmt = WF_BF16;
-        }
+    for (int i = 0; i < m->weights.n; i++) {
+        WeightMat *w = m->weights.t[i].mat;
+        if (!w || m->weights.t[i].vec) continue;
+        if (w->fmt == WF_FP8) quant_fp8_free(w->q);
+        else if (w->fmt == WF_NVFP4) quant_nvfp4_free(w->q);
+        w->q = NULL;
+        w->fmt = WF_BF16;
     }
-    free(mats);
 }

@@ -212,6 +212,7 @@ static void check_matmul(int n, int rows, int cols, int bias, int rounded) {
     float *dx = dev_copy(x, sizeof(float) * (size_t)n * cols), *dout = dev_poisoned(sizeof(float) * (size_t)n * rows);
     WeightMat dwm = {.fmt = WF_BF16, .rows = rows, .cols = cols,
                      .bf16 = dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols)};
+    dwm.dev = dwm.bf16;
     uint16_t *db = bias ? dev_copy(b, sizeof(uint16_t) * rows) : NULL;
     bg->matmul(bg, dout, dx, n, &dwm, db);
     float *got = dev_result(dout, (size_t)n * rows);
@@ -243,6 +244,8 @@ static void check_qgemv(int nvfp4, int n, int rows, int cols, QuantFp8Layout lay
         dn.packed = d1 = dev_copy(q->packed, (size_t)rows * cols / 2);
         dn.scale = d2 = dev_copy(q->scale, (size_t)rows * cols / QUANT_NVFP4_BLOCK);
         dwm.q = &dn;
+        dwm.dev = d1;
+        dwm.dev_scale = d2;
         quant_nvfp4_free(q);
     } else {
         QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
@@ -252,6 +255,8 @@ static void check_qgemv(int nvfp4, int n, int rows, int cols, QuantFp8Layout lay
         dq.q = d1 = dev_copy(q->q, (size_t)rows * cols);
         dq.scale_inv = d2 = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
         dwm.q = &dq;
+        dwm.dev = d1;
+        dwm.dev_scale = d2;
         quant_fp8_free(q);
     }
     if (b)
@@ -297,6 +302,8 @@ static void check_matmul_multi(int fmt, int n, int count, const int *rows, int c
             dq[i].q = dev[3 * i] = dev_copy(q->q, (size_t)rows[i] * cols);
             dq[i].scale_inv = dev[3 * i + 1] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
             dwm[i].q = &dq[i];
+            dwm[i].dev = dev[3 * i];
+            dwm[i].dev_scale = dev[3 * i + 1];
         } else if (fmt == 2) {
             QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows[i], cols, &err);
             CHECK(q, "quantize: %s", err.msg);
@@ -306,8 +313,10 @@ static void check_matmul_multi(int fmt, int n, int count, const int *rows, int c
             dn[i].packed = dev[3 * i] = dev_copy(q->packed, (size_t)rows[i] * cols / 2);
             dn[i].scale = dev[3 * i + 1] = dev_copy(q->scale, (size_t)rows[i] * cols / 16);
             dwm[i].q = &dn[i];
+            dwm[i].dev = dev[3 * i];
+            dwm[i].dev_scale = dev[3 * i + 1];
         } else {
-            dwm[i].bf16 = dev[3 * i] = dev_copy(w, sizeof(uint16_t) * (size_t)rows[i] * cols);
+            dwm[i].bf16 = dwm[i].dev = dev[3 * i] = dev_copy(w, sizeof(uint16_t) * (size_t)rows[i] * cols);
         }
         bc->matmul(bc, refs[i], x, n, &hw[i], hb[i]);
         db[i] = hb[i] ? (dev[3 * i + 2] = dev_copy(hb[i], sizeof(uint16_t) * rows[i])) : NULL;
@@ -513,7 +522,7 @@ static void check_rows(int n_src, int n, int dim) {
 static void part_ops(void) {
     printf("== 1. ops: CUDA backend vs CPU reference ops ==\n");
     bc = backend_cpu_create(0, 4096);
-    bg = backend_cuda_create_resident(NULL, 2048);
+    bg = backend_cuda_create_resident(0, 2048);
     check_embed(1000, 4096, 7);
     check_embed(512, 72, 3);
     for (int ip = 0; ip < 2; ip++) {
@@ -679,7 +688,7 @@ static void fixture_delta(const char *dir, Model *m, Precision prec, Backend *gb
     printf("  %-4s %-30s %-22s cpu logits moved by %.2e (> 1e-2)\n", ok ? "ok" : "FAIL", dir, "delta (24 elements)", moved);
     if (prec == PREC_BF16) {
         uint16_t *dev = xmalloc(wb);
-        uint64_t hd = backend_cuda_read_weight(gb, w->bf16, dev, wb) == 0 ? delta_hash(dev, wb) : 0,
+        uint64_t hd = backend_cuda_read_weight(gb, w, dev, wb) == 0 ? delta_hash(dev, wb) : 0,
                  hh = delta_hash(w->bf16, wb);
         ok = hd == hh;
         ok ? n_pass++ : n_fail++;
@@ -711,7 +720,7 @@ static void run_fixture(const char *dir, Precision prec) {
     }
     snprintf(label, sizeof label, "%s%s%s", dir, prec == PREC_BF16 ? "" : " ", prec == PREC_BF16 ? "" : precision_name(prec));
     int V = m->cfg.vocab, max_ctx = 128;
-    Backend *cpu = backend_cpu_create(0, max_ctx), *gb = backend_cuda_create(m, max_ctx);
+    Backend *cpu = backend_cpu_create(0, max_ctx), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, max_ctx);
     cpu_matmul_op = cpu->matmul;
     cpu->matmul = matmul_bf16act;
     Runner *rc = runner_create_with(m, cpu, 128, max_ctx);
@@ -867,7 +876,12 @@ static void qwen3_8b_config(ModelConfig *c) {
 }
 
 static WeightMat wmat(size_t rows, size_t cols, uint16_t *p) {
-    return (WeightMat){.fmt = WF_BF16, .rows = (int)rows, .cols = (int)cols, .bf16 = p};
+    return (WeightMat){.fmt = WF_BF16, .rows = (int)rows, .cols = (int)cols, .bf16 = p, .dev = p};
+}
+
+/* A vector already in device memory (what the ops of a device backend are handed). */
+static WeightVec dvec(const uint16_t *p) {
+    return (WeightVec){.host = NULL, .dev = p};
 }
 
 /* Weights carved from one device arena, filled with random bf16. */
@@ -1067,7 +1081,7 @@ static void bench_ops(const Model *m, double step_ms) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    bg = backend_cuda_create_resident(c, BENCH_MAX_CTX);
+    bg = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     float *x, *y, *xn, *q, *k, *v, *att, *g, *u, *cs, *sn, *kc, *vc, *part, *logits;
     int32_t *ip;
     size_t kvn = (size_t)nblk * bsz * nkv * hd;
@@ -1089,12 +1103,12 @@ static void bench_ops(const Model *m, double step_ms) {
     size_t fn[] = {H, H, H, (size_t)nh * hd, (size_t)nkv * hd, (size_t)nkv * hd, I, I, hd, hd, kvn, kvn};
     for (int i = 0; i < 12; i++) /* f32 buffers from bf16 noise: finite, non-zero */
         if (cuda_fill_bf16((uint16_t *)fill[i], fn[i] * 2, 900 + i, 0, 0.01f, NULL)) exit(1);
-    const uint16_t *wn = m->layers[0].attn_norm, *qn = m->layers[0].q_norm, *kn = m->layers[0].k_norm;
+    const uint16_t *wn = m->layers[0].attn_norm.dev, *qn = m->layers[0].q_norm.dev, *kn = m->layers[0].k_norm.dev;
     AttnArgs a = {att, q, kc, vc, ip, ip + 1, ip + 4, 128, 1, nh, nkv, hd, bsz, 1.0f / sqrtf((float)hd)};
     const LayerWeights *lw = &m->layers[0];
     WeightMat qkv[3] = {lw->q, lw->k, lw->v}, gu[3] = {lw->gate, lw->up, lw->up};
     float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
-    TIME_OP("embed", 1, cuda_embed(x, m->embed, ip + 3, 1, H, NULL));
+    TIME_OP("embed", 1, cuda_embed(x, m->embed.dev, ip + 3, 1, H, NULL));
     TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
     CK(cudaDeviceSynchronize());
     TIME_OP_BG("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
@@ -1142,6 +1156,8 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
         f->scale_inv = (float *)(sc = q + (qb + 255) / 256 * 256);
         w->fmt = WF_FP8;
         w->q = f;
+        w->dev = q;
+        w->dev_scale = sc;
     } else {
         QuantNvfp4 *f = xcalloc(1, sizeof *f);
         *f = (QuantNvfp4){.rows = (int)rows, .cols = (int)cols, .scale2 = 1e-3f};
@@ -1151,6 +1167,8 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
         f->scale = sc = q + (qb + 255) / 256 * 256;
         w->fmt = WF_NVFP4;
         w->q = f;
+        w->dev = q;
+        w->dev_scale = sc;
     }
     if (cuda_fill_bf16((uint16_t *)q, qb / 2, seed, 0, 0.02f, NULL)) { fprintf(stderr, "fatal: fill\n"); exit(1); }
     CK(cudaMemset(sc, prec == PREC_FP8 ? 0x3a : 0x38, sb)); /* f32 ~7e-4 / e4m3 1.0 */
@@ -1183,7 +1201,7 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
     }
     CHECK((size_t)(cur - arena) <= arena_bytes, "bench quant arena overflow (a bug)");
     CK(cudaDeviceSynchronize());
-    Backend *b = backend_cuda_create_resident(c, BENCH_MAX_CTX);
+    Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     Runner *r = runner_create_with(&q, b, 64, BENCH_MAX_CTX);
     KVCache *kv = runner_kvcache_create(r, 8 * bps, BS);
     printf("  %s weight-only: %.1f GiB of weights read per decode step\n", precision_name(prec), bytes / 1073741824.0);
@@ -1233,16 +1251,16 @@ static void part_bench(void) {
     cur = arena;
     uint64_t seed = 100;
     float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
-    m->embed = carve(&cur, V * H, seed++, 0, 0.05f);
-    m->final_norm = carve(&cur, H, seed++, 1, 0.1f);
+    m->embed = dvec(carve(&cur, V * H, seed++, 0, 0.05f));
+    m->final_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
     m->lm_head = wmat(V, H, carve(&cur, V * H, seed++, 0, ws));
     m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *w = &m->layers[l];
-        w->attn_norm = carve(&cur, H, seed++, 1, 0.1f);
-        w->mlp_norm = carve(&cur, H, seed++, 1, 0.1f);
-        w->q_norm = carve(&cur, c->head_dim, seed++, 1, 0.1f);
-        w->k_norm = carve(&cur, c->head_dim, seed++, 1, 0.1f);
+        w->attn_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
+        w->mlp_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
+        w->q_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
+        w->k_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
         w->q = wmat(qd, H, carve(&cur, qd * H, seed++, 0, ws));
         w->k = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
         w->v = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
@@ -1256,7 +1274,7 @@ static void part_bench(void) {
     double weight_bytes = 2.0 * (mat_params + (double)V * H); /* matmul weights + lm_head read per step */
     printf("  model: %.2fB params, %.1f GiB of matmul weights read per decode step\n",
            (mat_params + 2.0 * V * H) / 1e9, weight_bytes / 1073741824.0);
-    Backend *b = backend_cuda_create_resident(c, BENCH_MAX_CTX);
+    Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     Runner *r = runner_create_with(m, b, PREFILL_SEQS * PREFILL_LEN, BENCH_MAX_CTX);
     KVCache *kv = runner_kvcache_create(r, n_blocks, BS);
     int32_t *tables = xmalloc(sizeof(int32_t) * (size_t)n_blocks);

@@ -3,7 +3,7 @@
  *   1. the kernels' launchers against the CPU backend's reference ops, with
  *      NaN-poisoned outputs (index, masking, reduction and merge bugs);
  *   2. the fixture models end to end through backend_cuda_create and the
- *      device path of forward.c (host->device weight map, uploads, downloads,
+ *      device path of forward.c (the registry's upload, uploads, downloads,
  *      MoE gather/scatter) against transformers and the CPU backend, with the
  *      bounds of tests/gpu/gpu_check.c part 2 (the emulated cuBLAS GEMM is a
  *      plain loop, so only its call and layout are checked here).
@@ -335,7 +335,7 @@ static void t_model(const char *dir, int n_decode, Precision prec) {
     Backend *cpu = backend_cpu_create(1, 128);
     cpu_mm = cpu->matmul;
     cpu->matmul = mm_bf16act;
-    Backend *gb = backend_cuda_create(m, 128);
+    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, gb, 128, 128);
     KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
     const StTensor *t0 = safetensors_get(ref, "seq0.tokens"), *t1 = safetensors_get(ref, "seq1.tokens");
@@ -416,7 +416,7 @@ static void t_model(const char *dir, int n_decode, Precision prec) {
         if (rq < 0 || ru1 || rc1 || rc2) { printf("  FAIL %s delta: %s\n", dir, err.msg); n_fail++; }
         if (prec == PREC_BF16) { /* the device copy must now hash like the host master */
             uint16_t *dev = (uint16_t *)malloc(wb);
-            int same = backend_cuda_read_weight(gb, w->bf16, dev, wb) == 0 && memcmp(dev, w->bf16, wb) == 0;
+            int same = backend_cuda_read_weight(gb, w, dev, wb) == 0 && memcmp(dev, w->bf16, wb) == 0;
             same ? n_pass++ : n_fail++;
             printf("  %-4s %s bf16 delta: device copy equals the host master after the scatter\n", same ? "ok" : "FAIL", dir);
             free(dev);

@@ -44,6 +44,30 @@ static int present(const ModelConfig *c, const TensorKind *k, int l) {
     return 0;
 }
 
+/* pattern with its n "%d"s replaced by args[0..n) in order (the table's
+ * patterns are data, not printf formats); the length written, or -1 when the
+ * pattern's "%d" count is not n or the name does not fit in cap. */
+static int expand_name(char *out, size_t cap, const char *pattern, const int *args, int n) {
+    size_t o = 0;
+    int used = 0;
+    for (const char *p = pattern; *p; p++) {
+        char num[16];
+        const char *piece = p;
+        size_t k = 1;
+        if (p[0] == '%' && p[1] == 'd') {
+            if (used == n) return -1;
+            k = (size_t)snprintf(num, sizeof num, "%d", args[used++]);
+            piece = num;
+            p++;
+        }
+        if (o + k >= cap) return -1;
+        memcpy(out + o, piece, k);
+        o += k;
+    }
+    out[o] = 0;
+    return used == n ? (int)o : -1;
+}
+
 static void add(Model *m, int *cap, const TensorKind *k, void *field, int l, int e) {
     WeightSet *ws = &m->weights;
     if (ws->n == *cap) {
@@ -53,10 +77,10 @@ static void add(Model *m, int *cap, const TensorKind *k, void *field, int l, int
     }
     WeightTensor *t = &ws->t[ws->n++];
     memset(t, 0, sizeof *t);
-    int len = k->scope == WS_EXPERT ? snprintf(t->name, sizeof t->name, k->pattern, l, e)
-              : k->scope == WS_LAYER ? snprintf(t->name, sizeof t->name, k->pattern, l)
-                                     : snprintf(t->name, sizeof t->name, "%s", k->pattern);
-    CHECK(len > 0 && (size_t)len < sizeof t->name, "tensor name '%s' too long (a bug in arch_tables.c)", k->pattern);
+    int args[2] = {l, e};
+    int len = expand_name(t->name, sizeof t->name, k->pattern, args, k->scope == WS_EXPERT ? 2 : k->scope == WS_LAYER);
+    CHECK(len > 0 && (size_t)len < sizeof t->name, "tensor name '%s' too long or with the wrong number of %%d "
+          "(a bug in arch_tables.c)", k->pattern);
     t->shape[0] = dim_of(&m->cfg, k->rows);
     t->shape[1] = dim_of(&m->cfg, k->cols);
     t->ndim = k->cols == DIM_NONE ? 1 : 2;

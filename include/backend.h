@@ -30,6 +30,7 @@ typedef struct AttnArgs {
 } AttnArgs;
 
 typedef struct Backend Backend;
+struct Err; /* check.h */
 struct Backend {
     const char *name;
     void *ctx;
@@ -42,9 +43,11 @@ struct Backend {
     void (*zero)(Backend *b, void *p, size_t bytes);
     /* The host weight at host[0, bytes) changed (a delta): refresh any device
      * copy. idx: the touched element indices [n_idx] (elem bytes each), or NULL
-     * when every element may have changed. Returns 0, or -1 when the device copy
-     * could not be brought up to date. NULL when the ops read host weights. */
-    int (*weights_changed)(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem);
+     * when every element may have changed. Returns 0, or <0 with err filled when
+     * the device copy could not be brought up to date (never exits: a delta's
+     * commit then restores). NULL when the ops read host weights. */
+    int (*weights_changed)(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
+                           struct Err *err);
     /* dst = src, both backend memory, not overlapping */
     void (*copy)(Backend *b, void *dst, const void *src, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */
@@ -113,10 +116,12 @@ Backend *backend_cuda_create(struct Model *m, int max_ctx);
 Backend *backend_cuda_create_resident(const struct ModelConfig *cfg, int max_ctx);
 /* Make host tensor [bytes] readable by the ops: copy it to the device, or, if
  * it is already registered, copy it again (after an in-place weight update).
- * Returns 0, or -1 if bytes exceeds the registered size. */
-int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+ * Returns 0, or <0 with err filled (bytes exceeds the registered size, a CUDA
+ * error); never exits. */
+int backend_cuda_register(Backend *b, const void *host, size_t bytes, struct Err *err);
 /* Copy the device copy of registered host tensor [bytes] back into dst (checks
- * that a delta reached the device: hash it against the host). -1 if unknown. */
+ * that a delta reached the device: hash it against the host). <0 if unknown or
+ * on a CUDA error. */
 int backend_cuda_read_weight(Backend *b, const void *host, void *dst, size_t bytes);
 
 #ifdef __cplusplus

@@ -91,8 +91,10 @@ KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
 
 int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
                            Err *err) {
-    if (!r->b->weights_changed || r->b->weights_changed(r->b, host, bytes, idx, n_idx, elem) == 0) return 0;
-    return ERR(err, 500, "the %s backend could not update its copy of a weight (%zu bytes)", r->b->name, bytes);
+    Err be = {0};
+    if (!r->b->weights_changed || r->b->weights_changed(r->b, host, bytes, idx, n_idx, elem, &be) == 0) return 0;
+    return ERR(err, 500, "the %s backend could not update its copy of a weight (%zu bytes): %s:%d: %s", r->b->name,
+               bytes, be.file ? be.file : "?", be.line, be.msg);
 }
 
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {

@@ -15,11 +15,13 @@
  * step, replayed per batch size. Nothing is allocated per step: the bf16
  * activation scratch of the GEMM path is sized by reserve (runner creation),
  * the attention split scratch at creation.
- * Errors inside ops are bugs (the forward pass validated the batch): fatal.
+ * Errors inside ops are bugs (the forward pass validated the batch): fatal
+ * (CUDA_CHECK). The update path (weights_changed, its scatter and read-back,
+ * re-uploads, backend_cuda_register / _read_weight) returns every CUDA error
+ * (CUDA_TRY) so that delta_commit can restore the weights.
  * Not here: quantized activations (native FP8 / NVFP4 tensor cores), device
  * sampling.
  */
-#include <cublas_v2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -34,11 +36,6 @@ extern "C" {
 }
 #include "gemv_tile.cuh"
 
-#define CUBLAS_OK(call)                                                                          \
-    do {                                                                                         \
-        cublasStatus_t st_ = (call);                                                             \
-        CHECK(st_ == CUBLAS_STATUS_SUCCESS, "%s: %s", #call, cublasGetStatusString(st_));       \
-    } while (0)
 #define LAUNCH_OK(call) CHECK((call) == 0, "bad shape in %s (a bug in the caller)", #call)
 
 #define BLAS_WORKSPACE (32u << 20)
@@ -118,13 +115,27 @@ static const uint16_t *dw(Backend *b, const void *h) {
 
 static const void *dv(Backend *b, const void *h) { return (const void *)dw(b, h); }
 
-/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
-static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
-    if (bytes <= *cap) return;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    if (*p) CUDA_CHECK(cudaFree(*p));
-    CUDA_CHECK(cudaMalloc(p, bytes));
+/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step
+ * never gets here; deltas grow their staging here). On an error the buffer is
+ * empty (NULL, cap 0) or unchanged, never dangling. */
+static int scratch_grow_try(CudaCtx *c, void **p, size_t *cap, size_t bytes, Err *err) {
+    if (bytes <= *cap) return 0;
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (*p) {
+        void *old = *p;
+        CUDA_TRY(err, cudaFree(old));
+        *p = NULL;
+        *cap = 0;
+    }
+    void *np = NULL;
+    CUDA_TRY(err, cudaMalloc(&np, bytes));
+    *p = np;
     *cap = bytes;
+    return 0;
+}
+static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
+    Err e = {0};
+    CHECK(scratch_grow_try(c, p, cap, bytes, &e) == 0, "device scratch of %zu bytes: %s", bytes, e.msg);
 }
 
 /* ---- memory ---- */
@@ -151,20 +162,22 @@ static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
 static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
-extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes);
+extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes, Err *err);
 
 /* Sparse delta on a registered device copy: upload (idx, values), scatter, gather
  * the touched elements back and compare them with what was sent (the verified
  * copy back). Staging grows on this path only (deltas, never a step). */
-static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const int64_t *idx, int64_t n, int elem) {
+static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const int64_t *idx, int64_t n, int elem,
+                               Err *err) {
     CudaCtx *c = ctx(b);
     size_t vb = (size_t)n * elem, need = sizeof(int64_t) * (size_t)n + 2 * vb;
-    scratch_grow(c, &c->sc_dev, &c->sc_dev_cap, need);
+    int rc = scratch_grow_try(c, &c->sc_dev, &c->sc_dev_cap, need, err);
+    if (rc) return rc;
     if (c->sc_host_cap < 2 * vb) {
         free(c->sc_host);
         c->sc_host = (uint8_t *)malloc(2 * vb);
         c->sc_host_cap = c->sc_host ? 2 * vb : 0;
-        if (!c->sc_host) return -1;
+        if (!c->sc_host) return ERR(err, 500, "out of host memory for a %zu-byte delta scatter", 2 * vb);
     }
     const uint8_t *h = (const uint8_t *)host;
     uint8_t *vals = c->sc_host, *back = c->sc_host + vb;
@@ -172,41 +185,43 @@ static int cu_scatter_verified(Backend *b, DevEntry *e, const void *host, const 
     int64_t *didx = (int64_t *)c->sc_dev;
     uint8_t *dval = (uint8_t *)c->sc_dev + sizeof(int64_t) * (size_t)n, *dback = dval + vb;
     int64_t numel = (int64_t)(e->bytes / (size_t)elem);
-    if (cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
-        cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
-        cuda_scatter(e->dev, numel, didx, dval, n, elem, st(b)) ||
-        cuda_gather(dback, e->dev, numel, didx, n, elem, st(b)) ||
-        cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess ||
-        cudaStreamSynchronize(c->stream) != cudaSuccess)
-        return -1;
-    return memcmp(vals, back, vb) ? -1 : 0;
+    CUDA_TRY(err, cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream));
+    if ((rc = cuda_scatter(e->dev, numel, didx, dval, n, elem, st(b), err))) return rc;
+    if ((rc = cuda_gather(dback, e->dev, numel, didx, n, elem, st(b), err))) return rc;
+    CUDA_TRY(err, cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (memcmp(vals, back, vb))
+        return ERR(err, 500, "the device copy read back after a scatter of %lld elements differs from the values sent",
+                   (long long)n);
+    return 0;
 }
 
 /* A BF16 weight: scatter the touched elements when that moves well under the
  * tensor's bytes, else re-upload it. A quantized matrix's BF16 master is not on
  * the device: the host re-quantized it (admin_touched), so its quantized buffers
- * are re-uploaded. Returns 0, or -1 (the caller restores the host weights and
- * calls again, which rewrites the device copy from them). */
+ * are re-uploaded. Returns 0, or <0 with err filled (the caller restores the host
+ * weights and calls again, which rewrites the device copy from them). */
 static int cu_weights_changed(Backend *b, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx,
-                              int elem) {
+                              int elem, Err *err) {
     CudaCtx *c = ctx(b);
     for (int i = 0; i < c->n_qmats; i++) {
         const WeightMat *w = c->qmats[i];
         if (w->bf16 != host) continue;
         if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            return backend_cuda_register(b, q->q, (size_t)q->rows * q->cols) ||
-                   backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols) ? -1 : 0;
+            int rc = backend_cuda_register(b, q->q, (size_t)q->rows * q->cols, err);
+            return rc ? rc : backend_cuda_register(b, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols, err);
         }
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        return backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2)) ||
-               backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK)) ? -1 : 0;
+        int rc = backend_cuda_register(b, q->packed, (size_t)q->rows * (q->cols / 2), err);
+        return rc ? rc : backend_cuda_register(b, q->scale, (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK), err);
     }
     DevEntry *e = c->resident ? NULL : map_find(c, host);
     if (e && idx && n_idx > 0 && (elem == 1 || elem == 2 || elem == 4) && bytes <= e->bytes &&
         (size_t)n_idx * (sizeof(int64_t) + 2 * (size_t)elem) < bytes / 4)
-        return cu_scatter_verified(b, e, host, idx, n_idx, elem);
-    return backend_cuda_register(b, host, bytes);
+        return cu_scatter_verified(b, e, host, idx, n_idx, elem, err);
+    return backend_cuda_register(b, host, bytes, err);
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
@@ -361,11 +376,11 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     c->max_ctx = max_ctx;
     CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, 0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUBLAS_OK(cublasCreate(&c->blas));
-    CUBLAS_OK(cublasSetStream(c->blas, c->stream));
+    CUDA_CHECK(cublasCreate(&c->blas));
+    CUDA_CHECK(cublasSetStream(c->blas, c->stream));
     /* A fixed workspace: cuBLAS then never allocates during a step. */
     CUDA_CHECK(cudaMalloc(&c->blas_ws, BLAS_WORKSPACE));
-    CUBLAS_OK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
+    CUDA_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
     /* Worst-case split scratch (splits only when the batch is under 2 blocks per SM). */
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP;
     c->part_cap = sizeof(float) * 64 * rows * (size_t)(head_dim + 2);
@@ -525,19 +540,22 @@ extern "C" Backend *backend_cuda_create_resident(const ModelConfig *cfg, int max
     return cuda_backend_new(cfg ? cfg->head_dim : CUDA_ATTN_MAX_HEAD_DIM, max_ctx, 1);
 }
 
-extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes) {
+extern "C" int backend_cuda_register(Backend *b, const void *host, size_t bytes, Err *err) {
     CudaCtx *c = ctx(b);
-    if (c->resident || !host) return -1;
+    if (c->resident || !host) return ERR(err, 500, "backend_cuda_register: %s", c->resident ? "resident backend" : "no tensor");
     DevEntry *e = map_find(c, host);
-    if (e && bytes > e->bytes) return -1;
+    if (e && bytes > e->bytes)
+        return ERR(err, 500, "backend_cuda_register: %zu bytes, the device copy has %zu", bytes, e->bytes);
     if (!e) {
+        void *dev = NULL; /* allocated before the entry exists: a failure leaves the map as it was */
+        CUDA_TRY(err, cudaMalloc(&dev, bytes ? bytes : 1));
         e = map_insert(c, host);
         e->bytes = bytes;
         e->owned = 1;
-        CUDA_CHECK(cudaMalloc(&e->dev, bytes ? bytes : 1));
+        e->dev = dev;
     }
-    CUDA_CHECK(cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_TRY(err, cudaMemcpyAsync(e->dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
     return 0;
 }
 
@@ -545,7 +563,7 @@ extern "C" int backend_cuda_read_weight(Backend *b, const void *host, void *dst,
     CudaCtx *c = ctx(b);
     DevEntry *e = c->resident ? NULL : map_find(c, host);
     if (!e || bytes > e->bytes) return -1;
-    CUDA_CHECK(cudaMemcpyAsync(dst, e->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_TRY(NULL, cudaMemcpyAsync(dst, e->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(NULL, cudaStreamSynchronize(c->stream));
     return 0;
 }

@@ -31,8 +31,6 @@
  * Usage: gpu_check-smXX [--skip-bench] (from the repo root). Exit 1 on any
  * failed check. Not here: native FP8/NVFP4 (quantized activations).
  */
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,21 +39,13 @@
 
 #include "backend.h"
 #include "cpu_ops.h"
+#include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "dtype.h"
 #include "delta.h"
 #include "model.h"
 #include "quant.h"
 #include "safetensors.h"
-
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "fatal: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
@@ -101,22 +91,22 @@ static uint16_t *rand_bf16(size_t n, float mean, float scale) {
 /* ---- device buffers ---- */
 static void *dev_copy(const void *h, size_t bytes) {
     void *d = NULL;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    CK(cudaDeviceSynchronize()); /* the backend's stream does not wait for the legacy stream */
+    CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the backend's stream does not wait for the legacy stream */
     return d;
 }
 static void *dev_poisoned(size_t bytes) {
     void *d = NULL;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    CK(cudaMemset(d, 0xff, bytes)); /* 0xffffffff is a NaN */
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemset(d, 0xff, bytes)); /* 0xffffffff is a NaN */
+    CUDA_CHECK(cudaDeviceSynchronize());
     return d;
 }
 static float *dev_result(const void *d, size_t n) {
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     float *h = xmalloc(sizeof(float) * (n ? n : 1));
-    if (n) CK(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    if (n) CUDA_CHECK(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -351,10 +341,10 @@ static void check_scatter(int64_t numel, int64_t n, int elem) {
         if (idx[i] >= 0 && idx[i] < numel) memcpy(ref + idx[i] * elem, val + i * elem, (size_t)elem);
     void *dd = dev_copy(h, bytes), *didx = dev_copy(idx, sizeof(int64_t) * (size_t)n), *dval = dev_copy(val, (size_t)n * elem);
     void *dback = dev_poisoned((size_t)n * elem);
-    int rc = cuda_scatter(dd, numel, didx, dval, n, elem, NULL) | cuda_gather(dback, dd, numel, didx, n, elem, NULL);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, dd, bytes, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(back, dback, (size_t)n * elem, cudaMemcpyDeviceToHost));
+    int rc = cuda_scatter(dd, numel, didx, dval, n, elem, NULL, NULL) | cuda_gather(dback, dd, numel, didx, n, elem, NULL, NULL);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h, dd, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(back, dback, (size_t)n * elem, cudaMemcpyDeviceToHost));
     size_t bad = memcmp(h, ref, bytes) != 0;
     for (int64_t i = 0; i < n; i++)
         for (int k = 0; k < elem; k++) bad += back[i * elem + k] != (idx[i] >= 0 && idx[i] < numel ? val[i * elem + k] : 0);
@@ -431,7 +421,7 @@ static void check_attention(int n_seqs, const int *toks, const int *last, int nh
     bg->attention(bg, &d);
     float *got = dev_result(d.out, N);
     int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     char what[128];
     snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d", n_seqs, n,
              max_pos, nh, nkv, hd, bs, cuda_attention_splits(n, nh, nkv, 2048, sms));
@@ -798,49 +788,47 @@ static double bw_gbs, gemm_tfs;
 static void measure_roofline(void) {
     size_t bytes = (size_t)2 << 30;
     void *a, *b;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
+    CUDA_CHECK(cudaMalloc(&a, bytes));
+    CUDA_CHECK(cudaMalloc(&b, bytes));
+    CUDA_CHECK(cudaMemset(a, 1, bytes));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
     int it = 10;
     float ms = 0;
-    CK(cudaEventRecord(e0, 0));
-    for (int i = 0; i < it; i++) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < it; i++) CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+    CUDA_CHECK(cudaEventRecord(e1, 0));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     bw_gbs = 2.0 * bytes * it / (ms / 1e3) / 1e9; /* read + write */
-    CK(cudaFree(a));
-    CK(cudaFree(b));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
     /* GEMM with the prefill's types: bf16 x bf16, f32 accumulate, f32 out */
     int N = 8192;
     void *A, *B, *C;
-    CK(cudaMalloc(&A, (size_t)N * N * 2));
-    CK(cudaMalloc(&B, (size_t)N * N * 2));
-    CK(cudaMalloc(&C, (size_t)N * N * 4));
+    CUDA_CHECK(cudaMalloc(&A, (size_t)N * N * 2));
+    CUDA_CHECK(cudaMalloc(&B, (size_t)N * N * 2));
+    CUDA_CHECK(cudaMalloc(&C, (size_t)N * N * 4));
     cuda_fill_bf16(A, (size_t)N * N, 1, 0, 1, NULL);
     cuda_fill_bf16(B, (size_t)N * N, 2, 0, 1, NULL);
     cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "fatal: cublasCreate\n"); exit(1); }
+    CUDA_CHECK(cublasCreate(&h));
     const float one = 1, zero = 0;
     for (int i = 0; i < it + 2; i++) {
-        if (i == 2) CK(cudaEventRecord(e0, 0));
-        cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B,
-                                         CUDA_R_16BF, N, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "fatal: cublasGemmEx %d\n", (int)st); exit(1); }
+        if (i == 2) CUDA_CHECK(cudaEventRecord(e0, 0));
+        CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero,
+                                C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventRecord(e1, 0));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     gemm_tfs = 2.0 * N * (double)N * N * it / (ms / 1e3) / 1e12;
     cublasDestroy(h);
-    CK(cudaFree(A));
-    CK(cudaFree(B));
-    CK(cudaFree(C));
+    CUDA_CHECK(cudaFree(A));
+    CUDA_CHECK(cudaFree(B));
+    CUDA_CHECK(cudaFree(C));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     printf("  roofline: device-to-device copy %.0f GB/s; cuBLAS BF16 GEMM (f32 acc/out, %d^3) %.0f TFLOP/s\n", bw_gbs,
@@ -970,37 +958,37 @@ static void bench_gemv_one(int fmt, int rows, int cols) {
            sbytes = fmt == 0 ? 0 : fmt == 1 ? sizeof(float) * ((rows + 127) / 128) * ((cols + 127) / 128) : n / 16;
     char *w[4], *sc[4];
     for (int i = 0; i < copies; i++) {
-        CK(cudaMalloc((void **)&w[i], wbytes));
-        CK(cudaMalloc((void **)&sc[i], sbytes + 16));
+        CUDA_CHECK(cudaMalloc((void **)&w[i], wbytes));
+        CUDA_CHECK(cudaMalloc((void **)&sc[i], sbytes + 16));
         if (cuda_fill_bf16((uint16_t *)w[i], wbytes / 2, 77 + i, 0, 0.02f, NULL)) exit(1);
-        CK(cudaMemset(sc[i], fmt == 1 ? 0x3a : 0x38, sbytes + 16));
+        CUDA_CHECK(cudaMemset(sc[i], fmt == 1 ? 0x3a : 0x38, sbytes + 16));
     }
     float *x, *out;
-    CK(cudaMalloc((void **)&x, sizeof(float) * cols));
-    CK(cudaMalloc((void **)&out, sizeof(float) * rows));
+    CUDA_CHECK(cudaMalloc((void **)&x, sizeof(float) * cols));
+    CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * rows));
     if (cuda_fill_bf16((uint16_t *)x, cols, 5, 0, 0.5f, NULL)) exit(1); /* any finite pattern */
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
     for (int i = -3; i < it; i++) {
-        if (i == 0) CK(cudaEventRecord(e0, 0));
+        if (i == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
         int k = (i + 3) % copies, rc;
         if (fmt == 0) rc = cuda_gemv_bf16(out, x, 1, (uint16_t *)w[k], rows, cols, NULL, NULL);
         else if (fmt == 1) rc = cuda_gemv_fp8(out, x, 1, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
         else rc = cuda_gemv_nvfp4(out, x, 1, (uint8_t *)w[k], (uint8_t *)sc[k], 1e-3f, rows, cols, NULL, NULL);
         CHECK(rc == 0, "gemv bench launch");
     }
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventRecord(e1, 0));
+    CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     GemvRow *g = &gemv_rows[n_gemv_rows++];
     g->us = ms * 1e3 / it;
     g->gbs = (wbytes + sbytes) / (g->us * 1e-6) / 1e9;
     snprintf(g->name, sizeof g->name, "%s gemv n=1 [%d x %d]", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4", rows, cols);
     printf("  %-34s %8.1f us  %7.0f GB/s  %5.1f%% of copy\n", g->name, g->us, g->gbs, 100 * g->gbs / bw_gbs);
-    for (int i = 0; i < copies; i++) { CK(cudaFree(w[i])); CK(cudaFree(sc[i])); }
-    CK(cudaFree(x)); CK(cudaFree(out));
+    for (int i = 0; i < copies; i++) { CUDA_CHECK(cudaFree(w[i])); CUDA_CHECK(cudaFree(sc[i])); }
+    CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(out));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -1024,12 +1012,12 @@ static int n_op_rows;
     do {                                                                                  \
         float ms_ = 0;                                                                    \
         for (int i_ = -3; i_ < 50; i_++) {                                                \
-            if (i_ == 0) CK(cudaEventRecord(e0, 0));                                      \
+            if (i_ == 0) CUDA_CHECK(cudaEventRecord(e0, 0));                                      \
             CHECK((call) == 0, "op bench: %s", label);                                    \
         }                                                                                 \
-        CK(cudaEventRecord(e1, 0));                                                       \
-        CK(cudaEventSynchronize(e1));                                                     \
-        CK(cudaEventElapsedTime(&ms_, e0, e1));                                           \
+        CUDA_CHECK(cudaEventRecord(e1, 0));                                                       \
+        CUDA_CHECK(cudaEventSynchronize(e1));                                                     \
+        CUDA_CHECK(cudaEventElapsedTime(&ms_, e0, e1));                                           \
         OpRow *o_ = &op_rows[n_op_rows++];                                                \
         snprintf(o_->name, sizeof o_->name, "%s", label);                                 \
         o_->us = ms_ * 1e3 / 50;                                                          \
@@ -1065,21 +1053,21 @@ static void bench_ops(const Model *m, double step_ms) {
     int L = c->n_layers, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, I = c->intermediate;
     int ctx = BENCH_CTX, bsz = BS, nblk = (ctx + bsz) / bsz;
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
     bg = backend_cuda_create_resident(c, BENCH_MAX_CTX);
     float *x, *y, *xn, *q, *k, *v, *att, *g, *u, *cs, *sn, *kc, *vc, *part, *logits;
     int32_t *ip;
     size_t kvn = (size_t)nblk * bsz * nkv * hd;
-    CK(cudaMalloc((void **)&x, 4 * H)); CK(cudaMalloc((void **)&y, 4 * H)); CK(cudaMalloc((void **)&xn, 4 * H));
-    CK(cudaMalloc((void **)&q, 4 * nh * hd)); CK(cudaMalloc((void **)&att, 4 * nh * hd));
-    CK(cudaMalloc((void **)&k, 4 * nkv * hd)); CK(cudaMalloc((void **)&v, 4 * nkv * hd));
-    CK(cudaMalloc((void **)&g, 4 * I)); CK(cudaMalloc((void **)&u, 4 * I));
-    CK(cudaMalloc((void **)&cs, 4 * hd)); CK(cudaMalloc((void **)&sn, 4 * hd));
-    CK(cudaMalloc((void **)&kc, 4 * kvn)); CK(cudaMalloc((void **)&vc, 4 * kvn));
-    CK(cudaMalloc((void **)&logits, 4 * (size_t)c->vocab));
+    CUDA_CHECK(cudaMalloc((void **)&x, 4 * H)); CUDA_CHECK(cudaMalloc((void **)&y, 4 * H)); CUDA_CHECK(cudaMalloc((void **)&xn, 4 * H));
+    CUDA_CHECK(cudaMalloc((void **)&q, 4 * nh * hd)); CUDA_CHECK(cudaMalloc((void **)&att, 4 * nh * hd));
+    CUDA_CHECK(cudaMalloc((void **)&k, 4 * nkv * hd)); CUDA_CHECK(cudaMalloc((void **)&v, 4 * nkv * hd));
+    CUDA_CHECK(cudaMalloc((void **)&g, 4 * I)); CUDA_CHECK(cudaMalloc((void **)&u, 4 * I));
+    CUDA_CHECK(cudaMalloc((void **)&cs, 4 * hd)); CUDA_CHECK(cudaMalloc((void **)&sn, 4 * hd));
+    CUDA_CHECK(cudaMalloc((void **)&kc, 4 * kvn)); CUDA_CHECK(cudaMalloc((void **)&vc, 4 * kvn));
+    CUDA_CHECK(cudaMalloc((void **)&logits, 4 * (size_t)c->vocab));
     int splits = cuda_attention_splits(1, nh, nkv, BENCH_MAX_CTX, 132);
-    CK(cudaMalloc((void **)&part, sizeof(float) * (size_t)(splits > 1 ? splits : 1) * nh * (hd + 2)));
+    CUDA_CHECK(cudaMalloc((void **)&part, sizeof(float) * (size_t)(splits > 1 ? splits : 1) * nh * (hd + 2)));
     /* device int32 scratch: [0] pos, [1] seq, [2] slot, [3] row, [4..] block table */
     int32_t hip[4 + 128];
     hip[0] = ctx; hip[1] = 0; hip[2] = ctx; hip[3] = 0;
@@ -1096,14 +1084,14 @@ static void bench_ops(const Model *m, double step_ms) {
     float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
     TIME_OP("embed", 1, cuda_embed(x, m->embed, ip + 3, 1, H, NULL));
     TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
     TIME_OP("norm_rope q", L, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, NULL));
     TIME_OP("norm_rope k", L, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, NULL));
     TIME_OP("kv_write", L, cuda_kv_write(kc, vc, k, v, ip + 2, 1, nkv * hd, NULL));
     TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
     TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("gate/up GEMV (one launch)", L, mm_multi_call(gu, gu_out, xn, 2));
     TIME_OP("swiglu", L, cuda_swiglu(g, g, u, (size_t)I, NULL));
     TIME_OP("down GEMV", L, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
@@ -1118,7 +1106,7 @@ static void bench_ops(const Model *m, double step_ms) {
     printf("    %-28s %27.3f ms; measured step %.3f ms; gaps and the logits copy %.3f ms\n", "sum", sum / 1e3, step_ms,
            step_ms - sum / 1e3);
     void *bufs[] = {x, y, xn, q, k, v, att, g, u, cs, sn, kc, vc, part, logits, ip};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CUDA_CHECK(cudaFree(bufs[i]));
     bg->free(bg);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -1153,7 +1141,7 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
         w->q = f;
     }
     if (cuda_fill_bf16((uint16_t *)q, qb / 2, seed, 0, 0.02f, NULL)) { fprintf(stderr, "fatal: fill\n"); exit(1); }
-    CK(cudaMemset(sc, prec == PREC_FP8 ? 0x3a : 0x38, sb)); /* f32 ~7e-4 / e4m3 1.0 */
+    CUDA_CHECK(cudaMemset(sc, prec == PREC_FP8 ? 0x3a : 0x38, sb)); /* f32 ~7e-4 / e4m3 1.0 */
     *cur = (char *)sc + (sb + 255) / 256 * 256;
     return qb + sb;
 }
@@ -1172,7 +1160,7 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
         for (int i = 0; i < 7; i++) arena_bytes += (size_t)ms[i]->rows * ms[i]->cols + 2 * 256 + (size_t)ms[i]->rows * ms[i]->cols / 16 * 4;
     }
     char *arena = NULL, *cur;
-    CK(cudaMalloc((void **)&arena, arena_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
     cur = arena;
     double bytes = 2.0 * c->vocab * c->hidden;
     for (int l = 0; l < c->n_layers; l++) {
@@ -1182,7 +1170,7 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
         for (int i = 0; i < 7; i++) bytes += (double)quant_mat(ms[i], prec, &cur, 1000 + 7 * l + i);
     }
     CHECK((size_t)(cur - arena) <= arena_bytes, "bench quant arena overflow (a bug)");
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     Backend *b = backend_cuda_create_resident(c, BENCH_MAX_CTX);
     Runner *r = runner_create_with(&q, b, 64, BENCH_MAX_CTX);
     KVCache *kv = runner_kvcache_create(r, 8 * bps, BS);
@@ -1197,7 +1185,7 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
         for (int i = 0; i < 7; i++) free(ms[i]->q);
     }
     free(q.layers);
-    CK(cudaFree(arena));
+    CUDA_CHECK(cudaFree(arena));
 }
 
 static void part_bench(void) {
@@ -1219,7 +1207,7 @@ static void part_bench(void) {
     size_t kv_bytes = (size_t)n_blocks * BS * c->n_layers * kvd * 4 * 2;
     size_t runner_bytes = (size_t)PREFILL_SEQS * PREFILL_LEN * (V + 8 * H + 2 * I + 2 * qd) * 4;
     size_t free_b = 0, total_b = 0;
-    CK(cudaMemGetInfo(&free_b, &total_b));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     double need = (double)arena_bytes + kv_bytes + runner_bytes + (1u << 30);
     printf("  memory: weights %.1f GiB + KV cache %.1f GiB + runner %.1f GiB; free %.1f GiB\n",
            arena_bytes / 1073741824.0, kv_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
@@ -1229,7 +1217,7 @@ static void part_bench(void) {
         return;
     }
     char *arena = NULL, *cur;
-    CK(cudaMalloc((void **)&arena, arena_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
     cur = arena;
     uint64_t seed = 100;
     float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
@@ -1252,7 +1240,7 @@ static void part_bench(void) {
         w->down = wmat(H, I, carve(&cur, H * I, seed++, 0, ws));
     }
     CHECK((size_t)(cur - arena) <= arena_bytes, "bench arena overflow (a bug)");
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     double weight_bytes = 2.0 * (mat_params + (double)V * H); /* matmul weights + lm_head read per step */
     printf("  model: %.2fB params, %.1f GiB of matmul weights read per decode step\n",
            (mat_params + 2.0 * V * H) / 1e9, weight_bytes / 1073741824.0);
@@ -1263,18 +1251,18 @@ static void part_bench(void) {
     for (int i = 0; i < n_blocks; i++) tables[i] = i;
     /* pinned, as a server that samples on the host would use: the per-step logits copy runs at PCIe speed */
     float *logits = NULL;
-    CK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
+    CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
     bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre);
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
     bench_ops(m, rows_out[n_rows - 3].ms);
     bench_quant(m, PREC_FP8, logits, tables, bps_dec);
     bench_quant(m, PREC_NVFP4, logits, tables, bps_dec);
-    CK(cudaFreeHost(logits));
+    CUDA_CHECK(cudaFreeHost(logits));
     free(tables);
     runner_kvcache_free(r, kv);
     runner_free(r);
-    CK(cudaFree(arena));
+    CUDA_CHECK(cudaFree(arena));
     free(m->layers);
     free(m);
 }

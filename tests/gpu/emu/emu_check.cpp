@@ -7,6 +7,9 @@
  *      MoE gather/scatter) against transformers and the CPU backend, with the
  *      bounds of tests/gpu/gpu_check.c part 2 (the emulated cuBLAS GEMM is a
  *      plain loop, so only its call and layout are checked here).
+ *   3. a CUDA failure injected into every CUDA call of a delta's device update
+ *      in turn (shim: emu_fail_nth): the commit fails and restores the host
+ *      and device copies bit for bit.
  * Same tolerance classes as tests/gpu/gpu_check.c. Small shapes (every
  * emulated CUDA thread is a thread). Not covered: real cuBLAS, timing, and
  * anything about real device memory or stream ordering.
@@ -21,6 +24,7 @@
 #include "gemv_tile.cuh"
 extern "C" {
 #include "backend.h"
+#include "delta.h"
 #include "dtype.h"
 #include "model.h"
 #include "quant.h"
@@ -143,7 +147,7 @@ static void t_scatter(int64_t numel, int64_t n, int elem) {
     memcpy(val + (n - 1) * elem, val, (size_t)elem);
     for (int64_t i = 0; i < n; i++)
         if (idx[i] >= 0 && idx[i] < numel) memcpy(ref + idx[i] * elem, val + i * elem, (size_t)elem);
-    int rc = cuda_scatter(dst, numel, idx, val, n, elem, NULL) | cuda_gather(back, dst, numel, idx, n, elem, NULL);
+    int rc = cuda_scatter(dst, numel, idx, val, n, elem, NULL, NULL) | cuda_gather(back, dst, numel, idx, n, elem, NULL, NULL);
     size_t bad = memcmp(dst, ref, (size_t)numel * elem) != 0;
     for (int64_t i = 0; i < n; i++)
         for (int k = 0; k < elem; k++)
@@ -440,6 +444,192 @@ static void t_model(const char *dir, int n_decode, Precision prec) {
     model_free(m);
 }
 
+
+/* ---- 3. a CUDA failure while a delta updates the device copy ----
+ * The touched hook of the server (api_admin.c admin_touched: re-quantize, then
+ * runner_weights_changed) over the emulated backend, and a delta of three kinds
+ * of update: a sparse o_proj (BF16: the verified scatter), every 8th element of
+ * down_proj (too many for a scatter: a re-upload with indices) and a dense
+ * final norm (a re-upload); at FP8/NVFP4 the two matrices re-upload their
+ * quantized bytes. Each fallible CUDA call of the commit fails once in turn
+ * (the k-th, k = 1, 2, ... until the commit runs out of calls): the commit must
+ * fail, keep the version, and leave every touched buffer (BF16 master,
+ * quantized host bytes, device copies) bit-identical to before. Then the commit
+ * with no failure succeeds and the device copies equal the host. */
+typedef struct FaultCtx { Model *m; Runner *r; } FaultCtx;
+static int fault_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
+                         int64_t n_idx, Err *err) {
+    FaultCtx *f = (FaultCtx *)ctx;
+    int rc = delta_model_requant(f->m, name, data, dt, numel, idx, n_idx, err);
+    if (rc == 0)
+        rc = runner_weights_changed(f->r, data, (size_t)numel * (size_t)dtype_size(dt), idx, n_idx, (int)dtype_size(dt), err);
+    return rc;
+}
+
+typedef struct FaultBuf { const void *host; size_t bytes; int dev; uint8_t *h0, *d0; } FaultBuf;
+static void fault_bufs_add(FaultBuf *b, int *n, const void *host, size_t bytes, int dev) {
+    b[*n] = FaultBuf{host, bytes, dev, (uint8_t *)malloc(bytes), (uint8_t *)malloc(bytes)};
+    (*n)++;
+}
+static void fault_bufs_mat(FaultBuf *b, int *n, const WeightMat *w) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    fault_bufs_add(b, n, w->bf16, 2 * rows * cols, w->fmt == WF_BF16);
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        fault_bufs_add(b, n, q->q, rows * cols, 1);
+        fault_bufs_add(b, n, q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols, 1);
+    } else if (w->fmt == WF_NVFP4) {
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        fault_bufs_add(b, n, q->packed, rows * cols / 2, 1);
+        fault_bufs_add(b, n, q->scale, rows * cols / QUANT_NVFP4_BLOCK, 1);
+    }
+}
+/* Buffers differing from the snapshot (snap = 1: take it; host and device). */
+static int fault_bufs_diff(Backend *gb, FaultBuf *b, int n, int snap) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        uint8_t *d = (uint8_t *)malloc(b[i].bytes);
+        int rd = b[i].dev ? backend_cuda_read_weight(gb, b[i].host, d, b[i].bytes) : 0;
+        if (snap) {
+            memcpy(b[i].h0, b[i].host, b[i].bytes);
+            memcpy(b[i].d0, b[i].dev ? d : (const uint8_t *)b[i].host, b[i].bytes);
+            bad += rd != 0;
+        } else {
+            bad += rd != 0 || memcmp(b[i].h0, b[i].host, b[i].bytes) != 0 ||
+                   (b[i].dev && memcmp(b[i].d0, d, b[i].bytes) != 0);
+        }
+        free(d);
+    }
+    return bad;
+}
+static int fault_bufs_device_is_host(Backend *gb, FaultBuf *b, int n) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (!b[i].dev) continue;
+        uint8_t *d = (uint8_t *)malloc(b[i].bytes);
+        bad += backend_cuda_read_weight(gb, b[i].host, d, b[i].bytes) != 0 || memcmp(d, b[i].host, b[i].bytes) != 0;
+        free(d);
+    }
+    return bad;
+}
+
+static void t_delta_fault(const char *dir, Precision prec) {
+    Err err = {};
+    Model *m = NULL;
+    LoadOptions o = {prec, 1};
+    const char *pn = precision_name(prec);
+    if (model_load_opts(&m, dir, &o, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    Backend *gb = backend_cuda_create(m, 128);
+    Runner *r = runner_create_with(m, gb, 16, 128);
+    WeightVersion *wv = weight_version_from_safetensors(m->st, 1);
+    const char *names[3] = {"model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                            "model.norm.weight"};
+    DeltaRecord rec[3];
+    int64_t o_idx[24], n_o = 0;
+    for (int t = 0; t < 3; t++) {
+        const StTensor *st = safetensors_get(m->st, names[t]);
+        Dtype dt;
+        int64_t numel = 0;
+        uint16_t *cur = (uint16_t *)delta_lookup_model(m, names[t], &dt, &numel);
+        if (!st || !cur || dt != DT_BF16) {
+            printf("  FAIL %s: no BF16 tensor %s\n", dir, names[t]);
+            n_fail++;
+            return;
+        }
+        uint16_t *nw = (uint16_t *)malloc(2 * (size_t)numel);
+        memcpy(nw, cur, 2 * (size_t)numel);
+        if (t == 0)
+            for (int64_t i = 0; i < numel; i += 8) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) + 0.25f);
+        else if (t == 2)
+            for (int64_t i = 0; i < numel; i++) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) * 1.5f + 0.125f);
+        else
+            for (int i = 0; i < 24; i++) {
+                int64_t j = (int64_t)i * (numel / 24) + 5;
+                nw[j] = f32_to_bf16(i % 2 ? 0.75f : -0.75f);
+                if (nw[j] != cur[j]) o_idx[n_o++] = j;
+            }
+        if (delta_encode_tensor(&rec[t], names[t], dt, st->ndim, st->shape, cur, nw, 3, 0, &err)) {
+            printf("  FAIL %s: encode: %s\n", dir, err.msg);
+            n_fail++;
+            return;
+        }
+        free(nw);
+    }
+    DeltaHeader h = {};
+    h.fingerprint = wv->fingerprint;
+    h.target_version = 1;
+    size_t size = 0;
+    uint8_t *buf = delta_serialize(&h, rec, 3, &size);
+    FaultBuf bufs[12];
+    int nb = 0;
+    fault_bufs_mat(bufs, &nb, &m->layers[0].down);
+    fault_bufs_mat(bufs, &nb, &m->layers[0].o);
+    fault_bufs_add(bufs, &nb, m->final_norm, 2 * (size_t)m->cfg.hidden, 1);
+    /* grow the scatter's staging once (a no-op update of the same elements), so
+     * every try below makes the same sequence of CUDA calls */
+    int warm = m->layers[0].o.fmt != WF_BF16 ||
+               runner_weights_changed(r, m->layers[0].o.bf16, 2 * (size_t)m->layers[0].o.rows * m->layers[0].o.cols,
+                                      o_idx, n_o, 2, &err) == 0;
+    int bad = !warm + fault_bufs_diff(gb, bufs, nb, 1);
+    FaultCtx fc = {m, r};
+    DeltaTarget tgt = {};
+    tgt.lookup = delta_lookup_model;
+    tgt.ctx = m;
+    tgt.touched = fault_touched;
+    tgt.touched_ctx = &fc;
+    tgt.n_threads = 1;
+    int injected = 0, wrong = 0, final_rc = -1;
+    char first_err[640] = "";
+    for (long k = 1; k < 1000; k++) {
+        DeltaPlan *plan = NULL;
+        DeltaResult res;
+        Err e = {};
+        if (delta_prepare(&plan, buf, size, &tgt, wv, &e)) {
+            snprintf(first_err, sizeof first_err, "; prepare: %s", e.msg);
+            wrong++;
+            break;
+        }
+        emu_fail_nth(k);
+        int rc = delta_commit(plan, &tgt, wv, &res, &e);
+        int fired = emu_failed();
+        emu_fail_nth(0);
+        delta_plan_free(plan);
+        if (!fired) {
+            final_rc = rc;
+            if (rc) snprintf(first_err, sizeof first_err, "; %s", e.msg);
+            break;
+        }
+        injected++;
+        int diff = fault_bufs_diff(gb, bufs, nb, 0);
+        if (rc == 0 || wv->version != 0 || diff) { /* the state moved: later tries would not start from it */
+            wrong++;
+            snprintf(first_err, sizeof first_err, "; call %ld failed: commit rc %d, version %llu, %d buffers changed",
+                     k, rc, (unsigned long long)wv->version, diff);
+            break;
+        }
+        if (injected == 1) {
+            printf("       (the first failure: %s)\n", e.msg);
+        }
+    }
+    int synced = final_rc == 0 && wv->version == 1 && fault_bufs_device_is_host(gb, bufs, nb) == 0 &&
+                 fault_bufs_diff(gb, bufs, nb, 0) > 0;
+    int ok = !bad && !wrong && injected >= 8 && synced;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %s %s delta: %d CUDA calls of the device update failed in turn, each commit failed and restored "
+           "host + device (%d wrong); the commit with no failure: %s%s\n", ok ? "ok" : "FAIL", dir, pn, injected, wrong,
+           synced ? "applied, device == host" : "NOT applied or device != host", first_err);
+    for (int i = 0; i < nb; i++) { free(bufs[i].h0); free(bufs[i].d0); }
+    for (int t = 0; t < 3; t++) delta_record_free(&rec[t]);
+    free(buf);
+    weight_version_free(wv);
+    runner_free(r);
+    model_free(m);
+}
+
 int main(void) {
     bc = backend_cpu_create(1, 4096);
     printf("== CUDA kernels on the CPU emulation vs the CPU reference ops ==\n");
@@ -497,6 +687,10 @@ int main(void) {
     if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
     t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
     t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
+    printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
+    t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
+    t_delta_fault("tests/fixtures/qwen2", PREC_FP8);
+    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -2,7 +2,7 @@
  * cuda_kernels.h - C launchers of the CUDA kernels (kernels/cuda/). Each
  * launcher checks shapes, launches on the given stream (a cudaStream_t passed
  * as void *) and checks the launch. Every kernel has a CPU reference op
- * (cpu_ops.h / backend_cpu.c) that tests/gpu/gpu_check.c compares against.
+ * (cpu_ops.h / backend_cpu.c) that the op checks of tests/gpu/op_checks.h compare against.
  * All tensor pointers are device pointers. Launchers return 0, or -1 on a bad
  * shape or argument (nothing is launched then); n == 0 is a valid no-op.
  *

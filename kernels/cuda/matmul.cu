@@ -7,7 +7,7 @@
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
- * by the bf16 rounding of x; tolerances in tests/gpu/gpu_check.c).
+ * by the bf16 rounding of x; tolerances in tests/gpu/op_checks.h).
  * Not here: FP8/NVFP4 weights (quant_gemv.cu).
  */
 #include "cuda_check.h"

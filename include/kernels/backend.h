@@ -33,6 +33,7 @@ typedef struct AttnArgs {
 } AttnArgs;
 
 typedef struct Backend Backend;
+struct Err; /* check.h */
 struct Backend {
     const char *name;
     void *ctx;
@@ -46,9 +47,11 @@ struct Backend {
     /* Registered tensor t's host storage changed (a delta; a quantized matrix
      * was re-quantized on the host): refresh its device copy. idx: the touched
      * element indices [n_idx] (elem bytes each), or NULL when every element may
-     * have changed. Returns 0, or -1 when the device copy could not be brought
-     * up to date. NULL when the ops read host weights. */
-    int (*weights_changed)(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem);
+     * have changed. Returns 0, or <0 with err filled when the device copy could
+     * not be brought up to date (never exits: the delta's commit then restores).
+     * NULL when the ops read host weights. */
+    int (*weights_changed)(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
+                           struct Err *err);
     /* dst = src, both backend memory, not overlapping */
     void (*copy)(Backend *b, void *dst, const void *src, size_t bytes);
     /* x[n, dim] f32 = emb[tokens[i]] (bf16 [vocab, dim]) */

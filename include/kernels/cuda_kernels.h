@@ -2,7 +2,7 @@
  * cuda_kernels.h - C launchers of the CUDA kernels (kernels/cuda/). Each
  * launcher checks shapes, launches on the given stream (a cudaStream_t passed
  * as void *) and checks the launch. Every kernel has a CPU reference op
- * (cpu_ops.h / backend_cpu.c) that tests/gpu/gpu_check.c compares against.
+ * (cpu_ops.h / backend_cpu.c) that the op checks of tests/gpu/op_checks.h compare against.
  * All tensor pointers are device pointers. Launchers return 0, or -1 on a bad
  * shape or argument (nothing is launched then); n == 0 is a valid no-op.
  *
@@ -20,6 +20,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "check.h" /* Err (C linkage also when a .cu includes it first) */
 
 /* The SAMPLER_GPU_SM this object code was compiled for (80, 90, 100, 103). */
 int cuda_binary_sm(void);
@@ -109,10 +110,13 @@ int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const
 
 /* Sparse delta on a device weight copy (scatter.cu): dst[idx[i]] = val[i] for i < n,
  * elements of elem bytes (1, 2, 4); dst: [numel]; idx: [n] int64 (device); val: [n]
- * (device). Indices outside [0, numel) are skipped. */
-int cuda_scatter(void *dst, int64_t numel, const int64_t *idx, const void *val, int64_t n, int elem, void *stream);
-/* out[i] = src[idx[i]] (the read-back that verifies a scatter); zero bytes out of range. */
-int cuda_gather(void *out, const void *src, int64_t numel, const int64_t *idx, int64_t n, int elem, void *stream);
+ * (device). Indices outside [0, numel) are skipped. The update path: a bad argument or
+ * a failed launch returns <0 with err (may be NULL) filled, never exits. */
+int cuda_scatter(void *dst, int64_t numel, const int64_t *idx, const void *val, int64_t n, int elem, void *stream,
+                 Err *err);
+/* out[i] = src[idx[i]] (the read-back that verifies a scatter); zero bytes out of range. Errors as cuda_scatter. */
+int cuda_gather(void *out, const void *src, int64_t numel, const int64_t *idx, int64_t n, int elem, void *stream,
+                Err *err);
 
 /* p[n] bf16 = mean + scale * u, u uniform in [-1, 1) from a counter hash of
  * (seed, index): random weights made directly in device memory (benchmarks). */

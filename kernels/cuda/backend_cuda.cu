@@ -16,11 +16,13 @@
  * step, replayed per batch size. Nothing is allocated per step: the bf16
  * activation scratch of the GEMM path is sized by reserve (runner creation),
  * the attention split scratch at creation.
- * Errors inside ops are bugs (the forward pass validated the batch): fatal.
+ * Errors inside ops are bugs (the forward pass validated the batch): fatal
+ * (CUDA_CHECK). The update path (weights_changed, its scatter and read-back,
+ * re-uploads, backend_cuda_read_weight) returns every CUDA error
+ * (CUDA_TRY) so that delta_commit can restore the weights.
  * Not here: quantized activations (native FP8 / NVFP4 tensor cores), device
  * sampling.
  */
-#include <cublas_v2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -35,11 +37,6 @@ extern "C" {
 }
 #include "gemv_tile.cuh"
 
-#define CUBLAS_OK(call)                                                                          \
-    do {                                                                                         \
-        cublasStatus_t st_ = (call);                                                             \
-        CHECK(st_ == CUBLAS_STATUS_SUCCESS, "%s: %s", #call, cublasGetStatusString(st_));       \
-    } while (0)
 #define LAUNCH_OK(call) CHECK((call) == 0, "bad shape in %s (a bug in the caller)", #call)
 
 #define BLAS_WORKSPACE (32u << 20)
@@ -63,13 +60,27 @@ typedef struct CudaCtx {
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
 static void *st(Backend *b) { return (void *)ctx(b)->stream; }
 
-/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step never gets here). */
-static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
-    if (bytes <= *cap) return;
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    if (*p) CUDA_CHECK(cudaFree(*p));
-    CUDA_CHECK(cudaMalloc(p, bytes));
+/* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step
+ * never gets here; deltas grow their staging here). On an error the buffer is
+ * empty (NULL, cap 0) or unchanged, never dangling. */
+static int scratch_grow_try(CudaCtx *c, void **p, size_t *cap, size_t bytes, Err *err) {
+    if (bytes <= *cap) return 0;
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (*p) {
+        void *old = *p;
+        CUDA_TRY(err, cudaFree(old));
+        *p = NULL;
+        *cap = 0;
+    }
+    void *np = NULL;
+    CUDA_TRY(err, cudaMalloc(&np, bytes));
+    *p = np;
     *cap = bytes;
+    return 0;
+}
+static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
+    Err e = {0};
+    CHECK(scratch_grow_try(c, p, cap, bytes, &e) == 0, "device scratch of %zu bytes: %s", bytes, e.msg);
 }
 
 /* ---- memory ---- */
@@ -122,25 +133,27 @@ static int mat_parts(WeightMat *w, const void **host, void ***dev, size_t *bytes
     return 2;
 }
 
-/* Rewrite a device copy from the host (delta path: may return -1, never fatal). */
-static int cu_rewrite(CudaCtx *c, void *dev, const void *host, size_t bytes) {
-    return cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream) == cudaSuccess &&
-                   cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+/* Rewrite a device copy from the host (delta path: returns <0 with err, never fatal). */
+static int cu_rewrite(CudaCtx *c, void *dev, const void *host, size_t bytes, Err *err) {
+    CUDA_TRY(err, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    return 0;
 }
 
 /* Sparse delta on a registered device copy: upload (idx, values), scatter, gather
  * the touched elements back and compare them with what was sent (the verified
  * copy back). Staging grows on this path only (deltas, never a step). */
 static int cu_scatter_verified(Backend *b, void *dev, size_t dev_bytes, const void *host, const int64_t *idx, int64_t n,
-                               int elem) {
+                               int elem, Err *err) {
     CudaCtx *c = ctx(b);
     size_t vb = (size_t)n * elem, need = sizeof(int64_t) * (size_t)n + 2 * vb;
-    scratch_grow(c, &c->sc_dev, &c->sc_dev_cap, need);
+    int rc = scratch_grow_try(c, &c->sc_dev, &c->sc_dev_cap, need, err);
+    if (rc) return rc;
     if (c->sc_host_cap < 2 * vb) {
         free(c->sc_host);
         c->sc_host = (uint8_t *)malloc(2 * vb);
         c->sc_host_cap = c->sc_host ? 2 * vb : 0;
-        if (!c->sc_host) return -1;
+        if (!c->sc_host) return ERR(err, 500, "out of host memory for a %zu-byte delta scatter", 2 * vb);
     }
     const uint8_t *h = (const uint8_t *)host;
     uint8_t *vals = c->sc_host, *back = c->sc_host + vb;
@@ -148,41 +161,47 @@ static int cu_scatter_verified(Backend *b, void *dev, size_t dev_bytes, const vo
     int64_t *didx = (int64_t *)c->sc_dev;
     uint8_t *dval = (uint8_t *)c->sc_dev + sizeof(int64_t) * (size_t)n, *dback = dval + vb;
     int64_t numel = (int64_t)(dev_bytes / (size_t)elem);
-    if (cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
-        cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
-        cuda_scatter(dev, numel, didx, dval, n, elem, st(b)) ||
-        cuda_gather(dback, dev, numel, didx, n, elem, st(b)) ||
-        cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess ||
-        cudaStreamSynchronize(c->stream) != cudaSuccess)
-        return -1;
-    return memcmp(vals, back, vb) ? -1 : 0;
+    CUDA_TRY(err, cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream));
+    if ((rc = cuda_scatter(dev, numel, didx, dval, n, elem, st(b), err))) return rc;
+    if ((rc = cuda_gather(dback, dev, numel, didx, n, elem, st(b), err))) return rc;
+    CUDA_TRY(err, cudaMemcpyAsync(back, dback, vb, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (memcmp(vals, back, vb))
+        return ERR(err, 500, "the device copy read back after a scatter of %lld elements differs from the values sent",
+                   (long long)n);
+    return 0;
 }
 
 /* A BF16 tensor: scatter the touched elements when that moves well under the
  * tensor's bytes, else re-upload it. A quantized matrix's BF16 master is not on
  * the device: the host re-quantized it (admin_touched), so its quantized buffers
- * are re-uploaded. Returns 0, or -1 (the caller restores the host weights and
- * calls again, which rewrites the device copy from them). */
-static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem) {
+ * are re-uploaded. Returns 0, or <0 with err filled (the caller restores the host
+ * weights and calls again, which rewrites the device copy from them). */
+static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
+                              Err *err) {
     CudaCtx *c = ctx(b);
-    if (c->resident) return -1;
+    if (c->resident) return ERR(err, 500, "deltas are not supported on a resident backend (benchmarks)");
     if (t->mat && !t->vec && t->mat->fmt != WF_BF16) {
         const void *host[2];
         void **dev[2];
         size_t bytes[2];
         int np = mat_parts(t->mat, host, dev, bytes);
-        for (int i = 0; i < np; i++)
-            if (!*dev[i] || cu_rewrite(c, *dev[i], host[i], bytes[i])) return -1;
+        for (int i = 0; i < np; i++) {
+            if (!*dev[i]) return ERR(err, 500, "'%s' has no device copy", t->name);
+            int rc = cu_rewrite(c, *dev[i], host[i], bytes[i], err);
+            if (rc) return rc;
+        }
         return 0;
     }
     const void *host = t->vec ? (const void *)t->vec->host : (const void *)t->mat->bf16;
     void *dev = t->vec ? (void *)t->vec->dev : t->mat->dev;
     size_t bytes = sizeof(uint16_t) * (size_t)t->numel;
-    if (!dev || !host) return -1;
+    if (!dev || !host) return ERR(err, 500, "'%s' has no device copy", t->name);
     if (idx && n_idx > 0 && (elem == 1 || elem == 2 || elem == 4) &&
         (size_t)n_idx * (sizeof(int64_t) + 2 * (size_t)elem) < bytes / 4)
-        return cu_scatter_verified(b, dev, bytes, host, idx, n_idx, elem);
-    return cu_rewrite(c, dev, host, bytes);
+        return cu_scatter_verified(b, dev, bytes, host, idx, n_idx, elem, err);
+    return cu_rewrite(c, dev, host, bytes, err);
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
@@ -333,11 +352,11 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     c->max_ctx = max_ctx;
     CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, 0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUBLAS_OK(cublasCreate(&c->blas));
-    CUBLAS_OK(cublasSetStream(c->blas, c->stream));
+    CUDA_CHECK(cublasCreate(&c->blas));
+    CUDA_CHECK(cublasSetStream(c->blas, c->stream));
     /* A fixed workspace: cuBLAS then never allocates during a step. */
     CUDA_CHECK(cudaMalloc(&c->blas_ws, BLAS_WORKSPACE));
-    CUBLAS_OK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
+    CUDA_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
     /* Worst-case split scratch (splits only when the batch is under 2 blocks per SM). */
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP;
     c->part_cap = sizeof(float) * 64 * rows * (size_t)(head_dim + 2);
@@ -434,7 +453,7 @@ extern "C" Backend *backend_cuda_create_resident(int head_dim, int max_ctx) {
 extern "C" int backend_cuda_read_weight(Backend *b, const WeightMat *w, void *dst, size_t bytes) {
     CudaCtx *c = ctx(b);
     if (c->resident || w->fmt != WF_BF16 || !w->dev || bytes > sizeof(uint16_t) * (size_t)w->rows * w->cols) return -1;
-    CUDA_CHECK(cudaMemcpyAsync(dst, w->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_TRY(NULL, cudaMemcpyAsync(dst, w->dev, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(NULL, cudaStreamSynchronize(c->stream));
     return 0;
 }

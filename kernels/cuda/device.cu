@@ -3,6 +3,8 @@
  * the device: the architecture it was compiled for and a probe of device 0.
  * Not here: the binary/device match policy (server/device_select.c).
  */
+#include <stdio.h>
+
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 

@@ -7,11 +7,9 @@
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
- * by the bf16 rounding of x; tolerances in tests/gpu/gpu_check.c).
+ * by the bf16 rounding of x; tolerances in tests/gpu/op_checks.h).
  * Not here: FP8/NVFP4 weights (quant_gemv.cu).
  */
-#include <cublas_v2.h>
-
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
@@ -103,16 +101,6 @@ extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t 
     return 0;
 }
 
-#define CUBLAS_CHECK(call)                                                                       \
-    do {                                                                                         \
-        cublasStatus_t st_ = (call);                                                             \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-            fprintf(stderr, "fatal: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
-                    cublasGetStatusString(st_));                                                 \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
 extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,
                               const uint16_t *W, int rows, int cols, const uint16_t *bias, void *stream) {
     if (n < 0 || rows <= 0 || cols <= 0 || !cublas || !out || !x || !xbf || !W) return -1;
@@ -120,15 +108,15 @@ extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t
     cublasHandle_t h = (cublasHandle_t)cublas;
     /* Not cublasSetStream here: it would also reset the handle's fixed workspace. */
     cudaStream_t hs;
-    CUBLAS_CHECK(cublasGetStream(h, &hs));
+    CUDA_CHECK(cublasGetStream(h, &hs));
     if (hs != (cudaStream_t)stream) return -1;
     if (cuda_f32_to_bf16(xbf, x, (size_t)n * cols, stream)) return -1;
     /* Row-major out[n, rows] is column-major out^T [rows, n] = W (col-major
      * [cols, rows], transposed) x xbf (col-major [cols, n]). */
     const float one = 1.f, zero = 0.f;
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xbf,
-                              CUDA_R_16BF, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, W, CUDA_R_16BF, cols, xbf,
+                            CUDA_R_16BF, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
     if (bias && cuda_add_bias(out, bias, n, rows, stream)) return -1;
     return 0;
 }

@@ -8,6 +8,7 @@
  * the master) or hashing (the host hashes its copy; backend_cuda.cu compares
  * the read-back values with what it sent).
  * Reference: the host loop dst[idx[i]] = val[i] (elem bytes each).
+ * Both launchers are on the update path: errors return (CUDA_TRY), never exit.
  */
 #include "cuda_check.h"
 #include "cuda_kernels.h"
@@ -40,21 +41,25 @@ static unsigned sc_blocks(int64_t n) {
 }
 
 extern "C" int cuda_scatter(void *dst, int64_t numel, const int64_t *idx, const void *val, int64_t n, int elem,
-                            void *stream) {
-    if (!dst || numel <= 0 || n < 0 || (n && (!idx || !val)) || (elem != 1 && elem != 2 && elem != 4)) return -1;
+                            void *stream, Err *err) {
+    if (!dst || numel <= 0 || n < 0 || (n && (!idx || !val)) || (elem != 1 && elem != 2 && elem != 4))
+        return ERR(err, 500, "cuda_scatter: bad arguments (numel %lld, n %lld, elem %d)", (long long)numel,
+                   (long long)n, elem);
     if (n == 0) return 0;
     scatter_kernel<<<sc_blocks(n), SC_THREADS, 0, (cudaStream_t)stream>>>((uint8_t *)dst, numel, idx,
                                                                            (const uint8_t *)val, n, elem);
-    CUDA_CHECK_LAUNCH();
+    CUDA_TRY_LAUNCH(err);
     return 0;
 }
 
 extern "C" int cuda_gather(void *out, const void *src, int64_t numel, const int64_t *idx, int64_t n, int elem,
-                           void *stream) {
-    if (!out || !src || numel <= 0 || n < 0 || (n && !idx) || (elem != 1 && elem != 2 && elem != 4)) return -1;
+                           void *stream, Err *err) {
+    if (!out || !src || numel <= 0 || n < 0 || (n && !idx) || (elem != 1 && elem != 2 && elem != 4))
+        return ERR(err, 500, "cuda_gather: bad arguments (numel %lld, n %lld, elem %d)", (long long)numel,
+                   (long long)n, elem);
     if (n == 0) return 0;
     gather_kernel<<<sc_blocks(n), SC_THREADS, 0, (cudaStream_t)stream>>>((uint8_t *)out, (const uint8_t *)src,
                                                                           numel, idx, n, elem);
-    CUDA_CHECK_LAUNCH();
+    CUDA_TRY_LAUNCH(err);
     return 0;
 }

@@ -99,8 +99,10 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
     if (!r->b->weights_changed) return 0;
     /* a checkpoint tensor outside the registry has no backend copy: nothing reads it */
     const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
-    if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem) == 0) return 0;
-    return ERR(err, 500, "the %s backend could not update its copy of a weight (%zu bytes)", r->b->name, bytes);
+    Err be = {0};
+    if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem, &be) == 0) return 0;
+    return ERR(err, 500, "the %s backend could not update its copy of '%s' (%zu bytes): %s:%d: %s", r->b->name,
+               t->name, bytes, be.file ? be.file : "?", be.line, be.msg);
 }
 
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {

@@ -20,6 +20,28 @@ thread_local EmuBlock *emu_block;
 
 #define EMU_MAX_THREADS 1024
 
+/* ---- fault injection (shim/cuda_runtime.h); host thread only ---- */
+static long fail_countdown;
+static int fail_fired;
+static cudaError_t pending_launch_error = cudaSuccess;
+void emu_fail_nth(long k) { fail_countdown = k; fail_fired = 0; }
+int emu_failed(void) { return fail_fired; }
+int emu_fault(void) {
+    if (fail_countdown <= 0 || --fail_countdown) return 0;
+    fail_fired = 1;
+    return 1;
+}
+int emu_launch_fault(void) {
+    if (!emu_fault()) return 0;
+    pending_launch_error = cudaErrorLaunchFailure;
+    return 1;
+}
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = pending_launch_error;
+    pending_launch_error = cudaSuccess;
+    return e;
+}
+
 static struct {
     dim3 bd, gd;
     uint3 b;

@@ -7,13 +7,11 @@
 #include "cuda_bf16.h"
 struct EmuBlas { cudaStream_t stream; };
 typedef EmuBlas *cublasHandle_t;
-typedef int cublasStatus_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
 typedef int cublasOperation_t;
 typedef int cudaDataType;
 typedef int cublasComputeType_t;
 typedef int cublasGemmAlgo_t;
-#define CUBLAS_STATUS_SUCCESS 0
-#define CUBLAS_STATUS_NOT_SUPPORTED 15
 #define CUBLAS_OP_N 0
 #define CUBLAS_OP_T 1
 #define CUDA_R_32F 0
@@ -21,15 +19,16 @@ typedef int cublasGemmAlgo_t;
 #define CUBLAS_COMPUTE_32F 68
 #define CUBLAS_GEMM_DEFAULT (-1)
 static inline const char *cublasGetStatusString(cublasStatus_t s) { return s ? "emulated failure" : "ok"; }
-static inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new EmuBlas{0}; return 0; }
-static inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
-static inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->stream = s; return 0; }
-static inline cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t *s) { *s = h->stream; return 0; }
-static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return 0; }
+static inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new EmuBlas{0}; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->stream = s; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t *s) { *s = h->stream; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                           int k, const void *alpha, const void *A, cudaDataType at, int lda,
                                           const void *B, cudaDataType bt, int ldb, const void *beta, void *C,
                                           cudaDataType ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
+    if (emu_fault()) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (ta != CUBLAS_OP_T || tb != CUBLAS_OP_N || at != CUDA_R_16BF || bt != CUDA_R_16BF || ct != CUDA_R_32F ||
         comp != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;

@@ -25,13 +25,28 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 
-typedef int cudaError_t;
-#define cudaSuccess 0
-#define cudaErrorMemoryAllocation 2
-#define cudaErrorNotSupported 801
+enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorLaunchFailure = 719,
+                 cudaErrorNotSupported = 801, cudaErrorUnknown = 999 };
+typedef enum cudaError cudaError_t;
 typedef void *cudaStream_t;
-static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
+static inline const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess ? "no error" : e == cudaErrorUnknown ? "emulated failure (injected)" : "emulated error";
+}
+
+/* Fault injection (emu.cpp; tests/gpu/emu/emu_check.cpp drives it): after
+ * emu_fail_nth(k) the k-th fallible call from then on fails once and does
+ * nothing: cudaMalloc, cudaMemset*, cudaMemcpy*, cudaStreamSynchronize,
+ * cudaDeviceSynchronize and cublasGemmEx return cudaErrorUnknown / an error
+ * status, a kernel launch does not run and the next cudaGetLastError reports
+ * cudaErrorLaunchFailure (as on a device). emu_fail_nth(0) disarms;
+ * emu_failed() says whether the armed failure fired. cudaFree never fails
+ * (a failed free would only leak). */
+void emu_fail_nth(long k);
+int emu_failed(void);
+int emu_fault(void);        /* 1: this call is the one to fail */
+int emu_launch_fault(void); /* emu_fault for a launch: also records the pending launch error */
+cudaError_t cudaGetLastError(void);
+#define EMU_FAULT(err) do { if (emu_fault()) return (err); } while (0)
 
 /* The runtime API over host memory: "device" pointers are malloc'ed, copies
  * are memcpy, streams are ordered trivially (launches run to completion). */
@@ -54,17 +69,27 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
 static inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)1 << 32; return cudaSuccess; }
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = malloc(1); return cudaSuccess; }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
+    EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-static inline cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
-static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return cudaSuccess; }
-static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+static inline cudaError_t cudaMemset(void *p, int v, size_t n) { EMU_FAULT(cudaErrorUnknown); memset(p, v, n); return cudaSuccess; }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    EMU_FAULT(cudaErrorUnknown);
+    memset(p, v, n);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+    EMU_FAULT(cudaErrorUnknown);
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
 static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+    EMU_FAULT(cudaErrorUnknown);
     memcpy(d, s, n);
     return cudaSuccess;
 }
@@ -117,6 +142,6 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 struct EmuCfg { dim3 grid, block; };
 static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t = 0, cudaStream_t = 0) { return EmuCfg{g, b}; }
 void emu_run(EmuCfg c, std::function<void()> fn);
-#define EMU_LAUNCH(cfg, call) emu_run(emu_cfg cfg, [=]() { call; })
+#define EMU_LAUNCH(cfg, call) do { if (!emu_launch_fault()) emu_run(emu_cfg cfg, [=]() { call; }); } while (0)
 
 #endif

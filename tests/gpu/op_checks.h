@@ -1,0 +1,728 @@
+/*
+ * op_checks.h - the op checks of the CUDA backend against the CPU backend (the
+ * reference ops), ONE table for both places that run them:
+ *   tests/gpu/gpu_check.c (C, a real GPU: every row) and
+ *   tests/gpu/emu/emu_check.cpp (C++, the CPU emulation of tests/gpu/emu/shim:
+ *   the rows not marked OC_GPU; every emulated CUDA thread is a fiber, so big
+ *   shapes stay on the GPU).
+ * Each check builds fresh random inputs, runs the op on the CPU backend (bc)
+ * and on the CUDA backend (bg, device-resident weights: every pointer handed to
+ * it is a device pointer) or its launcher, with GPU outputs poisoned with NaN
+ * so an unwritten element fails, and compares with a tolerance class:
+ *   exact   copies (embed, gather_rows, kv_write, add, add_bias, f32_to_bf16
+ *           against dtype.h): bitwise equal
+ *   f32     f32 math in another order / libm (rmsnorm, norm_rope, swiglu,
+ *           scale_add_rows, attention, the GEMVs, and the cuBLAS GEMM fed the
+ *           same bf16-rounded activations as the CPU): NMSE <= 1e-10 and
+ *           max|d| / max|ref| <= 3e-5
+ *   bf16act the cuBLAS GEMM against f32 activations (rounding x to bf16 costs
+ *           ~1e-3 relative per element): NMSE <= 3e-5, rel <= 1e-2
+ * A new GPU kernel adds its check function and its rows here, nothing in the
+ * two runners. The includer defines nothing of this; it creates bc and bg and
+ * calls op_checks_run. Not here: the fixture models and the benchmark (the
+ * runners' own parts).
+ */
+#ifndef SAMPLER_OP_CHECKS_H
+#define SAMPLER_OP_CHECKS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "backend.h"
+#include "dtype.h"
+#include "quant.h"
+#ifdef __cplusplus
+}
+#endif
+
+static int n_pass, n_fail;
+
+/* ---- random inputs ---- */
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+static uint64_t rng_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_f(void) { return (float)(rng_u64() >> 40) * (1.0f / 8388608.0f) - 1.0f; } /* [-1, 1) */
+static float *rand_f32(size_t n, float scale) {
+    float *p = (float *)xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = scale * rng_f();
+    return p;
+}
+static uint16_t *rand_bf16(size_t n, float mean, float scale) {
+    uint16_t *p = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(mean + scale * rng_f());
+    return p;
+}
+
+/* ---- device buffers ---- */
+static void *dev_copy(const void *h, size_t bytes) {
+    void *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (bytes) CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the backend's stream does not wait for the legacy stream */
+    return d;
+}
+static void *dev_poisoned(size_t bytes) {
+    void *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemset(d, 0xff, bytes)); /* 0xffffffff is a NaN */
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return d;
+}
+static float *dev_result(const void *d, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *h = (float *)xmalloc(sizeof(float) * (n ? n : 1));
+    if (n) CUDA_CHECK(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* ---- comparison ---- */
+typedef struct Tol { const char *name; double nmse, rel; } Tol;
+static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2};
+
+static void compare_op(const char *what, Tol tol, const float *ref, const float *got, size_t n) {
+    double se = 0, sr = 0, maxd = 0, maxr = 0;
+    size_t bad = 0, diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) && !isnan(ref[i])) { bad++; continue; }
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= 0)) diff++; /* NaN-safe: counts NaN vs number and any difference */
+        se += d * d;
+        sr += (double)ref[i] * ref[i];
+        maxd = d > maxd ? d : maxd;
+        maxr = fabs(ref[i]) > maxr ? fabs(ref[i]) : maxr;
+    }
+    double nmse = sr > 0 ? se / sr : se, rel = maxr > 0 ? maxd / maxr : maxd;
+    int ok = bad == 0 && (tol.nmse == 0 ? diff == 0 : (nmse <= tol.nmse && rel <= tol.rel));
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-60s %-7s nmse %.2e rel %.2e unwritten %zu\n", ok ? "ok" : "FAIL", what, tol.name, nmse, rel,
+           bad);
+}
+
+static Backend *bc, *bg; /* CPU reference; CUDA with device-resident weights (the includer creates both) */
+
+/* ---- the checks; a: the row's arguments, named at the top of each ---- */
+
+static void check_embed(const int *a) {
+    int vocab = a[0], dim = a[1], n = a[2];
+    uint16_t *emb = rand_bf16((size_t)vocab * dim, 0, 1);
+    int32_t *tok = (int32_t *)xmalloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(rng_u64() % (uint64_t)vocab);
+    float *ref = (float *)xmalloc(sizeof(float) * (size_t)n * dim);
+    bc->embed(bc, ref, emb, tok, n, dim);
+    uint16_t *demb = (uint16_t *)dev_copy(emb, sizeof(uint16_t) * (size_t)vocab * dim);
+    int32_t *dtok = (int32_t *)dev_copy(tok, sizeof(int32_t) * n);
+    float *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * dim);
+    bg->embed(bg, dout, demb, dtok, n, dim);
+    float *got = dev_result(dout, (size_t)n * dim);
+    char what[96];
+    snprintf(what, sizeof what, "embed vocab %d dim %d n %d", vocab, dim, n);
+    compare_op(what, TOL_EXACT, ref, got, (size_t)n * dim);
+    cudaFree(demb); cudaFree(dtok); cudaFree(dout);
+    free(emb); free(tok); free(ref); free(got);
+}
+
+static void check_rmsnorm(const int *a) {
+    int n = a[0], dim = a[1], in_place = a[2];
+    float *x = rand_f32((size_t)n * dim, 3), *ref = (float *)xmalloc(sizeof(float) * (size_t)n * dim);
+    uint16_t *w = rand_bf16(dim, 1, 0.5f);
+    bc->rmsnorm(bc, ref, x, w, n, dim, 1e-6f);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * dim);
+    float *dout = in_place ? dx : (float *)dev_poisoned(sizeof(float) * (size_t)n * dim);
+    uint16_t *dw = (uint16_t *)dev_copy(w, sizeof(uint16_t) * dim);
+    bg->rmsnorm(bg, dout, dx, dw, n, dim, 1e-6f);
+    float *got = dev_result(dout, (size_t)n * dim);
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm n %d dim %d%s", n, dim, in_place ? " in place" : "");
+    compare_op(what, TOL_F32, ref, got, (size_t)n * dim);
+    if (!in_place) cudaFree(dout);
+    cudaFree(dx); cudaFree(dw);
+    free(x); free(ref); free(w); free(got);
+}
+
+/* The residual add fused with the next norm against cpu add then rmsnorm: the
+ * updated residual bitwise, the normed output in the f32 class. */
+static void check_add_rmsnorm(const int *a) {
+    int n = a[0], dim = a[1];
+    size_t N = (size_t)n * dim;
+    float *x = rand_f32(N, 3), *y = rand_f32(N, 3), *ref = (float *)xmalloc(sizeof(float) * N);
+    uint16_t *w = rand_bf16(dim, 1, 0.5f);
+    float *dx = (float *)dev_copy(x, sizeof(float) * N), *dy = (float *)dev_copy(y, sizeof(float) * N);
+    float *dout = (float *)dev_poisoned(sizeof(float) * N);
+    uint16_t *dw = (uint16_t *)dev_copy(w, sizeof(uint16_t) * dim);
+    bc->add(bc, x, y, (int)N);
+    bc->rmsnorm(bc, ref, x, w, n, dim, 1e-6f);
+    bg->add_rmsnorm(bg, dout, dx, dy, dw, n, dim, 1e-6f);
+    float *got = dev_result(dout, N), *gx = dev_result(dx, N);
+    char what[96];
+    snprintf(what, sizeof what, "add_rmsnorm n %d dim %d: residual", n, dim);
+    compare_op(what, TOL_EXACT, x, gx, N);
+    snprintf(what, sizeof what, "add_rmsnorm n %d dim %d: normed", n, dim);
+    compare_op(what, TOL_F32, ref, got, N);
+    cudaFree(dx); cudaFree(dy); cudaFree(dout); cudaFree(dw);
+    free(x); free(y); free(ref); free(w); free(got); free(gx);
+}
+
+static WeightMat wmat_bf16(int rows, int cols, uint16_t *w) {
+    WeightMat m;
+    memset(&m, 0, sizeof m);
+    m.fmt = WF_BF16;
+    m.rows = rows;
+    m.cols = cols;
+    m.bf16 = w;
+    return m;
+}
+
+/* BF16 matmul; n selects the GPU path (GEMV up to CUDA_GEMV_MAX_N, else cuBLAS).
+ * rounded: feed the CPU the bf16-rounded x the GEMM path uses; misalign: x one
+ * float past a 16-byte boundary (the GEMV's scalar path). */
+static void check_matmul(const int *a) {
+    int n = a[0], rows = a[1], cols = a[2], bias = a[3], rounded = a[4], misalign = a[5];
+    size_t N = (size_t)n * cols;
+    float *x = rand_f32(N, 1), *xr = (float *)xmalloc(sizeof(float) * N);
+    for (size_t i = 0; i < N; i++) xr[i] = rounded ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
+    uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
+    WeightMat hw = wmat_bf16(rows, cols, w);
+    float *ref = (float *)xmalloc(sizeof(float) * (size_t)n * rows);
+    bc->matmul(bc, ref, xr, n, &hw, b);
+    float *xbuf = (float *)dev_poisoned(sizeof(float) * (N + 1)), *dx = xbuf + (misalign ? 1 : 0);
+    CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * N, cudaMemcpyHostToDevice));
+    float *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows);
+    WeightMat dwm = wmat_bf16(rows, cols, (uint16_t *)dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols));
+    dwm.dev = dwm.bf16; /* the ops read dev */
+    uint16_t *db = bias ? (uint16_t *)dev_copy(b, sizeof(uint16_t) * rows) : NULL;
+    bg->matmul(bg, dout, dx, n, &dwm, db);
+    float *got = dev_result(dout, (size_t)n * rows);
+    int gemv = n <= CUDA_GEMV_MAX_N;
+    char what[128];
+    snprintf(what, sizeof what, "matmul %s n %d [%d x %d]%s%s%s", gemv ? "gemv" : "cublas", n, rows, cols,
+             bias ? " +bias" : "", !gemv && rounded ? " (cpu x->bf16)" : "", misalign ? " misaligned x" : "");
+    compare_op(what, gemv || rounded ? TOL_F32 : TOL_BF16ACT, ref, got, (size_t)n * rows);
+    cudaFree(xbuf); cudaFree(dout); cudaFree(dwm.bf16); cudaFree(db);
+    free(x); free(xr); free(w); free(b); free(ref); free(got);
+}
+
+/* check_matmul over n = 1, 2, 3, 8, 9, 64 (both paths; the GEMM path also
+ * against the rounded CPU), bias on every other one (shifted by s). */
+static void check_matmul_sweep(const int *a) {
+    int rows = a[0], cols = a[1], s = a[2];
+    const int ns[] = {1, 2, 3, 8, 9, 64};
+    for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) {
+        int n = ns[i], bias = (s + i) % 2;
+        if (cols == 12288 && n > 9) continue; /* keep the CPU reference quick */
+        int r0[6] = {n, rows, cols, bias, 0, 0}, r1[6] = {n, rows, cols, bias, 1, 0};
+        check_matmul(r0);
+        if (n > CUDA_GEMV_MAX_N) check_matmul(r1);
+    }
+}
+
+/* Weight-only FP8 (three scale layouts) / NVFP4 GEMV (quant_gemv.cu) against
+ * quant_matmul_*_rows(xs = NULL) plus the bias, f32 class: the kernel dequantizes
+ * exactly (e4m3/e2m1 times an f32 or e4m3 scale) and sums in f32. n > 8 runs
+ * several launches; misalign: x one float past a 16-byte boundary. */
+static void check_qgemv(const int *a) {
+    int nvfp4 = a[0], n = a[1], rows = a[2], cols = a[3], bias = a[5], misalign = a[6];
+    QuantFp8Layout layout = (QuantFp8Layout)a[4];
+    Err err = {0};
+    size_t N = (size_t)n * cols;
+    float *x = rand_f32(N, 1), *ref = (float *)xmalloc(sizeof(float) * (size_t)n * rows);
+    uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
+    WeightMat dwm = wmat_bf16(rows, cols, NULL);
+    dwm.fmt = nvfp4 ? WF_NVFP4 : WF_FP8;
+    QuantFp8 dq;
+    QuantNvfp4 dn;
+    void *d1, *d2;
+    if (nvfp4) {
+        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        quant_matmul_nvfp4_rows(ref, x, NULL, q, n, 0, rows);
+        dn = *q;
+        dn.packed = (uint8_t *)(d1 = dev_copy(q->packed, (size_t)rows * cols / 2));
+        dn.scale = (uint8_t *)(d2 = dev_copy(q->scale, (size_t)rows * cols / QUANT_NVFP4_BLOCK));
+        dwm.q = &dn;
+        dwm.dev = d1;
+        dwm.dev_scale = d2;
+        quant_nvfp4_free(q);
+    } else {
+        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        quant_matmul_fp8_rows(ref, x, NULL, q, n, 0, rows);
+        dq = *q;
+        dq.q = (uint8_t *)(d1 = dev_copy(q->q, (size_t)rows * cols));
+        dq.scale_inv = (float *)(d2 = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
+        dwm.q = &dq;
+        dwm.dev = d1;
+        dwm.dev_scale = d2;
+        quant_fp8_free(q);
+    }
+    if (b)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += bf16_to_f32(b[r]);
+    float *xbuf = (float *)dev_poisoned(sizeof(float) * (N + 1)), *dx = xbuf + (misalign ? 1 : 0);
+    CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * N, cudaMemcpyHostToDevice));
+    float *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows);
+    uint16_t *db = bias ? (uint16_t *)dev_copy(b, sizeof(uint16_t) * rows) : NULL;
+    bg->matmul(bg, dout, dx, n, &dwm, db);
+    float *got = dev_result(dout, (size_t)n * rows);
+    char what[128];
+    snprintf(what, sizeof what, "%s gemv n %d [%d x %d]%s%s", nvfp4 ? "nvfp4" : layout == QUANT_FP8_BLOCK128 ? "fp8 block128"
+             : layout == QUANT_FP8_PER_CHANNEL ? "fp8 per-channel" : "fp8 per-tensor", n, rows, cols, bias ? " +bias" : "",
+             misalign ? " misaligned x" : "");
+    compare_op(what, TOL_F32, ref, got, (size_t)n * rows);
+    cudaFree(xbuf); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
+    free(x); free(w); free(b); free(ref); free(got);
+}
+
+/* check_qgemv at FP8 block128 and (cols % 16 == 0) NVFP4 over n = 1, 2, 3, 11,
+ * 19, bias on every other one (shifted by s), skipping CPU references over 4e8 MACs. */
+static void check_qgemv_sweep(const int *a) {
+    int rows = a[0], cols = a[1], s = a[2];
+    for (int n = 1; n <= 19; n += (n < 3 ? 1 : 8)) {
+        int bias = (s + n) % 2;
+        if (rows * (double)cols * n > 4e8) continue;
+        int f[7] = {0, n, rows, cols, QUANT_FP8_BLOCK128, bias, 0}, v[7] = {1, n, rows, cols, QUANT_FP8_BLOCK128, bias, 0};
+        check_qgemv(f);
+        if (cols % 16 == 0) check_qgemv(v);
+    }
+}
+
+/* Several matrices over one x in one launch (matmul_multi: q/k/v, gate/up) against
+ * the CPU's matmul of each, f32 class; fmt 0 bf16, 1 fp8 (128x128), 2 nvfp4. */
+static void check_matmul_multi(const int *a) {
+    int fmt = a[0], n = a[1], count = a[2], cols = a[6];
+    const int *rows = a + 3;
+    Err err = {0};
+    float *x = rand_f32((size_t)n * cols, 1), *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * cols);
+    float *outs[3], *refs[3];
+    WeightMat hw[3], dwm[3];
+    const WeightMat *wp[3];
+    const uint16_t *db[3];
+    QuantFp8 dq[3];
+    QuantNvfp4 dn[3];
+    void *dev[9] = {0};
+    uint16_t *hb[3];
+    for (int i = 0; i < count; i++) {
+        uint16_t *w = rand_bf16((size_t)rows[i] * cols, 0, 0.05f);
+        hb[i] = i == 1 ? rand_bf16(rows[i], 0, 1) : NULL; /* a bias on one of them */
+        refs[i] = (float *)xmalloc(sizeof(float) * (size_t)n * rows[i]);
+        hw[i] = wmat_bf16(rows[i], cols, w);
+        dwm[i] = hw[i];
+        if (fmt == 1) {
+            QuantFp8 *q = quant_fp8_from_bf16(w, rows[i], cols, QUANT_FP8_BLOCK128, &err);
+            CHECK(q, "quantize: %s", err.msg);
+            hw[i].fmt = dwm[i].fmt = WF_FP8;
+            hw[i].q = q;
+            dq[i] = *q;
+            dq[i].q = (uint8_t *)(dev[3 * i] = dev_copy(q->q, (size_t)rows[i] * cols));
+            dq[i].scale_inv = (float *)(dev[3 * i + 1] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
+            dwm[i].q = &dq[i];
+            dwm[i].dev = dev[3 * i];
+            dwm[i].dev_scale = dev[3 * i + 1];
+        } else if (fmt == 2) {
+            QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows[i], cols, &err);
+            CHECK(q, "quantize: %s", err.msg);
+            hw[i].fmt = dwm[i].fmt = WF_NVFP4;
+            hw[i].q = q;
+            dn[i] = *q;
+            dn[i].packed = (uint8_t *)(dev[3 * i] = dev_copy(q->packed, (size_t)rows[i] * cols / 2));
+            dn[i].scale = (uint8_t *)(dev[3 * i + 1] = dev_copy(q->scale, (size_t)rows[i] * cols / 16));
+            dwm[i].q = &dn[i];
+            dwm[i].dev = dev[3 * i];
+            dwm[i].dev_scale = dev[3 * i + 1];
+        } else {
+            dwm[i].bf16 = (uint16_t *)(dev[3 * i] = dev_copy(w, sizeof(uint16_t) * (size_t)rows[i] * cols));
+            dwm[i].dev = dev[3 * i];
+        }
+        bc->matmul(bc, refs[i], x, n, &hw[i], hb[i]);
+        db[i] = hb[i] ? (const uint16_t *)(dev[3 * i + 2] = dev_copy(hb[i], sizeof(uint16_t) * rows[i])) : NULL;
+        outs[i] = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows[i]);
+        wp[i] = &dwm[i];
+    }
+    bg->matmul_multi(bg, outs, dx, n, wp, db, count);
+    for (int i = 0; i < count; i++) {
+        float *got = dev_result(outs[i], (size_t)n * rows[i]);
+        char what[96];
+        snprintf(what, sizeof what, "%s matmul_multi %d/%d n %d [%d x %d]%s", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
+                 i + 1, count, n, rows[i], cols, hb[i] ? " +bias" : "");
+        compare_op(what, TOL_F32, refs[i], got, (size_t)n * rows[i]);
+        free(got);
+        cudaFree(outs[i]);
+        free(refs[i]);
+        free(hw[i].bf16);
+        free(hb[i]);
+        if (fmt == 1) quant_fp8_free((QuantFp8 *)hw[i].q);
+        if (fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hw[i].q);
+    }
+    for (int i = 0; i < 9; i++) cudaFree(dev[i]);
+    cudaFree(dx);
+    free(x);
+}
+
+/* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
+ * indices (plus one repeat of the same value and two out of range), exact. */
+static void check_scatter(const int *a) {
+    int64_t numel = a[0], n = a[1];
+    int elem = a[2];
+    size_t bytes = (size_t)numel * elem;
+    uint8_t *h = (uint8_t *)xmalloc(bytes), *ref = (uint8_t *)xmalloc(bytes);
+    uint8_t *val = (uint8_t *)xmalloc((size_t)n * elem), *back = (uint8_t *)xmalloc((size_t)n * elem);
+    int64_t *idx = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)n);
+    for (size_t i = 0; i < bytes; i++) h[i] = ref[i] = (uint8_t)rng_u64();
+    for (int64_t i = 0; i < n; i++) {
+        idx[i] = i == 3 ? numel + 5 : i == 4 ? -1 : i * (numel / n) + (int64_t)(rng_u64() % (uint64_t)(numel / n));
+        for (int k = 0; k < elem; k++) val[i * elem + k] = (uint8_t)rng_u64();
+    }
+    idx[n - 1] = idx[0]; /* a repeat with the same value: the result must not depend on order */
+    memcpy(val + (n - 1) * elem, val, (size_t)elem);
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] >= 0 && idx[i] < numel) memcpy(ref + idx[i] * elem, val + i * elem, (size_t)elem);
+    void *dd = dev_copy(h, bytes), *didx = dev_copy(idx, sizeof(int64_t) * (size_t)n), *dval = dev_copy(val, (size_t)n * elem);
+    void *dback = dev_poisoned((size_t)n * elem);
+    Err err = {0};
+    int rc = cuda_scatter(dd, numel, (const int64_t *)didx, dval, n, elem, NULL, &err) |
+             cuda_gather(dback, dd, numel, (const int64_t *)didx, n, elem, NULL, &err);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h, dd, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(back, dback, (size_t)n * elem, cudaMemcpyDeviceToHost));
+    size_t bad = memcmp(h, ref, bytes) != 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 0; k < elem; k++) bad += back[i * elem + k] != (idx[i] >= 0 && idx[i] < numel ? val[i * elem + k] : 0);
+    int ok = rc == 0 && bad == 0;
+    ok ? n_pass++ : n_fail++;
+    char what[96];
+    snprintf(what, sizeof what, "delta scatter + read-back %lld of %lld x %d B", (long long)n, (long long)numel, elem);
+    printf("  %-4s %-60s %-7s %zu wrong%s%s\n", ok ? "ok" : "FAIL", what, "exact", bad, rc ? "; " : "", rc ? err.msg : "");
+    cudaFree(dd); cudaFree(didx); cudaFree(dval); cudaFree(dback);
+    free(h); free(ref); free(val); free(back); free(idx);
+}
+
+static void check_norm_rope(const int *a) {
+    int n = a[0], heads = a[1], hd = a[2], norm = a[3];
+    size_t N = (size_t)n * heads * hd, h2 = (size_t)hd / 2;
+    float *x = rand_f32(N, 2), *ref = (float *)xmalloc(sizeof(float) * N);
+    memcpy(ref, x, sizeof(float) * N);
+    float *cs = (float *)xmalloc(sizeof(float) * n * h2), *sn = (float *)xmalloc(sizeof(float) * n * h2);
+    for (size_t i = 0; i < n * h2; i++) {
+        float t = 100.f * rng_f();
+        cs[i] = cosf(t);
+        sn[i] = sinf(t);
+    }
+    uint16_t *w = norm ? rand_bf16(hd, 1, 0.5f) : NULL;
+    bc->norm_rope(bc, ref, n, heads, hd, w, 1e-6f, cs, sn);
+    float *dx = (float *)dev_copy(x, sizeof(float) * N), *dcs = (float *)dev_copy(cs, sizeof(float) * n * h2),
+          *dsn = (float *)dev_copy(sn, sizeof(float) * n * h2);
+    uint16_t *dw = norm ? (uint16_t *)dev_copy(w, sizeof(uint16_t) * hd) : NULL;
+    bg->norm_rope(bg, dx, n, heads, hd, dw, 1e-6f, dcs, dsn);
+    float *got = dev_result(dx, N);
+    char what[96];
+    snprintf(what, sizeof what, "norm_rope n %d heads %d hd %d%s", n, heads, hd, norm ? " +qk-norm" : "");
+    compare_op(what, TOL_F32, ref, got, N);
+    cudaFree(dx); cudaFree(dcs); cudaFree(dsn); cudaFree(dw);
+    free(x); free(ref); free(cs); free(sn); free(w); free(got);
+}
+
+/* Paged attention over shuffled blocks: n_seqs (<= 4) sequences, sequence s
+ * contributes toks[s] tokens ending at position last[s]. sms 0: through the
+ * backend (its own split choice); sms > 0: the launcher with the splits a
+ * device of that many SMs gets (1: unsplit, large: prefill tokens split). */
+static void check_attention(const int *a) {
+    int n_seqs = a[0], nh = a[1], nkv = a[2], hd = a[3], bs = a[4], sms = a[5];
+    const int *toks = a + 6, *last = a + 10;
+    int max_pos = 0, n = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        max_pos = last[s] > max_pos ? last[s] : max_pos;
+        n += toks[s];
+    }
+    int stride = max_pos / bs + 1, n_blocks = n_seqs * stride + 3;
+    size_t slot = (size_t)nkv * hd, cache = (size_t)n_blocks * bs * slot;
+    float *kc = rand_f32(cache, 1), *vc = rand_f32(cache, 1), *q = rand_f32((size_t)n * nh * hd, 1);
+    /* every block id used once, shuffled */
+    int32_t *perm = (int32_t *)xmalloc(sizeof(int32_t) * n_blocks), *bt = (int32_t *)xmalloc(sizeof(int32_t) * n_seqs * stride);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(rng_u64() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    memcpy(bt, perm, sizeof(int32_t) * n_seqs * stride);
+    int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n), *seq = (int32_t *)xmalloc(sizeof(int32_t) * n);
+    for (int s = 0, k = 0; s < n_seqs; s++)
+        for (int i = 0; i < toks[s]; i++, k++) {
+            pos[k] = last[s] - toks[s] + 1 + i;
+            seq[k] = s;
+        }
+    size_t N = (size_t)n * nh * hd;
+    float *ref = (float *)xmalloc(sizeof(float) * N);
+    AttnArgs h = {ref, q, kc, vc, pos, seq, bt, stride, n, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)};
+    bc->attention(bc, &h);
+    AttnArgs d = h;
+    d.out = (float *)dev_poisoned(sizeof(float) * N);
+    d.q = (float *)dev_copy(q, sizeof(float) * N);
+    d.k_cache = (float *)dev_copy(kc, sizeof(float) * cache);
+    d.v_cache = (float *)dev_copy(vc, sizeof(float) * cache);
+    d.pos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n);
+    d.seq = (int32_t *)dev_copy(seq, sizeof(int32_t) * n);
+    d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
+    int splits, rc = 0;
+    float *part = NULL;
+    if (sms > 0) {
+        splits = cuda_attention_splits(n, nh, nkv, max_pos + 1, sms);
+        part = (float *)dev_poisoned(sizeof(float) * (size_t)splits * n * nh * (hd + 2));
+        rc = cuda_attention(&d, part, splits, NULL);
+    } else {
+        int dev_sms = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, 0));
+        splits = cuda_attention_splits(n, nh, nkv, 2048, dev_sms);
+        bg->attention(bg, &d);
+    }
+    float *got = dev_result(d.out, N);
+    char what[128];
+    snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d%s", n_seqs, n,
+             max_pos, nh, nkv, hd, bs, splits, rc ? " LAUNCH REFUSED" : "");
+    compare_op(what, TOL_F32, ref, got, N);
+    cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
+    cudaFree((void *)d.pos); cudaFree((void *)d.seq); cudaFree((void *)d.block_table); cudaFree(part);
+    free(kc); free(vc); free(q); free(perm); free(bt); free(pos); free(seq); free(ref); free(got);
+}
+
+static void check_elementwise(const int *a) {
+    int n = a[0];
+    float *g = rand_f32(n, 8), *u = rand_f32(n, 2), *ref = (float *)xmalloc(sizeof(float) * n);
+    bc->swiglu(bc, ref, g, u, n);
+    float *dg = (float *)dev_copy(g, sizeof(float) * n), *du = (float *)dev_copy(u, sizeof(float) * n),
+          *dout = (float *)dev_poisoned(sizeof(float) * n);
+    bg->swiglu(bg, dout, dg, du, n);
+    float *got = dev_result(dout, n);
+    char what[96];
+    snprintf(what, sizeof what, "swiglu n %d", n);
+    compare_op(what, TOL_F32, ref, got, n);
+    free(got);
+    memcpy(ref, g, sizeof(float) * n);
+    bc->add(bc, ref, u, n);
+    bg->add(bg, dg, du, n);
+    got = dev_result(dg, n);
+    snprintf(what, sizeof what, "add n %d", n);
+    compare_op(what, TOL_EXACT, ref, got, n);
+    cudaFree(dg); cudaFree(du); cudaFree(dout);
+    free(g); free(u); free(ref); free(got);
+}
+
+/* The GEMM path's helpers (launchers only, no backend op): f32 -> bf16 against
+ * dtype.h's f32_to_bf16, and out[n, rows] += bias[rows]; both exact. */
+static void check_gemm_helpers(const int *a) {
+    int n = a[0], rows = a[1];
+    size_t N = (size_t)n * rows;
+    float *x = rand_f32(N, 8), *ref = (float *)xmalloc(sizeof(float) * N), *got = (float *)xmalloc(sizeof(float) * N);
+    uint16_t *hb = (uint16_t *)xmalloc(sizeof(uint16_t) * N), *bias = rand_bf16(rows, 0, 1);
+    float *dx = (float *)dev_copy(x, sizeof(float) * N);
+    uint16_t *dh = (uint16_t *)dev_poisoned(sizeof(uint16_t) * N), *dbias = (uint16_t *)dev_copy(bias, sizeof(uint16_t) * rows);
+    int rc = cuda_f32_to_bf16(dh, dx, N, NULL);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(hb, dh, sizeof(uint16_t) * N, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < N; i++) {
+        ref[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        got[i] = bf16_to_f32(hb[i]);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "f32_to_bf16 n %zu vs dtype.h%s", N, rc ? " LAUNCH REFUSED" : "");
+    compare_op(what, TOL_EXACT, ref, got, N);
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] = x[(size_t)t * rows + r] + bf16_to_f32(bias[r]);
+    rc = cuda_add_bias(dx, dbias, n, rows, NULL);
+    free(got);
+    got = dev_result(dx, N);
+    snprintf(what, sizeof what, "add_bias n %d rows %d%s", n, rows, rc ? " LAUNCH REFUSED" : "");
+    compare_op(what, TOL_EXACT, ref, got, N);
+    cudaFree(dx); cudaFree(dh); cudaFree(dbias);
+    free(x); free(ref); free(got); free(hb); free(bias);
+}
+
+static void check_rows(const int *a) {
+    int n_src = a[0], n = a[1], dim = a[2];
+    size_t S = (size_t)n_src * dim, N = (size_t)n * dim;
+    float *src = rand_f32(S, 1), *k = rand_f32(N, 1), *v = rand_f32(N, 1), *w = rand_f32(n, 1);
+    int32_t *rows = (int32_t *)xmalloc(sizeof(int32_t) * n), *slots = (int32_t *)xmalloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) {
+        rows[i] = (int32_t)(rng_u64() % (uint64_t)n_src); /* may repeat: order matters */
+        slots[i] = (int32_t)((i * 7 + 3) % n_src);        /* distinct when n <= n_src, gcd(7, n_src) = 1 */
+    }
+    char what[96];
+    /* gather_rows */
+    float *ref = (float *)xmalloc(sizeof(float) * (S > N ? S : N));
+    bc->gather_rows(bc, ref, src, rows, n, dim);
+    float *dsrc = (float *)dev_copy(src, sizeof(float) * S), *dout = (float *)dev_poisoned(sizeof(float) * N);
+    int32_t *drows = (int32_t *)dev_copy(rows, sizeof(int32_t) * n), *dslots = (int32_t *)dev_copy(slots, sizeof(int32_t) * n);
+    bg->gather_rows(bg, dout, dsrc, drows, n, dim);
+    float *got = dev_result(dout, N);
+    snprintf(what, sizeof what, "gather_rows n %d dim %d", n, dim);
+    compare_op(what, TOL_EXACT, ref, got, N);
+    free(got);
+    /* scale_add_rows into a copy of src, repeated rows included */
+    memcpy(ref, src, sizeof(float) * S);
+    bc->scale_add_rows(bc, ref, k, rows, w, n, dim);
+    float *dk = (float *)dev_copy(k, sizeof(float) * N), *dw = (float *)dev_copy(w, sizeof(float) * n);
+    bg->scale_add_rows(bg, dsrc, dk, drows, dw, n, dim);
+    got = dev_result(dsrc, S);
+    snprintf(what, sizeof what, "scale_add_rows n %d dim %d (repeats)", n, dim);
+    compare_op(what, TOL_F32, ref, got, S);
+    free(got);
+    /* kv_write over random caches: written slots take k/v, the rest stay */
+    float *kc = rand_f32(S, 1), *vc = rand_f32(S, 1), *vref = (float *)xmalloc(sizeof(float) * S);
+    memcpy(ref, kc, sizeof(float) * S);
+    memcpy(vref, vc, sizeof(float) * S);
+    float *dkc = (float *)dev_copy(kc, sizeof(float) * S), *dvc = (float *)dev_copy(vc, sizeof(float) * S),
+          *dv = (float *)dev_copy(v, sizeof(float) * N);
+    bc->kv_write(bc, ref, vref, k, v, slots, n, dim);
+    bg->kv_write(bg, dkc, dvc, dk, dv, dslots, n, dim);
+    got = dev_result(dkc, S);
+    float *gotv = dev_result(dvc, S);
+    snprintf(what, sizeof what, "kv_write n %d slot %d (k)", n, dim);
+    compare_op(what, TOL_EXACT, ref, got, S);
+    snprintf(what, sizeof what, "kv_write n %d slot %d (v)", n, dim);
+    compare_op(what, TOL_EXACT, vref, gotv, S);
+    cudaFree(dsrc); cudaFree(dout); cudaFree(drows); cudaFree(dslots); cudaFree(dk); cudaFree(dw);
+    cudaFree(dkc); cudaFree(dvc); cudaFree(dv);
+    free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got); free(kc); free(vc);
+    free(vref); free(gotv);
+}
+
+/* ---- the table ---- */
+enum { OC_ALL = 0, OC_GPU = 1 /* too big for the emulation */ };
+typedef struct OpCheck {
+    void (*fn)(const int *a);
+    int where; /* OC_ALL or OC_GPU */
+    int a[14];
+} OpCheck;
+
+#define FP8B QUANT_FP8_BLOCK128
+#define FP8C QUANT_FP8_PER_CHANNEL
+#define FP8T QUANT_FP8_PER_TENSOR
+static const OpCheck OP_CHECKS[] = {
+    /* vocab, dim, n */
+    {check_embed, OC_GPU, {1000, 4096, 7}},
+    {check_embed, OC_ALL, {512, 72, 3}},
+    {check_embed, OC_ALL, {50, 72, 5}},
+    /* n, dim, in_place */
+    {check_rmsnorm, OC_GPU, {5, 4096, 0}}, {check_rmsnorm, OC_GPU, {5, 4096, 1}},
+    {check_rmsnorm, OC_ALL, {3, 72, 0}}, {check_rmsnorm, OC_ALL, {3, 72, 1}},
+    {check_rmsnorm, OC_ALL, {2, 100, 0}}, {check_rmsnorm, OC_ALL, {2, 100, 1}},
+    {check_rmsnorm, OC_ALL, {2, 1000, 0}}, {check_rmsnorm, OC_ALL, {2, 1000, 1}},
+    /* n, dim */
+    {check_add_rmsnorm, OC_GPU, {5, 4096}},
+    {check_add_rmsnorm, OC_ALL, {3, 72}},
+    {check_add_rmsnorm, OC_ALL, {2, 1500}},
+    /* rows, cols, s (bias phase): n = 1, 2, 3, 8, 9, 64 */
+    {check_matmul_sweep, OC_GPU, {4096, 4096, 0}}, {check_matmul_sweep, OC_GPU, {1024, 4096, 1}},
+    {check_matmul_sweep, OC_GPU, {4096, 12288, 2}}, {check_matmul_sweep, OC_GPU, {257, 136, 3}},
+    {check_matmul_sweep, OC_GPU, {100, 100, 4}}, {check_matmul_sweep, OC_GPU, {96, 72, 5}},
+    /* n, rows, cols, bias, rounded (GEMM path: the CPU fed bf16 x), misaligned x */
+    {check_matmul, OC_ALL, {1, 37, 384, 1, 0, 0}}, {check_matmul, OC_ALL, {2, 37, 640, 0, 0, 0}},
+    {check_matmul, OC_ALL, {3, 37, 128, 1, 0, 0}}, {check_matmul, OC_ALL, {4, 37, 384, 0, 0, 0}},
+    {check_matmul, OC_ALL, {5, 37, 640, 1, 0, 0}}, {check_matmul, OC_ALL, {6, 37, 128, 0, 0, 0}},
+    {check_matmul, OC_ALL, {7, 37, 384, 1, 0, 0}}, {check_matmul, OC_ALL, {8, 37, 640, 0, 0, 0}},
+    {check_matmul, OC_ALL, {2, 40, 136, 1, 0, 0}},
+    {check_matmul, OC_ALL, {2, 5, 2056, 1, 0, 0}}, /* gemv_tile: slices of > 32 chunks, a partial tile */
+    {check_matmul, OC_ALL, {3, 33, 100, 0, 0, 0}},
+    {check_matmul, OC_ALL, {1, 20, 64, 1, 0, 1}},
+    {check_matmul, OC_ALL, {11, 40, 72, 1, 1, 0}}, /* the cuBLAS path's call and layout */
+    /* rows, cols, s: FP8 block128 (+ NVFP4 when cols % 16 == 0), n = 1, 2, 3, 11, 19 */
+    {check_qgemv_sweep, OC_GPU, {4096, 4096, 0}}, {check_qgemv_sweep, OC_GPU, {12288, 4096, 1}},
+    {check_qgemv_sweep, OC_GPU, {4096, 12288, 2}}, {check_qgemv_sweep, OC_GPU, {130, 272, 3}},
+    {check_qgemv_sweep, OC_GPU, {33, 100, 4}},
+    /* nvfp4, n, rows, cols, fp8 layout, bias, misaligned x */
+    {check_qgemv, OC_GPU, {0, 4, 1024, 4096, FP8C, 1, 0}},
+    {check_qgemv, OC_GPU, {0, 2, 1024, 4096, FP8T, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 3, 21, 200, FP8C, 0, 0}},
+    /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), > 8 tokens */
+    {check_qgemv, OC_ALL, {0, 1, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 2, 37, 640, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 3, 37, 128, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 4, 37, 384, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 5, 37, 640, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 6, 37, 128, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 7, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 8, 37, 640, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 19, 130, 272, FP8B, 1, 0}},
+    {check_qgemv, OC_ALL, {0, 3, 9, 2064, FP8B, 1, 0}}, /* the unrolled loop (cols / 16 > 96) and its tail */
+    {check_qgemv, OC_ALL, {0, 1, 5, 4096, FP8C, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 2, 5, 4112, FP8B, 1, 0}}, /* slices of > 32 chunks, a partial tile */
+    {check_qgemv, OC_ALL, {0, 3, 33, 100, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 2, 20, 144, FP8B, 1, 1}},
+    {check_qgemv, OC_ALL, {0, 4, 21, 200, FP8C, 0, 0}},
+    {check_qgemv, OC_ALL, {0, 2, 21, 96, FP8T, 1, 0}},
+    /* NVFP4: 16-byte path (cols % 32 == 0), byte path (cols % 32 == 16, misaligned x), > 8 tokens */
+    {check_qgemv, OC_ALL, {1, 1, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {1, 2, 37, 640, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {1, 3, 37, 128, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {1, 4, 37, 384, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {1, 5, 37, 640, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {1, 6, 37, 128, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {1, 7, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {1, 8, 37, 640, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {1, 11, 40, 272, FP8B, 1, 0}},
+    {check_qgemv, OC_ALL, {1, 2, 9, 4128, FP8B, 1, 0}},
+    {check_qgemv, OC_ALL, {1, 2, 5, 8224, FP8B, 1, 0}}, /* slices of > 32 chunks, a partial tile */
+    {check_qgemv, OC_ALL, {1, 3, 33, 144, FP8B, 0, 0}},
+    {check_qgemv, OC_ALL, {1, 2, 20, 64, FP8B, 1, 1}},
+    /* fmt (0 bf16, 1 fp8, 2 nvfp4), n, count, rows[3], cols */
+    {check_matmul_multi, OC_GPU, {0, 1, 3, 4096, 1024, 1024, 4096}}, /* q/k/v */
+    {check_matmul_multi, OC_GPU, {0, 5, 2, 12288, 12288, 0, 4096}}, /* gate/up */
+    {check_matmul_multi, OC_ALL, {0, 2, 3, 130, 33, 7, 512}},        /* partial tiles */
+    {check_matmul_multi, OC_GPU, {1, 1, 3, 4096, 1024, 1024, 4096}},
+    {check_matmul_multi, OC_GPU, {1, 5, 2, 12288, 12288, 0, 4096}},
+    {check_matmul_multi, OC_ALL, {1, 2, 3, 130, 33, 7, 512}},
+    {check_matmul_multi, OC_GPU, {2, 1, 3, 4096, 1024, 1024, 4096}},
+    {check_matmul_multi, OC_GPU, {2, 5, 2, 12288, 12288, 0, 4096}},
+    {check_matmul_multi, OC_ALL, {2, 2, 3, 130, 33, 7, 512}},
+    /* numel, n, elem bytes */
+    {check_scatter, OC_GPU, {4096 * 4096, 40000, 2}},
+    {check_scatter, OC_ALL, {1000, 40, 2}},
+    {check_scatter, OC_ALL, {70000, 300, 1}},
+    {check_scatter, OC_ALL, {513, 9, 4}},
+    /* n, heads, head_dim, qk-norm */
+    {check_norm_rope, OC_GPU, {5, 32, 128, 1}},
+    {check_norm_rope, OC_ALL, {5, 8, 128, 0}},
+    {check_norm_rope, OC_ALL, {3, 3, 24, 1}},
+    {check_norm_rope, OC_ALL, {3, 4, 24, 1}},
+    {check_norm_rope, OC_ALL, {2, 3, 128, 0}},
+    {check_norm_rope, OC_ALL, {2, 8, 12, 0}},
+    {check_norm_rope, OC_ALL, {2, 2, 256, 1}},
+    /* n_seqs, heads, kv heads, head_dim, block size, sms (0: the backend), toks[4], last[4] */
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 1, 0, 0, 0, 700}}, /* decode, split */
+    {check_attention, OC_GPU, {4, 32, 8, 128, 16, 0, 1, 1, 1, 1, 0, 33, 517, 1023}},
+    {check_attention, OC_ALL, {2, 4, 1, 16, 4, 0, 5, 1, 0, 0, 40, 9}},
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 300, 0, 0, 0, 299}}, /* prefill, no split */
+    {check_attention, OC_ALL, {2, 3, 3, 24, 4, 0, 20, 12, 0, 0, 19, 60}},
+    {check_attention, OC_ALL, {1, 8, 1, 12, 4, 0, 7, 0, 0, 0, 77}},
+    {check_attention, OC_ALL, {2, 4, 1, 256, 16, 0, 1, 3, 0, 0, 200, 2}},
+    {check_attention, OC_GPU, {1, 64, 4, 128, 16, 0, 64, 0, 0, 0, 130}}, /* G = 16: four head groups */
+    {check_attention, OC_ALL, {1, 8, 2, 128, 16, 2, 1, 0, 0, 0, 70}},    /* decode, split */
+    {check_attention, OC_ALL, {4, 4, 1, 16, 4, 2, 1, 1, 1, 1, 0, 5, 40, 95}},
+    {check_attention, OC_ALL, {2, 8, 1, 12, 4, 2, 2, 1, 0, 0, 9, 3}},     /* G = 8: two groups */
+    {check_attention, OC_ALL, {1, 3, 3, 24, 4, 1, 12, 0, 0, 0, 40}},      /* unsplit (the batch fills the GPU) */
+    {check_attention, OC_ALL, {1, 16, 1, 32, 4, 1, 3, 0, 0, 0, 20}},      /* G = 16 */
+    {check_attention, OC_ALL, {1, 4, 1, 256, 8, 2, 1, 0, 0, 0, 33}},
+    {check_attention, OC_ALL, {1, 4, 2, 16, 4, 1000, 40, 0, 0, 0, 39}},   /* prefill tokens on the split path */
+    /* n (swiglu, add) */
+    {check_elementwise, OC_ALL, {10001}},
+    {check_elementwise, OC_ALL, {1000}},
+    /* n, rows */
+    {check_gemm_helpers, OC_ALL, {3, 40}},
+    {check_gemm_helpers, OC_ALL, {1, 1000}},
+    /* n_src, n, dim */
+    {check_rows, OC_GPU, {64, 40, 4096}},
+    {check_rows, OC_ALL, {37, 20, 72}},
+};
+#undef FP8B
+#undef FP8C
+#undef FP8T
+
+/* Every row (on_gpu) or the rows the emulation can afford. */
+static void op_checks_run(int on_gpu) {
+    for (size_t i = 0; i < sizeof OP_CHECKS / sizeof OP_CHECKS[0]; i++)
+        if (on_gpu || OP_CHECKS[i].where == OC_ALL) OP_CHECKS[i].fn(OP_CHECKS[i].a);
+}
+
+#endif

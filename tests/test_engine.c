@@ -18,6 +18,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "runner_backend.h"
 #include "test.h"
 
 #define FIX "tests/fixtures/qwen3_gqa2"
@@ -77,6 +78,26 @@ static void ref_forward(Model *m, const int32_t *tok, int n, float *logits /* [n
 }
 
 /* ---- helpers ---- */
+/* The engine drives a backend its caller owns: each test engine's CPU runner
+ * backend is kept next to it and freed after it. */
+typedef struct CpuEngine { Engine *e; EngineBackend be; } CpuEngine;
+static CpuEngine g_engines[8];
+
+static Engine *engine_cpu(Model *m, EngineConfig *c) {
+    EngineBackend be = runner_backend_create(m, NULL, c, NULL, NULL);
+    Engine *e = engine_create(&m->cfg, &be, c);
+    for (int i = 0; i < 8; i++)
+        if (!g_engines[i].e) { g_engines[i] = (CpuEngine){ e, be }; return e; }
+    CHECK(0, "more than 8 test engines alive");
+    return NULL;
+}
+
+static void engine_cpu_free(Engine *e) {
+    engine_free(e);
+    for (int i = 0; i < 8; i++)
+        if (g_engines[i].e == e) { runner_backend_free(&g_engines[i].be); g_engines[i].e = NULL; }
+}
+
 static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batched, int max_running,
                            int prefix) {
     EngineConfig c;
@@ -90,7 +111,7 @@ static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batch
     c.n_threads = 2;
     c.verbose = 0;
     c.logits_tap = tap;
-    return engine_create(m, &c);
+    return engine_cpu(m, &c);
 }
 
 static void prompt_of(int32_t *p, int n, int salt) {
@@ -192,7 +213,7 @@ static void test_batch_invariance(void) {
              (unsigned long long)m.ttft.n, (unsigned long long)m.itl.n);
     engine_request_release(a); engine_request_release(as);
     engine_request_release(b); engine_request_release(bs);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 static int g_noop_calls;
@@ -249,7 +270,7 @@ static void test_prefix_cache(void) {
              "tokens carry the new version");
     engine_request_release(a); engine_request_release(b);
     engine_request_release(c); engine_request_release(d);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* A tiny KV pool forces preemption; every request completes with the same
@@ -282,8 +303,8 @@ static void test_preemption(void) {
     T_ASSERT(m.requests_finished_length == R && m.kv_blocks_used == 0, "all finished, no block held (%d)",
              m.kv_blocks_used);
     for (int i = 0; i < R; i++) { engine_request_release(rb[i]); engine_request_release(rs[i]); }
-    engine_free(eb);
-    engine_free(es);
+    engine_cpu_free(eb);
+    engine_cpu_free(es);
 }
 
 static void wait_tokens(EngineRequest *r, int n) {
@@ -330,7 +351,7 @@ static void test_abort(void) {
     T_ASSERT(m.requests_finished_abort == 3, "3 sequences aborted (%llu)",
              (unsigned long long)m.requests_finished_abort);
     engine_request_release(a);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Pause modes and an exclusive section with a version bump. */
@@ -394,7 +415,7 @@ static void test_pause(void) {
     wait_blocks_free(e);
     EngineRequest *all[] = { r0, a, b, c, d, f };
     for (int i = 0; i < 6; i++) engine_request_release(all[i]);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* A weight update while a sequence is frozen (PAUSE_KEEP): the K/V it keeps
@@ -448,7 +469,7 @@ static void test_version_tagging(void) {
     T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "restore");
     engine_request_release(a);
     engine_request_release(b);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* n samples: forks share the prompt blocks; greedy samples are identical,
@@ -484,7 +505,7 @@ static void test_n_samples(void) {
     wait_blocks_free(e);
     engine_request_release(g); engine_request_release(gn); engine_request_release(s);
     engine_request_release(o); engine_request_release(s_again);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Prompt log-probs equal log_softmax of the reference rows. Also stop ids,
@@ -572,7 +593,7 @@ static void test_outputs(void) {
     T_ASSERT(v.finish == FINISH_STOP && v.stop_token == gt[3] && v.n_tokens == first + 1, "stopped at the stop id");
     engine_request_release(r);
     engine_request_release(g);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Bad input and a full queue are clear errors, and nothing is queued. */
@@ -582,7 +603,7 @@ static void test_errors(void) {
     EngineConfig c;
     engine_config_default(&c);
     c.n_blocks = 64; c.block_size = 4; c.max_model_len = 64; c.max_waiting = 2; c.verbose = 0; c.n_threads = 2;
-    Engine *e = engine_create(g_model, &c);
+    Engine *e = engine_cpu(g_model, &c);
     Err err = { 0 };
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
     EngineRequest *a = submit(e, P, 10, 4, 0, 0, 1), *b = submit(e, P, 10, 4, 0, 0, 1), *x = NULL;
@@ -607,7 +628,7 @@ static void test_errors(void) {
     engine_metrics(e, &m);
     T_ASSERT(m.requests_rejected == 4 && m.requests_submitted == 3, "rejections counted");
     engine_request_release(a); engine_request_release(b); engine_request_release(x);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* MoE router replay: recorded expert ids equal the reference forward's capture. */
@@ -656,7 +677,7 @@ static void test_experts(void) {
     kvcache_free(kv);
     runner_free(rr);
     engine_request_release(r);
-    engine_free(e);
+    engine_cpu_free(e);
     model_free(m);
 }
 
@@ -715,8 +736,8 @@ static void test_stress(void) {
            (unsigned long long)m.preemptions, (unsigned long long)m.prefix_cache_hits,
            (unsigned long long)m.prefix_cache_queries);
     for (int i = 0; i < R; i++) { engine_request_release(rs[i]); engine_request_release(rb[i]); }
-    engine_free(es);
-    engine_free(eb);
+    engine_cpu_free(es);
+    engine_cpu_free(eb);
 }
 
 int main(void) {

@@ -740,6 +740,149 @@ static void test_stress(void) {
     engine_cpu_free(eb);
 }
 
+/* ---- control calls from many threads at once ----
+ * Request threads submit, abort, release early or wait; a control thread
+ * cycles through the three pause modes with exclusive sections (one failing)
+ * and resumes; another runs exclusive sections without pausing. Every call
+ * must return, every kept request must finish consistently, the version must
+ * count exactly the successful bumping sections, and nothing may stay held.
+ * Workers record problems; only the main thread asserts (T_ASSERT is not
+ * thread-safe). */
+enum { CTL_WORKERS = 3, CTL_REQS = 16, CTL_CYCLES = 12 };
+
+typedef struct CtlArgs {
+    Engine *e;
+    int id;
+    int bad;                  /* inconsistencies seen */
+    int submitted, seqs;      /* requests and sequences submitted */
+    int x_calls, x_ok;        /* exclusive sections called / succeeded with a bump */
+} CtlArgs;
+
+static _Atomic int g_ctl_x_runs;
+static int ctl_bump(void *ctx, Err *err) { (void)ctx; (void)err; atomic_fetch_add(&g_ctl_x_runs, 1); return 0; }
+static int ctl_fail(void *ctx, Err *err) {
+    (void)ctx;
+    atomic_fetch_add(&g_ctl_x_runs, 1);
+    return ERR(err, 409, "refused on purpose");
+}
+
+/* A finished request: every sequence finished, within max_tokens, versions
+ * never go back; a sequence not aborted has exactly max_tokens (ignore_eos). */
+static int ctl_check(EngineRequest *r, int max_tokens) {
+    int bad = !engine_request_done(r);
+    for (int k = 0; k < engine_request_n_seqs(r); k++) {
+        EngineSeqView v;
+        engine_request_seq(r, k, &v);
+        bad += v.finish == FINISH_NONE || v.n_tokens > max_tokens;
+        bad += v.finish != FINISH_ABORT && (v.finish != FINISH_LENGTH || v.n_tokens != max_tokens);
+        for (int i = 1; i < v.n_tokens; i++) bad += v.tokens[i].weight_version < v.tokens[i - 1].weight_version;
+    }
+    return bad;
+}
+
+static void *ctl_requests(void *arg) {
+    CtlArgs *a = arg;
+    int32_t P[24];
+    for (int k = 0; k < CTL_REQS; k++) {
+        int n = 6 + (a->id * 5 + k) % 17, max_tokens = 2 + (k * 3 + a->id) % 7, nseq = 1 + (k + a->id) % 3;
+        prompt_of(P, n, a->id * 100 + k);
+        EngineRequestParams p;
+        engine_request_params_default(&p);
+        p.prompt = P; p.n_prompt = n; p.n = nseq;
+        p.sampling.max_tokens = max_tokens; p.sampling.temperature = 1.0f;
+        p.sampling.seed = (uint64_t)(a->id * 1000 + k); p.sampling.has_seed = 1; p.sampling.ignore_eos = 1;
+        EngineRequest *r = NULL;
+        Err err = { 0 };
+        if (engine_submit(a->e, &p, &r, &err) < 0) { a->bad++; continue; }
+        a->submitted++;
+        a->seqs += nseq;
+        int action = (a->id * 7 + k) % 3;
+        if (action == 2) { engine_request_release(r); continue; } /* consumer gone at once */
+        if (action == 1) engine_abort(a->e, r);
+        uint64_t seen = 0;
+        for (int i = 0; i < 600 && !engine_request_done(r); i++) engine_request_wait(r, &seen, 100);
+        a->bad += ctl_check(r, max_tokens);
+        engine_request_release(r);
+    }
+    return NULL;
+}
+
+static void *ctl_pauses(void *arg) {
+    CtlArgs *a = arg;
+    for (int k = 0; k < CTL_CYCLES; k++) {
+        Err err = { 0 };
+        PauseMode mode = (PauseMode)(k % 3);
+        a->bad += engine_pause(a->e, mode, &err) != 0;
+        if (mode != PAUSE_WAIT) a->bad += !engine_is_paused(a->e);
+        int fail = k % 4 == 3;
+        int rc = engine_run_exclusive(a->e, fail ? ctl_fail : ctl_bump, NULL, 1, &err);
+        a->x_calls++;
+        if (fail) a->bad += rc >= 0 || err.code != 409;
+        else { a->bad += rc != 0; a->x_ok++; }
+        engine_resume(a->e);
+    }
+    return NULL;
+}
+
+static void *ctl_exclusive(void *arg) {
+    CtlArgs *a = arg;
+    for (int k = 0; k < CTL_CYCLES; k++) {
+        Err err = { 0 };
+        int bump = k % 2;
+        a->bad += engine_run_exclusive(a->e, ctl_bump, NULL, bump, &err) != 0;
+        a->x_calls++;
+        a->x_ok += bump;
+    }
+    return NULL;
+}
+
+static void test_control_concurrent(void) {
+    EngineConfig c;
+    engine_config_default(&c);
+    c.n_blocks = 48; c.block_size = 4; c.max_batched_tokens = 24; c.max_running_seqs = 6;
+    c.max_model_len = 64; c.n_threads = 2; c.verbose = 0;
+    Engine *e = engine_cpu(g_model, &c);
+    enum { N = CTL_WORKERS + 2 };
+    CtlArgs args[N];
+    pthread_t th[N];
+    atomic_store(&g_ctl_x_runs, 0);
+    for (int i = 0; i < N; i++) {
+        args[i] = (CtlArgs){ .e = e, .id = i };
+        void *(*fn)(void *) = i < CTL_WORKERS ? ctl_requests : i == CTL_WORKERS ? ctl_pauses : ctl_exclusive;
+        pthread_create(&th[i], NULL, fn, &args[i]);
+    }
+    int bad = 0, submitted = 0, seqs = 0, x_calls = 0, x_ok = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        bad += args[i].bad; submitted += args[i].submitted; seqs += args[i].seqs;
+        x_calls += args[i].x_calls; x_ok += args[i].x_ok;
+    }
+    T_ASSERT(bad == 0, "concurrent control: %d inconsistencies", bad);
+    T_ASSERT(submitted == CTL_WORKERS * CTL_REQS, "every submission accepted (%d)", submitted);
+    T_ASSERT(atomic_load(&g_ctl_x_runs) == x_calls, "every exclusive section ran once (%d of %d)",
+             atomic_load(&g_ctl_x_runs), x_calls);
+    T_ASSERT(engine_weight_version(e) == (uint64_t)x_ok, "version %llu counts the %d successful bumps",
+             (unsigned long long)engine_weight_version(e), x_ok);
+    T_ASSERT(!engine_is_paused(e), "resumed at the end");
+    /* released-early requests finish at the next boundary: wait for their counts */
+    EngineMetrics m;
+    for (int i = 0; i < 500; i++) {
+        engine_metrics(e, &m);
+        if (m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort == (uint64_t)seqs &&
+            m.kv_blocks_used == 0)
+            break;
+        usleep(10000);
+    }
+    T_ASSERT(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort == (uint64_t)seqs,
+             "every sequence finished once (%llu of %d)",
+             (unsigned long long)(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort),
+             seqs);
+    T_ASSERT(m.requests_submitted == (uint64_t)submitted && m.running == 0 && m.waiting == 0 &&
+             m.kv_blocks_used == 0, "nothing left: running %d waiting %d blocks %d", m.running, m.waiting,
+             m.kv_blocks_used);
+    engine_cpu_free(e);
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
@@ -757,6 +900,7 @@ int main(void) {
     test_errors();
     test_experts();
     test_stress();
+    test_control_concurrent();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

@@ -20,7 +20,6 @@
 #include <time.h>
 
 #include "engine_internal.h"
-#include "log.h"
 
 const char *finish_reason_name(FinishReason f) {
     switch (f) {

@@ -24,6 +24,7 @@
 
 #include "engine.h"
 #include "log.h"
+#include "runner_backend.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -89,6 +90,9 @@ typedef struct Opts {
     size_t kv_mb;
 } Opts;
 
+/* One engine at a time; its CPU runner backend is the caller's to free. */
+static EngineBackend g_be;
+
 static Engine *make(Model *m, const Opts *o, int prefix) {
     EngineConfig c;
     engine_config_default(&c);
@@ -99,7 +103,13 @@ static Engine *make(Model *m, const Opts *o, int prefix) {
     c.n_threads = o->threads;
     c.enable_prefix_cache = prefix;
     c.verbose = 0;
-    return engine_create(m, &c);
+    g_be = runner_backend_create(m, NULL, &c, NULL, NULL);
+    return engine_create(&m->cfg, &g_be, &c);
+}
+
+static void unmake(Engine *e) {
+    engine_free(e);
+    runner_backend_free(&g_be);
 }
 
 static EngineRequest *submit(Engine *e, const int32_t *prompt, int n, int out, uint64_t seed) {
@@ -157,7 +167,7 @@ static double run_concurrency(Model *m, const Opts *o, int C, double base_tps) {
     free(slot);
     free(seen);
     free(prompt);
-    engine_free(e);
+    unmake(e);
     return tps;
 }
 
@@ -201,7 +211,7 @@ static void run_multiturn(Model *m, const Opts *o, int prefix, double *wall_out,
     *wall_out = wall;
     *prefill_out = mt.prefill_tokens_computed;
     for (int c = 0; c < CONV; c++) free(conv[c]);
-    engine_free(e);
+    unmake(e);
 }
 
 static void parse_range(const char *s, int *lo, int *hi) {

@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
                                              &s->metrics.forward_calls);
     if (n_prompt > 0) {
         ec.verbose = 0;
-        Engine *e = engine_create_with_backend(&s->model->cfg, &be, &ec);
+        Engine *e = engine_create(&s->model->cfg, &be, &ec);
         int rc = oneshot(e, prompt, n_prompt, max_new);
         engine_free(e);
         runner_backend_free(&be);
@@ -305,14 +305,15 @@ int main(int argc, char **argv) {
     CHECK(base_version == 0 || fingerprint, "--weight-version %lld needs --model-fingerprint (the lineage's, "
           "printed by `trainer inspect` of any delta)", base_version);
 
-    s->eng = engine_create_with_backend(&s->model->cfg, &be, &ec);
+    s->eng = engine_create(&s->model->cfg, &be, &ec);
     s->max_model_len = engine_config(s->eng)->max_model_len;
     server_map_version(s, 0, s->wv->version);
     for (int i = 0; i < n_deltas; i++) admin_apply_delta_file(s, deltas[i]);
+    uint64_t version0 = s->wv->version; /* HTTP threads may update it once started */
     server_start(s);
     const char *scheme = s->cfg.tls_cert ? "https" : "http";
     log_info("serving %s (%s) on %s://%s:%d  (max_model_len %d, weight version %llu%s%s%s)", s->model_name,
-             s->model_dir, scheme, s->cfg.host, s->bound_port, s->max_model_len, (unsigned long long)s->wv->version,
+             s->model_dir, scheme, s->cfg.host, s->bound_port, s->max_model_len, (unsigned long long)version0,
              s->cfg.api_key ? ", API key required" : "", s->cfg.admin_token ? ", admin endpoints on" : "",
              s->cfg.delta_key ? ", signed deltas required" : "");
     printf("listening on %s://%s:%d\n", scheme, s->cfg.host, s->bound_port);

@@ -18,6 +18,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "runner_backend.h"
 #include "test.h"
 
 #define FIX "tests/fixtures/qwen3_gqa2"
@@ -77,6 +78,26 @@ static void ref_forward(Model *m, const int32_t *tok, int n, float *logits /* [n
 }
 
 /* ---- helpers ---- */
+/* The engine drives a backend its caller owns: each test engine's CPU runner
+ * backend is kept next to it and freed after it. */
+typedef struct CpuEngine { Engine *e; EngineBackend be; } CpuEngine;
+static CpuEngine g_engines[8];
+
+static Engine *engine_cpu(Model *m, EngineConfig *c) {
+    EngineBackend be = runner_backend_create(m, NULL, c, NULL, NULL);
+    Engine *e = engine_create(&m->cfg, &be, c);
+    for (int i = 0; i < 8; i++)
+        if (!g_engines[i].e) { g_engines[i] = (CpuEngine){ e, be }; return e; }
+    CHECK(0, "more than 8 test engines alive");
+    return NULL;
+}
+
+static void engine_cpu_free(Engine *e) {
+    engine_free(e);
+    for (int i = 0; i < 8; i++)
+        if (g_engines[i].e == e) { runner_backend_free(&g_engines[i].be); g_engines[i].e = NULL; }
+}
+
 static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batched, int max_running,
                            int prefix) {
     EngineConfig c;
@@ -90,7 +111,7 @@ static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batch
     c.n_threads = 2;
     c.verbose = 0;
     c.logits_tap = tap;
-    return engine_create(m, &c);
+    return engine_cpu(m, &c);
 }
 
 static void prompt_of(int32_t *p, int n, int salt) {
@@ -192,7 +213,7 @@ static void test_batch_invariance(void) {
              (unsigned long long)m.ttft.n, (unsigned long long)m.itl.n);
     engine_request_release(a); engine_request_release(as);
     engine_request_release(b); engine_request_release(bs);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 static int g_noop_calls;
@@ -249,7 +270,7 @@ static void test_prefix_cache(void) {
              "tokens carry the new version");
     engine_request_release(a); engine_request_release(b);
     engine_request_release(c); engine_request_release(d);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* A tiny KV pool forces preemption; every request completes with the same
@@ -282,8 +303,8 @@ static void test_preemption(void) {
     T_ASSERT(m.requests_finished_length == R && m.kv_blocks_used == 0, "all finished, no block held (%d)",
              m.kv_blocks_used);
     for (int i = 0; i < R; i++) { engine_request_release(rb[i]); engine_request_release(rs[i]); }
-    engine_free(eb);
-    engine_free(es);
+    engine_cpu_free(eb);
+    engine_cpu_free(es);
 }
 
 static void wait_tokens(EngineRequest *r, int n) {
@@ -330,7 +351,7 @@ static void test_abort(void) {
     T_ASSERT(m.requests_finished_abort == 3, "3 sequences aborted (%llu)",
              (unsigned long long)m.requests_finished_abort);
     engine_request_release(a);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Pause modes and an exclusive section with a version bump. */
@@ -394,7 +415,7 @@ static void test_pause(void) {
     wait_blocks_free(e);
     EngineRequest *all[] = { r0, a, b, c, d, f };
     for (int i = 0; i < 6; i++) engine_request_release(all[i]);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* A weight update while a sequence is frozen (PAUSE_KEEP): the K/V it keeps
@@ -448,7 +469,7 @@ static void test_version_tagging(void) {
     T_ASSERT(engine_run_exclusive(e, scale_norm, &f, 1, &err) == 0, "restore");
     engine_request_release(a);
     engine_request_release(b);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* n samples: forks share the prompt blocks; greedy samples are identical,
@@ -484,7 +505,7 @@ static void test_n_samples(void) {
     wait_blocks_free(e);
     engine_request_release(g); engine_request_release(gn); engine_request_release(s);
     engine_request_release(o); engine_request_release(s_again);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Prompt log-probs equal log_softmax of the reference rows. Also stop ids,
@@ -572,7 +593,7 @@ static void test_outputs(void) {
     T_ASSERT(v.finish == FINISH_STOP && v.stop_token == gt[3] && v.n_tokens == first + 1, "stopped at the stop id");
     engine_request_release(r);
     engine_request_release(g);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* Bad input and a full queue are clear errors, and nothing is queued. */
@@ -582,7 +603,7 @@ static void test_errors(void) {
     EngineConfig c;
     engine_config_default(&c);
     c.n_blocks = 64; c.block_size = 4; c.max_model_len = 64; c.max_waiting = 2; c.verbose = 0; c.n_threads = 2;
-    Engine *e = engine_create(g_model, &c);
+    Engine *e = engine_cpu(g_model, &c);
     Err err = { 0 };
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
     EngineRequest *a = submit(e, P, 10, 4, 0, 0, 1), *b = submit(e, P, 10, 4, 0, 0, 1), *x = NULL;
@@ -607,7 +628,7 @@ static void test_errors(void) {
     engine_metrics(e, &m);
     T_ASSERT(m.requests_rejected == 4 && m.requests_submitted == 3, "rejections counted");
     engine_request_release(a); engine_request_release(b); engine_request_release(x);
-    engine_free(e);
+    engine_cpu_free(e);
 }
 
 /* MoE router replay: recorded expert ids equal the reference forward's capture. */
@@ -656,7 +677,7 @@ static void test_experts(void) {
     kvcache_free(kv);
     runner_free(rr);
     engine_request_release(r);
-    engine_free(e);
+    engine_cpu_free(e);
     model_free(m);
 }
 
@@ -715,8 +736,151 @@ static void test_stress(void) {
            (unsigned long long)m.preemptions, (unsigned long long)m.prefix_cache_hits,
            (unsigned long long)m.prefix_cache_queries);
     for (int i = 0; i < R; i++) { engine_request_release(rs[i]); engine_request_release(rb[i]); }
-    engine_free(es);
-    engine_free(eb);
+    engine_cpu_free(es);
+    engine_cpu_free(eb);
+}
+
+/* ---- control calls from many threads at once ----
+ * Request threads submit, abort, release early or wait; a control thread
+ * cycles through the three pause modes with exclusive sections (one failing)
+ * and resumes; another runs exclusive sections without pausing. Every call
+ * must return, every kept request must finish consistently, the version must
+ * count exactly the successful bumping sections, and nothing may stay held.
+ * Workers record problems; only the main thread asserts (T_ASSERT is not
+ * thread-safe). */
+enum { CTL_WORKERS = 3, CTL_REQS = 16, CTL_CYCLES = 12 };
+
+typedef struct CtlArgs {
+    Engine *e;
+    int id;
+    int bad;                  /* inconsistencies seen */
+    int submitted, seqs;      /* requests and sequences submitted */
+    int x_calls, x_ok;        /* exclusive sections called / succeeded with a bump */
+} CtlArgs;
+
+static _Atomic int g_ctl_x_runs;
+static int ctl_bump(void *ctx, Err *err) { (void)ctx; (void)err; atomic_fetch_add(&g_ctl_x_runs, 1); return 0; }
+static int ctl_fail(void *ctx, Err *err) {
+    (void)ctx;
+    atomic_fetch_add(&g_ctl_x_runs, 1);
+    return ERR(err, 409, "refused on purpose");
+}
+
+/* A finished request: every sequence finished, within max_tokens, versions
+ * never go back; a sequence not aborted has exactly max_tokens (ignore_eos). */
+static int ctl_check(EngineRequest *r, int max_tokens) {
+    int bad = !engine_request_done(r);
+    for (int k = 0; k < engine_request_n_seqs(r); k++) {
+        EngineSeqView v;
+        engine_request_seq(r, k, &v);
+        bad += v.finish == FINISH_NONE || v.n_tokens > max_tokens;
+        bad += v.finish != FINISH_ABORT && (v.finish != FINISH_LENGTH || v.n_tokens != max_tokens);
+        for (int i = 1; i < v.n_tokens; i++) bad += v.tokens[i].weight_version < v.tokens[i - 1].weight_version;
+    }
+    return bad;
+}
+
+static void *ctl_requests(void *arg) {
+    CtlArgs *a = arg;
+    int32_t P[24];
+    for (int k = 0; k < CTL_REQS; k++) {
+        int n = 6 + (a->id * 5 + k) % 17, max_tokens = 2 + (k * 3 + a->id) % 7, nseq = 1 + (k + a->id) % 3;
+        prompt_of(P, n, a->id * 100 + k);
+        EngineRequestParams p;
+        engine_request_params_default(&p);
+        p.prompt = P; p.n_prompt = n; p.n = nseq;
+        p.sampling.max_tokens = max_tokens; p.sampling.temperature = 1.0f;
+        p.sampling.seed = (uint64_t)(a->id * 1000 + k); p.sampling.has_seed = 1; p.sampling.ignore_eos = 1;
+        EngineRequest *r = NULL;
+        Err err = { 0 };
+        if (engine_submit(a->e, &p, &r, &err) < 0) { a->bad++; continue; }
+        a->submitted++;
+        a->seqs += nseq;
+        int action = (a->id * 7 + k) % 3;
+        if (action == 2) { engine_request_release(r); continue; } /* consumer gone at once */
+        if (action == 1) engine_abort(a->e, r);
+        uint64_t seen = 0;
+        for (int i = 0; i < 600 && !engine_request_done(r); i++) engine_request_wait(r, &seen, 100);
+        a->bad += ctl_check(r, max_tokens);
+        engine_request_release(r);
+    }
+    return NULL;
+}
+
+static void *ctl_pauses(void *arg) {
+    CtlArgs *a = arg;
+    for (int k = 0; k < CTL_CYCLES; k++) {
+        Err err = { 0 };
+        PauseMode mode = (PauseMode)(k % 3);
+        a->bad += engine_pause(a->e, mode, &err) != 0;
+        if (mode != PAUSE_WAIT) a->bad += !engine_is_paused(a->e);
+        int fail = k % 4 == 3;
+        int rc = engine_run_exclusive(a->e, fail ? ctl_fail : ctl_bump, NULL, 1, &err);
+        a->x_calls++;
+        if (fail) a->bad += rc >= 0 || err.code != 409;
+        else { a->bad += rc != 0; a->x_ok++; }
+        engine_resume(a->e);
+    }
+    return NULL;
+}
+
+static void *ctl_exclusive(void *arg) {
+    CtlArgs *a = arg;
+    for (int k = 0; k < CTL_CYCLES; k++) {
+        Err err = { 0 };
+        int bump = k % 2;
+        a->bad += engine_run_exclusive(a->e, ctl_bump, NULL, bump, &err) != 0;
+        a->x_calls++;
+        a->x_ok += bump;
+    }
+    return NULL;
+}
+
+static void test_control_concurrent(void) {
+    EngineConfig c;
+    engine_config_default(&c);
+    c.n_blocks = 48; c.block_size = 4; c.max_batched_tokens = 24; c.max_running_seqs = 6;
+    c.max_model_len = 64; c.n_threads = 2; c.verbose = 0;
+    Engine *e = engine_cpu(g_model, &c);
+    enum { N = CTL_WORKERS + 2 };
+    CtlArgs args[N];
+    pthread_t th[N];
+    atomic_store(&g_ctl_x_runs, 0);
+    for (int i = 0; i < N; i++) {
+        args[i] = (CtlArgs){ .e = e, .id = i };
+        void *(*fn)(void *) = i < CTL_WORKERS ? ctl_requests : i == CTL_WORKERS ? ctl_pauses : ctl_exclusive;
+        pthread_create(&th[i], NULL, fn, &args[i]);
+    }
+    int bad = 0, submitted = 0, seqs = 0, x_calls = 0, x_ok = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        bad += args[i].bad; submitted += args[i].submitted; seqs += args[i].seqs;
+        x_calls += args[i].x_calls; x_ok += args[i].x_ok;
+    }
+    T_ASSERT(bad == 0, "concurrent control: %d inconsistencies", bad);
+    T_ASSERT(submitted == CTL_WORKERS * CTL_REQS, "every submission accepted (%d)", submitted);
+    T_ASSERT(atomic_load(&g_ctl_x_runs) == x_calls, "every exclusive section ran once (%d of %d)",
+             atomic_load(&g_ctl_x_runs), x_calls);
+    T_ASSERT(engine_weight_version(e) == (uint64_t)x_ok, "version %llu counts the %d successful bumps",
+             (unsigned long long)engine_weight_version(e), x_ok);
+    T_ASSERT(!engine_is_paused(e), "resumed at the end");
+    /* released-early requests finish at the next boundary: wait for their counts */
+    EngineMetrics m;
+    for (int i = 0; i < 500; i++) {
+        engine_metrics(e, &m);
+        if (m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort == (uint64_t)seqs &&
+            m.kv_blocks_used == 0)
+            break;
+        usleep(10000);
+    }
+    T_ASSERT(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort == (uint64_t)seqs,
+             "every sequence finished once (%llu of %d)",
+             (unsigned long long)(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort),
+             seqs);
+    T_ASSERT(m.requests_submitted == (uint64_t)submitted && m.running == 0 && m.waiting == 0 &&
+             m.kv_blocks_used == 0, "nothing left: running %d waiting %d blocks %d", m.running, m.waiting,
+             m.kv_blocks_used);
+    engine_cpu_free(e);
 }
 
 int main(void) {
@@ -736,6 +900,7 @@ int main(void) {
     test_errors();
     test_experts();
     test_stress();
+    test_control_concurrent();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

@@ -6,6 +6,9 @@
  * Request paths (anything a client or a delta can reach): functions return an
  * int status (0 ok, <0 error) and fill an Err with file:line and a message;
  * they never exit and never leave shared state half-modified.
+ * Invariants of our own code (not input checks): ASSERT aborts with file:line,
+ * the expression and a message, in every build (a broken invariant is a bug
+ * that must not run on; abort() leaves a core and a sanitizer stack).
  *
  * Not here: logging (log.h), CUDA checks (cuda_check.h).
  */
@@ -28,6 +31,8 @@ typedef struct Err {
 /* with_errno: also print strerror(errno) (for libc calls that set it). */
 void check_fail(const char *file, int line, const char *expr, int with_errno, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 5, 6)));
+void assert_fail(const char *file, int line, const char *expr, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 4, 5)));
 int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -39,6 +44,10 @@ int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...)
     do { if ((expr) == -1) check_fail(__FILE__, __LINE__, #expr, 1, __VA_ARGS__); } while (0)
 #define CHECK_PTR(expr, ...) \
     do { if ((expr) == NULL) check_fail(__FILE__, __LINE__, #expr, 1, __VA_ARGS__); } while (0)
+
+/* Invariant (never an input check): active in all builds; cheap conditions only. */
+#define ASSERT(cond, ...) \
+    do { if (!(cond)) assert_fail(__FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
 
 /* Request path: record the error and return its (negative) status. */
 #define ERR(e, code, ...) err_set((e), __FILE__, __LINE__, (code), __VA_ARGS__)

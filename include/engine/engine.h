@@ -68,9 +68,10 @@ void engine_config_default(EngineConfig *c);
  * max_model_len (min(model max, 4096, pool)) where they are unset. */
 void engine_config_resolve(EngineConfig *c, const ModelConfig *mc);
 
-/* A backend the engine drives. NULL members of EngineConfig-less creation mean
- * the CPU backend (Runner + KVCache from model.h). The CUDA backend provides its
- * own. All calls come from the engine thread. */
+/* The backend the engine drives: the engine's only view of a model and its KV
+ * pool. The caller builds it (runner_backend.h adapts a Runner on any device;
+ * tests plug in doubles), keeps it alive until engine_free returned, then
+ * frees it. All calls come from the engine thread. */
 typedef struct EngineBackend {
     void *ctx;
     /* One step: logits [b->n_out, vocab] f32 for b->out_rows. */
@@ -85,13 +86,12 @@ typedef struct Engine Engine;
 typedef struct EngineRequest EngineRequest;
 
 /* Start-up path (fatal on bad config, with a message saying which flag to fix).
- * Creates the KV pool and the CPU Runner and starts the engine thread. */
-Engine *engine_create(Model *m, const EngineConfig *cfg);
-/* Same with a caller-provided backend (CUDA, or a test double); cfg describes
- * the model (vocab, EOS ids, MoE shape); the pool has cfg->n_blocks blocks. */
-Engine *engine_create_with_backend(const ModelConfig *mc, const EngineBackend *be,
-                                   const EngineConfig *cfg);
-/* Stops the thread, aborts what is left (consumers see FINISH_ABORT), frees. */
+ * mc describes the model (vocab, EOS ids, MoE shape); be's KV pool has
+ * cfg->n_blocks blocks (runner_backend_create fills it in). Creates the
+ * scheduler and block manager and starts the engine thread. */
+Engine *engine_create(const ModelConfig *mc, const EngineBackend *be, const EngineConfig *cfg);
+/* Stops the thread, aborts what is left (consumers see FINISH_ABORT), frees;
+ * the backend stays the caller's. No other engine call may be in progress. */
 void engine_free(Engine *e);
 /* The configuration after defaults were resolved (n_blocks filled in). */
 const EngineConfig *engine_config(const Engine *e);
@@ -182,7 +182,8 @@ int engine_experts_per_token(const Engine *e);
  * [n_prompt - 1, experts_per_token]. */
 int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts);
 /* Abort (client gone, abort call). Takes effect at the next step boundary:
- * blocks freed, unfinished sequences finish with FINISH_ABORT. Idempotent. */
+ * blocks freed, unfinished sequences finish with FINISH_ABORT. Idempotent;
+ * does nothing once the request has finished. */
 void engine_abort(Engine *e, EngineRequest *r);
 /* The consumer is done with the handle: aborts it if unfinished; the engine
  * frees it once it has let go too. */
@@ -196,7 +197,9 @@ typedef enum {
 } PauseMode;
 
 /* Blocks until the pause took effect (no step in flight, and for PAUSE_WAIT
- * nothing running). New submissions are accepted and wait. */
+ * nothing running, or an engine_resume came first). New submissions are
+ * accepted and wait. Control calls (submit, abort, pause, resume, exclusive)
+ * take effect between two steps in the order they were made. */
 int engine_pause(Engine *e, PauseMode mode, Err *err);
 void engine_resume(Engine *e);
 int engine_is_paused(Engine *e);

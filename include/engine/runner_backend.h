@@ -4,6 +4,10 @@
  * model's forward time counted so /metrics and bench/ can tell the share of
  * time spent outside the model (HTTP, JSON, tokenizer, scheduler).
  *
+ * An adapter above the engine: it implements EngineBackend (engine.h); the
+ * engine never sees a Runner. The server (or a test) builds it and passes it
+ * to engine_create, and frees it after engine_free.
+ *
  * Not here: the device choice (device_select.h), the scheduler (engine.h).
  */
 #ifndef SAMPLER_RUNNER_BACKEND_H

@@ -21,6 +21,17 @@ void check_fail(const char *file, int line, const char *expr, int with_errno, co
     exit(1);
 }
 
+void assert_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+    fprintf(stderr, "invariant broken: %s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n  (failed: %s)\n", expr);
+    fflush(stderr);
+    abort();
+}
+
 int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...) {
     if (e) {
         e->code = code;

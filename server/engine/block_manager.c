@@ -107,13 +107,18 @@ int32_t block_manager_alloc(BlockManager *bm) {
         unhash(bm, id);
         bm->st.evictions++;
     } else return -1;
+    ASSERT(bm->ref[id] == 0, "block %d handed out with %d references", id, bm->ref[id]);
     bm->ref[id] = 1;
     return id;
 }
 
-void block_manager_ref(BlockManager *bm, int32_t id) { bm->ref[id]++; }
+void block_manager_ref(BlockManager *bm, int32_t id) {
+    ASSERT(bm->ref[id] > 0, "sharing block %d that nobody holds", id);
+    bm->ref[id]++;
+}
 
 void block_manager_unref(BlockManager *bm, int32_t id) {
+    ASSERT(bm->ref[id] > 0, "releasing block %d with %d references", id, bm->ref[id]);
     if (--bm->ref[id] > 0) return;
     if (bm->hashed[id]) lru_push_tail(bm, id);
     else bm->free_stack[bm->n_free++] = id;

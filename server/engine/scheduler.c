@@ -68,6 +68,7 @@ static void release_blocks(Scheduler *s, Seq *q) {
 }
 
 static void running_insert(Scheduler *s, Seq *q) {
+    ASSERT(s->n_running < s->max_running, "running list full (%d)", s->max_running);
     int i = s->n_running;
     while (i > 0 && s->running[i - 1]->arrival > q->arrival) { s->running[i] = s->running[i - 1]; i--; }
     s->running[i] = q;
@@ -89,6 +90,7 @@ void scheduler_remove(Scheduler *s, Seq *q) {
     else if (q->state == SEQ_RUNNING) running_unlink(s, q);
     release_blocks(s, q);
     q->state = SEQ_DONE;
+    ASSERT(s->n_running >= 0 && s->n_waiting >= 0, "running %d, waiting %d", s->n_running, s->n_waiting);
 }
 
 static void preempt(Scheduler *s, Seq *q) {
@@ -101,6 +103,7 @@ static void preempt(Scheduler *s, Seq *q) {
 /* Make q's block table cover positions [0, end). Returns 0 or -1 (pool empty). */
 static int grow(Scheduler *s, Seq *q, int end) {
     int need = (end + s->block_size - 1) / s->block_size;
+    ASSERT(need <= s->max_blocks, "a sequence needs %d blocks, its table holds %d", need, s->max_blocks);
     if (need - q->n_blocks > block_manager_n_available(s->bm)) return -1;
     while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_manager_alloc(s->bm);
     return 0;
@@ -230,6 +233,8 @@ void scheduler_commit(Scheduler *s) {
         Seq *q = s->sched[i];
         if (q->plan_start == 0 && q->n_computed == 0) q->kv_version = s->version;
         q->n_computed = q->plan_start + q->plan_n;
+        ASSERT(q->n_computed <= q->n_tokens && q->n_computed <= q->n_blocks * s->block_size,
+               "computed %d positions of %d tokens in %d blocks", q->n_computed, q->n_tokens, q->n_blocks);
         register_full(s, q);
     }
 }

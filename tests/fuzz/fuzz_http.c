@@ -239,7 +239,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     pthread_mutex_init(&s->admin_mu, NULL);
     pthread_mutex_init(&s->live_mu, NULL);
     s->wv = weight_version_from_safetensors(s->model->st, 1);
-    s->eng = engine_create_with_backend(&s->model->cfg, &g_be, &ec);
+    s->eng = engine_create(&s->model->cfg, &g_be, &ec);
     s->max_model_len = engine_config(s->eng)->max_model_len;
     server_map_version(s, 0, s->wv->version);
     server_start(s);

@@ -1,0 +1,183 @@
+/*
+ * engine_internal.h - what the engine's source files share (private; the
+ * public API is engine.h): the request and engine structs, the control
+ * command, and the functions one engine file calls in another.
+ *
+ *   engine.c          create / free, the engine thread's loop, metrics
+ *   engine_control.c  the command queue: submit, abort, pause, resume, exclusive
+ *   engine_request.c  request storage, publishing, the consumer API, release
+ *   engine_step.c     one step: plan, forward, sample, publish
+ *
+ * Locks (never nested): Engine.mu guards the command queue and the lifetime
+ * flags of every request (engine_gone, consumer_gone); EngineRequest.mu
+ * guards a request's published outputs; Engine.mmu guards the metrics. All
+ * other state belongs to the engine thread.
+ *
+ * Not here: the scheduler (scheduler.h), the block pool (block_manager.h),
+ * the sampling math (sampling.h).
+ */
+#ifndef SAMPLER_ENGINE_INTERNAL_H
+#define SAMPLER_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "block_manager.h"
+#include "engine.h"
+#include "scheduler.h"
+#include "threadpool.h"
+
+#define ENGINE_MAX_N 1024
+
+/* ---- control commands ----
+ * Every change to what the engine thread does between two steps arrives as
+ * one command in Engine's FIFO queue. A command lives where its caller
+ * already has memory, never on the heap: SUBMIT and ABORT are embedded in the
+ * request, RESUME in the Engine, PAUSE and EXCLUSIVE on the stack frame of the
+ * caller, which blocks until `done`. */
+typedef enum { CMD_SUBMIT, CMD_ABORT, CMD_PAUSE, CMD_RESUME, CMD_EXCLUSIVE } EngineCmdKind;
+
+typedef struct EngineCmd {
+    EngineCmdKind kind;
+    struct EngineCmd *prev, *next; /* the queue (Engine.mu); PAUSE_WAIT waiters (engine thread) */
+    int queued;                    /* in the queue (Engine.mu) */
+    union {
+        struct EngineRequest *req;  /* SUBMIT, ABORT */
+        PauseMode mode;             /* PAUSE */
+        struct { EngineExclusiveFn fn; void *ctx; int bump; } x; /* EXCLUSIVE */
+    } a;
+    /* completion of a blocking command (PAUSE, EXCLUSIVE), set under Engine.mu
+     * and announced on Engine.cv_done; the engine never touches the command
+     * after setting done (the caller's frame may be gone) */
+    int done, status;
+    Err *err;                      /* EXCLUSIVE: the caller's, or NULL */
+} EngineCmd;
+
+/* ---- requests ---- */
+typedef struct MaskChunk {
+    struct MaskChunk *next;
+    int64_t cap, used;
+    int32_t ids[];
+} MaskChunk;
+
+typedef struct SeqOut {
+    TokenRecord *recs;  /* [max_new] */
+    int32_t *top_ids;   /* [max_new, top_n] */
+    float *top_lp, *top_raw; /* [max_new, top_n] */
+    int32_t *experts;   /* [max_new, E] */
+    MaskChunk *masks;   /* newest first */
+    int n_pub;          /* published records (under req->mu); never decreases */
+    FinishReason finish;
+    int32_t stop_token;
+    double t_last;      /* last token time (engine thread) */
+} SeqOut;
+
+struct EngineRequest {
+    Engine *e;
+    uint64_t id, user_tag;
+    EngineRequestParams p;    /* pointers replaced by owned copies */
+    int32_t *prompt;
+    int32_t *bias_ids;
+    float *bias;
+    int n, max_new, n_done;
+    Seq *seqs;                /* [n] */
+    SeqOut *outs;             /* [n] */
+    float *plp;               /* [n_prompt] */
+    int32_t *ptop_ids;        /* [n_prompt, N] */
+    float *ptop_lp;           /* [n_prompt, N] */
+    int plp_pub;
+    int32_t *pexp;            /* [n_prompt - 1, E] */
+    int pexp_pub;
+    pthread_mutex_t mu;       /* published outputs: n_pub, finish, *_pub, change, done */
+    pthread_cond_t cv;
+    uint64_t change;
+    int done;
+    int engine_gone, consumer_gone; /* under Engine.mu: freed when both are set */
+    int started;              /* engine thread: a sequence was scheduled */
+    EngineCmd submit_cmd, abort_cmd;
+    double t_submit;
+    int got_first;
+    struct EngineRequest *next, *prev; /* the engine thread's active list */
+};
+
+typedef struct SampleJob {
+    Seq *q;
+    const float *row;         /* [vocab] logits */
+    const int32_t *xrow;      /* [E] routed experts of the input token, or NULL */
+    int32_t token;            /* result */
+} SampleJob;
+
+struct Engine {
+    ModelConfig mc;
+    EngineConfig cfg;
+    EngineBackend be;
+    BlockManager *bm;
+    Scheduler *sch;
+    Sampler **samplers;       /* [n_sample_threads] */
+    int32_t **mask_bufs;      /* [n_sample_threads][vocab] */
+    int n_sample_threads;
+    ThreadPool *stp;          /* sampling threads (rows in parallel) */
+    SampleJob *jobs;          /* [max_running_seqs] this step's rows to sample */
+    int n_jobs;
+    float *logits;            /* [rows_cap, vocab] f32 */
+    int rows_cap;
+    int32_t *experts_buf;     /* [max_batched, E] */
+    int n_moe, E;
+    pthread_t thr;
+    /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* wakes the engine thread (a command, stop) */
+    pthread_cond_t cv_done;   /* wakes callers blocked on a command */
+    int stop;
+    EngineCmd *cmd_head, *cmd_tail; /* FIFO of commands not yet applied */
+    int n_cmds;
+    EngineCmd resume_cmd;     /* queued at most once; a second resume moves it to the tail */
+    int n_unstarted;          /* submitted, no sequence scheduled yet; bounded by max_waiting */
+    int pause_pub;            /* what engine_is_paused reports */
+    uint64_t next_id;
+    /* engine thread */
+    EngineRequest *active;    /* taken requests, not yet retired */
+    int paused;               /* no steps */
+    EngineCmd *pause_waiters; /* PAUSE_WAIT commands waiting for nothing in flight */
+    uint64_t arrival;
+    _Atomic uint64_t version; /* written by the engine thread, read anywhere */
+    /* under mmu */
+    pthread_mutex_t mmu;
+    EngineMetrics m;
+};
+
+/* ---- engine_request.c ---- */
+int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err);
+EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *err);
+void engine_request_destroy(EngineRequest *r);
+void engine_request_publish(EngineRequest *r); /* under r->mu */
+/* Engine thread: finish one sequence (its record, if any, already written;
+ * n_pub < 0 keeps the count). May retire and free the request. */
+void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, int n_pub);
+/* Engine thread: finish every unfinished sequence of r with FINISH_ABORT.
+ * r may be freed on return: never touch it after. */
+void engine_request_abort_now(Engine *e, EngineRequest *r);
+void engine_mark_started(Engine *e, EngineRequest *r);
+int32_t *engine_mask_alloc(Engine *e, SeqOut *o, int n);
+
+/* ---- engine_control.c ---- */
+/* Queue r's abort unless it is queued already or r is retired (under e->mu). */
+void engine_cmd_abort_locked(Engine *e, EngineRequest *r);
+/* Take r's queued abort out of the queue, if any (under e->mu, at retire). */
+void engine_cmd_forget_locked(Engine *e, EngineCmd *c);
+/* Engine thread, between two steps: apply the commands queued now, in order. */
+void engine_apply_commands(Engine *e);
+/* Engine thread, after a step: complete PAUSE_WAIT once nothing is in flight. */
+void engine_check_pause_wait(Engine *e);
+/* Engine thread, at stop: complete every queued and pending command. */
+void engine_drain_commands(Engine *e);
+
+/* ---- engine_step.c ---- */
+/* One step. Returns 1 if anything was computed. */
+int engine_step(Engine *e);
+
+/* ---- engine.c ---- */
+double engine_now_s(void);
+
+#endif

@@ -1,0 +1,339 @@
+/*
+ * engine_request.c - one request's storage and life: allocation at submit
+ * (records, top-N, experts for max_tokens; masks in a chunked arena that only
+ * grows), publishing from the engine thread, the consumer API (wait, seq,
+ * done, mask CSR, prompt log-probs / experts) and release.
+ *
+ * A published record never changes and never moves, so consumers read
+ * records without a lock; only the counts are read under EngineRequest.mu.
+ * A request is freed when both sides let go: the engine at retire (its last
+ * sequence finished), the consumer at engine_request_release; the two flags
+ * live under Engine.mu, so exactly one side frees it.
+ *
+ * Not here: the queue that submits and aborts (engine_control.c), sampling
+ * and the step (engine_step.c).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_internal.h"
+
+const char *finish_reason_name(FinishReason f) {
+    switch (f) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+void engine_request_params_default(EngineRequestParams *p) {
+    memset(p, 0, sizeof *p);
+    p->n = 1;
+    sampling_params_default(&p->sampling);
+    p->prompt_logprobs = -1;
+}
+
+/* ---- request storage ---- */
+void engine_request_destroy(EngineRequest *r) {
+    for (int i = 0; i < r->n; i++) {
+        SeqOut *o = &r->outs[i];
+        free(o->recs); free(o->top_ids); free(o->top_lp); free(o->top_raw); free(o->experts);
+        while (o->masks) { MaskChunk *c = o->masks; o->masks = c->next; free(c); }
+        free(r->seqs[i].tokens); free(r->seqs[i].blocks); free(r->seqs[i].keys);
+    }
+    free(r->seqs); free(r->outs);
+    free(r->prompt); free(r->bias_ids); free(r->bias);
+    free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->pexp);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* Request-path allocation: NULL on failure, never exits. */
+static void *tryalloc(size_t n, int *fail) {
+    if (n == 0) return NULL;
+    void *p = calloc(1, n);
+    if (!p) *fail = 1;
+    return p;
+}
+
+EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *err) {
+    int fail = 0, E = e->E;
+    EngineRequest *r = calloc(1, sizeof *r);
+    if (!r) { ERR(err, 500, "out of memory"); return NULL; }
+    r->e = e;
+    r->p = *p;
+    r->submit_cmd = (EngineCmd){ .kind = CMD_SUBMIT, .a.req = r };
+    r->abort_cmd = (EngineCmd){ .kind = CMD_ABORT, .a.req = r };
+    r->n = p->n;
+    r->user_tag = p->user_tag;
+    int room = e->cfg.max_model_len - p->n_prompt;
+    r->max_new = p->sampling.max_tokens > 0 && p->sampling.max_tokens < room ? p->sampling.max_tokens : room;
+    r->prompt = tryalloc((size_t)p->n_prompt * sizeof(int32_t), &fail);
+    if (r->prompt) memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    r->p.prompt = r->prompt;
+    if (p->sampling.n_logit_bias > 0) {
+        r->bias_ids = tryalloc((size_t)p->sampling.n_logit_bias * sizeof(int32_t), &fail);
+        r->bias = tryalloc((size_t)p->sampling.n_logit_bias * sizeof(float), &fail);
+        if (!fail) {
+            memcpy(r->bias_ids, p->sampling.logit_bias_ids, (size_t)p->sampling.n_logit_bias * sizeof(int32_t));
+            memcpy(r->bias, p->sampling.logit_bias, (size_t)p->sampling.n_logit_bias * sizeof(float));
+        }
+    }
+    r->p.sampling.logit_bias_ids = r->bias_ids;
+    r->p.sampling.logit_bias = r->bias;
+    r->seqs = tryalloc((size_t)r->n * sizeof(Seq), &fail);
+    r->outs = tryalloc((size_t)r->n * sizeof(SeqOut), &fail);
+    int top = p->top_logprobs, maxb = e->sch->max_blocks;
+    for (int i = 0; !fail && i < r->n; i++) {
+        Seq *q = &r->seqs[i];
+        SeqOut *o = &r->outs[i];
+        q->req = r;
+        q->index = i;
+        q->n_prompt = p->n_prompt;
+        q->max_len = p->n_prompt + r->max_new;
+        q->tokens = tryalloc((size_t)q->max_len * sizeof(int32_t), &fail);
+        q->blocks = tryalloc((size_t)maxb * sizeof(int32_t), &fail);
+        q->keys = tryalloc((size_t)maxb * sizeof(uint64_t), &fail);
+        q->no_prefix_lookup = p->prompt_logprobs >= 0 || (p->want_experts && E > 0);
+        q->rows_all = p->prompt_logprobs >= 0 && i == 0;
+        o->recs = tryalloc((size_t)r->max_new * sizeof(TokenRecord), &fail);
+        if (top > 0) {
+            o->top_ids = tryalloc((size_t)r->max_new * top * sizeof(int32_t), &fail);
+            o->top_lp = tryalloc((size_t)r->max_new * top * sizeof(float), &fail);
+            if (p->want_raw_logprob) o->top_raw = tryalloc((size_t)r->max_new * top * sizeof(float), &fail);
+        }
+        if (p->want_experts && E > 0) o->experts = tryalloc((size_t)r->max_new * E * sizeof(int32_t), &fail);
+        o->stop_token = -1;
+        if (q->tokens) memcpy(q->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+        q->n_tokens = p->n_prompt;
+    }
+    if (p->prompt_logprobs >= 0) {
+        r->plp = tryalloc((size_t)p->n_prompt * sizeof(float), &fail);
+        if (r->plp) r->plp[0] = NAN;
+        if (p->prompt_logprobs > 0) {
+            r->ptop_ids = tryalloc((size_t)p->n_prompt * p->prompt_logprobs * sizeof(int32_t), &fail);
+            r->ptop_lp = tryalloc((size_t)p->n_prompt * p->prompt_logprobs * sizeof(float), &fail);
+        }
+        r->plp_pub = 1;
+    }
+    if (p->want_experts && E > 0 && p->n_prompt > 1)
+        r->pexp = tryalloc((size_t)(p->n_prompt - 1) * E * sizeof(int32_t), &fail);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (fail) {
+        engine_request_destroy(r);
+        ERR(err, 500, "out of memory for a request of %d prompt tokens, n=%d, max_tokens=%d",
+            p->n_prompt, p->n, p->sampling.max_tokens);
+        return NULL;
+    }
+    return r;
+}
+
+int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err) {
+    int V = e->mc.vocab;
+    ENSURE(err, p->prompt && p->n_prompt > 0, 400, "empty prompt");
+    ENSURE(err, p->n_prompt < e->cfg.max_model_len, 400,
+           "prompt of %d tokens does not fit max model length %d (it needs room for 1 output token)",
+           p->n_prompt, e->cfg.max_model_len);
+    for (int i = 0; i < p->n_prompt; i++)
+        ENSURE(err, p->prompt[i] >= 0 && p->prompt[i] < V, 400, "prompt token %d at %d out of range [0, %d)",
+               p->prompt[i], i, V);
+    ENSURE(err, p->n >= 1 && p->n <= ENGINE_MAX_N, 400, "n must be in [1, %d] (got %d)", ENGINE_MAX_N, p->n);
+    ENSURE(err, p->top_logprobs >= 0 && p->top_logprobs <= SAMPLING_MAX_TOP_N, 400,
+           "top_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->top_logprobs);
+    ENSURE(err, p->prompt_logprobs >= -1 && p->prompt_logprobs <= SAMPLING_MAX_TOP_N, 400,
+           "prompt_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->prompt_logprobs);
+    return sampling_params_check(&p->sampling, V, err);
+}
+
+/* ---- consumer side ---- */
+int engine_request_wait(EngineRequest *r, uint64_t *seen, int timeout_ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->change == *seen && !r->done) {
+        if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) != 0) break;
+    }
+    int changed = r->change != *seen;
+    *seen = r->change;
+    pthread_mutex_unlock(&r->mu);
+    return changed;
+}
+
+int engine_request_n_seqs(const EngineRequest *r) { return r->n; }
+uint64_t engine_request_id(const EngineRequest *r) { return r->id; }
+uint64_t engine_request_user_tag(const EngineRequest *r) { return r->user_tag; }
+
+void engine_request_seq(EngineRequest *r, int i, EngineSeqView *v) {
+    pthread_mutex_lock(&r->mu);
+    v->n_tokens = r->outs[i].n_pub;
+    v->tokens = r->outs[i].recs;
+    v->finish = r->outs[i].finish;
+    v->stop_token = r->outs[i].stop_token;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int engine_request_done(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    int d = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return d;
+}
+
+int engine_request_prompt_logprobs(EngineRequest *r, const float **lp, const int32_t **top_ids,
+                                   const float **top_lp) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->plp ? r->plp_pub : 0;
+    pthread_mutex_unlock(&r->mu);
+    if (lp) *lp = r->plp;
+    if (top_ids) *top_ids = r->ptop_ids;
+    if (top_lp) *top_lp = r->ptop_lp;
+    return n;
+}
+
+int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->pexp ? r->pexp_pub : 0;
+    pthread_mutex_unlock(&r->mu);
+    if (experts) *experts = r->pexp;
+    return n;
+}
+
+int engine_request_mask_csr(EngineRequest *r, int i, int64_t *offsets, int32_t *ids) {
+    EngineSeqView v;
+    engine_request_seq(r, i, &v);
+    return engine_request_mask_csr_n(r, i, v.n_tokens, offsets, ids);
+}
+
+int engine_request_mask_csr_n(EngineRequest *r, int i, int n, int64_t *offsets, int32_t *ids) {
+    EngineSeqView v;
+    engine_request_seq(r, i, &v);
+    if (n > v.n_tokens) n = v.n_tokens;
+    if (n < 0) n = 0;
+    v.n_tokens = n;
+    int64_t off = 0;
+    for (int k = 0; k < v.n_tokens; k++) {
+        const TokenRecord *t = &v.tokens[k];
+        if (offsets) offsets[k] = off;
+        if (ids && t->mask_ids) memcpy(ids + off, t->mask_ids, (size_t)t->mask_n * sizeof(int32_t));
+        if (t->mask_ids) off += t->mask_n;
+    }
+    if (offsets) offsets[v.n_tokens] = off;
+    return v.n_tokens;
+}
+
+void engine_request_release(EngineRequest *r) {
+    Engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    r->consumer_gone = 1;
+    int free_now = r->engine_gone;
+    if (!free_now) engine_cmd_abort_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+    /* once unlocked, the engine may free r at any moment */
+    if (free_now) engine_request_destroy(r);
+}
+
+/* ---- engine thread: publishing and retiring ---- */
+void engine_request_publish(EngineRequest *r) {
+    r->change++;
+    pthread_cond_broadcast(&r->cv);
+}
+
+static void count_finish(Engine *e, FinishReason f) {
+    pthread_mutex_lock(&e->mmu);
+    if (f == FINISH_STOP) e->m.requests_finished_stop++;
+    else if (f == FINISH_LENGTH) e->m.requests_finished_length++;
+    else e->m.requests_finished_abort++;
+    pthread_mutex_unlock(&e->mmu);
+}
+
+/* The engine lets go of r (every sequence finished): publish done, drop a
+ * queued abort (it would outlive r), free r if the consumer let go too. */
+static void request_retire(Engine *e, EngineRequest *r) {
+    ASSERT(r->n_done == r->n, "request %llu retired with %d of %d sequences finished",
+           (unsigned long long)r->id, r->n_done, r->n);
+    if (r->prev) r->prev->next = r->next; else e->active = r->next;
+    if (r->next) r->next->prev = r->prev;
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    engine_request_publish(r);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    if (!r->started) {
+        e->n_unstarted--;
+        ASSERT(e->n_unstarted >= 0, "unstarted count went negative");
+        r->started = 1;
+    }
+    if (r->abort_cmd.queued) engine_cmd_forget_locked(e, &r->abort_cmd);
+    r->engine_gone = 1;
+    int free_now = r->consumer_gone;
+    pthread_mutex_unlock(&e->mu);
+    if (free_now) engine_request_destroy(r);
+}
+
+/* Finish one sequence (engine thread). The record, if any, is already written. */
+void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, int n_pub) {
+    EngineRequest *r = q->req;
+    ASSERT(q->state != SEQ_DONE, "sequence %d of request %llu finished twice", q->index,
+           (unsigned long long)r->id);
+    scheduler_remove(e->sch, q);
+    ASSERT(q->state == SEQ_DONE && q->n_blocks == 0, "a finished sequence holds %d KV blocks", q->n_blocks);
+    pthread_mutex_lock(&r->mu);
+    ASSERT(n_pub < 0 || n_pub >= r->outs[q->index].n_pub, "published records went from %d to %d",
+           r->outs[q->index].n_pub, n_pub);
+    if (n_pub >= 0) r->outs[q->index].n_pub = n_pub;
+    r->outs[q->index].finish = f;
+    r->outs[q->index].stop_token = stop_token;
+    engine_request_publish(r);
+    pthread_mutex_unlock(&r->mu);
+    count_finish(e, f);
+    if (++r->n_done == r->n) request_retire(e, r);
+}
+
+/* Finish every unfinished sequence of r with FINISH_ABORT. r may be freed
+ * by the last seq_finish (consumer already gone): never touch it after. */
+void engine_request_abort_now(Engine *e, EngineRequest *r) {
+    int n = r->n;
+    for (int i = 0; i < n; i++) {
+        if (r->seqs[i].state == SEQ_DONE) continue;
+        int last = r->n_done == n - 1;
+        engine_seq_finish(e, &r->seqs[i], FINISH_ABORT, -1, -1);
+        if (last) return;
+    }
+}
+
+int32_t *engine_mask_alloc(Engine *e, SeqOut *o, int n) {
+    if (!o->masks || o->masks->cap - o->masks->used < n) {
+        int64_t cap = e->mc.vocab > (1 << 16) ? e->mc.vocab : (1 << 16);
+        MaskChunk *c = malloc(sizeof *c + (size_t)cap * sizeof(int32_t));
+        if (!c) return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = o->masks;
+        o->masks = c;
+    }
+    int32_t *p = o->masks->ids + o->masks->used;
+    o->masks->used += n;
+    return p;
+}
+
+void engine_mark_started(Engine *e, EngineRequest *r) {
+    if (r->started) return;
+    r->started = 1;
+    pthread_mutex_lock(&e->mu);
+    e->n_unstarted--;
+    ASSERT(e->n_unstarted >= 0, "unstarted count went negative");
+    pthread_mutex_unlock(&e->mu);
+}
+

@@ -1,0 +1,229 @@
+/*
+ * engine_step.c - one engine step: plan it (scheduler.c), run the backend's
+ * forward pass, write prompt log-probs / experts, fork the n samples of a
+ * prompt, sample every sequence that reached its last token (rows in
+ * parallel on the sampling threads) and publish one TokenRecord each.
+ *
+ * Engine thread only, except sample_compute and plp_task, which run on the
+ * sampling threads and touch only their own sequence's storage. Nothing is
+ * allocated here except mask arena chunks when one fills.
+ *
+ * Not here: what happens between steps (engine_control.c), request storage
+ * and the consumer API (engine_request.c), the sampling math (sampling.c).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "log.h"
+
+static void hist_add(EngineHist *h, double v) {
+    int b = 0;
+    while (b < ENGINE_HIST_BUCKETS - 1 && v > engine_hist_bounds[b]) b++;
+    h->count[b]++;
+    h->n++;
+    h->sum += v;
+}
+
+/* Phase 1, on any sampling thread: sample the next token of j->q and write
+ * its record (not yet published). Touches only j->q's own storage. */
+static void sample_compute(Engine *e, SampleJob *j, int thread) {
+    Seq *q = j->q;
+    const float *row = j->row;
+    const int32_t *expert_row = j->xrow;
+    EngineRequest *r = q->req;
+    SeqOut *o = &r->outs[q->index];
+    const EngineRequestParams *p = &r->p;
+    int k = q->n_tokens - q->n_prompt, top = p->top_logprobs;
+    ASSERT(k >= 0 && k < r->max_new, "record %d of a sequence with room for %d", k, r->max_new);
+    uint64_t ver = atomic_load(&e->version);
+    int32_t *mask_buf = e->mask_bufs[thread];
+    if (e->cfg.logits_tap)
+        e->cfg.logits_tap(e->cfg.logits_tap_ctx, r->id, q->index, q->n_tokens, row, e->mc.vocab);
+    SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, k };
+    SampleWant w = { .raw_logprob = p->want_raw_logprob, .top_n = top,
+                     .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
+                     .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
+                     .top_logprobs_raw = top && o->top_raw ? o->top_raw + (size_t)k * top : NULL,
+                     .mask = p->want_mask ? mask_buf : NULL };
+    SampleResult res;
+    sampler_sample(e->samplers[thread], row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
+                   &w, &res);
+    TokenRecord *rec = &o->recs[k];
+    memset(rec, 0, sizeof *rec);
+    rec->token = res.token;
+    rec->pos = q->n_tokens;
+    rec->weight_version = ver;
+    rec->logprob = res.logprob;
+    rec->logprob_raw = res.logprob_raw;
+    rec->n_top = top;
+    rec->top_ids = w.top_ids;
+    rec->top_logprobs = w.top_logprobs;
+    rec->top_logprobs_raw = w.top_logprobs_raw;
+    rec->mask_n = res.n_kept;
+    if (p->want_mask) {
+        int32_t *m = engine_mask_alloc(e, o, res.n_kept);
+        if (m) { memcpy(m, mask_buf, (size_t)res.n_kept * sizeof(int32_t)); rec->mask_ids = m; }
+        else log_error("engine: out of memory for a sampling mask (request %llu)", (unsigned long long)r->id);
+    }
+    if (o->experts && expert_row) {
+        memcpy(o->experts + (size_t)k * e->E, expert_row, (size_t)e->E * sizeof(int32_t));
+        rec->experts = o->experts + (size_t)k * e->E;
+    }
+    j->token = res.token;
+}
+
+static void sample_task(void *ctx, int task, int thread) {
+    Engine *e = ctx;
+    sample_compute(e, &e->jobs[task], thread);
+}
+
+/* Phase 2, engine thread, in job order: append, check stops, publish. */
+static void sample_commit(Engine *e, SampleJob *j, double t) {
+    Seq *q = j->q;
+    EngineRequest *r = q->req;
+    SeqOut *o = &r->outs[q->index];
+    const EngineRequestParams *p = &r->p;
+    int k = q->n_tokens - q->n_prompt;
+    SampleResult res = { .token = j->token };
+    ASSERT(q->n_tokens < q->max_len, "sequence full (%d tokens) but sampled again", q->n_tokens);
+    q->tokens[q->n_tokens++] = res.token;
+    /* stops */
+    FinishReason f = FINISH_NONE;
+    int32_t stop_tok = -1;
+    for (int i = 0; i < p->sampling.n_stop_ids; i++)
+        if (res.token == p->sampling.stop_ids[i]) { f = FINISH_STOP; stop_tok = res.token; }
+    if (f == FINISH_NONE && !p->sampling.ignore_eos)
+        for (int i = 0; i < e->mc.n_eos; i++) if (res.token == e->mc.eos_ids[i]) f = FINISH_STOP;
+    if (f == FINISH_NONE && k + 1 >= r->max_new) f = FINISH_LENGTH;
+    /* timing */
+    pthread_mutex_lock(&e->mmu);
+    e->m.generated_tokens++;
+    if (!r->got_first) { hist_add(&e->m.ttft, t - r->t_submit); r->got_first = 1; }
+    else if (k > 0) hist_add(&e->m.itl, t - o->t_last);
+    pthread_mutex_unlock(&e->mmu);
+    o->t_last = t;
+    if (f != FINISH_NONE) { engine_seq_finish(e, q, f, stop_tok, k + 1); return; }
+    pthread_mutex_lock(&r->mu);
+    ASSERT(o->n_pub == k, "publishing record %d after %d records", k, o->n_pub);
+    o->n_pub = k + 1;
+    engine_request_publish(r);
+    pthread_mutex_unlock(&r->mu);
+}
+
+typedef struct PlpJob { Engine *e; Seq *q; } PlpJob;
+
+/* One prompt row: the log-prob of the next prompt token (and top-N). Rows
+ * write disjoint entries, so they run in parallel. */
+static void plp_task(void *ctx, int k, int thread) {
+    PlpJob *j = ctx;
+    Engine *e = j->e;
+    Seq *q = j->q;
+    EngineRequest *r = q->req;
+    int N = r->p.prompt_logprobs, pos = q->plan_start + k;
+    if (pos + 1 >= q->n_prompt || pos + 1 < r->plp_pub) return;
+    const float *row = e->logits + (size_t)(q->plan_row0 + k) * e->mc.vocab;
+    r->plp[pos + 1] = sampler_logprob_of(e->samplers[thread], row, q->tokens[pos + 1], N,
+                                         N ? r->ptop_ids + (size_t)(pos + 1) * N : NULL,
+                                         N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL);
+}
+
+/* Prompt log-probs and prompt experts for the rows/tokens of q's chunk. */
+static void prompt_outputs(Engine *e, Seq *q) {
+    EngineRequest *r = q->req;
+    int published = 0;
+    if (q->rows_all && q->plan_rows > 0) {
+        PlpJob j = { e, q };
+        threadpool_run(e->stp, q->plan_rows, plp_task, &j);
+        int last = q->plan_start + q->plan_rows; /* positions < last scored token last */
+        if (last > q->n_prompt - 1) last = q->n_prompt - 1;
+        if (last + 1 > r->plp_pub) published = last + 1;
+        if (q->plan_start + q->plan_n >= q->n_prompt) q->rows_all = 0;
+    }
+    int pe = 0;
+    if (r->pexp && q->index == 0) {
+        for (int k = 0; k < q->plan_n; k++) {
+            int pos = q->plan_start + k;
+            if (pos >= q->n_prompt - 1 || pos < r->pexp_pub) continue;
+            memcpy(r->pexp + (size_t)pos * e->E, e->experts_buf + (size_t)(q->plan_tok0 + k) * e->E,
+                   (size_t)e->E * sizeof(int32_t));
+            pe = pos + 1;
+        }
+    }
+    if (published || pe) {
+        pthread_mutex_lock(&r->mu);
+        ASSERT((!published || published >= r->plp_pub) && (!pe || pe >= r->pexp_pub),
+               "published prompt outputs went back");
+        if (published) r->plp_pub = published;
+        if (pe) r->pexp_pub = pe;
+        engine_request_publish(r);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+int engine_step(Engine *e) {
+    Scheduler *s = e->sch;
+    int n = scheduler_plan(s);
+    if (n == 0) return 0;
+    int want_exp = 0;
+    for (int i = 0; i < s->n_sched; i++) {
+        EngineRequest *r = s->sched[i]->req;
+        engine_mark_started(e, r);
+        want_exp |= r->p.want_experts && e->E > 0;
+    }
+    Batch b = { .n_tokens = s->n_tok, .tokens = s->tok, .pos = s->pos, .seq = s->seqi,
+                .n_seqs = s->n_sched, .block_table = s->tables, .n_out = s->n_out, .out_rows = s->out_rows };
+    if (e->be.set_expert_capture) e->be.set_expert_capture(e->be.ctx, want_exp ? e->experts_buf : NULL);
+    Err err = { 0 };
+    int prefill = 0;
+    for (int i = 0; i < s->n_sched; i++) prefill += s->sched[i]->plan_n > 1 ? s->sched[i]->plan_n : 0;
+    if (e->be.forward(e->be.ctx, &b, e->logits, &err) < 0) {
+        /* a bug: the scheduler built a batch the backend refused */
+        log_error("engine: forward failed (%s:%d %s); aborting the %d sequences of this step", err.file,
+                  err.line, err.msg, s->n_sched);
+        /* queue their aborts now (every request is alive), applied at the next boundary */
+        pthread_mutex_lock(&e->mu);
+        for (int i = 0; i < s->n_sched; i++) engine_cmd_abort_locked(e, s->sched[i]->req);
+        pthread_mutex_unlock(&e->mu);
+        return 1;
+    }
+    scheduler_commit(s);
+    double t = engine_now_s();
+    int n_sched = s->n_sched;
+    e->n_jobs = 0;
+    for (int i = 0; i < n_sched; i++) {
+        Seq *q = s->sched[i];
+        if (q->state != SEQ_RUNNING) continue; /* its request was aborted in this loop */
+        prompt_outputs(e, q);
+        if (q->plan_sample_row < 0) continue;
+        const float *row = e->logits + (size_t)q->plan_sample_row * e->mc.vocab;
+        const int32_t *xrow = want_exp ? e->experts_buf + (size_t)(q->plan_tok0 + q->plan_n - 1) * e->E : NULL;
+        EngineRequest *r = q->req;
+        int fork = q->index == 0 && r->n > 1 && q->n_tokens == q->n_prompt;
+        if (fork) {
+            /* n samples: siblings share the prompt's blocks (the partial last one
+             * is copied) and draw their first token from the same row */
+            for (int j = 1; j < r->n; j++) {
+                Seq *sib = &r->seqs[j];
+                if (sib->state != SEQ_PENDING) continue;
+                sib->started = 1;
+                if (scheduler_fork(s, q, sib, e->be.copy_block, e->be.ctx) == 0)
+                    e->jobs[e->n_jobs++] = (SampleJob){ sib, row, xrow, -1 };
+                else scheduler_enqueue(s, sib, 0);
+            }
+        }
+        e->jobs[e->n_jobs++] = (SampleJob){ q, row, xrow, -1 };
+    }
+    /* rows are independent: sample them in parallel, then commit in order */
+    if (e->n_jobs == 1) sample_compute(e, &e->jobs[0], 0);
+    else if (e->n_jobs > 1) threadpool_run(e->stp, e->n_jobs, sample_task, e);
+    t = engine_now_s(); /* tokens exist from here: TTFT/ITL include sampling */
+    for (int i = 0; i < e->n_jobs; i++) sample_commit(e, &e->jobs[i], t);
+    pthread_mutex_lock(&e->mmu);
+    e->m.steps++;
+    e->m.prefill_tokens_computed += (uint64_t)prefill;
+    pthread_mutex_unlock(&e->mmu);
+    return 1;
+}
+

@@ -2,8 +2,9 @@
  * test_delta.c - the delta container and in-place apply: bit-exact round
  * trip, replay, wrong base/fingerprint, every byte of a container corrupted
  * (with and without a recomputed checksum) or truncated, a delta made from
- * other base weights, the restore path of commit, and the fuzz target over
- * mutated containers. Every rejection is checked to leave all weight bits
+ * other base weights, the restore path of commit, version-only deltas and
+ * the version limit, the payload check of `trainer inspect` against apply,
+ * and the fuzz target over mutated containers. Every rejection is checked to leave all weight bits
  * as they were (hash of every weight before and after).
  */
 #include "delta.h"
@@ -308,7 +309,7 @@ static void test_conflicts(void) {
 
 /* Every byte of the container, flipped three ways, with the checksum left
  * stale and with it recomputed ("lying" fields). A reader cannot refute the
- * target version (any value > base is a legal claim), and a few zstd bits
+ * target version (any value in (base, 2^62] is a legal claim), and a few zstd bits
  * do not change the decoded bytes; an accepted container must leave the
  * weights exactly at the target, a rejected one exactly as they were. */
 static void test_corruption(void) {
@@ -511,6 +512,14 @@ static void test_zero_xor_mask(void) {
     int rc = delta_apply(d, n, &tgt, wv, &res, &err);
     T_ASSERT(rc < 0 && err.code == 400 && strstr(err.msg, "zero") && ckpt_hash(&v0) == h0 && wv->version == 0,
              "zero XOR mask refused: %d %s", rc, err.msg);
+    {
+        DeltaFile *f;
+        Err ec = {0};
+        T_ASSERT(delta_parse(&f, d, n, &ec) == 0, "parse: %s", ec.msg);
+        T_ASSERT(f && delta_check_payloads(f, 1, &ec) == -400 && strstr(ec.msg, "zero"),
+                 "the payload check (trainer inspect) refuses it too: %s", ec.msg);
+        delta_file_free(f);
+    }
     raw[1] = 1; /* a real mask, and the hash of the result: accepted */
     uint16_t want = ((uint16_t *)v0.t[0].data)[5] ^ 1;
     ((uint16_t *)v0.t[0].data)[5] ^= 1;
@@ -525,6 +534,143 @@ static void test_zero_xor_mask(void) {
     free(d);
     weight_version_free(wv);
     ckpt_free(&v0);
+}
+
+/* Versions: a container without tensors moves the version only with the
+ * version_only flag (and the flag with tensors is a lie); versions end at
+ * DELTA_VERSION_MAX = 2^62; unknown flag bits are refused. Every refusal is a
+ * 400 naming the problem and leaves weights and version as they were. */
+static void test_versions(void) {
+    Ckpt v0;
+    ckpt_init(&v0, 0);
+    WeightVersion *wv = weight_version_from_safetensors(&v0.st, 1);
+    DeltaTarget tgt = target_of(&v0);
+    DeltaResult res;
+    Err err = {0};
+    uint64_t h0 = ckpt_hash(&v0), fp = wv->fingerprint;
+    size_t n;
+    DeltaHeader h = {.fingerprint = fp, .base_version = 0, .target_version = 1};
+    uint8_t *d = delta_serialize(&h, NULL, 0, &n);
+    int rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -400 && err.code == 400 && strstr(err.msg, "no tensors") && strstr(err.msg, "version_only") &&
+                 wv->version == 0 && ckpt_hash(&v0) == h0,
+             "zero tensors without the flag -> 400 naming it: %d %s", rc, err.msg);
+    char *js;
+    int code = delta_http_post(d, n, &tgt, wv, &js);
+    T_ASSERT(code == 400 && strstr(js, "version_only") && strstr(js, "\"current_version\":0"), "POST: %d %s", code,
+             js);
+    free(js);
+    free(d);
+
+    h.flags = DELTA_FLAG_VERSION_ONLY;
+    d = delta_serialize(&h, NULL, 0, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && wv->version == 1 && res.version == 1 && !res.noop && res.tensors_updated == 0 &&
+                 ckpt_hash(&v0) == h0,
+             "version-only delta moves the version, no weight: %s", err.msg);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && res.noop && wv->version == 1, "its replay is a no-op: %s", err.msg);
+    free(d);
+
+    /* the flag on a delta with tensors */
+    Ckpt v1;
+    ckpt_copy(&v1, &v0);
+    step(&v1, 4);
+    d = make_delta(&v0, &v1, fp, 1, 2, &n);
+    uint8_t *m = xmalloc(n);
+    memcpy(m, d, n);
+    m[12] |= DELTA_FLAG_VERSION_ONLY;
+    fix_checksum(m, n);
+    rc = delta_apply(m, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -400 && strstr(err.msg, "version_only") && wv->version == 1 && ckpt_hash(&v0) == h0,
+             "version_only with tensors -> 400: %s", err.msg);
+    memcpy(m, d, n);
+    m[12] |= 2; /* not a known flag */
+    fix_checksum(m, n);
+    rc = delta_apply(m, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == -400 && strstr(err.msg, "unknown flags") && wv->version == 1, "unknown flag -> 400: %s", err.msg);
+    free(m);
+    free(d);
+
+    /* the version limit: up to 2^62 applies, beyond it is refused at parse */
+    h = (DeltaHeader){.fingerprint = fp, .flags = DELTA_FLAG_VERSION_ONLY, .base_version = 1};
+    const uint64_t over[] = {DELTA_VERSION_MAX + 1, 1ull << 63, UINT64_MAX};
+    for (int i = 0; i < 3; i++) {
+        h.target_version = over[i];
+        d = delta_serialize(&h, NULL, 0, &n);
+        rc = delta_apply(d, n, &tgt, wv, &res, &err);
+        T_ASSERT(rc == -400 && strstr(err.msg, "2^62") && wv->version == 1,
+                 "target %llu -> 400 naming the limit: %s", (unsigned long long)over[i], err.msg);
+        free(d);
+    }
+    h.target_version = DELTA_VERSION_MAX;
+    d = delta_serialize(&h, NULL, 0, &n);
+    rc = delta_apply(d, n, &tgt, wv, &res, &err);
+    T_ASSERT(rc == 0 && wv->version == DELTA_VERSION_MAX, "target 2^62 applies: %s", err.msg);
+    free(d);
+    js = weight_version_json(wv);
+    T_ASSERT(strstr(js, "\"version\":4611686018427387904"), "2^62 is exact in the JSON: %s", js);
+    free(js);
+    weight_version_free(wv);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+}
+
+/* delta_check_payloads (what `trainer inspect` runs) against apply, over
+ * every byte of a container flipped with the checksum recomputed: whatever
+ * it refuses, apply refuses; whatever apply refuses with 400, it refuses
+ * too, except the one 400 check that needs the base weights (a dense
+ * record's changed count). It needs no weights, so it sees no 409/422. */
+static void test_check_payloads(void) {
+    Ckpt v0, v1, live;
+    ckpt_init(&v0, 0);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 8);
+    ckpt_copy(&live, &v0);
+    WeightVersion *wv0 = weight_version_from_safetensors(&live.st, 1);
+    size_t n;
+    uint8_t *d = make_delta(&v0, &v1, wv0->fingerprint, 0, 1, &n);
+    uint8_t *m = xmalloc(n);
+    int bad = 0, refused = 0, payload_refused = 0;
+    static const uint8_t masks[3] = {0x01, 0x80, 0xff};
+    for (size_t i = 0; i + 8 < n; i++)
+        for (int k = 0; k < 3; k++) {
+            memcpy(m, d, n);
+            m[i] ^= masks[k];
+            fix_checksum(m, n);
+            DeltaFile *f;
+            Err ec = {0}, ea = {0};
+            int crc = delta_parse(&f, m, n, &ec);
+            if (crc == 0) {
+                crc = delta_check_payloads(f, 2, &ec);
+                payload_refused += crc != 0;
+                delta_file_free(f);
+            }
+            ckpt_set(&live, &v0);
+            WeightVersion wv = *wv0;
+            uint64_t hashes[NT];
+            memcpy(hashes, wv0->hash, sizeof hashes);
+            wv.hash = hashes;
+            DeltaTarget tgt = target_of(&live);
+            DeltaResult res;
+            int arc = delta_apply(m, n, &tgt, &wv, &res, &ea);
+            refused += crc != 0;
+            int base_only = arc == -400 && strstr(ea.msg, "dense update changes") != NULL;
+            if ((crc != 0 && arc == 0) || (arc == -400 && crc == 0 && !base_only)) {
+                if (bad++ < 5)
+                    fprintf(stderr, "byte %zu mask %02x: check %d (%s), apply %d (%s)\n", i, masks[k], crc, ec.msg,
+                            arc, ea.msg);
+            }
+        }
+    T_ASSERT(bad == 0, "%d containers where the payload check and apply disagree", bad);
+    T_ASSERT(payload_refused > 0 && refused > payload_refused, "payload check refused %d of %d (parse the rest)",
+             payload_refused, refused);
+    free(m);
+    free(d);
+    weight_version_free(wv0);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+    ckpt_free(&live);
 }
 
 /* Sparse exactly when its uncompressed payload is smaller than the dense one. */
@@ -553,6 +699,9 @@ int main(void) {
     g_xor_values = 0;
     test_zero_xor_mask();
     test_encoding_choice();
+    test_versions();
+    for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) test_check_payloads();
+    g_xor_values = 0;
     test_safetensors_mapping();
     test_fuzz();
     return T_DONE();

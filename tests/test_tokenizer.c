@@ -2,7 +2,8 @@
  * test_tokenizer.c - the tokenizer against goldens made by
  * scripts/make_tokenizer_goldens.py with the `tokenizers` package: ids of a
  * >1 MB corpus, decode, streaming decode, random id decode, lookups, use
- * from several threads, and refusal of unsupported components.
+ * from several threads, combining marks under the four normalization forms
+ * (HF's Unicode 9.0), and refusal of unsupported components.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +13,9 @@
 #include <jansson.h>
 #include <zstd.h>
 
+#include <utf8proc.h>
+
+#include "../tokenizer/tok_internal.h" /* norm_hf_*: the generated table */
 #include "test.h"
 #include "tokenizer.h"
 
@@ -303,6 +307,83 @@ static void test_variants(void) {
     free(vj);
 }
 
+static int version_cmp(const char *a, const char *b) {
+    for (int k = 0; k < 3; k++) {
+        long x = strtol(a, (char **)&a, 10), y = strtol(b, (char **)&b, 10);
+        if (x != y) return x < y ? -1 : 1;
+        if (*a == '.') a++;
+        if (*b == '.') b++;
+    }
+    return 0;
+}
+
+/* Canonical ordering and composition as HF's normalizers (Unicode 9.0)
+ * do them, whatever Unicode utf8proc has: "a" + two marks of every pair of
+ * classes, and marks and composites Unicode added later (unassigned for HF:
+ * not reordered, nothing moves across them) against ids from `tokenizers`
+ * (scripts/make_nfc_goldens.py), with Qwen3's NFC and the three other forms. */
+static void test_normalize_marks(void) {
+    /* the generated table covers every Unicode utf8proc may have, from HF's up to its own */
+    const char *uv = utf8proc_unicode_version();
+    T_ASSERT(version_cmp(uv, norm_hf_unicode_version) >= 0 && version_cmp(uv, norm_hf_table_unicode_version) <= 0,
+             "utf8proc has Unicode %s; tokenizer/norm_hf_table.c covers %s to %s: rerun "
+             "scripts/make_hf_unicode_table.py with a newer unicodedata2", uv, norm_hf_unicode_version,
+             norm_hf_table_unicode_version);
+    T_ASSERT(norm_hf_unassigned(0x08D0) && norm_hf_unassigned(0x1AC7) && !norm_hf_unassigned(0x0301) &&
+                 !norm_hf_unassigned(0x08D4) && !norm_hf_unassigned('a'),
+             "table: Unicode 10+ marks unknown to HF, 9.0 ones known");
+    size_t n, gn;
+    char *tj = read_zst(DATA "/qwen3/tokenizer.json.zst", &n), *gj = read_zst(DATA "/normalize_marks.json.zst", &gn);
+    json_error_t je;
+    json_t *base = json_loadb(tj, n, 0, &je), *g = json_loadb(gj, gn, 0, &je);
+    T_ASSERT(base && g, "normalize_marks: %s", je.text);
+    if (!base || !g) return;
+    json_t *forms = json_object_get(g, "forms"), *cases = json_object_get(g, "cases");
+    T_ASSERT(json_array_size(cases) > 3000, "%zu cases", json_array_size(cases));
+    for (size_t f = 0; f < json_array_size(forms); f++) {
+        const char *form = json_string_value(json_array_get(forms, f));
+        json_t *j = json_copy(base);
+        json_object_set_new(j, "normalizer", json_pack("{ss}", "type", form));
+        char *s = json_dumps(j, JSON_COMPACT);
+        Err e = {0};
+        Tokenizer *t = tokenizer_load_json(s, strlen(s), NULL, &e);
+        free(s);
+        json_decref(j);
+        T_ASSERT(t != NULL, "%s: %s", form, e.msg);
+        if (!t) continue;
+        TokIds ids = {0};
+        int bad = 0;
+        json_t *c;
+        size_t i;
+        json_array_foreach(cases, i, c) {
+            json_t *txt = json_array_get(c, 0), *w = json_array_get(c, 1 + f);
+            ids.n = 0;
+            int rc = tokenizer_encode(t, json_string_value(txt), json_string_length(txt), false, &ids, &e);
+            bool same = rc == 0 && ids.n == json_array_size(w);
+            for (size_t q = 0; same && q < ids.n; q++) same = ids.ids[q] == json_integer_value(json_array_get(w, q));
+            if (!same && bad++ < 5) {
+                char cps[128] = "";
+                const unsigned char *p = (const unsigned char *)json_string_value(txt);
+                for (size_t b = 0, o = 0; p[b] && o < sizeof cps - 10; b++)
+                    if ((p[b] & 0xC0) != 0x80) {
+                        int32_t cp;
+                        utf8proc_iterate(p + b, -1, &cp);
+                        o += (size_t)snprintf(cps + o, sizeof cps - o, " U+%04X", (unsigned)cp);
+                    }
+                fprintf(stderr, "%s case %zu:%s: %zu ids, want %zu\n", form, i, cps, ids.n, json_array_size(w));
+            }
+        }
+        T_ASSERT(bad == 0, "%s: %d of %zu mark strings normalize differently from tokenizers", form, bad,
+                 json_array_size(cases));
+        tok_ids_free(&ids);
+        tokenizer_free(t);
+    }
+    json_decref(base);
+    json_decref(g);
+    free(tj);
+    free(gj);
+}
+
 /* A component we do not implement must be refused by name, never ignored. */
 static void test_refusals(void) {
     static const struct { const char *json, *name; } cases[] = {
@@ -338,6 +419,7 @@ int main(void) {
     T_ASSERT(bytes >= 1000000, "corpus is %zu bytes", bytes);
     test_refusals();
     test_variants();
+    test_normalize_marks();
     test_model("qwen3");
     test_model("llama3.1");
     free(docs);

@@ -93,6 +93,24 @@ static bool norm_skip(const Tokenizer *t, const char *s, size_t n) {
     return true;
 }
 
+static void norm_append(char **out, size_t *o, size_t *cap, const char *p, size_t n) {
+    if (*o + n + 1 > *cap) {
+        *cap = (*o + n + 1) * 2;
+        *out = realloc(*out, *cap);
+        CHECK(*out, "out of memory normalizing text");
+    }
+    memcpy(*out + *o, p, n);
+    *o += n;
+    (*out)[*o] = 0;
+}
+
+/* One normalization form, as HF's: utf8proc on the pieces between the code
+ * points HF's Unicode (9.0) does not have (norm_hf_unassigned), which are
+ * copied as they are. For HF such a code point is a starter of class 0 that
+ * decomposes and composes with nothing, so nothing reorders or composes
+ * across it and the pieces normalize independently; everywhere else
+ * utf8proc's newer Unicode agrees with 9.0 (classes and decompositions of
+ * assigned characters are stable). */
 static char *utf8proc_norm(NormKind k, const char *s, size_t n, size_t *out_n) {
     utf8proc_option_t opt = UTF8PROC_STABLE;
     switch (k) {
@@ -101,11 +119,27 @@ static char *utf8proc_norm(NormKind k, const char *s, size_t n, size_t *out_n) {
     case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
     default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
     }
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, opt);
-    CHECK(r >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(r));
-    *out_n = (size_t)r;
-    return (char *)dst;
+    size_t cap = n + 16, o = 0, piece = 0;
+    char *out = xmalloc(cap);
+    out[0] = 0;
+    for (size_t i = 0; i <= n;) {
+        int32_t cp = 0;
+        int len = i < n ? utf8_decode((const uint8_t *)s + i, &cp) : 0;
+        if (i < n && !norm_hf_unassigned(cp)) { i += (size_t)len; continue; }
+        if (i > piece) {
+            utf8proc_uint8_t *dst = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s + piece, (utf8proc_ssize_t)(i - piece), &dst, opt);
+            CHECK(r >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(r));
+            norm_append(&out, &o, &cap, (const char *)dst, (size_t)r);
+            free(dst);
+        }
+        if (i == n) break;
+        norm_append(&out, &o, &cap, s + i, (size_t)len);
+        i += (size_t)len;
+        piece = i;
+    }
+    *out_n = o;
+    return out;
 }
 
 /* NFC run by run: stable stretches are copied, each unstable stretch is

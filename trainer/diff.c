@@ -2,7 +2,8 @@
  * diff.c - `trainer diff OLD NEW -o step.delta`: bit-exact difference of two
  * checkpoints of the same model as a delta container. Streams over the
  * memory-mapped shards (only the compressed records are kept), one tensor
- * per task on a thread pool, largest tensors first.
+ * per task on a thread pool, largest tensors first. Two identical checkpoints
+ * give a version-only delta (no records, the header's version_only flag set).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -73,6 +74,8 @@ int cmd_diff(int argc, char **argv) {
     CHECK(old_dir && new_dir && out, "usage: trainer diff OLD NEW -o step.delta [--base-version N] ...");
     if (!have_target) target = base + 1;
     CHECK(target > base, "--target-version %" PRIu64 " must be after --base-version %" PRIu64, target, base);
+    CHECK(target <= DELTA_VERSION_MAX, "--target-version %" PRIu64 " is beyond the largest version 2^62 = %" PRIu64
+          " (docs/delta-format.md)", target, (uint64_t)DELTA_VERSION_MAX);
     CHECK(base == 0 || fp_hex, "--base-version %" PRIu64 " > 0 needs --fingerprint HEX: the lineage fingerprint of "
           "version 0 (shown by `trainer inspect` of an earlier delta or `trainer fingerprint` of the version-0 "
           "checkpoint)", base);
@@ -114,6 +117,11 @@ int cmd_diff(int argc, char **argv) {
             n_dense += j.rec[i].encoding == DELTA_DENSE;
             j.rec[n++] = j.rec[i];
         }
+    }
+    if (n == 0) { /* nothing changed: say so in the header, or samplers refuse an empty delta */
+        h.flags |= DELTA_FLAG_VERSION_ONLY;
+        fprintf(stderr, "note: %s and %s are identical: a version-only delta (version_only flag set)\n", old_dir,
+                new_dir);
     }
     size_t size;
     uint8_t *buf = delta_serialize(&h, j.rec, n, &size);

@@ -1,5 +1,6 @@
 /*
- * inspect.c - `trainer inspect` (per-tensor stats of a delta), `trainer
+ * inspect.c - `trainer inspect` (per-tensor stats of a delta, after every
+ * check of it that needs no base weights: exit 1 on a corrupt one), `trainer
  * fingerprint` (a checkpoint's lineage fingerprint and per-tensor hashes, in
  * the sampler's GET /admin/v1/weights JSON) and `trainer membw` (memory-copy
  * bandwidth, the reference the benchmarks divide by).
@@ -18,9 +19,13 @@ int cmd_inspect(int argc, char **argv) {
     DeltaFile *f;
     Err err = {0};
     CHECK(delta_parse(&f, buf, size, &err) == 0, "%s: %s", argv[1], err.msg);
-    printf("format %u, model fingerprint %016" PRIx64 ", version %" PRIu64 " -> %" PRIu64 ", %d tensors, %zu bytes, "
+    /* The payloads too, as a sampler's apply decodes them; only the checks
+     * against base weights (result hashes) need `trainer apply`. */
+    CHECK(delta_check_payloads(f, default_threads(), &err) == 0, "%s: %s (the container is corrupt)", argv[1],
+          err.msg);
+    printf("format %u, model fingerprint %016" PRIx64 ", version %" PRIu64 " -> %" PRIu64 ", %d tensors%s, %zu bytes, "
            "checksum %016" PRIx64 "\n", f->h.format_version, f->h.fingerprint, f->h.base_version, f->h.target_version,
-           f->n, size, f->checksum);
+           f->n, (f->h.flags & DELTA_FLAG_VERSION_ONLY) ? " (version only)" : "", size, f->checksum);
     printf("%-48s %-5s %-16s %-6s %12s %12s %9s %10s %10s %6s %s\n", "tensor", "dtype", "shape", "enc", "changed",
            "numel", "frac%", "raw", "zstd", "B/chg", "xxh3_after");
     uint64_t tch = 0, traw = 0, tcomp = 0;

@@ -15,13 +15,14 @@ static void usage(void) {
             "  trainer diff OLD NEW -o step.delta [--base-version N] [--target-version M]\n"
             "               [--fingerprint HEX] [--level L] [--threads T] [--values raw|xor]\n"
             "  trainer apply BASE step.delta -o OUT [--fingerprint HEX] [--threads T]\n"
-            "  trainer inspect step.delta\n"
+            "  trainer inspect step.delta   (checks every payload too: exit 1 if corrupt)\n"
             "  trainer fingerprint DIR [--version N] [--fingerprint HEX]  (prints the GET /admin/v1/weights view)\n"
             "  trainer push step.delta --to URL [--to URL ...] [--admin-token T] [--deadline S] [--retries N]\n"
             "               [--key-file K] [--cacert FILE] [--insecure]\n"
             "  trainer sign step.delta --key-file K   (writes step.delta.sig: HMAC-SHA256 for --delta-key-file)\n"
             "  trainer membw [--mb N]      (memory-copy bandwidth, for benchmarks)\n"
             "OLD/NEW/BASE are Hugging Face checkpoint directories (sharded safetensors).\n"
+            "Versions are at most 2^62; identical OLD and NEW give a version-only delta.\n"
             "The admin token may also come from the SAMPLER_ADMIN_TOKEN environment variable.\n"
             "https:// URLs verify the sampler's certificate (system CAs or --cacert); --insecure skips that.\n");
 }

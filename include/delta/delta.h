@@ -43,6 +43,14 @@
 #define DELTA_TRAILER_BYTES 8
 #define DELTA_MAX_NAME 1024
 #define DELTA_MAX_DIMS 8
+/* Versions are at most 2^62 (the range of the sampler's --weight-version): they stay
+ * exact in JSON's signed 64-bit integers, and a delta claiming more is refused (400). */
+#define DELTA_VERSION_MAX (1ull << 62)
+/* Header flags. VERSION_ONLY: the container has no tensor records on purpose
+ * (a step that changed no bit moves only the version); a container without
+ * records must set it, and one with records must not. Other bits: refused. */
+#define DELTA_FLAG_VERSION_ONLY 1u
+#define DELTA_FLAGS_KNOWN DELTA_FLAG_VERSION_ONLY
 
 /* Encodings: SPARSE carries the new raw values of the changed elements;
  * SPARSE_XOR carries new XOR base (bit-exact too, compresses ~2x better
@@ -51,9 +59,10 @@ enum { DELTA_SPARSE = 0, DELTA_DENSE = 1, DELTA_SPARSE_XOR = 2 };
 
 typedef struct DeltaHeader {
     uint32_t format_version;
+    uint32_t flags;          /* DELTA_FLAG_*: VERSION_ONLY exactly when n_tensors == 0 */
     uint64_t fingerprint;    /* model lineage: XXH3 of the version-0 checkpoint (see doc) */
     uint64_t base_version;
-    uint64_t target_version; /* > base_version */
+    uint64_t target_version; /* > base_version, <= DELTA_VERSION_MAX */
     uint32_t n_tensors;
 } DeltaHeader;
 
@@ -80,9 +89,10 @@ typedef struct DeltaFile {
     uint64_t checksum;
 } DeltaFile;
 
-/* Validate the container structure (magic, version, sizes, checksum, every
- * record field against the container size, sorted unique names). Does not
- * decompress. The buffer must outlive the result. 400 on any defect. */
+/* Validate the container structure (magic, version, flags, version bounds,
+ * sizes, checksum, every record field against the container size, sorted
+ * unique names). Does not decompress. The buffer must outlive the result.
+ * 400 on any defect. */
 int delta_parse(DeltaFile **out, const uint8_t *buf, size_t size, Err *err);
 void delta_file_free(DeltaFile *f);
 
@@ -95,11 +105,16 @@ typedef struct DeltaDecoded {
     int xor;                 /* vals are masks (SPARSE_XOR before delta_prepare resolves them) */
 } DeltaDecoded;
 
-/* Decompress and decode entry e, checking every position against e->numel.
- * Allocations are bounded by e->numel (which the caller has checked against
- * the model) and the container. */
+/* Decompress and decode entry e, checking the zstd frame, every position
+ * against e->numel, and that no XOR mask is zero. Allocations are bounded by
+ * e->numel (which the caller has checked against the model) and the container. */
 int delta_decode(const DeltaEntry *e, DeltaDecoded *out, Err *err);
 void delta_decoded_free(DeltaDecoded *d);
+/* Every check of a parsed container that needs no base weights: delta_decode
+ * of every payload (what delta_prepare runs on each record before it compares
+ * against the live weights). `trainer inspect` runs it. 400 (or 507) naming the
+ * first bad tensor, in container order. */
+int delta_check_payloads(const DeltaFile *f, int n_threads, Err *err);
 
 /* ---- writer ---- */
 

@@ -39,6 +39,7 @@ typedef struct Choice {
     const char *finish;   /* "stop" "length" "abort" once done */
     int started;          /* streaming: the first chunk went out */
     int final_sent;       /* streaming: the finish chunk went out */
+    long lp_offset;       /* streaming: text_offset of the next logprobs entry (characters) */
     void *api;            /* endpoint state (chat: tool parser) */
 } Choice;
 
@@ -80,8 +81,17 @@ void gen_free(Gen *g);
 /* {"prompt_tokens", "completion_tokens", "total_tokens"} */
 json_t *gen_usage(const Gen *g);
 /* OpenAI completions logprobs {"tokens", "token_logprobs", "top_logprobs",
- * "text_offset"} for records [from, to) of c; *offset carries text_offset. */
+ * "text_offset"} for records [from, to) of c; *offset carries text_offset
+ * (characters). Each position's top_logprobs is its own token plus up to
+ * `logprobs` others of the engine's top list, as vLLM returns them. */
 json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offset);
+/* The same shape for the echoed prompt of prompt i (echo with logprobs): the
+ * positions published so far, the first with null logprob and top_logprobs
+ * (no context), the others with the engine's prompt top list (top
+ * prompt_logprobs when the request set it, else top logprobs), cut as above. */
+json_t *gen_logprobs_completions_prompt(Gen *g, int prompt_i, long *offset);
+/* Prompt positions of prompt i whose log-probs are published (its length once prefilled). */
+int gen_prompt_logprobs_n(Gen *g, int prompt_i);
 /* Chat logprobs content list [{"token", "logprob", "bytes", "top_logprobs"}]. */
 json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to);
 /* RL fields of records [from, to) of c added to obj: token_ids,

@@ -267,28 +267,24 @@ static uint64_t predicted_hash(const PlanT *t, int64_t *n_diff) {
     return h;
 }
 
-/* SPARSE_XOR: masks -> new values, against the live (base) weights. A zero
- * mask would claim a change that is none: the record lies. */
-static int resolve_xor(PlanT *t) {
+/* SPARSE_XOR: masks -> new values, against the live (base) weights
+ * (delta_decode has refused zero masks). */
+static void resolve_xor(PlanT *t) {
     int es = t->es;
     for (int64_t k = 0; k < t->d.n; k++) {
-        uint8_t *v = t->d.vals + (size_t)k * es, any = 0;
+        uint8_t *v = t->d.vals + (size_t)k * es;
         const uint8_t *w = t->data + (size_t)t->d.pos[k] * es;
-        for (int b = 0; b < es; b++) {
-            any |= v[b];
-            v[b] ^= w[b];
-        }
-        if (!any)
-            return ERR(&t->err, 400, "delta: '%s': XOR mask %" PRId64 " is zero (no change)", t->e->name, k);
+        for (int b = 0; b < es; b++) v[b] ^= w[b];
     }
     t->d.xor = 0;
-    return 0;
 }
 
+/* delta_decode is every check that needs no weights (delta_check_payloads,
+ * `trainer inspect`, runs the same); then the ones against the live weights. */
 static void prepare_one(void *ctx, int i) {
     PlanT *t = &((DeltaPlan *)ctx)->t[i];
     if ((t->rc = delta_decode(t->e, &t->d, &t->err)) != 0) return;
-    if (t->d.xor && (t->rc = resolve_xor(t)) != 0) return;
+    if (t->d.xor) resolve_xor(t);
     int64_t n_diff;
     uint64_t h = predicted_hash(t, &n_diff);
     if (h != t->e->hash_after)

@@ -123,13 +123,23 @@ int delta_parse(DeltaFile **out, const uint8_t *buf, size_t size, Err *err) {
     h.format_version = (uint32_t)rd_le(buf + 8, 4);
     ENSURE(err, h.format_version == DELTA_FORMAT_VERSION, 400, "delta: format version %u, this reader knows %u",
            h.format_version, DELTA_FORMAT_VERSION);
-    ENSURE(err, rd_le(buf + 12, 4) == 0, 400, "delta: unknown flags %08llx", (unsigned long long)rd_le(buf + 12, 4));
+    h.flags = (uint32_t)rd_le(buf + 12, 4);
+    ENSURE(err, (h.flags & ~DELTA_FLAGS_KNOWN) == 0, 400, "delta: unknown flags %08x", h.flags & ~DELTA_FLAGS_KNOWN);
     h.fingerprint = rd_le(buf + 16, 8);
     h.base_version = rd_le(buf + 24, 8);
     h.target_version = rd_le(buf + 32, 8);
     ENSURE(err, h.target_version > h.base_version, 400, "delta: target version %llu not after base %llu",
            (unsigned long long)h.target_version, (unsigned long long)h.base_version);
+    ENSURE(err, h.target_version <= DELTA_VERSION_MAX, 400,
+           "delta: target version %llu is beyond the largest version 2^62 = %llu", (unsigned long long)h.target_version,
+           (unsigned long long)DELTA_VERSION_MAX);
     h.n_tensors = (uint32_t)rd_le(buf + 40, 4);
+    ENSURE(err, h.n_tensors > 0 || (h.flags & DELTA_FLAG_VERSION_ONLY), 400,
+           "delta: no tensors, and the version_only flag is not set: a delta that moves only the version "
+           "(%llu -> %llu) must say so (header flags bit 0; `trainer diff` sets it when nothing changed)",
+           (unsigned long long)h.base_version, (unsigned long long)h.target_version);
+    ENSURE(err, h.n_tensors == 0 || !(h.flags & DELTA_FLAG_VERSION_ONLY), 400,
+           "delta: the version_only flag is set, but the delta has %u tensors", h.n_tensors);
     ENSURE(err, rd_le(buf + 44, 4) == 0 && rd_le(buf + 56, 8) == 0, 400, "delta: reserved header fields not 0");
     uint64_t body = rd_le(buf + 48, 8);
     size_t have = size - DELTA_HEADER_BYTES - DELTA_TRAILER_BYTES;
@@ -227,6 +237,15 @@ int delta_decode(const DeltaEntry *e, DeltaDecoded *out, Err *err) {
     }
     size_t vbytes = (size_t)n * (size_t)es, pbytes = (size_t)e->raw_bytes - vbytes;
     unplane(out->vals, raw + pbytes, n, es);
+    for (int64_t k = 0; out->xor && k < n; k++) { /* a zero mask would claim a change that is none */
+        uint8_t any = 0;
+        for (int b = 0; b < es; b++) any |= out->vals[(size_t)k * (size_t)es + (size_t)b];
+        if (!any) {
+            free(raw);
+            delta_decoded_free(out);
+            return ERR(err, 400, "delta: '%s': XOR mask %lld is zero (no change)", e->name, (long long)k);
+        }
+    }
     if (e->encoding != DELTA_DENSE) {
         out->pos = malloc((size_t)n * sizeof(int64_t));
         if (!out->pos) {
@@ -271,6 +290,33 @@ void delta_decoded_free(DeltaDecoded *d) {
     free(d->vals);
     d->pos = NULL;
     d->vals = NULL;
+}
+
+typedef struct CheckJob {
+    const DeltaFile *f;
+    int *rc;   /* [n] */
+    Err *err;  /* [n] */
+} CheckJob;
+
+static void check_one(void *ctx, int i) {
+    CheckJob *j = ctx;
+    DeltaDecoded d;
+    j->rc[i] = delta_decode(&j->f->e[i], &d, &j->err[i]);
+    if (j->rc[i] == 0) delta_decoded_free(&d);
+}
+
+int delta_check_payloads(const DeltaFile *f, int n_threads, Err *err) {
+    CheckJob j = {f, xcalloc((size_t)f->n + 1, sizeof(int)), xcalloc((size_t)f->n + 1, sizeof(Err))};
+    delta_par_for(f->n, n_threads, check_one, &j);
+    int rc = 0;
+    for (int i = 0; i < f->n && rc == 0; i++)
+        if (j.rc[i]) {
+            rc = j.rc[i];
+            if (err) *err = j.err[i];
+        }
+    free(j.rc);
+    free(j.err);
+    return rc;
 }
 
 /* ---- encoder ---- */
@@ -423,6 +469,7 @@ uint8_t *delta_serialize(const DeltaHeader *h, DeltaRecord *recs, int n, size_t 
     uint8_t *buf = xcalloc(1, total), *p = buf;
     memcpy(p, DELTA_MAGIC, 8);
     wr_le(p + 8, DELTA_FORMAT_VERSION, 4);
+    wr_le(p + 12, h->flags, 4);
     wr_le(p + 16, h->fingerprint, 8);
     wr_le(p + 24, h->base_version, 8);
     wr_le(p + 32, h->target_version, 8);

@@ -30,38 +30,17 @@ static char *prompt_text(Gen *g, int pi, size_t *n) {
     return t;
 }
 
-/* Echo with logprobs: the prompt tokens' entries (first one null) in front. */
-static void prepend_prompt_logprobs(Gen *g, int pi, json_t *lp, long *offset) {
-    const float *plp, *top_lp;
-    const int32_t *top_ids;
-    int n = engine_request_prompt_logprobs(g->reqs[pi], &plp, &top_ids, &top_lp);
-    int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
-    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    for (int k = 0; k < n; k++) {
-        char *t = gen_token_text(g, g->prompts[pi].ids[k]);
-        json_array_append_new(toks, json_string(t));
-        json_array_append_new(lps, k ? gen_lp(plp[k]) : json_null());
-        json_array_append_new(offs, json_integer(*offset));
-        for (const char *s = t; *s; s++) *offset += ((unsigned char)*s & 0xC0) != 0x80;
-        if (!k) json_array_append_new(tops, json_null());
-        else {
-            json_t *d = json_object();
-            for (int j = 0; j < N && j < g->p.logprobs && top_ids; j++) {
-                char *a = gen_token_text(g, top_ids[(size_t)k * N + j]);
-                if (!json_object_get(d, a)) json_object_set_new(d, a, gen_lp(top_lp[(size_t)k * N + j]));
-                free(a);
-            }
-            if (!json_object_get(d, t)) json_object_set_new(d, t, gen_lp(plp[k]));
-            json_array_append_new(tops, d);
-        }
-        free(t);
-    }
+/* Logprobs of c's records [from, to), with echo the prompt's entries in front
+ * (vLLM: prompt_logprobs of the prompt, then the output's; text_offset runs on
+ * through both). */
+static json_t *logprobs_json(Gen *g, Choice *c, int with_prompt, int from, int to, long *offset) {
+    if (!with_prompt) return gen_logprobs_completions(g, c, from, to, offset);
+    json_t *lp = gen_logprobs_completions_prompt(g, c->prompt_i, offset);
+    json_t *out = gen_logprobs_completions(g, c, from, to, offset);
     const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-    json_t *pre[4] = {toks, lps, tops, offs};
-    for (int i = 0; i < 4; i++) {
-        json_array_extend(pre[i], json_object_get(lp, keys[i]));
-        json_object_set_new(lp, keys[i], pre[i]);
-    }
+    for (int i = 0; i < 4; i++) json_array_extend(json_object_get(lp, keys[i]), json_object_get(out, keys[i]));
+    json_decref(out);
+    return lp;
 }
 
 static json_t *head(Gen *g) {
@@ -92,21 +71,7 @@ static int respond_whole(HttpReq *q, Gen *g) {
             free(pt);
         }
         buf_append(&text, c->text.p ? c->text.p : "", c->text.n);
-        json_t *lp = NULL;
-        if (g->p.logprobs >= 0) {
-            long gen_off = 0;
-            if (g->p.echo) {
-                lp = gen_logprobs_completions(g, c, 0, c->n_out, &gen_off);
-                prepend_prompt_logprobs(g, c->prompt_i, lp, &offset);
-                /* shift the generated offsets past the prompt */
-                json_t *offs = json_object_get(lp, "text_offset");
-                size_t np = g->prompts[c->prompt_i].n;
-                for (size_t k = np; k < json_array_size(offs); k++)
-                    json_array_set_new(offs, k, json_integer(json_integer_value(json_array_get(offs, k)) + offset));
-            } else {
-                lp = gen_logprobs_completions(g, c, 0, c->n_out, &offset);
-            }
-        }
+        json_t *lp = g->p.logprobs >= 0 ? logprobs_json(g, c, g->p.echo, 0, c->n_out, &offset) : NULL;
         json_t *ch = choice_json(g, c, text.p, text.n, lp, c->finish);
         buf_free(&text);
         if (g->p.ret_token_ids) add_prompt_ids(g, c, ch);
@@ -142,6 +107,11 @@ static int fill(void *ctx, Buf *out) {
         for (int i = 0; i < g->n_ch; i++) {
             Choice *c = &g->ch[i];
             if (c->final_sent) continue;
+            /* echo with logprobs: the first chunk carries the prompt's entries, so it
+             * waits for the prefill to publish them (vLLM sends them with the first token) */
+            int echo_lp = !c->started && g->p.echo && g->p.logprobs >= 0;
+            if (echo_lp && !c->done && gen_prompt_logprobs_n(g, c->prompt_i) < (int)g->prompts[c->prompt_i].n)
+                continue;
             Buf text = {0};
             if (!c->started && g->p.echo) {
                 size_t pn;
@@ -155,8 +125,8 @@ static int fill(void *ctx, Buf *out) {
             int final = c->done && lim == c->text.n;
             int rl = g->p.ret_token_ids || g->p.ret_sampler_lp || g->p.ret_raw_lp || g->p.ret_mask || g->p.ret_experts;
             if (text.n == 0 && !final && !(to > from && (rl || g->p.logprobs >= 0)) && c->started) { buf_free(&text); continue; }
-            long offset = (long)c->text_sent;
-            json_t *lp = g->p.logprobs >= 0 && to > from ? gen_logprobs_completions(g, c, from, to, &offset) : NULL;
+            json_t *lp = g->p.logprobs >= 0 && (to > from || echo_lp)
+                             ? logprobs_json(g, c, echo_lp, from, to, &c->lp_offset) : NULL;
             json_t *ch = choice_json(g, c, text.p, text.n, lp, final ? c->finish : NULL);
             buf_free(&text);
             if (!c->started && g->p.ret_token_ids) add_prompt_ids(g, c, ch);

@@ -249,6 +249,34 @@ static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **
     *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
 }
 
+/* One position's completions top_logprobs, built as vLLM builds it: the
+ * position's own token (id, text, lp) first, then the top ids in rank order
+ * with its own id skipped, the first logprobs + 1 of these; keyed by decoded
+ * text, where a later entry replaces an earlier one of the same text (vLLM's
+ * dict comprehension). Sampled and echoed prompt tokens alike. */
+static json_t *completions_top(Gen *g, int32_t id, const char *text, float lp, const int32_t *top_ids,
+                               const float *top_lp, int n_top) {
+    json_t *d = json_object();
+    json_object_set_new(d, text, gen_lp(lp));
+    for (int j = 0, kept = 1; j < n_top && kept < g->p.logprobs + 1; j++) {
+        if (top_ids[j] == id) continue;
+        char *a = gen_token_text(g, top_ids[j]);
+        json_object_set_new(d, a, gen_lp(top_lp[j]));
+        free(a);
+        kept++;
+    }
+    return d;
+}
+
+static json_t *completions_lp_object(json_t *toks, json_t *lps, json_t *tops, json_t *offs) {
+    json_t *o = json_object();
+    json_object_set_new(o, "text_offset", offs);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "tokens", toks);
+    json_object_set_new(o, "top_logprobs", tops);
+    return o;
+}
+
 json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offset) {
     EngineSeqView v;
     engine_request_seq(c->r, c->seq, &v);
@@ -263,22 +291,40 @@ json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offs
         json_array_append_new(lps, gen_lp(lp));
         json_array_append_new(offs, json_integer(*offset));
         *offset += utf8_chars(t);
-        json_t *d = json_object();
-        for (int j = 0; j < r->n_top && j < g->p.logprobs; j++) {
-            char *a = gen_token_text(g, r->top_ids[j]);
-            if (!json_object_get(d, a)) json_object_set_new(d, a, gen_lp(top[j]));
-            free(a);
-        }
-        if (!json_object_get(d, t)) json_object_set_new(d, t, gen_lp(lp));
-        json_array_append_new(tops, d);
+        json_array_append_new(tops, completions_top(g, r->token, t, lp, r->top_ids, top, r->n_top));
         free(t);
     }
-    json_t *o = json_object();
-    json_object_set_new(o, "text_offset", offs);
-    json_object_set_new(o, "token_logprobs", lps);
-    json_object_set_new(o, "tokens", toks);
-    json_object_set_new(o, "top_logprobs", tops);
-    return o;
+    return completions_lp_object(toks, lps, tops, offs);
+}
+
+int gen_prompt_logprobs_n(Gen *g, int pi) {
+    return engine_request_prompt_logprobs(g->reqs[pi], NULL, NULL, NULL);
+}
+
+json_t *gen_logprobs_completions_prompt(Gen *g, int pi, long *offset) {
+    const float *plp, *top_lp;
+    const int32_t *top_ids;
+    int n = engine_request_prompt_logprobs(g->reqs[pi], &plp, &top_ids, &top_lp);
+    /* the engine's top-N per prompt position (gen_start): prompt_logprobs, else logprobs */
+    int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int k = 0; k < n; k++) {
+        int32_t id = g->prompts[pi].ids[k];
+        char *t = gen_token_text(g, id);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(offs, json_integer(*offset));
+        *offset += utf8_chars(t);
+        if (k == 0) { /* no context before the first token: null, as in vLLM */
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+        } else {
+            json_array_append_new(lps, gen_lp(plp[k]));
+            json_array_append_new(tops, completions_top(g, id, t, plp[k], top_ids ? top_ids + (size_t)k * N : NULL,
+                                                        top_lp ? top_lp + (size_t)k * N : NULL, top_ids ? N : 0));
+        }
+        free(t);
+    }
+    return completions_lp_object(toks, lps, tops, offs);
 }
 
 json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {

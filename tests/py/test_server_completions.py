@@ -2,6 +2,7 @@
 streamed responses, n > 1, token ids in and out, echo, logprobs, stop strings
 split across tokens, usage, and seeded determinism under concurrency."""
 import concurrent.futures as cf
+import json
 import math
 
 import numpy as np
@@ -98,6 +99,84 @@ def test_echo(srv, client):
     n_prompt = len(tok(srv, PROMPT))
     assert len(c.logprobs.tokens) == n_prompt + 3 and c.logprobs.token_logprobs[0] is None
     assert all(x <= 0 for x in c.logprobs.token_logprobs[1:])
+
+
+def vllm_top(own_id, own, entries, k):
+    """vLLM's completions top_logprobs of one position (serving_completion.py: the first logprobs + 1 items
+    of the position's logprob dict, keyed by decoded text, a later item replacing an earlier one of the same
+    text). The dict holds the position's own token first, then the top ranks (vllm/logprobs.py:
+    append_logprobs_for_next_position), one item per token id. entries: {id: (text, logprob, rank)}."""
+    items = [(own_id, own)] + sorted(((i, e) for i, e in entries.items() if i != own_id), key=lambda x: x[1][2])
+    return {text: lp for _, (text, lp, _) in items[:k + 1]}
+
+
+def prompt_entries(c, ids):
+    """The response's vLLM prompt_logprobs field as {position: (own entry, {id: (text, logprob, rank)})}."""
+    out = {}
+    for pos, d in enumerate(c["prompt_logprobs"]):
+        if d is None:
+            continue
+        e = {int(i): (v["decoded_token"], v["logprob"], v["rank"]) for i, v in d.items()}
+        out[pos] = (e[ids[pos]], {i: x for i, x in e.items() if x[2] is not None})
+    return out
+
+
+def same_top(a, b):
+    return a.keys() == b.keys() and all(math.isclose(a[t], b[t], abs_tol=1e-5) for t in a)
+
+
+@pytest.mark.parametrize("logprobs,prompt_logprobs", [(5, None), (5, 2), (3, 8), (0, None)])
+def test_echo_logprobs_like_vllm(srv, logprobs, prompt_logprobs):
+    """Echo with logprobs: every echoed prompt token but the first (null, no context) carries the
+    alternatives vLLM gives it: its prompt logprobs computed with top-prompt_logprobs when the request sets
+    it, else top-logprobs, cut to logprobs + 1 entries with the token's own first. Streamed exactly as whole.
+    The prompt ends with the model's own greedy continuation, so some prompt tokens are rank 1 in their
+    top list (there the cut keeps a lower-ranked token that a plain top-logprobs would drop)."""
+    st, r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                         "return_token_ids": True})
+    assert st == 200
+    ids = tok(srv, PROMPT) + r["choices"][0]["token_ids"]
+    # the reference top lists: the response's own vLLM prompt_logprobs field, with more ranks than asked
+    ref_k = max(logprobs, prompt_logprobs or 0)
+    st, ref = srv.post("/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": ref_k})
+    assert st == 200
+    ref = prompt_entries(ref["choices"][0], ids)
+    k = prompt_logprobs if prompt_logprobs is not None else logprobs
+    if logprobs:
+        # (rank is null in our prompt_logprobs field for a token outside the top list)
+        assert any(own[2] is not None and own[2] <= min(k, logprobs) for own, _ in ref.values()), \
+            "no prompt token in its own top list"
+
+    body = {"prompt": ids, "max_tokens": 3, "echo": True, "logprobs": logprobs, "seed": 4}
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    st, r = srv.post("/v1/completions", body)
+    assert st == 200, r
+    lp = r["choices"][0]["logprobs"]
+    n = len(ids)
+    assert len(lp["tokens"]) == n + 3
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    for pos in range(1, n):
+        own, top = ref[pos]
+        want = vllm_top(ids[pos], own, {i: e for i, e in top.items() if e[2] <= k}, logprobs)
+        assert math.isclose(lp["token_logprobs"][pos], own[1], abs_tol=1e-5)
+        assert same_top(lp["top_logprobs"][pos], want), (pos, lp["top_logprobs"][pos], want)
+    for top in lp["top_logprobs"][n:]:  # sampled tokens: their own + top-logprobs
+        assert logprobs <= len(top) <= logprobs + 1
+    offs = lp["text_offset"]
+    assert offs[0] == 0 and all(offs[i + 1] == offs[i] + len(lp["tokens"][i]) for i in range(n + 2))
+
+    if prompt_logprobs:  # vLLM refuses prompt_logprobs > 0 with stream; nothing to compare
+        return
+    chunks = srv.request("POST", "/v1/completions", body | {"stream": True})[1]
+    events = [json.loads(l[6:]) for l in chunks.split("\n") if l.startswith("data: {")]
+    parts = [e["choices"][0]["logprobs"] for e in events if e["choices"] and e["choices"][0]["logprobs"]]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == r["choices"][0]["text"]
+    streamed = {key: [x for p in parts for x in p[key]] for key in lp}
+    assert streamed["tokens"] == lp["tokens"] and streamed["text_offset"] == lp["text_offset"]
+    assert streamed["token_logprobs"][0] is None and streamed["top_logprobs"][0] is None
+    assert np.allclose(streamed["token_logprobs"][1:], lp["token_logprobs"][1:], atol=1e-5)
+    assert all(same_top(a, b) for a, b in zip(streamed["top_logprobs"][1:], lp["top_logprobs"][1:]))
 
 
 def test_logprobs_processed_distribution(client):

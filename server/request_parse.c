@@ -16,7 +16,8 @@ int rp_bool(json_t *o, const char *key, int *v, Err *err) {
     return 1;
 }
 
-int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v, Err *err) {
+/* Optional typed fields: 0 when absent or null (leaving *v), 1 when set, <0 with a 400. */
+static int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v, Err *err) {
     json_t *j = json_object_get(o, key);
     if (!j || json_is_null(j)) return 0;
     long long x;
@@ -29,7 +30,7 @@ int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v,
     return 1;
 }
 
-int rp_num(json_t *o, const char *key, double lo, double hi, double *v, Err *err) {
+static int rp_num(json_t *o, const char *key, double lo, double hi, double *v, Err *err) {
     json_t *j = json_object_get(o, key);
     if (!j || json_is_null(j)) return 0;
     ENSURE(err, json_is_number(j), 400, "%s: must be a number", key);

@@ -8,14 +8,13 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 import urllib.request
 
 import numpy as np
 import pytest
 
 from conftest import BUILD, ROOT
-from server_fixture import ADMIN, Server
+from server_fixture import ADMIN, Server, metrics, wait_until
 
 AUTH = {"Authorization": "Bearer " + ADMIN}
 TRAINER = os.environ.get("TRAINER_BIN", os.path.join(BUILD, "trainer"))
@@ -253,8 +252,10 @@ def test_pause_resume_and_abort():
         out = {}
         t = threading.Thread(target=lambda: out.update(r=s.post("/v1/completions", {"prompt": "hi", "max_tokens": 3})))
         t.start()
-        time.sleep(0.3)
+        wait_until(lambda: metrics(s)["sampler_num_requests_waiting"] == 1, "the request queued while paused")
         assert t.is_alive(), "a request must wait while paused"
+        m = metrics(s)
+        assert m["sampler_num_requests_running"] == 0 and m["sampler_generation_tokens_total"] == 0
         st, r = s.request("POST", "/resume", {}, headers=AUTH)
         assert st == 200 and r["is_paused"] is False
         t.join(30)

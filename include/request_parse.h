@@ -44,7 +44,8 @@ typedef struct GenParams {
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of
- * logprobs (bool + top_logprobs) and of the max_tokens default. */
+ * logprobs (bool + top_logprobs) and of the max_tokens default. Free p with
+ * gen_params_free whatever the result (an error may leave arrays parsed so far). */
 int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logprobs, GenParams *p, Err *err);
 void gen_params_free(GenParams *p);
 

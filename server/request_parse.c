@@ -1,5 +1,8 @@
 /*
- * request_parse.c - request body validation into GenParams (request_parse.h).
+ * request_parse.c - request body validation into GenParams (request_parse.h):
+ * the table of the generation endpoints' fields (GEN_FIELDS) read by one
+ * generic loop, and the prompt forms of /v1/completions. Not here: chat
+ * messages and templates (api_chat.c), limits that depend on the prompt (gen.c).
  */
 #include "request_parse.h"
 
@@ -74,7 +77,7 @@ typedef struct GenField {
     long long ilo, ihi;   /* F_INT: closed range */
     FieldHi hi_from;      /* F_INT: ihi replaced by a server limit */
     double lo, hi;        /* F_NUM: closed range */
-    FieldRule rule;       /* X_ABOVE_LO: value > lo; X_EQUALS_N: value == the n parsed before */
+    FieldRule rule;       /* X_ABOVE_LO (F_NUM): value > lo; X_EQUALS_N (F_INT): value == the n parsed before */
     const char *rule_msg; /* the message when the rule fails (after "name: ") */
     int has_def;          /* when absent or null: write def (else the destination keeps its initial value) */
     double def;
@@ -274,7 +277,7 @@ static int parse_fields(json_t *o, const GenField *fields, size_t n, const GenCt
             if (f->has_def) field_store(p, f, (long long)f->def, f->def);
             continue;
         }
-        if (f->rule == X_ABOVE_LO) ENSURE(err, (f->kind == F_NUM ? dv : (double)iv) > f->lo, 400, "%s: %s", f->name, f->rule_msg);
+        if (f->rule == X_ABOVE_LO) ENSURE(err, dv > f->lo, 400, "%s: %s", f->name, f->rule_msg);
         if (f->rule == X_EQUALS_N) ENSURE(err, iv == p->n, 400, "%s: %s", f->name, f->rule_msg);
         field_store(p, f, iv, dv);
         if (f->has_set) *(int *)((char *)p + f->set) = 1;

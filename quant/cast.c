@@ -39,31 +39,6 @@ uint8_t quant_f32_to_e4m3(float f) {
     return (uint8_t)(r | (sign >> 24));
 }
 
-/* c10 fp8e5m2_from_fp32_value. */
-uint8_t quant_f32_to_e5m2(float f) {
-    uint32_t u = f32_bits(f), sign = u & 0x80000000u, r;
-    u ^= sign;
-    if (u >= (143u << 23)) { /* >= 65536, inf or NaN */
-        r = u > 0x7f800000u ? 0x7f : 0x7c;
-    } else if (u < (113u << 23)) { /* below 2^-14 */
-        uint32_t magic = 134u << 23;
-        r = f32_bits(bits_f32(u) + bits_f32(magic)) - magic;
-    } else {
-        uint32_t odd = (u >> 21) & 1;
-        u += ((uint32_t)(15 - 127) << 23) + 0xfffff + odd;
-        r = u >> 21;
-    }
-    return (uint8_t)(r | (sign >> 24));
-}
-
-/* E5M2 is the top byte of an IEEE half; NaNs come back quieted as torch's do. */
-float quant_e5m2_to_f32(uint8_t b) {
-    uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 2) & 0x1f, m = b & 3;
-    if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 21) | (m ? 0x400000u : 0));
-    if (e == 0) return bits_f32(sign | f32_bits((float)m * 0x1p-16f));
-    return bits_f32(sign | ((e + 112) << 23) | (m << 21));
-}
-
 /* Model Optimizer's _cast_fp4: ord = searchsorted(bounds, |x|) (left: the
  * number of bounds b with !(b >= |x|), so NaN counts all 7), plus one on the
  * bounds that round up to an even code. */

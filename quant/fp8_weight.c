@@ -150,12 +150,6 @@ QuantFp8 *quant_fp8_from_checkpoint(const uint8_t *weight, Dtype wdt, const int6
     return w;
 }
 
-void quant_fp8_dequant_row(const QuantFp8 *w, int row, float *out) {
-    const float *s = w->scale_inv + (size_t)(row / w->block_rows) * w->scale_cols;
-    for (int c = 0; c < w->cols; c++)
-        out[c] = quant_e4m3_to_f32(w->q[(size_t)row * w->cols + c]) * s[c / w->block_cols];
-}
-
 int quant_check_touched(const uint16_t *m, int64_t n, const int64_t *idx, size_t n_idx, Err *e) {
     for (size_t i = 0; i < n_idx; i++) {
         ENSURE(e, idx[i] >= 0 && idx[i] < n, 400, "touched index %lld out of range [0, %lld)",

@@ -298,28 +298,3 @@ void quant_matmul_nvfp4_rows(float *out, const float *x, const float *xg, const 
     if (quant_simd_active()) nvfp4_rows_avx2(out, x, xg, w, n, row_begin, row_end);
     else nvfp4_rows_portable(out, x, xg, w, n, row_begin, row_end);
 }
-
-size_t quant_matmul_scratch_floats(int n, int cols) {
-    return (size_t)n * cols + (size_t)n * quant_fp8_groups(cols) + (size_t)n;
-}
-
-void quant_matmul_fp8(float *out, const float *x, const QuantFp8 *w, int n, int quant_act, float *scratch) {
-    if (!quant_act) {
-        quant_matmul_fp8_rows(out, x, NULL, w, n, 0, w->rows);
-        return;
-    }
-    float *xq = scratch, *xs = scratch + (size_t)n * w->cols;
-    quant_act_fp8(xq, xs, x, n, w->cols);
-    quant_matmul_fp8_rows(out, xq, xs, w, n, 0, w->rows);
-}
-
-void quant_matmul_nvfp4(float *out, const float *x, const QuantNvfp4 *w, int n, int quant_act,
-                        float *scratch) {
-    if (!quant_act) {
-        quant_matmul_nvfp4_rows(out, x, NULL, w, n, 0, w->rows);
-        return;
-    }
-    float *xq = scratch, *xg = scratch + (size_t)n * w->cols;
-    quant_act_nvfp4(xq, xg, x, n, w->cols, 0.0f);
-    quant_matmul_nvfp4_rows(out, xq, xg, w, n, 0, w->rows);
-}

@@ -147,15 +147,6 @@ QuantNvfp4 *quant_nvfp4_from_checkpoint(const uint8_t *weight, Dtype wdt, const 
     return w;
 }
 
-void quant_nvfp4_dequant_row(const QuantNvfp4 *w, int row, float *out) {
-    const uint8_t *p = w->packed + (size_t)row * (w->cols / 2);
-    const uint8_t *s = w->scale + (size_t)row * (w->cols / QUANT_NVFP4_BLOCK);
-    for (int c = 0; c < w->cols; c++) {
-        uint8_t code = (c & 1) ? p[c / 2] >> 4 : p[c / 2] & 0xf;
-        out[c] = quant_e2m1_to_f32(code) * quant_e4m3_to_f32(s[c / QUANT_NVFP4_BLOCK]) * w->scale2;
-    }
-}
-
 /* Did the tensor amax change? It grew if a touched value exceeds it; it
  * shrank if no element still attains it (scan with early exit). */
 static int amax_changed(const QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, size_t n_idx,

@@ -9,6 +9,7 @@
  * preemptions did. Token streams are compared across engine configurations
  * (tiny pool vs big pool, alone vs crowded) for greedy and seeded sampling.
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,10 +31,47 @@ static TapRow *g_rows;
 static int g_n_rows, g_cap_rows, g_vocab;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static _Atomic int g_slow; /* ms per sampled row: lets the test act mid-generation */
+/* The gate: armed for (prompt length, n), the engine stops in the tap at the
+ * first row that would sample position >= prompt + n (of any request; the
+ * tap's pos counts the prompt) until the test opens it, so a request with that
+ * prompt is provably mid-generation (n tokens published, the rest not yet
+ * sampled) when the test acts on it. Waits at the
+ * gate end after GATE_DEADLINE_S only so that a test that never opens it fails
+ * its assertions instead of hanging; nothing depends on that time. */
+#define GATE_DEADLINE_S 120
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_pos; /* 0: open; guarded by g_mu */
+
+static void gate_arm(int n_prompt, int n) {
+    pthread_mutex_lock(&g_mu);
+    g_gate_pos = n_prompt + n;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void gate_open(void) {
+    pthread_mutex_lock(&g_mu);
+    g_gate_pos = 0;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ms per sampled row once the gate opened: the engine pauses only at a step
+ * boundary and engine_pause blocks until it does, so a pause cannot be issued
+ * while the gate holds the engine; the pace keeps the rest of the request
+ * longer than the two statements between gate_open and engine_pause. */
+static _Atomic int g_slow;
 
 static void tap(void *ctx, uint64_t rid, int seq, int pos, const float *row, int vocab) {
     (void)ctx;
+    pthread_mutex_lock(&g_mu);
+    if (g_gate_pos > 0 && pos >= g_gate_pos) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += GATE_DEADLINE_S;
+        while (g_gate_pos > 0 && pos >= g_gate_pos)
+            if (pthread_cond_timedwait(&g_gate_cv, &g_mu, &dl) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&g_mu);
     if (g_slow) usleep(g_slow * 1000);
     pthread_mutex_lock(&g_mu);
     if (g_n_rows == g_cap_rows) {
@@ -317,12 +355,14 @@ static void wait_tokens(EngineRequest *r, int n) {
     }
 }
 
+/* Blocks are freed by the engine thread after the request finished: poll
+ * (1 ms apart) until none is held; the bound only fails an engine that leaks. */
 static void wait_blocks_free(Engine *e) {
     EngineMetrics m;
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < GATE_DEADLINE_S * 1000; i++) {
         engine_metrics(e, &m);
         if (m.kv_blocks_used == 0) break;
-        usleep(10000);
+        usleep(1000);
     }
     T_ASSERT(m.kv_blocks_used == 0, "%d KV blocks still held", m.kv_blocks_used);
 }
@@ -333,18 +373,19 @@ static void test_abort(void) {
     int32_t P[20];
     prompt_of(P, 20, 5);
     Engine *e = make_engine(g_model, 128, 4, 32, 8, 0);
-    g_slow = 1;
+    gate_arm(20, 3);
     EngineRequest *a = submit(e, P, 20, 100, 1.0f, 1, 1);
     EngineRequest *b = submit(e, P, 20, 100, 1.0f, 2, 2);
-    wait_tokens(a, 3);
+    wait_tokens(a, 3); /* the engine holds at the gate: a and b are both running */
     engine_abort(e, a);
-    g_slow = 0;
+    engine_request_release(b); /* consumer gone while running */
+    gate_open();
     wait_done(a);
     EngineSeqView v;
     engine_request_seq(a, 0, &v);
-    T_ASSERT(v.finish == FINISH_ABORT && v.n_tokens >= 3 && v.n_tokens < 100, "aborted after %d tokens",
+    /* the step held at the gate completes, then the abort lands */
+    T_ASSERT(v.finish == FINISH_ABORT && v.n_tokens >= 3 && v.n_tokens <= 4, "aborted after %d tokens",
              v.n_tokens);
-    engine_request_release(b); /* consumer gone while running */
     wait_blocks_free(e);
     EngineMetrics m;
     engine_metrics(e, &m);
@@ -365,8 +406,10 @@ static void test_pause(void) {
     tokens_of(r0, 0, ref);
     /* keep: frozen in place, continues after the update with the same stream */
     g_slow = 5;
+    gate_arm(20, 5);
     EngineRequest *a = submit(e, P, 20, 40, 1.0f, 9, 1);
     wait_tokens(a, 5);
+    gate_open();
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0 && engine_is_paused(e), "paused (keep)");
     g_slow = 0;
     EngineSeqView v1, v2;
@@ -388,8 +431,10 @@ static void test_pause(void) {
     T_ASSERT(mono, "versions never go back");
     /* abort: everything finishes now; submissions wait for resume */
     g_slow = 2;
+    gate_arm(20, 2); /* c (prompt 10) is held at its 12th token */
     EngineRequest *b = submit(e, P, 20, 100, 1.0f, 10, 1), *c = submit(e, P, 10, 100, 0.0f, 0, 1);
     wait_tokens(b, 2);
+    gate_open();
     T_ASSERT(engine_pause(e, PAUSE_ABORT, &err) == 0, "paused (abort)");
     g_slow = 0;
     T_ASSERT(engine_request_done(b) && engine_request_done(c), "abort mode finished everything");
@@ -404,8 +449,10 @@ static void test_pause(void) {
     T_ASSERT(v.finish == FINISH_LENGTH && v.n_tokens == 5, "submitted while paused, ran after resume");
     /* wait: running ones finish normally, then paused */
     g_slow = 2;
+    gate_arm(20, 2);
     EngineRequest *f = submit(e, P, 20, 30, 1.0f, 11, 1);
     wait_tokens(f, 2);
+    gate_open();
     T_ASSERT(engine_pause(e, PAUSE_WAIT, &err) == 0, "paused (wait)");
     g_slow = 0;
     engine_request_seq(f, 0, &v);
@@ -440,8 +487,10 @@ static void test_version_tagging(void) {
     Engine *e = make_engine(g_model, 64, 16, 32, 8, 1);
     Err err = { 0 };
     g_slow = 5;
+    gate_arm(3, 4);
     EngineRequest *a = submit(e, P, 3, 30, 0.0f, 0, 1);
     wait_tokens(a, 4);
+    gate_open();
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "paused");
     float f = 2.0f;
     uint64_t v0 = engine_weight_version(e);

@@ -39,7 +39,11 @@ static void make_table(int32_t *bt, int n, int base) {
     for (int i = 0; i < n; i++) bt[i] = base + (n - 1 - i) * 2;
 }
 
-static void run_fixture(const char *dir) {
+/* What each reference must hold (scripts/make_fixtures.py): a fixture whose
+ * ref.safetensors is empty or truncated fails instead of comparing nothing. */
+typedef struct { const char *dir; int n_seqs, has_decode; } Fixture;
+
+static void run_fixture(const char *dir, int want_seqs, int want_decode) {
     Err err = {0};
     Model *m = NULL;
     int rc = model_load(&m, dir, &err);
@@ -56,6 +60,7 @@ static void run_fixture(const char *dir) {
     KVCache *kv = kvcache_create(&m->cfg, 128, BLOCK);
     Cmp pre = {0}, dec = {0};
     int identical = 1, have_dec = 0;
+    int n_pre = 0, n_dec = 0; /* sequences compared (prefill, decode) */
     float *solo[2] = {0};
     int solo_T[2] = {0};
     for (int s = 0; s < 8; s++) {
@@ -65,9 +70,14 @@ static void run_fixture(const char *dir) {
         int T = (int)tt->numel;
         const int32_t *tok = (const int32_t *)tt->data;
         snprintf(path, sizeof path, "seq%d.prefill_logits", s);
-        const float *lp = (const float *)safetensors_get(ref, path)->data;
+        const StTensor *pt = safetensors_get(ref, path);
         snprintf(path, sizeof path, "seq%d.decode_logits", s);
         const StTensor *dt = safetensors_get(ref, path);
+        int ok = tt->dtype == DT_I32 && T > 0 && T <= 128 && pt && pt->dtype == DT_F32 &&
+                 pt->numel == (int64_t)T * V && (!dt || (dt->dtype == DT_F32 && dt->numel == (int64_t)T * V));
+        T_ASSERT(ok, "%s seq%d: reference tensors missing or of the wrong size", dir, s);
+        if (!ok) break;
+        const float *lp = (const float *)pt->data;
         int32_t bt[32], pos[128], seq[128], rows[128];
         make_table(bt, (T + BLOCK - 1) / BLOCK, 1);
         const int32_t *tables[1] = {bt};
@@ -77,9 +87,11 @@ static void run_fixture(const char *dir) {
         rc = model_forward(r, kv, &b, out, &err);
         T_ASSERT(rc == 0, "%s seq%d prefill: %s", dir, s, err.msg);
         compare(&pre, lp, out, T, V);
+        n_pre++;
         float *out_keep = out;
         if (dt) {
             have_dec = 1;
+            n_dec++;
             float *o1 = malloc(sizeof(float) * V);
             for (int i = 0; i < T; i++) {
                 int32_t zero = 0;
@@ -120,6 +132,9 @@ static void run_fixture(const char *dir) {
     T_ASSERT(pre.max_abs <= MAX_ABS && pre.max_kl <= MAX_KL, "%s prefill off: %.3e / %.3e", dir, pre.max_abs, pre.max_kl);
     T_ASSERT(dec.max_abs <= MAX_ABS && dec.max_kl <= MAX_KL, "%s decode off: %.3e / %.3e", dir, dec.max_abs, dec.max_kl);
     T_ASSERT(identical, "%s: batched logits differ from single-sequence logits", dir);
+    T_ASSERT(n_pre == want_seqs && n_dec == (want_decode ? want_seqs : 0) && (want_seqs < 2 || (solo[0] && solo[1])),
+             "%s: compared %d prefill and %d decode sequences, the reference has to hold %d%s", dir, n_pre, n_dec,
+             want_seqs, want_decode ? " of each" : " prefills");
     free(solo[0]);
     free(solo[1]);
     kvcache_free(kv);
@@ -129,9 +144,12 @@ static void run_fixture(const char *dir) {
 }
 
 int main(void) {
-    const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded",
-                          "tests/fixtures/qwen3_moe", "tests/fixtures/qwen3_moe_nonorm",
-                          "tests/fixtures/llama31", "tests/fixtures/qwen2", "models/tiny-qwen3"};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) run_fixture(dirs[i]);
+    const Fixture fx[] = {
+        {"tests/fixtures/qwen3_gqa2", 3, 1}, {"tests/fixtures/qwen3_mha_sharded", 3, 1},
+        {"tests/fixtures/qwen3_moe", 3, 1},  {"tests/fixtures/qwen3_moe_nonorm", 3, 1},
+        {"tests/fixtures/llama31", 3, 1},    {"tests/fixtures/qwen2", 3, 1},
+        {"models/tiny-qwen3", 2, 0}, /* prefill reference only */
+    };
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) run_fixture(fx[i].dir, fx[i].n_seqs, fx[i].has_decode);
     return T_DONE();
 }

@@ -19,6 +19,7 @@
 
 #include "quant.h"
 #include "quant_golden.h"
+#include "quant_ref.h"
 #include "test.h"
 
 #define N 16
@@ -37,7 +38,7 @@ static double nmse(const float *y, const double *ref) {
 int main(void) {
     uint16_t *w = malloc((size_t)ROWS * COLS * 2);
     float *x = malloc((size_t)N * COLS * 4), *y = malloc((size_t)N * ROWS * 4);
-    float *scratch = malloc(quant_matmul_scratch_floats(N, COLS) * 4);
+    float *scratch = malloc(qr_matmul_scratch_floats(N, COLS) * 4);
     double *ref = malloc((size_t)N * ROWS * 8);
     for (int i = 0; i < ROWS * COLS; i++) w[i] = f32_to_bf16((float)(qg_normal() * 0.02));
     for (int t = 0; t < N; t++) {
@@ -59,18 +60,18 @@ int main(void) {
     };
     for (int i = 0; i < 4; i++) {
         QuantFp8 *q = quant_fp8_from_bf16(w, ROWS, COLS, fp8[i].lay, &e);
-        quant_matmul_fp8(y, x, q, N, fp8[i].aq, scratch);
+        qr_matmul_fp8(y, x, q, N, fp8[i].aq, scratch);
         double v = nmse(y, ref);
         printf("%-30s NMSE %.3e (bound %.1e)\n", fp8[i].name, v, fp8[i].bound);
         T_ASSERT(v < fp8[i].bound && v > 0, "%s NMSE %.3e", fp8[i].name, v);
         quant_fp8_free(q);
     }
     QuantNvfp4 *q = quant_nvfp4_from_bf16(w, ROWS, COLS, &e);
-    quant_matmul_nvfp4(y, x, q, N, 0, scratch);
+    qr_matmul_nvfp4(y, x, q, N, 0, scratch);
     double v = nmse(y, ref);
     printf("%-30s NMSE %.3e (bound %.1e)\n", "nvfp4 weight-only", v, 1.8e-2);
     T_ASSERT(v < 1.8e-2 && v > 0, "nvfp4 weight-only NMSE %.3e", v);
-    quant_matmul_nvfp4(y, x, q, N, 1, scratch);
+    qr_matmul_nvfp4(y, x, q, N, 1, scratch);
     v = nmse(y, ref);
     printf("%-30s NMSE %.3e (bound %.1e)\n", "nvfp4 + act", v, 3.5e-2);
     T_ASSERT(v < 3.5e-2 && v > 0, "nvfp4 + act NMSE %.3e", v);

@@ -8,6 +8,7 @@
 
 #include "quant.h"
 #include "quant_golden.h"
+#include "quant_ref.h"
 #include "test.h"
 
 /* |out - ref| <= 4e-6 * sum_k |x_k w_k| + 1e-30: an f32 reduction over
@@ -42,24 +43,24 @@ static void test_golden(void) {
     QuantFp8 *f = quant_fp8_from_bf16(wb, rows, cols, QUANT_FP8_BLOCK128, &e);
     QuantNvfp4 *v = quant_nvfp4_from_bf16(wb, rows, cols, &e);
     float *wd = malloc((size_t)rows * cols * 4), *out = malloc((size_t)n * rows * 4);
-    float *scratch = malloc(quant_matmul_scratch_floats(n, cols) * 4), *xd = malloc((size_t)n * cols * 4);
+    float *scratch = malloc(qr_matmul_scratch_floats(n, cols) * 4), *xd = malloc((size_t)n * cols * 4);
     for (int pass = 0; pass < 2; pass++) {
         quant_force_portable(pass);
         const char *p = pass ? "portable" : "simd";
         char what[64];
-        for (int r = 0; r < rows; r++) quant_fp8_dequant_row(f, r, wd + (size_t)r * cols);
-        quant_matmul_fp8(out, x, f, n, 0, scratch);
+        for (int r = 0; r < rows; r++) qr_fp8_dequant_row(f, r, wd + (size_t)r * cols);
+        qr_matmul_fp8(out, x, f, n, 0, scratch);
         snprintf(what, sizeof what, "fp8 wo %s", p);
         check_against(what, out, r_fwo, x, n, rows, cols, wd);
-        quant_matmul_fp8(out, x, f, n, 1, scratch);
+        qr_matmul_fp8(out, x, f, n, 1, scratch);
         for (int i = 0; i < n * cols; i++) xd[i] = scratch[i] * scratch[(size_t)n * cols + (i / cols) * ng + (i % cols) / 128];
         snprintf(what, sizeof what, "fp8 aq %s", p);
         check_against(what, out, r_faq, xd, n, rows, cols, wd);
-        for (int r = 0; r < rows; r++) quant_nvfp4_dequant_row(v, r, wd + (size_t)r * cols);
-        quant_matmul_nvfp4(out, x, v, n, 0, scratch);
+        for (int r = 0; r < rows; r++) qr_nvfp4_dequant_row(v, r, wd + (size_t)r * cols);
+        qr_matmul_nvfp4(out, x, v, n, 0, scratch);
         snprintf(what, sizeof what, "nvfp4 wo %s", p);
         check_against(what, out, r_nwo, x, n, rows, cols, wd);
-        quant_matmul_nvfp4(out, x, v, n, 1, scratch);
+        qr_matmul_nvfp4(out, x, v, n, 1, scratch);
         for (int i = 0; i < n * cols; i++) xd[i] = scratch[i] * scratch[(size_t)n * cols + i / cols];
         snprintf(what, sizeof what, "nvfp4 aq %s", p);
         check_against(what, out, r_naq, xd, n, rows, cols, wd);

@@ -319,8 +319,5 @@ bool tokenizer_is_special(const Tokenizer *t, int32_t id) {
 int32_t tokenizer_bos_id(const Tokenizer *t) { return t->bos_id; }
 int32_t tokenizer_eos_id(const Tokenizer *t) { return t->eos_id; }
 int32_t tokenizer_pad_id(const Tokenizer *t) { return t->pad_id; }
-const char *tokenizer_bos_token(const Tokenizer *t) { return t->bos; }
 const char *tokenizer_eos_token(const Tokenizer *t) { return t->eos; }
-const char *tokenizer_pad_token(const Tokenizer *t) { return t->pad; }
-const char *tokenizer_unk_token(const Tokenizer *t) { return t->unk; }
 const ChatTemplate *tokenizer_chat_template(const Tokenizer *t) { return t->chat; }

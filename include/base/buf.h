@@ -17,13 +17,10 @@ typedef struct Buf {
     size_t n, cap;
 } Buf;
 
-void buf_reserve(Buf *b, size_t extra);
 void buf_append(Buf *b, const void *s, size_t n);
 void buf_puts(Buf *b, const char *s);
 void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void buf_free(Buf *b);
-/* Hand the bytes to the caller (malloc'd, NUL-terminated); b becomes empty. */
-char *buf_steal(Buf *b);
 /* Largest k <= n such that s[0..k) does not end inside a UTF-8 sequence that
  * continues at s[k] (so s[0..k) is a prefix made of whole characters of s). */
 size_t buf_utf8_floor(const char *s, size_t n);

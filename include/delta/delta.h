@@ -270,8 +270,11 @@ static inline void delta_elem_cpy(uint8_t *d, const uint8_t *s, int es) {
     }
 }
 
-/* libFuzzer-style entry: parse and (on success) apply to a small built-in
- * model; never crashes, always leaves weights at a valid version. */
+/* The fuzz target: parse and (on success) apply to a small built-in model, the
+ * input as given and again with its checksum made valid. Aborts if a rejected
+ * container changed a weight bit or an accepted one left the weights off its
+ * recorded hashes; else returns how many of the (one or two) tries were
+ * accepted. */
 int delta_fuzz_one(const uint8_t *data, size_t size);
 /* A valid container for the fuzzer's built-in model (seed corpus); malloc'ed. */
 uint8_t *delta_fuzz_seed(size_t *size);

@@ -44,7 +44,8 @@ typedef struct GenParams {
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of
- * logprobs (bool + top_logprobs) and of the max_tokens default. */
+ * logprobs (bool + top_logprobs) and of the max_tokens default. Free p with
+ * gen_params_free whatever the result (an error may leave arrays parsed so far). */
 int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logprobs, GenParams *p, Err *err);
 void gen_params_free(GenParams *p);
 
@@ -55,10 +56,8 @@ void gen_params_free(GenParams *p);
 int request_parse_prompts(json_t *prompt, const Tokenizer *t, int vocab, TokIds **out, int *n, Err *err);
 void prompts_free(TokIds *p, int n);
 
-/* Helpers shared by the endpoints: optional typed fields. Each returns 0 when
- * absent or null (leaving *v), 1 when set, <0 with a 400 on a wrong type. */
+/* An optional boolean field, for the endpoints' own fields: 0 when absent or
+ * null (leaving *v), 1 when set, <0 with a 400 on a wrong type. */
 int rp_bool(json_t *o, const char *key, int *v, Err *err);
-int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v, Err *err);
-int rp_num(json_t *o, const char *key, double lo, double hi, double *v, Err *err);
 
 #endif

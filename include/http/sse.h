@@ -15,7 +15,5 @@
 void sse_event_json(Buf *out, json_t *j);
 /* Append the terminating [DONE] event. */
 void sse_done(Buf *out);
-/* Append an error event {"error": {...}} (mid-stream failures). */
-void sse_error(Buf *out, json_t *err);
 
 #endif

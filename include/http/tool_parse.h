@@ -39,8 +39,6 @@ void tool_parser_finish(ToolParser *p);
  * reasoning; completed calls (ownership passes to the caller; *calls is
  * malloc'd, free each member and the array). Returns the number of calls. */
 int tool_parser_take(ToolParser *p, Buf *content, Buf *reasoning, ToolCall **calls);
-/* Calls completed so far in total (for finish_reason "tool_calls"). */
-int tool_parser_n_calls(const ToolParser *p);
 void tool_call_free(ToolCall *c);
 
 #endif

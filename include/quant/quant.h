@@ -15,9 +15,6 @@
  *     -NaN); -0 stays 0x80. (Older torch releases returned NaN instead of saturating;
  *     the goldens pin the behaviour of torch 2.15 that made them.)
  *     e4m3 -> f32 is exact; NaN comes back as sign|0x7f800000|mant<<20 like torch.
- *   E5M2: bias 15, IEEE-like with inf, max 57344. f32 -> e5m2 rounds to nearest
- *     even and does NOT saturate (torch): overflow and inf give inf (0x7c),
- *     NaN gives 0x7f|sign. e5m2 -> f32 exact, NaN quieted (bit 22 set).
  *   E2M1 (FP4): codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
  *     f32 -> e2m1 is Model Optimizer's _cast_fp4: round to nearest even,
  *     saturate at 6, sign bit = (x < 0) so -0.0 gives +0 but -0.1 gives the
@@ -95,8 +92,6 @@
 /* ---- scalar casts ---- */
 uint8_t quant_f32_to_e4m3(float f); /* saturating, see above */
 static inline float quant_e4m3_to_f32(uint8_t b); /* exact; inline: the kernels decode scales with it */
-uint8_t quant_f32_to_e5m2(float f); /* non-saturating (inf), see above */
-float quant_e5m2_to_f32(uint8_t b);
 uint8_t quant_f32_to_e2m1(float f); /* 4-bit code in the low nibble */
 static inline float quant_e2m1_to_f32(uint8_t code); /* code 8 decodes to -0.0 */
 
@@ -145,8 +140,6 @@ QuantFp8 *quant_fp8_from_checkpoint(const uint8_t *weight, Dtype wdt, const int6
                                     const void *scale_inv, Dtype sdt, const int64_t *sshape, int sndim,
                                     Err *e);
 void quant_fp8_free(QuantFp8 *w);
-/* Dequantize one row into out [cols] f32 (tests, debugging; not the hot path). */
-void quant_fp8_dequant_row(const QuantFp8 *w, int row, float *out);
 /* Bytes held for q and scales (for memory reports). */
 size_t quant_fp8_bytes(const QuantFp8 *w);
 
@@ -171,7 +164,6 @@ QuantNvfp4 *quant_nvfp4_from_checkpoint(const uint8_t *weight, Dtype wdt, const 
                                         const void *input_scale, Dtype idt, const int64_t *ishape, int indim,
                                         Err *e);
 void quant_nvfp4_free(QuantNvfp4 *w);
-void quant_nvfp4_dequant_row(const QuantNvfp4 *w, int row, float *out);
 size_t quant_nvfp4_bytes(const QuantNvfp4 *w);
 /* One 16-element NVFP4 block with global scale g (weights and activations):
  * writes 16 codes (unpacked, one per byte) and returns the e4m3 scale byte. */
@@ -193,12 +185,6 @@ void quant_matmul_fp8_rows(float *out, const float *x, const float *xs, const Qu
 /* xg NULL: weight-only; xg [n] from quant_act_nvfp4 (then x is its xq). */
 void quant_matmul_nvfp4_rows(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                              int row_begin, int row_end);
-/* Single-threaded conveniences over all rows. quant_act != 0 quantizes x the way
- * the native GPU path does, into scratch of quant_matmul_scratch_floats(n, cols). */
-size_t quant_matmul_scratch_floats(int n, int cols);
-void quant_matmul_fp8(float *out, const float *x, const QuantFp8 *w, int n, int quant_act, float *scratch);
-void quant_matmul_nvfp4(float *out, const float *x, const QuantNvfp4 *w, int n, int quant_act,
-                        float *scratch);
 /* 1 if the AVX2+FMA+F16C kernels are in use. quant_force_portable(1) selects the
  * portable path (tests compare both; results are bit-identical). */
 int quant_simd_active(void);

@@ -81,10 +81,7 @@ bool tokenizer_is_special(const Tokenizer *t, int32_t id);
 int32_t tokenizer_bos_id(const Tokenizer *t);
 int32_t tokenizer_eos_id(const Tokenizer *t);
 int32_t tokenizer_pad_id(const Tokenizer *t);
-const char *tokenizer_bos_token(const Tokenizer *t);
 const char *tokenizer_eos_token(const Tokenizer *t);
-const char *tokenizer_pad_token(const Tokenizer *t);
-const char *tokenizer_unk_token(const Tokenizer *t);
 
 /* The compiled chat_template of tokenizer_config.json, or NULL if it has none. */
 const ChatTemplate *tokenizer_chat_template(const Tokenizer *t);

@@ -1,25 +1,33 @@
 /*
- * cpu_ops.c - CPU reference ops (see cpu_ops.h): a portable C path and an
- * AVX2+FMA path chosen at run time. Both are deterministic; they need not
- * agree with each other bit for bit, only each with itself.
+ * cpu_ops.c - CPU reference ops (see cpu_ops.h): a portable C path, built
+ * everywhere (aarch64 hosts such as GH200 use it), and on x86 an AVX2+FMA path
+ * chosen at run time. Both are deterministic; they need not agree with each
+ * other bit for bit, only each with itself.
  */
 #include "cpu_ops.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "dtype.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_OPS_X86 1
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+#endif
 
 static int g_avx2 = -1;
 
 const char *cpu_ops_init(void) {
     if (g_avx2 < 0) {
+#ifdef CPU_OPS_X86
         __builtin_cpu_init();
         g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+        g_avx2 = 0;
+#endif
     }
     return g_avx2 ? "avx2+fma" : "portable";
 }
@@ -29,6 +37,7 @@ static inline int use_avx2(void) {
     return g_avx2;
 }
 
+#ifdef CPU_OPS_X86
 /* ---------------- AVX2 helpers ---------------- */
 
 AVX2_INLINE __m256 load_bf16x8(const uint16_t *p) {
@@ -148,6 +157,7 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+#endif /* CPU_OPS_X86 */
 
 /* ---------------- portable path ---------------- */
 
@@ -171,22 +181,29 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
 
 void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
                      const uint16_t *bias, int r0, int r1) {
+#ifdef CPU_OPS_X86
     if (use_avx2()) matmul_avx2(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
-    else matmul_portable(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    else
+#endif
+        matmul_portable(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
     if (bias)
         for (int t = 0; t < n; t++)
             for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);
 }
 
 float cpu_dot(const float *a, const float *b, int n) {
+#ifdef CPU_OPS_X86
     if (use_avx2()) return dot_avx2(a, b, n);
+#endif
     float s = 0.f;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
 void cpu_axpy(float *y, float a, const float *x, int n) {
+#ifdef CPU_OPS_X86
     if (use_avx2()) { axpy_avx2(y, a, x, n); return; }
+#endif
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 

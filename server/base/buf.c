@@ -10,7 +10,7 @@
 
 #include "check.h"
 
-void buf_reserve(Buf *b, size_t extra) {
+static void buf_reserve(Buf *b, size_t extra) {
     if (b->n + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->n + extra + 1) cap *= 2;
@@ -47,13 +47,6 @@ void buf_printf(Buf *b, const char *fmt, ...) {
 void buf_free(Buf *b) {
     free(b->p);
     *b = (Buf){0};
-}
-
-char *buf_steal(Buf *b) {
-    if (!b->p) buf_reserve(b, 0), b->p[0] = 0;
-    char *p = b->p;
-    *b = (Buf){0};
-    return p;
 }
 
 size_t buf_utf8_floor(const char *s, size_t n) {

@@ -1,9 +1,13 @@
 /*
- * request_parse.c - request body validation into GenParams (request_parse.h).
+ * request_parse.c - request body validation into GenParams (request_parse.h):
+ * the table of the generation endpoints' fields (GEN_FIELDS) read by one
+ * generic loop, and the prompt forms of /v1/completions. Not here: chat
+ * messages and templates (api_chat.c), limits that depend on the prompt (gen.c).
  */
 #include "request_parse.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +19,8 @@ int rp_bool(json_t *o, const char *key, int *v, Err *err) {
     return 1;
 }
 
-int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v, Err *err) {
+/* Optional typed fields: 0 when absent or null (leaving *v), 1 when set, <0 with a 400. */
+static int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v, Err *err) {
     json_t *j = json_object_get(o, key);
     if (!j || json_is_null(j)) return 0;
     long long x;
@@ -28,7 +33,7 @@ int rp_int(json_t *o, const char *key, long long lo, long long hi, long long *v,
     return 1;
 }
 
-int rp_num(json_t *o, const char *key, double lo, double hi, double *v, Err *err) {
+static int rp_num(json_t *o, const char *key, double lo, double hi, double *v, Err *err) {
     json_t *j = json_object_get(o, key);
     if (!j || json_is_null(j)) return 0;
     ENSURE(err, json_is_number(j), 400, "%s: must be a number", key);
@@ -45,7 +50,57 @@ void gen_params_free(GenParams *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int parse_stop(json_t *body, GenParams *p, Err *err) {
+/* ---- the request fields ----
+ * Every field of the two generation endpoints is one row of GEN_FIELDS, in
+ * the order they are validated (the first bad one is the error): its JSON name,
+ * type and range, the value it takes when absent, where it goes
+ * (offsetof into GenParams: sp.* is the engine's SamplingParams) and any
+ * further rule with its message. Numbers, integers and booleans are read by
+ * parse_fields from the row alone; the few fields with a shape of their own
+ * (stop strings, token-id lists, logit_bias, the two meanings of logprobs) are
+ * rows that name their parser. A new sampling parameter is a SamplingParams
+ * field, a row here and its use in sampling.c. Messages start with the name
+ * ("temperature: must be in [0, 100], got 101"): http.c makes it the "param". */
+
+typedef struct GenCtx { int chat, vocab, max_n, max_logprobs; } GenCtx;
+
+typedef enum { F_INT, F_NUM, F_BOOL, F_OBJECT, F_FN } FieldKind;
+typedef enum { FOR_BOTH, FOR_CHAT, FOR_COMPLETIONS } FieldFor;
+typedef enum { HI_FIXED, HI_MAX_N, HI_MAX_LOGPROBS } FieldHi; /* an integer's upper bound: the server's limits */
+typedef enum { X_NONE, X_ABOVE_LO, X_EQUALS_N } FieldRule;  /* a rule past the closed range */
+typedef enum { DST_NONE, DST_INT, DST_FLOAT, DST_U64 } FieldDst;
+
+typedef struct GenField {
+    const char *name;     /* JSON key; an alias is a row of its own with the same destination (the later wins) */
+    FieldKind kind;
+    FieldFor only;
+    long long ilo, ihi;   /* F_INT: closed range */
+    FieldHi hi_from;      /* F_INT: ihi replaced by a server limit */
+    double lo, hi;        /* F_NUM: closed range */
+    FieldRule rule;       /* X_ABOVE_LO (F_NUM): value > lo; X_EQUALS_N (F_INT): value == the n parsed before */
+    const char *rule_msg; /* the message when the rule fails (after "name: ") */
+    int has_def;          /* when absent or null: write def (else the destination keeps its initial value) */
+    double def;
+    FieldDst dst_type;    /* how the value is stored at dst */
+    size_t dst;           /* offsetof(GenParams, ...) */
+    int has_set;          /* given: the int at set becomes 1 */
+    size_t set;
+    int (*parse)(json_t *o, const GenCtx *c, GenParams *p, Err *err); /* F_FN: reads its field(s) from o */
+    const struct GenField *sub;                                      /* F_OBJECT: the fields inside */
+    size_t n_sub;
+} GenField;
+
+#define DST_OF(m) _Generic(((GenParams *)0)->m, int: DST_INT, float: DST_FLOAT, uint64_t: DST_U64)
+#define TO(m) .dst_type = DST_OF(m), .dst = offsetof(GenParams, m)
+#define SETS(m) .has_set = 1, .set = offsetof(GenParams, m)
+#define DEF(v) .has_def = 1, .def = (v)
+#define INT(key, a, b) .name = key, .kind = F_INT, .ilo = (a), .ihi = (b)
+#define NUM(key, a, b) .name = key, .kind = F_NUM, .lo = (a), .hi = (b)
+#define BOOL(key) .name = key, .kind = F_BOOL
+#define FN(key, fn) .name = key, .kind = F_FN, .parse = fn
+
+static int parse_stop(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
     json_t *s = json_object_get(body, "stop");
     if (!s || json_is_null(s)) return 0;
     if (json_is_string(s)) {
@@ -67,7 +122,7 @@ static int parse_stop(json_t *body, GenParams *p, Err *err) {
     return 0;
 }
 
-static int parse_stop_ids(json_t *body, int vocab, GenParams *p, Err *err) {
+static int parse_stop_ids(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     json_t *s = json_object_get(body, "stop_token_ids");
     if (!s || json_is_null(s)) return 0;
     ENSURE(err, json_is_array(s), 400, "stop_token_ids: must be a list of token ids");
@@ -75,14 +130,15 @@ static int parse_stop_ids(json_t *body, int vocab, GenParams *p, Err *err) {
     size_t i;
     json_t *x;
     json_array_foreach(s, i, x) {
-        ENSURE(err, json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < vocab, 400,
-               "stop_token_ids: ids must be integers in [0, %d)", vocab);
+        ENSURE(err, json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < c->vocab, 400,
+               "stop_token_ids: ids must be integers in [0, %d)", c->vocab);
         p->sp.stop_ids[p->sp.n_stop_ids++] = (int32_t)json_integer_value(x);
     }
     return 0;
 }
 
-static int parse_bias(json_t *body, int vocab, GenParams *p, Err *err) {
+static int parse_bias(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    int vocab = c->vocab;
     json_t *b = json_object_get(body, "logit_bias");
     if (!b || json_is_null(b)) return 0;
     ENSURE(err, json_is_object(b), 400, "logit_bias: must be an object mapping token ids to biases");
@@ -109,91 +165,133 @@ static int parse_bias(json_t *body, int vocab, GenParams *p, Err *err) {
     return 0;
 }
 
+/* Chat: "logprobs": true plus "top_logprobs": N alternatives. */
+static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    int lp = 0, r;
+    long long n = 0;
+    if ((r = rp_bool(body, "logprobs", &lp, err)) < 0) return r;
+    if ((r = rp_int(body, "top_logprobs", 0, c->max_logprobs, &n, err)) < 0) return r;
+    ENSURE(err, !r || lp || n == 0, 400, "top_logprobs: needs logprobs: true");
+    p->logprobs = lp ? (int)n : -1;
+    return 0;
+}
+
+/* Completions: "logprobs": N alternatives (a boolean is the chat form, refused). */
+static int parse_completion_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    json_t *l = json_object_get(body, "logprobs");
+    if (json_is_boolean(l)) return ERR(err, 400, "logprobs: must be an integer (number of alternatives) for completions");
+    long long n;
+    int r = rp_int(body, "logprobs", 0, c->max_logprobs, &n, err);
+    if (r > 0) p->logprobs = (int)n;
+    return r < 0 ? r : 0;
+}
+
+static const GenField STREAM_OPTIONS[] = {
+    {BOOL("include_usage"), DEF(0), TO(include_usage)},
+    {BOOL("continuous_usage_stats"), DEF(0), TO(continuous_usage)},
+};
+
+static const GenField GEN_FIELDS[] = {
+    /* max_tokens absent: the endpoint's default (request_parse_gen) */
+    {INT("max_tokens", 1, 1ll << 30), TO(sp.max_tokens), SETS(max_tokens_set)},
+    {INT("max_completion_tokens", 1, 1ll << 30), TO(sp.max_tokens), SETS(max_tokens_set)}, /* OpenAI's newer name */
+    {NUM("temperature", 0, 100), DEF(1), TO(sp.temperature)},
+    {NUM("top_p", 0, 1), .rule = X_ABOVE_LO, .rule_msg = "must be in (0, 1]", DEF(1), TO(sp.top_p)},
+    {INT("top_k", -1, 1ll << 31), DEF(0), TO(sp.top_k)}, /* -1 (vLLM) and 0: off */
+    {NUM("min_p", 0, 1), DEF(0), TO(sp.min_p)},
+    {NUM("presence_penalty", -2, 2), DEF(0), TO(sp.presence_penalty)},
+    {NUM("frequency_penalty", -2, 2), DEF(0), TO(sp.frequency_penalty)},
+    {NUM("repetition_penalty", 1e-6, 10), DEF(1), TO(sp.repetition_penalty)},
+    {INT("n", 1, 0), .hi_from = HI_MAX_N, DEF(1), TO(n)},
+    {INT("best_of", 1, 0), .hi_from = HI_MAX_N, .rule = X_EQUALS_N, .rule_msg = "only best_of == n is supported"},
+    {INT("seed", INT64_MIN, INT64_MAX), TO(sp.seed), SETS(sp.has_seed)},
+    {INT("min_tokens", 0, 1ll << 30), DEF(0), TO(sp.min_tokens)},
+    {BOOL("ignore_eos"), DEF(0), TO(sp.ignore_eos)},
+    {BOOL("skip_special_tokens"), DEF(1), TO(skip_special)},
+    {BOOL("spaces_between_special_tokens"), DEF(0), TO(spaces_between_special)},
+    {BOOL("include_stop_str_in_output"), DEF(0), TO(include_stop_str)},
+    {FN("stop", parse_stop)},
+    {FN("stop_token_ids", parse_stop_ids)},
+    {FN("logit_bias", parse_bias)},
+    {FN("logprobs", parse_chat_logprobs), .only = FOR_CHAT},
+    {FN("logprobs", parse_completion_logprobs), .only = FOR_COMPLETIONS},
+    {BOOL("echo"), .only = FOR_COMPLETIONS, DEF(0), TO(echo)},
+    {INT("prompt_logprobs", 0, 0), .hi_from = HI_MAX_LOGPROBS, DEF(-1), TO(prompt_logprobs)},
+    {BOOL("stream"), DEF(0), TO(stream)},
+    {.name = "stream_options", .kind = F_OBJECT, .sub = STREAM_OPTIONS,
+     .n_sub = sizeof STREAM_OPTIONS / sizeof STREAM_OPTIONS[0]},
+    /* RL extensions */
+    {BOOL("return_token_ids"), DEF(0), TO(ret_token_ids)},
+    {BOOL("return_sampler_logprobs"), DEF(0), TO(ret_sampler_lp)},
+    {BOOL("return_raw_logprobs"), DEF(0), TO(ret_raw_lp)},
+    {BOOL("return_sampling_mask"), DEF(0), TO(ret_mask)},
+    {BOOL("return_routed_experts"), DEF(0), TO(ret_experts)},
+};
+
+static void field_store(GenParams *p, const GenField *f, long long iv, double dv) {
+    void *d = (char *)p + f->dst;
+    int num = f->kind == F_NUM;
+    switch (f->dst_type) {
+    case DST_INT: *(int *)d = num ? (int)dv : (int)iv; break;
+    case DST_FLOAT: *(float *)d = num ? (float)dv : (float)iv; break;
+    case DST_U64: *(uint64_t *)d = (uint64_t)iv; break;
+    case DST_NONE: break;
+    }
+}
+
+static int parse_fields(json_t *o, const GenField *fields, size_t n, const GenCtx *c, GenParams *p, Err *err) {
+    for (const GenField *f = fields; f < fields + n; f++) {
+        if ((f->only == FOR_CHAT && !c->chat) || (f->only == FOR_COMPLETIONS && c->chat)) continue;
+        int r = 0;
+        long long iv = 0;
+        double dv = 0;
+        switch (f->kind) {
+        case F_FN:
+            if ((r = f->parse(o, c, p, err)) < 0) return r;
+            continue;
+        case F_OBJECT: {
+            json_t *j = json_object_get(o, f->name);
+            if (!j || json_is_null(j)) continue;
+            ENSURE(err, json_is_object(j), 400, "%s: must be an object", f->name);
+            if ((r = parse_fields(j, f->sub, f->n_sub, c, p, err)) < 0) return r;
+            continue;
+        }
+        case F_BOOL: {
+            int b = 0;
+            r = rp_bool(o, f->name, &b, err);
+            iv = b;
+            break;
+        }
+        case F_INT: {
+            long long hi = f->hi_from == HI_MAX_N ? c->max_n : f->hi_from == HI_MAX_LOGPROBS ? c->max_logprobs : f->ihi;
+            r = rp_int(o, f->name, f->ilo, hi, &iv, err);
+            dv = (double)iv;
+            break;
+        }
+        case F_NUM:
+            r = rp_num(o, f->name, f->lo, f->hi, &dv, err);
+            break;
+        }
+        if (r < 0) return r;
+        if (!r) {
+            if (f->has_def) field_store(p, f, (long long)f->def, f->def);
+            continue;
+        }
+        if (f->rule == X_ABOVE_LO) ENSURE(err, dv > f->lo, 400, "%s: %s", f->name, f->rule_msg);
+        if (f->rule == X_EQUALS_N) ENSURE(err, iv == p->n, 400, "%s: %s", f->name, f->rule_msg);
+        field_store(p, f, iv, dv);
+        if (f->has_set) *(int *)((char *)p + f->set) = 1;
+    }
+    return 0;
+}
+
 int request_parse_gen(json_t *body, int chat, int vocab, int max_n, int max_logprobs, GenParams *p, Err *err) {
     memset(p, 0, sizeof *p);
     sampling_params_default(&p->sp);
-    p->n = 1;
     p->logprobs = -1;
-    p->prompt_logprobs = -1;
-    p->skip_special = 1;
-    long long iv;
-    double dv;
-    int r;
-#define TRY(x) do { if ((r = (x)) < 0) return r; } while (0) /* r: 1 when the field was set */
-    TRY(rp_int(body, "max_tokens", 1, 1ll << 30, &iv, err));
-    if (r) p->sp.max_tokens = (int)iv, p->max_tokens_set = 1;
-    TRY(rp_int(body, "max_completion_tokens", 1, 1ll << 30, &iv, err));
-    if (r) p->sp.max_tokens = (int)iv, p->max_tokens_set = 1;
-    if (chat && !p->max_tokens_set) p->sp.max_tokens = 0; /* the rest of the context */
-    dv = 1;
-    TRY(rp_num(body, "temperature", 0, 100, &dv, err));
-    p->sp.temperature = (float)dv;
-    dv = 1;
-    TRY(rp_num(body, "top_p", 0, 1, &dv, err));
-    ENSURE(err, dv > 0, 400, "top_p: must be in (0, 1]");
-    p->sp.top_p = (float)dv;
-    iv = 0;
-    TRY(rp_int(body, "top_k", -1, 1ll << 31, &iv, err));
-    p->sp.top_k = iv > 0 ? (int)iv : 0;
-    dv = 0;
-    TRY(rp_num(body, "min_p", 0, 1, &dv, err));
-    p->sp.min_p = (float)dv;
-    dv = 0;
-    TRY(rp_num(body, "presence_penalty", -2, 2, &dv, err));
-    p->sp.presence_penalty = (float)dv;
-    dv = 0;
-    TRY(rp_num(body, "frequency_penalty", -2, 2, &dv, err));
-    p->sp.frequency_penalty = (float)dv;
-    dv = 1;
-    TRY(rp_num(body, "repetition_penalty", 1e-6, 10, &dv, err));
-    p->sp.repetition_penalty = (float)dv;
-    iv = 1;
-    TRY(rp_int(body, "n", 1, max_n, &iv, err));
-    p->n = (int)iv;
-    TRY(rp_int(body, "best_of", 1, max_n, &iv, err));
-    ENSURE(err, !r || iv == p->n, 400, "best_of: only best_of == n is supported");
-    TRY(rp_int(body, "seed", INT64_MIN, INT64_MAX, &iv, err));
-    if (r) p->sp.has_seed = 1, p->sp.seed = (uint64_t)iv;
-    iv = 0;
-    TRY(rp_int(body, "min_tokens", 0, 1ll << 30, &iv, err));
-    p->sp.min_tokens = (int)iv;
-    TRY(rp_bool(body, "ignore_eos", &p->sp.ignore_eos, err));
-    TRY(rp_bool(body, "skip_special_tokens", &p->skip_special, err));
-    TRY(rp_bool(body, "spaces_between_special_tokens", &p->spaces_between_special, err));
-    TRY(rp_bool(body, "include_stop_str_in_output", &p->include_stop_str, err));
-    TRY(parse_stop(body, p, err));
-    TRY(parse_stop_ids(body, vocab, p, err));
-    TRY(parse_bias(body, vocab, p, err));
-    if (chat) {
-        int lp = 0;
-        TRY(rp_bool(body, "logprobs", &lp, err));
-        iv = 0;
-        TRY(rp_int(body, "top_logprobs", 0, max_logprobs, &iv, err));
-        ENSURE(err, !r || lp || iv == 0, 400, "top_logprobs: needs logprobs: true");
-        p->logprobs = lp ? (int)iv : -1;
-    } else {
-        json_t *l = json_object_get(body, "logprobs");
-        if (json_is_boolean(l)) return ERR(err, 400, "logprobs: must be an integer (number of alternatives) for completions");
-        TRY(rp_int(body, "logprobs", 0, max_logprobs, &iv, err));
-        if (r) p->logprobs = (int)iv;
-        TRY(rp_bool(body, "echo", &p->echo, err));
-    }
-    TRY(rp_int(body, "prompt_logprobs", 0, max_logprobs, &iv, err));
-    if (r) p->prompt_logprobs = (int)iv;
-    TRY(rp_bool(body, "stream", &p->stream, err));
-    json_t *so = json_object_get(body, "stream_options");
-    if (so && !json_is_null(so)) {
-        ENSURE(err, json_is_object(so), 400, "stream_options: must be an object");
-        TRY(rp_bool(so, "include_usage", &p->include_usage, err));
-        TRY(rp_bool(so, "continuous_usage_stats", &p->continuous_usage, err));
-    }
-    TRY(rp_bool(body, "return_token_ids", &p->ret_token_ids, err));
-    TRY(rp_bool(body, "return_sampler_logprobs", &p->ret_sampler_lp, err));
-    TRY(rp_bool(body, "return_raw_logprobs", &p->ret_raw_lp, err));
-    TRY(rp_bool(body, "return_sampling_mask", &p->ret_mask, err));
-    TRY(rp_bool(body, "return_routed_experts", &p->ret_experts, err));
-#undef TRY
-    return 0;
+    if (chat) p->sp.max_tokens = 0; /* chat's default: the rest of the context; completions': 16 (OpenAI) */
+    GenCtx c = {chat, vocab, max_n, max_logprobs};
+    return parse_fields(body, GEN_FIELDS, sizeof GEN_FIELDS / sizeof GEN_FIELDS[0], &c, p, err);
 }
 
 void prompts_free(TokIds *p, int n) {

@@ -17,4 +17,3 @@ void sse_event_json(Buf *out, json_t *j) {
 
 void sse_done(Buf *out) { buf_puts(out, "data: [DONE]\n\n"); }
 
-void sse_error(Buf *out, json_t *err) { sse_event_json(out, err); }

@@ -27,7 +27,7 @@ struct ToolParser {
     Buf pending;            /* undecided text */
     Buf content, reasoning; /* decided, not yet taken */
     ToolCall *calls;        /* [n_calls] decided, not yet taken */
-    int n_calls, cap_calls, total_calls;
+    int n_calls, cap_calls;
 };
 
 ToolParser *tool_parser_create(int think, int tools) {
@@ -100,7 +100,6 @@ static void add_call(ToolParser *p, ToolCall c) {
         CHECK_PTR(p->calls, "out of memory");
     }
     p->calls[p->n_calls++] = c;
-    p->total_calls++;
 }
 
 /* Emit everything decidable from pending. */
@@ -182,4 +181,3 @@ int tool_parser_take(ToolParser *p, Buf *content, Buf *reasoning, ToolCall **cal
     return n;
 }
 
-int tool_parser_n_calls(const ToolParser *p) { return p->total_calls; }

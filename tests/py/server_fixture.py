@@ -32,7 +32,8 @@ class Server:
         self.url = line.split()[2].strip()
         self.port = int(self.url.rsplit(":", 1)[1])
         self.stderr = []
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self):
         for l in self.proc.stderr:
@@ -65,6 +66,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._drainer.join(timeout)  # the pipe ends with the process: self.stderr is then complete
         if self.proc.returncode != 0:
             print("server stderr:\n" + "".join(self.stderr))  # shown by pytest on failure
         return self.proc.returncode
@@ -82,14 +84,34 @@ def metrics(s):
     return out
 
 
-def wait_idle(s, timeout=30):
-    """Poll /metrics until nothing runs, waits or holds KV blocks; (metrics, seconds waited)."""
+# How long a condition wait may take before the test fails: far past what any
+# condition here needs on a loaded machine. It only bounds a wait for something
+# that never happens; no test asserts on how long a wait took.
+DEADLINE_S = 120
+
+
+def wait_until(cond, what, timeout=DEADLINE_S, interval=0.02):
+    """Poll cond() until it returns something truthy and return that; fail the
+    test (naming `what`, a string or a function giving one) only if it never
+    does within the deadline."""
     t0 = time.monotonic()
     while True:
-        m = metrics(s)
-        if m["sampler_num_requests_running"] == 0 and m["sampler_num_requests_waiting"] == 0 and \
-                m["sampler_kv_blocks_used"] == 0 and m["sampler_inflight_requests"] == 0:
-            return m, time.monotonic() - t0
+        v = cond()
+        if v:
+            return v
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"server not idle after {timeout} s: {m}")
-        time.sleep(0.05)
+            raise AssertionError(f"{what() if callable(what) else what}: not within {timeout} s")
+        time.sleep(interval)
+
+
+def wait_idle(s, timeout=DEADLINE_S):
+    """Poll /metrics until nothing runs, waits or holds KV blocks; (metrics, seconds waited)."""
+    t0 = time.monotonic()
+    last = {}
+
+    def idle():
+        m = last["m"] = metrics(s)
+        return m["sampler_num_requests_running"] == 0 and m["sampler_num_requests_waiting"] == 0 and \
+            m["sampler_kv_blocks_used"] == 0 and m["sampler_inflight_requests"] == 0
+    wait_until(idle, lambda: f"server idle ({last.get('m')})", timeout)
+    return last["m"], time.monotonic() - t0

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import BUILD, ROOT
-from server_fixture import ADMIN, Server, metrics, wait_idle
+from server_fixture import ADMIN, DEADLINE_S, Server, metrics, wait_idle, wait_until
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import load  # noqa: E402  bench/load.py
@@ -69,7 +69,7 @@ def completion_ok(s):
 def test_disconnect_mid_stream_frees_the_request():
     s = Server()
     try:
-        idle, _ = wait_idle(s, 10)
+        idle, _ = wait_idle(s)
         before = metrics(s)
         n, socks = 20, []
         body = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "stream": True}
@@ -88,8 +88,8 @@ def test_disconnect_mid_stream_frees_the_request():
         assert m["sampler_num_requests_running"] + m["sampler_num_requests_waiting"] > 0
         for c in socks:
             c.close()
-        # 20 x 3000 tokens would take minutes: idle within seconds means freed
-        after, took = wait_idle(s, 15)
+        # freed, not run to the end: the abort count below says which
+        after, took = wait_idle(s)
         assert after["sampler_kv_blocks_used"] == idle["sampler_kv_blocks_used"] == 0
         assert after["sampler_kv_cache_usage_perc"] == idle["sampler_kv_cache_usage_perc"]
         # counted when a stream's next fill sees the socket closed; a close that
@@ -113,13 +113,17 @@ def test_disconnect_while_waiting_for_a_whole_response():
             c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
             c.sendall(post_bytes("/v1/completions", {"prompt": "x", "max_tokens": 3000, "ignore_eos": True}, s.port))
             socks.append(c)
-        t0 = time.monotonic()
-        while metrics(s)["sampler_num_requests_running"] + metrics(s)["sampler_num_requests_waiting"] < 10:
-            assert time.monotonic() - t0 < 30
-            time.sleep(0.05)
+        aborted = 'sampler_sequences_finished_total{finish_reason="abort"}'
+        before = metrics(s)[aborted]
+
+        def all_in():
+            m = metrics(s)
+            return m["sampler_num_requests_running"] + m["sampler_num_requests_waiting"] >= 10
+        wait_until(all_in, "10 requests running or waiting")
         for c in socks:
             c.close()
-        wait_idle(s, 15)
+        after, _ = wait_idle(s)
+        assert after[aborted] - before == 10  # aborted when their clients left, not run to 3000 tokens
         assert completion_ok(s)
     finally:
         assert s.stop() == 0
@@ -148,7 +152,7 @@ def test_half_body_stall_does_not_block_others():
         print(f"5 requests served next to 20 stalled connections in {time.monotonic() - t:.2f} s")
         for c in stalled:
             c.close()
-        wait_idle(s, 10)
+        wait_idle(s)
     finally:
         assert s.stop() == 0
 
@@ -166,7 +170,9 @@ def test_half_body_stall_is_closed_by_the_connection_timeout():
         stalled = stall(s.port, 5)
         t0 = time.monotonic()
         for c in stalled:
-            c.settimeout(20)
+            # the deadline of this wait: below the 30 s default --connection-timeout,
+            # so a server that ignored the flag keeps the connection and fails here
+            c.settimeout(25)
             try:
                 while c.recv(65536):  # an error answer may come first; then the close
                     pass
@@ -175,7 +181,6 @@ def test_half_body_stall_is_closed_by_the_connection_timeout():
             c.close()
         took = time.monotonic() - t0
         print(f"stalled connections closed after {took:.1f} s (--connection-timeout 2)")
-        assert took < 15
         assert completion_ok(s)
     finally:
         assert s.stop() == 0
@@ -218,7 +223,7 @@ def test_garbage_gets_4xx_or_a_close_and_the_server_lives():
         st, _ = s.request("GET", "/health")
         assert st == 200
         assert completion_ok(s)
-        m, _ = wait_idle(s, 10)
+        m, _ = wait_idle(s)
         assert m['sampler_http_requests_total{status="500"}'] == 0
     finally:
         assert s.stop() == 0
@@ -237,21 +242,21 @@ def _streams_then_sigterm(s, n, max_tokens):
                                                    timeout=120) for _ in range(n)])
     th = threading.Thread(target=lambda: out.update(r=asyncio.run(run())))
     th.start()
-    t0 = time.monotonic()
-    while metrics(s)["sampler_generation_tokens_total"] < n:
-        assert time.monotonic() - t0 < 60
-        time.sleep(0.02)
-    while metrics(s)["sampler_num_requests_waiting"] > 0:  # every stream has started
-        assert time.monotonic() - t0 < 60
-        time.sleep(0.02)
+    wait_until(lambda: metrics(s)["sampler_generation_tokens_total"] >= n, f"{n} tokens generated")
+    wait_until(lambda: metrics(s)["sampler_num_requests_waiting"] == 0, "every stream started")
     s.proc.send_signal(signal.SIGTERM)
     t_sig = time.monotonic()
-    time.sleep(0.2)
-    late = None
-    try:
-        late = http_raw(s.port, post_bytes("/v1/completions", {"prompt": "x", "max_tokens": 1}, s.port), timeout=5)
-    except OSError as e:
-        late = e
+    seen = {}
+
+    def late_refused():  # a connection tried after SIGTERM: refused, closed or 503 once the signal is handled
+        try:
+            seen["late"] = http_raw(s.port, post_bytes("/v1/completions", {"prompt": "x", "max_tokens": 1}, s.port),
+                                    timeout=5)
+        except OSError as e:
+            seen["late"] = e
+        return _late_refused(seen["late"])
+    wait_until(late_refused, lambda: f"new connections refused after SIGTERM (last answer {seen.get('late')!r})")
+    late = seen["late"]
     rc = s.proc.wait(60)
     took = time.monotonic() - t_sig
     th.join(60)
@@ -286,7 +291,6 @@ def test_sigterm_aborts_what_does_not_finish_in_time():
             assert r.error is None and r.status == 200, r.error
             assert r.done and r.finish == "abort", (r.done, r.finish)
             assert r.usage and r.usage["completion_tokens"] == r.tokens
-        assert took < 15
         print(f"SIGTERM, --shutdown-timeout 1: 32 streams ended with abort + [DONE], exit 0 after {took:.2f} s")
     finally:
         s.stop()
@@ -385,7 +389,10 @@ def test_delta_while_64_streams_tags_every_token(delta01):
                 {"prompt": prompts[i], "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                  "temperature": 1.0, "seed": i, "return_token_ids": True, "return_sampler_logprobs": True,
                  "return_raw_logprobs": True}, on_event(i), timeout=300)) for i in range(n)]
+            t0 = time.monotonic()
             while min(len(v) for v in ids) < 2:  # every stream is under way
+                assert not any(t.done() for t in tasks), "a stream ended before its second token"
+                assert time.monotonic() - t0 < DEADLINE_S, "streams not under way"
                 await asyncio.sleep(0.01)
             at_post = [len(v) for v in ids]
             d = await load.request("127.0.0.1", s.port, "/admin/v1/weights/delta", delta,

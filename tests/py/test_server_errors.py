@@ -7,7 +7,7 @@ import socket
 import openai
 import pytest
 
-from server_fixture import ADMIN, Server, metrics
+from server_fixture import ADMIN, Server, metrics, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -139,44 +139,32 @@ def test_client_disconnect_aborts(srv):
             assert chunk, got
             got += chunk
         s.close()
-    import time
-    for _ in range(200):
-        st, m = srv.request("GET", "/metrics")
-        run = [l for l in m.splitlines() if l.startswith("sampler_num_requests_running ")]
-        disc = [l for l in m.splitlines() if l.startswith("sampler_stream_disconnects_total ")]
-        if run and float(run[0].split()[1]) == 0 and int(disc[0].split()[1]) >= 3:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("disconnected streams were not aborted:\n" + m)
-    ab = [l for l in m.splitlines() if 'finish_reason="abort"' in l]
-    assert int(ab[0].split()[1]) >= 3
+    seen = {}
+
+    def aborted():
+        m = seen["m"] = metrics(srv)
+        return m["sampler_num_requests_running"] == 0 and m["sampler_stream_disconnects_total"] >= 3
+    wait_until(aborted, lambda: f"disconnected streams aborted ({seen.get('m')})")
+    assert seen["m"]['sampler_sequences_finished_total{finish_reason="abort"}'] >= 3
     still_serving(srv)
 
 
 def test_client_disconnect_aborts_whole_response(srv):
-    import time
-
     def aborted():
-        m = srv.request("GET", "/metrics")[1]
-        return int(float([l for l in m.splitlines() if 'finish_reason="abort"' in l][0].split()[1]))
+        return metrics(srv)['sampler_sequences_finished_total{finish_reason="abort"}']
 
     before = aborted()
+    tokens = metrics(srv)["sampler_generation_tokens_total"]
     # n = 8 x 255 tokens (max-model-len 256) with top-p over the whole vocabulary: seconds of work, so it
-    # is still running when the client leaves (one 200-token sample took ~0.5 s: too short to be sure)
+    # is still running when the client leaves (one 200-token sample took ~0.5 s: it could finish first)
     body = json.dumps({"prompt": "hi", "n": 8, "max_tokens": 255, "ignore_eos": True, "top_p": 0.5}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    deadline = time.monotonic() + 30  # the request runs, then its client leaves
-    while metrics(srv)["sampler_num_requests_running"] == 0:
-        assert time.monotonic() < deadline, "the request never started running"
-        time.sleep(0.01)
+    # under way (it has generated), so the close lands on a running request
+    wait_until(lambda: metrics(srv)["sampler_generation_tokens_total"] > tokens, "the request generating")
     s.close()
-    deadline = time.monotonic() + 30
-    while aborted() <= before:
-        assert time.monotonic() < deadline, "a whole-response request was not aborted when its client left"
-        time.sleep(0.05)
+    wait_until(lambda: aborted() > before, "a whole-response request aborted when its client left")
     still_serving(srv)
 
 

@@ -9,7 +9,6 @@ import math
 import os
 import signal
 import socket
-import time
 import urllib.request
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from sampling_mask import concat_masks, decode_sampling_mask
-from server_fixture import Server
+from server_fixture import Server, wait_until
 
 PROMPT = "Once upon a time"
 VOCAB = 151936
@@ -174,9 +173,14 @@ def test_sigterm_finishes_in_flight_then_exits():
                 finish = ch["finish_reason"] or finish
                 if n == 2:
                     s.proc.send_signal(signal.SIGTERM)
-                    time.sleep(0.2)
-                    with pytest.raises(OSError):
-                        socket.create_connection(("127.0.0.1", s.port), timeout=2).close()
+
+                    def refused():  # once the signal is handled, the listener is closed
+                        try:
+                            socket.create_connection(("127.0.0.1", s.port), timeout=2).close()
+                            return False
+                        except OSError:
+                            return True
+                    wait_until(refused, "new connections refused after SIGTERM")
     assert n == 30 and finish == "length"
     assert s.proc.wait(30) == 0
 
@@ -185,7 +189,7 @@ def test_sigterm_aborts_after_timeout():
     s = Server("--shutdown-timeout", "0")
     body = json.dumps({"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True, "top_p": 0.5}).encode()
     req = urllib.request.Request(s.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    finish, t0 = None, time.time()
+    finish = None
     with urllib.request.urlopen(req, timeout=60) as r:
         for i, line in enumerate(r):
             line = line.decode().strip()
@@ -193,5 +197,5 @@ def test_sigterm_aborts_after_timeout():
                 s.proc.send_signal(signal.SIGTERM)
             if line.startswith("data: {"):
                 finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
-    assert finish == "abort" and time.time() - t0 < 20
+    assert finish == "abort"
     assert s.proc.wait(30) == 0

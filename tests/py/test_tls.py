@@ -12,7 +12,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
@@ -66,8 +65,12 @@ def test_openai_client_over_https(tls_srv, certs):
     r = c.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=4, temperature=0)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     chat = c.chat.completions.create(model="tiny-qwen3", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                     stream=True)
-    assert sum(1 for _ in chat) >= 3
+                                     stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    # how many tokens share an event depends on when the server fills the stream, so count
+    # tokens (usage) and the finish, not events
+    chunks = list(chat)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 3
     assert get(tls_srv.url + "/health", ctx) == (200, '{"status":"ok"}')
 
 
@@ -136,10 +139,7 @@ def test_bad_tls_flags_fail_at_startup(certs, tmp_path):
 
 def warnings_of(*args):
     s = Server(*args)
-    try:
-        time.sleep(0.2)  # the warning is logged before "listening"; let the drain thread read it
-    finally:
-        assert s.stop() == 0
+    assert s.stop() == 0  # the warning is logged before "listening"; stop() waits for all of stderr
     return "".join(s.stderr)
 
 
@@ -155,20 +155,18 @@ def test_plain_http_admin_on_public_address_warns(certs):
 def test_slow_client_is_cut_and_big_headers_refused():
     s = Server("--connection-timeout", "1", "--max-header-bytes", "8192")
     try:
-        # a client that sends half a request line and stalls is closed after ~1 s idle
-        stalled = socket.create_connection(("127.0.0.1", s.port), timeout=15)
+        # a client that sends half a request line and stalls is closed after ~1 s idle; the
+        # socket timeout is the deadline, below the 30 s default so an ignored flag fails here
+        stalled = socket.create_connection(("127.0.0.1", s.port), timeout=25)
         stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
-        t0 = time.monotonic()
         got = b""
-        while True:  # socket timeout 15 s: a server that holds the connection fails the test
+        while True:  # a server that holds the connection fails the test with socket.timeout
             chunk = stalled.recv(4096)
             if not chunk:
                 break
             got += chunk
-        closed_after = time.monotonic() - t0
         stalled.close()
         assert not got.startswith(b"HTTP/1.1 200"), got
-        assert closed_after < 12, closed_after
         # headers past the per-connection memory are refused with an HTTP error, not held
         big = socket.create_connection(("127.0.0.1", s.port), timeout=15)
         big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 16384 + b"\r\n\r\n")

@@ -12,7 +12,7 @@
  *     server_free(s);
  *
  * Threads: libmicrohttpd runs one thread per connection; a handler may block
- * on the engine (engine_request_wait) and checks http_client_gone() while it
+ * on the engine (engine_request_wait) and checks http_fd_gone() while it
  * waits, so a client that disconnects aborts its request at once.
  * Files: server.c the object; routes.c the route table (method, path, handler,
  * auth class, body class) and the dispatcher that reads it; http.c the

@@ -95,6 +95,14 @@ json_t *http_error_json(int status, const char *param, const char *msg) {
     return j;
 }
 
+/* The error document in the dialect of q's route (the route table's tag; no route: OpenAI). */
+static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *msg) {
+    switch (q->route ? q->route->dialect : DIALECT_OPENAI) { /* -Wswitch: a new dialect needs its case */
+    case DIALECT_OPENAI: return http_error_json(status, param, msg);
+    }
+    return http_error_json(status, param, msg);
+}
+
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -102,10 +110,10 @@ int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
-    json_t *j = http_error_json(status, param, msg);
+    json_t *j = dialect_error_json(q, status, param, msg);
     if (!json_object_get(json_object_get(j, "error"), "message")) { /* invalid UTF-8 echoed back */
         json_decref(j);
-        j = http_error_json(status, param, "invalid request");
+        j = dialect_error_json(q, status, param, "invalid request");
     }
     return http_send_json(q, status, j);
 }

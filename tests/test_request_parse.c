@@ -1,6 +1,6 @@
 /*
  * test_request_parse.c - the request fields of /v1/completions and
- * /v1/chat/completions (server/request_parse.c's field table): the value each
+ * /v1/chat/completions (server/http/request_parse.c's field table): the value each
  * takes when absent, the value stored when given (aliases included), and the
  * exact 400 message of every wrong type or out-of-range value, which http.c
  * turns into the OpenAI error's "param" (the messages were recorded from the

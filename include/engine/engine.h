@@ -46,13 +46,13 @@
 typedef struct EngineConfig {
     int max_running_seqs;   /* sequences in one step; default 64 */
     int max_batched_tokens; /* tokens in one step (prefill chunks + decodes); default 2048 */
-    int max_model_len;      /* prompt + output per sequence; default min(model max_pos, 8192) */
+    int max_model_len;      /* prompt + output per sequence; 0 (default) -> min(model max_pos, 4096, KV pool) */
     int max_waiting;        /* bounded waiting queue (requests); full -> 503; default 1024 */
     int block_size;         /* tokens per KV block; default 16 */
     int n_blocks;           /* KV pool size in blocks; 0 -> from kv_mem_mb */
     size_t kv_mem_mb;       /* used when n_blocks == 0; default 1024 */
     int enable_prefix_cache;/* default 1 */
-    int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 256 */
+    int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 64 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
     int verbose;            /* 1: print the configuration at create (default 1) */
     /* Test/debug hook, NULL by default: called with every logits row a token

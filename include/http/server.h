@@ -1,15 +1,27 @@
 /*
- * server.h - the OpenAI-compatible HTTP server: shared state, the per-request
- * context the endpoint handlers receive, and the helpers they answer with.
+ * server.h - the OpenAI-compatible HTTP server: the Server object (its
+ * configuration, what it owns, its shared state), the per-request context the
+ * endpoint handlers receive, and the helpers they answer with.
+ *
+ * Life cycle (main.c; tests/fuzz/fuzz_http.c does the same without sockets):
+ *     ServerConfig c; server_config_default(&c); ... set fields ...
+ *     Server *s = server_create(&c);  // model, tokenizer, runner, engine, weight version, deltas, TLS files
+ *     server_start(s);                // listen
+ *     ... wait for SIGTERM ...
+ *     server_shutdown(s);             // stop accepting, drain, abort the rest, close
+ *     server_free(s);
  *
  * Threads: libmicrohttpd runs one thread per connection; a handler may block
- * on the engine (engine_request_wait) and checks http_client_gone() while it
+ * on the engine (engine_request_wait) and checks http_fd_gone() while it
  * waits, so a client that disconnects aborts its request at once.
- * Routing, auth and body limits live in http.c; one file per endpoint family
- * (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c); metrics.c
- * renders /metrics.
+ * Files: server.c the object; routes.c the route table (method, path, handler,
+ * auth class, body class) and the dispatcher that reads it; http.c the
+ * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
+ * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
+ * api_reload.c); metrics.c /metrics and /health.
  *
- * Not here: the engine (engine.h), tokenization (tokenizer.h).
+ * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
+ * line (flags.h).
  */
 #ifndef SAMPLER_SERVER_H
 #define SAMPLER_SERVER_H
@@ -31,10 +43,26 @@ struct MHD_Connection;
 struct MHD_Daemon;
 typedef struct WeightVersion WeightVersion;
 
+#define SERVER_MAX_DELTAS 64
+#define SERVER_MAX_RELOAD_ROOTS 8
+
 typedef struct ServerConfig {
+    /* ---- the model (server_create) ---- */
+    const char *model_dir;         /* Hugging Face model directory; default: the bundled models/tiny-qwen3 */
+    const char *tokenizer_dir;     /* NULL: model_dir */
+    const char *served_model_name; /* NULL: the model directory's base name */
+    LoadOptions load;              /* precision (default bf16) and weight_only (default 0) */
+    int force_cpu;                 /* 1: the CPU backend even in a GPU binary (--device cpu) */
+    const char *deltas[SERVER_MAX_DELTAS]; /* applied at start-up, in this order */
+    int n_deltas;
+    uint64_t weight_version;       /* version of the checkpoint in model_dir; default 0 */
+    const char *model_fingerprint; /* 16 hex digits; needed when weight_version > 0 */
+    EngineConfig engine;           /* engine_config_default; resolved against the model by server_create */
+    int engine_only;               /* 1: model + runner + engine only (one-shot mode): no tokenizer, weight
+                                      version, start-up deltas or TLS files; the engine does not log */
+    /* ---- HTTP ---- */
     const char *host;              /* default 127.0.0.1 */
     int port;                      /* default 8000; 0: pick a free port (printed) */
-    const char *served_model_name; /* default: the model directory's base name */
     const char *api_key;           /* NULL: no auth on /v1 */
     const char *admin_token;       /* NULL: admin endpoints answer 403 */
     size_t max_body_bytes;         /* JSON bodies; default 8 MiB */
@@ -44,19 +72,23 @@ typedef struct ServerConfig {
     size_t max_header_bytes;       /* per-connection memory for the request line + headers; default 32 KiB */
     const char *tls_cert;          /* PEM certificate (chain) file; NULL: plain HTTP */
     const char *tls_key;           /* PEM private key file; set with tls_cert */
-    const uint8_t *delta_key;      /* HMAC key deltas must be signed with (delta_sign.h); NULL: unsigned ok */
+    const char *delta_key_file;    /* HMAC key file deltas must be signed with; server_create loads it */
+    const uint8_t *delta_key;      /* [delta_key_len] that key (delta_sign.h); NULL: unsigned ok. In a Server
+                                      it is the Server's own copy, wiped and freed by server_free */
     size_t delta_key_len;
     double shutdown_timeout_s;     /* SIGTERM: wait this long for in-flight requests; default 30 */
+    /* ---- API behaviour ---- */
     int max_logprobs;              /* top_logprobs / logprobs upper bound; default 20 */
     int max_n;                     /* n upper bound; default 128 */
     int reasoning_parser;          /* 1: split <think> into reasoning_content (qwen3); default 1 */
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
     int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
-    const char *reload_roots[8];   /* --reload-root: directories full reloads may read from */
+    const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
 } ServerConfig;
 
+/* Every default above (the engine's from engine_config_default); no environment is read. */
 void server_config_default(ServerConfig *c);
 
 /* Server-side counters (the engine keeps its own, see engine_metrics). */
@@ -84,6 +116,7 @@ typedef struct Server {
     Model *model;
     Tokenizer *tok;
     Engine *eng;
+    EngineBackend be;              /* the engine's backend over runner (runner_backend.h); owns runner */
     Runner *runner;                /* the engine backend's runner (weights live on its device) */
     int vocab;                     /* the model's vocab (token ids must be below it) */
     int max_model_len;
@@ -103,21 +136,41 @@ typedef struct Server {
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
 } Server;
 
-/* Start-up path: listen (fatal if the address is taken, or the TLS files are
- * unreadable or rejected), then log the security warnings (plain HTTP admin
- * on a non-loopback address, unauthenticated deltas). */
+/* Start-up path (fatal with a message that says how to fix it): load the
+ * delta key and the TLS files (first, so a typo fails fast), choose the
+ * device, load the model, create the runner, backend and engine, then (unless
+ * engine_only) the tokenizer, the weight version and its lineage, and apply
+ * the start-up deltas. The strings of c must outlive the Server; the delta key
+ * is copied. Starts the engine thread and the runner's pool (block the signals
+ * the caller waits for before calling it). */
+Server *server_create(const ServerConfig *c);
+/* Listen (fatal if the address is taken, or the TLS files are rejected), log
+ * what is served and the security warnings (plain HTTP admin on a
+ * non-loopback address, unauthenticated deltas). */
 void server_start(Server *s);
-/* Start-up: check the TLS flags and read the PEM files (fatal with a fix);
- * main calls it before loading the model so a typo fails fast. */
-void server_tls_load(Server *s);
-/* Stop accepting new connections (SIGTERM, first step). */
-void server_quiesce(Server *s);
-/* Close every connection and stop the daemon. */
-void server_stop(Server *s);
+/* SIGTERM: stop accepting, let in-flight requests finish for
+ * cfg.shutdown_timeout_s, abort the rest, close every connection. */
+void server_shutdown(Server *s);
+/* Stops the daemon if it still runs, frees the engine, backend, runner,
+ * tokenizer, weight version and model, and wipes the delta key. NULL is ok. */
+void server_free(Server *s);
+
+/* ---- the libmicrohttpd layer (http.c), for server.c ---- */
+/* Check the TLS flags and read the PEM files (fatal with a fix). */
+void http_tls_load(Server *s);
+/* Start the daemon on cfg.host:cfg.port; sets s->bound_port. Fatal on failure. */
+void http_listen(Server *s);
+/* Stop accepting new connections; open ones go on. */
+void http_quiesce(Server *s);
+/* Close every connection and stop the daemon (idempotent); wipes the key PEM. */
+void http_close(Server *s);
 
 /* ---- per request ---- */
+typedef struct Route Route;
 typedef struct HttpReq {
     Server *s;
+    const Route *route;            /* the route table row of the path (routes.h); NULL: no route */
+    size_t body_limit;             /* bytes of body kept; more -> too_large (413) */
     struct MHD_Connection *c;
     const char *method, *url;
     Buf body;
@@ -163,27 +216,32 @@ void server_live_remove(Server *s, LiveReq *l);
 /* Abort the live request with this id (all of them when id is NULL); returns how many. */
 int server_live_abort(Server *s, const char *id);
 
-/* ---- endpoints ---- */
-int api_models(HttpReq *q);
+/* ---- endpoints: one row each in routes.c ----
+ * Every handler has the route table's shape: body is the parsed JSON object
+ * for the JSON body classes and NULL otherwise (raw bytes stay in q->body);
+ * the handler answers (http_send_*) and returns the MHD result. */
+int api_health(HttpReq *q, json_t *body);
+int api_metrics(HttpReq *q, json_t *body);
+int api_models(HttpReq *q, json_t *body);
 int api_completions(HttpReq *q, json_t *body);
 int api_chat(HttpReq *q, json_t *body);
 int api_tokenize(HttpReq *q, json_t *body);
+int api_detokenize(HttpReq *q, json_t *body);
+int api_admin_delta(HttpReq *q, json_t *body);
+int api_admin_weights(HttpReq *q, json_t *body);
+int api_admin_reload(HttpReq *q, json_t *body);
+int api_admin_pause(HttpReq *q, json_t *body);
+int api_admin_resume(HttpReq *q, json_t *body);
+int api_admin_is_paused(HttpReq *q, json_t *body);
+int api_admin_abort(HttpReq *q, json_t *body);
+
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */
 int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err);
-int api_detokenize(HttpReq *q, json_t *body);
-int api_admin_delta(HttpReq *q);
-int api_admin_reload(HttpReq *q, json_t *body);
 /* The delta touched hook (ctx = Server): re-quantize FP8/NVFP4 blocks holding
  * touched elements (idx NULL: all) and refresh the device copy. */
 int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
                   int64_t n_idx, Err *err);
-int api_admin_weights(HttpReq *q);
-int api_admin_pause(HttpReq *q);
-int api_admin_resume(HttpReq *q);
-int api_admin_is_paused(HttpReq *q);
-int api_admin_abort(HttpReq *q, json_t *body);
-int api_metrics(HttpReq *q);
 
 /* Start-up: apply a delta file (--delta), fatal on error. */
 void admin_apply_delta_file(Server *s, const char *path);

@@ -7,7 +7,7 @@
  * memory, SM count), refuses a device it was not built for with a message
  * naming the binary that fits, refuses precisions the GPU path does not
  * implement yet (today only bf16 runs on the GPU), and logs the choice.
- * Not here: the forward pass (model.h), argument parsing (main.c).
+ * Not here: the forward pass (model.h), argument parsing (flags.c).
  */
 #ifndef SAMPLER_DEVICE_SELECT_H
 #define SAMPLER_DEVICE_SELECT_H

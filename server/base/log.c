@@ -8,10 +8,12 @@
 #include <string.h>
 #include <time.h>
 
-static LogLevel g_level = LOG_INFO;
+static LogLevel g_level = LOG_DEFAULT_LEVEL;
 static const char *g_names[] = {"debug", "info", "warn", "error"};
 
 void log_set_level(LogLevel lvl) { g_level = lvl; }
+
+const char *log_level_name(LogLevel lvl) { return lvl >= LOG_DEBUG && lvl <= LOG_ERROR ? g_names[lvl] : "?"; }
 
 int log_parse_level(const char *s, LogLevel *out) {
     for (int i = 0; i < 4; i++)

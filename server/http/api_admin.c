@@ -1,5 +1,5 @@
 /*
- * api_admin.c - the trainer's controls, behind the admin token (http.c):
+ * api_admin.c - the trainer's controls, behind the admin token (the route table, routes.c):
  *   POST /admin/v1/weights/delta   binary delta container -> applied in place
  *   GET  /admin/v1/weights         {"version", "model_fingerprint", "tensors"}
  *   POST /pause[?mode=abort|wait|keep], POST /resume, GET /is_paused
@@ -79,7 +79,7 @@ static int refuse_unsigned(HttpReq *q, const Err *err) {
     return http_send_json(q, 401, j);
 }
 
-int api_admin_delta(HttpReq *q) {
+int api_admin_delta(HttpReq *q, json_t *unused) {
     Server *s = q->s;
     Err err = {0};
     DeltaResult res = {0};
@@ -98,7 +98,7 @@ int api_admin_delta(HttpReq *q) {
     return ret;
 }
 
-int api_admin_weights(HttpReq *q) {
+int api_admin_weights(HttpReq *q, json_t *unused) {
     Server *s = q->s;
     pthread_mutex_lock(&s->admin_mu);
     char *body = weight_version_json(s->wv);
@@ -145,7 +145,7 @@ static json_t *pause_state(Server *s) {
     return o;
 }
 
-int api_admin_pause(HttpReq *q) {
+int api_admin_pause(HttpReq *q, json_t *body) {
     Server *s = q->s;
     const char *m = MHD_lookup_connection_value(q->c, MHD_GET_ARGUMENT_KIND, "mode");
     PauseMode mode = PAUSE_ABORT;
@@ -158,12 +158,12 @@ int api_admin_pause(HttpReq *q) {
     return http_send_json(q, 200, pause_state(s));
 }
 
-int api_admin_resume(HttpReq *q) {
+int api_admin_resume(HttpReq *q, json_t *body) {
     engine_resume(q->s->eng);
     return http_send_json(q, 200, pause_state(q->s));
 }
 
-int api_admin_is_paused(HttpReq *q) { return http_send_json(q, 200, pause_state(q->s)); }
+int api_admin_is_paused(HttpReq *q, json_t *body) { return http_send_json(q, 200, pause_state(q->s)); }
 
 int api_admin_abort(HttpReq *q, json_t *body) {
     Server *s = q->s;

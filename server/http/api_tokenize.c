@@ -21,7 +21,7 @@ static json_t *model_card(Server *s) {
     return m;
 }
 
-int api_models(HttpReq *q) {
+int api_models(HttpReq *q, json_t *body) {
     Server *s = q->s;
     if (!strncmp(q->url, "/v1/models/", 11)) {
         if (strcmp(q->url + 11, s->model_name) != 0)

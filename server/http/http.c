@@ -1,13 +1,13 @@
 /*
- * http.c - the HTTP layer of the server (server.h): libmicrohttpd daemon
- * (one thread per connection), routing, Bearer auth (API key for /v1 and the
- * tokenizer endpoints, a separate admin token for the trainer's controls),
- * body size limits, JSON and OpenAI-error answers, streamed responses and
- * client-disconnect detection. HTTPS through libmicrohttpd's GnuTLS support
- * (--tls-cert/--tls-key); connection count, idle timeout and header memory
- * are bounded so slow or greedy clients cannot hold the server.
+ * http.c - the libmicrohttpd layer of the server (server.h): the daemon (one
+ * thread per connection), reading request bodies up to the route's limit,
+ * JSON and OpenAI-error answers, streamed responses and client-disconnect
+ * detection. HTTPS through libmicrohttpd's GnuTLS support (--tls-cert /
+ * --tls-key); connection count, idle timeout and header memory are bounded so
+ * slow or greedy clients cannot hold the server.
  *
- * Not here: what each endpoint does (api_*.c), Prometheus text (metrics.c).
+ * Not here: which routes exist, their auth and body classes (routes.c), what
+ * each endpoint does (api_*.c), the Server object (server.c).
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -21,81 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
-
-void server_config_default(ServerConfig *c) {
-    *c = (ServerConfig){
-        .host = "127.0.0.1", .port = 8000, .max_body_bytes = 8u << 20, .max_delta_bytes = 4ull << 30,
-        .max_connections = 1024, .connection_timeout_s = 30, .max_header_bytes = 32u << 10, .shutdown_timeout_s = 30, .max_logprobs = SAMPLING_MAX_TOP_N,
-        .max_n = 128, .reasoning_parser = 1, .tool_parser = 1, .mask_json_max_ids = 4096,
-    };
-}
-
-int64_t server_now_s(void) { return (int64_t)time(NULL); }
-
-void server_new_id(Server *s, const char *prefix, char *out, size_t cap) {
-    uint64_t k = atomic_fetch_add(&s->next_id, 1);
-    /* mix so ids do not look sequential across restarts */
-    uint64_t x = (k + (uint64_t)s->created * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 31;
-    snprintf(out, cap, "%s-%016llx", prefix, (unsigned long long)x);
-}
-
-uint64_t server_weight_version(Server *s, uint64_t e) {
-    pthread_mutex_lock(&s->live_mu);
-    uint64_t v = e < (uint64_t)s->n_versions ? s->version_map[e] : e;
-    pthread_mutex_unlock(&s->live_mu);
-    return v;
-}
-
-void server_map_version(Server *s, uint64_t e, uint64_t v) {
-    pthread_mutex_lock(&s->live_mu);
-    while ((uint64_t)s->n_versions <= e) {
-        if (s->n_versions == s->cap_versions) {
-            s->cap_versions = s->cap_versions ? 2 * s->cap_versions : 64;
-            s->version_map = realloc(s->version_map, sizeof(uint64_t) * (size_t)s->cap_versions);
-            CHECK_PTR(s->version_map, "out of memory");
-        }
-        s->version_map[s->n_versions] = s->n_versions ? s->version_map[s->n_versions - 1] : 0;
-        s->n_versions++;
-    }
-    s->version_map[e] = v;
-    pthread_mutex_unlock(&s->live_mu);
-}
-
-/* ---- live requests (abort by id) ---- */
-void server_live_add(Server *s, LiveReq *l) {
-    pthread_mutex_lock(&s->live_mu);
-    l->prev = NULL;
-    l->next = s->live;
-    if (s->live) s->live->prev = l;
-    s->live = l;
-    pthread_mutex_unlock(&s->live_mu);
-}
-
-void server_live_remove(Server *s, LiveReq *l) {
-    pthread_mutex_lock(&s->live_mu);
-    if (l->prev) l->prev->next = l->next;
-    else if (s->live == l) s->live = l->next;
-    if (l->next) l->next->prev = l->prev;
-    l->next = l->prev = NULL;
-    pthread_mutex_unlock(&s->live_mu);
-}
-
-int server_live_abort(Server *s, const char *id) {
-    int n = 0;
-    pthread_mutex_lock(&s->live_mu);
-    for (LiveReq *l = s->live; l; l = l->next) {
-        if (id && strcmp(id, l->id) != 0) continue;
-        for (int i = 0; i < l->n_reqs; i++) if (l->reqs[i]) engine_abort(s->eng, l->reqs[i]);
-        n++;
-    }
-    pthread_mutex_unlock(&s->live_mu);
-    return n;
-}
+#include "routes.h"
 
 /* ---- answers ---- */
 static int status_slot(int status) {
@@ -166,6 +95,14 @@ json_t *http_error_json(int status, const char *param, const char *msg) {
     return j;
 }
 
+/* The error document in the dialect of q's route (the route table's tag; no route: OpenAI). */
+static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *msg) {
+    switch (q->route ? q->route->dialect : DIALECT_OPENAI) { /* -Wswitch: a new dialect needs its case */
+    case DIALECT_OPENAI: return http_error_json(status, param, msg);
+    }
+    return http_error_json(status, param, msg);
+}
+
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -173,10 +110,10 @@ int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
-    json_t *j = http_error_json(status, param, msg);
+    json_t *j = dialect_error_json(q, status, param, msg);
     if (!json_object_get(json_object_get(j, "error"), "message")) { /* invalid UTF-8 echoed back */
         json_decref(j);
-        j = http_error_json(status, param, "invalid request");
+        j = dialect_error_json(q, status, param, "invalid request");
     }
     return http_send_json(q, status, j);
 }
@@ -261,110 +198,6 @@ int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx) {
     return queue(q, 200, r);
 }
 
-/* ---- routing ---- */
-static const char *bearer(HttpReq *q) {
-    const char *h = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
-    h += 7;
-    while (*h == ' ') h++;
-    return h;
-}
-
-static int authorized(HttpReq *q, const char *secret) {
-    const char *b = bearer(q);
-    return b && secret_equal(secret, b);
-}
-
-static json_t *parse_body(HttpReq *q, int *sent) {
-    json_error_t je;
-    *sent = 0;
-    if (q->body.n == 0) {
-        *sent = 1;
-        http_send_error(q, 400, NULL, "the request body is empty: send a JSON object");
-        return NULL;
-    }
-    json_t *j = json_loadb(q->body.p, q->body.n, 0, &je);
-    if (!j) {
-        *sent = 1;
-        http_send_error(q, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
-    if (!json_is_object(j)) {
-        json_decref(j);
-        *sent = 1;
-        http_send_error(q, 400, NULL, "the request body must be a JSON object");
-        return NULL;
-    }
-    return j;
-}
-
-static int is(HttpReq *q, const char *method, const char *url) {
-    return !strcmp(q->url, url) && !strcmp(q->method, method);
-}
-
-static int route(HttpReq *q) {
-    Server *s = q->s;
-    const char *u = q->url;
-    int post = !strcmp(q->method, "POST");
-    if (q->too_large)
-        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (--max-body-bytes)",
-                               !strcmp(u, "/admin/v1/weights/delta") ? s->cfg.max_delta_bytes : s->cfg.max_body_bytes);
-    if (is(q, "GET", "/health")) {
-        if (atomic_load(&s->shutting_down)) return http_send_error(q, 503, NULL, "shutting down");
-        return http_send_text(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
-    }
-    if (is(q, "GET", "/metrics")) return api_metrics(q);
-
-    int admin = !strncmp(u, "/admin/", 7) || !strcmp(u, "/pause") || !strcmp(u, "/resume") ||
-                !strcmp(u, "/is_paused") || !strcmp(u, "/abort_request");
-    if (admin) {
-        if (!s->cfg.admin_token) return http_send_error(q, 403, NULL, "admin endpoints are disabled: start the server with --admin-token");
-        if (!authorized(q, s->cfg.admin_token)) return http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
-        if (is(q, "POST", "/admin/v1/weights/delta")) return api_admin_delta(q);
-        if (is(q, "GET", "/admin/v1/weights")) return api_admin_weights(q);
-        if (is(q, "POST", "/admin/v1/weights/reload")) {
-            int sent;
-            json_t *b = parse_body(q, &sent);
-            if (!b) return sent ? MHD_YES : MHD_NO;
-            int r = api_admin_reload(q, b);
-            json_decref(b);
-            return r;
-        }
-        if (is(q, "POST", "/pause")) return api_admin_pause(q);
-        if (is(q, "POST", "/resume")) return api_admin_resume(q);
-        if (is(q, "GET", "/is_paused")) return api_admin_is_paused(q);
-        if (is(q, "POST", "/abort_request")) {
-            int sent;
-            json_t *b = q->body.n ? parse_body(q, &sent) : json_object();
-            if (!b) return sent ? MHD_YES : MHD_NO;
-            int r = api_admin_abort(q, b);
-            json_decref(b);
-            return r;
-        }
-        return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
-    }
-
-    int api = !strncmp(u, "/v1/", 4) || !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize");
-    if (!api) return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
-    if (s->cfg.api_key && !authorized(q, s->cfg.api_key))
-        return http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>)");
-    if (!strcmp(q->method, "GET") && (!strcmp(u, "/v1/models") || !strncmp(u, "/v1/models/", 11))) return api_models(q);
-
-    int (*fn)(HttpReq *, json_t *) = NULL;
-    if (!strcmp(u, "/v1/completions")) fn = api_completions;
-    else if (!strcmp(u, "/v1/chat/completions")) fn = api_chat;
-    else if (!strcmp(u, "/tokenize")) fn = api_tokenize;
-    else if (!strcmp(u, "/detokenize")) fn = api_detokenize;
-    if (!fn) return http_send_error(q, 404, NULL, "no route %s %s", q->method, u);
-    if (!post) return http_send_error(q, 405, NULL, "%s needs POST", u);
-    int sent;
-    json_t *b = parse_body(q, &sent);
-    if (!b) return sent ? MHD_YES : MHD_NO;
-    int r = fn(q, b);
-    json_decref(b);
-    return r;
-}
-
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     Server *s = cls;
@@ -376,17 +209,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->c = c;
         q->method = method;
         q->url = url;
+        q->route = routes_for_path(url);
+        q->body_limit = routes_body_limit(q->route, &s->cfg);
         *con_cls = q;
         return MHD_YES;
     }
-    size_t limit = !strcmp(url, "/admin/v1/weights/delta") ? s->cfg.max_delta_bytes : s->cfg.max_body_bytes;
     if (*upload_size) {
-        if (!q->too_large && q->body.n + *upload_size <= limit) buf_append(&q->body, upload, *upload_size);
+        if (!q->too_large && q->body.n + *upload_size <= q->body_limit) buf_append(&q->body, upload, *upload_size);
         else { q->too_large = 1; buf_free(&q->body); }
         *upload_size = 0;
         return MHD_YES;
     }
-    return route(q) == MHD_YES ? MHD_YES : MHD_NO;
+    return routes_dispatch(q) == MHD_YES ? MHD_YES : MHD_NO;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
@@ -417,7 +251,7 @@ static char *read_pem(const char *flag, const char *path, const char *what) {
     return b.p;
 }
 
-void server_tls_load(Server *s) {
+void http_tls_load(Server *s) {
     CHECK(!s->cfg.tls_cert == !s->cfg.tls_key, "HTTPS needs both --tls-cert FILE and --tls-key FILE (PEM)");
     if (!s->cfg.tls_cert || s->tls_cert_pem) return;
     CHECK(MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES,
@@ -427,9 +261,7 @@ void server_tls_load(Server *s) {
     s->tls_key_pem = read_pem("--tls-key", s->cfg.tls_key, "private key");
 }
 
-static int host_is_loopback(const struct in_addr *a) { return (ntohl(a->s_addr) >> 24) == 127; }
-
-void server_start(Server *s) {
+void http_listen(Server *s) {
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port) };
     CHECK(inet_pton(AF_INET, s->cfg.host, &a.sin_addr) == 1, "--host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", s->cfg.host);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
@@ -440,7 +272,7 @@ void server_start(Server *s) {
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.connection_timeout_s, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
-    server_tls_load(s);
+    http_tls_load(s);
     if (s->cfg.tls_cert) {
         flags |= MHD_USE_TLS;
         opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert_pem };
@@ -456,20 +288,15 @@ void server_start(Server *s) {
     CHECK_PTR(s->d, "cannot listen on %s:%d: is the port taken? pick another with --port", s->cfg.host, s->cfg.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->bound_port = di ? di->port : s->cfg.port;
-    if (s->cfg.admin_token && !s->cfg.tls_cert && !host_is_loopback(&a.sin_addr))
-        log_warn("WARNING: the admin endpoints (weights, pause, abort) are reachable over plain HTTP on %s: the "
-                 "admin token and the deltas cross the network in clear text; use --tls-cert/--tls-key, "
-                 "a private network, or --host 127.0.0.1", s->cfg.host);
-    if (s->cfg.admin_token && !s->cfg.delta_key)
-        log_info("deltas are unauthenticated (admin token only): pass --delta-key-file to require signed deltas");
 }
-void server_quiesce(Server *s) {
+
+void http_quiesce(Server *s) {
     if (!s->d) return;
     MHD_socket fd = MHD_quiesce_daemon(s->d); /* ours to close: new connections are refused from now on */
     if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
-void server_stop(Server *s) {
+void http_close(Server *s) {
     if (s->d) MHD_stop_daemon(s->d);
     s->d = NULL;
     if (s->tls_key_pem) explicit_bzero(s->tls_key_pem, strlen(s->tls_key_pem));

@@ -3,7 +3,8 @@
  * answers by status, engine counters and gauges (requests, tokens, running
  * and waiting sequences, KV usage, prefix-cache hits), time-to-first-token
  * and inter-token-latency histograms, the weight version, and the model's
- * forward time (for the share of time spent outside the model).
+ * forward time (for the share of time spent outside the model); and GET
+ * /health (200 {"status":"ok"}, 503 once shutting down), the other probe.
  */
 #include <stdio.h>
 #include <string.h>
@@ -31,7 +32,12 @@ static void hist(Buf *b, const char *name, const char *help, const EngineHist *h
     buf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
 }
 
-int api_metrics(HttpReq *q) {
+int api_health(HttpReq *q, json_t *body) {
+    if (atomic_load(&q->s->shutting_down)) return http_send_error(q, 503, NULL, "shutting down");
+    return http_send_text(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
+}
+
+int api_metrics(HttpReq *q, json_t *body) {
     Server *s = q->s;
     EngineMetrics m;
     engine_metrics(s->eng, &m);

@@ -7,14 +7,16 @@
  *     LF
  *     body bytes (any)
  *
- * and goes through the server's own access handler (http.c: routing, auth,
- * body limit, JSON parsing) into every endpoint (api_*.c: completions, chat,
- * tokenize, detokenize, models, metrics, health, admin delta/weights/pause/
- * resume/abort) on the bundled tiny model with a real engine, so requests
- * generate. There are no sockets: this file defines the handful of
- * libmicrohttpd functions http.c calls (MHD_start_daemon, MHD_queue_response,
- * ...) as an in-process double; the executable's definitions win over the
- * shared library's at link time. server_start() hands us the access handler.
+ * and goes through the server's own access handler (http.c, routes.c: the
+ * route table's auth, body limits and JSON parsing) into every endpoint
+ * (api_*.c: completions, chat, tokenize, detokenize, models, metrics, health,
+ * admin delta/weights/reload/pause/resume/abort) on the bundled tiny model
+ * with a real engine, so requests generate. The Server is built by
+ * server_create, as sampler-cpu builds it. There are no sockets: this file
+ * defines the handful of libmicrohttpd functions http.c calls
+ * (MHD_start_daemon, MHD_queue_response, ...) as an in-process double; the
+ * executable's definitions win over the shared library's at link time.
+ * server_start() hands us the access handler.
  *
  * Besides crashes, leaks and UB, the target aborts when an answer breaks the
  * API contract: a 500 (README: "500 only for bugs"), two answers to one
@@ -41,13 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "delta.h"
 #include "engine.h"
 #include "log.h"
-#include "model.h"
-#include "runner_backend.h"
 #include "server.h"
-#include "tokenizer.h"
 
 #define FUZZ_API_KEY "fuzz-key"
 #define FUZZ_ADMIN "fuzz-admin"
@@ -202,47 +200,28 @@ const union MHD_ConnectionInfo *MHD_get_connection_info(struct MHD_Connection *c
     return &c->info;
 }
 
-/* ---- the server, set up once ---- */
-static Server g_s;
-static EngineBackend g_be;
+/* ---- the server, set up once: through server_create, as main.c does ---- */
+static Server *g_s;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     log_set_level(LOG_ERROR);
-    Server *s = &g_s;
-    server_config_default(&s->cfg);
-    s->cfg.api_key = FUZZ_API_KEY;
-    s->cfg.admin_token = FUZZ_ADMIN;
-    s->cfg.max_body_bytes = 3000;      /* the 413 path is reachable from small inputs */
-    s->cfg.max_delta_bytes = 1 << 20;
-    s->cfg.max_n = 4;
-    s->cfg.mask_json_max_ids = 64;     /* both mask encodings */
-    EngineConfig ec;
-    engine_config_default(&ec);
-    ec.max_model_len = 256;
-    ec.kv_mem_mb = 4;
-    ec.n_threads = 1;
-    ec.verbose = 0;
-    Err err = {0};
-    LoadOptions lo = {PREC_BF16, 0};
-    const char *dir = SAMPLER_SOURCE_DIR "/models/tiny-qwen3";
-    CHECK(model_load_opts(&s->model, dir, &lo, &err) == 0, "%s", err.msg);
-    engine_config_resolve(&ec, &s->model->cfg);
-    g_be = runner_backend_create(s->model, NULL, &ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
-    s->runner = runner_backend_runner(&g_be);
-    s->tok = tokenizer_load(dir, &err);
-    CHECK_PTR(s->tok, "%s", err.msg);
-    snprintf(s->model_dir, sizeof s->model_dir, "%s", dir);
-    snprintf(s->model_name, sizeof s->model_name, "tiny-qwen3");
-    s->vocab = s->model->cfg.vocab;
-    s->created = server_now_s();
-    pthread_mutex_init(&s->admin_mu, NULL);
-    pthread_mutex_init(&s->live_mu, NULL);
-    s->wv = weight_version_from_safetensors(s->model->st, 1);
-    s->eng = engine_create(&s->model->cfg, &g_be, &ec);
-    s->max_model_len = engine_config(s->eng)->max_model_len;
-    server_map_version(s, 0, s->wv->version);
-    server_start(s);
+    ServerConfig c;
+    server_config_default(&c);
+    c.served_model_name = "tiny-qwen3";
+    c.force_cpu = 1;
+    c.api_key = FUZZ_API_KEY;
+    c.admin_token = FUZZ_ADMIN;
+    c.max_body_bytes = 3000;      /* the 413 path is reachable from small inputs */
+    c.max_delta_bytes = 1 << 20;
+    c.max_n = 4;
+    c.mask_json_max_ids = 64;     /* both mask encodings */
+    c.engine.max_model_len = 256;
+    c.engine.kv_mem_mb = 4;
+    c.engine.n_threads = 1;
+    c.engine.verbose = 0;
+    g_s = server_create(&c);
+    server_start(g_s);
     CHECK(g_dh != NULL, "server_start did not register an access handler");
     return 0;
 }
@@ -330,7 +309,7 @@ static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_
         json_t *v = json_object_get(j, keys[i]);
         if (!v || json_is_null(v)) continue;
         present = 1;
-        if (json_is_integer(v) && json_integer_value(v) > 4 && json_integer_value(v) <= g_s.max_model_len) {
+        if (json_is_integer(v) && json_integer_value(v) > 4 && json_integer_value(v) <= g_s->max_model_len) {
             json_object_set_new(j, keys[i], json_integer(4));
             changed = 1;
         }
@@ -430,7 +409,7 @@ static double mono_s(void) {
 
 /* After a request: nothing may stay behind in the engine or the server. */
 static void check_idle(void) {
-    Server *s = &g_s;
+    Server *s = g_s;
     if (engine_is_paused(s->eng)) engine_resume(s->eng);
     EngineMetrics m;
     double t0 = mono_s();

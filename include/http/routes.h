@@ -1,0 +1,58 @@
+/*
+ * routes.h - the HTTP route table: one row per route (method, path or path
+ * prefix, handler, auth class, body class, error dialect). The dispatcher, the
+ * auth check and the body-size limit all read the row; nothing else lists
+ * routes. A new endpoint = its handler (api_*.c), its declaration (server.h),
+ * a row in routes.c and a test.
+ *
+ * Not here: the libmicrohttpd layer (http.c), what endpoints do (api_*.c).
+ */
+#ifndef SAMPLER_ROUTES_H
+#define SAMPLER_ROUTES_H
+
+#include <stddef.h>
+
+#include "server.h"
+
+typedef enum {
+    AUTH_NONE,    /* anyone (probes: /health, /metrics) */
+    AUTH_API_KEY, /* Bearer --api-key when one is set, else anyone -> 401 */
+    AUTH_ADMIN,   /* Bearer --admin-token; without one the route is disabled -> 403; wrong -> 401 */
+} RouteAuth;
+
+typedef enum {
+    BODY_NONE,          /* the handler reads no body (one is read up to --max-body-bytes and ignored) */
+    BODY_JSON,          /* a JSON object, up to --max-body-bytes; empty or not an object -> 400 */
+    BODY_JSON_OR_EMPTY, /* the same, but an empty body is {} */
+    BODY_DELTA,         /* raw bytes in q->body, up to --max-delta-bytes */
+} RouteBody;
+
+typedef enum {
+    DIALECT_OPENAI, /* errors {"error": {"message", "type", "param", "code"}} (http_error_json) */
+} RouteDialect;
+
+typedef int (*RouteHandler)(HttpReq *q, json_t *body);
+
+struct Route {
+    const char *method;   /* "GET" / "POST"; NULL: any (an area row, handler NULL) */
+    const char *path;     /* exact path, or a prefix when it ends in '/' and prefix is set */
+    int prefix;           /* 1: path is a prefix ("/admin/": everything below it) */
+    RouteHandler handler; /* NULL: an area row: auth applies to every path below it, then 404 */
+    RouteAuth auth;
+    RouteBody body;
+    RouteDialect dialect;
+    int other_method;     /* the status for this path with another method: 405 ("needs POST") or 404 */
+};
+
+/* The table, in match order; *n rows. */
+const Route *routes_table(int *n);
+/* The first row whose path matches (any method), or NULL: it sets the auth
+ * class and the body limit of the request. */
+const Route *routes_for_path(const char *path);
+/* Body bytes a request to row r may send (r NULL: --max-body-bytes). */
+size_t routes_body_limit(const Route *r, const ServerConfig *c);
+/* Answer q: body limit (413), auth (401/403), the handler with the body its
+ * class asks for, or 404/405. Returns the MHD result. */
+int routes_dispatch(HttpReq *q);
+
+#endif

@@ -1,0 +1,158 @@
+/*
+ * routes.c - the route table (routes.h) and the dispatcher that reads it: for
+ * each request the row of its path decides the body limit, then the auth
+ * class (API key, admin token or none), then the row of its path and method
+ * gets the body its class asks for (none, a JSON object, raw delta bytes).
+ *
+ * Order of the checks, the same for every route: too large (413, before any
+ * auth, since the body was not kept) -> no row for the path (404) -> auth
+ * (403 admin disabled / 401) -> the path with another method (404 or 405) ->
+ * the body (400) -> the handler.
+ * Area rows (handler NULL) make the auth of a whole prefix explicit: an
+ * unknown /admin/... path needs the admin token before it learns it is a 404.
+ *
+ * Not here: the libmicrohttpd daemon and answers (http.c), the endpoints
+ * (api_*.c, metrics.c).
+ */
+#define _GNU_SOURCE
+#include "routes.h"
+
+#include <microhttpd.h>
+#include <string.h>
+#include <strings.h>
+
+/* Rows match in order: exact rows before the prefix (area) rows they sit under. */
+static const Route ROUTES[] = {
+    /* method  path                        prefix handler               auth          body                dialect         other method */
+    {"GET",  "/health",                    0, api_health,          AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/metrics",                   0, api_metrics,         AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
+    /* the trainer's controls (api_admin.c, api_reload.c) */
+    {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
+    {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {NULL,   "/admin/",                    1, NULL,                AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/pause",                     0, api_admin_pause,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/is_paused",                 0, api_admin_is_paused, AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/abort_request",             0, api_admin_abort,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
+    /* the OpenAI API (api_tokenize.c, api_completions.c, api_chat.c) */
+    {"GET",  "/v1/models",                 0, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/v1/models/",                1, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/v1/completions",            0, api_completions,     AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"POST", "/v1/chat/completions",       0, api_chat,            AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/tokenize",                  0, api_tokenize,        AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"POST", "/detokenize",                0, api_detokenize,      AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+};
+#define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
+
+const Route *routes_table(int *n) {
+    *n = N_ROUTES;
+    return ROUTES;
+}
+
+static int path_matches(const Route *r, const char *path) {
+    return r->prefix ? !strncmp(path, r->path, strlen(r->path)) : !strcmp(path, r->path);
+}
+
+const Route *routes_for_path(const char *path) {
+    for (int i = 0; i < N_ROUTES; i++)
+        if (path_matches(&ROUTES[i], path)) return &ROUTES[i];
+    return NULL;
+}
+
+size_t routes_body_limit(const Route *r, const ServerConfig *c) {
+    return r && r->body == BODY_DELTA ? c->max_delta_bytes : c->max_body_bytes;
+}
+
+/* The row for path and method among those whose path matches, or NULL. */
+static const Route *for_method(const char *path, const char *method) {
+    for (int i = 0; i < N_ROUTES; i++) {
+        const Route *r = &ROUTES[i];
+        if (r->handler && r->method && !strcmp(r->method, method) && path_matches(r, path)) return r;
+    }
+    return NULL;
+}
+
+static const char *bearer(HttpReq *q) {
+    const char *h = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
+    return h;
+}
+
+static int authorized(HttpReq *q, const char *secret) {
+    const char *b = bearer(q);
+    return b && secret_equal(secret, b);
+}
+
+/* Refuse (answer and return 1) unless q may use a route of class a. */
+static int refused(HttpReq *q, RouteAuth a, int *ret) {
+    const ServerConfig *c = &q->s->cfg;
+    switch (a) {
+    case AUTH_NONE: return 0;
+    case AUTH_ADMIN:
+        if (!c->admin_token)
+            *ret = http_send_error(q, 403, NULL, "admin endpoints are disabled: start the server with --admin-token");
+        else if (!authorized(q, c->admin_token))
+            *ret = http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
+        else return 0;
+        return 1;
+    case AUTH_API_KEY:
+        if (!c->api_key || authorized(q, c->api_key)) return 0;
+        *ret = http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>)");
+        return 1;
+    }
+    return 0;
+}
+
+/* The JSON object of the body, or NULL with *sent set when a 400 went out. */
+static json_t *parse_body(HttpReq *q, int *sent) {
+    json_error_t je;
+    *sent = 0;
+    if (q->body.n == 0) {
+        *sent = 1;
+        http_send_error(q, 400, NULL, "the request body is empty: send a JSON object");
+        return NULL;
+    }
+    json_t *j = json_loadb(q->body.p, q->body.n, 0, &je);
+    if (!j) {
+        *sent = 1;
+        http_send_error(q, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        *sent = 1;
+        http_send_error(q, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+int routes_dispatch(HttpReq *q) {
+    const Route *area = q->route;
+    if (q->too_large)
+        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (%s)", q->body_limit,
+                               area && area->body == BODY_DELTA ? "--max-delta-bytes" : "--max-body-bytes");
+    if (!area) return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
+    int ret;
+    if (refused(q, area->auth, &ret)) return ret;
+    const Route *r = for_method(q->url, q->method);
+    if (!r) {
+        if (area->handler && area->other_method == 405)
+            return http_send_error(q, 405, NULL, "%s needs %s", q->url, area->method);
+        return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
+    }
+    json_t *body = NULL;
+    if (r->body == BODY_JSON || (r->body == BODY_JSON_OR_EMPTY && q->body.n)) {
+        int sent;
+        if (!(body = parse_body(q, &sent))) return sent ? MHD_YES : MHD_NO;
+    } else if (r->body == BODY_JSON_OR_EMPTY) {
+        body = json_object();
+    }
+    ret = r->handler(q, body);
+    json_decref(body);
+    return ret;
+}

@@ -3,7 +3,7 @@
  * trip, replay, wrong base/fingerprint, every byte of a container corrupted
  * (with and without a recomputed checksum) or truncated, a delta made from
  * other base weights, the restore path of commit, version-only deltas and
- * the version limit, the payload check of `trainer inspect` against apply,
+ * the version limit, whole-tensor replacement (reload), the payload check of `trainer inspect` against apply,
  * and the fuzz target over mutated containers. Every rejection is checked to leave all weight bits
  * as they were (hash of every weight before and after).
  */
@@ -138,6 +138,7 @@ typedef struct Touched {
     int64_t n_idx;
     int dense_calls;
     const char *fail_on;   /* fail the hook for this tensor name */
+    int fail_once;         /* ... only the first time (a transient device error) */
     uint64_t seen[8];      /* hash of data at each call */
 } Touched;
 
@@ -148,7 +149,10 @@ static int on_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t
     t->calls++;
     t->n_idx += n_idx;
     t->dense_calls += idx == NULL;
-    if (t->fail_on && strcmp(name, t->fail_on) == 0) return ERR(err, 422, "requant refused '%s'", name);
+    if (t->fail_on && strcmp(name, t->fail_on) == 0) {
+        if (t->fail_once) t->fail_on = NULL;
+        return ERR(err, 422, "requant refused '%s'", name);
+    }
     return 0;
 }
 
@@ -265,7 +269,7 @@ static void test_conflicts(void) {
     /* a touched hook that fails (e.g. re-quantization refused): all weights
      * back, and the hook re-run on the restored tensors it had already seen */
     {
-        Touched tc = {.fail_on = "model.embed"};
+        Touched tc = {.fail_on = "model.embed", .fail_once = 1};
         DeltaTarget th = tgt;
         th.touched = on_touched;
         th.touched_ctx = &tc;
@@ -699,6 +703,86 @@ static void test_encoding_choice(void) {
     }
 }
 
+/* Whole-tensor replacement (a full reload) through the same plan: unchanged
+ * tensors leave it, few changes are kept sparse and a rewrite dense (the undo
+ * log holds only what is overwritten), a failing touched hook (a device
+ * update) restores every weight, derived copy and the version, and a good
+ * commit lands exactly on the new checkpoint. Bad versions and shapes are
+ * refused before any write. */
+static void test_replace(void) {
+    Ckpt v0, v1, live;
+    ckpt_init(&v0, 1);
+    ckpt_copy(&v1, &v0);
+    step(&v1, 7);
+    ckpt_copy(&live, &v0);
+    WeightVersion *wv = weight_version_from_safetensors(&live.st, 1);
+    WeightVersion *want = weight_version_from_safetensors(&v1.st, 1);
+    uint64_t h0 = ckpt_hash(&v0);
+    DeltaReplace r[NT];
+    for (int i = 0; i < NT; i++)
+        r[i] = (DeltaReplace){v1.t[i].name, v1.t[i].data, v1.t[i].dtype, v1.t[i].ndim, v1.t[i].shape, v1.t[i].numel};
+    DeltaTarget tgt = target_of(&live);
+    Touched tc = {.fail_on = "model.embed", .fail_once = 1};
+    tgt.touched = on_touched;
+    tgt.touched_ctx = &tc;
+    Err err = {0};
+    DeltaPlan *p = NULL;
+
+    T_ASSERT(delta_prepare_replace(&p, r, NT, 0, &tgt, wv, &err) != 0 && err.code == 400, "version 0 accepted");
+    T_ASSERT(p == NULL, "plan on error");
+    err = (Err){0};
+    T_ASSERT(delta_prepare_replace(&p, r, NT, DELTA_VERSION_MAX + 1, &tgt, wv, &err) != 0 && err.code == 400,
+             "version above DELTA_VERSION_MAX accepted");
+    DeltaReplace bad[NT];
+    memcpy(bad, r, sizeof bad);
+    int64_t wrong[2] = {96, 64};
+    bad[0].shape = wrong;
+    err = (Err){0};
+    T_ASSERT(delta_prepare_replace(&p, bad, NT, 1, &tgt, wv, &err) != 0 && err.code == 422, "wrong shape: %s", err.msg);
+    T_ASSERT(ckpt_hash(&live) == h0 && tc.calls == 0, "a refused replacement changed weights");
+
+    T_ASSERT(delta_prepare_replace(&p, r, NT, 1, &tgt, wv, &err) == 0, "prepare: %s", err.msg);
+    T_ASSERT(ckpt_hash(&live) == h0, "prepare wrote weights");
+    T_ASSERT(delta_plan_count(p) == NT - 1, "unchanged tensor kept: %d entries", delta_plan_count(p));
+    for (int i = 0; i < delta_plan_count(p); i++) {
+        Dtype dt;
+        int64_t numel;
+        const DeltaDecoded *u;
+        const char *name = delta_plan_tensor(p, i, &dt, &numel, &u);
+        T_ASSERT(strcmp(name, "lm_head.weight") != 0, "unchanged lm_head in the plan");
+        if (strcmp(name, "layers.0.mlp.weight") == 0 || strcmp(name, "model.embed") == 0)
+            T_ASSERT(u->pos && u->n < numel / 10, "%s: %lld of %lld kept, not sparse", name, (long long)u->n,
+                     (long long)numel);
+        if (strcmp(name, "layers.0.norm.bias") == 0) T_ASSERT(!u->pos && u->n == numel, "rewrite not dense");
+    }
+    DeltaResult res;
+    err = (Err){0};
+    T_ASSERT(delta_commit(p, &tgt, wv, &res, &err) != 0 && err.code == 422, "hook failure not reported: %s", err.msg);
+    T_ASSERT(ckpt_equal(&live, &v0), "weights not restored after a failing hook");
+    T_ASSERT(wv->version == 0 && res.version == 0, "version moved on failure");
+    for (int i = 0; i < NT; i++)
+        T_ASSERT(wv->hash[i] == XXH3_64bits(v0.t[i].data, v0.t[i].nbytes), "hash of %s moved on failure", wv->names[i]);
+    /* hook order: 0 mlp, 1 norm.bias, 2 embed (fails); then re-derived from the restored values */
+    T_ASSERT(tc.calls == 6, "%d hook calls", tc.calls);
+    T_ASSERT(tc.seen[3] == XXH3_64bits(v0.t[0].data, v0.t[0].nbytes) &&
+                 tc.seen[4] == XXH3_64bits(v0.t[1].data, v0.t[1].nbytes) &&
+                 tc.seen[5] == XXH3_64bits(v0.t[3].data, v0.t[3].nbytes),
+             "derived copies re-made from other data than the restored weights");
+    delta_plan_free(p);
+
+    tc = (Touched){0};
+    T_ASSERT(delta_prepare_replace(&p, r, NT, 1, &tgt, wv, &err) == 0, "prepare: %s", err.msg);
+    T_ASSERT(delta_commit(p, &tgt, wv, &res, &err) == 0, "commit: %s", err.msg);
+    T_ASSERT(ckpt_equal(&live, &v1) && wv->version == 1 && res.tensors_updated == NT - 1, "not at the new checkpoint");
+    for (int i = 0; i < NT; i++) T_ASSERT(wv->hash[i] == want->hash[i], "hash of %s", wv->names[i]);
+    delta_plan_free(p);
+    weight_version_free(wv);
+    weight_version_free(want);
+    ckpt_free(&v0);
+    ckpt_free(&v1);
+    ckpt_free(&live);
+}
+
 int main(void) {
     for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) { /* SPARSE, then SPARSE_XOR values */
         test_round_trip();
@@ -712,6 +796,7 @@ int main(void) {
     for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) test_check_payloads();
     g_xor_values = 0;
     test_safetensors_mapping();
+    test_replace();
     test_fuzz();
     return T_DONE();
 }

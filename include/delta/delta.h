@@ -219,6 +219,29 @@ void delta_plan_free(DeltaPlan *p);
 int delta_apply(const uint8_t *buf, size_t size, const DeltaTarget *tgt, WeightVersion *wv,
                 DeltaResult *res, Err *err);
 
+/* Whole-tensor replacement (a full reload): one new tensor's bytes. */
+typedef struct DeltaReplace {
+    const char *name;
+    const void *data;        /* [numel * dtype_size(dtype)] the new bytes (e.g. in a checkpoint mapping) */
+    Dtype dtype;
+    int ndim;
+    const int64_t *shape;    /* [ndim] */
+    int64_t numel;
+} DeltaReplace;
+
+/* Phase 1 of a reload (no weight is written; run it while serving): a plan
+ * that moves wv->version to target_version and makes every listed tensor
+ * equal to its new bytes, committed, verified and undone by delta_commit like
+ * any delta (delta_replace.c). Tensors whose bytes equal the live ones leave
+ * the plan; each other one holds min(n_changed * (8 + es), numel * es) bytes
+ * (what differs, or the whole tensor), which after the commit's swap are the
+ * overwritten values. Errors: 400 target_version not above wv->version or
+ * above DELTA_VERSION_MAX, 422 a tensor does not fit the model (name, dtype,
+ * shape, not patchable in place), 409 the new bytes changed while being read,
+ * 507 out of memory. */
+int delta_prepare_replace(DeltaPlan **out, const DeltaReplace *r, int n, uint64_t target_version,
+                          const DeltaTarget *tgt, const WeightVersion *wv, Err *err);
+
 /* For device backends: the decoded update of plan tensor i (0 <= i < n). */
 int delta_plan_count(const DeltaPlan *p);
 const char *delta_plan_tensor(const DeltaPlan *p, int i, Dtype *dt, int64_t *numel,

@@ -80,6 +80,13 @@ typedef struct ModelConfig {
 /* Parse config.json (+ generation_config.json if present) of a model directory.
  * Start-up path: unsupported values are an error that lists what is supported. */
 int model_config_load(ModelConfig *cfg, const char *dir, Err *err);
+/* config.json alone from an open fd (label names it in errors); no
+ * generation_config.json. The reload endpoint reads it this way. */
+int model_config_parse_fd(ModelConfig *cfg, int fd, const char *label, Err *err);
+/* NULL when a and b describe the same computation (architecture, every
+ * dimension and numeric setting the forward pass reads; special tokens are
+ * not compared), else the name of the first field that differs. */
+const char *model_config_differs(const ModelConfig *a, const ModelConfig *b);
 /* 1 when layer l uses the sparse MoE block. */
 int model_layer_is_moe(const ModelConfig *cfg, int l);
 

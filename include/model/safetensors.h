@@ -45,6 +45,15 @@ typedef struct SafeTensors {
 /* Open a .safetensors file or a model directory. 0 on success; on error,
  * returns <0, fills err and leaves *out NULL. */
 int safetensors_open(SafeTensors **out, const char *path, Err *err);
+/* How the reader opens each file it reads (the index, every shard): returns a
+ * read-only fd >= 0, or <0 with err filled. The reload endpoint passes one
+ * that refuses files resolving outside --reload-root; safetensors_open opens
+ * paths as they are. */
+typedef struct StOpener {
+    int (*open)(void *ctx, const char *path, Err *err);
+    void *ctx;
+} StOpener;
+int safetensors_open_with(SafeTensors **out, const char *path, const StOpener *op, Err *err);
 /* Parse one in-memory safetensors image (header + data). The buffer must
  * outlive the result; used by the fuzzer and the file opener. */
 int safetensors_parse(SafeTensors *st, int file, uint8_t *buf, size_t size, const char *label, Err *err);

@@ -9,6 +9,7 @@
  * (delta_format.c), HTTP (server).
  */
 #include "delta.h"
+#include "delta_plan.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -198,21 +199,6 @@ void *delta_lookup_safetensors(void *ctx, const char *name, Dtype *dt, int64_t *
 
 /* ---- the plan ---- */
 
-typedef struct PlanT {
-    const DeltaEntry *e;
-    uint8_t *data;     /* [numel * es] the live tensor */
-    int es;
-    DeltaDecoded d;    /* new values; after commit's swap, the old ones */
-    Err err;
-    int rc;
-} PlanT;
-
-struct DeltaPlan {
-    DeltaFile *f;
-    int noop, committed;
-    int n;
-    PlanT *t;          /* [n] */
-};
 
 int delta_plan_count(const DeltaPlan *p) { return p->noop ? 0 : p->n; }
 
@@ -235,7 +221,7 @@ void delta_plan_free(DeltaPlan *p) {
 
 /* XXH3 of the tensor as it would be after the update, without writing it;
  * counts the elements whose bits change. */
-static uint64_t predicted_hash(const PlanT *t, int64_t *n_diff) {
+uint64_t delta_predicted_hash(const PlanT *t, int64_t *n_diff) {
     const DeltaEntry *e = t->e;
     int es = t->es;
     *n_diff = 0;
@@ -286,7 +272,7 @@ static void prepare_one(void *ctx, int i) {
     if ((t->rc = delta_decode(t->e, &t->d, &t->err)) != 0) return;
     if (t->d.xor) resolve_xor(t);
     int64_t n_diff;
-    uint64_t h = predicted_hash(t, &n_diff);
+    uint64_t h = delta_predicted_hash(t, &n_diff);
     if (h != t->e->hash_after)
         t->rc = ERR(&t->err, 422, "delta: '%s': the update would give hash %016" PRIx64 ", the delta promises %016" PRIx64
                     " (made from other base weights?)", t->e->name, h, t->e->hash_after);
@@ -300,7 +286,7 @@ static int cmp_data(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int plan_bind(DeltaPlan *p, const DeltaTarget *tgt, const WeightVersion *wv, Err *err) {
+int delta_plan_bind(DeltaPlan *p, const DeltaTarget *tgt, const WeightVersion *wv, Err *err) {
     for (int i = 0; i < p->n; i++) {
         const DeltaEntry *e = &p->f->e[i];
         PlanT *t = &p->t[i];
@@ -359,7 +345,7 @@ int delta_prepare(DeltaPlan **out, const uint8_t *buf, size_t size, const DeltaT
     } else {
         p->n = f->n;
         p->t = xcalloc((size_t)(f->n ? f->n : 1), sizeof(PlanT));
-        rc = plan_bind(p, tgt, wv, err);
+        rc = delta_plan_bind(p, tgt, wv, err);
         if (rc == 0) {
             delta_par_for(p->n, tgt->n_threads, prepare_one, p);
             for (int i = 0; i < p->n && rc == 0; i++)

@@ -189,6 +189,28 @@ int model_config_load(ModelConfig *c, const char *dir, Err *err) {
     return 0;
 }
 
+int model_config_parse_fd(ModelConfig *c, int fd, const char *label, Err *err) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *root = json_loadfd(fd, 0, &je);
+    ENSURE(err, root != NULL, 400, "%s: cannot read: %s (line %d)", label, je.text, je.line);
+    int rc = json_is_object(root) ? parse_config(c, root, label, err) : ERR(err, 400, "%s: not a JSON object", label);
+    json_decref(root);
+    return rc;
+}
+
+const char *model_config_differs(const ModelConfig *a, const ModelConfig *b) {
+#define SAME(f) if (a->f != b->f) return #f
+    SAME(arch); SAME(hidden); SAME(n_layers); SAME(n_heads); SAME(n_kv_heads); SAME(head_dim);
+    SAME(intermediate); SAME(vocab); SAME(max_pos); SAME(rms_eps); SAME(rope_theta); SAME(tie_embeddings);
+    SAME(qk_norm); SAME(qkv_bias); SAME(o_bias); SAME(rope_llama3); SAME(rope_factor);
+    SAME(rope_low_freq_factor); SAME(rope_high_freq_factor); SAME(rope_orig_max_pos); SAME(n_experts);
+    SAME(top_k); SAME(moe_intermediate); SAME(norm_topk_prob); SAME(decoder_sparse_step); SAME(prequant);
+#undef SAME
+    if (memcmp(a->mlp_only, b->mlp_only, sizeof a->mlp_only) != 0) return "mlp_only_layers";
+    return NULL;
+}
+
 int model_layer_is_moe(const ModelConfig *c, int l) {
     return c->n_experts > 0 && !c->mlp_only[l] && (l + 1) % c->decoder_sparse_step == 0;
 }

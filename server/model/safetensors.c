@@ -93,9 +93,18 @@ int safetensors_parse(SafeTensors *st, int file, uint8_t *buf, size_t size, cons
     return rc;
 }
 
-static int map_file(SafeTensors *st, const char *path, Err *err) {
-    int fd = open(path, O_RDONLY);
+static int open_plain(void *ctx, const char *path, Err *err) {
+    (void)ctx;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     ENSURE(err, fd >= 0, 404, "%s: cannot open: %s", path, strerror(errno));
+    return fd;
+}
+
+static const StOpener plain_opener = {open_plain, NULL};
+
+static int map_file(SafeTensors *st, const char *path, const StOpener *op, Err *err) {
+    int fd = op->open(op->ctx, path, err);
+    if (fd < 0) return fd;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
@@ -118,9 +127,12 @@ static int map_file(SafeTensors *st, const char *path, Err *err) {
 
 /* Sharded checkpoint: map every distinct shard named in the index and check
  * that each tensor the index promises is in the shard it names. */
-static int open_index(SafeTensors *st, const char *dir, const char *index_path, Err *err) {
+static int open_index(SafeTensors *st, const char *dir, const char *index_path, const StOpener *op, Err *err) {
     json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    int fd = op->open(op->ctx, index_path, err);
+    if (fd < 0) return fd;
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     ENSURE(err, root != NULL, 400, "%s: invalid JSON: %s (line %d)", index_path, je.text, je.line);
     json_t *wm = json_object_get(root, "weight_map");
     int rc = 0;
@@ -140,7 +152,7 @@ static int open_index(SafeTensors *st, const char *dir, const char *index_path, 
         snprintf(path, sizeof path, "%s/%s", dir, shard);
         int have = 0;
         for (int i = 0; i < st->n_files; i++) have |= strcmp(st->paths[i], path) == 0;
-        if (!have && (rc = map_file(st, path, err)) != 0) goto out;
+        if (!have && (rc = map_file(st, path, op, err)) != 0) goto out;
     }
     qsort(st->t, (size_t)st->n, sizeof(StTensor), cmp_tensor);
     json_object_foreach(wm, key, v) {
@@ -164,6 +176,10 @@ out:
 }
 
 int safetensors_open(SafeTensors **out, const char *path, Err *err) {
+    return safetensors_open_with(out, path, &plain_opener, err);
+}
+
+int safetensors_open_with(SafeTensors **out, const char *path, const StOpener *op, Err *err) {
     *out = NULL;
     SafeTensors *st = xcalloc(1, sizeof *st);
     struct stat sb;
@@ -173,13 +189,16 @@ int safetensors_open(SafeTensors **out, const char *path, Err *err) {
     } else if (S_ISDIR(sb.st_mode)) {
         char p[4096];
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
-        if (access(p, R_OK) == 0) rc = open_index(st, path, p, err);
+        /* lstat: an index that is there (even as a dangling or refused
+         * symlink) is the checkpoint; only a missing one means "one file" */
+        struct stat lb;
+        if (lstat(p, &lb) == 0) rc = open_index(st, path, p, op, err);
         else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);
-            rc = map_file(st, p, err);
+            rc = map_file(st, p, op, err);
         }
     } else {
-        rc = map_file(st, path, err);
+        rc = map_file(st, path, op, err);
     }
     if (rc == 0) {
         qsort(st->t, (size_t)st->n, sizeof(StTensor), cmp_tensor);

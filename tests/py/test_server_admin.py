@@ -164,7 +164,7 @@ def test_full_reload(deltas, tmp_path):
         st, w0 = s.request("GET", "/admin/v1/weights", headers=AUTH)
         for body, status in (({"path": os.path.join(root, "escape"), "version": 2}, 403),
                              ({"path": os.path.join(ROOT, "models/tiny-qwen3"), "version": 2}, 403),
-                             ({"path": os.path.join(root, "nope"), "version": 2}, 404),
+                             ({"path": os.path.join(root, "nope"), "version": 2}, 403),  # missing looks like forbidden
                              ({"path": deltas["v2"], "version": 0}, 400),
                              ({"path": deltas["v2"]}, 400)):
             st, r = s.request("POST", "/admin/v1/weights/reload", body=body, headers=AUTH)

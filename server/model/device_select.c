@@ -1,8 +1,8 @@
 /*
  * device_select.c - the start-up device and precision choice of device_select.h.
  *
- * libsampler is built once for every binary, but only the per-GPU binaries
- * link the CUDA objects (kernels/cuda/). The CUDA entry points are therefore
+ * The model layer is built once for every binary, but only the per-GPU
+ * binaries link the CUDA objects (kernels/cuda/). The CUDA entry points are therefore
  * weak references here: in sampler-cpu they resolve to NULL and the choice is
  * always the CPU backend; in sampler-smXX they are the real functions.
  */

@@ -1,7 +1,7 @@
 /*
  * shim/cuda_runtime.h - a CPU emulation of the small part of CUDA the kernels
  * of kernels/cuda/ use, so their index math and reductions can be checked on
- * a machine without a GPU (tests/gpu/emu/run.sh). Every CUDA thread is a
+ * a machine without a GPU (ctest cuda_emu, target emu_check). Every CUDA thread is a
  * pthread; a block's threads run together (barriers for __syncthreads, per
  * warp barriers + a slot array for __shfl_xor_sync); blocks run one after
  * another. Not a performance model, not a memory-model emulator.

@@ -92,6 +92,9 @@ static void usage(void) {
 "  --kv-mem-mb N             KV pool size in MiB (default 1024)\n"
 "  --no-prefix-cache         disable prefix caching\n"
 "  --max-prompt-logprob-rows N  logits rows per step for prompt log-probs (default 256)\n"
+"  --max-request-output-mb N  per-request budget for outputs: masks, log-probs, prompt log-probs,\n"
+"                            experts (README: memory formula); over it -> 400 (default 2048)\n"
+"  --max-output-mem-mb N     budget for the outputs of all requests in flight; full -> 503 (default 8192)\n"
 "  --threads N               forward-pass threads (default: all cores)\n"
 "\n"
 "other\n"
@@ -244,6 +247,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--kv-blocks")) ec.n_blocks = (int)num(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--kv-mem-mb")) ec.kv_mem_mb = (size_t)num(a, v, 1, 1ll << 30);
         else if (!strcmp(a, "--max-prompt-logprob-rows")) ec.max_prompt_logprob_rows = (int)num(a, v, 0, 1 << 20);
+        else if (!strcmp(a, "--max-request-output-mb")) ec.max_request_output_mb = (size_t)num(a, v, 1, 1ll << 30);
+        else if (!strcmp(a, "--max-output-mem-mb")) ec.max_output_mem_mb = (size_t)num(a, v, 1, 1ll << 30);
         else if (!strcmp(a, "--threads")) ec.n_threads = (int)num(a, v, 0, 4096);
         else if (!strcmp(a, "--log-level")) {
             LogLevel l;

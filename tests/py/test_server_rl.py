@@ -199,3 +199,74 @@ def test_sigterm_aborts_after_timeout():
                 finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
     assert finish == "abort"
     assert s.proc.wait(30) == 0
+
+
+def vm_kb(s, field):
+    """VmRSS (resident now) or VmHWM (peak resident) of the server, in kB."""
+    with open(f"/proc/{s.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def test_untruncated_masks_cost_little_memory():
+    """n=4 x 200 tokens of untruncated sampling with masks: each mask is the
+    whole vocabulary, stored (and sent) as an empty complement. By the formula
+    (README, "Output memory") the outputs take 800 records (~100 B) plus no
+    mask ids; the bound below is generous (64 MB). Storing the kept ids, as
+    before, took 800 x 151936 x 4 B = 486 MB. The peak (VmHWM) is what is
+    bounded: the request's storage is freed once it is answered, so VmRSS
+    after it shows only what the allocator kept."""
+    s = Server()
+    try:
+        body = dict(prompt=PROMPT, max_tokens=8, n=1, seed=3, temperature=1.0, ignore_eos=True,
+                    return_token_ids=True, return_sampling_mask=True)
+        st, r = s.post("/v1/completions", body)  # warm up: thread pools, scratch
+        assert st == 200, r
+        rss0, peak0 = vm_kb(s, "VmRSS"), vm_kb(s, "VmHWM")
+        body.update(max_tokens=200, n=4)
+        st, r = s.post("/v1/completions", body, timeout=600)
+        assert st == 200, r
+        rss1, peak1 = vm_kb(s, "VmRSS"), vm_kb(s, "VmHWM")
+        print(f"VmRSS {rss0} -> {rss1} kB, VmHWM {peak0} -> {peak1} kB (peak grew {peak1 - peak0} kB)")
+        assert peak1 - peak0 < 64 * 1024, f"n=4 x 200 masks raised the server's peak by {(peak1 - peak0) // 1024} MB"
+        for c in r["choices"]:
+            assert len(c["token_ids"]) == 200
+            m = c["sampling_mask"]
+            assert m["complement"] == [1] * 200 and len(m["ids"]) == 0, "untruncated masks are empty complements"
+            masks = decode_sampling_mask(m)
+            assert all(len(k) == VOCAB for k in masks)
+            assert all(t in k for t, k in zip(c["token_ids"], masks))
+    finally:
+        assert s.stop() == 0
+
+
+def test_output_budget_refusals_name_what_to_lower():
+    s = Server("--max-request-output-mb", "64", "--max-output-mem-mb", "128")
+    try:
+        # masks: 16 x 400 x (VOCAB / 2) x 4 B reserved = 1.9 GB > 64 MB
+        st, r = s.post("/v1/completions", dict(prompt=PROMPT, n=16, max_tokens=400, return_sampling_mask=True))
+        assert st == 400, r
+        msg = r["error"]["message"]
+        assert "--max-request-output-mb" in msg and "lower n (16), max_tokens (400)" in msg, msg
+        assert "return_sampling_mask" in msg, msg
+        # prompt log-probs with echo: 2000 positions x 21 entries of JSON
+        ids = [(i * 7919) % 150000 + 10 for i in range(2000)]
+        st, r = s.post("/v1/completions", dict(prompt=ids, max_tokens=1, echo=True, logprobs=0, prompt_logprobs=20))
+        assert st == 400, r
+        assert "prompt_logprobs/echo (20)" in r["error"]["message"], r
+        # the budget is for the whole request: 8 prompts of ~20 MB of masks each
+        st, r = s.post("/v1/completions", dict(prompt=[PROMPT] * 8, max_tokens=64, return_sampling_mask=True))
+        assert st == 400, r
+        assert "for 8 prompts" in r["error"]["message"] and "number of prompts" in r["error"]["message"], r
+        # still serving, and what fits is answered with masks containing every sampled token
+        st, r = s.post("/v1/completions", dict(prompt=PROMPT, n=2, max_tokens=16, seed=1, top_k=50,
+                                               return_token_ids=True, return_sampling_mask=True))
+        assert st == 200, r
+        for c in r["choices"]:
+            masks = decode_sampling_mask(c["sampling_mask"])
+            assert len(masks) == len(c["token_ids"]) == 16
+            assert all(t in k and len(k) >= 50 for t, k in zip(c["token_ids"], masks))
+    finally:
+        assert s.stop() == 0

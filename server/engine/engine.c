@@ -168,9 +168,10 @@ static void engine_start(Engine *e) {
     update_gauges(e);
     if (c->verbose)
         log_info("engine: max_running_seqs=%d max_batched_tokens=%d max_model_len=%d max_waiting=%d "
-                 "kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d",
+                 "kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d output_mb=%zu/request %zu/all",
                  c->max_running_seqs, c->max_batched_tokens, c->max_model_len, c->max_waiting, c->n_blocks,
-                 c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads);
+                 c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads,
+                 c->max_request_output_mb, c->max_output_mem_mb);
     CHECK(pthread_create(&e->thr, NULL, engine_main, e) == 0, "cannot start the engine thread");
 }
 

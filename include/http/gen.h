@@ -60,6 +60,7 @@ typedef struct Gen {
     double last_out;      /* streaming: monotonic seconds when bytes last went out */
     int counted;          /* holds a Server.inflight slot */
     int failed;           /* an output could not be produced: the request must fail (gen_failed) */
+    unsigned long alloc0; /* alloc_failures() of this thread when the current rendering began */
     Err fail;
 } Gen;
 
@@ -75,10 +76,14 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
  * -1 when the client went away. */
 int gen_step(Gen *g, int timeout_ms);
 /* 1 (err filled) when an output of this generation could not be produced
- * correctly (engine_request_failed, or rendering ran out of memory): the
+ * correctly (engine_request_failed, or an allocation failed on this thread
+ * since gen_render_begin: rendering ran out of memory): the
  * endpoint must answer with err (a stream: an error event), never with what
  * it has. Aborts the engine requests the first time it sees it. */
 int gen_failed(Gen *g, Err *err);
+/* Start counting this thread's allocation failures (each handler call that
+ * renders: the whole response, every stream fill). */
+void gen_render_begin(Gen *g);
 /* An SSE error event {"error": {...}} for a failed stream. */
 void gen_stream_error(Gen *g, Buf *out);
 /* Streaming: after a step that produced nothing, add an SSE comment when
@@ -115,7 +120,9 @@ json_t *gen_weight_versions(Gen *g, Choice *c);
 json_t *gen_prompt_logprobs(Gen *g, int prompt_i);
 /* A JSON number for a log-prob (-inf as -9999.0, as vLLM does). */
 json_t *gen_lp(float x);
-/* Text of one token (decoded alone, special tokens kept). malloc'd. */
+/* Text of one token (decoded alone, special tokens kept). malloc'd; when
+ * out of memory "" or NULL (the JSON calls take NULL), with the failure
+ * noted so that gen_failed fails the request. */
 char *gen_token_text(Gen *g, int32_t id);
 
 #endif

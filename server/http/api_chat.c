@@ -249,6 +249,7 @@ static int fill(void *ctx, Buf *out) {
         }
         if (gen_step(g, 50) < 0) return -1;
         size_t mark = out->n;
+        gen_render_begin(g);
         if (gen_failed(g, NULL)) { gen_stream_error(g, out); return 0; }
         for (int i = 0; i < g->n_ch; i++) {
             Choice *c = &g->ch[i];

@@ -65,6 +65,7 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     snprintf(g->live.id, sizeof g->live.id, "%s", g->id);
     atomic_fetch_add(&s->inflight, 1);
     g->counted = 1;
+    gen_render_begin(g);
     ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
     GenParams *gp = &g->p;
     int max_len = s->max_model_len;
@@ -197,7 +198,14 @@ static void choice_advance(Gen *g, Choice *c) {
     }
 }
 
+void gen_render_begin(Gen *g) { g->alloc0 = alloc_failures(); }
+
 int gen_failed(Gen *g, Err *err) {
+    if (!g->failed && alloc_failures() != g->alloc0) {
+        g->failed = 1;
+        ERR(&g->fail, 503, "out of memory building the response; retry later, or lower n, max_tokens, "
+            "logprobs/prompt_logprobs/echo or drop return_sampling_mask");
+    }
     for (int i = 0; !g->failed && g->reqs && i < g->n_prompts; i++)
         if (g->reqs[i] && engine_request_failed(g->reqs[i], &g->fail)) g->failed = 1;
     if (!g->failed) return 0;
@@ -289,7 +297,10 @@ char *gen_token_text(Gen *g, int32_t id) {
     char *out = NULL;
     size_t n;
     Err e = {0};
-    if (tokenizer_decode(g->s->tok, &id, 1, false, &out, &n, &e) < 0) return strdup("");
+    if (tokenizer_decode(g->s->tok, &id, 1, false, &out, &n, &e) < 0 || !out) {
+        alloc_failure_note(); /* the only way decode fails: the request fails (gen_failed) */
+        out = strdup("");
+    }
     return out;
 }
 
@@ -304,7 +315,7 @@ static json_t *token_bytes(Gen *g, int32_t id) {
 
 static long utf8_chars(const char *s) {
     long n = 0;
-    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    for (; s && *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
     return n;
 }
 

@@ -270,3 +270,31 @@ def test_output_budget_refusals_name_what_to_lower():
             assert all(t in k and len(k) >= 50 for t, k in zip(c["token_ids"], masks))
     finally:
         assert s.stop() == 0
+
+
+def test_out_of_memory_rendering_prompt_logprobs_is_an_error_not_an_exit(monkeypatch):
+    """10 prompts x 3,000 ids with echo and logprobs=20 inside the budget, but
+    with the server's address space capped (RLIMIT_AS) so that rendering the
+    ~1.2 GB of JSON cannot allocate: the answer is 503 saying what to lower,
+    and the server keeps serving (it used to exit in check.c)."""
+    import resource
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # address space of malloc arenas stays small
+    s = Server()
+    try:
+        ids = [(i * 7919) % 150000 + 10 for i in range(3000)]
+        st, r = s.post("/v1/completions", dict(prompt=ids[:50], max_tokens=1, echo=True, logprobs=5))
+        assert st == 200, r
+        size = vm_kb(s, "VmSize") * 1024
+        soft, hard = resource.prlimit(s.proc.pid, resource.RLIMIT_AS)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_AS, (size + (16 << 20), hard))
+        st, r = s.post("/v1/completions", dict(prompt=[ids] * 10, max_tokens=1, echo=True, logprobs=20, prompt_logprobs=20),
+                       timeout=600)
+        assert st == 503, (st, str(r)[:300])
+        assert "out of memory" in r["error"]["message"] and "lower n" in r["error"]["message"], r
+        resource.prlimit(s.proc.pid, resource.RLIMIT_AS, (soft, hard))
+        assert s.proc.poll() is None, "the server exited"
+        st, r = s.post("/v1/completions", dict(prompt=ids[:100], max_tokens=2, echo=True, logprobs=3))
+        assert st == 200, r
+        assert len(r["choices"][0]["logprobs"]["tokens"]) == 102
+    finally:
+        assert s.stop() == 0

@@ -105,14 +105,15 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
         /* the record cannot be published correctly: fail the request loudly
          * (its consumer must not answer with what was published), abort its
          * other sequences at the next boundary, finish this one unpublished */
-        log_error("engine: request %llu sequence %d: the sampling mask of token %d at position %d does not "
-                  "contain the token; failing the request", (unsigned long long)r->id, q->index, res.token,
+        log_error("engine: request %llu sequence %d: the sampling mask of token %d at position %d is not a "
+                  "valid kept set containing it; failing the request", (unsigned long long)r->id, q->index, res.token,
                   q->n_tokens);
         pthread_mutex_lock(&r->mu);
         if (!r->failed) {
             r->failed = 1;
             ERR(&r->fail, 500, "internal error: the sampling mask of token %d (position %d of choice %d) "
-                "did not contain the sampled token; the request was failed rather than return a wrong mask",
+                "did not contain the sampled token (or was not a valid kept set); the request was failed "
+                "rather than return a wrong mask",
                 res.token, q->n_tokens, q->index);
         }
         pthread_mutex_unlock(&r->mu);

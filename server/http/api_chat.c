@@ -160,6 +160,8 @@ static const char *finish_of(Choice *c, int n_calls) {
 
 static int respond_whole(HttpReq *q, Chat *ch) {
     Gen *g = &ch->g;
+    Err ferr;
+    if (gen_failed(g, &ferr)) return http_send_err(q, &ferr);
     json_t *o = head(g, "chat.completion"), *choices = json_array();
     for (int i = 0; i < g->n_ch; i++) {
         Choice *c = &g->ch[i];

@@ -59,6 +59,8 @@ static void add_prompt_ids(Gen *g, Choice *c, json_t *o) {
 }
 
 static int respond_whole(HttpReq *q, Gen *g) {
+    Err ferr;
+    if (gen_failed(g, &ferr)) return http_send_err(q, &ferr);
     json_t *o = head(g), *choices = json_array();
     for (int i = 0; i < g->n_ch; i++) {
         Choice *c = &g->ch[i];

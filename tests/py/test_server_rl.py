@@ -278,6 +278,9 @@ def test_out_of_memory_rendering_prompt_logprobs_is_an_error_not_an_exit(monkeyp
     ~1.2 GB of JSON cannot allocate: the answer is 503 saying what to lower,
     and the server keeps serving (it used to exit in check.c)."""
     import resource
+    binary = os.environ.get("SAMPLER_BIN", os.path.join(ROOT, "build", "sampler-cpu"))
+    if os.path.exists(binary) and b"__asan_init" in open(binary, "rb").read():
+        pytest.skip("under ASan the sanitizer's own mmaps fail first when the address space is capped")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # address space of malloc arenas stays small
     s = Server()
     try:

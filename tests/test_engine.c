@@ -932,6 +932,266 @@ static void test_control_concurrent(void) {
     engine_cpu_free(e);
 }
 
+
+/* ---- sampling masks: compact storage, the publish check, the output budget ---- */
+
+/* engine_mask_pack: the kept ids at most half the vocab, the complement
+ * above; refuses a set without its token, out of order or too big. */
+static void test_mask_pack(void) {
+    int32_t kept[10], dst[10];
+    int comp = -1;
+    for (int i = 0; i < 10; i++) kept[i] = i;
+    /* all but {3, 7}: the complement */
+    int32_t most[8] = { 0, 1, 2, 4, 5, 6, 8, 9 };
+    int n = engine_mask_pack(most, 8, 10, 5, dst, 5, &comp);
+    T_ASSERT(n == 2 && comp == 1 && dst[0] == 3 && dst[1] == 7, "complement of 8 of 10: n=%d comp=%d", n, comp);
+    n = engine_mask_pack(kept, 10, 10, 0, dst, 5, &comp);
+    T_ASSERT(n == 0 && comp == 1, "the whole vocab stores no ids (n=%d comp=%d)", n, comp);
+    n = engine_mask_pack(kept, 5, 10, 4, dst, 5, &comp); /* exactly half: the kept ids */
+    T_ASSERT(n == 5 && comp == 0 && dst[4] == 4, "half the vocab: n=%d comp=%d", n, comp);
+    /* a mask that does not contain its token is refused */
+    T_ASSERT(engine_mask_pack(most, 8, 10, 3, dst, 5, &comp) == -1, "a mask without its token was packed");
+    T_ASSERT(engine_mask_pack(kept, 5, 10, 7, dst, 5, &comp) == -1, "a mask without its token was packed");
+    T_ASSERT(engine_mask_pack(kept, 0, 10, 0, dst, 5, &comp) == -1, "an empty mask was packed");
+    int32_t bad[3] = { 2, 1, 5 }, out_of[2] = { 1, 10 };
+    T_ASSERT(engine_mask_pack(bad, 3, 10, 1, dst, 5, &comp) == -1, "an unordered mask was packed");
+    T_ASSERT(engine_mask_pack(out_of, 2, 10, 1, dst, 5, &comp) == -1, "an out-of-range mask was packed");
+    T_ASSERT(engine_mask_pack(kept, 3, 10, 1, dst, 2, &comp) == -1, "a mask over its room was packed");
+}
+
+/* The mask tap: records every kept set it sees (by token order of one
+ * sequence: the tests below run one sequence at a time), and when armed
+ * drops the sampled token from the set at the given call. */
+static pthread_mutex_t g_mask_mu = PTHREAD_MUTEX_INITIALIZER;
+static int32_t *g_mask_seen;   /* [cap_calls, vocab] */
+static int32_t g_mask_seen_n[256];
+static int g_mask_calls, g_mask_evil_at = -1;
+
+static void mask_tap(void *ctx, int32_t token, int32_t *kept, int32_t *n_kept) {
+    (void)ctx;
+    int V = g_model->cfg.vocab;
+    pthread_mutex_lock(&g_mask_mu);
+    int k = g_mask_calls++;
+    if (k < 256 && g_mask_seen) {
+        memcpy(g_mask_seen + (size_t)k * V, kept, (size_t)*n_kept * sizeof(int32_t));
+        g_mask_seen_n[k] = *n_kept;
+    }
+    if (k == g_mask_evil_at) { /* remove the token: this mask would be wrong */
+        int w = 0;
+        for (int i = 0; i < *n_kept; i++) if (kept[i] != token) kept[w++] = kept[i];
+        *n_kept = w;
+    }
+    pthread_mutex_unlock(&g_mask_mu);
+}
+
+/* wait_done for requests with many records (each record may wake the
+ * waiter once): polls until done; the deadline only turns a hang into a
+ * failed assertion. */
+static void wait_done_all(EngineRequest *r) {
+    uint64_t seen = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        engine_request_wait(r, &seen, 100);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (!engine_request_done(r) && t.tv_sec - t0.tv_sec < GATE_DEADLINE_S);
+    T_ASSERT(engine_request_done(r), "request %llu did not finish", (unsigned long long)engine_request_id(r));
+}
+
+static Engine *make_mask_engine(size_t req_mb, size_t all_mb) {
+    EngineConfig c;
+    engine_config_default(&c);
+    c.n_blocks = 64;
+    c.block_size = 8;
+    c.max_model_len = 256;
+    c.n_threads = 1; /* one sampling thread: the tap sees the sequence's tokens in order */
+    c.verbose = 0;
+    c.mask_tap = mask_tap;
+    c.max_request_output_mb = req_mb;
+    c.max_output_mem_mb = all_mb;
+    return engine_cpu(g_model, &c);
+}
+
+static void mask_params(EngineRequestParams *p, const int32_t *P, int np, int n, int max_tokens, int top_k) {
+    engine_request_params_default(p);
+    p->prompt = P;
+    p->n_prompt = np;
+    p->n = n;
+    p->want_mask = 1;
+    p->sampling.max_tokens = max_tokens;
+    p->sampling.temperature = 1.0f;
+    p->sampling.top_k = top_k;
+    p->sampling.seed = 5;
+    p->sampling.has_seed = 1;
+    p->sampling.ignore_eos = 1;
+}
+
+/* Untruncated sampling stores the complement (no ids for the whole vocab);
+ * top_k the kept ids; decoded CSR equals the kept set the sampler produced,
+ * and every published mask contains its token. */
+static void test_mask_complement_storage(void) {
+    int V = g_model->cfg.vocab;
+    int32_t P[16];
+    prompt_of(P, 12, 21);
+    Engine *e = make_mask_engine(64, 64);
+    g_mask_seen = malloc((size_t)256 * V * sizeof(int32_t));
+    for (int top_k = 0; top_k <= 400; top_k += 400) { /* 400 of 512: more than half, a real complement */
+        pthread_mutex_lock(&g_mask_mu);
+        g_mask_calls = 0;
+        g_mask_evil_at = -1;
+        pthread_mutex_unlock(&g_mask_mu);
+        EngineRequestParams p;
+        mask_params(&p, P, 12, 1, 20, top_k);
+        EngineRequest *r;
+        Err err = { 0 };
+        T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+        wait_done(r);
+        T_ASSERT(!engine_request_failed(r, &err), "a correct request failed: %s", err.msg);
+        EngineSeqView v;
+        engine_request_seq(r, 0, &v);
+        int64_t off[32];
+        engine_request_mask_csr(r, 0, off, NULL);
+        int32_t *ids = malloc((size_t)(off[v.n_tokens] + 1) * sizeof(int32_t));
+        engine_request_mask_csr(r, 0, off, ids);
+        int bad = 0, comp = 0, stored = 0;
+        for (int k = 0; k < v.n_tokens; k++) {
+            const TokenRecord *t = &v.tokens[k];
+            comp += t->mask_complement;
+            stored += t->mask_len;
+            int n = (int)(off[k + 1] - off[k]), in = 0;
+            bad += n != g_mask_seen_n[k] || n != t->mask_n ||
+                   memcmp(ids + off[k], g_mask_seen + (size_t)k * V, (size_t)n * sizeof(int32_t)) != 0;
+            bad += t->mask_len != (t->mask_complement ? V - t->mask_n : t->mask_n);
+            for (int j = 0; j < n; j++) in |= ids[off[k] + j] == t->token;
+            bad += !in;
+        }
+        T_ASSERT(v.n_tokens == 20 && g_mask_calls == 20 && bad == 0,
+                 "top_k=%d: %d of %d decoded masks differ from the kept sets", top_k, bad, v.n_tokens);
+        if (top_k == 0)
+            T_ASSERT(comp == 20 && stored == 0, "untruncated: %d complemented, %d ids stored (want 20, 0)", comp,
+                     stored);
+        else
+            T_ASSERT(comp == 20 && stored == 20 * (V - 400), "top_k 400: %d complemented, %d ids stored", comp,
+                     stored);
+        free(ids);
+        engine_request_release(r);
+    }
+    free(g_mask_seen);
+    g_mask_seen = NULL;
+    engine_cpu_free(e);
+}
+
+/* A mask that would not contain its token is never published: the request
+ * fails (engine_request_failed, 500) and every published record is right. */
+static void test_mask_publish_check(void) {
+    int32_t P[16];
+    prompt_of(P, 12, 22);
+    Engine *e = make_mask_engine(64, 64);
+    pthread_mutex_lock(&g_mask_mu);
+    g_mask_calls = 0;
+    g_mask_evil_at = 5;
+    pthread_mutex_unlock(&g_mask_mu);
+    EngineRequestParams p;
+    mask_params(&p, P, 12, 1, 20, 50);
+    EngineRequest *r;
+    Err err = { 0 };
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+    wait_done(r);
+    Err f = { 0 };
+    T_ASSERT(engine_request_failed(r, &f) && f.code == 500 && strstr(f.msg, "did not contain the sampled token"),
+             "a wrong mask did not fail its request (code %d: %s)", f.code, f.msg);
+    EngineSeqView v;
+    engine_request_seq(r, 0, &v);
+    int bad = 0;
+    for (int k = 0; k < v.n_tokens; k++) {
+        int in = 0;
+        for (int j = 0; j < v.tokens[k].mask_len; j++) in |= v.tokens[k].mask_ids[j] == v.tokens[k].token;
+        bad += !v.tokens[k].mask_ids || v.tokens[k].mask_complement || !in;
+    }
+    T_ASSERT(v.n_tokens == 5 && v.finish == FINISH_ABORT && bad == 0,
+             "published %d records (want the 5 before the wrong one), finish %d, %d bad", v.n_tokens, v.finish, bad);
+    engine_request_release(r);
+    pthread_mutex_lock(&g_mask_mu);
+    g_mask_evil_at = -1;
+    pthread_mutex_unlock(&g_mask_mu);
+    /* the engine keeps serving */
+    mask_params(&p, P, 12, 2, 8, 0);
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "%s", err.msg);
+    wait_done(r);
+    T_ASSERT(!engine_request_failed(r, NULL), "the next request failed too");
+    engine_request_release(r);
+    engine_cpu_free(e);
+}
+
+/* The output budget: over the per-request budget -> 400 naming what to
+ * lower; over the global one next to requests in flight -> 503; the
+ * reservation comes back when the request is freed. */
+static void test_output_budget(void) {
+    int V = g_model->cfg.vocab;
+    int32_t P[16];
+    prompt_of(P, 12, 23);
+    Engine *e = make_mask_engine(1, 2);
+    EngineRequestParams p;
+    /* 16 x 200 tokens x 256 ids x 4 bytes = 3.3 MB of masks > 1 MB */
+    mask_params(&p, P, 12, 16, 200, 0);
+    size_t want = engine_request_output_bytes(e, &p);
+    T_ASSERT(want >= (size_t)16 * 200 * (V / 2) * 4, "formula: %zu bytes for 16 x 200 masks", want);
+    EngineRequest *r = NULL;
+    Err err = { 0 };
+    T_ASSERT(engine_submit(e, &p, &r, &err) < 0 && err.code == 400 && r == NULL &&
+             strstr(err.msg, "--max-request-output-mb") && strstr(err.msg, "lower n (16), max_tokens (200)") &&
+             strstr(err.msg, "return_sampling_mask"),
+             "over the per-request budget: code %d: %s", err.code, err.msg);
+    /* greedy masks are one id: the same shape fits */
+    p.sampling.temperature = 0;
+    T_ASSERT(engine_request_output_bytes(e, &p) <= want - (size_t)16 * 200 * (V / 2 - 1) * 4, "greedy masks are reserved as one id each");
+    /* prompt log-probs count too */
+    mask_params(&p, P, 12, 1, 4, 0);
+    p.want_mask = 0;
+    size_t base = engine_request_output_bytes(e, &p);
+    p.prompt_logprobs = 20;
+    T_ASSERT(engine_request_output_bytes(e, &p) == base + 12 * (4 + 8 * 20), "prompt log-probs in the formula");
+    p.extra_output_bytes = 3u << 20;
+    err = (Err){ 0 };
+    T_ASSERT(engine_submit(e, &p, &r, &err) < 0 && err.code == 400 && strstr(err.msg, "prompt_logprobs/echo (20)"),
+             "rendering bytes over the budget: code %d: %s", err.code, err.msg);
+    /* the global budget: two requests of ~0.8 MB each fit 2 MB, a third does not while they are held */
+    mask_params(&p, P, 12, 4, 200, 0);
+    size_t one = engine_request_output_bytes(e, &p);
+    T_ASSERT(one > (3u << 20) / 4 && one < (1u << 20), "test setup: %zu bytes", one);
+    T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "%s", err.msg);
+    EngineRequest *a = NULL, *b = NULL, *c = NULL;
+    T_ASSERT(engine_submit(e, &p, &a, &err) == 0, "%s", err.msg);
+    T_ASSERT(engine_submit(e, &p, &b, &err) == 0, "%s", err.msg);
+    err = (Err){ 0 };
+    T_ASSERT(engine_submit(e, &p, &c, &err) < 0 && err.code == 503 && c == NULL &&
+             strstr(err.msg, "--max-output-mem-mb") && strstr(err.msg, "retry later"),
+             "over the global budget: code %d: %s", err.code, err.msg);
+    engine_resume(e);
+    wait_done_all(a);
+    engine_request_release(a);
+    wait_done_all(b);
+    /* a's reservation comes back once the engine let go of it too */
+    int rc = -1;
+    for (int i = 0; i < 600 && rc < 0; i++) {
+        rc = engine_submit(e, &p, &c, &err);
+        if (rc < 0) usleep(10000);
+    }
+    T_ASSERT(rc == 0, "the budget did not come back: %s", err.msg);
+    wait_done_all(c);
+    int bad = 0;
+    for (int s = 0; s < 4; s++) {
+        EngineSeqView v;
+        engine_request_seq(c, s, &v);
+        for (int k = 0; k < v.n_tokens; k++) bad += !v.tokens[k].mask_ids || !v.tokens[k].mask_complement;
+        bad += v.n_tokens != 200;
+    }
+    T_ASSERT(bad == 0, "%d bad records in a request that fit the budget", bad);
+    engine_request_release(b);
+    engine_request_release(c);
+    engine_cpu_free(e);
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
@@ -950,6 +1210,10 @@ int main(void) {
     test_experts();
     test_stress();
     test_control_concurrent();
+    test_mask_pack();
+    test_mask_complement_storage();
+    test_mask_publish_check();
+    test_output_budget();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

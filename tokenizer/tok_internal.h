@@ -24,7 +24,7 @@
 size_t utf8_seq(const uint8_t *s, size_t n, size_t *maximal, bool *truncated);
 /* Python's bytes.decode("utf-8", "replace"): NULL if s is valid (no copy
  * needed), else a malloc'd repaired copy of length *out_len. */
-char *utf8_repair(const char *s, size_t n, size_t *out_len);
+char *utf8_repair(const char *s, size_t n, size_t *out_len); /* also NULL (noted in alloc_failures) when out of memory */
 /* Decode one code point of valid UTF-8; returns its byte length. */
 int utf8_decode(const uint8_t *s, int32_t *cp);
 int utf8_encode(int32_t cp, char *out);

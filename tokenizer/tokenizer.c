@@ -278,7 +278,11 @@ int tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, bool skip
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < t->n_ids) total += t->tok_bytes_len[ids[i]];
-    char *buf = xmalloc(total + 1), *o = buf;
+    char *buf = malloc(total + 1), *o = buf; /* request path: an error, not an exit */
+    if (!buf) {
+        alloc_failure_note();
+        return ERR(e, 503, "out of memory decoding %zu tokens", n);
+    }
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_ids || !t->tok_bytes[id]) continue;

@@ -44,7 +44,11 @@ char *utf8_repair(const char *s, size_t n, size_t *out_len) {
         i += k;
     }
     if (i == n) return NULL;
-    char *out = xmalloc(n * 3 + 4), *o = out;
+    char *out = malloc(n * 3 + 4), *o = out;
+    if (!out) { /* request path: the caller's request sees alloc_failures grow and fails */
+        alloc_failure_note();
+        return NULL;
+    }
     memcpy(o, s, i);
     o += i;
     while (i < n) {

@@ -2,8 +2,10 @@
  * buf.h - a growable byte buffer for building HTTP bodies and decoded text,
  * plus base64 (RFC 4648, with padding) for binary fields in JSON.
  *
- * Request-path memory: a Buf grows with malloc and aborts only if malloc
- * itself fails (as xmalloc does). Not a string library: no formatting beyond
+ * Request-path memory: a Buf grows with realloc; when that fails the append
+ * is dropped (the Buf keeps what it had) and the failure is counted in
+ * alloc_failures (check.h), never fatal: the request that built it checks
+ * the count and fails with 503 instead of sending a truncated body. Not a string library: no formatting beyond
  * buf_printf, no UTF-8 awareness except buf_utf8_floor.
  */
 #ifndef SAMPLER_BUF_H

@@ -55,6 +55,16 @@ int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...)
 #define ENSURE(e, cond, code, ...) \
     do { if (!(cond)) return ERR((e), (code), __VA_ARGS__); } while (0)
 
+/* Request-path allocation failures, counted per thread: an allocator on a
+ * request path (Buf, the JSON library's hook, the tokenizer's decode) that
+ * cannot allocate notes it here and fails without exiting; the request
+ * compares alloc_failures() before and after what it builds and answers 503
+ * instead of sending a response with something missing. */
+void alloc_failure_note(void);
+unsigned long alloc_failures(void);
+/* malloc that notes a failure (the JSON library's allocator, json_set_alloc_funcs). */
+void *alloc_noted(size_t n);
+
 /* Allocation at load time: fatal on failure. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t sz);

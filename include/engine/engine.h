@@ -53,8 +53,15 @@ typedef struct EngineConfig {
     size_t kv_mem_mb;       /* used when n_blocks == 0; default 1024 */
     int enable_prefix_cache;/* default 1 */
     int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 64 */
+    size_t max_request_output_mb; /* per-request output budget (engine_request_output_bytes); default 2048 */
+    size_t max_output_mem_mb;     /* outputs of all requests in flight together; default 8192 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
     int verbose;            /* 1: print the configuration at create (default 1) */
+    /* Test hook, NULL by default: sees (and may change) a token's kept set
+     * [*n_kept] before it is stored, from the sampling threads. Lets a test
+     * hand the publish check a mask that does not contain its token. */
+    void (*mask_tap)(void *ctx, int32_t token, int32_t *kept, int32_t *n_kept);
+    void *mask_tap_ctx;
     /* Test/debug hook, NULL by default: called with every logits row a token
      * is sampled from (before any processing), from the engine's sampling
      * threads, possibly concurrently (the hook must be thread-safe). */
@@ -109,9 +116,52 @@ typedef struct EngineRequestParams {
     int prompt_logprobs;    /* -1: none; 0: the prompt tokens' own log-probs; N: also top-N */
     int want_experts;       /* MoE: routed expert ids per layer per generated token */
     uint64_t user_tag;      /* opaque, for the caller's bookkeeping */
+    /* Bytes the caller will need to render this request's outputs (its JSON),
+     * counted into the output budget with the engine's own storage. */
+    size_t extra_output_bytes;
 } EngineRequestParams;
 
 void engine_request_params_default(EngineRequestParams *p);
+
+/* ---- output memory: the formula, and the budget checked at submit ----
+ * Everything a request's outputs can take is allocated (reserved) at submit,
+ * so a running request never allocates and never fails to store an output.
+ * With V = vocab, E = engine_experts_per_token, M = max_tokens (capped by
+ * max_model_len - P), P = prompt length, K = top_logprobs, N = prompt_logprobs,
+ * B = max blocks per sequence (max_model_len / block_size, rounded up):
+ *
+ *   per sequence (x n):  M * (sizeof(TokenRecord)               records
+ *                             + K * (8 + 4 * want_raw_logprob)   top log-probs
+ *                             + 4 * E * want_experts             routed experts
+ *                             + 4 * mask_ids)                    sampling masks
+ *                        + 4 * (P + M) + 12 * B                  tokens, block table
+ *   once:                4 * P (prompt) + 8 * n_logit_bias
+ *                        + [N >= 0] * P * (4 + 8 * N)            prompt log-probs
+ *                        + [want_experts] * 4 * E * (P - 1)      prompt experts
+ *                        + extra_output_bytes                    the caller's rendering
+ *
+ * mask_ids = engine_mask_ids_bound: 1 for greedy sampling, else floor(V / 2)
+ * (a mask is stored as its kept ids, or as the ids NOT kept when more than
+ * half the vocabulary is kept, so never more than half the vocabulary). The
+ * pages of the reservation are touched only as outputs are written; a token
+ * of untruncated sampling stores no ids at all.
+ *
+ * engine_submit refuses with 400 a request whose bytes exceed
+ * max_request_output_mb (the message names n, max_tokens, the prompt, the
+ * log-prob options and the mask), and with 503 one that does not fit in
+ * max_output_mem_mb next to the requests in flight (retry later); a failed
+ * reservation (malloc) is a 503 too. Nothing is queued on refusal. */
+size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p);
+int engine_mask_ids_bound(int vocab, const SamplingParams *sp);
+
+/* Pack a kept set kept[0..n_kept) (ascending, distinct) for storage: the kept
+ * ids when 2 * n_kept <= vocab (*complement = 0), else the ids of [0, vocab)
+ * not in it (*complement = 1), into dst (room for cap ids). Returns the
+ * number of ids written, or -1 when the set does not contain token, is not
+ * ascending inside [0, vocab), or does not fit cap: such a mask is never
+ * published (the engine fails the request instead). */
+int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
+                     int *complement);
 
 typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } FinishReason;
 const char *finish_reason_name(FinishReason f); /* "stop" "length" "abort" (NULL for NONE) */
@@ -128,7 +178,13 @@ typedef struct TokenRecord {
     const float *top_logprobs;     /* [n_top] sampled distribution (-inf outside the mask) */
     const float *top_logprobs_raw; /* [n_top] raw distribution, or NULL */
     int32_t mask_n;           /* size of the kept set (always filled) */
-    const int32_t *mask_ids;  /* [mask_n] ascending, or NULL unless want_mask */
+    /* want_mask: the kept set in its compact form (engine_mask_pack): when
+     * mask_complement is 0, mask_ids lists the kept ids; when 1 (more than half
+     * the vocabulary kept) it lists the ids NOT kept. Checked at publish to
+     * contain token. NULL unless want_mask. */
+    int32_t mask_complement;
+    int32_t mask_len;         /* ids in mask_ids: mask_n, or vocab - mask_n when complemented */
+    const int32_t *mask_ids;  /* [mask_len] ascending */
     const int32_t *experts;   /* [n_moe_layers, top_k] or NULL unless want_experts */
 } TokenRecord;
 
@@ -142,8 +198,9 @@ typedef struct EngineSeqView {
 
 /* Submit. Returns 0 and a handle (the caller must engine_request_release it),
  * or <0 with err: 400 bad input (prompt empty / too long for max_model_len,
- * token id out of range, bad sampling params, n out of range), 503 waiting
- * queue full or engine shutting down. Nothing is queued on error. Requests
+ * token id out of range, bad sampling params, n out of range, outputs over
+ * max_request_output_mb), 503 waiting queue full, outputs over
+ * max_output_mem_mb with those in flight, or engine shutting down. Nothing is queued on error. Requests
  * submitted while paused wait and are admitted after engine_resume. */
 int engine_submit(Engine *e, const EngineRequestParams *p, EngineRequest **out, Err *err);
 
@@ -155,6 +212,11 @@ int engine_request_wait(EngineRequest *r, uint64_t *seen, int timeout_ms);
 int engine_request_n_seqs(const EngineRequest *r);
 void engine_request_seq(EngineRequest *r, int seq_index, EngineSeqView *out);
 int engine_request_done(EngineRequest *r); /* 1 when every sequence has finished */
+/* 1 (and err filled, 500) when the engine could not produce an output of r
+ * correctly (a mask that would not contain its token): the record was not
+ * published, r's sequences were aborted, and the caller must fail the whole
+ * request rather than return what was published. 0 otherwise. */
+int engine_request_failed(EngineRequest *r, Err *err);
 uint64_t engine_request_id(const EngineRequest *r);
 uint64_t engine_request_user_tag(const EngineRequest *r);
 /* Prompt log-probs (prompt_logprobs >= 0): returns the number of prompt
@@ -162,9 +224,9 @@ uint64_t engine_request_user_tag(const EngineRequest *r);
  * the first token has no context), top_ids/top_lp [n_prompt, N] or NULL. */
 int engine_request_prompt_logprobs(EngineRequest *r, const float **lp,
                                    const int32_t **top_ids, const float **top_lp);
-/* Copy a sequence's masks into CSR form: offsets [n_tokens + 1] (int64), ids
- * [offsets[n_tokens]]. Pass ids NULL to get offsets (the size) first. Returns
- * n_tokens. For a FINISHED sequence (the count cannot grow between calls);
+/* Copy a sequence's masks, decoded to the full kept sets, into CSR form:
+ * offsets [n_tokens + 1] (int64), ids [offsets[n_tokens]]. Pass ids NULL to
+ * get offsets (the size) first. Returns n_tokens. For a FINISHED sequence (the count cannot grow between calls);
  * while it runs use engine_request_mask_csr_n. */
 int engine_request_mask_csr(EngineRequest *r, int seq_index, int64_t *offsets, int32_t *ids);
 /* The same for records [0, n) only (n <= published records): offsets [n + 1]. */

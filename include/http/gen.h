@@ -59,17 +59,33 @@ typedef struct Gen {
     int client_gone;
     double last_out;      /* streaming: monotonic seconds when bytes last went out */
     int counted;          /* holds a Server.inflight slot */
+    int failed;           /* an output could not be produced: the request must fail (gen_failed) */
+    unsigned long alloc0; /* alloc_failures() of this thread when the current rendering began */
+    Err fail;
 } Gen;
 
 /* Check lengths against the model (400 with param max_tokens / prompt),
  * apply the endpoint's default max_tokens (chat: the rest of the context),
- * submit every prompt. Takes ownership of p and prompts (freed by gen_free,
+ * submit every prompt, each with its rendering estimate (gen_render_bytes)
+ * counted into the engine's output budget (400/503 naming what to lower). Takes ownership of p and prompts (freed by gen_free,
  * also on error). 503 when the queue is full or the server is shutting down. */
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
               Err *err);
 /* Wait up to timeout_ms for engine progress, then consume it. Returns 1 when
- * every choice is done, 0 otherwise, -1 when the client went away. */
+ * every choice is done or the generation failed (gen_failed), 0 otherwise,
+ * -1 when the client went away. */
 int gen_step(Gen *g, int timeout_ms);
+/* 1 (err filled) when an output of this generation could not be produced
+ * correctly (engine_request_failed, or an allocation failed on this thread
+ * since gen_render_begin: rendering ran out of memory): the
+ * endpoint must answer with err (a stream: an error event), never with what
+ * it has. Aborts the engine requests the first time it sees it. */
+int gen_failed(Gen *g, Err *err);
+/* Start counting this thread's allocation failures (each handler call that
+ * renders: the whole response, every stream fill). */
+void gen_render_begin(Gen *g);
+/* An SSE error event {"error": {...}} for a failed stream. */
+void gen_stream_error(Gen *g, Buf *out);
 /* Streaming: after a step that produced nothing, add an SSE comment when
  * the stream has been silent for 15 s (paused engine, long queue), so
  * proxies and clients do not time out. Returns 1 if it wrote one. */
@@ -104,7 +120,9 @@ json_t *gen_weight_versions(Gen *g, Choice *c);
 json_t *gen_prompt_logprobs(Gen *g, int prompt_i);
 /* A JSON number for a log-prob (-inf as -9999.0, as vLLM does). */
 json_t *gen_lp(float x);
-/* Text of one token (decoded alone, special tokens kept). malloc'd. */
+/* Text of one token (decoded alone, special tokens kept). malloc'd; when
+ * out of memory "" or NULL (the JSON calls take NULL), with the failure
+ * noted so that gen_failed fails the request. */
 char *gen_token_text(Gen *g, int32_t id);
 
 #endif

@@ -10,18 +10,23 @@
 
 #include "check.h"
 
-static void buf_reserve(Buf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return;
+/* 0, or -1 (noted in alloc_failures, b unchanged) when it cannot grow. */
+static int buf_reserve(Buf *b, size_t extra) {
+    if (b->n + extra + 1 <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->n + extra + 1) cap *= 2;
     char *p = realloc(b->p, cap);
-    CHECK_PTR(p, "out of memory growing a buffer to %zu bytes", cap);
+    if (!p) {
+        alloc_failure_note();
+        return -1;
+    }
     b->p = p;
     b->cap = cap;
+    return 0;
 }
 
 void buf_append(Buf *b, const void *s, size_t n) {
-    buf_reserve(b, n);
+    if (buf_reserve(b, n) < 0) return;
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
@@ -37,7 +42,7 @@ void buf_printf(Buf *b, const char *fmt, ...) {
     va_end(ap);
     if (k < 0) return;
     if ((size_t)k < sizeof tmp) { buf_append(b, tmp, (size_t)k); return; }
-    buf_reserve(b, (size_t)k);
+    if (buf_reserve(b, (size_t)k) < 0) return;
     va_start(ap, fmt);
     vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
     va_end(ap);
@@ -61,7 +66,7 @@ size_t buf_utf8_floor(const char *s, size_t n) {
 void buf_base64(Buf *b, const void *data, size_t n) {
     static const char T[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     const unsigned char *d = data;
-    buf_reserve(b, (n + 2) / 3 * 4);
+    if (buf_reserve(b, (n + 2) / 3 * 4) < 0) return;
     char *o = b->p + b->n;
     size_t i = 0;
     for (; i + 3 <= n; i += 3) {

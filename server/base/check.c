@@ -45,6 +45,17 @@ int err_set(Err *e, const char *file, int line, int code, const char *fmt, ...) 
     return -(code ? code : 1);
 }
 
+static _Thread_local unsigned long alloc_failed;
+
+void alloc_failure_note(void) { alloc_failed++; }
+unsigned long alloc_failures(void) { return alloc_failed; }
+
+void *alloc_noted(size_t n) {
+    void *p = malloc(n);
+    if (!p) alloc_failed++;
+    return p;
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     CHECK(p != NULL, "out of memory allocating %zu bytes", n);

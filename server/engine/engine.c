@@ -44,6 +44,8 @@ void engine_config_default(EngineConfig *c) {
     c->kv_mem_mb = 1024;
     c->enable_prefix_cache = 1;
     c->max_prompt_logprob_rows = 64;
+    c->max_request_output_mb = 2048;
+    c->max_output_mem_mb = 8192;
     c->n_threads = 0;
     c->verbose = 1;
 }
@@ -126,6 +128,8 @@ static Engine *engine_new(const ModelConfig *mc, const EngineConfig *cfg) {
     CHECK(c->block_size > 0, "--block-size must be > 0 (got %d)", c->block_size);
     CHECK(c->max_waiting > 0, "--max-waiting must be > 0 (got %d)", c->max_waiting);
     CHECK(c->max_prompt_logprob_rows >= 0, "--max-prompt-logprob-rows must be >= 0");
+    CHECK(c->max_request_output_mb > 0 && c->max_output_mem_mb > 0,
+          "--max-request-output-mb and --max-output-mem-mb must be > 0");
     for (int l = 0; l < mc->n_layers; l++) e->n_moe += model_layer_is_moe(mc, l);
     e->E = mc->n_experts > 0 ? e->n_moe * mc->top_k : 0;
     e->resume_cmd.kind = CMD_RESUME;
@@ -164,9 +168,10 @@ static void engine_start(Engine *e) {
     update_gauges(e);
     if (c->verbose)
         log_info("engine: max_running_seqs=%d max_batched_tokens=%d max_model_len=%d max_waiting=%d "
-                 "kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d",
+                 "kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d output_mb=%zu/request %zu/all",
                  c->max_running_seqs, c->max_batched_tokens, c->max_model_len, c->max_waiting, c->n_blocks,
-                 c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads);
+                 c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads,
+                 c->max_request_output_mb, c->max_output_mem_mb);
     CHECK(pthread_create(&e->thr, NULL, engine_main, e) == 0, "cannot start the engine thread");
 }
 

@@ -83,7 +83,12 @@ int engine_submit(Engine *e, const EngineRequestParams *p, EngineRequest **out, 
         return -1;
     }
     EngineRequest *r = engine_request_new(e, p, err);
-    if (!r) return -1;
+    if (!r) {
+        pthread_mutex_lock(&e->mmu);
+        e->m.requests_rejected++;
+        pthread_mutex_unlock(&e->mmu);
+        return -1;
+    }
     if (!r->p.sampling.has_seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

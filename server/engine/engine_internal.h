@@ -55,18 +55,14 @@ typedef struct EngineCmd {
 } EngineCmd;
 
 /* ---- requests ---- */
-typedef struct MaskChunk {
-    struct MaskChunk *next;
-    int64_t cap, used;
-    int32_t ids[];
-} MaskChunk;
-
 typedef struct SeqOut {
     TokenRecord *recs;  /* [max_new] */
     int32_t *top_ids;   /* [max_new, top_n] */
     float *top_lp, *top_raw; /* [max_new, top_n] */
     int32_t *experts;   /* [max_new, E] */
-    MaskChunk *masks;   /* newest first */
+    int32_t *masks;     /* [max_new * mask_bound] reserved at submit; compact masks, in record order */
+    int64_t mask_used;  /* ids written (sampling thread of this sequence) */
+    int failed;         /* a record could not be stored correctly (sampling thread) */
     int n_pub;          /* published records (under req->mu); never decreases */
     FinishReason finish;
     int32_t stop_token;
@@ -81,6 +77,10 @@ struct EngineRequest {
     int32_t *bias_ids;
     float *bias;
     int n, max_new, n_done;
+    int mask_bound;           /* ids reserved per record for its mask (engine_mask_ids_bound) */
+    size_t out_bytes;         /* engine_request_output_bytes, reserved in Engine.out_reserved */
+    int failed;               /* under mu: engine_request_failed */
+    Err fail;                 /* under mu */
     Seq *seqs;                /* [n] */
     SeqOut *outs;             /* [n] */
     float *plp;               /* [n_prompt] */
@@ -134,6 +134,7 @@ struct Engine {
     int n_cmds;
     EngineCmd resume_cmd;     /* queued at most once; a second resume moves it to the tail */
     int n_unstarted;          /* submitted, no sequence scheduled yet; bounded by max_waiting */
+    size_t out_reserved;      /* output bytes of every request not yet freed; <= max_output_mem_mb */
     int pause_pub;            /* what engine_is_paused reports */
     uint64_t next_id;
     /* engine thread */
@@ -159,7 +160,10 @@ void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, in
  * r may be freed on return: never touch it after. */
 void engine_request_abort_now(Engine *e, EngineRequest *r);
 void engine_mark_started(Engine *e, EngineRequest *r);
-int32_t *engine_mask_alloc(Engine *e, SeqOut *o, int n);
+/* Reserve / release p's output bytes in Engine.out_reserved (the global
+ * budget): 0, or <0 with a 503 err naming what to lower. */
+int engine_output_reserve(Engine *e, size_t bytes, Err *err);
+void engine_output_release(Engine *e, size_t bytes);
 
 /* ---- engine_control.c ---- */
 /* Queue r's abort unless it is queued already or r is retired (under e->mu). */

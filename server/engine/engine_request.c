@@ -1,7 +1,7 @@
 /*
  * engine_request.c - one request's storage and life: allocation at submit
- * (records, top-N, experts for max_tokens; masks in a chunked arena that only
- * grows), publishing from the engine thread, the consumer API (wait, seq,
+ * (records, top-N, experts and compact masks for max_tokens, all reserved
+ * against the output budget, engine.h), publishing from the engine thread, the consumer API (wait, seq,
  * done, mask CSR, prompt log-probs / experts) and release.
  *
  * A published record never changes and never moves, so consumers read
@@ -42,12 +42,13 @@ void engine_request_destroy(EngineRequest *r) {
     for (int i = 0; i < r->n; i++) {
         SeqOut *o = &r->outs[i];
         free(o->recs); free(o->top_ids); free(o->top_lp); free(o->top_raw); free(o->experts);
-        while (o->masks) { MaskChunk *c = o->masks; o->masks = c->next; free(c); }
+        free(o->masks);
         free(r->seqs[i].tokens); free(r->seqs[i].blocks); free(r->seqs[i].keys);
     }
     free(r->seqs); free(r->outs);
     free(r->prompt); free(r->bias_ids); free(r->bias);
     free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->pexp);
+    if (r->out_bytes) engine_output_release(r->e, r->out_bytes);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -61,18 +62,73 @@ static void *tryalloc(size_t n, int *fail) {
     return p;
 }
 
+/* ---- output memory (engine.h: the formula) ---- */
+int engine_mask_ids_bound(int vocab, const SamplingParams *sp) {
+    if (sp->temperature == 0.0f) return 1; /* greedy: a point mass */
+    return vocab / 2 > 1 ? vocab / 2 : 1;
+}
+
+static int request_max_new(const Engine *e, const EngineRequestParams *p) {
+    int room = e->cfg.max_model_len - p->n_prompt;
+    return p->sampling.max_tokens > 0 && p->sampling.max_tokens < room ? p->sampling.max_tokens : room;
+}
+
+size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p) {
+    size_t M = (size_t)(request_max_new(e, p) > 0 ? request_max_new(e, p) : 0), P = (size_t)p->n_prompt;
+    size_t K = (size_t)(p->top_logprobs > 0 ? p->top_logprobs : 0), E = (size_t)e->E;
+    size_t B = (size_t)(e->cfg.max_model_len + e->cfg.block_size - 1) / (size_t)e->cfg.block_size;
+    size_t per_rec = sizeof(TokenRecord) + K * (8 + (p->want_raw_logprob ? 4 : 0)) +
+                     (p->want_experts ? 4 * E : 0) +
+                     (p->want_mask ? 4 * (size_t)engine_mask_ids_bound(e->mc.vocab, &p->sampling) : 0);
+    size_t per_seq = M * per_rec + 4 * (P + M) + 12 * B;
+    size_t once = 4 * P + 8 * (size_t)(p->sampling.n_logit_bias > 0 ? p->sampling.n_logit_bias : 0);
+    if (p->prompt_logprobs >= 0) once += P * (4 + 8 * (size_t)p->prompt_logprobs);
+    if (p->want_experts && E && P > 1) once += 4 * E * (P - 1);
+    return (size_t)(p->n > 0 ? p->n : 1) * per_seq + once + p->extra_output_bytes;
+}
+
+int engine_output_reserve(Engine *e, size_t bytes, Err *err) {
+    size_t cap = e->cfg.max_output_mem_mb << 20;
+    pthread_mutex_lock(&e->mu);
+    int ok = e->out_reserved + bytes <= cap;
+    size_t held = e->out_reserved;
+    if (ok) e->out_reserved += bytes;
+    pthread_mutex_unlock(&e->mu);
+    ENSURE(err, ok, 503,
+           "server busy: this request's outputs need %zu MB and the requests in flight hold %zu of the "
+           "%zu MB output budget (--max-output-mem-mb); retry later, or lower n, max_tokens, "
+           "logprobs/prompt_logprobs or return_sampling_mask", (bytes >> 20) + 1, held >> 20,
+           e->cfg.max_output_mem_mb);
+    return 0;
+}
+
+void engine_output_release(Engine *e, size_t bytes) {
+    pthread_mutex_lock(&e->mu);
+    ASSERT(e->out_reserved >= bytes, "output reservation released twice");
+    e->out_reserved -= bytes;
+    pthread_mutex_unlock(&e->mu);
+}
+
 EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *err) {
     int fail = 0, E = e->E;
+    size_t bytes = engine_request_output_bytes(e, p);
+    if (engine_output_reserve(e, bytes, err) < 0) return NULL;
     EngineRequest *r = calloc(1, sizeof *r);
-    if (!r) { ERR(err, 500, "out of memory"); return NULL; }
+    if (!r) {
+        engine_output_release(e, bytes);
+        ERR(err, 503, "out of memory for a request (%zu MB of outputs); retry later or lower n or max_tokens",
+            (bytes >> 20) + 1);
+        return NULL;
+    }
     r->e = e;
+    r->out_bytes = bytes;
     r->p = *p;
     r->submit_cmd = (EngineCmd){ .kind = CMD_SUBMIT, .a.req = r };
     r->abort_cmd = (EngineCmd){ .kind = CMD_ABORT, .a.req = r };
     r->n = p->n;
     r->user_tag = p->user_tag;
-    int room = e->cfg.max_model_len - p->n_prompt;
-    r->max_new = p->sampling.max_tokens > 0 && p->sampling.max_tokens < room ? p->sampling.max_tokens : room;
+    r->max_new = request_max_new(e, p);
+    r->mask_bound = p->want_mask ? engine_mask_ids_bound(e->mc.vocab, &p->sampling) : 0;
     r->prompt = tryalloc((size_t)p->n_prompt * sizeof(int32_t), &fail);
     if (r->prompt) memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
     r->p.prompt = r->prompt;
@@ -108,6 +164,11 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
             if (p->want_raw_logprob) o->top_raw = tryalloc((size_t)r->max_new * top * sizeof(float), &fail);
         }
         if (p->want_experts && E > 0) o->experts = tryalloc((size_t)r->max_new * E * sizeof(int32_t), &fail);
+        if (p->want_mask) {
+            /* malloc, not calloc: pages are touched only as ids are written */
+            o->masks = malloc((size_t)r->max_new * (size_t)r->mask_bound * sizeof(int32_t));
+            if (!o->masks) fail = 1;
+        }
         o->stop_token = -1;
         if (q->tokens) memcpy(q->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
         q->n_tokens = p->n_prompt;
@@ -127,8 +188,9 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
     pthread_cond_init(&r->cv, NULL);
     if (fail) {
         engine_request_destroy(r);
-        ERR(err, 500, "out of memory for a request of %d prompt tokens, n=%d, max_tokens=%d",
-            p->n_prompt, p->n, p->sampling.max_tokens);
+        ERR(err, 503, "out of memory reserving the outputs of a request of %d prompt tokens, n=%d, "
+            "max_tokens=%d (%zu MB); retry later, or lower n, max_tokens or the returned outputs",
+            p->n_prompt, p->n, r->max_new, (bytes >> 20) + 1);
         return NULL;
     }
     return r;
@@ -148,7 +210,18 @@ int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err) {
            "top_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->top_logprobs);
     ENSURE(err, p->prompt_logprobs >= -1 && p->prompt_logprobs <= SAMPLING_MAX_TOP_N, 400,
            "prompt_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->prompt_logprobs);
-    return sampling_params_check(&p->sampling, V, err);
+    if (sampling_params_check(&p->sampling, V, err) < 0) return -1;
+    size_t mb = e->cfg.max_request_output_mb < e->cfg.max_output_mem_mb ? e->cfg.max_request_output_mb
+                                                                         : e->cfg.max_output_mem_mb;
+    size_t bytes = engine_request_output_bytes(e, p), cap = mb << 20;
+    ENSURE(err, bytes <= cap, 400,
+           "this request's outputs would need %zu MB, over the per-request budget of %zu MB "
+           "(--max-request-output-mb): lower n (%d), max_tokens (%d), the prompt (%d tokens) or "
+           "prompt_logprobs/echo (%d), logprobs (%d), or drop return_sampling_mask (%s; up to %d ids per "
+           "token unless greedy)", (bytes >> 20) + 1, mb, p->n,
+           request_max_new(e, p), p->n_prompt, p->prompt_logprobs, p->top_logprobs, p->want_mask ? "on" : "off",
+           engine_mask_ids_bound(V, &p->sampling));
+    return 0;
 }
 
 /* ---- consumer side ---- */
@@ -223,11 +296,20 @@ int engine_request_mask_csr_n(EngineRequest *r, int i, int n, int64_t *offsets, 
     if (n < 0) n = 0;
     v.n_tokens = n;
     int64_t off = 0;
+    int V = r->e->mc.vocab;
     for (int k = 0; k < v.n_tokens; k++) {
         const TokenRecord *t = &v.tokens[k];
         if (offsets) offsets[k] = off;
-        if (ids && t->mask_ids) memcpy(ids + off, t->mask_ids, (size_t)t->mask_n * sizeof(int32_t));
-        if (t->mask_ids) off += t->mask_n;
+        if (!t->mask_ids) continue;
+        if (ids && !t->mask_complement) memcpy(ids + off, t->mask_ids, (size_t)t->mask_n * sizeof(int32_t));
+        else if (ids) {
+            int64_t w = off;
+            for (int32_t id = 0, j = 0; id < V; id++) {
+                if (j < t->mask_len && t->mask_ids[j] == id) j++;
+                else ids[w++] = id;
+            }
+        }
+        off += t->mask_n;
     }
     if (offsets) offsets[v.n_tokens] = off;
     return v.n_tokens;
@@ -313,19 +395,32 @@ void engine_request_abort_now(Engine *e, EngineRequest *r) {
     }
 }
 
-int32_t *engine_mask_alloc(Engine *e, SeqOut *o, int n) {
-    if (!o->masks || o->masks->cap - o->masks->used < n) {
-        int64_t cap = e->mc.vocab > (1 << 16) ? e->mc.vocab : (1 << 16);
-        MaskChunk *c = malloc(sizeof *c + (size_t)cap * sizeof(int32_t));
-        if (!c) return NULL;
-        c->cap = cap;
-        c->used = 0;
-        c->next = o->masks;
-        o->masks = c;
+int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
+                     int *complement) {
+    int has = 0;
+    for (int i = 0; i < n_kept; i++) {
+        if (kept[i] < 0 || kept[i] >= vocab || (i > 0 && kept[i] <= kept[i - 1])) return -1;
+        has |= kept[i] == token;
     }
-    int32_t *p = o->masks->ids + o->masks->used;
-    o->masks->used += n;
-    return p;
+    if (!has) return -1;
+    int comp = 2 * (int64_t)n_kept > vocab, len = comp ? vocab - n_kept : n_kept;
+    if (len > cap) return -1;
+    if (!comp) memcpy(dst, kept, (size_t)n_kept * sizeof(int32_t));
+    else
+        for (int32_t id = 0, j = 0, w = 0; id < vocab; id++) {
+            if (j < n_kept && kept[j] == id) j++;
+            else dst[w++] = id;
+        }
+    *complement = comp;
+    return len;
+}
+
+int engine_request_failed(EngineRequest *r, Err *err) {
+    pthread_mutex_lock(&r->mu);
+    int f = r->failed;
+    if (f && err) *err = r->fail;
+    pthread_mutex_unlock(&r->mu);
+    return f;
 }
 
 void engine_mark_started(Engine *e, EngineRequest *r) {

@@ -6,7 +6,10 @@
  *
  * Engine thread only, except sample_compute and plp_task, which run on the
  * sampling threads and touch only their own sequence's storage. Nothing is
- * allocated here except mask arena chunks when one fills.
+ * allocated here: every output's room was reserved at submit (engine.h).
+ * A mask is stored only through engine_mask_pack, which refuses one that does
+ * not contain its token; such a record is never published and its request
+ * fails (engine_request_failed).
  *
  * Not here: what happens between steps (engine_control.c), request storage
  * and the consumer API (engine_request.c), the sampling math (sampling.c).
@@ -63,9 +66,20 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     rec->top_logprobs_raw = w.top_logprobs_raw;
     rec->mask_n = res.n_kept;
     if (p->want_mask) {
-        int32_t *m = engine_mask_alloc(e, o, res.n_kept);
-        if (m) { memcpy(m, mask_buf, (size_t)res.n_kept * sizeof(int32_t)); rec->mask_ids = m; }
-        else log_error("engine: out of memory for a sampling mask (request %llu)", (unsigned long long)r->id);
+        int32_t n_kept = res.n_kept;
+        if (e->cfg.mask_tap) e->cfg.mask_tap(e->cfg.mask_tap_ctx, res.token, mask_buf, &n_kept);
+        int32_t *dst = o->masks + o->mask_used;
+        int comp = 0;
+        /* room: record k starts at <= k * mask_bound of max_new * mask_bound */
+        int len = engine_mask_pack(mask_buf, n_kept, e->mc.vocab, res.token, dst, r->mask_bound, &comp);
+        if (len < 0) o->failed = 1;
+        else {
+            rec->mask_n = n_kept;
+            rec->mask_complement = comp;
+            rec->mask_len = len;
+            rec->mask_ids = dst;
+            o->mask_used += len;
+        }
     }
     if (o->experts && expert_row) {
         memcpy(o->experts + (size_t)k * e->E, expert_row, (size_t)e->E * sizeof(int32_t));
@@ -87,6 +101,28 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
     const EngineRequestParams *p = &r->p;
     int k = q->n_tokens - q->n_prompt;
     SampleResult res = { .token = j->token };
+    if (o->failed) {
+        /* the record cannot be published correctly: fail the request loudly
+         * (its consumer must not answer with what was published), abort its
+         * other sequences at the next boundary, finish this one unpublished */
+        log_error("engine: request %llu sequence %d: the sampling mask of token %d at position %d is not a "
+                  "valid kept set containing it; failing the request", (unsigned long long)r->id, q->index, res.token,
+                  q->n_tokens);
+        pthread_mutex_lock(&r->mu);
+        if (!r->failed) {
+            r->failed = 1;
+            ERR(&r->fail, 500, "internal error: the sampling mask of token %d (position %d of choice %d) "
+                "did not contain the sampled token (or was not a valid kept set); the request was failed "
+                "rather than return a wrong mask",
+                res.token, q->n_tokens, q->index);
+        }
+        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&e->mu);
+        engine_cmd_abort_locked(e, r);
+        pthread_mutex_unlock(&e->mu);
+        engine_seq_finish(e, q, FINISH_ABORT, -1, -1); /* may free r: nothing after */
+        return;
+    }
     ASSERT(q->n_tokens < q->max_len, "sequence full (%d tokens) but sampled again", q->n_tokens);
     q->tokens[q->n_tokens++] = res.token;
     /* stops */

@@ -160,6 +160,8 @@ static const char *finish_of(Choice *c, int n_calls) {
 
 static int respond_whole(HttpReq *q, Chat *ch) {
     Gen *g = &ch->g;
+    Err ferr;
+    if (gen_failed(g, &ferr)) return http_send_err(q, &ferr);
     json_t *o = head(g, "chat.completion"), *choices = json_array();
     for (int i = 0; i < g->n_ch; i++) {
         Choice *c = &g->ch[i];
@@ -199,6 +201,11 @@ static int respond_whole(HttpReq *q, Chat *ch) {
     if (g->p.ret_token_ids) json_object_set_new(o, "prompt_token_ids", prompt_ids(g));
     if (g->p.prompt_logprobs >= 0) json_object_set_new(o, "prompt_logprobs", gen_prompt_logprobs(g, 0));
     json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
+    Err err;
+    if (gen_failed(g, &err)) { /* never a 200 with a wrong or missing output */
+        json_decref(o);
+        return http_send_err(q, &err);
+    }
     return http_send_json(q, 200, o);
 }
 
@@ -243,6 +250,9 @@ static int fill(void *ctx, Buf *out) {
             return 0;
         }
         if (gen_step(g, 50) < 0) return -1;
+        size_t mark = out->n;
+        gen_render_begin(g);
+        if (gen_failed(g, NULL)) { gen_stream_error(g, out); return 0; }
         for (int i = 0; i < g->n_ch; i++) {
             Choice *c = &g->ch[i];
             ChatOut *co = &ch->outs[i];
@@ -279,6 +289,7 @@ static int fill(void *ctx, Buf *out) {
             buf_free(&content);
             buf_free(&reasoning);
         }
+        if (gen_failed(g, NULL)) { out->n = mark; gen_stream_error(g, out); return 0; }
         if (gen_keepalive(g, out) || out->n) return 1;
     }
 }

@@ -59,6 +59,8 @@ static void add_prompt_ids(Gen *g, Choice *c, json_t *o) {
 }
 
 static int respond_whole(HttpReq *q, Gen *g) {
+    Err ferr;
+    if (gen_failed(g, &ferr)) return http_send_err(q, &ferr);
     json_t *o = head(g), *choices = json_array();
     for (int i = 0; i < g->n_ch; i++) {
         Choice *c = &g->ch[i];
@@ -83,6 +85,11 @@ static int respond_whole(HttpReq *q, Gen *g) {
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", gen_usage(g));
     json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
+    Err err;
+    if (gen_failed(g, &err)) { /* never a 200 with a wrong or missing output */
+        json_decref(o);
+        return http_send_err(q, &err);
+    }
     return http_send_json(q, 200, o);
 }
 
@@ -104,6 +111,9 @@ static int fill(void *ctx, Buf *out) {
         }
         int r = gen_step(g, 50);
         if (r < 0) return -1;
+        size_t mark = out->n;
+        gen_render_begin(g);
+        if (gen_failed(g, NULL)) { gen_stream_error(g, out); return 0; }
         for (int i = 0; i < g->n_ch; i++) {
             Choice *c = &g->ch[i];
             if (c->final_sent) continue;
@@ -142,6 +152,7 @@ static int fill(void *ctx, Buf *out) {
             c->n_sent = to;
             c->final_sent = final;
         }
+        if (gen_failed(g, NULL)) { out->n = mark; gen_stream_error(g, out); return 0; }
         if (gen_keepalive(g, out) || out->n) return 1;
     }
 }

@@ -216,6 +216,13 @@ static const Flag FLAGS[] = {
     {.name = "--max-prompt-logprob-rows", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_prompt_logprob_rows), .lo = 0, .hi = 1 << 20,
      .help = "logits rows per step for prompt log-probs"},
+    {.name = "--max-request-output-mb", .metavar = "N", .section = S_ENGINE, .kind = K_SIZE,
+     .off = AT(server.engine.max_request_output_mb), .lo = 1, .hi = 1ll << 30,
+     .help = "per-request budget in MiB for outputs (masks, log-probs, prompt log-probs, experts; README "
+             "\"Output memory\"); over it -> 400 naming what to lower"},
+    {.name = "--max-output-mem-mb", .metavar = "N", .section = S_ENGINE, .kind = K_SIZE,
+     .off = AT(server.engine.max_output_mem_mb), .lo = 1, .hi = 1ll << 30,
+     .help = "budget in MiB for the outputs of all requests in flight; full -> 503"},
     {.name = "--threads", .metavar = "N", .section = S_ENGINE, .kind = K_INT, .off = AT(server.engine.n_threads),
      .lo = 0, .hi = 4096, .unset = "all cores", .help = "forward-pass threads; 0: all cores"},
 

@@ -11,8 +11,46 @@
 #include <time.h>
 
 #include "log.h"
+#include "sse.h"
 
 /* ---- lifecycle ---- */
+/* What rendering a prompt's outputs as JSON can take, on top of the engine's
+ * storage (engine_request_output_bytes): jansson builds every log-prob entry
+ * as an object (token text, log-prob, bytes / rank, decoded_token) and the
+ * response is then dumped to a string as well; measured at about 0.6-0.9 KB
+ * per entry with Qwen3's tokenizer, counted as GEN_LP_ENTRY_BYTES. An echoed
+ * or prompt_logprobs prompt has (N + 1) entries per position, a generated
+ * token with logprobs (top + 1). Masks are rendered from their compact form
+ * (at most ~15 bytes per stored id: copy, base64, dump), one choice at a
+ * time, and are not counted here. */
+#define GEN_LP_ENTRY_BYTES 1024
+static size_t gen_render_bytes(const EngineRequestParams *ep, int logprobs, int echo) {
+    size_t b = 0;
+    if (ep->prompt_logprobs >= 0) /* echo's logprobs and prompt_logprobs render the same positions */
+        b += (size_t)ep->n_prompt * (size_t)(ep->prompt_logprobs + 1) * GEN_LP_ENTRY_BYTES * (echo ? 2 : 1);
+    if (logprobs >= 0)
+        b += (size_t)ep->n * (size_t)ep->sampling.max_tokens * (size_t)(ep->top_logprobs + 1) * GEN_LP_ENTRY_BYTES;
+    return b;
+}
+
+/* The engine request of one prompt. */
+static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, int max_len, EngineRequestParams *ep) {
+    engine_request_params_default(ep);
+    ep->prompt = pr->ids;
+    ep->n_prompt = (int)pr->n;
+    ep->n = gp->n;
+    ep->sampling = gp->sp;
+    int rest = max_len - ep->n_prompt;
+    if (!gp->max_tokens_set) ep->sampling.max_tokens = gp->sp.max_tokens > 0 && gp->sp.max_tokens < rest ? gp->sp.max_tokens : rest;
+    ep->top_logprobs = gp->logprobs > 0 ? gp->logprobs : 0;
+    ep->want_raw_logprob = gp->ret_raw_lp || (s->cfg.logprobs_raw && gp->logprobs >= 0);
+    ep->want_mask = gp->ret_mask;
+    ep->prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
+                        : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
+    ep->want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
+    ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
+}
+
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
               Err *err) {
     memset(g, 0, sizeof *g);
@@ -27,6 +65,7 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     snprintf(g->live.id, sizeof g->live.id, "%s", g->id);
     atomic_fetch_add(&s->inflight, 1);
     g->counted = 1;
+    gen_render_begin(g);
     ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
     GenParams *gp = &g->p;
     int max_len = s->max_model_len;
@@ -47,23 +86,25 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     g->n_ch = n_prompts * gp->n;
     g->ch = calloc((size_t)g->n_ch, sizeof *g->ch);
     ENSURE(err, g->reqs && g->seen && g->ch, 500, "out of memory");
-    for (int i = 0; i < n_prompts; i++) {
-        EngineRequestParams ep;
-        engine_request_params_default(&ep);
-        ep.prompt = prompts[i].ids;
-        ep.n_prompt = (int)prompts[i].n;
-        ep.n = gp->n;
-        ep.sampling = gp->sp;
-        int rest = max_len - ep.n_prompt;
-        if (!gp->max_tokens_set) ep.sampling.max_tokens = gp->sp.max_tokens > 0 && gp->sp.max_tokens < rest ? gp->sp.max_tokens : rest;
-        ep.top_logprobs = gp->logprobs > 0 ? gp->logprobs : 0;
-        ep.want_raw_logprob = gp->ret_raw_lp || (s->cfg.logprobs_raw && gp->logprobs >= 0);
-        ep.want_mask = gp->ret_mask;
-        ep.prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
-                           : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
-        ep.want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
-        if (engine_submit(s->eng, &ep, &g->reqs[i], err) < 0) return -1;
-    }
+    /* the output budget holds for the whole HTTP request: every prompt's
+     * outputs together (the engine checks each prompt and the global budget) */
+    size_t total = 0, per_req = engine_config(s->eng)->max_request_output_mb;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n_prompts; i++) {
+            EngineRequestParams ep;
+            gen_engine_params(s, gp, &prompts[i], max_len, &ep);
+            if (pass == 0) {
+                total += engine_request_output_bytes(s->eng, &ep);
+                continue;
+            }
+            if (i == 0 && n_prompts > 1) /* one prompt: the engine's message is more precise */
+                ENSURE(err, total <= per_req << 20, 400,
+                       "this request's outputs would need %zu MB for %d prompts, over the per-request budget of "
+                       "%zu MB (--max-request-output-mb): lower the number of prompts, n (%d), max_tokens, the "
+                       "prompt length, logprobs/prompt_logprobs/echo, or drop return_sampling_mask",
+                       (total >> 20) + 1, n_prompts, per_req, gp->n);
+            if (engine_submit(s->eng, &ep, &g->reqs[i], err) < 0) return -1;
+        }
     g->live.reqs = g->reqs;
     g->live.n_reqs = n_prompts;
     server_live_add(s, &g->live);
@@ -157,7 +198,39 @@ static void choice_advance(Gen *g, Choice *c) {
     }
 }
 
+void gen_render_begin(Gen *g) { g->alloc0 = alloc_failures(); }
+
+int gen_failed(Gen *g, Err *err) {
+    if (!g->failed && alloc_failures() != g->alloc0) {
+        g->failed = 1;
+        ERR(&g->fail, 503, "out of memory building the response; retry later, or lower n, max_tokens, "
+            "logprobs/prompt_logprobs/echo or drop return_sampling_mask");
+    }
+    for (int i = 0; !g->failed && g->reqs && i < g->n_prompts; i++)
+        if (g->reqs[i] && engine_request_failed(g->reqs[i], &g->fail)) g->failed = 1;
+    if (!g->failed) return 0;
+    if (err) *err = g->fail;
+    for (int k = 0; k < g->n_prompts; k++) engine_abort(g->s->eng, g->reqs[k]);
+    return 1;
+}
+
+void gen_stream_error(Gen *g, Buf *out) {
+    int status = g->fail.code ? g->fail.code : 500;
+    log_warn("stream %s failed -> %d: %s", g->id, status, g->fail.msg);
+    sse_event_json(out, http_error_json(status, NULL, g->fail.msg));
+}
+
+/* Rendering could not allocate: the request fails (never a partial answer). */
+static json_t *render_failed(Gen *g, const char *what) {
+    if (!g->failed) {
+        g->failed = 1;
+        ERR(&g->fail, 503, "out of memory rendering %s; retry later, or lower n or max_tokens", what);
+    }
+    return json_null();
+}
+
 int gen_step(Gen *g, int timeout_ms) {
+    if (gen_failed(g, NULL)) return 1;
     int pending = -1;
     for (int i = 0; i < g->n_ch; i++)
         if (!g->ch[i].done) { pending = g->ch[i].prompt_i; break; }
@@ -224,7 +297,10 @@ char *gen_token_text(Gen *g, int32_t id) {
     char *out = NULL;
     size_t n;
     Err e = {0};
-    if (tokenizer_decode(g->s->tok, &id, 1, false, &out, &n, &e) < 0) return strdup("");
+    if (tokenizer_decode(g->s->tok, &id, 1, false, &out, &n, &e) < 0 || !out) {
+        alloc_failure_note(); /* the only way decode fails: the request fails (gen_failed) */
+        out = strdup("");
+    }
     return out;
 }
 
@@ -239,7 +315,7 @@ static json_t *token_bytes(Gen *g, int32_t id) {
 
 static long utf8_chars(const char *s) {
     long n = 0;
-    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    for (; s && *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
     return n;
 }
 
@@ -358,35 +434,31 @@ json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {
     return content;
 }
 
-/* Sampling masks of records [from, to): CSR over per-token id lists; a token
- * whose kept set is larger than half the vocab lists the excluded ids instead
- * (complement flag 1). Binary (base64, little-endian) above a size limit. */
+/* Sampling masks of records [from, to): CSR over per-token id lists, sent as
+ * the engine stores them (TokenRecord.mask_complement): a token whose kept set
+ * is larger than half the vocab lists the excluded ids instead (complement
+ * flag 1). Binary (base64, little-endian) above a size limit. A record without
+ * a mask cannot be published (engine_mask_pack), so every list here is the
+ * exact set its token was drawn from. */
 static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
     int vocab = g->s->vocab, T = to - from;
     int64_t *off = malloc(sizeof(int64_t) * (size_t)(T + 1));
     uint8_t *comp = malloc((size_t)(T ? T : 1));
     int64_t total = 0;
-    for (int k = 0; k < T; k++) {
-        int n = recs[from + k].mask_ids ? recs[from + k].mask_n : 0;
-        comp[k] = (uint8_t)(2 * (int64_t)n > vocab);
-        total += comp[k] ? vocab - n : n;
-    }
+    for (int k = 0; k < T; k++) total += recs[from + k].mask_ids ? recs[from + k].mask_len : 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
+    if (!off || !comp || !ids) {
+        free(off); free(comp); free(ids);
+        return NULL;
+    }
     int64_t w = 0;
     for (int k = 0; k < T; k++) {
         const TokenRecord *r = &recs[from + k];
-        int n = r->mask_ids ? r->mask_n : 0;
+        int n = r->mask_ids ? r->mask_len : 0;
         off[k] = w;
-        if (!comp[k]) {
-            if (n) memcpy(ids + w, r->mask_ids, sizeof(int32_t) * (size_t)n);
-            w += n;
-        } else {
-            int j = 0;
-            for (int32_t id = 0; id < vocab; id++) {
-                if (j < n && r->mask_ids[j] == id) j++;
-                else ids[w++] = id;
-            }
-        }
+        comp[k] = (uint8_t)(r->mask_ids && r->mask_complement);
+        if (n) memcpy(ids + w, r->mask_ids, sizeof(int32_t) * (size_t)n);
+        w += n;
     }
     off[T] = w;
     json_t *o = json_object();
@@ -466,7 +538,10 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
         for (int k = from; k < to; k++) json_array_append_new(a, gen_lp(v.tokens[k].logprob_raw));
         json_object_set_new(obj, "raw_logprobs", a);
     }
-    if (g->p.ret_mask) json_object_set_new(obj, "sampling_mask", mask_json(g, v.tokens, from, to));
+    if (g->p.ret_mask) {
+        json_t *m = mask_json(g, v.tokens, from, to);
+        json_object_set_new(obj, "sampling_mask", m ? m : render_failed(g, "sampling masks"));
+    }
     if (g->p.ret_experts) json_object_set_new(obj, "routed_experts", experts_json(g, c, v.tokens, from, to));
 }
 

@@ -60,7 +60,10 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 int http_send_json(HttpReq *q, int status, json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
     json_decref(j);
-    if (!s) return http_send_text(q, 500, "text/plain", "out of memory\n", 14);
+    if (!s && status != 503) /* out of memory serialising: the small error body may still fit */
+        return http_send_json(q, 503, http_error_json(503, NULL, "out of memory building the response; retry later, "
+                                                      "or ask for less (n, max_tokens, logprobs, masks)"));
+    if (!s) return http_send_text(q, 503, "text/plain", "out of memory\n", 14);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
     if (!r) { free(s); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "application/json");
@@ -262,6 +265,9 @@ void http_tls_load(Server *s) {
 }
 
 void http_listen(Server *s) {
+    /* the JSON library's allocations on request threads: a failure is noted
+     * (alloc_failures) so the request answers 503 instead of a partial body */
+    json_set_alloc_funcs(alloc_noted, free);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port) };
     CHECK(inet_pton(AF_INET, s->cfg.host, &a.sin_addr) == 1, "--host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", s->cfg.host);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;

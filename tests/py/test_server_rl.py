@@ -199,3 +199,105 @@ def test_sigterm_aborts_after_timeout():
                 finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
     assert finish == "abort"
     assert s.proc.wait(30) == 0
+
+
+def vm_kb(s, field):
+    """VmRSS (resident now) or VmHWM (peak resident) of the server, in kB."""
+    with open(f"/proc/{s.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def test_untruncated_masks_cost_little_memory():
+    """n=4 x 200 tokens of untruncated sampling with masks: each mask is the
+    whole vocabulary, stored (and sent) as an empty complement. By the formula
+    (README, "Output memory") the outputs take 800 records (~100 B) plus no
+    mask ids; the bound below is generous (64 MB). Storing the kept ids, as
+    before, took 800 x 151936 x 4 B = 486 MB. The peak (VmHWM) is what is
+    bounded: the request's storage is freed once it is answered, so VmRSS
+    after it shows only what the allocator kept."""
+    s = Server()
+    try:
+        body = dict(prompt=PROMPT, max_tokens=8, n=1, seed=3, temperature=1.0, ignore_eos=True,
+                    return_token_ids=True, return_sampling_mask=True)
+        st, r = s.post("/v1/completions", body)  # warm up: thread pools, scratch
+        assert st == 200, r
+        rss0, peak0 = vm_kb(s, "VmRSS"), vm_kb(s, "VmHWM")
+        body.update(max_tokens=200, n=4)
+        st, r = s.post("/v1/completions", body, timeout=600)
+        assert st == 200, r
+        rss1, peak1 = vm_kb(s, "VmRSS"), vm_kb(s, "VmHWM")
+        print(f"VmRSS {rss0} -> {rss1} kB, VmHWM {peak0} -> {peak1} kB (peak grew {peak1 - peak0} kB)")
+        assert peak1 - peak0 < 64 * 1024, f"n=4 x 200 masks raised the server's peak by {(peak1 - peak0) // 1024} MB"
+        for c in r["choices"]:
+            assert len(c["token_ids"]) == 200
+            m = c["sampling_mask"]
+            assert m["complement"] == [1] * 200 and len(m["ids"]) == 0, "untruncated masks are empty complements"
+            masks = decode_sampling_mask(m)
+            assert all(len(k) == VOCAB for k in masks)
+            assert all(t in k for t, k in zip(c["token_ids"], masks))
+    finally:
+        assert s.stop() == 0
+
+
+def test_output_budget_refusals_name_what_to_lower():
+    s = Server("--max-request-output-mb", "64", "--max-output-mem-mb", "128")
+    try:
+        # masks: 16 x 400 x (VOCAB / 2) x 4 B reserved = 1.9 GB > 64 MB
+        st, r = s.post("/v1/completions", dict(prompt=PROMPT, n=16, max_tokens=400, return_sampling_mask=True))
+        assert st == 400, r
+        msg = r["error"]["message"]
+        assert "--max-request-output-mb" in msg and "lower n (16), max_tokens (400)" in msg, msg
+        assert "return_sampling_mask" in msg, msg
+        # prompt log-probs with echo: 2000 positions x 21 entries of JSON
+        ids = [(i * 7919) % 150000 + 10 for i in range(2000)]
+        st, r = s.post("/v1/completions", dict(prompt=ids, max_tokens=1, echo=True, logprobs=0, prompt_logprobs=20))
+        assert st == 400, r
+        assert "prompt_logprobs/echo (20)" in r["error"]["message"], r
+        # the budget is for the whole request: 8 prompts of ~20 MB of masks each
+        st, r = s.post("/v1/completions", dict(prompt=[PROMPT] * 8, max_tokens=64, return_sampling_mask=True))
+        assert st == 400, r
+        assert "for 8 prompts" in r["error"]["message"] and "number of prompts" in r["error"]["message"], r
+        # still serving, and what fits is answered with masks containing every sampled token
+        st, r = s.post("/v1/completions", dict(prompt=PROMPT, n=2, max_tokens=16, seed=1, top_k=50,
+                                               return_token_ids=True, return_sampling_mask=True))
+        assert st == 200, r
+        for c in r["choices"]:
+            masks = decode_sampling_mask(c["sampling_mask"])
+            assert len(masks) == len(c["token_ids"]) == 16
+            assert all(t in k and len(k) >= 50 for t, k in zip(c["token_ids"], masks))
+    finally:
+        assert s.stop() == 0
+
+
+def test_out_of_memory_rendering_prompt_logprobs_is_an_error_not_an_exit(monkeypatch):
+    """10 prompts x 3,000 ids with echo and logprobs=20 inside the budget, but
+    with the server's address space capped (RLIMIT_AS) so that rendering the
+    ~1.2 GB of JSON cannot allocate: the answer is 503 saying what to lower,
+    and the server keeps serving (it used to exit in check.c)."""
+    import resource
+    binary = os.environ.get("SAMPLER_BIN", os.path.join(ROOT, "build", "sampler-cpu"))
+    if os.path.exists(binary) and b"__asan_init" in open(binary, "rb").read():
+        pytest.skip("under ASan the sanitizer's own mmaps fail first when the address space is capped")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # address space of malloc arenas stays small
+    s = Server()
+    try:
+        ids = [(i * 7919) % 150000 + 10 for i in range(3000)]
+        st, r = s.post("/v1/completions", dict(prompt=ids[:50], max_tokens=1, echo=True, logprobs=5))
+        assert st == 200, r
+        size = vm_kb(s, "VmSize") * 1024
+        soft, hard = resource.prlimit(s.proc.pid, resource.RLIMIT_AS)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_AS, (size + (16 << 20), hard))
+        st, r = s.post("/v1/completions", dict(prompt=[ids] * 10, max_tokens=1, echo=True, logprobs=20, prompt_logprobs=20),
+                       timeout=600)
+        assert st == 503, (st, str(r)[:300])
+        assert "out of memory" in r["error"]["message"] and "lower n" in r["error"]["message"], r
+        resource.prlimit(s.proc.pid, resource.RLIMIT_AS, (soft, hard))
+        assert s.proc.poll() is None, "the server exited"
+        st, r = s.post("/v1/completions", dict(prompt=ids[:100], max_tokens=2, echo=True, logprobs=3))
+        assert st == 200, r
+        assert len(r["choices"][0]["logprobs"]["tokens"]) == 102
+    finally:
+        assert s.stop() == 0

@@ -199,6 +199,21 @@ static void test_refusals(void) {
     T_ASSERT(dt && chat_template_render(dt, NULL, &dout, &de) < 0 && strstr(de.msg, "too"), "runaway: %s", de.msg);
     free(dout);
     chat_template_free(dt);
+    /* an empty sequence repeated a huge number of times is empty, at once (found by
+     * fuzz_chat_template: the repetition looped k times over nothing; jinja2 gives '[]') */
+    dt = chat_template_compile("{{ [] * 4000000000000000000 }}|{{ '' * 4000000000000000000 }}", &de);
+    dout = NULL;
+    T_ASSERT(dt && chat_template_render(dt, NULL, &dout, &de) == 0 && !strcmp(dout, "[]|"), "empty repeat: %s",
+             dout ? dout : de.msg);
+    free(dout);
+    chat_template_free(dt);
+    /* many large values, each under the per-value limit, stop at the render's work budget */
+    dt = chat_template_compile("{% for i in range(100000) %}{% set x = [1] * 900000 %}{% endfor %}", &de);
+    dout = NULL;
+    T_ASSERT(dt && chat_template_render(dt, NULL, &dout, &de) < 0 && strstr(de.msg, "builds too much"),
+             "work budget: %s", de.msg);
+    free(dout);
+    chat_template_free(dt);
     /* raise_exception reaches the caller as a 400 with the template's message */
     Err e = {0};
     ChatTemplate *t = chat_template_compile("{{ raise_exception('bad role: ' + role) }}", &e);

@@ -58,6 +58,7 @@ typedef struct Render {
     bool failed;
     int ctl;                   /* 1 break, 2 continue */
     long steps;                /* statements run, against MAX_STEPS */
+    uint64_t made;             /* work units of the values built so far, against MAX_WORK */
 } Render;
 
 typedef struct Args { json_t *pos[8]; int n; char *kw[8]; json_t *kwv[8]; int nkw; } Args;
@@ -66,8 +67,17 @@ typedef struct Args { json_t *pos[8]; int n; char *kw[8]; json_t *kwv[8]; int nk
 #define JINJA_MAX_STEPS 10000000L
 #define JINJA_MAX_BYTES (64u << 20)
 #define JINJA_MAX_ITEMS 1000000u
+/* The whole render's budget for building values by operators (a byte of a
+ * string is a unit, an item of a list JINJA_ITEM_UNITS): each value is bounded
+ * by MAX_BYTES / MAX_ITEMS, and this bounds how many such values a template
+ * may build (`x * 1000000` in a loop), so a hostile template costs ~a second. */
+#define JINJA_MAX_WORK (1ull << 30)
+#define JINJA_ITEM_UNITS 64u
 /* Fails (and returns true) if a value of n bytes or items would exceed the budget. */
 bool jtoo_big(Render *r, int line, size_t n, size_t limit);
+/* jtoo_big for a value an operator builds, also charged to the render's
+ * MAX_WORK: n bytes (limit MAX_BYTES) or n items (limit MAX_ITEMS). */
+bool jmake(Render *r, int line, size_t n, size_t limit);
 /* Record a render error (400) once; returns NULL for convenience. */
 /* Evaluate an expression: a new reference, or NULL for Undefined (or error: r->failed). */
 json_t *jeval(Render *r, Node *n);

@@ -68,6 +68,14 @@ bool jtoo_big(Render *r, int line, size_t n, size_t limit) {
     return true;
 }
 
+bool jmake(Render *r, int line, size_t n, size_t limit) {
+    if (jtoo_big(r, line, n, limit)) return true;
+    r->made += (uint64_t)n * (limit == JINJA_MAX_ITEMS ? JINJA_ITEM_UNITS : 1);
+    if (r->made <= JINJA_MAX_WORK) return false;
+    jfail(r, line, "the template builds too much (over %llu units of values)", (unsigned long long)JINJA_MAX_WORK);
+    return true;
+}
+
 bool jis_ns(Render *r, json_t *v) {
     for (int i = 0; i < r->n_ns; i++)
         if (r->ns[i] == v) return true;
@@ -173,20 +181,20 @@ static json_t *arith(Render *r, int line, BinOp op, json_t *x, json_t *y) {
         StrBuf b = {0};
         jv_str(&b, x);
         jv_str(&b, y);
-        if (jtoo_big(r, line, b.n, JINJA_MAX_BYTES)) { free(b.s); return NULL; }
+        if (jmake(r, line, b.n, JINJA_MAX_BYTES)) { free(b.s); return NULL; }
         return b.s ? jsb_take(&b) : jstr_new("", 0);
     }
     if (!x || !y) return jfail(r, line, "undefined value in an expression");
     bool nx = json_is_number(x) || json_is_boolean(x), ny = json_is_number(y) || json_is_boolean(y);
     if (op == OP_ADD && json_is_string(x) && json_is_string(y)) {
-        if (jtoo_big(r, line, json_string_length(x) + json_string_length(y), JINJA_MAX_BYTES)) return NULL;
+        if (jmake(r, line, json_string_length(x) + json_string_length(y), JINJA_MAX_BYTES)) return NULL;
         StrBuf b = {0};
         sb_put(&b, json_string_value(x), json_string_length(x));
         sb_put(&b, json_string_value(y), json_string_length(y));
         return b.s ? jsb_take(&b) : jstr_new("", 0);
     }
     if (op == OP_ADD && json_is_array(x) && json_is_array(y)) {
-        if (jtoo_big(r, line, json_array_size(x) + json_array_size(y), JINJA_MAX_ITEMS)) return NULL;
+        if (jmake(r, line, json_array_size(x) + json_array_size(y), JINJA_MAX_ITEMS)) return NULL;
         json_t *o = json_copy(x);
         json_array_extend(o, y);
         return o;
@@ -196,10 +204,11 @@ static json_t *arith(Render *r, int line, BinOp op, json_t *x, json_t *y) {
         json_int_t k = json_integer_value(y);
         size_t unit = json_is_string(x) ? json_string_length(x) : json_array_size(x), total;
         if (k > 0 && (__builtin_mul_overflow(unit, (size_t)k, &total) ||
-                      jtoo_big(r, line, total, json_is_string(x) ? JINJA_MAX_BYTES : JINJA_MAX_ITEMS))) {
+                      jmake(r, line, total, json_is_string(x) ? JINJA_MAX_BYTES : JINJA_MAX_ITEMS))) {
             if (!r->failed) jfail(r, line, "repetition too large");
             return NULL;
         }
+        if (unit == 0 || k <= 0) return json_is_string(x) ? jstr_new("", 0) : json_array(); /* no k-step loop */
         if (json_is_string(x)) {
             StrBuf b = {0};
             for (json_int_t i = 0; i < k; i++) sb_put(&b, json_string_value(x), json_string_length(x));

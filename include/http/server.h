@@ -170,11 +170,13 @@ typedef struct Route Route;
 typedef struct HttpReq {
     Server *s;
     const Route *route;            /* the route table row of the path (routes.h); NULL: no route */
+    const Route *row;              /* the row of path and method, once routes_preflight accepted it */
     size_t body_limit;             /* bytes of body kept; more -> too_large (413) */
     struct MHD_Connection *c;
     const char *method, *url;
     Buf body;
     int too_large;
+    int answered;                  /* a response was queued */
     int counted;                   /* inflight incremented */
     int status;                    /* what was answered, for metrics */
 } HttpReq;
@@ -187,6 +189,9 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 json_t *http_error_json(int status, const char *param, const char *msg);
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same with an explicit code (NULL: the status's default). */
+int http_send_error_code(HttpReq *q, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Error from an Err whose message may start with "param: " (request_parse). */
 int http_send_err(HttpReq *q, const Err *e);
 /* The connection's socket, and whether its client closed it (poll, no wait). */

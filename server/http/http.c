@@ -41,8 +41,18 @@ static void count_status(Server *s, int status) {
     else atomic_fetch_add(&s->metrics.http_other, 1);
 }
 
+/* The connection this thread serves (libmicrohttpd runs one thread per
+ * connection: a handler and its stream's fill run on it), for http_fd_gone. */
+static _Thread_local struct {
+    int fd;       /* its socket; -1: none yet */
+    int answered; /* a response was queued: bytes of it may be on the wire */
+    int probed;   /* the half-close probe (an interim 100 Continue) went out */
+} conn_tl = { -1, 0, 0 };
+
 static int queue(HttpReq *q, int status, struct MHD_Response *r) {
     q->status = status;
+    q->answered = 1;
+    conn_tl.answered = 1;
     if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
     count_status(q->s, status);
     int ret = MHD_queue_response(q->c, (unsigned)status, r);
@@ -82,40 +92,68 @@ static void error_kind(int status, const char **type, const char **code) {
     }
 }
 
-json_t *http_error_json(int status, const char *param, const char *msg) {
+static json_t *error_json_code(int status, const char *param, const char *code_or_null, int set_code,
+                               const char *msg) {
     const char *type, *code;
     error_kind(status, &type, &code);
+    if (set_code) code = code_or_null;
     json_t *e = json_object();
-    json_object_set_new(e, "message", json_string(msg));
+    json_t *m = json_string(msg);
+    if (!m) { /* not UTF-8 (a name echoed from the request): say so, escaped */
+        char safe[768];
+        size_t k = 0;
+        for (const unsigned char *p = (const unsigned char *)msg; *p && k + 5 < sizeof safe; p++) {
+            if (*p < 0x20 || *p >= 0x7f) k += (size_t)snprintf(safe + k, sizeof safe - k, "\\x%02x", *p);
+            else safe[k++] = (char)*p;
+        }
+        safe[k] = 0;
+        m = json_string(safe);
+    }
+    json_object_set_new(e, "message", m);
     json_object_set_new(e, "type", json_string(type));
-    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_t *pj = param ? json_string(param) : NULL;
+    json_object_set_new(e, "param", pj ? pj : json_null());
     json_object_set_new(e, "code", code ? json_string(code) : json_null());
     json_t *j = json_object();
     json_object_set_new(j, "error", e);
     return j;
 }
 
+json_t *http_error_json(int status, const char *param, const char *msg) {
+    return error_json_code(status, param, NULL, 0, msg);
+}
+
 /* The error document in the dialect of q's route (the route table's tag; no route: OpenAI). */
-static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *msg) {
+static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *code, int set_code,
+                                  const char *msg) {
     switch (q->route ? q->route->dialect : DIALECT_OPENAI) { /* -Wswitch: a new dialect needs its case */
-    case DIALECT_OPENAI: return http_error_json(status, param, msg);
+    case DIALECT_OPENAI: return error_json_code(status, param, code, set_code, msg);
     }
-    return http_error_json(status, param, msg);
+    return error_json_code(status, param, code, set_code, msg);
+}
+
+static int send_error_v(HttpReq *q, int status, const char *param, const char *code, int set_code,
+                        const char *fmt, va_list ap) {
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
+    return http_send_json(q, status, dialect_error_json(q, status, param, code, set_code, msg));
 }
 
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...) {
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int r = send_error_v(q, status, param, NULL, 0, fmt, ap);
     va_end(ap);
-    if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
-    json_t *j = dialect_error_json(q, status, param, msg);
-    if (!json_object_get(json_object_get(j, "error"), "message")) { /* invalid UTF-8 echoed back */
-        json_decref(j);
-        j = dialect_error_json(q, status, param, "invalid request");
-    }
-    return http_send_json(q, status, j);
+    return r;
+}
+
+int http_send_error_code(HttpReq *q, int status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int r = send_error_v(q, status, param, code, 1, fmt, ap);
+    va_end(ap);
+    return r;
 }
 
 int http_send_err(HttpReq *q, const Err *e) {
@@ -150,11 +188,25 @@ int http_check_model(Server *s, json_t *body, Err *err) {
     return 0;
 }
 
+/* Gone = reset or unwritable (POLLHUP / POLLERR), never merely half-closed: a
+ * client that shut down its sending side (shutdown(SHUT_WR), `nc -N`) still
+ * reads its answer. A FIN alone cannot tell "half-closed" from "closed", so
+ * while nothing of the answer is on the wire (plain HTTP, a whole-response
+ * request) a FIN is probed once with an interim "100 Continue" (RFC 9110
+ * 15.2: clients parse unexpected 1xx answers): a closed client's kernel
+ * answers it with a reset, which the next poll sees; a half-closed one reads
+ * and skips it. Streams need no probe: their own writes draw the reset. */
 int http_fd_gone(int fd) {
     if (fd < 0) return 0;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     if (poll(&p, 1, 0) <= 0) return 0;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if ((p.revents & POLLRDHUP) && fd == conn_tl.fd && !conn_tl.answered && !conn_tl.probed) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        conn_tl.probed = 1;
+        if (send(fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) return 1;
+    }
+    return 0;
 }
 
 /* ---- streams ---- */
@@ -198,6 +250,12 @@ int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx) {
     return queue(q, 200, r);
 }
 
+/* The first call of a request comes with its headers and no body byte: the
+ * route, auth, method and Content-Length are decided then (routes_preflight),
+ * and a refusal is answered at once, so libmicrohttpd reads no byte of the
+ * body (an answer queued before the upload closes the connection after it).
+ * Only an authorized request to a route that takes a body gets one kept, up
+ * to its row's limit. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     Server *s = cls;
@@ -210,8 +268,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->method = method;
         q->url = url;
         q->route = routes_for_path(url);
-        q->body_limit = routes_body_limit(q->route, &s->cfg);
         *con_cls = q;
+        conn_tl.fd = s->cfg.tls_cert ? -1 : http_conn_fd(q); /* no half-close probe inside TLS */
+        conn_tl.answered = conn_tl.probed = 0;
+        int ret;
+        if (routes_preflight(q, &ret)) return ret == MHD_YES ? MHD_YES : MHD_NO;
+        return MHD_YES;
+    }
+    if (q->answered) { /* refused early: nothing more is read or kept */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {

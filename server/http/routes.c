@@ -4,10 +4,13 @@
  * class (API key, admin token or none), then the row of its path and method
  * gets the body its class asks for (none, a JSON object, raw delta bytes).
  *
- * Order of the checks, the same for every route: too large (413, before any
- * auth, since the body was not kept) -> no row for the path (404) -> auth
- * (403 admin disabled / 401) -> the path with another method (404 or 405) ->
- * the body (400) -> the handler.
+ * Order of the checks, the same for every route, all but the last two made
+ * from the headers alone, before a byte of the body is read (routes_preflight):
+ * no row for the path (404) -> auth (403 admin disabled / 401) -> the path
+ * with another method (404 or 405) -> Content-Length over the row's limit
+ * (413); then, once the body is in (routes_dispatch): over the limit
+ * (chunked, 413) -> the body (400) -> the handler. Nothing of a body is kept
+ * for a client that has not authenticated.
  * Area rows (handler NULL) make the auth of a whole prefix explicit: an
  * unknown /admin/... path needs the admin token before it learns it is a 404.
  *
@@ -17,7 +20,10 @@
 #define _GNU_SOURCE
 #include "routes.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -131,20 +137,53 @@ static json_t *parse_body(HttpReq *q, int *sent) {
     return j;
 }
 
-int routes_dispatch(HttpReq *q) {
+/* The Content-Length header's value; -1 when absent (chunked) or unreadable
+ * (libmicrohttpd refuses a malformed one with 400 before our first call). */
+static long long content_length(HttpReq *q) {
+    const char *h = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!h || !*h) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(h, &end, 10);
+    if (*end || errno || v > (unsigned long long)LLONG_MAX) return LLONG_MAX;
+    return (long long)v;
+}
+
+int routes_preflight(HttpReq *q, int *ret) {
     const Route *area = q->route;
-    if (q->too_large)
-        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (%s)", q->body_limit,
-                               area && area->body == BODY_DELTA ? "--max-delta-bytes" : "--max-body-bytes");
-    if (!area) return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
-    int ret;
-    if (refused(q, area->auth, &ret)) return ret;
+    if (!area) {
+        *ret = http_send_error_code(q, 404, NULL, "route_not_found", "no route %s %s: see the README for the "
+                                    "endpoints", q->method, q->url);
+        return 1;
+    }
+    if (refused(q, area->auth, ret)) return 1;
     const Route *r = for_method(q->url, q->method);
     if (!r) {
         if (area->handler && area->other_method == 405)
-            return http_send_error(q, 405, NULL, "%s needs %s", q->url, area->method);
-        return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
+            *ret = http_send_error_code(q, 405, NULL, "method_not_allowed", "%s needs %s", q->url, area->method);
+        else
+            *ret = http_send_error_code(q, 404, NULL, "route_not_found", "no route %s %s: see the README for the "
+                                        "endpoints", q->method, q->url);
+        return 1;
     }
+    q->row = r;
+    q->body_limit = routes_body_limit(r, &q->s->cfg);
+    long long n = content_length(q);
+    if (n >= 0 && (unsigned long long)n > q->body_limit) {
+        *ret = http_send_error(q, 413, NULL, "request body of %lld bytes is larger than the limit of %zu bytes "
+                               "(%s)", n, q->body_limit, r->body == BODY_DELTA ? "--max-delta-bytes"
+                                                                                : "--max-body-bytes");
+        return 1;
+    }
+    return 0;
+}
+
+int routes_dispatch(HttpReq *q) {
+    const Route *r = q->row;
+    ASSERT(r != NULL, "routes_preflight answers every request without a row");
+    if (q->too_large)
+        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (%s)", q->body_limit,
+                               r->body == BODY_DELTA ? "--max-delta-bytes" : "--max-body-bytes");
     json_t *body = NULL;
     if (r->body == BODY_JSON || (r->body == BODY_JSON_OR_EMPTY && q->body.n)) {
         int sent;
@@ -152,7 +191,7 @@ int routes_dispatch(HttpReq *q) {
     } else if (r->body == BODY_JSON_OR_EMPTY) {
         body = json_object();
     }
-    ret = r->handler(q, body);
+    int ret = r->handler(q, body);
     json_decref(body);
     return ret;
 }

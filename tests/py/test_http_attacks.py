@@ -1,0 +1,171 @@
+"""The HTTP layer against hostile or odd clients, on loopback, each bounded:
+auth is decided from the headers before a byte of the body is read (a
+tokenless client streaming a huge delta gets 401 at once, nothing buffered);
+half-closed clients (shutdown(SHUT_WR), `nc -N`) get their whole answer while
+a reset client still aborts its request; every error is an OpenAI error
+object. No timing assertions: socket reads have generous deadlines."""
+import json
+import socket
+import struct
+
+import pytest
+
+from server_fixture import ADMIN, Server, metrics, wait_until
+
+AUTH = "Authorization: Bearer " + ADMIN + "\r\n"
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--max-model-len", "256")
+    yield s
+    assert s.stop() == 0
+
+
+def read_answer(c, timeout=20.0):
+    """Bytes until the server closes or a whole Content-Length answer is in."""
+    c.settimeout(timeout)
+    out = b""
+    try:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            out += b
+            head, sep, body = out.partition(b"\r\n\r\n")
+            if sep and b"content-length:" in head.lower():
+                n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(body) >= n:
+                    break
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return out
+
+
+def error_of(answer):
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    e = json.loads(body)
+    assert set(e) >= {"error"} and set(e["error"]) == {"message", "type", "param", "code"}, e
+    assert isinstance(e["error"]["message"], str) and e["error"]["message"], e
+    return status, e["error"]
+
+
+# ---- 1. auth before the body ----
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_tokenless_delta_is_refused_before_its_body(srv, token):
+    """Headers announce 1 GiB and no body byte is sent: the 401 must come from
+    the headers alone (a server that waits for the body never answers)."""
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    c.sendall(f"POST /admin/v1/weights/delta HTTP/1.1\r\nHost: x\r\n{auth}"
+              f"Content-Type: application/octet-stream\r\nContent-Length: {1 << 30}\r\n\r\n".encode())
+    got = read_answer(c)
+    c.close()
+    assert got.startswith(b"HTTP/1.1 401"), got[:200]
+    st, e = error_of(got)
+    assert e["type"] == "authentication_error"
+    assert srv.request("GET", "/health")[0] == 200
+
+
+def test_streaming_tokenless_client_is_cut_off(srv):
+    """A tokenless client that keeps sending gets its 401 and the connection
+    closes: the server reads no more of the body."""
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    c.sendall(f"POST /pause HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n\r\n".encode())
+    sent, closed = 0, False
+    chunk = bytes(1 << 16)
+    try:
+        while sent < (256 << 20):  # far more than any socket buffer: the server must have closed
+            c.sendall(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        closed = True
+    c.close()
+    assert closed, f"the server kept reading a tokenless body ({sent} bytes sent)"
+
+
+def test_over_the_limit_is_413_from_content_length(srv):
+    """An authorized request announcing more than --max-body-bytes: 413 before any body byte."""
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n\r\n".encode())
+    got = read_answer(c)
+    c.close()
+    st, e = error_of(got)
+    assert st == 413 and e["code"] == "request_too_large" and "--max-body-bytes" in e["message"]
+
+
+def test_admin_disabled_is_403_before_the_body():
+    s = Server("--admin-token", "")  # the last --admin-token wins: none
+    try:
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        c.sendall(f"POST /admin/v1/weights/delta HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 32}\r\n\r\n".encode())
+        got = read_answer(c)
+        c.close()
+        st, e = error_of(got)
+        assert st in (401, 403), got[:300]
+    finally:
+        assert s.stop() == 0
+
+
+# ---- 6. half-closed clients ----
+def half_closed(port, req):
+    c = socket.create_connection(("127.0.0.1", port), timeout=60)
+    c.sendall(req)
+    c.shutdown(socket.SHUT_WR)
+    out = b""
+    c.settimeout(60)
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        out += b
+    c.close()
+    return out
+
+
+def post(path, body):
+    b = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(b)}\r\n\r\n").encode() + b
+
+
+def test_half_closed_client_gets_the_whole_answer(srv):
+    got = half_closed(srv.port, post("/v1/completions", {"prompt": "hi", "max_tokens": 20, "ignore_eos": True}))
+    # an interim 100 Continue may come first (the probe that tells half-closed from gone)
+    final = got.split(b"HTTP/1.1 100 Continue\r\n\r\n")[-1]
+    assert final.startswith(b"HTTP/1.1 200"), got[:300]
+    r = json.loads(final.partition(b"\r\n\r\n")[2])
+    assert r["usage"]["completion_tokens"] == 20
+
+
+def test_half_closed_client_gets_the_whole_stream(srv):
+    got = half_closed(srv.port, post("/v1/completions", {"prompt": "hi", "max_tokens": 20, "ignore_eos": True,
+                                                         "stream": True}))
+    assert got.startswith(b"HTTP/1.1 200"), got[:300]
+    assert b'"finish_reason":"length"' in got and b"data: [DONE]" in got, got[-300:]
+
+
+def test_reset_client_aborts_its_request(srv):
+    aborted = 'sampler_sequences_finished_total{finish_reason="abort"}'
+    before = metrics(srv)[aborted]
+    tokens = metrics(srv)["sampler_generation_tokens_total"]
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    c.sendall(post("/v1/completions", {"prompt": "hi", "max_tokens": 255, "ignore_eos": True, "n": 4,
+                                       "top_p": 0.5}))
+    wait_until(lambda: metrics(srv)["sampler_generation_tokens_total"] > tokens, "the request generating")
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+    c.close()
+    wait_until(lambda: metrics(srv)[aborted] > before, "a reset client's request aborted")
+    assert srv.request("GET", "/health")[0] == 200
+
+
+# ---- 11. errors in OpenAI's shape ----
+def test_unknown_route_is_route_not_found(srv):
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    c.sendall(b"GET /nothing/here HTTP/1.1\r\nHost: x\r\n\r\n")
+    st, e = error_of(read_answer(c))
+    c.close()
+    assert st == 404 and e["code"] == "route_not_found", e
+    st, r = srv.request("POST", "/v1/nothing", {})
+    assert st == 404 and r["error"]["code"] == "route_not_found", r

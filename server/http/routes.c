@@ -20,6 +20,8 @@
 #define _GNU_SOURCE
 #include "routes.h"
 
+#include "json_scan.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <microhttpd.h>
@@ -120,6 +122,18 @@ static json_t *parse_body(HttpReq *q, int *sent) {
     if (q->body.n == 0) {
         *sent = 1;
         http_send_error(q, 400, NULL, "the request body is empty: send a JSON object");
+        return NULL;
+    }
+    JsonScan sc;
+    int bad = json_scan(q->body.p, q->body.n, &sc);
+    if (bad) {
+        *sent = 1;
+        if (bad == 413)
+            http_send_error(q, 413, NULL, "the JSON body has more than %u values (the server's limit per request "
+                            "body): send fewer", JSON_SCAN_MAX_VALUES);
+        else
+            http_send_error(q, 400, NULL, "the JSON body nests deeper than %d levels (the server's limit)",
+                            JSON_SCAN_MAX_DEPTH);
         return NULL;
     }
     json_t *j = json_loadb(q->body.p, q->body.n, 0, &je);

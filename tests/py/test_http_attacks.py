@@ -169,3 +169,19 @@ def test_unknown_route_is_route_not_found(srv):
     assert st == 404 and e["code"] == "route_not_found", e
     st, r = srv.request("POST", "/v1/nothing", {})
     assert st == 404 and r["error"]["code"] == "route_not_found", r
+
+
+# ---- 4. JSON amplification ----
+def test_json_with_too_many_values_is_413_before_parsing(srv):
+    """1.1M empty objects in an ignored field (3.3 MB, under --max-body-bytes):
+    refused by the pre-scan, naming its limit, not parsed into a 250+ MB tree."""
+    raw = b'{"prompt": "hi", "max_tokens": 1, "ignored": [' + b"{}," * 1100000 + b'{}]}'
+    st, r = srv.request("POST", "/v1/completions", raw=raw)
+    assert st == 413 and "1048576" in r["error"]["message"], (st, str(r)[:300])
+    st, r = srv.request("POST", "/v1/completions", raw=b'{"prompt": "hi", "ignored": ' + b"[" * 100 + b"]" * 100 + b"}")
+    assert st == 400 and "64" in r["error"]["message"], r
+    # what legitimate requests look like still fits: long token-id prompts, big logit_bias
+    st, r = srv.post("/v1/completions", {"prompt": [1] * 200, "max_tokens": 1,
+                                         "logit_bias": {str(i): 0 for i in range(5000)},
+                                         "ignored": "a \\\" [[[[[[ string that is not nesting" * 100})
+    assert st == 200, r

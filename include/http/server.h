@@ -42,6 +42,7 @@
 struct MHD_Connection;
 struct MHD_Daemon;
 typedef struct WeightVersion WeightVersion;
+typedef struct HttpGuard HttpGuard;
 
 #define SERVER_MAX_DELTAS 64
 #define SERVER_MAX_RELOAD_ROOTS 8
@@ -69,6 +70,7 @@ typedef struct ServerConfig {
     size_t max_delta_bytes;        /* POST /admin/v1/weights/delta; default 4 GiB */
     int max_connections;           /* default 1024 */
     unsigned connection_timeout_s; /* idle seconds before a connection is closed (slow clients); default 30 */
+    unsigned header_timeout_s;     /* request line + headers must be in within this (slowloris); default 10 */
     size_t max_header_bytes;       /* per-connection memory for the request line + headers; default 32 KiB */
     const char *tls_cert;          /* PEM certificate (chain) file; NULL: plain HTTP */
     const char *tls_key;           /* PEM private key file; set with tls_cert */
@@ -132,6 +134,7 @@ typedef struct Server {
     pthread_mutex_t live_mu;
     LiveReq *live;
     struct MHD_Daemon *d;
+    HttpGuard *guard;              /* deadlines and the connection cap (http_guard.c) */
     int bound_port;
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
 } Server;
@@ -165,6 +168,21 @@ void http_quiesce(Server *s);
 /* Close every connection and stop the daemon (idempotent); wipes the key PEM. */
 void http_close(Server *s);
 
+/* ---- deadlines and the connection cap (http_guard.c), for http.c ---- */
+HttpGuard *http_guard_create(const ServerConfig *cfg);
+void http_guard_free(HttpGuard *g);
+/* The limit to give libmicrohttpd (ours plus room for evicted connections still closing). */
+unsigned http_guard_mhd_limit(const HttpGuard *g);
+/* At accept: 1 admit (evicting the oldest connection still in its headers
+ * when at --max-connections), 0 close it at once. */
+int http_guard_accept(HttpGuard *g);
+/* A connection began (header deadline armed) / ended; the handle is its socket context. */
+void *http_guard_started(HttpGuard *g, int fd);
+void http_guard_closed(HttpGuard *g, void *conn);
+/* phase 0: awaiting the next request's headers; 1: receiving body_bytes of
+ * body; 2: serving (no deadline). */
+void http_guard_phase(HttpGuard *g, void *conn, int phase, size_t body_bytes);
+
 /* ---- per request ---- */
 typedef struct Route Route;
 typedef struct HttpReq {
@@ -173,6 +191,7 @@ typedef struct HttpReq {
     const Route *row;              /* the row of path and method, once routes_preflight accepted it */
     size_t body_limit;             /* bytes of body kept; more -> too_large (413) */
     struct MHD_Connection *c;
+    void *conn;                    /* the connection's guard handle (http_guard.c); NULL: none */
     const char *method, *url;
     Buf body;
     int too_large;

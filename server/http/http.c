@@ -271,8 +271,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = q;
         conn_tl.fd = s->cfg.tls_cert ? -1 : http_conn_fd(q); /* no half-close probe inside TLS */
         conn_tl.answered = conn_tl.probed = 0;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        q->conn = ci ? ci->socket_context : NULL;
         int ret;
-        if (routes_preflight(q, &ret)) return ret == MHD_YES ? MHD_YES : MHD_NO;
+        if (routes_preflight(q, &ret)) {
+            http_guard_phase(s->guard, q->conn, 2, 0);
+            return ret == MHD_YES ? MHD_YES : MHD_NO;
+        }
+        /* the body's deadline scales with what it announced (chunked: the route's limit) */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        size_t n = cl ? (size_t)strtoull(cl, NULL, 10) : q->body_limit;
+        http_guard_phase(s->guard, q->conn, 1, n < q->body_limit ? n : q->body_limit);
         return MHD_YES;
     }
     if (q->answered) { /* refused early: nothing more is read or kept */
@@ -285,13 +294,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    http_guard_phase(s->guard, q->conn, 2, 0); /* the body is in: serving has no deadline */
     return routes_dispatch(q) == MHD_YES ? MHD_YES : MHD_NO;
+}
+
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len) {
+    Server *s = cls;
+    (void)addr; (void)len;
+    return http_guard_accept(s->guard) ? MHD_YES : MHD_NO; /* MHD_NO: closed at once */
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    Server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? http_guard_started(s->guard, ci->connect_fd) : NULL;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        http_guard_closed(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
     HttpReq *q = *con_cls;
-    (void)cls; (void)c; (void)tc;
+    Server *s = cls;
+    (void)c; (void)tc;
     if (!q) return;
+    http_guard_phase(s->guard, q->conn, 0, 0); /* a kept-alive connection waits for its next headers */
     buf_free(&q->body);
     free(q);
     *con_cls = NULL;
@@ -333,7 +363,10 @@ void http_listen(Server *s) {
     struct MHD_OptionItem opt[12];
     int n = 0;
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_SOCK_ADDR, 0, &a };
-    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, NULL };
+    if (!s->guard) s->guard = http_guard_create(&s->cfg);
+    /* libmicrohttpd's cap only stops accepting (the excess waits in the backlog): ours (on_accept) closes */
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, (intptr_t)http_guard_mhd_limit(s->guard), NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, s };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.connection_timeout_s, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
@@ -344,7 +377,7 @@ void http_listen(Server *s) {
         opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem };
     }
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
-    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opt,
+    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, on_accept, s, on_request, s, MHD_OPTION_ARRAY, opt,
                             MHD_OPTION_END);
     if (!s->d && s->cfg.tls_cert)
         CHECK(0, "cannot start HTTPS on %s:%d: the port may be taken (--port), or --tls-cert %s / --tls-key %s "
@@ -364,6 +397,8 @@ void http_quiesce(Server *s) {
 void http_close(Server *s) {
     if (s->d) MHD_stop_daemon(s->d);
     s->d = NULL;
+    http_guard_free(s->guard); /* after the daemon: every connection has been closed */
+    s->guard = NULL;
     if (s->tls_key_pem) explicit_bzero(s->tls_key_pem, strlen(s->tls_key_pem));
     free(s->tls_key_pem);
     free(s->tls_cert_pem);

@@ -185,3 +185,85 @@ def test_json_with_too_many_values_is_413_before_parsing(srv):
                                          "logit_bias": {str(i): 0 for i in range(5000)},
                                          "ignored": "a \\\" [[[[[[ string that is not nesting" * 100})
     assert st == 200, r
+
+
+# ---- 5. slowloris ----
+def trickler(port):
+    c = socket.create_connection(("127.0.0.1", port), timeout=30)
+    c.sendall(b"GET /health HTTP/1.1\r\n")
+    return c
+
+
+def closed_by_server(c, timeout):
+    """True once the server closed c (EOF, reset, or a send that fails) within timeout."""
+    import time
+    end = time.monotonic() + timeout
+    c.settimeout(0.2)
+    while time.monotonic() < end:
+        try:
+            c.sendall(b"X")  # one more header byte: restarts an idle timer, not a total deadline
+            if c.recv(65536) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_trickled_headers_hit_the_header_deadline():
+    s = Server("--header-timeout", "2", "--connection-timeout", "60")
+    try:
+        c = trickler(s.port)
+        # every byte restarts the 60 s idle timer; only the 2 s total deadline can close it within 40 s
+        assert closed_by_server(c, 40), "a trickling client kept its connection past --header-timeout"
+        c.close()
+        assert s.request("GET", "/health")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_health_answers_during_a_slowloris_attack():
+    import threading
+    import time
+    import urllib.request
+    s = Server("--max-connections", "100", "--header-timeout", "30", "--connection-timeout", "60")
+    socks, stop = [], threading.Event()
+    try:
+        for _ in range(200):
+            socks.append(trickler(s.port))
+
+        def trickle():
+            while not stop.is_set():
+                for c in list(socks):
+                    try:
+                        c.send(b"X")
+                    except OSError:
+                        pass
+                stop.wait(0.5)
+        th = threading.Thread(target=trickle, daemon=True)
+        th.start()
+        answered, end = False, time.monotonic() + 60
+        while not answered and time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(s.url + "/health", timeout=2) as r:
+                    answered = r.status == 200
+            except OSError:
+                time.sleep(0.1)
+        assert answered, "/health never answered while 200 connections trickled their headers"
+        # the connections over --max-connections were closed, not left in the backlog
+        gone = 0
+        for c in socks:
+            c.settimeout(0.05)
+            try:
+                gone += c.recv(1) == b""
+            except socket.timeout:
+                pass
+            except OSError:
+                gone += 1
+        assert gone >= 99, f"only {gone} of 200 trickling connections were closed at --max-connections 100"
+    finally:
+        stop.set()
+        for c in socks:
+            c.close()
+        assert s.stop() == 0

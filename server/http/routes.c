@@ -8,7 +8,8 @@
  * from the headers alone, before a byte of the body is read (routes_preflight):
  * no row for the path (404) -> auth (403 admin disabled / 401) -> the path
  * with another method (404 or 405) -> Content-Length over the row's limit
- * (413); then, once the body is in (routes_dispatch): over the limit
+ * (413 at once when the client waits for "100 Continue"; else its body is
+ * dropped as it arrives, nothing kept, and the 413 follows); then, once the body is in (routes_dispatch): over the limit
  * (chunked, 413) -> the body (400) -> the handler. Nothing of a body is kept
  * for a client that has not authenticated.
  * Area rows (handler NULL) make the auth of a whole prefix explicit: an
@@ -183,7 +184,12 @@ int routes_preflight(HttpReq *q, int *ret) {
     q->row = r;
     q->body_limit = routes_body_limit(r, &q->s->cfg);
     long long n = content_length(q);
-    if (n >= 0 && (unsigned long long)n > q->body_limit) {
+    const char *expect = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    if (n >= 0 && (unsigned long long)n > q->body_limit && !(expect && !strcasecmp(expect, "100-continue"))) {
+        /* an authenticated client already sending: its body is read and dropped as it comes (nothing is
+         * kept), so it reads the 413 instead of a reset mid-upload */
+        q->too_large = 1;
+    } else if (n >= 0 && (unsigned long long)n > q->body_limit) {
         *ret = http_send_error(q, 413, NULL, "request body of %lld bytes is larger than the limit of %zu bytes "
                                "(%s)", n, q->body_limit, r->body == BODY_DELTA ? "--max-delta-bytes"
                                                                                 : "--max-body-bytes");

@@ -86,9 +86,12 @@ def test_streaming_tokenless_client_is_cut_off(srv):
 
 
 def test_over_the_limit_is_413_from_content_length(srv):
-    """An authorized request announcing more than --max-body-bytes: 413 before any body byte."""
+    """An authorized request announcing more than --max-body-bytes and waiting
+    for 100 Continue: 413 before any body byte (a client already sending has
+    its body dropped as it comes, then the 413: test_server_cli)."""
     c = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n\r\n".encode())
+    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+              f"Content-Length: {1 << 30}\r\n\r\n".encode())
     got = read_answer(c)
     c.close()
     st, e = error_of(got)

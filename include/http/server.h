@@ -193,7 +193,11 @@ typedef struct HttpReq {
     struct MHD_Connection *c;
     void *conn;                    /* the connection's guard handle (http_guard.c); NULL: none */
     const char *method, *url;
-    Buf body;
+    Buf body;                      /* the kept body; a spooled one is a read-only mapping here (cap 0) */
+    int spool_fd;                  /* BODY_DELTA: the unlinked temporary file the body is written to; -1 none */
+    size_t spooled;                /* bytes written to it */
+    int spool_err;                 /* errno of a failed spool write (answered 507 once the body is in) */
+    void *map;                     /* its read-only mapping once complete (munmap at the end); NULL none */
     int too_large;
     int answered;                  /* a response was queued */
     int counted;                   /* inflight incremented */

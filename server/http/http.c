@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -250,6 +252,34 @@ int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx) {
     return queue(q, 200, r);
 }
 
+/* ---- spooled bodies: a delta is written to an unlinked temporary file as it
+ * arrives, then mapped read-only, so an N-byte delta does not cost N bytes of
+ * the server's heap (the page cache holds it, reclaimably) ---- */
+static const char *spool_dir(void) {
+    const char *d = getenv("TMPDIR");
+    return d && *d ? d : "/tmp";
+}
+
+static int spool_write(HttpReq *q, const char *p, size_t n) {
+    if (q->spool_fd < 0) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/sampler-delta-XXXXXX", spool_dir());
+        int fd = mkstemp(path);
+        if (fd < 0) return -1;
+        unlink(path); /* gone from the directory at once: freed when closed, whatever happens */
+        q->spool_fd = fd;
+    }
+    while (n) {
+        ssize_t k = write(q->spool_fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) { if (k == 0) errno = ENOSPC; return -1; }
+        p += k;
+        n -= (size_t)k;
+        q->spooled += (size_t)k;
+    }
+    return 0;
+}
+
 /* The first call of a request comes with its headers and no body byte: the
  * route, auth, method and Content-Length are decided then (routes_preflight),
  * and a refusal is answered at once, so libmicrohttpd reads no byte of the
@@ -268,6 +298,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->method = method;
         q->url = url;
         q->route = routes_for_path(url);
+        q->spool_fd = -1;
         *con_cls = q;
         conn_tl.fd = s->cfg.tls_cert ? -1 : http_conn_fd(q); /* no half-close probe inside TLS */
         conn_tl.answered = conn_tl.probed = 0;
@@ -289,12 +320,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!q->too_large && q->body.n + *upload_size <= q->body_limit) buf_append(&q->body, upload, *upload_size);
-        else { q->too_large = 1; buf_free(&q->body); }
+        size_t have = q->spool_fd >= 0 ? q->spooled : q->body.n;
+        if (q->too_large || have + *upload_size > q->body_limit) {
+            q->too_large = 1;
+            buf_free(&q->body);
+        } else if (q->row && routes_spools(q->row)) {
+            if (!q->spool_err && spool_write(q, upload, *upload_size) < 0) q->spool_err = errno ? errno : EIO;
+        } else {
+            buf_append(&q->body, upload, *upload_size);
+        }
         *upload_size = 0;
         return MHD_YES;
     }
     http_guard_phase(s->guard, q->conn, 2, 0); /* the body is in: serving has no deadline */
+    if (q->spool_err && !q->too_large)
+        return http_send_error(q, 507, NULL, "cannot spool the delta body to a temporary file in %s: %s (set "
+                               "TMPDIR to a directory with room for --max-delta-bytes)", spool_dir(),
+                               strerror(q->spool_err));
+    if (q->spool_fd >= 0 && !q->too_large && q->spooled) {
+        q->map = mmap(NULL, q->spooled, PROT_READ, MAP_PRIVATE, q->spool_fd, 0);
+        if (q->map == MAP_FAILED) {
+            q->map = NULL;
+            return http_send_error(q, 500, NULL, "cannot map the spooled delta body: %s", strerror(errno));
+        }
+        q->body = (Buf){ .p = q->map, .n = q->spooled, .cap = 0 };
+    }
     return routes_dispatch(q) == MHD_YES ? MHD_YES : MHD_NO;
 }
 
@@ -322,7 +372,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)c; (void)tc;
     if (!q) return;
     http_guard_phase(s->guard, q->conn, 0, 0); /* a kept-alive connection waits for its next headers */
-    buf_free(&q->body);
+    if (q->map) munmap(q->map, q->spooled);
+    else buf_free(&q->body);
+    if (q->spool_fd >= 0) close(q->spool_fd);
     free(q);
     *con_cls = NULL;
 }

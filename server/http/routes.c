@@ -74,6 +74,8 @@ size_t routes_body_limit(const Route *r, const ServerConfig *c) {
     return r && r->body == BODY_DELTA ? c->max_delta_bytes : c->max_body_bytes;
 }
 
+int routes_spools(const Route *r) { return r->body == BODY_DELTA; }
+
 /* The row for path and method among those whose path matches, or NULL. */
 static const Route *for_method(const char *path, const char *method) {
     for (int i = 0; i < N_ROUTES; i++) {

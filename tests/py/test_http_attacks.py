@@ -270,3 +270,47 @@ def test_health_answers_during_a_slowloris_attack():
         for c in socks:
             c.close()
         assert s.stop() == 0
+
+
+# ---- 1b. a delta body is spooled to an unlinked file, not held in the heap ----
+def test_delta_body_is_spooled_to_an_unlinked_file(tmp_path, monkeypatch):
+    import os
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setenv("TMPDIR", str(spool))
+    s = Server()
+    try:
+        n = 4 << 20
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        c.sendall(f"POST /admin/v1/weights/delta HTTP/1.1\r\nHost: x\r\n{AUTH}"
+                  f"Content-Length: {n}\r\n\r\n".encode() + bytes(n // 2))
+
+        def spooled():  # the half body sits in a deleted file in TMPDIR, open in the server
+            fds = os.path.join("/proc", str(s.proc.pid), "fd")
+            for f in os.listdir(fds):
+                try:
+                    t = os.readlink(os.path.join(fds, f))
+                except OSError:
+                    continue
+                if t.startswith(str(spool) + "/sampler-delta-") and t.endswith("(deleted)"):
+                    return os.stat(os.path.join(fds, f)).st_size >= n // 2
+            return False
+        wait_until(spooled, "the delta body spooled to an unlinked file in TMPDIR")
+        assert os.listdir(spool) == []  # unlinked at once: nothing to clean up after a crash
+        c.sendall(bytes(n // 2))
+        st, e = error_of(read_answer(c, 60))
+        c.close()
+        assert st == 400 and e["code"] == "invalid_delta", e  # zeros are no delta: it was read from the file
+    finally:
+        assert s.stop() == 0
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    s = Server()
+    try:
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        c.sendall(f"POST /admin/v1/weights/delta HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: 64\r\n\r\n".encode()
+                  + b"SDLT" + bytes(60))
+        st, e = error_of(read_answer(c, 60))
+        c.close()
+        assert st == 507 and "TMPDIR" in e["message"], e
+    finally:
+        assert s.stop() == 0

@@ -13,7 +13,8 @@
  *
  * Threads: libmicrohttpd runs one thread per connection; a handler may block
  * on the engine (engine_request_wait) and checks http_fd_gone() while it
- * waits, so a client that disconnects aborts its request at once.
+ * waits, so a client that resets (or has closed: a probe draws the reset)
+ * aborts its request at once; a half-closed client still gets its answer.
  * Files: server.c the object; routes.c the route table (method, path, handler,
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
@@ -217,7 +218,8 @@ int http_send_error_code(HttpReq *q, int status, const char *param, const char *
     __attribute__((format(printf, 5, 6)));
 /* Error from an Err whose message may start with "param: " (request_parse). */
 int http_send_err(HttpReq *q, const Err *e);
-/* The connection's socket, and whether its client closed it (poll, no wait). */
+/* The connection's socket, and whether its client is gone (poll, no wait):
+ * reset or unwritable; a FIN alone is probed once (http.c), never "gone". */
 int http_conn_fd(HttpReq *q);
 int http_fd_gone(int fd);
 /* "model" of a request body: absent or the served name (or the model

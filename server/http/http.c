@@ -2,9 +2,12 @@
  * http.c - the libmicrohttpd layer of the server (server.h): the daemon (one
  * thread per connection), reading request bodies up to the route's limit,
  * JSON and OpenAI-error answers, streamed responses and client-disconnect
- * detection. HTTPS through libmicrohttpd's GnuTLS support (--tls-cert /
- * --tls-key); connection count, idle timeout and header memory are bounded so
- * slow or greedy clients cannot hold the server.
+ * detection (a reset or failed write, never a half-close). HTTPS through
+ * libmicrohttpd's GnuTLS support (--tls-cert / --tls-key). The route, auth and
+ * Content-Length are decided on the first call, before any body byte is read
+ * (routes_preflight); delta bodies are spooled to an unlinked file; header
+ * memory, idle time, header and body deadlines and the connection count are
+ * bounded (http_guard.c) so slow or greedy clients cannot hold the server.
  *
  * Not here: which routes exist, their auth and body classes (routes.c), what
  * each endpoint does (api_*.c), the Server object (server.c).

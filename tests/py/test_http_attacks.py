@@ -99,16 +99,24 @@ def test_over_the_limit_is_413_from_content_length(srv):
 
 
 def test_admin_disabled_is_403_before_the_body():
-    s = Server("--admin-token", "")  # the last --admin-token wins: none
+    """No --admin-token: the admin routes are off, and say so (403) from the headers alone."""
+    import os
+    import subprocess
+    from conftest import BUILD, ROOT
+    binary = os.environ.get("SAMPLER_BIN", os.path.join(BUILD, "sampler-cpu"))
+    p = subprocess.Popen([binary, "--port", "0", "--threads", "1", "--kv-mem-mb", "64", "--log-level", "warn"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     try:
-        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        port = int(p.stdout.readline().split()[2].rsplit(":", 1)[1])
+        c = socket.create_connection(("127.0.0.1", port), timeout=30)
         c.sendall(f"POST /admin/v1/weights/delta HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 32}\r\n\r\n".encode())
         got = read_answer(c)
         c.close()
         st, e = error_of(got)
-        assert st in (401, 403), got[:300]
+        assert st == 403 and e["type"] == "permission_error" and "--admin-token" in e["message"], got[:300]
     finally:
-        assert s.stop() == 0
+        p.terminate()
+        assert p.wait(60) == 0
 
 
 # ---- 6. half-closed clients ----

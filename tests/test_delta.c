@@ -9,7 +9,9 @@
  */
 #include "delta.h"
 
+#include <jansson.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
@@ -783,6 +785,38 @@ static void test_replace(void) {
     ckpt_free(&live);
 }
 
+/* Error bodies are OpenAI error objects: message (even for a tensor name that
+ * is not UTF-8), type, param (the named tensor, else "delta"), code. */
+static void test_error_json_shape(void) {
+    WeightVersion wv0 = {0};
+    wv0.version = 3;
+    struct { const char *name; int code; const char *param; const char *ecode; } cases[] = {
+        {"bad\xff\xfename", 422, NULL, "invalid_delta"},
+        {"model.norm.weight", 400, "model.norm.weight", "invalid_delta"},
+        {NULL, 409, "delta", "version_conflict"},
+    };
+    for (int i = 0; i < 3; i++) {
+        Err err = {0};
+        if (cases[i].name) ERR(&err, cases[i].code, "delta: '%s': no such tensor in the model", cases[i].name);
+        else ERR(&err, cases[i].code, "delta: base version 0 -> 1, the sampler is at version 3");
+        char *js = delta_error_json(&err, &wv0);
+        json_error_t je;
+        json_t *j = json_loads(js, 0, &je);
+        json_t *e = json_object_get(j, "error");
+        T_ASSERT(json_is_string(json_object_get(e, "message")) && json_string_length(json_object_get(e, "message")) > 0,
+                 "error %d has a message: %s", i, js);
+        T_ASSERT(json_is_string(json_object_get(e, "type")), "error %d has a type: %s", i, js);
+        T_ASSERT(json_is_string(json_object_get(e, "param")), "error %d has a param: %s", i, js);
+        if (cases[i].param)
+            T_ASSERT(!strcmp(json_string_value(json_object_get(e, "param")), cases[i].param), "param: %s", js);
+        T_ASSERT(json_is_string(json_object_get(e, "code")) &&
+                 !strcmp(json_string_value(json_object_get(e, "code")), cases[i].ecode), "code: %s", js);
+        T_ASSERT(json_integer_value(json_object_get(j, "current_version")) == 3, "current_version: %s", js);
+        json_decref(j);
+        free(js);
+    }
+}
+
 int main(void) {
     for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) { /* SPARSE, then SPARSE_XOR values */
         test_round_trip();
@@ -793,6 +827,7 @@ int main(void) {
     test_zero_xor_mask();
     test_encoding_choice();
     test_versions();
+    test_error_json_shape();
     for (g_xor_values = 0; g_xor_values < 2; g_xor_values++) test_check_payloads();
     g_xor_values = 0;
     test_safetensors_mapping();

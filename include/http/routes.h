@@ -24,7 +24,8 @@ typedef enum {
     BODY_NONE,          /* the handler reads no body (one is read up to --max-body-bytes and ignored) */
     BODY_JSON,          /* a JSON object, up to --max-body-bytes; empty or not an object -> 400 */
     BODY_JSON_OR_EMPTY, /* the same, but an empty body is {} */
-    BODY_DELTA,         /* raw bytes in q->body, up to --max-delta-bytes */
+    BODY_DELTA,         /* raw bytes in q->body, up to --max-delta-bytes: spooled to an unlinked file in
+                           $TMPDIR (default /tmp) as it arrives, then mapped read-only */
 } RouteBody;
 
 typedef enum {
@@ -51,8 +52,17 @@ const Route *routes_table(int *n);
 const Route *routes_for_path(const char *path);
 /* Body bytes a request to row r may send (r NULL: --max-body-bytes). */
 size_t routes_body_limit(const Route *r, const ServerConfig *c);
-/* Answer q: body limit (413), auth (401/403), the handler with the body its
- * class asks for, or 404/405. Returns the MHD result. */
+/* 1: row r's body goes to an unlinked temporary file, mapped read-only for the
+ * handler (BODY_DELTA), not to the heap. */
+int routes_spools(const Route *r);
+/* The headers of q are in, no body byte yet: refuse what the headers already
+ * decide (no route 404, auth 401/403, method 404/405, Content-Length over the
+ * row's limit 413): answer, set *ret (MHD result) and return 1. Else set
+ * q->row and q->body_limit and return 0. */
+int routes_preflight(HttpReq *q, int *ret);
+/* Answer q once its body is in (q->row set by routes_preflight): over the
+ * limit (413), the body its class asks for (400), the handler. Returns the
+ * MHD result. */
 int routes_dispatch(HttpReq *q);
 
 #endif

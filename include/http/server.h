@@ -13,7 +13,8 @@
  *
  * Threads: libmicrohttpd runs one thread per connection; a handler may block
  * on the engine (engine_request_wait) and checks http_fd_gone() while it
- * waits, so a client that disconnects aborts its request at once.
+ * waits, so a client that resets (or has closed: a probe draws the reset)
+ * aborts its request at once; a half-closed client still gets its answer.
  * Files: server.c the object; routes.c the route table (method, path, handler,
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
@@ -42,6 +43,7 @@
 struct MHD_Connection;
 struct MHD_Daemon;
 typedef struct WeightVersion WeightVersion;
+typedef struct HttpGuard HttpGuard;
 
 #define SERVER_MAX_DELTAS 64
 #define SERVER_MAX_RELOAD_ROOTS 8
@@ -69,6 +71,7 @@ typedef struct ServerConfig {
     size_t max_delta_bytes;        /* POST /admin/v1/weights/delta; default 4 GiB */
     int max_connections;           /* default 1024 */
     unsigned connection_timeout_s; /* idle seconds before a connection is closed (slow clients); default 30 */
+    unsigned header_timeout_s;     /* request line + headers must be in within this (slowloris); default 10 */
     size_t max_header_bytes;       /* per-connection memory for the request line + headers; default 32 KiB */
     const char *tls_cert;          /* PEM certificate (chain) file; NULL: plain HTTP */
     const char *tls_key;           /* PEM private key file; set with tls_cert */
@@ -132,6 +135,7 @@ typedef struct Server {
     pthread_mutex_t live_mu;
     LiveReq *live;
     struct MHD_Daemon *d;
+    HttpGuard *guard;              /* deadlines and the connection cap (http_guard.c) */
     int bound_port;
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
 } Server;
@@ -165,16 +169,38 @@ void http_quiesce(Server *s);
 /* Close every connection and stop the daemon (idempotent); wipes the key PEM. */
 void http_close(Server *s);
 
+/* ---- deadlines and the connection cap (http_guard.c), for http.c ---- */
+HttpGuard *http_guard_create(const ServerConfig *cfg);
+void http_guard_free(HttpGuard *g);
+/* The limit to give libmicrohttpd (ours plus room for evicted connections still closing). */
+unsigned http_guard_mhd_limit(const HttpGuard *g);
+/* At accept: 1 admit (evicting the oldest connection still in its headers
+ * when at --max-connections), 0 close it at once. */
+int http_guard_accept(HttpGuard *g);
+/* A connection began (header deadline armed) / ended; the handle is its socket context. */
+void *http_guard_started(HttpGuard *g, int fd);
+void http_guard_closed(HttpGuard *g, void *conn);
+/* phase 0: awaiting the next request's headers; 1: receiving body_bytes of
+ * body; 2: serving (no deadline). */
+void http_guard_phase(HttpGuard *g, void *conn, int phase, size_t body_bytes);
+
 /* ---- per request ---- */
 typedef struct Route Route;
 typedef struct HttpReq {
     Server *s;
     const Route *route;            /* the route table row of the path (routes.h); NULL: no route */
+    const Route *row;              /* the row of path and method, once routes_preflight accepted it */
     size_t body_limit;             /* bytes of body kept; more -> too_large (413) */
     struct MHD_Connection *c;
+    void *conn;                    /* the connection's guard handle (http_guard.c); NULL: none */
     const char *method, *url;
-    Buf body;
+    Buf body;                      /* the kept body; a spooled one is a read-only mapping here (cap 0) */
+    int spool_fd;                  /* BODY_DELTA: the unlinked temporary file the body is written to; -1 none */
+    size_t spooled;                /* bytes written to it */
+    int spool_err;                 /* errno of a failed spool write (answered 507 once the body is in) */
+    void *map;                     /* its read-only mapping once complete (munmap at the end); NULL none */
     int too_large;
+    int answered;                  /* a response was queued */
     int counted;                   /* inflight incremented */
     int status;                    /* what was answered, for metrics */
 } HttpReq;
@@ -187,9 +213,13 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 json_t *http_error_json(int status, const char *param, const char *msg);
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same with an explicit code (NULL: the status's default). */
+int http_send_error_code(HttpReq *q, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Error from an Err whose message may start with "param: " (request_parse). */
 int http_send_err(HttpReq *q, const Err *e);
-/* The connection's socket, and whether its client closed it (poll, no wait). */
+/* The connection's socket, and whether its client is gone (poll, no wait):
+ * reset or unwritable; a FIN alone is probed once (http.c), never "gone". */
 int http_conn_fd(HttpReq *q);
 int http_fd_gone(int fd);
 /* "model" of a request body: absent or the served name (or the model

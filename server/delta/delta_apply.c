@@ -11,6 +11,7 @@
 #include "delta.h"
 #include "delta_plan.h"
 
+#include "buf.h"
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -174,11 +175,46 @@ char *delta_result_json(const DeltaResult *r) {
     return s;
 }
 
+/* s as a JSON string; bytes that are not printable ASCII escaped as \xNN when
+ * s is not valid UTF-8 (a tensor name from the request echoed back), so an
+ * error never loses its message. */
+static json_t *json_string_lossless(const char *s) {
+    json_t *j = json_string(s);
+    if (j) return j;
+    Buf b = {0};
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char x[8];
+        int k = *p < 0x20 || *p >= 0x7f ? snprintf(x, sizeof x, "\\x%02x", *p) : snprintf(x, sizeof x, "%c", *p);
+        buf_append(&b, x, (size_t)k);
+    }
+    buf_append(&b, "", 1);
+    j = json_string(b.p);
+    buf_free(&b);
+    return j;
+}
+
 char *delta_error_json(const Err *e, const WeightVersion *wv) {
+    /* OpenAI's error shape, like every HTTP error of the server */
+    int st = e->code ? e->code : 500;
+    const char *type = st == 409 ? "conflict_error" : st == 401 ? "authentication_error" : st == 403 ? "permission_error"
+                     : st == 404 ? "not_found_error" : st >= 500 ? "server_error" : "invalid_request_error";
+    /* param: the tensor the message names ('name'), else the delta body for the container's own errors */
+    json_t *param = NULL;
+    const char *q0 = strchr(e->msg, '\''), *q1 = q0 ? strchr(q0 + 1, '\'') : NULL;
+    if (q1 && q1 > q0 + 1) {
+        char name[DELTA_MAX_NAME + 1];
+        size_t n = (size_t)(q1 - q0 - 1) < sizeof name - 1 ? (size_t)(q1 - q0 - 1) : sizeof name - 1;
+        memcpy(name, q0 + 1, n);
+        name[n] = 0;
+        param = json_string_lossless(name);
+    } else if (!strncmp(e->msg, "delta:", 6)) {
+        param = json_string("delta");
+    }
     json_t *root = json_object(), *er = json_object();
-    json_object_set_new(er, "message", json_string(e->msg));
-    json_object_set_new(er, "type", json_string(e->code == 409 ? "version_conflict" : "invalid_delta"));
-    json_object_set_new(er, "code", json_integer(e->code));
+    json_object_set_new(er, "message", json_string_lossless(e->msg[0] ? e->msg : "delta refused"));
+    json_object_set_new(er, "type", json_string(type));
+    json_object_set_new(er, "param", param ? param : json_null());
+    json_object_set_new(er, "code", json_string(st == 409 ? "version_conflict" : "invalid_delta"));
     json_object_set_new(root, "error", er);
     json_object_set_new(root, "current_version", json_integer((json_int_t)wv->version));
     char *s = json_dumps(root, JSON_COMPACT);

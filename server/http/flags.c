@@ -154,11 +154,16 @@ static const Flag FLAGS[] = {
      .help = "largest delta body for POST /admin/v1/weights/delta; larger -> 413"},
     {.name = "--max-connections", .metavar = "N", .section = S_HTTP, .kind = K_INT,
      .off = AT(server.max_connections), .lo = 1, .hi = 1 << 20,
-     .help = "concurrent connections; more are refused at accept"},
+     .help = "concurrent connections; more are closed at accept (or evict one still sending its headers)"},
     {.name = "--connection-timeout", .metavar = "S", .section = S_HTTP, .kind = K_UINT,
      .off = AT(server.connection_timeout_s), .lo = 1, .hi = 86400,
      .help = "close a connection idle for S seconds, e.g. a client that stalls mid-body (a streaming response "
              "waiting on the engine is not idle)"},
+    {.name = "--header-timeout", .metavar = "S", .section = S_HTTP, .kind = K_UINT,
+     .off = AT(server.header_timeout_s), .lo = 1, .hi = 86400,
+     .help = "the request line and headers must arrive within S seconds of the connection (a body within S + its "
+             "size at 64 KiB/s), however slowly they trickle; at --max-connections a new connection evicts the "
+             "oldest one still sending headers"},
     {.name = "--max-header-bytes", .metavar = "N", .section = S_HTTP, .kind = K_SIZE,
      .off = AT(server.max_header_bytes), .bytes = 1, .lo = 4096, .hi = 1 << 24,
      .help = "per-connection memory for the request line and headers; larger headers -> 431"},

@@ -2,9 +2,12 @@
  * http.c - the libmicrohttpd layer of the server (server.h): the daemon (one
  * thread per connection), reading request bodies up to the route's limit,
  * JSON and OpenAI-error answers, streamed responses and client-disconnect
- * detection. HTTPS through libmicrohttpd's GnuTLS support (--tls-cert /
- * --tls-key); connection count, idle timeout and header memory are bounded so
- * slow or greedy clients cannot hold the server.
+ * detection (a reset or failed write, never a half-close). HTTPS through
+ * libmicrohttpd's GnuTLS support (--tls-cert / --tls-key). The route, auth and
+ * Content-Length are decided on the first call, before any body byte is read
+ * (routes_preflight); delta bodies are spooled to an unlinked file; header
+ * memory, idle time, header and body deadlines and the connection count are
+ * bounded (http_guard.c) so slow or greedy clients cannot hold the server.
  *
  * Not here: which routes exist, their auth and body classes (routes.c), what
  * each endpoint does (api_*.c), the Server object (server.c).
@@ -20,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -41,8 +46,18 @@ static void count_status(Server *s, int status) {
     else atomic_fetch_add(&s->metrics.http_other, 1);
 }
 
+/* The connection this thread serves (libmicrohttpd runs one thread per
+ * connection: a handler and its stream's fill run on it), for http_fd_gone. */
+static _Thread_local struct {
+    int fd;       /* its socket; -1: none yet */
+    int answered; /* a response was queued: bytes of it may be on the wire */
+    int probed;   /* the half-close probe (an interim 100 Continue) went out */
+} conn_tl = { -1, 0, 0 };
+
 static int queue(HttpReq *q, int status, struct MHD_Response *r) {
     q->status = status;
+    q->answered = 1;
+    conn_tl.answered = 1;
     if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
     count_status(q->s, status);
     int ret = MHD_queue_response(q->c, (unsigned)status, r);
@@ -85,40 +100,68 @@ static void error_kind(int status, const char **type, const char **code) {
     }
 }
 
-json_t *http_error_json(int status, const char *param, const char *msg) {
+static json_t *error_json_code(int status, const char *param, const char *code_or_null, int set_code,
+                               const char *msg) {
     const char *type, *code;
     error_kind(status, &type, &code);
+    if (set_code) code = code_or_null;
     json_t *e = json_object();
-    json_object_set_new(e, "message", json_string(msg));
+    json_t *m = json_string(msg);
+    if (!m) { /* not UTF-8 (a name echoed from the request): say so, escaped */
+        char safe[768];
+        size_t k = 0;
+        for (const unsigned char *p = (const unsigned char *)msg; *p && k + 5 < sizeof safe; p++) {
+            if (*p < 0x20 || *p >= 0x7f) k += (size_t)snprintf(safe + k, sizeof safe - k, "\\x%02x", *p);
+            else safe[k++] = (char)*p;
+        }
+        safe[k] = 0;
+        m = json_string(safe);
+    }
+    json_object_set_new(e, "message", m);
     json_object_set_new(e, "type", json_string(type));
-    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_t *pj = param ? json_string(param) : NULL;
+    json_object_set_new(e, "param", pj ? pj : json_null());
     json_object_set_new(e, "code", code ? json_string(code) : json_null());
     json_t *j = json_object();
     json_object_set_new(j, "error", e);
     return j;
 }
 
+json_t *http_error_json(int status, const char *param, const char *msg) {
+    return error_json_code(status, param, NULL, 0, msg);
+}
+
 /* The error document in the dialect of q's route (the route table's tag; no route: OpenAI). */
-static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *msg) {
+static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *code, int set_code,
+                                  const char *msg) {
     switch (q->route ? q->route->dialect : DIALECT_OPENAI) { /* -Wswitch: a new dialect needs its case */
-    case DIALECT_OPENAI: return http_error_json(status, param, msg);
+    case DIALECT_OPENAI: return error_json_code(status, param, code, set_code, msg);
     }
-    return http_error_json(status, param, msg);
+    return error_json_code(status, param, code, set_code, msg);
+}
+
+static int send_error_v(HttpReq *q, int status, const char *param, const char *code, int set_code,
+                        const char *fmt, va_list ap) {
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
+    return http_send_json(q, status, dialect_error_json(q, status, param, code, set_code, msg));
 }
 
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...) {
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int r = send_error_v(q, status, param, NULL, 0, fmt, ap);
     va_end(ap);
-    if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);
-    json_t *j = dialect_error_json(q, status, param, msg);
-    if (!json_object_get(json_object_get(j, "error"), "message")) { /* invalid UTF-8 echoed back */
-        json_decref(j);
-        j = dialect_error_json(q, status, param, "invalid request");
-    }
-    return http_send_json(q, status, j);
+    return r;
+}
+
+int http_send_error_code(HttpReq *q, int status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int r = send_error_v(q, status, param, code, 1, fmt, ap);
+    va_end(ap);
+    return r;
 }
 
 int http_send_err(HttpReq *q, const Err *e) {
@@ -153,11 +196,25 @@ int http_check_model(Server *s, json_t *body, Err *err) {
     return 0;
 }
 
+/* Gone = reset or unwritable (POLLHUP / POLLERR), never merely half-closed: a
+ * client that shut down its sending side (shutdown(SHUT_WR), `nc -N`) still
+ * reads its answer. A FIN alone cannot tell "half-closed" from "closed", so
+ * while nothing of the answer is on the wire (plain HTTP, a whole-response
+ * request) a FIN is probed once with an interim "100 Continue" (RFC 9110
+ * 15.2: clients parse unexpected 1xx answers): a closed client's kernel
+ * answers it with a reset, which the next poll sees; a half-closed one reads
+ * and skips it. Streams need no probe: their own writes draw the reset. */
 int http_fd_gone(int fd) {
     if (fd < 0) return 0;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     if (poll(&p, 1, 0) <= 0) return 0;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if ((p.revents & POLLRDHUP) && fd == conn_tl.fd && !conn_tl.answered && !conn_tl.probed) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        conn_tl.probed = 1;
+        if (send(fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) return 1;
+    }
+    return 0;
 }
 
 /* ---- streams ---- */
@@ -201,6 +258,40 @@ int http_send_stream(HttpReq *q, StreamFill fill, StreamDone done, void *ctx) {
     return queue(q, 200, r);
 }
 
+/* ---- spooled bodies: a delta is written to an unlinked temporary file as it
+ * arrives, then mapped read-only, so an N-byte delta does not cost N bytes of
+ * the server's heap (the page cache holds it, reclaimably) ---- */
+static const char *spool_dir(void) {
+    const char *d = getenv("TMPDIR");
+    return d && *d ? d : "/tmp";
+}
+
+static int spool_write(HttpReq *q, const char *p, size_t n) {
+    if (q->spool_fd < 0) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/sampler-delta-XXXXXX", spool_dir());
+        int fd = mkstemp(path);
+        if (fd < 0) return -1;
+        unlink(path); /* gone from the directory at once: freed when closed, whatever happens */
+        q->spool_fd = fd;
+    }
+    while (n) {
+        ssize_t k = write(q->spool_fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) { if (k == 0) errno = ENOSPC; return -1; }
+        p += k;
+        n -= (size_t)k;
+        q->spooled += (size_t)k;
+    }
+    return 0;
+}
+
+/* The first call of a request comes with its headers and no body byte: the
+ * route, auth, method and Content-Length are decided then (routes_preflight),
+ * and a refusal is answered at once, so libmicrohttpd reads no byte of the
+ * body (an answer queued before the upload closes the connection after it).
+ * Only an authorized request to a route that takes a body gets one kept, up
+ * to its row's limit. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     Server *s = cls;
@@ -213,24 +304,83 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->method = method;
         q->url = url;
         q->route = routes_for_path(url);
-        q->body_limit = routes_body_limit(q->route, &s->cfg);
+        q->spool_fd = -1;
         *con_cls = q;
+        conn_tl.fd = s->cfg.tls_cert ? -1 : http_conn_fd(q); /* no half-close probe inside TLS */
+        conn_tl.answered = conn_tl.probed = 0;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        q->conn = ci ? ci->socket_context : NULL;
+        int ret;
+        if (routes_preflight(q, &ret)) {
+            http_guard_phase(s->guard, q->conn, 2, 0);
+            return ret == MHD_YES ? MHD_YES : MHD_NO;
+        }
+        /* the body's deadline scales with what it announced (chunked: the route's limit) */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        size_t n = cl ? (size_t)strtoull(cl, NULL, 10) : q->body_limit;
+        http_guard_phase(s->guard, q->conn, 1, n < q->body_limit ? n : q->body_limit);
+        return MHD_YES;
+    }
+    if (q->answered) { /* refused early: nothing more is read or kept */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!q->too_large && q->body.n + *upload_size <= q->body_limit) buf_append(&q->body, upload, *upload_size);
-        else { q->too_large = 1; buf_free(&q->body); }
+        size_t have = q->spool_fd >= 0 ? q->spooled : q->body.n;
+        if (q->too_large || have + *upload_size > q->body_limit) {
+            q->too_large = 1;
+            buf_free(&q->body);
+        } else if (q->row && routes_spools(q->row)) {
+            if (!q->spool_err && spool_write(q, upload, *upload_size) < 0) q->spool_err = errno ? errno : EIO;
+        } else {
+            buf_append(&q->body, upload, *upload_size);
+        }
         *upload_size = 0;
         return MHD_YES;
+    }
+    http_guard_phase(s->guard, q->conn, 2, 0); /* the body is in: serving has no deadline */
+    if (q->spool_err && !q->too_large)
+        return http_send_error(q, 507, NULL, "cannot spool the delta body to a temporary file in %s: %s (set "
+                               "TMPDIR to a directory with room for --max-delta-bytes)", spool_dir(),
+                               strerror(q->spool_err));
+    if (q->spool_fd >= 0 && !q->too_large && q->spooled) {
+        q->map = mmap(NULL, q->spooled, PROT_READ, MAP_PRIVATE, q->spool_fd, 0);
+        if (q->map == MAP_FAILED) {
+            q->map = NULL;
+            return http_send_error(q, 500, NULL, "cannot map the spooled delta body: %s", strerror(errno));
+        }
+        q->body = (Buf){ .p = q->map, .n = q->spooled, .cap = 0 };
     }
     return routes_dispatch(q) == MHD_YES ? MHD_YES : MHD_NO;
 }
 
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len) {
+    Server *s = cls;
+    (void)addr; (void)len;
+    return http_guard_accept(s->guard) ? MHD_YES : MHD_NO; /* MHD_NO: closed at once */
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    Server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? http_guard_started(s->guard, ci->connect_fd) : NULL;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        http_guard_closed(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
     HttpReq *q = *con_cls;
-    (void)cls; (void)c; (void)tc;
+    Server *s = cls;
+    (void)c; (void)tc;
     if (!q) return;
-    buf_free(&q->body);
+    http_guard_phase(s->guard, q->conn, 0, 0); /* a kept-alive connection waits for its next headers */
+    if (q->map) munmap(q->map, q->spooled);
+    else buf_free(&q->body);
+    if (q->spool_fd >= 0) close(q->spool_fd);
     free(q);
     *con_cls = NULL;
 }
@@ -274,7 +424,10 @@ void http_listen(Server *s) {
     struct MHD_OptionItem opt[12];
     int n = 0;
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_SOCK_ADDR, 0, &a };
-    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections, NULL };
+    if (!s->guard) s->guard = http_guard_create(&s->cfg);
+    /* libmicrohttpd's cap only stops accepting (the excess waits in the backlog): ours (on_accept) closes */
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_LIMIT, (intptr_t)http_guard_mhd_limit(s->guard), NULL };
+    opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, s };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.connection_timeout_s, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)s->cfg.max_header_bytes, NULL };
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, s };
@@ -285,7 +438,7 @@ void http_listen(Server *s) {
         opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem };
     }
     opt[n++] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
-    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opt,
+    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, on_accept, s, on_request, s, MHD_OPTION_ARRAY, opt,
                             MHD_OPTION_END);
     if (!s->d && s->cfg.tls_cert)
         CHECK(0, "cannot start HTTPS on %s:%d: the port may be taken (--port), or --tls-cert %s / --tls-key %s "
@@ -305,6 +458,8 @@ void http_quiesce(Server *s) {
 void http_close(Server *s) {
     if (s->d) MHD_stop_daemon(s->d);
     s->d = NULL;
+    http_guard_free(s->guard); /* after the daemon: every connection has been closed */
+    s->guard = NULL;
     if (s->tls_key_pem) explicit_bzero(s->tls_key_pem, strlen(s->tls_key_pem));
     free(s->tls_key_pem);
     free(s->tls_cert_pem);

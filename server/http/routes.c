@@ -4,10 +4,14 @@
  * class (API key, admin token or none), then the row of its path and method
  * gets the body its class asks for (none, a JSON object, raw delta bytes).
  *
- * Order of the checks, the same for every route: too large (413, before any
- * auth, since the body was not kept) -> no row for the path (404) -> auth
- * (403 admin disabled / 401) -> the path with another method (404 or 405) ->
- * the body (400) -> the handler.
+ * Order of the checks, the same for every route, all but the last two made
+ * from the headers alone, before a byte of the body is read (routes_preflight):
+ * no row for the path (404) -> auth (403 admin disabled / 401) -> the path
+ * with another method (404 or 405) -> Content-Length over the row's limit
+ * (413 at once when the client waits for "100 Continue"; else its body is
+ * dropped as it arrives, nothing kept, and the 413 follows); then, once the body is in (routes_dispatch): over the limit
+ * (chunked, 413) -> the body (400) -> the handler. Nothing of a body is kept
+ * for a client that has not authenticated.
  * Area rows (handler NULL) make the auth of a whole prefix explicit: an
  * unknown /admin/... path needs the admin token before it learns it is a 404.
  *
@@ -17,7 +21,12 @@
 #define _GNU_SOURCE
 #include "routes.h"
 
+#include "json_scan.h"
+
+#include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -64,6 +73,8 @@ const Route *routes_for_path(const char *path) {
 size_t routes_body_limit(const Route *r, const ServerConfig *c) {
     return r && r->body == BODY_DELTA ? c->max_delta_bytes : c->max_body_bytes;
 }
+
+int routes_spools(const Route *r) { return r->body == BODY_DELTA; }
 
 /* The row for path and method among those whose path matches, or NULL. */
 static const Route *for_method(const char *path, const char *method) {
@@ -116,6 +127,18 @@ static json_t *parse_body(HttpReq *q, int *sent) {
         http_send_error(q, 400, NULL, "the request body is empty: send a JSON object");
         return NULL;
     }
+    JsonScan sc;
+    int bad = json_scan(q->body.p, q->body.n, &sc);
+    if (bad) {
+        *sent = 1;
+        if (bad == 413)
+            http_send_error(q, 413, NULL, "the JSON body has more than %u values (the server's limit per request "
+                            "body): send fewer", JSON_SCAN_MAX_VALUES);
+        else
+            http_send_error(q, 400, NULL, "the JSON body nests deeper than %d levels (the server's limit)",
+                            JSON_SCAN_MAX_DEPTH);
+        return NULL;
+    }
     json_t *j = json_loadb(q->body.p, q->body.n, 0, &je);
     if (!j) {
         *sent = 1;
@@ -131,20 +154,58 @@ static json_t *parse_body(HttpReq *q, int *sent) {
     return j;
 }
 
-int routes_dispatch(HttpReq *q) {
+/* The Content-Length header's value; -1 when absent (chunked) or unreadable
+ * (libmicrohttpd refuses a malformed one with 400 before our first call). */
+static long long content_length(HttpReq *q) {
+    const char *h = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!h || !*h) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(h, &end, 10);
+    if (*end || errno || v > (unsigned long long)LLONG_MAX) return LLONG_MAX;
+    return (long long)v;
+}
+
+int routes_preflight(HttpReq *q, int *ret) {
     const Route *area = q->route;
-    if (q->too_large)
-        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (%s)", q->body_limit,
-                               area && area->body == BODY_DELTA ? "--max-delta-bytes" : "--max-body-bytes");
-    if (!area) return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
-    int ret;
-    if (refused(q, area->auth, &ret)) return ret;
+    if (!area) {
+        *ret = http_send_error_code(q, 404, NULL, "route_not_found", "no route %s %s: see the README for the "
+                                    "endpoints", q->method, q->url);
+        return 1;
+    }
+    if (refused(q, area->auth, ret)) return 1;
     const Route *r = for_method(q->url, q->method);
     if (!r) {
         if (area->handler && area->other_method == 405)
-            return http_send_error(q, 405, NULL, "%s needs %s", q->url, area->method);
-        return http_send_error(q, 404, NULL, "no route %s %s", q->method, q->url);
+            *ret = http_send_error_code(q, 405, NULL, "method_not_allowed", "%s needs %s", q->url, area->method);
+        else
+            *ret = http_send_error_code(q, 404, NULL, "route_not_found", "no route %s %s: see the README for the "
+                                        "endpoints", q->method, q->url);
+        return 1;
     }
+    q->row = r;
+    q->body_limit = routes_body_limit(r, &q->s->cfg);
+    long long n = content_length(q);
+    const char *expect = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    if (n >= 0 && (unsigned long long)n > q->body_limit && !(expect && !strcasecmp(expect, "100-continue"))) {
+        /* an authenticated client already sending: its body is read and dropped as it comes (nothing is
+         * kept), so it reads the 413 instead of a reset mid-upload */
+        q->too_large = 1;
+    } else if (n >= 0 && (unsigned long long)n > q->body_limit) {
+        *ret = http_send_error(q, 413, NULL, "request body of %lld bytes is larger than the limit of %zu bytes "
+                               "(%s)", n, q->body_limit, r->body == BODY_DELTA ? "--max-delta-bytes"
+                                                                                : "--max-body-bytes");
+        return 1;
+    }
+    return 0;
+}
+
+int routes_dispatch(HttpReq *q) {
+    const Route *r = q->row;
+    ASSERT(r != NULL, "routes_preflight answers every request without a row");
+    if (q->too_large)
+        return http_send_error(q, 413, NULL, "request body larger than the limit of %zu bytes (%s)", q->body_limit,
+                               r->body == BODY_DELTA ? "--max-delta-bytes" : "--max-body-bytes");
     json_t *body = NULL;
     if (r->body == BODY_JSON || (r->body == BODY_JSON_OR_EMPTY && q->body.n)) {
         int sent;
@@ -152,7 +213,7 @@ int routes_dispatch(HttpReq *q) {
     } else if (r->body == BODY_JSON_OR_EMPTY) {
         body = json_object();
     }
-    ret = r->handler(q, body);
+    int ret = r->handler(q, body);
     json_decref(body);
     return ret;
 }

@@ -47,8 +47,8 @@ def http_raw(port, data, timeout=10.0):
             if not b:
                 break
             out += b
-    except (ConnectionResetError, socket.timeout, BrokenPipeError):
-        pass
+    except (ConnectionResetError, socket.timeout, BrokenPipeError, OSError):
+        pass  # OSError: ENOTCONN at shutdown, when the server refused from the headers and closed mid-upload
     finally:
         c.close()
     return out

@@ -48,6 +48,8 @@ Bar (exit 1 when any part fails, 0 when all pass):
     phase, warm-up and KV first touch included) + 256 MB;
   - no 5xx to anyone, normal or attack;
   - the server alive at the end and exiting 0 on SIGTERM.
+Safety: past --rss-guard-mb (default min(8192, MemAvailable / 2)) the script
+SIGKILLs the server (guard_killed in the JSON; the run fails the bar).
 
 Sizes: default ~3 minutes on a 2-core VM, --quick ~60 s, --smoke ~15 s (a
 few requests of each kind, small bodies: checks that the script works, not
@@ -104,13 +106,14 @@ def metrics(host, port):
 
 
 def wait_idle(host, port, proc, timeout):
-    """Poll /metrics until nothing runs or waits and no KV block is held; True if it got there."""
+    """Poll /metrics until nothing runs or waits, no KV block is held and no HTTP request is in flight
+    (an abandoned request may still be building its answer after the engine is done); True if it got there."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout and proc.poll() is None:
         try:
             m = metrics(host, port)
             if m.get("sampler_num_requests_running") == 0 and m.get("sampler_num_requests_waiting") == 0 and \
-                    m.get("sampler_kv_blocks_used") == 0:
+                    m.get("sampler_kv_blocks_used") == 0 and m.get("sampler_inflight_requests", 0) == 0:
                 return True
         except Exception:  # noqa: BLE001 - a busy or dying server: keep polling until the deadline
             pass
@@ -118,11 +121,23 @@ def wait_idle(host, port, proc, timeout):
     return False
 
 
+def mem_available_mb():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    return float("inf")
+
+
 class RssSampler(threading.Thread):
-    def __init__(self, pid, t0, every=0.5):
+    """VmRSS every `every` s; SIGKILLs the server past guard_mb (protects a shared machine from a
+    server whose memory is unbounded: the run then fails the bar with guard_killed)."""
+
+    def __init__(self, proc, t0, guard_mb, every=0.5):
         super().__init__(daemon=True)
-        self.pid, self.t0, self.every = pid, t0, every
+        self.proc, self.pid, self.t0, self.every, self.guard_mb = proc, proc.pid, t0, every, guard_mb
         self.samples = []  # (seconds since start, MB)
+        self.guard_killed = False
         self.stop = threading.Event()
 
     def run(self):
@@ -130,6 +145,9 @@ class RssSampler(threading.Thread):
             v = rss_mb(self.pid)
             if v is not None:
                 self.samples.append((round(time.monotonic() - self.t0, 2), round(v, 1)))
+                if v > self.guard_mb and self.proc.poll() is None:
+                    self.guard_killed = True
+                    self.proc.kill()
             self.stop.wait(self.every)
 
     def peak_since(self, t):
@@ -455,6 +473,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="~15 s, tiny sizes (script check, not the bar)")
     ap.add_argument("--mixes", default=",".join(MIXES), help="comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--max-rss-mb", type=float, help="RSS bound (default: idle RSS + 256)")
+    ap.add_argument("--rss-guard-mb", type=float,
+                    help="SIGKILL the server past this RSS (default: min(8192, MemAvailable / 2))")
     ap.add_argument("--latency-factor", type=float, default=3.0, help="p99 under attack / idle p99 bound")
     ap.add_argument("--normal-timeout", type=float, default=60.0, help="per normal request (s)")
     ap.add_argument("--server-args", default="--kv-mem-mb 64 --threads 1")
@@ -470,10 +490,11 @@ def main():
     t_start = time.monotonic()
     server_args = ["--host", "127.0.0.1", "--admin-token", ADMIN] + a.server_args.split()
     proc, host, port = load.start_server(a.bin, server_args)
-    rss = RssSampler(proc.pid, t_start)
+    guard = a.rss_guard_mb or min(8192.0, mem_available_mb() / 2)
+    rss = RssSampler(proc, t_start, guard)
     rss.start()
     out = {"mode": mode, "sizes": sz, "server": {"bin": a.bin, "args": server_args, "pid": proc.pid},
-           "latency_factor": a.latency_factor}
+           "latency_factor": a.latency_factor, "rss_guard_mb": round(guard, 1)}
     exit_code = None
     try:
         # warm-up: first touch of the sampler's buffers and a few KV blocks, not measured
@@ -503,13 +524,15 @@ def main():
                 "rss_peak_mb": rss.peak_since(t_m), "rss_end_mb": rss_mb(proc.pid),
                 "idle_after": idle_after, "alive": proc.poll() is None})
     finally:
-        died = proc.poll() is not None
-        out["died"] = died
-        out["died_returncode"] = proc.returncode if died else None
-        exit_code = proc.returncode if died else load.stop_server(proc)
         rss.stop.set()
         rss.join()
-    out["exit_code_after_sigterm"] = None if died else exit_code
+        out["guard_killed"] = rss.guard_killed
+        died = proc.poll() is not None and not rss.guard_killed
+        out["died"] = died
+        out["died_returncode"] = proc.returncode if died else None
+        gone = proc.poll() is not None
+        exit_code = proc.returncode if gone else load.stop_server(proc)
+    out["exit_code_after_sigterm"] = None if gone else exit_code
     samples = rss.samples
     # the peak over the 0.5 s samples and the per-phase readings (a phase can end between two samples)
     peaks = [v for _, v in samples] + [x for x in [out.get("idle", {}).get("rss_peak_mb")] +
@@ -526,9 +549,10 @@ def main():
         "all_normal_answered": normal_failed == 0 and len(ms) == len(mixes),
         "p99_within_factor": all(m["p99_ratio"] is not None and m["p99_ratio"] <= a.latency_factor for m in ms)
         and len(ms) == len(mixes),
-        "rss_under_bound": out["rss"]["peak_mb"] is not None and out["rss"]["peak_mb"] < out["max_rss_mb"],
+        "rss_under_bound": out["rss"]["peak_mb"] is not None and out["rss"]["peak_mb"] < out["max_rss_mb"]
+        and not rss.guard_killed,
         "no_5xx": five_xx == 0,
-        "alive": not died and exit_code == 0,
+        "alive": not died and not rss.guard_killed and exit_code == 0,
     }
     bar["pass"] = all(bar.values())
     out["normal_failed"] = normal_failed
@@ -565,6 +589,8 @@ def report(o):
     r = o["rss"]
     print(f"RSS: idle {fmt(o['rss_idle_mb'], 1)} MB, peak {fmt(r['peak_mb'], 1)} MB, final {fmt(r['final_mb'], 1)} MB "
           f"(bound {o['max_rss_mb']} MB: {o['max_rss_formula']})")
+    if o["guard_killed"]:
+        print(f"server SIGKILLed by this script: RSS over the guard ({o['rss_guard_mb']} MB); later phases skipped")
     print(f"normal failed {o['normal_failed']}, 5xx {o['five_xx']}, died {o['died']}"
           f" (returncode {o['died_returncode']}), exit after SIGTERM {o['exit_code_after_sigterm']}")
     b = o["bar"]

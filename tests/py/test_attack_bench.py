@@ -41,7 +41,7 @@ def test_attack_smoke(sampler_bin, tmp_path):
     d = json.loads(out.read_text())
 
     for k in ("mode", "sizes", "server", "latency_factor", "idle", "rss_idle_mb", "max_rss_mb", "max_rss_formula",
-              "mixes", "died", "died_returncode", "exit_code_after_sigterm", "rss", "wall_s", "normal_failed",
+              "mixes", "rss_guard_mb", "guard_killed", "died", "died_returncode", "exit_code_after_sigterm", "rss", "wall_s", "normal_failed",
               "five_xx", "bar"):
         assert k in d, k
     assert d["mode"] == "smoke"
@@ -78,6 +78,6 @@ def test_attack_smoke(sampler_bin, tmp_path):
     assert set(d["bar"]) == BAR_KEYS and all(isinstance(v, bool) for v in d["bar"].values())
     assert d["bar"]["pass"] == all(v for k, v in d["bar"].items() if k != "pass")
     assert (r.returncode == 0) == d["bar"]["pass"]
-    assert isinstance(d["died"], bool)
+    assert isinstance(d["died"], bool) and isinstance(d["guard_killed"], bool)
     if not d["died"]:
         assert d["exit_code_after_sigterm"] == 0 or not d["bar"]["alive"]

@@ -245,11 +245,15 @@ class AttackLog:
         self.errors = {}         # client-side outcome (reset, closed by server, timeout) -> count
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.by_kind = {}        # kind of request (path, bomb shape) -> {status: count}
         self.closed_by_server_s = []  # slowloris: seconds until the server closed
 
-    def status(self, st):
+    def status(self, st, kind=None):
         k = str(st) if st else "none"
         self.statuses[k] = self.statuses.get(k, 0) + 1
+        if kind:
+            d = self.by_kind.setdefault(kind, {})
+            d[k] = d.get(k, 0) + 1
 
     def error(self, e):
         self.errors[e] = self.errors.get(e, 0) + 1
@@ -259,7 +263,8 @@ class AttackLog:
 
     def to_json(self, wall):
         d = {"name": self.name, "sent": self.sent, "statuses": self.statuses, "errors": self.errors,
-             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "wall_s": round(wall, 2),
+             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "by_kind": self.by_kind,
+             "wall_s": round(wall, 2),
              "five_xx": self.five_xx()}
         c = sorted(self.closed_by_server_s)
         d["closed_by_server"] = len(c)
@@ -268,7 +273,7 @@ class AttackLog:
         return d
 
 
-async def read_status(reader, log, limit=64 * MB):
+async def read_status(reader, log, kind=None, limit=64 * MB):
     """Read an HTTP answer until EOF (bounded); record its status and size."""
     data = b""
     while len(data) < limit:
@@ -283,7 +288,7 @@ async def read_status(reader, log, limit=64 * MB):
             st = int(data.split(b" ", 2)[1])
         except (IndexError, ValueError):
             pass
-    log.status(st)
+    log.status(st, kind)
     return data
 
 
@@ -299,7 +304,7 @@ async def upload(host, port, path, nbytes, deadline, log):
         while left > 0:
             if time.monotonic() > deadline:
                 log.error("stopped at the time cap")
-                log.status(None)
+                log.status(None, path)
                 return
             n = min(left, len(chunk))
             writer.write(chunk[:n])
@@ -308,26 +313,26 @@ async def upload(host, port, path, nbytes, deadline, log):
             left -= n
             if reader.at_eof() or len(reader._buffer):  # the server answered early
                 break
-        await asyncio.wait_for(read_status(reader, log), max(0.1, deadline - time.monotonic()))
+        await asyncio.wait_for(read_status(reader, log, path), max(0.1, deadline - time.monotonic()))
     except (ConnectionResetError, BrokenPipeError) as e:
         # the server closed while we wrote: what it said first (if anything) is still in the buffer
         log.error(f"closed by server while sending ({type(e).__name__})")
         try:
-            await asyncio.wait_for(read_status(reader, log), 2)
+            await asyncio.wait_for(read_status(reader, log, path), 2)
         except Exception:  # noqa: BLE001
-            log.status(None)
+            log.status(None, path)
     except asyncio.TimeoutError:
         log.error("stopped at the time cap")
-        log.status(None)
+        log.status(None, path)
     except OSError as e:
         log.error(f"connect: {type(e).__name__}")
-        log.status(None)
+        log.status(None, path)
     finally:
         if writer is not None:
             writer.close()
 
 
-async def json_request(host, port, body, deadline, log, path="/v1/completions"):
+async def json_request(host, port, body, deadline, log, path="/v1/completions", kind=None):
     log.sent += 1
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     log.bytes_sent += len(data)
@@ -335,11 +340,11 @@ async def json_request(host, port, body, deadline, log, path="/v1/completions"):
     log.bytes_received += len(r.body)
     if r.error and r.status == 0:
         log.error("stopped at the time cap" if r.error.startswith("TimeoutError") else r.error.split(":")[0])
-        log.status(None)
+        log.status(None, kind)
     else:
         if r.error:
             log.error(r.error.split(":")[0])
-        log.status(r.status)
+        log.status(r.status, kind)
 
 
 async def bounded_pool(jobs, concurrency):
@@ -435,8 +440,8 @@ async def attack_bombs(host, port, sz, deadline, log):
     flat, deep = flat_bomb(sz["bomb_mb"]), deep_bomb(sz["deep_mb"])
     jobs = []
     for _ in range(sz["bombs"]):
-        jobs += [lambda: json_request(host, port, flat, deadline, log),
-                 lambda: json_request(host, port, deep, deadline, log)]
+        jobs += [lambda: json_request(host, port, flat, deadline, log, kind="flat [{},...]"),
+                 lambda: json_request(host, port, deep, deadline, log, kind="deep [[[...]]]")]
     await bounded_pool(jobs, 2)
 
 
@@ -579,6 +584,9 @@ def report(o):
               f"{fmt(m['p99_ratio'], 2):>6} {fmt(m['rss_peak_mb'], 1):>8}  {atk['sent']} sent, status {got}; "
               f"{human(atk['bytes_sent'])} out, {human(atk['bytes_received'])} back"
               + (f"; {extra}" if extra else ""))
+        if len(atk["by_kind"]) > 1:
+            print(f"{'':<10} " + "; ".join(f"{k}: " + ", ".join(f"{st} x{v}" for st, v in sorted(d.items()))
+                                          for k, d in sorted(atk["by_kind"].items())))
         if atk["closed_by_server"]:
             print(f"{'':<10} closed by server: {atk['closed_by_server']}, after p50 {atk['closed_after_s_p50']} s, "
                   f"max {atk['closed_after_s_max']} s")

@@ -13,7 +13,7 @@ from conftest import ROOT
 SCRIPT = os.path.join(ROOT, "bench", "attack.py")
 MIXES = ["uploads", "masks", "plogprobs", "slowloris", "bombs"]
 NORMAL_KEYS = {"count", "ok", "failed", "failures", "p50_s", "p99_s", "max_s", "wall_s", "five_xx"}
-ATTACK_KEYS = {"name", "sent", "statuses", "errors", "bytes_sent", "bytes_received", "wall_s", "five_xx",
+ATTACK_KEYS = {"name", "sent", "statuses", "errors", "bytes_sent", "bytes_received", "by_kind", "wall_s", "five_xx",
                "closed_by_server", "closed_after_s_p50", "closed_after_s_max"}
 BAR_KEYS = {"all_normal_answered", "p99_within_factor", "rss_under_bound", "no_5xx", "alive", "pass"}
 
@@ -51,6 +51,8 @@ def test_attack_smoke(sampler_bin, tmp_path):
     assert d["max_rss_mb"] == round(d["rss_idle_mb"] + 256, 1)  # the documented default
 
     assert [m["name"] for m in d["mixes"]] == MIXES
+    assert set(d["mixes"][0]["attack"]["by_kind"]) == {"/admin/v1/weights/delta", "/v1/completions"}
+    assert set(d["mixes"][4]["attack"]["by_kind"]) == {"flat [{},...]", "deep [[[...]]]"}
     for m in d["mixes"]:
         assert {"name", "normal", "attack", "p50_ratio", "p99_ratio", "rss_peak_mb", "rss_end_mb", "idle_after",
                 "alive"} <= set(m), set(m)
@@ -62,6 +64,8 @@ def test_attack_smoke(sampler_bin, tmp_path):
         assert sum(a["statuses"].values()) + a["errors"].get("still open at the time cap", 0) == a["sent"], a
         assert all(k == "none" or (k.isdigit() and 100 <= int(k) <= 599) for k in a["statuses"])
         assert a["bytes_sent"] > 0 and a["bytes_received"] >= 0
+        for per in a["by_kind"].values():  # a breakdown of some of the statuses, never more
+            assert all(v <= a["statuses"].get(k, 0) for k, v in per.items())
         assert a["five_xx"] == sum(v for k, v in a["statuses"].items() if k.isdigit() and int(k) >= 500)
         assert num(m["rss_peak_mb"]) and isinstance(m["alive"], bool)
         if m["alive"]:

@@ -529,8 +529,11 @@ def main():
                 "rss_peak_mb": rss.peak_since(t_m), "rss_end_mb": rss_mb(proc.pid),
                 "idle_after": idle_after, "alive": proc.poll() is None})
     finally:
+        last = rss_mb(proc.pid)  # the final RSS: after the last phase and its idle wait, before SIGTERM
         rss.stop.set()
         rss.join()
+        if last is not None:
+            rss.samples.append((round(time.monotonic() - t_start, 2), round(last, 1)))
         out["guard_killed"] = rss.guard_killed
         died = proc.poll() is not None and not rss.guard_killed
         out["died"] = died

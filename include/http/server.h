@@ -36,6 +36,7 @@
 
 #include "buf.h"
 #include "check.h"
+#include "delta.h"
 #include "engine.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -270,6 +271,14 @@ int api_admin_abort(HttpReq *q, json_t *body);
 int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err);
 /* The delta touched hook (ctx = Server): re-quantize FP8/NVFP4 blocks holding
  * touched elements (idx NULL: all) and refresh the device copy. */
+/* The DeltaTarget a delta or a reload applies to: the served model, with
+ * admin_touched as its hook. */
+DeltaTarget admin_delta_target(Server *s);
+/* Commit plan between two engine steps (engine_run_exclusive; bump: the
+ * version moves, which invalidates the prefix cache) and record the
+ * checkpoint version the engine now serves. Caller holds admin_mu. Returns 0,
+ * or <0 with err and every weight as it was (delta_commit restores). */
+int admin_commit(Server *s, DeltaPlan *plan, DeltaTarget *tgt, int bump, DeltaResult *res, Err *err);
 int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
                   int64_t n_idx, Err *err);
 

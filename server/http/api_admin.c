@@ -48,19 +48,29 @@ int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t num
     return rc;
 }
 
-/* Prepare while serving, commit between steps. Caller holds admin_mu. */
-static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err *err) {
-    DeltaTarget tgt = { .lookup = delta_lookup_model, .ctx = s->model, .touched = admin_touched, .touched_ctx = s,
-                        .n_threads = 4, .skip_verify_after = 0 };
-    DeltaPlan *plan = NULL;
-    if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;
-    Commit c = { plan, &tgt, s->wv, {0} };
-    uint64_t before = s->wv->version;
-    int rc = engine_run_exclusive(s->eng, commit_fn, &c, delta_plan_header(plan)->target_version != before, err);
-    delta_plan_free(plan);
+DeltaTarget admin_delta_target(Server *s) {
+    return (DeltaTarget){.lookup = delta_lookup_model, .ctx = s->model, .touched = admin_touched, .touched_ctx = s,
+                         .n_threads = 4, .skip_verify_after = 0};
+}
+
+int admin_commit(Server *s, DeltaPlan *plan, DeltaTarget *tgt, int bump, DeltaResult *res, Err *err) {
+    Commit c = {plan, tgt, s->wv, {0}};
+    int rc = engine_run_exclusive(s->eng, commit_fn, &c, bump, err);
     if (rc < 0) return rc;
     *res = c.res;
     server_map_version(s, engine_weight_version(s->eng), s->wv->version);
+    return 0;
+}
+
+/* Prepare while serving, commit between steps. Caller holds admin_mu. */
+static int apply(Server *s, const uint8_t *buf, size_t n, DeltaResult *res, Err *err) {
+    DeltaTarget tgt = admin_delta_target(s);
+    DeltaPlan *plan = NULL;
+    if (delta_prepare(&plan, buf, n, &tgt, s->wv, err) < 0) return -1;
+    uint64_t before = s->wv->version;
+    int rc = admin_commit(s, plan, &tgt, delta_plan_header(plan)->target_version != before, res, err);
+    delta_plan_free(plan);
+    if (rc < 0) return rc;
     if (!res->noop && s->wv->version != before)
         log_info("weights: version %llu -> %llu (%d tensors, %lld elements)", (unsigned long long)before,
                  (unsigned long long)s->wv->version, res->tensors_updated, (long long)res->elements_updated);

@@ -134,17 +134,6 @@ static int changed_tensors(Server *s, const SafeTensors *st, const WeightVersion
     return 0;
 }
 
-typedef struct Commit {
-    DeltaPlan *plan;
-    DeltaTarget *tgt;
-    WeightVersion *wv;
-    DeltaResult res;
-} Commit;
-
-static int commit_fn(void *ctx, Err *err) {
-    Commit *c = ctx;
-    return delta_commit(c->plan, c->tgt, c->wv, &c->res, err);
-}
 
 typedef struct Reload {
     char *real;          /* resolved directory */
@@ -196,22 +185,20 @@ int api_admin_reload(HttpReq *q, json_t *body) {
     Server *s = q->s;
     Err err = {0};
     Reload r = {0};
-    DeltaTarget tgt = {.lookup = delta_lookup_model, .ctx = s->model, .touched = admin_touched, .touched_ctx = s,
-                       .n_threads = 4, .skip_verify_after = 0};
+    DeltaTarget tgt = admin_delta_target(s);
+    DeltaResult res = {0};
     pthread_mutex_lock(&s->admin_mu);
     uint64_t before = s->wv->version;
     int rc = reload_prepare(s, body, &tgt, &r, &err);
-    Commit c = {r.plan, &tgt, s->wv, {0}};
-    if (rc == 0) rc = engine_run_exclusive(s->eng, commit_fn, &c, 1, &err);
+    if (rc == 0) rc = admin_commit(s, r.plan, &tgt, 1, &res, &err);
     char *out = NULL;
     if (rc == 0) {
-        server_map_version(s, engine_weight_version(s->eng), s->wv->version);
         log_info("weights: reloaded %s: version %llu -> %llu (%d tensors changed)", r.real,
-                 (unsigned long long)before, (unsigned long long)s->wv->version, c.res.tensors_updated);
+                 (unsigned long long)before, (unsigned long long)s->wv->version, res.tensors_updated);
         char fp[17];
         snprintf(fp, sizeof fp, "%016llx", (unsigned long long)s->wv->fingerprint);
         json_t *o = json_pack("{s:I, s:s, s:i}", "version", (json_int_t)s->wv->version, "model_fingerprint", fp,
-                              "tensors_updated", c.res.tensors_updated);
+                              "tensors_updated", res.tensors_updated);
         out = json_dumps(o, JSON_COMPACT);
         json_decref(o);
     } else {

@@ -1192,6 +1192,84 @@ static void test_output_budget(void) {
     engine_cpu_free(e);
 }
 
+/* Row shares (scheduler.h step 0) change only when rows are computed, never
+ * what: the same requests (n = 6 with masks, prompt log-probs of a chunked
+ * prompt, plain decodes) under max_step_rows = 1 - one logits row a step, so
+ * every prefill is cut before its last token and siblings take turns - and
+ * under the default give the same tokens, masks, prompt log-probs, and rows
+ * equal to the reference forward. */
+static void test_row_shares(void) {
+    enum { NR = 4 };
+    int32_t P[NR][40], t1[64], t2[64];
+    int np[NR] = { 21, 30, 9, 14 };
+    EngineRequest *r[2][NR];
+    Engine *es[2];
+    for (int k = 0; k < 2; k++) {
+        EngineConfig c;
+        engine_config_default(&c);
+        c.n_blocks = 256; c.block_size = 4; c.max_batched_tokens = 16; c.max_running_seqs = 16;
+        c.max_model_len = 128; c.n_threads = 2; c.verbose = 0; c.logits_tap = tap;
+        c.max_step_rows = k == 0 ? 1 : 0;
+        Engine *e = es[k] = engine_cpu(g_model, &c);
+        for (int i = 0; i < NR; i++) {
+            prompt_of(P[i], np[i], 40 + i);
+            EngineRequestParams p;
+            engine_request_params_default(&p);
+            p.prompt = P[i];
+            p.n_prompt = np[i];
+            p.n = i == 0 ? 6 : 1;
+            p.want_mask = i == 0;
+            p.prompt_logprobs = i == 1 ? 2 : -1;
+            p.sampling.max_tokens = 7;
+            p.sampling.temperature = 1.0f;
+            p.sampling.seed = 11 + i;
+            p.sampling.has_seed = 1;
+            p.sampling.ignore_eos = 1;
+            Err err = { 0 };
+            T_ASSERT(engine_submit(e, &p, &r[k][i], &err) == 0, "submit: %s", err.msg);
+        }
+        for (int i = 0; i < NR; i++) wait_done(r[k][i]);
+        for (int j = 0; j < 6; j++)
+            T_ASSERT(rows_match_reference(r[k][0], j, P[0], np[0]) == 0, "max_step_rows %d: sample %d rows differ "
+                     "from the reference", c.max_step_rows, j);
+        wait_blocks_free(e);
+    }
+    int bad = 0;
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < (i == 0 ? 6 : 1); j++) {
+            int n1 = tokens_of(r[0][i], j, t1), n2 = tokens_of(r[1][i], j, t2);
+            bad += n1 != 7 || n2 != 7 || memcmp(t1, t2, 7 * sizeof(int32_t)) != 0;
+        }
+    T_ASSERT(bad == 0, "%d sequences differ between one row a step and the default", bad);
+    int V = g_model->cfg.vocab;
+    int32_t *ids1 = malloc((size_t)7 * V * sizeof(int32_t)), *ids2 = malloc((size_t)7 * V * sizeof(int32_t));
+    for (int j = 0; j < 6; j++) {
+        int64_t o1[8], o2[8];
+        T_ASSERT(engine_request_mask_csr(r[0][0], j, o1, NULL) == 7 && engine_request_mask_csr(r[1][0], j, o2, NULL) == 7,
+                 "masks of 7 tokens");
+        int same = memcmp(o1, o2, sizeof o1) == 0 && o1[7] > 0 && o1[7] <= 7 * V;
+        if (same) {
+            engine_request_mask_csr(r[0][0], j, o1, ids1);
+            engine_request_mask_csr(r[1][0], j, o2, ids2);
+            same = memcmp(ids1, ids2, (size_t)o1[7] * sizeof(int32_t)) == 0;
+        }
+        T_ASSERT(same, "sample %d: masks differ between one row a step and the default", j);
+    }
+    free(ids1);
+    free(ids2);
+    const float *lp1, *lp2, *tl1, *tl2;
+    const int32_t *ti1, *ti2;
+    int m1 = engine_request_prompt_logprobs(r[0][1], &lp1, &ti1, &tl1);
+    int m2 = engine_request_prompt_logprobs(r[1][1], &lp2, &ti2, &tl2);
+    T_ASSERT(m1 == 30 && m2 == 30 && memcmp(lp1 + 1, lp2 + 1, 29 * sizeof(float)) == 0 &&
+             memcmp(ti1 + 2, ti2 + 2, 29 * 2 * sizeof(int32_t)) == 0,
+             "prompt log-probs differ between one row a step and the default (%d, %d positions)", m1, m2);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < NR; i++) engine_request_release(r[k][i]);
+        engine_cpu_free(es[k]);
+    }
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
@@ -1214,6 +1292,7 @@ int main(void) {
     test_mask_complement_storage();
     test_mask_publish_check();
     test_output_budget();
+    test_row_shares();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

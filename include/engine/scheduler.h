@@ -15,6 +15,19 @@
  *      while a running slot, budget and blocks are left: first every cached
  *      full block of their token prefix is taken from the prefix cache, then
  *      blocks for the chunk are allocated. Admission never preempts.
+ *   0. (before 1 and 2) logits rows - a sampled token or a prompt log-prob row
+ *      each, and on the CPU most of a step's time - are limited to max_rows
+ *      per step and shared max-min fairly between REQUESTS (not sequences):
+ *      each request that wants rows gets min(its demand, a fair share), the
+ *      shares' remainder going to the requests served longest ago, and inside
+ *      a request the sequences scheduled longest ago go first. So one request
+ *      with n = 16 untruncated masks or a long prompt_logprobs prompt takes at
+ *      most its share of a step, and a decode next to it waits for at most
+ *      max_rows rows, not for all of the heavy request's. Work-conserving:
+ *      when the rows wanted fit, everyone gets all. A sequence without its
+ *      rows this step still prefills (all but its last prompt token) or
+ *      simply waits for the next step; none is starved, since the request
+ *      served longest ago wins ties.
  * No deadlock: the pool holds at least one max_model_len sequence, and when
  * nothing runs every cached block is evictable.
  *
@@ -50,6 +63,8 @@ typedef struct Seq {
     int no_prefix_lookup; /* needs every position computed (prompt log-probs, experts) */
     int rows_all;         /* wants a logits row for every prefill token (prompt log-probs) */
     int lp_done;          /* prompt positions whose log-prob is published */
+    uint64_t last_sched;  /* when it last got logits rows: Scheduler.served then (0: never) */
+    int row_allow;        /* logits rows it may produce this step (step 0 above) */
     struct Seq *wprev, *wnext; /* waiting queue links */
     /* this step's plan */
     int plan_start, plan_n;   /* tokens [plan_start, plan_start + plan_n) */
@@ -58,8 +73,19 @@ typedef struct Seq {
     int plan_tok0;            /* index of the first token in the batch */
 } Seq;
 
+/* One request's claim on this step's logits rows (scheduler.c, step 0). */
+typedef struct RowGroup {
+    struct EngineRequest *req;
+    int first, n;         /* its sequences: cand[first .. first + n) */
+    int demand, quota;    /* rows wanted, rows granted */
+    uint64_t served;      /* latest last_sched stamp of its sequences */
+} RowGroup;
+
 typedef struct Scheduler {
     int max_running, max_batched, block_size, max_blocks, lp_rows_max;
+    int max_rows;         /* logits rows per step, shared fairly between requests */
+    uint64_t served;      /* sequences given logits rows so far (last_sched stamps) */
+    int contended;        /* this step wants more rows than max_rows */
     int admit;            /* 0: admit nothing; 1: everything; 2: only started sequences */
     uint64_t version;     /* current weight version */
     BlockManager *bm;
@@ -74,12 +100,16 @@ typedef struct Scheduler {
     int32_t *out_rows;    /* [max_running + lp_rows_max] */
     const int32_t **tables; /* [max_running] */
     int n_tok, n_out;
+    /* scratch of the row shares: running plus up to max_running waiting */
+    Seq **cand;           /* [2 * max_running] */
+    RowGroup *groups;     /* [2 * max_running] */
     /* counters */
     uint64_t preemptions, lookup_tokens, hit_tokens;
 } Scheduler;
 
+/* max_rows >= 1: logits rows per step (step 0 of the policy). */
 Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, int max_model_len,
-                            int lp_rows_max);
+                            int lp_rows_max, int max_rows);
 void scheduler_free(Scheduler *s);
 
 /* Queue a sequence (SEQ_WAITING). front: ahead of everything (preempted, forks). */

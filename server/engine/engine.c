@@ -128,6 +128,7 @@ static Engine *engine_new(const ModelConfig *mc, const EngineConfig *cfg) {
     CHECK(c->block_size > 0, "--block-size must be > 0 (got %d)", c->block_size);
     CHECK(c->max_waiting > 0, "--max-waiting must be > 0 (got %d)", c->max_waiting);
     CHECK(c->max_prompt_logprob_rows >= 0, "--max-prompt-logprob-rows must be >= 0");
+    CHECK(c->max_step_rows >= 0, "--max-step-rows must be >= 0 (0: automatic)");
     CHECK(c->max_request_output_mb > 0 && c->max_output_mem_mb > 0,
           "--max-request-output-mb and --max-output-mem-mb must be > 0");
     for (int l = 0; l < mc->n_layers; l++) e->n_moe += model_layer_is_moe(mc, l);
@@ -146,10 +147,15 @@ static void engine_start(Engine *e) {
           "raise --kv-mem-mb / --kv-blocks or lower --max-model-len", c->n_blocks, c->block_size, pool_tokens,
           c->max_model_len);
     e->bm = block_manager_create(c->n_blocks, c->block_size, c->enable_prefix_cache);
-    e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
-                              c->max_prompt_logprob_rows);
     e->n_sample_threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (e->n_sample_threads < 1) e->n_sample_threads = 1;
+    /* Rows are sampled on the host's sampling threads; a row of a 152k vocabulary
+     * is ~0.5 ms of one core, so 4 per thread keeps a step short. */
+    int rows_max = c->max_running_seqs + c->max_prompt_logprob_rows;
+    if (c->max_step_rows == 0) c->max_step_rows = 4 * e->n_sample_threads < 16 ? 16 : 4 * e->n_sample_threads;
+    if (c->max_step_rows > rows_max) c->max_step_rows = rows_max;
+    e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
+                              c->max_prompt_logprob_rows, c->max_step_rows);
     e->stp = threadpool_create(e->n_sample_threads);
     e->samplers = xcalloc(e->n_sample_threads, sizeof(Sampler *));
     e->mask_bufs = xcalloc(e->n_sample_threads, sizeof(int32_t *));
@@ -167,9 +173,11 @@ static void engine_start(Engine *e) {
     pthread_cond_init(&e->cv_done, NULL);
     update_gauges(e);
     if (c->verbose)
-        log_info("engine: max_running_seqs=%d max_batched_tokens=%d max_model_len=%d max_waiting=%d "
-                 "kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d output_mb=%zu/request %zu/all",
-                 c->max_running_seqs, c->max_batched_tokens, c->max_model_len, c->max_waiting, c->n_blocks,
+        log_info("engine: max_running_seqs=%d max_batched_tokens=%d max_step_rows=%d max_model_len=%d "
+                 "max_waiting=%d kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d "
+                 "output_mb=%zu/request %zu/all",
+                 c->max_running_seqs, c->max_batched_tokens, c->max_step_rows, c->max_model_len, c->max_waiting,
+                 c->n_blocks,
                  c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads,
                  c->max_request_output_mb, c->max_output_mem_mb);
     CHECK(pthread_create(&e->thr, NULL, engine_main, e) == 0, "cannot start the engine thread");

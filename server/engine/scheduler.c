@@ -11,7 +11,8 @@
 #include "check.h"
 
 Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, int max_model_len,
-                            int lp_rows_max) {
+                            int lp_rows_max, int max_rows) {
+    ASSERT(max_rows >= 1, "max_rows %d", max_rows);
     Scheduler *s = xcalloc(1, sizeof *s);
     s->bm = bm;
     s->max_running = max_running;
@@ -19,6 +20,7 @@ Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, 
     s->block_size = block_manager_block_size(bm);
     s->max_blocks = (max_model_len + s->block_size - 1) / s->block_size;
     s->lp_rows_max = lp_rows_max;
+    s->max_rows = max_rows;
     s->admit = 1;
     s->running = xcalloc(max_running, sizeof(Seq *));
     s->sched = xcalloc(max_running, sizeof(Seq *));
@@ -27,13 +29,15 @@ Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, 
     s->seqi = xmalloc(max_batched * sizeof(int32_t));
     s->out_rows = xmalloc((size_t)(max_running + lp_rows_max) * sizeof(int32_t));
     s->tables = xcalloc(max_running, sizeof(int32_t *));
+    s->cand = xcalloc((size_t)2 * max_running, sizeof(Seq *));
+    s->groups = xcalloc((size_t)2 * max_running, sizeof(RowGroup));
     return s;
 }
 
 void scheduler_free(Scheduler *s) {
     if (!s) return;
     free(s->running); free(s->sched); free(s->tok); free(s->pos); free(s->seqi);
-    free(s->out_rows); free(s->tables);
+    free(s->out_rows); free(s->tables); free(s->cand); free(s->groups);
     free(s);
 }
 
@@ -133,12 +137,110 @@ static void prefix_lookup(Scheduler *s, Seq *q) {
     q->n_computed = q->n_blocks * bs;
 }
 
-/* Tokens q would compute now, given the budget and the prompt-log-prob rows left. */
+/* Tokens q would compute now, given the budget, the prompt-log-prob rows left
+ * and its logits rows this step (q->row_allow): a chunk that would produce
+ * more rows than allowed is cut (a prefill stops before its last token). */
 static int chunk_len(const Seq *q, int budget, int lp_left) {
     int n = q->n_tokens - q->n_computed;
     if (n > budget) n = budget;
-    if (q->rows_all && q->n_computed < q->n_prompt && n > lp_left + 1) n = lp_left + 1;
+    if (q->rows_all && q->n_computed < q->n_prompt) {
+        if (n > lp_left + 1) n = lp_left + 1;
+        if (n > q->row_allow) n = q->row_allow; /* one row per token */
+    } else if (q->n_computed + n == q->n_tokens && q->row_allow < 1) {
+        n--; /* its last token is the row: next step */
+    }
     return n;
+}
+
+/* ---- step 0: the logits rows of this step, shared between requests ---- */
+
+/* Rows q would produce if it got every token it needs (an estimate for the
+ * shares; chunk_len enforces the grant). */
+static int row_demand(const Scheduler *s, const Seq *q) {
+    int left = q->n_tokens - q->n_computed;
+    if (left <= 0) return 0;
+    if (q->rows_all && q->n_computed < q->n_prompt) return left < s->lp_rows_max + 1 ? left : s->lp_rows_max + 1;
+    return left <= s->max_batched ? 1 : 0;
+}
+
+static int cmp_cand(const void *a, const void *b) {
+    const Seq *x = *(Seq *const *)a, *y = *(Seq *const *)b;
+    if (x->req != y->req) return (uintptr_t)x->req < (uintptr_t)y->req ? -1 : 1;
+    if (x->last_sched != y->last_sched) return x->last_sched < y->last_sched ? -1 : 1;
+    return x->arrival < y->arrival ? -1 : x->arrival > y->arrival;
+}
+
+static int cmp_demand(const void *a, const void *b) {
+    const RowGroup *x = a, *y = b;
+    if (x->demand != y->demand) return x->demand < y->demand ? -1 : 1;
+    if (x->served != y->served) return x->served < y->served ? -1 : 1;
+    return x->first - y->first;
+}
+
+static int cmp_served(const void *a, const void *b) {
+    const RowGroup *x = a, *y = b;
+    if (x->served != y->served) return x->served < y->served ? -1 : 1;
+    return x->first - y->first;
+}
+
+/* Set row_allow of every sequence this step may schedule: running ones and
+ * the waiting ones admission would look at. Max-min fair over requests
+ * (water filling in order of demand), the remainder of the even split to the
+ * requests served longest ago; inside a request, to its sequences scheduled
+ * longest ago. O(c log c) over c <= 2 * max_running candidates. */
+static void share_rows(Scheduler *s) {
+    int nc = 0;
+    for (int i = 0; i < s->n_running; i++) s->cand[nc++] = s->running[i];
+    int slots = s->max_running - s->n_running;
+    for (Seq *q = s->wait_head; q && slots > 0; q = q->wnext) {
+        q->row_allow = 0;
+        if (s->admit == 0 || (s->admit == 2 && !q->started)) continue;
+        s->cand[nc++] = q;
+        slots--;
+    }
+    int total = 0;
+    for (int i = 0; i < nc; i++) total += row_demand(s, s->cand[i]);
+    s->contended = total > s->max_rows;
+    if (!s->contended) { /* everyone gets all */
+        for (int i = 0; i < nc; i++) s->cand[i]->row_allow = s->lp_rows_max + 1;
+        return;
+    }
+    qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand);
+    int ng = 0;
+    for (int i = 0; i < nc; i++) {
+        Seq *q = s->cand[i];
+        if (ng == 0 || s->groups[ng - 1].req != q->req)
+            s->groups[ng++] = (RowGroup){ .req = q->req, .first = i };
+        RowGroup *g = &s->groups[ng - 1];
+        g->n++;
+        g->demand += row_demand(s, q);
+        if (q->last_sched > g->served) g->served = q->last_sched;
+    }
+    qsort(s->groups, (size_t)ng, sizeof *s->groups, cmp_demand);
+    int left = s->max_rows, m = ng, i = 0;
+    for (; i < ng && s->groups[i].demand <= left / m; i++, m--) {
+        s->groups[i].quota = s->groups[i].demand;
+        left -= s->groups[i].demand;
+    }
+    if (i < ng) { /* the rest all want more than an even share of what is left */
+        qsort(s->groups + i, (size_t)(ng - i), sizeof *s->groups, cmp_served);
+        int share = left / m, extra = left % m;
+        for (int j = i; j < ng; j++) s->groups[j].quota = share + (j - i < extra);
+    }
+    for (int j = 0; j < ng; j++) {
+        RowGroup *g = &s->groups[j];
+        int quota = g->quota;
+        for (int k = 0; k < g->n; k++) { /* oldest-scheduled first (cmp_cand) */
+            Seq *q = s->cand[g->first + k];
+            int d = row_demand(s, q), give = d < quota ? d : quota;
+            if (d > 0 && !(q->rows_all && q->n_computed < q->n_prompt) && give < d) give = 0;
+            q->row_allow = give;
+            quota -= give;
+            /* stamped in grant order (oldest first), so the rotation is a queue;
+             * a grant the token budget then cannot honour still counts */
+            if (give > 0) q->last_sched = ++s->served;
+        }
+    }
 }
 
 static void add_to_batch(Scheduler *s, Seq *q, int n) {
@@ -167,9 +269,11 @@ static void add_to_batch(Scheduler *s, Seq *q, int n) {
         q->plan_rows = 1;
         q->plan_sample_row = q->plan_row0;
     }
+    if (q->plan_rows > 0 && !s->contended) q->last_sched = ++s->served; /* else stamped at the grant */
 }
 
-int scheduler_plan(Scheduler *s) {
+/* Steps 1 and 2 under the row grants of step 0. */
+static void plan_pass(Scheduler *s) {
     int budget = s->max_batched, lp_left = s->lp_rows_max, preempted = 0;
     s->n_sched = s->n_tok = s->n_out = 0;
     for (int i = 0; i < s->n_running && budget > 0; i++) {
@@ -194,7 +298,12 @@ int scheduler_plan(Scheduler *s) {
             if (s->admit == 2 && !q->started) { q = next; continue; }
             prefix_lookup(s, q);
             int n = chunk_len(q, budget, lp_left);
-            if (n <= 0 || grow(s, q, q->n_computed + n) < 0) {
+            if (n <= 0) { /* no row for it this step (all it needs is its last token): the next one may go */
+                release_blocks(s, q);
+                q = next;
+                continue;
+            }
+            if (grow(s, q, q->n_computed + n) < 0) {
                 release_blocks(s, q);
                 break;
             }
@@ -209,6 +318,22 @@ int scheduler_plan(Scheduler *s) {
             budget -= n;
             q = next;
         }
+    }
+}
+
+int scheduler_plan(Scheduler *s) {
+    share_rows(s);
+    plan_pass(s);
+    if (s->n_tok == 0 && s->contended) {
+        /* The grants went to sequences this pass could not reach (a waiting
+         * one behind a head that found no blocks). An empty plan would put the
+         * engine to sleep with work queued; nothing happened in the pass (no
+         * chunk: no allocation, no preemption), so plan once more with every
+         * row allowed. */
+        s->contended = 0;
+        for (int i = 0; i < s->n_running; i++) s->running[i]->row_allow = s->lp_rows_max + 1;
+        for (Seq *q = s->wait_head; q; q = q->wnext) q->row_allow = s->lp_rows_max + 1;
+        plan_pass(s);
     }
     /* the batch's sequence indices follow s->sched; the running order may have
      * changed through admissions, which is fine: tables are per sched slot */

@@ -221,6 +221,11 @@ static const Flag FLAGS[] = {
     {.name = "--max-prompt-logprob-rows", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_prompt_logprob_rows), .lo = 0, .hi = 1 << 20,
      .help = "logits rows per step for prompt log-probs"},
+    {.name = "--max-step-rows", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
+     .off = AT(server.engine.max_step_rows), .lo = 0, .hi = 1 << 20,
+     .unset = "4 per sampling thread, at least 16",
+     .help = "logits rows per step (sampled tokens + prompt log-prob rows), shared fairly between requests "
+             "so a heavy request (n, masks, prompt_logprobs) cannot slow the others' steps"},
     {.name = "--max-request-output-mb", .metavar = "N", .section = S_ENGINE, .kind = K_SIZE,
      .off = AT(server.engine.max_request_output_mb), .lo = 1, .hi = 1ll << 30,
      .help = "per-request budget in MiB for outputs (masks, log-probs, prompt log-probs, experts; README "

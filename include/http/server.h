@@ -265,6 +265,8 @@ int api_admin_pause(HttpReq *q, json_t *body);
 int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
+/* vLLM / prime-rl token-in token-out (api_vllm_generate.c) */
+int api_vllm_generate(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

@@ -49,6 +49,8 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
                         : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
     ep->want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
+    ep->cache_salt = gp->cache_salt;
+    ep->extra_output_bytes += gp->extra_render_bytes;
 }
 
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
@@ -324,6 +326,10 @@ static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **
     *lp = raw ? r->logprob_raw : r->logprob;
     *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
 }
+
+void gen_record_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) { rec_lp(g, r, lp, top); }
+
+json_t *gen_token_bytes(Gen *g, int32_t id) { return token_bytes(g, id); }
 
 /* One position's completions top_logprobs, built as vLLM builds it: the
  * position's own token (id, text, lp) first, then the top ids in rank order

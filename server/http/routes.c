@@ -52,6 +52,8 @@ static const Route ROUTES[] = {
     {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/tokenize",                  0, api_tokenize,        AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     {"POST", "/detokenize",                0, api_detokenize,      AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    /* vLLM / prime-rl token-in token-out (api_vllm_generate.c) */
+    {"POST", "/inference/v1/generate",     0, api_vllm_generate,   AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
 };
 #define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 

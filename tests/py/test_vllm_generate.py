@@ -137,6 +137,26 @@ def test_renderers_client_reads_every_field(srv):
     assert res["content"] is not None
 
 
+def test_verifiers_train_client_call(srv):
+    """What verifiers 0.4.0 TrainClient.get_response passes to generate
+    (verifiers/v1/clients/train.py): sampling = SamplingConfig.model_dump(
+    exclude_none=True) with cache_salt popped into the request, provider
+    keys passed through (extra="allow"), routed_experts_prompt_start on a
+    bridged turn, the X-Session-ID header; then response_from_generate's
+    reads, SamplingMask.from_sampling_mask's ids/counts among them."""
+    sampling = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 4, "top_k": 8, "seed": 9,
+                "return_sampling_mask": True, "cache_salt": "rollout-3", "routed_experts_prompt_start": 3}
+    cache_salt = sampling.pop("cache_salt")
+    res = renderers_generate(srv, "tiny-qwen3", prompt_ids=PROMPT, sampling_params=sampling, cache_salt=cache_salt,
+                             extra_headers={"X-Session-ID": "session-1"})
+    mask = res["sampling_mask"]
+    counts = np.fromiter((len(r) for r in mask), dtype=np.int32, count=len(mask))
+    ids = np.concatenate([np.asarray(r, dtype=np.int32) for r in mask])
+    assert len(counts) == len(res["completion_ids"]) == 4 and counts.sum() == len(ids) and counts.max() <= 8
+    assert res["finish_reason"] in ("stop", "length") and res["request_id"]
+    assert len(res["completion_logprobs"]) == 4 and res["prompt_ids"] == PROMPT
+
+
 def test_renderers_overlong_prompt_preflight(srv):
     """renderers reads max_model_len from GET /v1/models and refuses an
     overlong prompt before sending it."""

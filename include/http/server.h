@@ -19,7 +19,8 @@
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
- * api_reload.c); metrics.c /metrics and /health.
+ * api_reload.c; the foreign dialects: api_vllm_generate.c, api_control.c,
+ * api_sglang.c over gen_rl.c); metrics.c /metrics and /health.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).

@@ -402,6 +402,7 @@ static void route_list(char *out, size_t cap, int admin) {
     out[0] = 0;
     for (int i = 0; i < n; i++) {
         if (!r[i].handler || r[i].prefix || (r[i].auth == AUTH_ADMIN) != admin) continue;
+        if (i && !strcmp(r[i - 1].path, r[i].path)) continue; /* the same path with another method */
         size_t len = strlen(out);
         snprintf(out + len, cap - len, "%s%s", len ? ", " : "", r[i].path);
     }
@@ -410,7 +411,7 @@ static void route_list(char *out, size_t cap, int admin) {
 void flags_help(FILE *out, const char *prog) {
     CliConfig *d = xmalloc(sizeof *d);
     flags_default(d);
-    char *tmp = prog ? strdup(prog) : NULL, api[512], admin[512], text[2048];
+    char *tmp = prog ? strdup(prog) : NULL, api[1024], admin[1024], text[2560];
     fprintf(out, "usage: %s [flags]\n", tmp ? basename(tmp) : "sampler-cpu");
     free(tmp);
     route_list(api, sizeof api, 0);

@@ -89,6 +89,8 @@ typedef struct ServerConfig {
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
     int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
+    int return_sampling_mask;      /* --return-sampling-mask: /inference/v1/generate always sends masks; default 0 */
+    int return_routed_experts;     /* --enable-return-routed-experts: ... and routed experts; default 0 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
 } ServerConfig;

@@ -10,7 +10,10 @@
  * model, stream, stream_options, cache_salt, priority (0 only: no priority
  * scheduling, as vLLM without it), request_id; header X-data-parallel-rank
  * (0 only: one data-parallel rank). Multimodal features and KV transfer are
- * refused (400), not ignored.
+ * refused (400), not ignored. Masks and routed experts: per request
+ * (sampling_params.return_sampling_mask / return_routed_experts), or for
+ * every request with vLLM's flags --return-sampling-mask /
+ * --enable-return-routed-experts.
  * Response: request_id "generate-tokens-<id>", model, created, choices
  * [{index, logprobs {content [{token "token_id:N", logprob, bytes,
  * top_logprobs}]}, finish_reason, token_ids, routed_experts, and when asked
@@ -311,6 +314,8 @@ static int parse_request(HttpReq *q, json_t *body, VGen *v, GenParams *p, TokIds
     }
     if (request_parse_gen(sp, 0, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, p, err) < 0) return -1;
     p->echo = 0; /* not SamplingParams fields: stream is the request's (below), echo /v1/completions' */
+    p->ret_mask |= s->cfg.return_sampling_mask;    /* vLLM's engine-wide flags */
+    p->ret_experts |= s->cfg.return_routed_experts;
     if (!p->max_tokens_set) p->sp.max_tokens = 0; /* the rest of the context, as vLLM's server-side default */
     long long start = 0;
     json_t *js = json_object_get(sp, "routed_experts_prompt_start");

@@ -194,6 +194,14 @@ static const Flag FLAGS[] = {
      .help = "qwen3: <think>...</think> -> reasoning_content; none"},
     {.name = "--tool-call-parser", .metavar = "P", .section = S_API, .kind = K_ENUM, .off = AT(server.tool_parser),
      .choices = TOOL_PARSERS, .help = "hermes: <tool_call>{...}</tool_call> -> tool_calls; none"},
+    {.name = "--return-sampling-mask", .section = S_API, .kind = K_SWITCH, .off = AT(server.return_sampling_mask),
+     .lo = 1, .help = "vLLM's flag: every POST /inference/v1/generate answer carries sampling_mask and kept_tokens "
+                     "(a request without a bounded support, greedy or top_k in [1, 4096], is then refused with "
+                     "400); without it a request asks with sampling_params.return_sampling_mask"},
+    {.name = "--enable-return-routed-experts", .section = S_API, .kind = K_SWITCH,
+     .off = AT(server.return_routed_experts), .lo = 1,
+     .help = "vLLM's flag: every POST /inference/v1/generate answer on a MoE model carries routed_experts; "
+             "without it a request asks with sampling_params.return_routed_experts"},
     {.name = "--mask-json-max-ids", .metavar = "N", .section = S_API, .kind = K_INT,
      .off = AT(server.mask_json_max_ids), .lo = 0, .hi = 1 << 30,
      .help = "sampling masks with more ids are sent base64-encoded"},

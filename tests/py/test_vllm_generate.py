@@ -347,7 +347,8 @@ def test_control_routes(srv, root):
 # ---- MoE: routed experts ----
 @pytest.fixture(scope="module")
 def moe():
-    s = Server("--tokenizer", TINY, "--max-batched-tokens", "8", model=MOE)
+    s = Server("--tokenizer", TINY, "--max-batched-tokens", "8", "--return-sampling-mask",
+               "--enable-return-routed-experts", model=MOE)
     yield s
     assert s.stop() == 0
 
@@ -358,7 +359,7 @@ def test_routed_experts_prime_rl_layout(moe):
     same request, from routed_experts_prompt_start on; renderers' client
     splices the base64 out of the raw bytes ("routed_experts":{"data":")."""
     prompt = [5, 17, 300, 42, 8, 9, 10, 11, 12, 13]
-    sp = {"max_tokens": 4, "seed": 3, "ignore_eos": True, "return_routed_experts": True}
+    sp = {"max_tokens": 4, "seed": 3, "top_k": 4, "ignore_eos": True, "return_routed_experts": True}
     twin = completions_twin(moe, sp, prompt=prompt)["routed_experts"]
     full = np.concatenate([np.array(twin["prompt_ids"]), np.array(twin["ids"])]).reshape(-1, 2, 2)
     assert full.shape[0] == len(prompt) + 4 - 1
@@ -370,6 +371,22 @@ def test_routed_experts_prime_rl_layout(moe):
         assert e["shape"] == [full.shape[0] - start, 2, 2] and e["start"] == start and e["dtype"] == "uint8"
         got = np.frombuffer(base64.b64decode(bytes(e["data"])), dtype=np.uint8).reshape(e["shape"])
         assert (got == full[start:]).all()
+
+
+def test_vllm_engine_flags(moe):
+    """--return-sampling-mask and --enable-return-routed-experts (vLLM's
+    engine-wide flags): prime-rl's body, which asks for neither, gets both;
+    a request without a bounded support is refused, as vLLM requires
+    top_k > 0 for masks."""
+    prompt = [5, 17, 300, 42, 8, 9]
+    res = renderers_generate(moe, "qwen3_moe", eos=False, prompt_ids=prompt,
+                             sampling_params={"max_tokens": 3, "temperature": 1.0, "top_k": 4, "seed": 2})
+    assert len(res["sampling_mask"]) == 3 and all(len(r) <= 4 for r in res["sampling_mask"])
+    assert res["routed_experts"]["shape"] == [len(prompt) + 3 - 1, 2, 2]
+    st, e = moe.post("/inference/v1/generate", {"token_ids": prompt, "sampling_params": {"max_tokens": 2}})
+    assert st == 400 and e["error"]["param"] == "sampling_params.return_sampling_mask", e
+    st, r = moe.post("/v1/completions", {"prompt": prompt, "max_tokens": 2})  # the flags are the route's
+    assert st == 200 and "sampling_mask" not in r["choices"][0] and "routed_experts" not in r["choices"][0]
 
 
 def test_streamed_prompt_routing_sent_once_and_whole(moe):

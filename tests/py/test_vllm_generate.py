@@ -344,6 +344,36 @@ def test_control_routes(srv, root):
     assert srv.post("/pause?clear_cache=maybe", None, headers=AUTH)[0] == 400
 
 
+def test_weight_update_mid_request_segments(srv, root):
+    """prime-rl's async loop: /pause?mode=keep, /update_weights, /resume while
+    a request streams: its weight_versions are two segments [[v, 0], [v + 1,
+    k]], k the first token sampled by the new weights."""
+    st, w = srv.request("GET", "/weight_info", headers=AUTH)
+    v = w["weight_version"]
+    body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 1000, "ignore_eos": True, "temperature": 0},
+            "stream": True}
+    req = urllib.request.Request(srv.url + "/inference/v1/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    n, last = 0, None
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            c = json.loads(line[6:])["choices"][0]
+            n += len(c["token_ids"])
+            if last is None:  # the first chunk is in: the request runs
+                last = {}
+                assert srv.post("/pause?mode=keep", None, headers=AUTH)[0] == 200
+                st, u = srv.post("/update_weights", {"weight_dir": os.path.join(root, "ckpt")}, headers=AUTH)
+                assert st == 200 and u["weight_version"] == v + 1, u
+                assert srv.post("/resume", None, headers=AUTH)[0] == 200
+            if c["finish_reason"]:
+                last = c
+    seg = last["weight_versions"]
+    assert n == 1000 and len(seg) == 2 and seg[0] == [v, 0] and seg[1][0] == v + 1 and 0 < seg[1][1] < n, seg
+
+
 # ---- MoE: routed experts ----
 @pytest.fixture(scope="module")
 def moe():

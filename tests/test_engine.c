@@ -311,6 +311,63 @@ static void test_prefix_cache(void) {
     engine_cpu_free(e);
 }
 
+/* cache_salt: a prompt's blocks are found again only under the same salt
+ * (and unsalted only unsalted); engine_request_cached_tokens counts the
+ * prompt positions the first admission found; a flush forgets every entry
+ * without a version bump; forked samples register under their salt. */
+static EngineRequest *submit_salted(Engine *e, const int32_t *prompt, int n, uint64_t salt, int nseq) {
+    EngineRequestParams p;
+    engine_request_params_default(&p);
+    p.prompt = prompt;
+    p.n_prompt = n;
+    p.n = nseq;
+    p.sampling.max_tokens = 3;
+    p.sampling.temperature = 0;
+    p.sampling.ignore_eos = 1;
+    p.cache_salt = salt;
+    EngineRequest *r = NULL;
+    Err err = { 0 };
+    T_ASSERT(engine_submit(e, &p, &r, &err) == 0, "submit: %s", err.msg);
+    wait_done(r);
+    return r;
+}
+
+static void test_cache_salt(void) {
+    int32_t P[41];
+    prompt_of(P, 41, 5);
+    Engine *e = make_engine(g_model, 256, 4, 16, 8, 1);
+    struct { uint64_t salt; int cached; } steps[] = {
+        {0xA, 0}, {0xA, 40}, {0xB, 0}, {0, 0}, {0, 40}, {0xB, 40},
+    };
+    int32_t first[8], got[8];
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        EngineRequest *r = submit_salted(e, P, 41, steps[i].salt, 1);
+        T_ASSERT(engine_request_cached_tokens(r) == steps[i].cached, "step %zu (salt %llx): %d cached, want %d", i,
+                 (unsigned long long)steps[i].salt, engine_request_cached_tokens(r), steps[i].cached);
+        int n = tokens_of(r, 0, i ? got : first);
+        T_ASSERT(n == 3 && (i == 0 || memcmp(first, got, 12) == 0), "step %zu: the same greedy tokens", i);
+        T_ASSERT(rows_match_reference(r, 0, P, 41) == 0, "step %zu: rows differ from the reference", i);
+        engine_request_release(r);
+    }
+    Err err = { 0 };
+    T_ASSERT(engine_flush_prefix_cache(e, &err) == 0, "flush: %s", err.msg);
+    EngineRequest *r = submit_salted(e, P, 41, 0xA, 1);
+    T_ASSERT(engine_request_cached_tokens(r) == 0 && engine_weight_version(e) == 0, "flushed, version kept");
+    engine_request_release(r);
+    int32_t Q[41];
+    prompt_of(Q, 41, 6);
+    r = submit_salted(e, Q, 41, 0xC, 3); /* n = 3: forks share the prompt, register under the salt */
+    engine_request_release(r);
+    r = submit_salted(e, Q, 41, 0xC, 1);
+    T_ASSERT(engine_request_cached_tokens(r) == 40, "forked request's blocks found under its salt: %d",
+             engine_request_cached_tokens(r));
+    engine_request_release(r);
+    r = submit_salted(e, Q, 41, 0xD, 1);
+    T_ASSERT(engine_request_cached_tokens(r) == 0, "not under another salt");
+    engine_request_release(r);
+    engine_cpu_free(e);
+}
+
 /* A tiny KV pool forces preemption; every request completes with the same
  * tokens as in a big pool, and the logits still equal the reference. */
 static void test_preemption(void) {
@@ -1278,6 +1335,7 @@ int main(void) {
     }
     test_batch_invariance();
     test_prefix_cache();
+    test_cache_salt();
     test_preemption();
     test_abort();
     test_pause();

@@ -11,8 +11,9 @@
  * can be registered under the key
  *     key = hash(parent key, W, its block_size token ids)
  * where the parent key is the key of the previous block of the same sequence
- * (0 for the first block). The chain makes a key identify the whole prefix
- * up to and including the block. Lookups compare the stored parent, version
+ * (for the first block: the request's cache salt digest, 0 when unsalted).
+ * The chain makes a key identify the whole prefix, and the salt, up to and
+ * including the block. Lookups compare the stored parent, version
  * and token ids, never only the 64-bit hash. A registered block whose
  * reference count drops to 0 is not freed but becomes "cached": it sits in an
  * LRU list and can be revived by a lookup, or evicted (least recently

@@ -119,6 +119,10 @@ typedef struct EngineRequestParams {
     int prompt_logprobs;    /* -1: none; 0: the prompt tokens' own log-probs; N: also top-N */
     int want_experts;       /* MoE: routed expert ids per layer per generated token */
     uint64_t user_tag;      /* opaque, for the caller's bookkeeping */
+    /* cache_salt (vLLM, SGLang): 0 none; else a 64-bit digest of the salt. It is the parent key of the
+     * prompt's first block, so the prefix cache shares blocks only between requests of the same salt
+     * (and unsalted ones only with unsalted ones); every later key chains from it. */
+    uint64_t cache_salt;
     /* Bytes the caller will need to render this request's outputs (its JSON),
      * counted into the output budget with the engine's own storage. */
     size_t extra_output_bytes;
@@ -222,6 +226,10 @@ int engine_request_done(EngineRequest *r); /* 1 when every sequence has finished
 int engine_request_failed(EngineRequest *r, Err *err);
 uint64_t engine_request_id(const EngineRequest *r);
 uint64_t engine_request_user_tag(const EngineRequest *r);
+/* Prompt tokens whose K/V the first admission found in the prefix cache
+ * (vLLM num_cached_tokens, SGLang cached_tokens): 0 before admission, 0 for
+ * requests that bypass the lookup (prompt_logprobs, experts). */
+int engine_request_cached_tokens(EngineRequest *r);
 /* Prompt log-probs (prompt_logprobs >= 0): returns the number of prompt
  * positions published so far (n_prompt once done); lp [n_prompt] (lp[0] is NAN,
  * the first token has no context), top_ids/top_lp [n_prompt, N] or NULL. */
@@ -276,6 +284,10 @@ int engine_is_paused(Engine *e);
 typedef int (*EngineExclusiveFn)(void *ctx, Err *err);
 int engine_run_exclusive(Engine *e, EngineExclusiveFn fn, void *ctx, int bump_version, Err *err);
 uint64_t engine_weight_version(Engine *e);
+/* Forget every prefix-cache entry between two steps (SGLang /flush_cache,
+ * vLLM reset_prefix_cache): later requests recompute their prompts; running
+ * sequences keep their blocks. The weight version does not move. */
+int engine_flush_prefix_cache(Engine *e, Err *err);
 
 /* ---- metrics ---- */
 #define ENGINE_HIST_BUCKETS 16

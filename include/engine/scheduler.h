@@ -36,6 +36,7 @@
 #ifndef SAMPLER_SCHEDULER_H
 #define SAMPLER_SCHEDULER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "block_manager.h"
@@ -60,6 +61,9 @@ typedef struct Seq {
     uint64_t *keys;       /* [max_blocks] prefix-cache chain keys of leading full blocks */
     int n_keys;
     uint64_t kv_version;  /* weights of the first K/V; blocks register only if current */
+    uint64_t salt;        /* cache_salt: the parent key of the first block (0: unsalted), so the prefix
+                             cache finds only blocks registered under the same salt */
+    _Atomic int n_cached; /* prompt positions the first admission found in the prefix cache; -1 before */
     int no_prefix_lookup; /* needs every position computed (prompt log-probs, experts) */
     int rows_all;         /* wants a logits row for every prefill token (prompt log-probs) */
     int lp_done;          /* prompt positions whose log-prob is published */

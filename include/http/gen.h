@@ -118,6 +118,11 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj);
 json_t *gen_weight_versions(Gen *g, Choice *c);
 /* vLLM prompt_logprobs of prompt i: [null, {"id": {"logprob", "rank", "decoded_token"}}, ...]. */
 json_t *gen_prompt_logprobs(Gen *g, int prompt_i);
+/* The log-prob and top list of record r the OpenAI fields report (the
+ * server's --logprobs-mode), for the dialects that build their own shapes. */
+void gen_record_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top);
+/* The raw bytes of token id as a JSON list of integers. */
+json_t *gen_token_bytes(Gen *g, int32_t id);
 /* A JSON number for a log-prob (-inf as -9999.0, as vLLM does). */
 json_t *gen_lp(float x);
 /* Text of one token (decoded alone, special tokens kept). malloc'd; when

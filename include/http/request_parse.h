@@ -41,6 +41,8 @@ typedef struct GenParams {
     int ret_raw_lp;         /* return_raw_logprobs */
     int ret_mask;           /* return_sampling_mask */
     int ret_experts;        /* return_routed_experts (SGLang) */
+    uint64_t cache_salt;    /* cache_salt: 0 none, else request_parse_cache_salt's digest */
+    size_t extra_render_bytes; /* a dialect's own rendering (mask lists), counted into the output budget */
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of
@@ -55,6 +57,11 @@ void gen_params_free(GenParams *p);
  * *out is malloc'd [*n]. */
 int request_parse_prompts(json_t *prompt, const Tokenizer *t, int vocab, TokIds **out, int *n, Err *err);
 void prompts_free(TokIds *p, int n);
+
+/* body[key] as a cache salt (vLLM cache_salt): absent or null leaves *out
+ * (returns 0); a non-empty string sets *out to its nonzero 64-bit digest
+ * (returns 1); anything else is a 400 naming key. */
+int request_parse_cache_salt(json_t *body, const char *key, uint64_t *out, Err *err);
 
 /* An optional boolean field, for the endpoints' own fields: 0 when absent or
  * null (leaving *v), 1 when set, <0 with a 400 on a wrong type. */

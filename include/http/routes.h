@@ -29,7 +29,8 @@ typedef enum {
 } RouteBody;
 
 typedef enum {
-    DIALECT_OPENAI, /* errors {"error": {"message", "type", "param", "code"}} (http_error_json) */
+    DIALECT_OPENAI, /* errors {"error": {"message", "type", "param", "code"}} (http_error_json); vLLM's too */
+    DIALECT_SGLANG, /* errors {"error": {"message"}} (SGLang's), the dispatcher's as the handlers' */
 } RouteDialect;
 
 typedef int (*RouteHandler)(HttpReq *q, json_t *body);

@@ -19,7 +19,8 @@
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
- * api_reload.c); metrics.c /metrics and /health.
+ * api_reload.c; the foreign dialects: api_vllm_generate.c, api_control.c,
+ * api_sglang.c over gen_rl.c); metrics.c /metrics and /health.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).
@@ -88,6 +89,8 @@ typedef struct ServerConfig {
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
     int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
+    int return_sampling_mask;      /* --return-sampling-mask: /inference/v1/generate always sends masks; default 0 */
+    int return_routed_experts;     /* --enable-return-routed-experts: ... and routed experts; default 0 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
 } ServerConfig;
@@ -265,6 +268,22 @@ int api_admin_pause(HttpReq *q, json_t *body);
 int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
+/* prime-rl's weight controls (api_control.c) */
+int api_update_weights(HttpReq *q, json_t *body);
+int api_update_weight_version(HttpReq *q, json_t *body);
+int api_weight_info(HttpReq *q, json_t *body);
+int api_liveness(HttpReq *q, json_t *body);
+/* vLLM / prime-rl token-in token-out (api_vllm_generate.c) */
+int api_vllm_generate(HttpReq *q, json_t *body);
+/* SGLang's native routes (api_sglang.c) */
+int api_sgl_generate(HttpReq *q, json_t *body);
+int api_sgl_update_weights_from_disk(HttpReq *q, json_t *body);
+int api_sgl_pause(HttpReq *q, json_t *body);
+int api_sgl_continue(HttpReq *q, json_t *body);
+int api_sgl_flush_cache(HttpReq *q, json_t *body);
+int api_sgl_model_info(HttpReq *q, json_t *body);
+int api_sgl_server_info(HttpReq *q, json_t *body);
+int api_sgl_health_generate(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */
@@ -281,6 +300,11 @@ DeltaTarget admin_delta_target(Server *s);
 int admin_commit(Server *s, DeltaPlan *plan, DeltaTarget *tgt, int bump, DeltaResult *res, Err *err);
 int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t numel, const int64_t *idx,
                   int64_t n_idx, Err *err);
+
+/* A full, all-or-nothing reload of checkpoint directory path (confined to
+ * --reload-root, api_reload.c) at weight version version (above the current
+ * one). Caller holds admin_mu. 0, or <0 with err and every weight as it was. */
+int admin_reload(Server *s, const char *path, uint64_t version, DeltaResult *res, Err *err);
 
 /* Start-up: apply a delta file (--delta), fatal on error. */
 void admin_apply_delta_file(Server *s, const char *path);

@@ -282,3 +282,14 @@ void engine_drain_commands(Engine *e) {
     }
     complete_pause_waiters(e);
 }
+
+/* engine_flush_prefix_cache: forget every key between two steps (the engine
+ * thread owns the block manager); blocks in use stay with their sequences. */
+static int flush_fn(void *ctx, Err *err) {
+    (void)err;
+    Engine *e = ctx;
+    block_manager_invalidate(e->bm);
+    return 0;
+}
+
+int engine_flush_prefix_cache(Engine *e, Err *err) { return engine_run_exclusive(e, flush_fn, e, 0, err); }

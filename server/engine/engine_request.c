@@ -156,6 +156,8 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
         q->blocks = tryalloc((size_t)maxb * sizeof(int32_t), &fail);
         q->keys = tryalloc((size_t)maxb * sizeof(uint64_t), &fail);
         q->no_prefix_lookup = p->prompt_logprobs >= 0 || (p->want_experts && E > 0);
+        q->salt = p->cache_salt;
+        atomic_init(&q->n_cached, -1);
         q->rows_all = p->prompt_logprobs >= 0 && i == 0;
         o->recs = tryalloc((size_t)r->max_new * sizeof(TokenRecord), &fail);
         if (top > 0) {
@@ -273,6 +275,11 @@ int engine_request_prompt_logprobs(EngineRequest *r, const float **lp, const int
     if (top_ids) *top_ids = r->ptop_ids;
     if (top_lp) *top_lp = r->ptop_lp;
     return n;
+}
+
+int engine_request_cached_tokens(EngineRequest *r) {
+    int n = r->n > 0 ? atomic_load(&r->seqs[0].n_cached) : -1;
+    return n > 0 ? n : 0;
 }
 
 int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts) {

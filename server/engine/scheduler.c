@@ -117,7 +117,7 @@ static int grow(Scheduler *s, Seq *q, int end) {
  * token to compute, so the last position's logits come out). */
 static void prefix_lookup(Scheduler *s, Seq *q) {
     int bs = s->block_size;
-    uint64_t parent = 0;
+    uint64_t parent = q->salt;
     q->kv_version = s->version;
     if (q->no_prefix_lookup || q->n_blocks > 0) return;
     int full = q->n_tokens / bs;
@@ -307,6 +307,7 @@ static void plan_pass(Scheduler *s) {
                 release_blocks(s, q);
                 break;
             }
+            if (atomic_load(&q->n_cached) < 0) atomic_store(&q->n_cached, q->n_computed);
             if (!q->no_prefix_lookup) {
                 s->lookup_tokens += (uint64_t)q->n_tokens;
                 s->hit_tokens += (uint64_t)q->n_computed;
@@ -344,7 +345,7 @@ static void register_full(Scheduler *s, Seq *q) {
     int bs = s->block_size, full = q->n_computed / bs;
     if (q->kv_version != s->version) { q->n_keys = full; return; } /* stale K/V: never shared */
     for (int i = q->n_keys; i < full; i++) {
-        uint64_t parent = i ? q->keys[i - 1] : 0;
+        uint64_t parent = i ? q->keys[i - 1] : q->salt;
         const int32_t *t = q->tokens + (size_t)i * bs;
         uint64_t key = block_manager_key(s->bm, parent, s->version, t);
         block_manager_register(s->bm, q->blocks[i], key, parent, s->version, t);

@@ -18,10 +18,12 @@
 #include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "delta.h"
 #include "delta_sign.h"
 #include "log.h"
+#include "request_parse.h"
 #include "server.h"
 
 typedef struct Commit {
@@ -155,16 +157,37 @@ static json_t *pause_state(Server *s) {
     return o;
 }
 
+/* A boolean query argument: 1 / 0, or def when absent; -1 when unreadable. */
+static int query_bool(HttpReq *q, const char *key, int def) {
+    const char *v = MHD_lookup_connection_value(q->c, MHD_GET_ARGUMENT_KIND, key);
+    if (!v) return def;
+    if (!strcasecmp(v, "true") || !strcmp(v, "1")) return 1;
+    if (!strcasecmp(v, "false") || !strcmp(v, "0")) return 0;
+    return -1;
+}
+
+/* mode (abort | wait | keep, "in_place" = keep) and clear_cache (vLLM's
+ * /pause: default true: the prefix cache is flushed once paused) as query
+ * arguments or in a JSON body. */
 int api_admin_pause(HttpReq *q, json_t *body) {
     Server *s = q->s;
     const char *m = MHD_lookup_connection_value(q->c, MHD_GET_ARGUMENT_KIND, "mode");
+    json_t *bm = json_object_get(body, "mode");
+    if (bm && !json_is_null(bm)) {
+        if (!json_is_string(bm)) return http_send_error(q, 400, "mode", "mode: must be abort, wait or keep");
+        m = json_string_value(bm);
+    }
     PauseMode mode = PAUSE_ABORT;
     if (!m || !strcmp(m, "abort")) mode = PAUSE_ABORT;
     else if (!strcmp(m, "wait")) mode = PAUSE_WAIT;
     else if (!strcmp(m, "keep") || !strcmp(m, "in_place")) mode = PAUSE_KEEP;
     else return http_send_error(q, 400, "mode", "mode: must be abort, wait or keep");
     Err err = {0};
+    int clear = query_bool(q, "clear_cache", 1);
+    if (clear < 0) return http_send_error(q, 400, "clear_cache", "clear_cache: must be true or false");
+    if (rp_bool(body, "clear_cache", &clear, &err) < 0) return http_send_err(q, &err);
     if (engine_pause(s->eng, mode, &err) < 0) return http_send_err(q, &err);
+    if (clear && engine_flush_prefix_cache(s->eng, &err) < 0) return http_send_err(q, &err);
     return http_send_json(q, 200, pause_state(s));
 }
 

@@ -146,18 +146,14 @@ typedef struct Reload {
 } Reload;
 
 /* Everything that can refuse the reload, before any weight is touched. */
-static int reload_prepare(Server *s, json_t *body, const DeltaTarget *tgt, Reload *r, Err *err) {
-    json_t *jp = json_object_get(body, "path"), *jv = json_object_get(body, "version");
-    ENSURE(err, json_is_string(jp), 400, "reload needs \"path\": a checkpoint directory");
-    ENSURE(err, json_is_integer(jv) && json_integer_value(jv) > 0, 400,
-           "reload needs \"version\": the checkpoint's weight version (an integer above the current one)");
-    r->version = (uint64_t)json_integer_value(jv);
+static int reload_prepare(Server *s, const char *given, uint64_t version, const DeltaTarget *tgt, Reload *r,
+                          Err *err) {
+    r->version = version;
     ENSURE(err, r->version <= DELTA_VERSION_MAX, 400, "version %llu is above the largest weight version %llu",
            (unsigned long long)r->version, (unsigned long long)DELTA_VERSION_MAX);
     ENSURE(err, r->version > s->wv->version, 409, "version %llu is not above the current version %llu",
            (unsigned long long)r->version, (unsigned long long)s->wv->version);
     ENSURE(err, s->cfg.n_reload_roots > 0, 403, "reloading is disabled: start the server with --reload-root DIR");
-    const char *given = json_string_value(jp);
     Confine c = {s, given};
     r->real = realpath(given, NULL);
     struct stat sb;
@@ -181,20 +177,32 @@ static void reload_free(Reload *r) {
     free(r->real);
 }
 
+int admin_reload(Server *s, const char *path, uint64_t version, DeltaResult *res, Err *err) {
+    Reload r = {0};
+    DeltaTarget tgt = admin_delta_target(s);
+    uint64_t before = s->wv->version;
+    int rc = reload_prepare(s, path, version, &tgt, &r, err);
+    if (rc == 0) rc = admin_commit(s, r.plan, &tgt, 1, res, err);
+    if (rc == 0)
+        log_info("weights: reloaded %s: version %llu -> %llu (%d tensors changed)", r.real,
+                 (unsigned long long)before, (unsigned long long)s->wv->version, res->tensors_updated);
+    reload_free(&r);
+    return rc;
+}
+
 int api_admin_reload(HttpReq *q, json_t *body) {
     Server *s = q->s;
     Err err = {0};
-    Reload r = {0};
-    DeltaTarget tgt = admin_delta_target(s);
     DeltaResult res = {0};
+    json_t *jp = json_object_get(body, "path"), *jv = json_object_get(body, "version");
+    int rc = 0;
+    if (!json_is_string(jp)) rc = ERR(&err, 400, "reload needs \"path\": a checkpoint directory");
+    else if (!json_is_integer(jv) || json_integer_value(jv) <= 0)
+        rc = ERR(&err, 400, "reload needs \"version\": the checkpoint's weight version (an integer above the current one)");
     pthread_mutex_lock(&s->admin_mu);
-    uint64_t before = s->wv->version;
-    int rc = reload_prepare(s, body, &tgt, &r, &err);
-    if (rc == 0) rc = admin_commit(s, r.plan, &tgt, 1, &res, &err);
+    if (rc == 0) rc = admin_reload(s, json_string_value(jp), (uint64_t)json_integer_value(jv), &res, &err);
     char *out = NULL;
     if (rc == 0) {
-        log_info("weights: reloaded %s: version %llu -> %llu (%d tensors changed)", r.real,
-                 (unsigned long long)before, (unsigned long long)s->wv->version, res.tensors_updated);
         char fp[17];
         snprintf(fp, sizeof fp, "%016llx", (unsigned long long)s->wv->fingerprint);
         json_t *o = json_pack("{s:I, s:s, s:i}", "version", (json_int_t)s->wv->version, "model_fingerprint", fp,
@@ -205,7 +213,6 @@ int api_admin_reload(HttpReq *q, json_t *body) {
         out = delta_error_json(&err, s->wv);
     }
     pthread_mutex_unlock(&s->admin_mu);
-    reload_free(&r);
     int status = rc == 0 ? 200 : (err.code ? err.code : 500);
     int ret = http_send_text(q, status, "application/json", out, strlen(out));
     free(out);

@@ -194,6 +194,14 @@ static const Flag FLAGS[] = {
      .help = "qwen3: <think>...</think> -> reasoning_content; none"},
     {.name = "--tool-call-parser", .metavar = "P", .section = S_API, .kind = K_ENUM, .off = AT(server.tool_parser),
      .choices = TOOL_PARSERS, .help = "hermes: <tool_call>{...}</tool_call> -> tool_calls; none"},
+    {.name = "--return-sampling-mask", .section = S_API, .kind = K_SWITCH, .off = AT(server.return_sampling_mask),
+     .lo = 1, .help = "vLLM's flag: every POST /inference/v1/generate answer carries sampling_mask and kept_tokens "
+                     "(a request without a bounded support, greedy or top_k in [1, 4096], is then refused with "
+                     "400); without it a request asks with sampling_params.return_sampling_mask"},
+    {.name = "--enable-return-routed-experts", .section = S_API, .kind = K_SWITCH,
+     .off = AT(server.return_routed_experts), .lo = 1,
+     .help = "vLLM's flag: every POST /inference/v1/generate answer on a MoE model carries routed_experts; "
+             "without it a request asks with sampling_params.return_routed_experts"},
     {.name = "--mask-json-max-ids", .metavar = "N", .section = S_API, .kind = K_INT,
      .off = AT(server.mask_json_max_ids), .lo = 0, .hi = 1 << 30,
      .help = "sampling masks with more ids are sent base64-encoded"},
@@ -407,6 +415,7 @@ static void route_list(char *out, size_t cap, int admin) {
     out[0] = 0;
     for (int i = 0; i < n; i++) {
         if (!r[i].handler || r[i].prefix || (r[i].auth == AUTH_ADMIN) != admin) continue;
+        if (i && !strcmp(r[i - 1].path, r[i].path)) continue; /* the same path with another method */
         size_t len = strlen(out);
         snprintf(out + len, cap - len, "%s%s", len ? ", " : "", r[i].path);
     }
@@ -415,7 +424,7 @@ static void route_list(char *out, size_t cap, int admin) {
 void flags_help(FILE *out, const char *prog) {
     CliConfig *d = xmalloc(sizeof *d);
     flags_default(d);
-    char *tmp = prog ? strdup(prog) : NULL, api[512], admin[512], text[2048];
+    char *tmp = prog ? strdup(prog) : NULL, api[1024], admin[1024], text[2560];
     fprintf(out, "usage: %s [flags]\n", tmp ? basename(tmp) : "sampler-cpu");
     free(tmp);
     route_list(api, sizeof api, 0);

@@ -49,6 +49,8 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
                         : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
     ep->want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
+    ep->cache_salt = gp->cache_salt;
+    ep->extra_output_bytes += gp->extra_render_bytes;
 }
 
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
@@ -325,6 +327,10 @@ static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **
     *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
 }
 
+void gen_record_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) { rec_lp(g, r, lp, top); }
+
+json_t *gen_token_bytes(Gen *g, int32_t id) { return token_bytes(g, id); }
+
 /* One position's completions top_logprobs, built as vLLM builds it: the
  * position's own token (id, text, lp) first, then the top ids in rank order
  * with its own id skipped, the first logprobs + 1 of these; keyed by decoded
@@ -491,9 +497,15 @@ static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
 }
 
 /* Routed experts of the forward steps behind records [from, to) (record i:
- * input position n_prompt - 1 + i), and with from == 0 also the prompt's
- * positions 0..n_prompt-2, so a trainer can replay the routing of every
- * input position. */
+ * input position n_prompt - 1 + i), and in the chunk that carries record 0
+ * (from == 0 and to > 0, or a choice finished without records) also the
+ * prompt's positions 0..n_prompt-2, so a trainer can replay the routing of
+ * every input position. The prompt's routing goes out once and whole: the
+ * engine publishes all of it before record 0 (engine_step: prompt outputs,
+ * then samples), so an earlier chunk (a stream's first, while a long prompt
+ * is still being prefilled in chunks) carries none of it, a record 0 without
+ * all of it fails the request rather than send a part, and a choice aborted
+ * before its first record sends the prompt's routing only if it is whole. */
 static json_t *experts_json(Gen *g, Choice *c, const TokenRecord *recs, int from, int to) {
     int E = engine_experts_per_token(g->s->eng);
     if (E <= 0) return json_null();
@@ -505,9 +517,14 @@ static json_t *experts_json(Gen *g, Choice *c, const TokenRecord *recs, int from
     for (int k = from; k < to; k++)
         for (int j = 0; j < E; j++) json_array_append_new(ids, json_integer(recs[k].experts ? recs[k].experts[j] : -1));
     json_object_set_new(o, "ids", ids);
-    if (from == 0) {
-        const int32_t *pe = NULL;
-        int n = engine_request_prompt_experts(c->r, &pe);
+    const int32_t *pe = NULL;
+    int n = from == 0 ? engine_request_prompt_experts(c->r, &pe) : 0, want = (int)g->prompts[c->prompt_i].n - 1;
+    if (from == 0 && (to > 0 || (c->done && n == want))) {
+        if (n != want && !g->failed) {
+            g->failed = 1;
+            ERR(&g->fail, 500, "the routing of %d of the %d prompt positions is missing: refusing to send a part",
+                want - n, want);
+        }
         json_t *p = json_array();
         for (int64_t k = 0; pe && k < (int64_t)n * E; k++) json_array_append_new(p, json_integer(pe[k]));
         json_object_set_new(o, "prompt_n_tokens", json_integer(pe ? n : 0));

@@ -136,6 +136,12 @@ static json_t *dialect_error_json(HttpReq *q, int status, const char *param, con
                                   const char *msg) {
     switch (q->route ? q->route->dialect : DIALECT_OPENAI) { /* -Wswitch: a new dialect needs its case */
     case DIALECT_OPENAI: return error_json_code(status, param, code, set_code, msg);
+    case DIALECT_SGLANG: { /* SGLang's ORJSONResponse({"error": {"message": ...}}, status) */
+        json_t *e = json_object(), *j = json_object();
+        json_object_set_new(e, "message", json_string(msg));
+        json_object_set_new(j, "error", e);
+        return j;
+    }
     }
     return error_json_code(status, param, code, set_code, msg);
 }

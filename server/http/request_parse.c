@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 int rp_bool(json_t *o, const char *key, int *v, Err *err) {
     json_t *j = json_object_get(o, key);
@@ -186,6 +187,21 @@ static int parse_completion_logprobs(json_t *body, const GenCtx *c, GenParams *p
     return r < 0 ? r : 0;
 }
 
+int request_parse_cache_salt(json_t *body, const char *key, uint64_t *out, Err *err) {
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v)) return 0;
+    ENSURE(err, json_is_string(v) && json_string_length(v) > 0, 400, "%s: must be a non-empty string", key);
+    uint64_t h = XXH3_64bits(json_string_value(v), json_string_length(v));
+    *out = h ? h : 1; /* 0 is "no salt" */
+    return 1;
+}
+
+static int parse_salt(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    int r = request_parse_cache_salt(body, "cache_salt", &p->cache_salt, err);
+    return r < 0 ? r : 0;
+}
+
 static const GenField STREAM_OPTIONS[] = {
     {BOOL("include_usage"), DEF(0), TO(include_usage)},
     {BOOL("continuous_usage_stats"), DEF(0), TO(continuous_usage)},
@@ -226,6 +242,7 @@ static const GenField GEN_FIELDS[] = {
     {BOOL("return_raw_logprobs"), DEF(0), TO(ret_raw_lp)},
     {BOOL("return_sampling_mask"), DEF(0), TO(ret_mask)},
     {BOOL("return_routed_experts"), DEF(0), TO(ret_experts)},
+    {FN("cache_salt", parse_salt)},
 };
 
 static void field_store(GenParams *p, const GenField *f, long long iv, double dv) {

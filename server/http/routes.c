@@ -40,7 +40,7 @@ static const Route ROUTES[] = {
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
     {NULL,   "/admin/",                    1, NULL,                AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
-    {"POST", "/pause",                     0, api_admin_pause,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/pause",                     0, api_admin_pause,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/is_paused",                 0, api_admin_is_paused, AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/abort_request",             0, api_admin_abort,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
@@ -52,6 +52,23 @@ static const Route ROUTES[] = {
     {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/tokenize",                  0, api_tokenize,        AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     {"POST", "/detokenize",                0, api_detokenize,      AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    /* prime-rl's weight controls (api_control.c) */
+    {"POST", "/update_weights",            0, api_update_weights,  AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {"POST", "/update_weight_version",     0, api_update_weight_version, AUTH_ADMIN, BODY_JSON,      DIALECT_OPENAI, 404},
+    {"GET",  "/weight_info",               0, api_weight_info,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/liveness",                  0, api_liveness,        AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
+    /* vLLM / prime-rl token-in token-out (api_vllm_generate.c) */
+    {"POST", "/inference/v1/generate",     0, api_vllm_generate,   AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    /* SGLang's native routes (api_sglang.c) */
+    {"POST", "/generate",                  0, api_sgl_generate,    AUTH_API_KEY, BODY_JSON,          DIALECT_SGLANG, 405},
+    {"GET",  "/get_model_info",            0, api_sgl_model_info,  AUTH_API_KEY, BODY_NONE,          DIALECT_SGLANG, 405},
+    {"GET",  "/get_server_info",           0, api_sgl_server_info, AUTH_API_KEY, BODY_NONE,          DIALECT_SGLANG, 405},
+    {"GET",  "/health_generate",           0, api_sgl_health_generate, AUTH_API_KEY, BODY_NONE,      DIALECT_SGLANG, 405},
+    {"POST", "/update_weights_from_disk",  0, api_sgl_update_weights_from_disk, AUTH_ADMIN, BODY_JSON, DIALECT_SGLANG, 405},
+    {"POST", "/pause_generation",          0, api_sgl_pause,       AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_SGLANG, 405},
+    {"POST", "/continue_generation",       0, api_sgl_continue,    AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_SGLANG, 405},
+    {"POST", "/flush_cache",               0, api_sgl_flush_cache, AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_SGLANG, 405},
+    {"GET",  "/flush_cache",               0, api_sgl_flush_cache, AUTH_ADMIN,   BODY_NONE,          DIALECT_SGLANG, 405},
 };
 #define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 

@@ -10,7 +10,8 @@
  * and goes through the server's own access handler (http.c, routes.c: the
  * route table's auth, body limits and JSON parsing) into every endpoint
  * (api_*.c: completions, chat, tokenize, detokenize, models, metrics, health,
- * admin delta/weights/reload/pause/resume/abort) on the bundled tiny model
+ * admin delta/weights/reload/pause/resume/abort, vLLM's /inference/v1/generate
+ * and prime-rl's controls, SGLang's /generate and controls) on the bundled tiny model
  * with a real engine, so requests generate. The Server is built by
  * server_create, as sampler-cpu builds it. There are no sockets: this file
  * defines the handful of libmicrohttpd functions http.c calls
@@ -20,8 +21,9 @@
  *
  * Besides crashes, leaks and UB, the target aborts when an answer breaks the
  * API contract: a 500 (README: "500 only for bugs"), two answers to one
- * request, a JSON answer that does not parse or an error without the OpenAI
- * shape, a stream that is not SSE or does not end with [DONE], or an engine
+ * request, a JSON answer that does not parse or an error without an
+ * "error" object with a message (OpenAI's and SGLang's shapes; SGLang's weight
+ * route: {"success": false, "message"}), a stream that is not SSE or does not end with [DONE], or an engine
  * that is not idle again (running/waiting sequences, in-flight count) once the
  * request is over. "x-fuzz-disconnect: K" makes the client go away: streams
  * after K chunks, whole responses before the first engine step.
@@ -297,24 +299,42 @@ static int parse_input(const uint8_t *data, size_t size, Parsed *p, struct MHD_C
 /* Generation costs ~tens of ms per token under the sanitizers: a JSON object
  * body of a generating endpoint gets max_tokens 4 when it asks for more (or
  * for the default, which for chat is the rest of the context). Values above
- * the context stay, so their 400 is still reached. Other bodies go as given. */
-static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_t *out_n) {
-    if (strcmp(path, "/v1/completions") && strcmp(path, "/v1/chat/completions")) return NULL;
-    json_error_t je;
-    json_t *j = json_loadb((const char *)body, n, 0, &je);
-    if (!json_is_object(j)) { json_decref(j); return NULL; }
+ * the context stay, so their 400 is still reached. Other bodies go as given.
+ * The token-in/token-out dialects keep the limit inside "sampling_params"
+ * (vLLM's max_tokens, SGLang's max_new_tokens, default 128); a
+ * sampling_params that is not an object stays, for its 400. */
+static int clamp_keys(json_t *o, const char *const *keys, int n_keys) {
     int changed = 0, present = 0;
-    const char *keys[2] = {"max_tokens", "max_completion_tokens"};
-    for (int i = 0; i < 2; i++) {
-        json_t *v = json_object_get(j, keys[i]);
+    for (int i = 0; i < n_keys; i++) {
+        json_t *v = json_object_get(o, keys[i]);
         if (!v || json_is_null(v)) continue;
         present = 1;
         if (json_is_integer(v) && json_integer_value(v) > 4 && json_integer_value(v) <= g_s->max_model_len) {
-            json_object_set_new(j, keys[i], json_integer(4));
+            json_object_set_new(o, keys[i], json_integer(4));
             changed = 1;
         }
     }
-    if (!present) { json_object_set_new(j, "max_tokens", json_integer(4)); changed = 1; }
+    if (!present) { json_object_set_new(o, keys[0], json_integer(4)); changed = 1; }
+    return changed;
+}
+
+static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_t *out_n) {
+    int openai = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    int vllm = !strcmp(path, "/inference/v1/generate"), sgl = !strcmp(path, "/generate");
+    if (!openai && !vllm && !sgl) return NULL;
+    json_error_t je;
+    json_t *j = json_loadb((const char *)body, n, 0, &je);
+    if (!json_is_object(j)) { json_decref(j); return NULL; }
+    static const char *const oa[] = {"max_tokens", "max_completion_tokens"}, *const vl[] = {"max_tokens"},
+                             *const sg[] = {"max_new_tokens"};
+    int changed = 0;
+    if (openai) {
+        changed = clamp_keys(j, oa, 2);
+    } else {
+        json_t *sp = json_object_get(j, "sampling_params");
+        if (!sp && sgl) json_object_set_new(j, "sampling_params", sp = json_object());
+        if (json_is_object(sp)) changed = clamp_keys(sp, vllm ? vl : sg, 1);
+    }
     char *out = changed ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (out) *out_n = strlen(out);
@@ -326,7 +346,10 @@ static void check_error_shape(const char *body, int status) {
     json_t *j = json_loads(body, JSON_ALLOW_NUL, &je); /* "\u0000" is valid JSON (RFC 8259) */
     if (!j) FAIL("%d answer is not JSON: %s", status, body);
     json_t *e = json_object_get(j, "error");
-    if (!json_is_object(e) && !json_is_string(e)) FAIL("%d answer without \"error\": %s", status, body);
+    /* SGLang's weight route answers its own result shape: {"success": false, "message"} */
+    int sgl_result = json_is_false(json_object_get(j, "success")) && json_is_string(json_object_get(j, "message"));
+    if (!json_is_object(e) && !json_is_string(e) && !sgl_result)
+        FAIL("%d answer without \"error\": %s", status, body);
     if (json_is_object(e) && !json_is_string(json_object_get(e, "message")))
         FAIL("%d error without a message: %s", status, body);
     json_decref(j);
@@ -390,8 +413,8 @@ static void check_sse(const Buf *b, int ended) {
             json_error_t je;
             json_t *j = json_loadb(p + 6, n - 6, JSON_ALLOW_NUL, &je);
             if (!json_is_object(j)) FAIL("stream event is not a JSON object: %.*s", (int)n, p);
-            if (!json_object_get(j, "choices") && !json_object_get(j, "error"))
-                FAIL("stream event without choices or error: %.*s", (int)n, p);
+            if (!json_object_get(j, "choices") && !json_object_get(j, "error") && !json_object_get(j, "meta_info"))
+                FAIL("stream event without choices, meta_info (SGLang) or error: %.*s", (int)n, p);
             json_decref(j);
         } else {
             FAIL("not an SSE event: %.*s", (int)n, p);

@@ -90,6 +90,7 @@ typedef struct ServerConfig {
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
+    int fleet;                     /* 1: not ready until a trainer announced the fleet's version (fleet.c) */
 } ServerConfig;
 
 /* Every default above (the engine's from engine_config_default); no environment is read. */
@@ -128,6 +129,8 @@ typedef struct Server {
     pthread_mutex_t admin_mu;
     ServerMetrics metrics;
     atomic_int shutting_down;
+    atomic_ullong fleet_version;   /* the fleet's version as the trainer announced it (fleet.c);
+                                      FLEET_UNKNOWN until then with cfg.fleet, else 0 */
     atomic_int inflight;
     atomic_ullong next_id;
     int64_t created;
@@ -253,6 +256,8 @@ int server_live_abort(Server *s, const char *id);
  * the handler answers (http_send_*) and returns the MHD result. */
 int api_health(HttpReq *q, json_t *body);
 int api_metrics(HttpReq *q, json_t *body);
+/* Append the vllm:* series (metrics_vllm.c) for the engine state m. */
+void metrics_vllm(Buf *b, Server *s, const EngineMetrics *m);
 int api_models(HttpReq *q, json_t *body);
 int api_completions(HttpReq *q, json_t *body);
 int api_chat(HttpReq *q, json_t *body);
@@ -265,6 +270,14 @@ int api_admin_pause(HttpReq *q, json_t *body);
 int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
+int api_admin_fleet(HttpReq *q, json_t *body);
+
+/* ---- readiness (fleet.c) ---- */
+#define FLEET_UNKNOWN UINT64_MAX
+/* 1 when the server should take traffic: not shutting down and serving at
+ * least the fleet's version (never, with --fleet, before a trainer said it).
+ * why (may be NULL) gets the reason when not. */
+int fleet_ready(Server *s, char *why, size_t cap);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

@@ -27,6 +27,27 @@
 const double engine_hist_bounds[ENGINE_HIST_BUCKETS] = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, INFINITY};
 
+/* vLLM's buckets: time_to_first_token_seconds, inter_token_latency_seconds, e2e_request_latency_seconds. */
+static const double VTTFT[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double VITL[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                              0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+static const double VE2E[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                              30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const double *const engine_vhist_bounds[ENGINE_N_VHIST] = {VTTFT, VITL, VE2E};
+const int engine_vhist_n[ENGINE_N_VHIST] = {(int)(sizeof VTTFT / sizeof VTTFT[0]), (int)(sizeof VITL / sizeof VITL[0]),
+                                            (int)(sizeof VE2E / sizeof VE2E[0])};
+_Static_assert(sizeof VTTFT / sizeof VTTFT[0] <= ENGINE_VHIST_MAX, "ENGINE_VHIST_MAX too small");
+
+void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v) {
+    const double *b = engine_vhist_bounds[k];
+    int n = engine_vhist_n[k], i = 0;
+    while (i < n && v > b[i]) i++; /* Prometheus buckets are le: v <= bound */
+    h->count[i]++;
+    h->n++;
+    h->sum += v;
+}
+
 double engine_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

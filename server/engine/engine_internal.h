@@ -183,5 +183,7 @@ int engine_step(Engine *e);
 
 /* ---- engine.c ---- */
 double engine_now_s(void);
+/* Count v in h, a histogram of kind k (caller holds e->mmu). */
+void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v);
 
 #endif

@@ -332,8 +332,10 @@ void engine_request_publish(EngineRequest *r) {
     pthread_cond_broadcast(&r->cv);
 }
 
-static void count_finish(Engine *e, FinishReason f) {
+static void count_finish(Engine *e, const EngineRequest *r, FinishReason f) {
+    double t = engine_now_s();
     pthread_mutex_lock(&e->mmu);
+    engine_vhist_add(&e->m.ve2e, ENGINE_VHIST_E2E, t - r->t_submit);
     if (f == FINISH_STOP) e->m.requests_finished_stop++;
     else if (f == FINISH_LENGTH) e->m.requests_finished_length++;
     else e->m.requests_finished_abort++;
@@ -379,7 +381,7 @@ void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, in
     r->outs[q->index].stop_token = stop_token;
     engine_request_publish(r);
     pthread_mutex_unlock(&r->mu);
-    count_finish(e, f);
+    count_finish(e, r, f);
     if (++r->n_done == r->n) request_retire(e, r);
 }
 

@@ -39,6 +39,8 @@ static const Route ROUTES[] = {
     {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {"POST", "/admin/v1/fleet",            0, api_admin_fleet,     AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {"GET",  "/admin/v1/fleet",            0, api_admin_fleet,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {NULL,   "/admin/",                    1, NULL,                AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/pause",                     0, api_admin_pause,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},

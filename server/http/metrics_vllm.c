@@ -8,8 +8,10 @@
  * Meanings where ours differ in unit: vLLM counts requests; the sampler's
  * engine schedules sequences (a request with n=4 is four), so the running /
  * waiting gauges and request_success count sequences, as vLLM's do for its
- * child requests of n > 1. TTFT is measured from engine submit, e2e from
- * submit to the sequence's finish (any finish reason).
+ * child requests of n > 1. TTFT is one sample per request (submit to the
+ * first token of any of its sequences, as sampler_time_to_first_token_seconds),
+ * inter-token latency one per later token of each sequence, e2e one per
+ * sequence (submit to its finish, any finish reason).
  *
  * Not here: the sampler_* series and /health (metrics.c).
  */

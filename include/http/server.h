@@ -19,7 +19,8 @@
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
- * api_reload.c); metrics.c /metrics and /health.
+ * api_reload.c); metrics.c /metrics and /health (metrics_vllm.c the vllm:*
+ * series); fleet.c readiness; api_load.c SGLang's /get_load.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).
@@ -271,6 +272,7 @@ int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
 int api_admin_fleet(HttpReq *q, json_t *body);
+int api_get_load(HttpReq *q, json_t *body);
 
 /* ---- readiness (fleet.c) ---- */
 #define FLEET_UNKNOWN UINT64_MAX

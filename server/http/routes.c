@@ -35,6 +35,7 @@ static const Route ROUTES[] = {
     /* method  path                        prefix handler               auth          body                dialect         other method */
     {"GET",  "/health",                    0, api_health,          AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/metrics",                   0, api_metrics,         AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/get_load",                  0, api_get_load,        AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     /* the trainer's controls (api_admin.c, api_reload.c) */
     {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},

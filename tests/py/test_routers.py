@@ -76,6 +76,11 @@ def test_router(fleet, kind):
         assert sorted(sticky) == [0, 0, 6], sticky
         home = sticky.index(6)
 
+        if kind == "sglang":  # its load report reads each replica's GET /get_load (-1: none)
+            st, loads = r.get("/get_loads")
+            assert st == 200 and sorted(w["worker"] for w in loads["workers"]) == sorted(s.url for s in fleet)
+            assert all(w["load"] == 0 for w in loads["workers"]), loads  # idle: no KV tokens held
+
         # RL fields and streams come back as the replica answers them
         st, direct = fleet[0].post("/v1/completions", RL)
         assert st == 200

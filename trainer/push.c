@@ -300,7 +300,30 @@ static void *push_one(void *arg) {
     const DeltaFile *df = sh->df;
     double t0 = now_s();
     p->version = p->before = -1;
-    for (int round = 0; round < 2; round++) {
+    int round = 0;
+    if (sh->chain->n || sh->reload) {
+        /* able to catch up: learn the version first, so a replica that is behind is not sent the delta
+         * twice (a 409 comes only after the whole body is in) */
+        Resp r = {0};
+        long code = http_call(p, "/admin/v1/fleet", NULL, 0, NULL, NULL, ANNOUNCE_TIMEOUT_S, &r);
+        json_t *j = code == 200 && r.p ? json_loadb(r.p, r.n, 0, NULL) : NULL;
+        json_t *v = json_object_get(j, "version");
+        free(r.p);
+        p->msg[0] = 0;
+        if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+            (uint64_t)json_integer_value(v) < df->h.base_version) {
+            uint64_t cv = (uint64_t)json_integer_value(v);
+            int at_target = 0;
+            p->before = (int64_t)cv;
+            json_decref(j);
+            round = 1;
+            if (catch_up(p, cv, &at_target) < 0 || at_target) {
+                if (at_target) verify_get(p);
+                goto done;
+            }
+        } else json_decref(j);
+    }
+    for (; round < 2; round++) {
         json_t *j;
         long code = post_retried(p, "/admin/v1/weights/delta", sh->body, sh->size, "application/octet-stream", sh->sig,
                                  &j);
@@ -338,6 +361,7 @@ static void *push_one(void *arg) {
         json_decref(j);
         break;
     }
+done:
     if (p->ok) announce(p, df->h.target_version);
     p->secs = now_s() - t0;
     return NULL;

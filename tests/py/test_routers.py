@@ -5,7 +5,9 @@ both the real binaries from PyPI, on loopback, three replicas.
 
 Each router: requests spread over the replicas; one session stays on one
 replica; streams and the RL fields come back exactly as the replica answers
-them directly; a killed replica is routed around (marked unhealthy by the
+them directly; a replica that answers not ready on /health (behind the
+fleet's version) gets no requests until it is ready again; a killed replica
+is routed around (marked unhealthy by the
 router's /health probe, no request fails once it is) and re-admitted when it
 is back on its port. sglang-router 0.3 re-serializes chat requests from its
 own schema and drops fields it does not know (return_token_ids and the other
@@ -16,11 +18,12 @@ import json
 import pytest
 
 from routers import Router, available
-from server_fixture import Server, metrics, wait_until
+from server_fixture import ADMIN, Server, metrics, wait_until
 
 pytestmark = pytest.mark.skipif(not (available("vllm") and available("sglang")),
                                 reason="pip install -r tests/requirements.txt (vllm-router, sglang-router)")
 
+AUTH = {"Authorization": "Bearer " + ADMIN}
 MODEL = "tiny-qwen3"  # sglang-router requires the field
 HI = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 RL = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 1.0, "top_k": 20, "seed": 7,
@@ -101,6 +104,18 @@ def test_router(fleet, kind):
                     "return_token_ids": True, "return_sampler_logprobs": True}
             st, via = r.post("/v1/chat/completions", chat)
             assert st == 200 and strip(via) == strip(fleet[0].post("/v1/chat/completions", chat)[1])
+
+        # a replica that is not ready (told the fleet is at a version it lacks) is routed around until it is
+        lag = fleet[(home + 1) % 3]
+        st, f = lag.request("POST", "/admin/v1/fleet", body={"version": 5}, headers=AUTH)
+        assert st == 200 and f["ready"] is False
+        wait_until(lambda: not r.healthy()[lag.url], f"{kind}-router sees {lag.url} not ready")
+        before = metrics(lag)["sampler_requests_submitted_total"]
+        for i in range(12):
+            assert r.post("/v1/completions", HI, {header: f"session-{i}"})[0] == 200
+        assert metrics(lag)["sampler_requests_submitted_total"] == before
+        assert lag.request("POST", "/admin/v1/fleet", body={"version": 0}, headers=AUTH)[1]["ready"] is True
+        wait_until(lambda: r.healthy()[lag.url], f"{kind}-router re-admits {lag.url} once ready")
 
         # a killed replica is routed around, then re-admitted on its port
         dead = fleet[home]

@@ -12,8 +12,8 @@
  * routers route around it meanwhile. With --fleet a replica starts not
  * ready and stays so until a trainer has announced the fleet's version: a
  * restarted replica never serves its stale start-up weights as if current.
- * Pausing does not make a replica unready (vLLM's /health stays 200 while
- * paused too); liveness is "the process answers HTTP at all".
+ * Pausing does not make a replica unready (a pause is the trainer's own
+ * short stop); liveness is "the process answers HTTP at all" (/metrics).
  *
  * Not here: catching up itself (the trainer sends the missing deltas:
  * trainer/push.c), the delta endpoint (api_admin.c).

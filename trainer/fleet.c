@@ -102,7 +102,7 @@ void fleet_add_router(FleetTargets *t, const char *router, const char *key) {
     size_t l = strlen(base);
     while (l > 0 && base[l - 1] == '/') base[--l] = 0;
     long code;
-    int before = t->n;
+    int seen = 0;
     /* GET /workers: {"workers": [{"url": ...}, ...]} (vllm-router, sglang-router) */
     json_t *j = get_json(base, "/workers", key, &code);
     json_t *w = json_object_get(j, "workers");
@@ -111,7 +111,10 @@ void fleet_add_router(FleetTargets *t, const char *router, const char *key) {
         json_t *x;
         json_array_foreach(w, i, x) {
             const char *u = json_string_value(json_object_get(x, "url"));
-            if (u) add(t, u);
+            if (u) {
+                add(t, u);
+                seen++;
+            }
         }
     } else {
         /* GET /list_workers: {"urls": [...]} (older routers) */
@@ -122,10 +125,13 @@ void fleet_add_router(FleetTargets *t, const char *router, const char *key) {
               "%ld): is it a vllm-router or sglang-router URL?", router, code);
         size_t i;
         json_t *x;
-        json_array_foreach(u, i, x) if (json_is_string(x)) add(t, json_string_value(x));
+        json_array_foreach(u, i, x) if (json_is_string(x)) {
+            add(t, json_string_value(x));
+            seen++;
+        }
     }
     json_decref(j);
-    CHECK(t->n > before, "--router %s lists no workers", router);
+    CHECK(seen > 0, "--router %s lists no workers", router);
 }
 
 static int by_base(const void *a, const void *b) {

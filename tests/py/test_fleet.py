@@ -103,8 +103,7 @@ def test_catch_up_after_missed_deltas(chain):
         st, f = c.request("POST", "/admin/v1/fleet", body={"version": 3}, headers=AUTH)
         assert st == 200 and f["ready"] is True and health(c)[0] == 200
     finally:
-        for s in fleet:
-            s.stop()
+        assert [s.stop() for s in fleet] == [0, 0, 0]  # graceful exits (and no leaks under ASan)
 
 
 def test_chain_too_short_reloads_or_fails(chain):
@@ -126,8 +125,7 @@ def test_chain_too_short_reloads_or_fails(chain):
         assert weights(late)["tensors"] == weights(ref)["tensors"]
         assert health(late)[0] == 200
     finally:
-        ref.stop()
-        late.stop()
+        assert [ref.stop(), late.stop()] == [0, 0]
 
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py)
@@ -178,4 +176,4 @@ def test_metrics_under_vllm_names():
         assert m[f"vllm:time_to_first_token_seconds_sum{{{LABELS}}}"] == pytest.approx(
             m["sampler_time_to_first_token_seconds_sum"], rel=1e-6)
     finally:
-        s.stop()
+        assert s.stop() == 0

@@ -40,8 +40,7 @@ def fleet():
             servers.append(Server())
         yield servers
     finally:
-        for s in servers:
-            s.stop()
+        assert [s.stop() for s in servers] == [0] * len(servers)  # graceful exits (and no leaks under ASan)
 
 
 def submitted(servers):

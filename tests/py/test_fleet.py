@@ -1,11 +1,11 @@
 """A fleet of three sampler-cpu replicas and one trainer: readiness, catching
 up a replica that missed deltas, and /metrics under vLLM's names.
 
-Catch-up: a replica is killed, three deltas are pushed (the push says that
+Catch-up: a replica is killed, three deltas are pushed (each push says that
 one target failed and exits 1), the replica is restarted from its original
 checkpoint (--fleet: not ready until the trainer speaks to it), and the next
-`trainer push --chain DIR` sends it the deltas it missed, in order, then the
-new one: it converges, its per-tensor hashes and greedy output equal the
+`trainer push --chain DIR` (of the latest delta) sends it the deltas it is
+missing, in order, then that one: it converges, its per-tensor hashes and greedy output equal the
 others', and it answers ready again. A chain too short falls back to a full
 reload (--reload), or fails loudly without one."""
 import os
@@ -70,37 +70,38 @@ def test_catch_up_after_missed_deltas(chain):
         port = c.port
         c.proc.kill()
         c.proc.wait()
-        for k in (1, 2):
+        for k in (1, 2, 3):  # three deltas while it is down
             p = push(d[k], [a, b, c])
             assert p.returncode == 1 and "FAILED: 1 of 3" in p.stderr, p.stdout + p.stderr
             assert " FAILED " in row(p.stdout, c.url) and " ok " in row(p.stdout, a.url)
-        assert weights(a)["version"] == 3
+        assert weights(a)["version"] == 4
 
         c = fleet[2] = replica(chain, port)  # back, from its start-up checkpoint (version 0)
         st, body = health(c)
         assert st == 503 and weights(c)["version"] == 0
         # the routers probe /health: it stays 503 until the replica serves the fleet's version
-        p = push(d[2], fleet, "--chain", chain["chain"])
+        # the trainer's next push (here: the latest delta again) catches it up
+        p = push(d[3], fleet, "--chain", chain["chain"])
         assert p.returncode == 0, p.stdout + p.stderr
         rc = row(p.stdout, c.url)
-        assert re.search(r" ok +0 +3 ", rc) and "caught up with 2 chain deltas" in rc and "ready" in rc, rc
-        assert re.search(r" noop +3 +3 ", row(p.stdout, a.url)), p.stdout
+        assert re.search(r" ok +0 +4 ", rc) and "caught up with 3 chain deltas" in rc and "ready" in rc, rc
+        assert re.search(r" noop +4 +4 ", row(p.stdout, a.url)), p.stdout
         ws = [weights(s) for s in fleet]
-        assert all(w["version"] == 3 for w in ws)
+        assert all(w["version"] == 4 for w in ws)
         assert ws[2]["tensors"] == ws[0]["tensors"] == ws[1]["tensors"]
         outs = [s.post("/v1/completions", GREEDY)[1]["choices"][0]["token_ids"] for s in fleet]
         assert outs[0] == outs[1] == outs[2]
         assert all(health(s)[0] == 200 for s in fleet)
 
         # a replica told of a newer fleet version is not ready until it has it
-        st, f = c.request("POST", "/admin/v1/fleet", body={"version": 4}, headers=AUTH)
-        assert st == 200 and f == {"version": 3, "fleet_version": 4, "ready": False}, f
+        st, f = c.request("POST", "/admin/v1/fleet", body={"version": 5}, headers=AUTH)
+        assert st == 200 and f == {"version": 4, "fleet_version": 5, "ready": False}, f
         st, body = health(c)
         assert st == 503 and "catching up" in body["error"]["message"], body
         st, f = c.request("POST", "/admin/v1/fleet", body={"version": -1}, headers=AUTH)
         assert st == 400 and f["error"]["param"] == "version"
-        assert c.request("POST", "/admin/v1/fleet", body={"version": 3})[0] in (401, 403)
-        st, f = c.request("POST", "/admin/v1/fleet", body={"version": 3}, headers=AUTH)
+        assert c.request("POST", "/admin/v1/fleet", body={"version": 4})[0] in (401, 403)
+        st, f = c.request("POST", "/admin/v1/fleet", body={"version": 4}, headers=AUTH)
         assert st == 200 and f["ready"] is True and health(c)[0] == 200
     finally:
         assert [s.stop() for s in fleet] == [0, 0, 0]  # graceful exits (and no leaks under ASan)

@@ -3,18 +3,24 @@
  * delta: its targets (--to URLs, a --targets file, or the worker list of a
  * vllm-router / sglang-router, GET /workers) and the trainer's chain of
  * earlier deltas (--chain DIR) that brings a replica which missed some steps
- * back to the delta's base version. Start-up regime: anything wrong exits
+ * back to the delta's base version. Only the chain files' headers are read
+ * up front; a delta is mapped (page cache, not heap) the first time a
+ * target needs it and shared by all. Start-up regime: anything wrong exits
  * with a message that says how to fix it. Design: docs/fleet.md.
  *
  * Not here: sending (push.c).
  */
 #include <curl/curl.h>
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "delta.h"
 #include "delta_sign.h"
@@ -139,9 +145,37 @@ static int by_base(const void *a, const void *b) {
     return x->base < y->base ? -1 : x->base > y->base;
 }
 
+static uint64_t le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* The header fields the chain needs (docs/delta-format.md, "Container");
+ * the rest of the file is checked by the sampler that receives it. */
+static int read_header(const char *path, uint64_t *fp, uint64_t *base, uint64_t *target, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    CHECK_PTR(f, "--chain: cannot open %s", path);
+    uint8_t h[DELTA_HEADER_BYTES];
+    size_t n = fread(h, 1, sizeof h, f);
+    CHECK(fseek(f, 0, SEEK_END) == 0, "--chain: cannot seek %s", path);
+    long sz = ftell(f);
+    fclose(f);
+    if (n != sizeof h || memcmp(h, DELTA_MAGIC, 8) != 0) return -1;
+    *fp = le64(h + 16);
+    *base = le64(h + 24);
+    *target = le64(h + 32);
+    *size = (size_t)sz;
+    return sz == (long)(DELTA_HEADER_BYTES + le64(h + 48) + DELTA_TRAILER_BYTES) && *target > *base ? 0 : -1;
+}
+
 void fleet_chain_load(FleetChain *c, const char *dir, uint64_t fingerprint, const uint8_t *key, size_t nk) {
     DIR *d = opendir(dir);
     CHECK_PTR(d, "--chain %s: cannot open the directory (the trainer's earlier deltas, *.delta)", dir);
+    c->key = key;
+    c->nk = nk;
+    pthread_mutex_init(&c->mu, NULL);
+    c->loaded = 1;
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
@@ -149,19 +183,10 @@ void fleet_chain_load(FleetChain *c, const char *dir, uint64_t fingerprint, cons
         char path[4096];
         path_join(path, sizeof path, dir, e->d_name);
         FleetLink k = {0};
-        k.body = read_file(path, &k.size);
-        DeltaFile *df;
-        Err err = {0};
-        CHECK(delta_parse(&df, k.body, k.size, &err) == 0, "--chain: %s: %s", path, err.msg);
-        k.base = df->h.base_version;
-        k.target = df->h.target_version;
-        int same = df->h.fingerprint == fingerprint;
-        delta_file_free(df);
-        if (!same) { /* another model's delta in the same directory: not part of this chain */
-            free(k.body);
-            continue;
-        }
-        if (key) CHECK(delta_sign(key, nk, k.body, k.size, k.sig, &err) == 0, "%s: %s", path, err.msg);
+        uint64_t fp;
+        CHECK(read_header(path, &fp, &k.base, &k.target, &k.size) == 0,
+              "--chain: %s is not a delta container (bad magic, size or versions): remove it from %s", path, dir);
+        if (fp != fingerprint) continue; /* another model's delta in the same directory: not part of this chain */
         k.path = xstrdup(path);
         c->link = realloc(c->link, (size_t)(c->n + 1) * sizeof *c->link);
         CHECK_PTR(c->link, "out of memory");
@@ -169,6 +194,34 @@ void fleet_chain_load(FleetChain *c, const char *dir, uint64_t fingerprint, cons
     }
     closedir(d);
     qsort(c->link, (size_t)c->n, sizeof *c->link, by_base);
+}
+
+int fleet_chain_body(FleetChain *c, int i, const uint8_t **body, size_t *size, const char **sig, char *msg,
+                     size_t cap) {
+    FleetLink *k = &c->link[i];
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    if (!k->body) {
+        int fd = open(k->path, O_RDONLY);
+        void *m = fd >= 0 ? mmap(NULL, k->size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+        if (fd >= 0) close(fd);
+        if (m == MAP_FAILED) {
+            snprintf(msg, cap, "cannot map %s: %s", k->path, strerror(errno));
+            rc = -1;
+        } else {
+            k->body = m;
+            Err err = {0};
+            if (c->key && delta_sign(c->key, c->nk, k->body, k->size, k->sig, &err) < 0) {
+                snprintf(msg, cap, "cannot sign %s: %s", k->path, err.msg);
+                rc = -1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    *body = k->body;
+    *size = k->size;
+    *sig = c->key ? k->sig : NULL;
+    return rc;
 }
 
 int fleet_chain_path(const FleetChain *c, uint64_t from, uint64_t to, int *idx, int cap) {
@@ -190,9 +243,11 @@ int fleet_chain_path(const FleetChain *c, uint64_t from, uint64_t to, int *idx, 
 
 void fleet_chain_free(FleetChain *c) {
     for (int i = 0; i < c->n; i++) {
-        free(c->link[i].body);
+        if (c->link[i].body) munmap((void *)c->link[i].body, c->link[i].size);
         free(c->link[i].path);
     }
+    if (c->loaded) pthread_mutex_destroy(&c->mu);
+    c->loaded = 0;
     free(c->link);
     c->link = NULL;
     c->n = 0;

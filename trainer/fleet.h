@@ -4,6 +4,7 @@
 #ifndef SAMPLER_TRAINER_FLEET_H
 #define SAMPLER_TRAINER_FLEET_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,20 +28,29 @@ void fleet_add_router(FleetTargets *t, const char *router, const char *key);
 /* One delta of the trainer's chain (a *.delta file of --chain DIR). */
 typedef struct FleetLink {
     char *path;
-    uint8_t *body;
+    const uint8_t *body;           /* [size] read-only mapping once a target needed it; NULL before */
     size_t size;
     uint64_t base, target;
-    char sig[DELTA_SIG_CHARS + 1]; /* with a key: its signature */
+    char sig[DELTA_SIG_CHARS + 1]; /* with a key: its signature, once mapped */
 } FleetLink;
 
 typedef struct FleetChain {
     FleetLink *link; /* sorted by base version */
     int n;
+    const uint8_t *key; /* [nk] the signing key or NULL; the caller's, kept until fleet_chain_free */
+    size_t nk;
+    pthread_mutex_t mu; /* guards the lazy mapping */
+    int loaded;         /* mu initialized */
 } FleetChain;
 
-/* Every *.delta of dir for the model with this fingerprint (others skipped);
- * key (may be NULL) signs each. Fatal on an unreadable or corrupt file. */
+/* Every *.delta of dir for the model with this fingerprint (others
+ * skipped), headers only. key (may be NULL) signs each when it is mapped.
+ * Fatal on an unreadable file or one that is not a delta container. */
 void fleet_chain_load(FleetChain *c, const char *dir, uint64_t fingerprint, const uint8_t *key, size_t nk);
+/* Link i's bytes (mapped on first use) and its signature (NULL without a
+ * key); thread-safe. -1 with msg when it cannot be mapped or signed. */
+int fleet_chain_body(FleetChain *c, int i, const uint8_t **body, size_t *size, const char **sig, char *msg,
+                     size_t cap);
 /* The deltas that take version `from` to `to` in order (indices into
  * c->link, at most cap): their count, or -1 when the chain has a gap or is
  * longer than cap. */

@@ -47,7 +47,7 @@ typedef struct Shared {
     int insecure;         /* 1: no certificate verification */
     double deadline;      /* absolute, now_s() clock */
     int retries;
-    const FleetChain *chain; /* may be empty */
+    FleetChain *chain;    /* may be empty; its deltas are mapped as targets need them */
     int max_chain;
     const char *reload;   /* checkpoint directory of the target version, as the samplers see it; or NULL */
 } Shared;
@@ -250,9 +250,12 @@ static int catch_up(Push *p, uint64_t cv, int *at_target) {
     if (n >= 0) {
         for (int i = 0; i < n; i++) {
             const FleetLink *k = &sh->chain->link[idx[i]];
+            const uint8_t *kb;
+            size_t ks;
+            const char *ksig;
+            if (fleet_chain_body(sh->chain, idx[i], &kb, &ks, &ksig, p->msg, sizeof p->msg) < 0) return -1;
             json_t *j;
-            long code = post_retried(p, "/admin/v1/weights/delta", k->body, k->size, "application/octet-stream",
-                                     sh->sig ? k->sig : NULL, &j);
+            long code = post_retried(p, "/admin/v1/weights/delta", kb, ks, "application/octet-stream", ksig, &j);
             if (code != 200) {
                 char prev[sizeof p->msg];
                 snprintf(prev, sizeof prev, "%s", p->msg[0] ? p->msg : "(no JSON body)");
@@ -420,10 +423,6 @@ int cmd_push(int argc, char **argv) {
     }
     FleetChain chain = {0};
     if (chain_dir) fleet_chain_load(&chain, chain_dir, df->h.fingerprint, key, nk);
-    if (key) {
-        explicit_bzero(key, nk);
-        free(key);
-    }
     if (cacert) {
         FILE *f = fopen(cacert, "rb");
         CHECK_PTR(f, "--cacert %s: cannot open (a PEM file of the CA certificates to trust)", cacert);
@@ -503,6 +502,10 @@ int cmd_push(int argc, char **argv) {
     free(ps);
     free(th);
     fleet_chain_free(&chain);
+    if (key) {
+        explicit_bzero(key, nk);
+        free(key);
+    }
     delta_file_free(df);
     free(buf);
     return n_ok == n ? 0 : 1;

@@ -178,3 +178,21 @@ def test_metrics_under_vllm_names():
             m["sampler_time_to_first_token_seconds_sum"], rel=1e-6)
     finally:
         assert s.stop() == 0
+
+
+def test_catch_up_with_signed_deltas(chain, tmp_path):
+    """A sampler that requires signed deltas is caught up too: the chain's
+    deltas are signed with --key-file like the pushed one (an unsigned chain
+    delta would be refused with 401)."""
+    key = tmp_path / "delta.key"
+    key.write_text("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n")
+    s = Server("--delta-key-file", str(key))
+    try:
+        p = push(chain["deltas"][2], [s], "--chain", chain["chain"])
+        assert p.returncode == 1 and "HTTP 401" in p.stdout, p.stdout  # unsigned: refused, nothing applied
+        assert weights(s)["version"] == 0
+        p = push(chain["deltas"][2], [s], "--chain", chain["chain"], "--key-file", str(key))
+        assert p.returncode == 0 and "caught up with 2 chain deltas" in p.stdout, p.stdout + p.stderr
+        assert weights(s)["version"] == 3
+    finally:
+        assert s.stop() == 0

@@ -490,6 +490,8 @@ int cmd_push(int argc, char **argv) {
         else if (p->caught_up < 0) snprintf(notes, sizeof notes, "caught up by a full reload; ");
         if (p->ready[0]) snprintf(notes + strlen(notes), sizeof notes - strlen(notes), "%s; ", p->ready);
         snprintf(notes + strlen(notes), sizeof notes - strlen(notes), "%s", p->msg);
+        size_t nl = strlen(notes);
+        while (nl > 0 && (notes[nl - 1] == ' ' || notes[nl - 1] == ';')) notes[--nl] = 0;
         printf("  %-40s %-8s %7s %7s %12llu %8.3f %4ld %8d  %s\n", p->url,
                p->ok ? (p->noop ? "noop" : "ok") : "FAILED", before, after, p->bytes, p->secs, p->http, p->attempts,
                notes);

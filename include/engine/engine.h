@@ -312,6 +312,9 @@ typedef struct EngineMetrics {
     EngineHist ttft, itl;
     EngineVHist vttft, vitl;     /* the same samples in vLLM's buckets */
     EngineVHist ve2e;            /* submit -> finish of each sequence (any reason), vLLM's buckets */
+    EngineVHist vprompt, vgen;   /* per finished sequence: its prompt tokens, its generated tokens */
+    double vtok_bounds[ENGINE_VHIST_MAX]; /* their buckets: vLLM's 1, 2, 5, 10, ... <= max_model_len */
+    int vtok_n;
 } EngineMetrics;
 
 void engine_metrics(Engine *e, EngineMetrics *out);

@@ -39,9 +39,10 @@ const int engine_vhist_n[ENGINE_N_VHIST] = {(int)(sizeof VTTFT / sizeof VTTFT[0]
                                             (int)(sizeof VE2E / sizeof VE2E[0])};
 _Static_assert(sizeof VTTFT / sizeof VTTFT[0] <= ENGINE_VHIST_MAX, "ENGINE_VHIST_MAX too small");
 
-void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v) {
-    const double *b = engine_vhist_bounds[k];
-    int n = engine_vhist_n[k], i = 0;
+void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v) { engine_vhist_add_b(h, engine_vhist_bounds[k], engine_vhist_n[k], v); }
+
+void engine_vhist_add_b(EngineVHist *h, const double *b, int n, double v) {
+    int i = 0;
     while (i < n && v > b[i]) i++; /* Prometheus buckets are le: v <= bound */
     h->count[i]++;
     h->n++;
@@ -166,6 +167,17 @@ static void engine_start(Engine *e) {
           "the KV pool (%d blocks of %d tokens = %d tokens) cannot hold one sequence of --max-model-len %d: "
           "raise --kv-mem-mb / --kv-blocks or lower --max-model-len", c->n_blocks, c->block_size, pool_tokens,
           c->max_model_len);
+    /* vLLM's build_1_2_5_buckets(max_model_len) for the token-count histograms */
+    e->m.vtok_n = 0;
+    for (double p10 = 1; e->m.vtok_n < ENGINE_VHIST_MAX; p10 *= 10) {
+        int done = 0;
+        for (int m = 0; m < 3 && !done; m++) {
+            double b = p10 * (m == 0 ? 1 : m == 1 ? 2 : 5);
+            if (b > c->max_model_len || e->m.vtok_n == ENGINE_VHIST_MAX) done = 1;
+            else e->m.vtok_bounds[e->m.vtok_n++] = b;
+        }
+        if (done) break;
+    }
     e->bm = block_manager_create(c->n_blocks, c->block_size, c->enable_prefix_cache);
     e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
                               c->max_prompt_logprob_rows);

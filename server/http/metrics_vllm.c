@@ -10,12 +10,14 @@
  * waiting gauges and request_success count sequences, as vLLM's do for its
  * child requests of n > 1. TTFT is one sample per request (submit to the
  * first token of any of its sequences, as sampler_time_to_first_token_seconds),
- * inter-token latency one per later token of each sequence, e2e one per
- * sequence (submit to its finish, any finish reason).
+ * inter-token latency one per later token of each sequence, e2e and the
+ * prompt / generation token counts one per sequence (at its finish, any
+ * finish reason; buckets 1, 2, 5, 10, ... up to max_model_len as vLLM's).
  *
  * Not here: the sampler_* series and /health (metrics.c).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server.h"
@@ -48,19 +50,35 @@ static void counter(Buf *b, const char *lab, const char *name, const char *help,
     buf_printf(b, "%s{%s} %llu\n", name, lab, v);
 }
 
-static void hist(Buf *b, const char *lab, const char *name, const char *help, const EngineVHist *h,
-                 EngineVHistKind k) {
+/* A bucket bound as Python's prometheus_client writes it (vLLM's exposition):
+ * the shortest decimal that reads back as the same double, with ".0" on
+ * whole numbers: 0.005, 1.0, 2560.0. */
+static void fmt_le(char *out, size_t cap, double v) {
+    for (int prec = 0; prec <= 17; prec++) { /* the bounds here lie in [1e-3, 1e7]: fixed notation, as repr */
+        snprintf(out, cap, "%.*f", prec, v);
+        if (strtod(out, NULL) == v) break;
+    }
+    if (!strchr(out, '.')) strncat(out, ".0", cap - strlen(out) - 1);
+}
+
+static void hist_b(Buf *b, const char *lab, const char *name, const char *help, const EngineVHist *h,
+                   const double *bound, int n) {
     head(b, name, "histogram", help);
-    const double *bound = engine_vhist_bounds[k];
-    int n = engine_vhist_n[k];
     unsigned long long cum = 0;
     for (int i = 0; i < n; i++) {
         cum += h->count[i];
-        buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lab, bound[i], cum);
+        char le[32];
+        fmt_le(le, sizeof le, bound[i]);
+        buf_printf(b, "%s_bucket{%s,le=\"%s\"} %llu\n", name, lab, le, cum);
     }
     cum += h->count[n];
     buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab, cum);
     buf_printf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, lab, h->sum, name, lab, (unsigned long long)h->n);
+}
+
+static void hist(Buf *b, const char *lab, const char *name, const char *help, const EngineVHist *h,
+                 EngineVHistKind k) {
+    hist_b(b, lab, name, help, h, engine_vhist_bounds[k], engine_vhist_n[k]);
 }
 
 void metrics_vllm(Buf *b, Server *s, const EngineMetrics *m) {
@@ -89,4 +107,8 @@ void metrics_vllm(Buf *b, Server *s, const EngineMetrics *m) {
          ENGINE_VHIST_ITL);
     hist(b, lab, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &m->ve2e,
          ENGINE_VHIST_E2E);
+    hist_b(b, lab, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", &m->vprompt, m->vtok_bounds,
+           m->vtok_n);
+    hist_b(b, lab, "vllm:request_generation_tokens", "Number of generation tokens processed.", &m->vgen,
+           m->vtok_bounds, m->vtok_n);
 }

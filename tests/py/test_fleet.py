@@ -138,6 +138,9 @@ VLLM_BUCKETS = {
     "vllm:e2e_request_latency_seconds": [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                          60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0],
 }
+# build_1_2_5_buckets(max_model_len): the tiny model serves max_model_len 4096
+TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
+VLLM_BUCKETS.update({"vllm:request_prompt_tokens": TOKEN_BUCKETS, "vllm:request_generation_tokens": TOKEN_BUCKETS})
 VLLM_TYPES = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
               "vllm:kv_cache_usage_perc": "gauge", "vllm:prefix_cache_queries_total": "counter",
               "vllm:prefix_cache_hits_total": "counter", "vllm:num_preemptions_total": "counter",
@@ -168,12 +171,18 @@ def test_metrics_under_vllm_names():
         assert m[f'vllm:request_success_total{{{LABELS},finished_reason="length"}}'] == 6
         for name, bounds in VLLM_BUCKETS.items():
             les = re.findall(rf'^{name}_bucket\{{{LABELS},le="([^"]+)"\}} (\d+)$', text, re.M)
-            assert [float(le) for le, _ in les] == bounds + [float("inf")], name
+            # the label values as vLLM's prometheus_client writes them: repr of the float
+            assert [le for le, _ in les] == [repr(float(x)) for x in bounds] + ["+Inf"], name
             counts = [int(c) for _, c in les]
             assert counts == sorted(counts) and counts[-1] == m[f"{name}_count{{{LABELS}}}"]
         assert m[f"vllm:time_to_first_token_seconds_count{{{LABELS}}}"] == 3  # per request: its first token
         assert m[f"vllm:inter_token_latency_seconds_count{{{LABELS}}}"] == 6 * 4
         assert m[f"vllm:e2e_request_latency_seconds_count{{{LABELS}}}"] == 6
+        assert m[f"vllm:request_generation_tokens_sum{{{LABELS}}}"] == 30  # 6 sequences x 5 tokens
+        assert m[f'vllm:request_generation_tokens_bucket{{{LABELS},le="2.0"}}'] == 0
+        assert m[f'vllm:request_generation_tokens_bucket{{{LABELS},le="5.0"}}'] == 6
+        prompt = m[f"vllm:request_prompt_tokens_sum{{{LABELS}}}"]
+        assert prompt == m["sampler_prompt_tokens_total"] and m[f"vllm:request_prompt_tokens_count{{{LABELS}}}"] == 6
         assert m[f"vllm:time_to_first_token_seconds_sum{{{LABELS}}}"] == pytest.approx(
             m["sampler_time_to_first_token_seconds_sum"], rel=1e-6)
     finally:

@@ -299,6 +299,18 @@ typedef struct EngineHist {
     double sum; /* seconds */
 } EngineHist;
 
+/* Histograms with vLLM's bucket bounds (vllm/v1/metrics/loggers.py), so the
+ * vllm:* metrics of /metrics count exactly what vLLM's would. */
+#define ENGINE_VHIST_MAX 24
+typedef enum { ENGINE_VHIST_TTFT, ENGINE_VHIST_ITL, ENGINE_VHIST_E2E, ENGINE_N_VHIST } EngineVHistKind;
+extern const double *const engine_vhist_bounds[ENGINE_N_VHIST]; /* seconds, upper bounds; +Inf implied */
+extern const int engine_vhist_n[ENGINE_N_VHIST];                 /* finite bounds of each */
+typedef struct EngineVHist {
+    uint64_t count[ENGINE_VHIST_MAX + 1]; /* per bucket (not cumulative); [n] is +Inf */
+    uint64_t n;
+    double sum; /* seconds */
+} EngineVHist;
+
 typedef struct EngineMetrics {
     uint64_t requests_submitted, requests_rejected;
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort; /* sequences */
@@ -313,6 +325,11 @@ typedef struct EngineMetrics {
     double kv_usage;             /* used / total */
     uint64_t weight_version;
     EngineHist ttft, itl;
+    EngineVHist vttft, vitl;     /* the same samples in vLLM's buckets */
+    EngineVHist ve2e;            /* submit -> finish of each sequence (any reason), vLLM's buckets */
+    EngineVHist vprompt, vgen;   /* per finished sequence: its prompt tokens, its generated tokens */
+    double vtok_bounds[ENGINE_VHIST_MAX]; /* their buckets: vLLM's 1, 2, 5, 10, ... <= max_model_len */
+    int vtok_n;
 } EngineMetrics;
 
 void engine_metrics(Engine *e, EngineMetrics *out);

@@ -20,7 +20,8 @@
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
  * api_reload.c; the foreign dialects: api_vllm_generate.c, api_control.c,
- * api_sglang.c over gen_rl.c); metrics.c /metrics and /health.
+ * api_sglang.c over gen_rl.c); metrics.c /metrics and /health (metrics_vllm.c
+ * the vllm:* series); fleet.c readiness; api_load.c SGLang's /get_load.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).
@@ -93,6 +94,7 @@ typedef struct ServerConfig {
     int return_routed_experts;     /* --enable-return-routed-experts: ... and routed experts; default 0 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
+    int fleet;                     /* 1: not ready until a trainer announced the fleet's version (fleet.c) */
 } ServerConfig;
 
 /* Every default above (the engine's from engine_config_default); no environment is read. */
@@ -131,6 +133,8 @@ typedef struct Server {
     pthread_mutex_t admin_mu;
     ServerMetrics metrics;
     atomic_int shutting_down;
+    atomic_ullong fleet_version;   /* the fleet's version as the trainer announced it (fleet.c);
+                                      FLEET_UNKNOWN until then with cfg.fleet, else 0 */
     atomic_int inflight;
     atomic_ullong next_id;
     int64_t created;
@@ -256,6 +260,8 @@ int server_live_abort(Server *s, const char *id);
  * the handler answers (http_send_*) and returns the MHD result. */
 int api_health(HttpReq *q, json_t *body);
 int api_metrics(HttpReq *q, json_t *body);
+/* Append the vllm:* series (metrics_vllm.c) for the engine state m. */
+void metrics_vllm(Buf *b, Server *s, const EngineMetrics *m);
 int api_models(HttpReq *q, json_t *body);
 int api_completions(HttpReq *q, json_t *body);
 int api_chat(HttpReq *q, json_t *body);
@@ -284,6 +290,15 @@ int api_sgl_flush_cache(HttpReq *q, json_t *body);
 int api_sgl_model_info(HttpReq *q, json_t *body);
 int api_sgl_server_info(HttpReq *q, json_t *body);
 int api_sgl_health_generate(HttpReq *q, json_t *body);
+int api_admin_fleet(HttpReq *q, json_t *body);
+int api_get_load(HttpReq *q, json_t *body);
+
+/* ---- readiness (fleet.c) ---- */
+#define FLEET_UNKNOWN UINT64_MAX
+/* 1 when the server should take traffic: not shutting down and serving at
+ * least the fleet's version (never, with --fleet, before a trainer said it).
+ * why (may be NULL) gets the reason when not. */
+int fleet_ready(Server *s, char *why, size_t cap);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

@@ -27,6 +27,28 @@
 const double engine_hist_bounds[ENGINE_HIST_BUCKETS] = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, INFINITY};
 
+/* vLLM's buckets: time_to_first_token_seconds, inter_token_latency_seconds, e2e_request_latency_seconds. */
+static const double VTTFT[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double VITL[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                              0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+static const double VE2E[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                              30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const double *const engine_vhist_bounds[ENGINE_N_VHIST] = {VTTFT, VITL, VE2E};
+const int engine_vhist_n[ENGINE_N_VHIST] = {(int)(sizeof VTTFT / sizeof VTTFT[0]), (int)(sizeof VITL / sizeof VITL[0]),
+                                            (int)(sizeof VE2E / sizeof VE2E[0])};
+_Static_assert(sizeof VTTFT / sizeof VTTFT[0] <= ENGINE_VHIST_MAX, "ENGINE_VHIST_MAX too small");
+
+void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v) { engine_vhist_add_b(h, engine_vhist_bounds[k], engine_vhist_n[k], v); }
+
+void engine_vhist_add_b(EngineVHist *h, const double *b, int n, double v) {
+    int i = 0;
+    while (i < n && v > b[i]) i++; /* Prometheus buckets are le: v <= bound */
+    h->count[i]++;
+    h->n++;
+    h->sum += v;
+}
+
 double engine_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -146,6 +168,17 @@ static void engine_start(Engine *e) {
           "the KV pool (%d blocks of %d tokens = %d tokens) cannot hold one sequence of --max-model-len %d: "
           "raise --kv-mem-mb / --kv-blocks or lower --max-model-len", c->n_blocks, c->block_size, pool_tokens,
           c->max_model_len);
+    /* vLLM's build_1_2_5_buckets(max_model_len) for the token-count histograms */
+    e->m.vtok_n = 0;
+    for (double p10 = 1; e->m.vtok_n < ENGINE_VHIST_MAX; p10 *= 10) {
+        int done = 0;
+        for (int m = 0; m < 3 && !done; m++) {
+            double b = p10 * (m == 0 ? 1 : m == 1 ? 2 : 5);
+            if (b > c->max_model_len || e->m.vtok_n == ENGINE_VHIST_MAX) done = 1;
+            else e->m.vtok_bounds[e->m.vtok_n++] = b;
+        }
+        if (done) break;
+    }
     e->bm = block_manager_create(c->n_blocks, c->block_size, c->enable_prefix_cache);
     e->n_sample_threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (e->n_sample_threads < 1) e->n_sample_threads = 1;

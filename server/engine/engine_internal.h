@@ -183,5 +183,9 @@ int engine_step(Engine *e);
 
 /* ---- engine.c ---- */
 double engine_now_s(void);
+/* Count v in h, a histogram of kind k (caller holds e->mmu). */
+void engine_vhist_add(EngineVHist *h, EngineVHistKind k, double v);
+/* The same with explicit finite bounds b[n] (ascending). */
+void engine_vhist_add_b(EngineVHist *h, const double *b, int n, double v);
 
 #endif

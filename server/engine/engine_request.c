@@ -339,8 +339,12 @@ void engine_request_publish(EngineRequest *r) {
     pthread_cond_broadcast(&r->cv);
 }
 
-static void count_finish(Engine *e, FinishReason f) {
+static void count_finish(Engine *e, const EngineRequest *r, int n_gen, FinishReason f) {
+    double t = engine_now_s();
     pthread_mutex_lock(&e->mmu);
+    engine_vhist_add(&e->m.ve2e, ENGINE_VHIST_E2E, t - r->t_submit);
+    engine_vhist_add_b(&e->m.vprompt, e->m.vtok_bounds, e->m.vtok_n, r->p.n_prompt);
+    engine_vhist_add_b(&e->m.vgen, e->m.vtok_bounds, e->m.vtok_n, n_gen);
     if (f == FINISH_STOP) e->m.requests_finished_stop++;
     else if (f == FINISH_LENGTH) e->m.requests_finished_length++;
     else e->m.requests_finished_abort++;
@@ -384,9 +388,10 @@ void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, in
     if (n_pub >= 0) r->outs[q->index].n_pub = n_pub;
     r->outs[q->index].finish = f;
     r->outs[q->index].stop_token = stop_token;
+    int n_gen = r->outs[q->index].n_pub;
     engine_request_publish(r);
     pthread_mutex_unlock(&r->mu);
-    count_finish(e, f);
+    count_finish(e, r, n_gen, f);
     if (++r->n_done == r->n) request_retire(e, r);
 }
 

@@ -136,8 +136,14 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
     /* timing */
     pthread_mutex_lock(&e->mmu);
     e->m.generated_tokens++;
-    if (!r->got_first) { hist_add(&e->m.ttft, t - r->t_submit); r->got_first = 1; }
-    else if (k > 0) hist_add(&e->m.itl, t - o->t_last);
+    if (!r->got_first) {
+        hist_add(&e->m.ttft, t - r->t_submit);
+        engine_vhist_add(&e->m.vttft, ENGINE_VHIST_TTFT, t - r->t_submit);
+        r->got_first = 1;
+    } else if (k > 0) {
+        hist_add(&e->m.itl, t - o->t_last);
+        engine_vhist_add(&e->m.vitl, ENGINE_VHIST_ITL, t - o->t_last);
+    }
     pthread_mutex_unlock(&e->mmu);
     o->t_last = t;
     if (f != FINISH_NONE) { engine_seq_finish(e, q, f, stop_tok, k + 1); return; }

@@ -131,6 +131,9 @@ static const Flag FLAGS[] = {
     {.name = "--reload-root", .metavar = "DIR", .section = S_MODEL, .kind = K_LIST, .off = AT(server.reload_roots),
      .hi = SERVER_MAX_RELOAD_ROOTS, .count_off = AT(server.n_reload_roots), .unset = "full reloads disabled",
      .help = "allow POST /admin/v1/weights/reload of checkpoints under DIR (repeatable)"},
+    {.name = "--fleet", .section = S_MODEL, .kind = K_SWITCH, .off = AT(server.fleet), .lo = 1,
+     .help = "a replica of a fleet: GET /health answers 503 (not ready) until a trainer has told it the fleet's "
+             "version (POST /admin/v1/fleet; `trainer push` does) and it serves that version (docs/fleet.md)"},
     {.name = "--weight-version", .metavar = "N", .section = S_MODEL, .kind = K_U64, .off = AT(server.weight_version),
      .lo = 0, .hi = 1ll << 62, .help = "version of the checkpoint in --model"},
     {.name = "--model-fingerprint", .metavar = "HEX", .section = S_MODEL, .kind = K_STRING,

@@ -3,8 +3,10 @@
  * answers by status, engine counters and gauges (requests, tokens, running
  * and waiting sequences, KV usage, prefix-cache hits), time-to-first-token
  * and inter-token-latency histograms, the weight version, and the model's
- * forward time (for the share of time spent outside the model); and GET
- * /health (200 {"status":"ok"}, 503 once shutting down), the other probe.
+ * forward time (for the share of time spent outside the model), then the
+ * same engine state under vLLM's names (metrics_vllm.c); and GET
+ * /health (200 {"status":"ok"}; 503 once shutting down or while not ready:
+ * catching up to the fleet's version, fleet.c), the other probe.
  */
 #include <stdio.h>
 #include <string.h>
@@ -33,7 +35,8 @@ static void hist(Buf *b, const char *name, const char *help, const EngineHist *h
 }
 
 int api_health(HttpReq *q, json_t *body) {
-    if (atomic_load(&q->s->shutting_down)) return http_send_error(q, 503, NULL, "shutting down");
+    char why[256];
+    if (!fleet_ready(q->s, why, sizeof why)) return http_send_error(q, 503, NULL, "%s", why);
     return http_send_text(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
 }
 
@@ -80,6 +83,7 @@ int api_metrics(HttpReq *q, json_t *body) {
     counter(&b, "sampler_model_forward_calls_total", "Model forward calls.", atomic_load(&s->metrics.forward_calls));
     hist(&b, "sampler_time_to_first_token_seconds", "Time from submit to the first generated token.", &m.ttft);
     hist(&b, "sampler_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", &m.itl);
+    metrics_vllm(&b, s, &m);
     int ret = http_send_text(q, 200, "text/plain; version=0.0.4", b.p, b.n);
     buf_free(&b);
     return ret;

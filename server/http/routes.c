@@ -35,10 +35,13 @@ static const Route ROUTES[] = {
     /* method  path                        prefix handler               auth          body                dialect         other method */
     {"GET",  "/health",                    0, api_health,          AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/metrics",                   0, api_metrics,         AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
+    {"GET",  "/get_load",                  0, api_get_load,        AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     /* the trainer's controls (api_admin.c, api_reload.c) */
     {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {"POST", "/admin/v1/fleet",            0, api_admin_fleet,     AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
+    {"GET",  "/admin/v1/fleet",            0, api_admin_fleet,     AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {NULL,   "/admin/",                    1, NULL,                AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/pause",                     0, api_admin_pause,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},

@@ -92,6 +92,7 @@ static void set_weight_version(Server *s) {
 Server *server_create(const ServerConfig *c) {
     Server *s = xcalloc(1, sizeof *s);
     s->cfg = *c;
+    atomic_store(&s->fleet_version, c->fleet ? FLEET_UNKNOWN : 0);
     pthread_mutex_init(&s->admin_mu, NULL);
     pthread_mutex_init(&s->live_mu, NULL);
     own_delta_key(s, c);

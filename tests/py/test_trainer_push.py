@@ -149,3 +149,99 @@ def test_push_bad_token_and_deadline(delta):
     finally:
         for s in stubs:
             s.close()
+
+
+class ChainStub:
+    """A sampler without /admin/v1/fleet (404) that applies any delta whose base
+    is its version and answers 409 with current_version otherwise; and a router
+    stub's GET /workers. Checks the 409 fallback of catching up."""
+
+    def __init__(self, version=0, workers=None):
+        self.version, self.hashes, self.posted, self.workers = version, {}, [], workers
+        stub = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def reply(self, code, obj):
+                b = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path != "/admin/v1/weights/delta":
+                    return self.reply(404, {"error": {"message": "no such endpoint"}})
+                m = parse_delta(body)
+                stub.posted.append((m["base"], m["target"]))
+                if m["base"] != stub.version:
+                    return self.reply(409, {"error": {"message": "base version mismatch"},
+                                            "current_version": stub.version})
+                stub.version = m["target"]
+                stub.fp = m["fingerprint"]
+                stub.hashes.update({x["name"]: f"{x['hash_after']:016x}" for x in m["tensors"]})
+                self.reply(200, {"version": stub.version, "noop": False})
+
+            def do_GET(self):
+                if self.path == "/workers" and stub.workers is not None:
+                    return self.reply(200, {"workers": [{"url": u, "is_healthy": True} for u in stub.workers]})
+                if self.path != "/admin/v1/weights":
+                    return self.reply(404, {"error": {"message": "no such endpoint"}})
+                self.reply(200, {"version": stub.version, "model_fingerprint": f"{stub.fp:016x}",
+                                 "tensors": dict(stub.hashes)})
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_push_fleet_catch_up_via_409_targets_file_and_router(tmp_path):
+    """Targets from a file and from a router's worker list (deduplicated); a
+    sampler at 0 gets delta 2 -> 3: its 409 says where it is, the chain's
+    0 -> 1 -> 2 follow in order, then the delta; the one at 2 gets it once."""
+    w = [random_weights(21)]
+    for k in range(3):
+        w.append(step(w[-1], 30 + k))
+    for k, x in enumerate(w):
+        write_checkpoint(tmp_path / f"v{k}", x)
+    chain = tmp_path / "chain"
+    chain.mkdir()
+    fp = None
+    for k in range(3):
+        out = chain / f"step-{k + 1}.delta"
+        args = [TRAINER, "diff", tmp_path / f"v{k}", tmp_path / f"v{k + 1}", "-o", out, "--base-version", str(k),
+                "--target-version", str(k + 1)]
+        subprocess.run(args + (["--fingerprint", f"{fp:016x}"] if fp is not None else []), check=True,
+                       capture_output=True)
+        fp = parse_delta(open(out, "rb").read())["fingerprint"] if fp is None else fp
+    late, current = ChainStub(), ChainStub()
+    router = ChainStub(workers=[late.url, current.url + "/"])
+    try:
+        for k in range(2):  # current: 0 -> 2, the way a live sampler got there
+            assert push(chain / f"step-{k + 1}.delta", [current]).returncode == 0
+        targets = tmp_path / "targets"
+        targets.write_text(f"# the fleet\n{late.url}\n\n{current.url}  # again below, via the router\n")
+        p = push(chain / "step-3.delta", [], "--targets", targets, "--router", router.url, "--chain", chain)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "to 2 samplers" in p.stdout and "all 2 samplers on version 3" in p.stdout
+        assert late.posted == [(2, 3), (0, 1), (1, 2), (2, 3)]
+        assert current.posted[-1] == (2, 3) and len(current.posted) == 3
+        line = next(l for l in p.stdout.splitlines() if late.url in l)
+        assert "caught up with 2 chain deltas" in line and "no readiness endpoint" in line
+        assert late.hashes == current.hashes
+        # without a chain the one behind fails loudly, the push exits 1
+        behind = ChainStub()
+        p = push(chain / "step-3.delta", [behind])
+        assert p.returncode == 1 and "conflict: sampler at version 0" in p.stdout
+        behind.close()
+    finally:
+        for s in (late, current, router):
+            s.close()

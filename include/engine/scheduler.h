@@ -50,6 +50,8 @@ typedef struct Seq {
     int no_prefix_lookup; /* needs every position computed (prompt log-probs, experts) */
     int rows_all;         /* wants a logits row for every prefill token (prompt log-probs) */
     int lp_done;          /* prompt positions whose log-prob is published */
+    int cached_first;     /* prompt tokens taken from the prefix cache at first admission; -1 before
+                           * (written by the scheduler, read by consumers: __atomic, relaxed) */
     struct Seq *wprev, *wnext; /* waiting queue links */
     /* this step's plan */
     int plan_start, plan_n;   /* tokens [plan_start, plan_start + plan_n) */

@@ -3,7 +3,9 @@
  * /v1/chat/completions into engine parameters. Every wrong type or
  * out-of-range value is a 400 whose message starts with the parameter name
  * ("temperature: must be in [0, 100]"), which http.c turns into the OpenAI
- * error's "param". Unknown fields are ignored, as vLLM does.
+ * error's "param". Unknown fields are ignored, as vLLM does; a field vLLM
+ * defines that changes results and that this server does not implement is a
+ * 400 naming it (the F_REFUSE rows of GEN_FIELDS), never silently dropped.
  *
  * Not here: chat messages and templates (api_chat.c), the engine limits
  * that depend on the prompt (max_tokens vs context: gen.c).
@@ -41,6 +43,10 @@ typedef struct GenParams {
     int ret_raw_lp;         /* return_raw_logprobs */
     int ret_mask;           /* return_sampling_mask */
     int ret_experts;        /* return_routed_experts (SGLang) */
+    int ret_tokens_as_ids;  /* return_tokens_as_token_ids (vLLM): logprobs tokens as "token_id:N" */
+    int truncate_prompt;    /* truncate_prompt_tokens (vLLM): keep k prompt tokens; -1: max_model_len; 0: off */
+    int truncate_set;       /* truncate_prompt_tokens was given */
+    int truncate_right;     /* truncation_side "right": keep the first k (default "left": the last k) */
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

@@ -86,7 +86,7 @@ typedef struct ServerConfig {
     int max_n;                     /* n upper bound; default 128 */
     int reasoning_parser;          /* 1: split <think> into reasoning_content (qwen3); default 1 */
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
-    int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
+    int logprobs_mode;             /* LogprobsMode of the OpenAI logprobs fields; default LOGPROBS_RAW (vLLM's) */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */

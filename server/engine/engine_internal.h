@@ -58,7 +58,7 @@ typedef struct EngineCmd {
 typedef struct SeqOut {
     TokenRecord *recs;  /* [max_new] */
     int32_t *top_ids;   /* [max_new, top_n] */
-    float *top_lp, *top_raw; /* [max_new, top_n] */
+    float *top_lp;      /* [max_new, top_n] values in the request's logprobs_mode */
     int32_t *experts;   /* [max_new, E] */
     int32_t *masks;     /* [max_new * mask_bound] reserved at submit; compact masks, in record order */
     int64_t mask_used;  /* ids written (sampling thread of this sequence) */
@@ -86,6 +86,7 @@ struct EngineRequest {
     float *plp;               /* [n_prompt] */
     int32_t *ptop_ids;        /* [n_prompt, N] */
     float *ptop_lp;           /* [n_prompt, N] */
+    int32_t *prank;           /* [n_prompt] vLLM rank of each prompt token (prank[0] = 0) */
     int plp_pub;
     int32_t *pexp;            /* [n_prompt - 1, E] */
     int pexp_pub;

@@ -202,6 +202,8 @@ int scheduler_plan(Scheduler *s) {
                 s->lookup_tokens += (uint64_t)q->n_tokens;
                 s->hit_tokens += (uint64_t)q->n_computed;
             }
+            if (__atomic_load_n(&q->cached_first, __ATOMIC_RELAXED) < 0)
+                __atomic_store_n(&q->cached_first, q->n_computed, __ATOMIC_RELAXED);
             wait_unlink(s, q);
             running_insert(s, q);
             if (q->rows_all && q->n_computed < q->n_prompt) lp_left -= n - 1;

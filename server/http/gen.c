@@ -43,7 +43,9 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     int rest = max_len - ep->n_prompt;
     if (!gp->max_tokens_set) ep->sampling.max_tokens = gp->sp.max_tokens > 0 && gp->sp.max_tokens < rest ? gp->sp.max_tokens : rest;
     ep->top_logprobs = gp->logprobs > 0 ? gp->logprobs : 0;
-    ep->want_raw_logprob = gp->ret_raw_lp || (s->cfg.logprobs_raw && gp->logprobs >= 0);
+    ep->want_raw_logprob = gp->ret_raw_lp;
+    ep->want_logprob_value = gp->logprobs >= 0;
+    ep->logprobs_mode = (LogprobsMode)s->cfg.logprobs_mode;
     ep->want_mask = gp->ret_mask;
     ep->prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
                         : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
@@ -319,10 +321,12 @@ static long utf8_chars(const char *s) {
     return n;
 }
 
+/* The OpenAI logprobs of a record: its value and top list in the server's
+ * --logprobs-mode (the engine computed both in that mode). */
 static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) {
-    int raw = g->s->cfg.logprobs_raw;
-    *lp = raw ? r->logprob_raw : r->logprob;
-    *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
+    (void)g;
+    *lp = r->value;
+    *top = r->top_logprobs;
 }
 
 /* One position's completions top_logprobs, built as vLLM builds it: the
@@ -569,6 +573,7 @@ json_t *gen_prompt_logprobs(Gen *g, int pi) {
     const float *lp, *top_lp;
     const int32_t *top_ids;
     int n = engine_request_prompt_logprobs(g->reqs[pi], &lp, &top_ids, &top_lp);
+    const int32_t *ranks = engine_request_prompt_ranks(g->reqs[pi]);
     int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
     json_t *a = json_array();
     for (int k = 0; k < n; k++) {
@@ -576,8 +581,7 @@ json_t *gen_prompt_logprobs(Gen *g, int pi) {
         int32_t id = g->prompts[pi].ids[k];
         json_t *d = json_object();
         char key[16];
-        int rank = 0;
-        for (int j = 0; j < N && top_ids; j++) if (top_ids[(size_t)k * N + j] == id) { rank = j + 1; break; }
+        int rank = ranks ? ranks[k] : 0; /* vLLM's: ids with log-prob >= the token's, in the whole vocab */
         json_t *e = json_object();
         char *t = gen_token_text(g, id);
         json_object_set_new(e, "logprob", gen_lp(lp[k]));

@@ -64,7 +64,7 @@ void gen_params_free(GenParams *p) {
 
 typedef struct GenCtx { int chat, vocab, max_n, max_logprobs; } GenCtx;
 
-typedef enum { F_INT, F_NUM, F_BOOL, F_OBJECT, F_FN } FieldKind;
+typedef enum { F_INT, F_NUM, F_BOOL, F_OBJECT, F_FN, F_REFUSE } FieldKind;
 typedef enum { FOR_BOTH, FOR_CHAT, FOR_COMPLETIONS } FieldFor;
 typedef enum { HI_FIXED, HI_MAX_N, HI_MAX_LOGPROBS } FieldHi; /* an integer's upper bound: the server's limits */
 typedef enum { X_NONE, X_ABOVE_LO, X_EQUALS_N } FieldRule;  /* a rule past the closed range */
@@ -98,6 +98,8 @@ typedef struct GenField {
 #define NUM(key, a, b) .name = key, .kind = F_NUM, .lo = (a), .hi = (b)
 #define BOOL(key) .name = key, .kind = F_BOOL
 #define FN(key, fn) .name = key, .kind = F_FN, .parse = fn
+/* a vLLM field this server does not implement: 400 naming it unless absent, null or false */
+#define REFUSE(key, why) .name = key, .kind = F_REFUSE, .rule_msg = why
 
 static int parse_stop(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     (void)c;
@@ -170,6 +172,10 @@ static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err 
     int lp = 0, r;
     long long n = 0;
     if ((r = rp_bool(body, "logprobs", &lp, err)) < 0) return r;
+    json_t *t = json_object_get(body, "top_logprobs");
+    ENSURE(err, !(json_is_integer(t) && json_integer_value(t) == -1), 400,
+           "top_logprobs: -1 (the whole vocabulary) is not supported; at most %d alternatives (--max-logprobs), "
+           "as vLLM with its default --max-logprobs", c->max_logprobs);
     if ((r = rp_int(body, "top_logprobs", 0, c->max_logprobs, &n, err)) < 0) return r;
     ENSURE(err, !r || lp || n == 0, 400, "top_logprobs: needs logprobs: true");
     p->logprobs = lp ? (int)n : -1;
@@ -180,14 +186,48 @@ static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err 
 static int parse_completion_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     json_t *l = json_object_get(body, "logprobs");
     if (json_is_boolean(l)) return ERR(err, 400, "logprobs: must be an integer (number of alternatives) for completions");
+    ENSURE(err, !(json_is_integer(l) && json_integer_value(l) == -1), 400,
+           "logprobs: -1 (the whole vocabulary) is not supported; at most %d alternatives (--max-logprobs), "
+           "as vLLM with its default --max-logprobs", c->max_logprobs);
     long long n;
     int r = rp_int(body, "logprobs", 0, c->max_logprobs, &n, err);
     if (r > 0) p->logprobs = (int)n;
     return r < 0 ? r : 0;
 }
 
+/* vLLM: stream_options with stream false is refused (a non-empty object) */
+static int check_stream_options(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *o = json_object_get(body, "stream_options");
+    ENSURE(err, !(json_is_object(o) && json_object_size(o) > 0 && !p->stream), 400,
+           "stream_options: can only be defined when stream is true");
+    return 0;
+}
+
+/* truncation_side (vLLM): "left" (default, keep the last tokens) or "right" */
+static int parse_truncation_side(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *s = json_object_get(body, "truncation_side");
+    if (!s || json_is_null(s)) return 0;
+    ENSURE(err, json_is_string(s) && (!strcmp(json_string_value(s), "left") || !strcmp(json_string_value(s), "right")),
+           400, "truncation_side: must be \"left\" or \"right\"");
+    p->truncate_right = !strcmp(json_string_value(s), "right");
+    return 0;
+}
+
+/* response_format other than {"type": "text"} (which changes nothing) */
+static int check_response_format(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c; (void)p;
+    json_t *f = json_object_get(body, "response_format");
+    if (!f || json_is_null(f)) return 0;
+    json_t *t = json_object_get(f, "type");
+    ENSURE(err, json_is_object(f) && json_is_string(t) && !strcmp(json_string_value(t), "text"), 400,
+           "response_format: structured outputs are not supported by this server (only {\"type\": \"text\"})");
+    return 0;
+}
+
 static const GenField STREAM_OPTIONS[] = {
-    {BOOL("include_usage"), DEF(0), TO(include_usage)},
+    {BOOL("include_usage"), DEF(1), TO(include_usage)}, /* vLLM's StreamOptions default: true once given */
     {BOOL("continuous_usage_stats"), DEF(0), TO(continuous_usage)},
 };
 
@@ -220,12 +260,30 @@ static const GenField GEN_FIELDS[] = {
     {BOOL("stream"), DEF(0), TO(stream)},
     {.name = "stream_options", .kind = F_OBJECT, .sub = STREAM_OPTIONS,
      .n_sub = sizeof STREAM_OPTIONS / sizeof STREAM_OPTIONS[0]},
+    {FN("stream_options", check_stream_options)},
     /* RL extensions */
     {BOOL("return_token_ids"), DEF(0), TO(ret_token_ids)},
     {BOOL("return_sampler_logprobs"), DEF(0), TO(ret_sampler_lp)},
     {BOOL("return_raw_logprobs"), DEF(0), TO(ret_raw_lp)},
     {BOOL("return_sampling_mask"), DEF(0), TO(ret_mask)},
     {BOOL("return_routed_experts"), DEF(0), TO(ret_experts)},
+    /* vLLM extras */
+    {BOOL("return_tokens_as_token_ids"), DEF(0), TO(ret_tokens_as_ids)},
+    {INT("truncate_prompt_tokens", -1, 1ll << 30), TO(truncate_prompt), SETS(truncate_set)}, /* vs max_model_len: gen.c */
+    {FN("truncation_side", parse_truncation_side)},
+    /* vLLM fields that change results and are not implemented: a 400 naming the field */
+    {REFUSE("use_beam_search", "beam search is not supported by this server")},
+    {REFUSE("allowed_token_ids", "is not supported by this server (use logit_bias with -100 on the other ids)")},
+    {REFUSE("logprob_token_ids", "is not supported by this server")},
+    {REFUSE("bad_words", "is not supported by this server")},
+    {REFUSE("logits_processors", "is not supported by this server")},
+    {REFUSE("prompt_embeds", "is not supported by this server")},
+    {REFUSE("echo", "is not supported for chat completions"), .only = FOR_CHAT},
+    {REFUSE("continue_final_message", "is not supported by this server"), .only = FOR_CHAT},
+    {REFUSE("suffix", "is not supported by this server"), .only = FOR_COMPLETIONS},
+    /* structured outputs (issue #21 replaces this line and the next) */
+    {REFUSE("guided_json", "structured outputs are not supported by this server")}, {REFUSE("guided_regex", "structured outputs are not supported by this server")}, {REFUSE("guided_choice", "structured outputs are not supported by this server")}, {REFUSE("guided_grammar", "structured outputs are not supported by this server")}, {REFUSE("structured_outputs", "structured outputs are not supported by this server")}, {REFUSE("structural_tag", "structured outputs are not supported by this server")},
+    {FN("response_format", check_response_format)},
 };
 
 static void field_store(GenParams *p, const GenField *f, long long iv, double dv) {
@@ -249,6 +307,11 @@ static int parse_fields(json_t *o, const GenField *fields, size_t n, const GenCt
         case F_FN:
             if ((r = f->parse(o, c, p, err)) < 0) return r;
             continue;
+        case F_REFUSE: {
+            json_t *j = json_object_get(o, f->name);
+            ENSURE(err, !j || json_is_null(j) || json_is_false(j), 400, "%s: %s", f->name, f->rule_msg);
+            continue;
+        }
         case F_OBJECT: {
             json_t *j = json_object_get(o, f->name);
             if (!j || json_is_null(j)) continue;

@@ -2,8 +2,11 @@
  * api_chat.c - POST /v1/chat/completions: messages (string or text-part
  * content) rendered with the model's chat template (tools,
  * chat_template_kwargs, add_generation_prompt), then generation; the output
- * is split by the Qwen3 parsers into reasoning_content, content and
- * tool_calls (tool_parse.h), whole or streamed.
+ * is split by the Qwen3 parsers into reasoning, content and tool_calls
+ * (tool_parse.h), whole or streamed. Reasoning is sent as current vLLM sends
+ * it: message.reasoning / delta.reasoning, with the deprecated
+ * reasoning_content beside it (the same text); an input assistant message may
+ * carry either name (the template reads reasoning_content).
  */
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -42,6 +45,8 @@ static json_t *normalize_messages(json_t *msgs, Err *err) {
         }
         json_t *c = json_deep_copy(m);
         json_t *content = json_object_get(m, "content");
+        json_t *rs = json_object_get(m, "reasoning"), *rc = json_object_get(m, "reasoning_content");
+        if (json_is_string(rs) && (!rc || json_is_null(rc))) json_object_set(c, "reasoning_content", rs);
         if (json_is_array(content)) {
             Buf b = {0};
             size_t k;
@@ -174,6 +179,7 @@ static int respond_whole(HttpReq *q, Chat *ch) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
         json_object_set_new(msg, "content", nc && !content.n ? json_null() : json_stringn(content.p ? content.p : "", content.n));
+        json_object_set_new(msg, "reasoning", reasoning.n ? json_stringn(reasoning.p, reasoning.n) : json_null());
         json_object_set_new(msg, "reasoning_content", reasoning.n ? json_stringn(reasoning.p, reasoning.n) : json_null());
         json_object_set_new(msg, "tool_calls", calls_json(g, calls, nc, 0, 0));
         json_t *cj = json_object();
@@ -198,8 +204,9 @@ static int respond_whole(HttpReq *q, Chat *ch) {
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", gen_usage(g));
-    if (g->p.ret_token_ids) json_object_set_new(o, "prompt_token_ids", prompt_ids(g));
-    if (g->p.prompt_logprobs >= 0) json_object_set_new(o, "prompt_logprobs", gen_prompt_logprobs(g, 0));
+    /* vLLM: both keys always there, null when not asked for */
+    json_object_set_new(o, "prompt_token_ids", g->p.ret_token_ids ? prompt_ids(g) : json_null());
+    json_object_set_new(o, "prompt_logprobs", g->p.prompt_logprobs >= 0 ? gen_prompt_logprobs(g, 0) : json_null());
     json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
     Err err;
     if (gen_failed(g, &err)) { /* never a 200 with a wrong or missing output */
@@ -258,6 +265,8 @@ static int fill(void *ctx, Buf *out) {
             ChatOut *co = &ch->outs[i];
             if (c->final_sent) continue;
             if (!c->started) {
+                /* the role chunk comes with the first token, as in vLLM: none during the prefill */
+                if (c->n_out == 0 && !c->done) continue;
                 json_t *d = json_object();
                 json_object_set_new(d, "role", json_string("assistant"));
                 json_object_set_new(d, "content", json_string(""));
@@ -275,7 +284,10 @@ static int fill(void *ctx, Buf *out) {
             int rl = g->p.ret_token_ids || g->p.ret_sampler_lp || g->p.ret_raw_lp || g->p.ret_mask || g->p.ret_experts;
             if (content.n || reasoning.n || nc || final || (to > from && (rl || g->p.logprobs >= 0))) {
                 json_t *d = json_object();
-                if (reasoning.n) json_object_set_new(d, "reasoning_content", json_stringn(reasoning.p, reasoning.n));
+                if (reasoning.n) {
+                    json_object_set_new(d, "reasoning", json_stringn(reasoning.p, reasoning.n));
+                    json_object_set_new(d, "reasoning_content", json_stringn(reasoning.p, reasoning.n));
+                }
                 if (content.n) json_object_set_new(d, "content", json_stringn(content.p, content.n));
                 if (nc) json_object_set_new(d, "tool_calls", calls_json(g, calls, nc, co->n_calls, 1));
                 co->n_calls += nc;
@@ -325,6 +337,7 @@ int api_chat(HttpReq *q, json_t *body) {
         return http_send_err(q, &err);
     }
     Gen *g = &ch->g;
+    g->count_reasoning = s->cfg.reasoning_parser;
     if (g->p.stream) {
         ch->outs = calloc((size_t)g->n_ch, sizeof *ch->outs);
         for (int i = 0; i < g->n_ch; i++) ch->outs[i].tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);

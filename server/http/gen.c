@@ -71,6 +71,19 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
     GenParams *gp = &g->p;
     int max_len = s->max_model_len;
+    if (gp->truncate_set) { /* vLLM's truncate_prompt_tokens: before every length check */
+        int k = gp->truncate_prompt == -1 ? max_len : gp->truncate_prompt;
+        ENSURE(err, k != 0, 400, "truncate_prompt_tokens: must be -1 (max_model_len) or >= 1");
+        ENSURE(err, k <= max_len, 400,
+               "truncate_prompt_tokens: %d is greater than max_model_len (%d); select a smaller truncation size",
+               k, max_len);
+        for (int i = 0; i < n_prompts; i++) {
+            TokIds *t = &prompts[i];
+            if (k <= 0 || t->n <= (size_t)k) continue;
+            if (!gp->truncate_right) memmove(t->ids, t->ids + (t->n - (size_t)k), (size_t)k * sizeof(int32_t));
+            t->n = (size_t)k;
+        }
+    }
     for (int i = 0; i < n_prompts; i++) {
         int np = (int)prompts[i].n;
         ENSURE(err, np < max_len, 400,
@@ -168,6 +181,24 @@ static int add_text(Gen *g, Choice *c, const char *s, size_t n) {
     return 1;
 }
 
+/* Reasoning tokens, as the qwen3 parser splits the text (tool_parse.h): when
+ * the output starts with <think>, every token up to the one that completes
+ * </think> (all of them while it is not closed). */
+#define THINK_OPEN "<think>"
+#define THINK_CLOSE "</think>"
+static void count_reasoning(Choice *c, int k, size_t old_n) {
+    size_t n = c->text.n, lo = strlen(THINK_OPEN);
+    if (c->reasoning_done) return;
+    if (memcmp(c->text.p ? c->text.p : "", THINK_OPEN, n < lo ? n : lo) != 0) {
+        c->reasoning_done = 1;
+        c->reasoning_tokens = 0;
+        return;
+    }
+    c->reasoning_tokens = k + 1;
+    size_t back = strlen(THINK_CLOSE) - 1, from = old_n > back ? old_n - back : 0;
+    if (n >= lo && memmem(c->text.p + from, n - from, THINK_CLOSE, strlen(THINK_CLOSE))) c->reasoning_done = 1;
+}
+
 static void choice_advance(Gen *g, Choice *c) {
     if (c->done) return;
     EngineSeqView v;
@@ -178,7 +209,10 @@ static void choice_advance(Gen *g, Choice *c) {
         tok_decoder_push(c->dec, v.tokens[k].token, &piece, &n);
         c->n_out = k + 1;
         c->n_seen = k + 1;
-        if (add_text(g, c, piece, n)) {
+        size_t old_n = c->text.n;
+        int hit = add_text(g, c, piece, n);
+        if (g->count_reasoning) count_reasoning(c, k, old_n);
+        if (hit) {
             c->done = 1;
             c->finish = "stop";
         }
@@ -287,6 +321,18 @@ json_t *gen_usage(const Gen *g) {
     json_object_set_new(u, "prompt_tokens", json_integer(pt));
     json_object_set_new(u, "total_tokens", json_integer(pt + ct));
     json_object_set_new(u, "completion_tokens", json_integer(ct));
+    long long cached = 0;
+    for (int i = 0; i < g->n_prompts; i++) cached += engine_request_cached_tokens(g->reqs[i]);
+    json_t *pd = json_object();
+    json_object_set_new(pd, "cached_tokens", json_integer(cached));
+    json_object_set_new(u, "prompt_tokens_details", pd);
+    if (g->count_reasoning) {
+        long long rt = 0;
+        for (int i = 0; i < g->n_ch; i++) rt += g->ch[i].reasoning_tokens;
+        json_t *cd = json_object();
+        json_object_set_new(cd, "reasoning_tokens", json_integer(rt));
+        json_object_set_new(u, "completion_tokens_details", cd);
+    }
     return u;
 }
 
@@ -304,6 +350,19 @@ char *gen_token_text(Gen *g, int32_t id) {
         out = strdup("");
     }
     return out;
+}
+
+/* A token as the logprobs fields name it: its text, or with
+ * return_tokens_as_token_ids "token_id:N" (vLLM), for tokens whose text is
+ * not valid UTF-8 on its own. malloc'd, as gen_token_text. */
+static char *lp_token(Gen *g, int32_t id) {
+    if (!g->p.ret_tokens_as_ids) return gen_token_text(g, id);
+    char *s = NULL;
+    if (asprintf(&s, "token_id:%d", (int)id) < 0) {
+        alloc_failure_note();
+        return strdup("");
+    }
+    return s;
 }
 
 static json_t *token_bytes(Gen *g, int32_t id) {
@@ -340,7 +399,7 @@ static json_t *completions_top(Gen *g, int32_t id, const char *text, float lp, c
     json_object_set_new(d, text, gen_lp(lp));
     for (int j = 0, kept = 1; j < n_top && kept < g->p.logprobs + 1; j++) {
         if (top_ids[j] == id) continue;
-        char *a = gen_token_text(g, top_ids[j]);
+        char *a = lp_token(g, top_ids[j]);
         json_object_set_new(d, a, gen_lp(top_lp[j]));
         free(a);
         kept++;
@@ -366,13 +425,14 @@ json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offs
         float lp;
         const float *top;
         rec_lp(g, r, &lp, &top);
-        char *t = gen_token_text(g, r->token);
-        json_array_append_new(toks, json_string(t));
+        char *t = gen_token_text(g, r->token), *name = lp_token(g, r->token);
+        json_array_append_new(toks, json_string(name));
         json_array_append_new(lps, gen_lp(lp));
         json_array_append_new(offs, json_integer(*offset));
         *offset += utf8_chars(t);
-        json_array_append_new(tops, completions_top(g, r->token, t, lp, r->top_ids, top, r->n_top));
+        json_array_append_new(tops, completions_top(g, r->token, name, lp, r->top_ids, top, r->n_top));
         free(t);
+        free(name);
     }
     return completions_lp_object(toks, lps, tops, offs);
 }
@@ -390,10 +450,12 @@ json_t *gen_logprobs_completions_prompt(Gen *g, int pi, long *offset) {
     json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     for (int k = 0; k < n; k++) {
         int32_t id = g->prompts[pi].ids[k];
-        char *t = gen_token_text(g, id);
-        json_array_append_new(toks, json_string(t));
+        char *t = gen_token_text(g, id), *name = lp_token(g, id);
+        json_array_append_new(toks, json_string(name));
         json_array_append_new(offs, json_integer(*offset));
         *offset += utf8_chars(t);
+        free(t);
+        t = name;
         if (k == 0) { /* no context before the first token: null, as in vLLM */
             json_array_append_new(lps, json_null());
             json_array_append_new(tops, json_null());
@@ -416,14 +478,14 @@ json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {
         float lp;
         const float *top;
         rec_lp(g, r, &lp, &top);
-        char *t = gen_token_text(g, r->token);
+        char *t = lp_token(g, r->token);
         json_t *e = json_object();
         json_object_set_new(e, "token", json_string(t));
         json_object_set_new(e, "logprob", gen_lp(lp));
         json_object_set_new(e, "bytes", token_bytes(g, r->token));
         json_t *tl = json_array();
         for (int j = 0; j < r->n_top && j < g->p.logprobs; j++) {
-            char *a = gen_token_text(g, r->top_ids[j]);
+            char *a = lp_token(g, r->top_ids[j]);
             json_t *x = json_object();
             json_object_set_new(x, "token", json_string(a));
             json_object_set_new(x, "logprob", gen_lp(top[j]));

@@ -258,6 +258,7 @@ int api_completions(HttpReq *q, json_t *body);
 int api_chat(HttpReq *q, json_t *body);
 int api_tokenize(HttpReq *q, json_t *body);
 int api_detokenize(HttpReq *q, json_t *body);
+int api_tokenizer_info(HttpReq *q, json_t *body);
 int api_admin_delta(HttpReq *q, json_t *body);
 int api_admin_weights(HttpReq *q, json_t *body);
 int api_admin_reload(HttpReq *q, json_t *body);

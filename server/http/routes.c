@@ -52,6 +52,7 @@ static const Route ROUTES[] = {
     {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/tokenize",                  0, api_tokenize,        AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     {"POST", "/detokenize",                0, api_detokenize,      AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"GET",  "/tokenizer_info",            0, api_tokenizer_info,  AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
 };
 #define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 

@@ -97,6 +97,7 @@ static const Bad BAD[] = {
     {0, "{\"suffix\": \"x\"}", 400, "suffix: is not supported by this server"},
     {1, "{\"guided_json\": {}}", 400, "guided_json: structured outputs are not supported by this server"},
     {1, "{\"response_format\": {\"type\": \"json_object\"}}", 400, "response_format: structured outputs are not supported by this server (only {\"type\": \"text\"})"},
+    {0, "{\"stream\": true, \"prompt_logprobs\": 0}", 400, "prompt_logprobs: are not available when stream is true"},
     {0, "{\"truncation_side\": \"middle\"}", 400, "truncation_side: must be \"left\" or \"right\""},
     {0, "{\"truncate_prompt_tokens\": -2}", 400, "truncate_prompt_tokens: must be in [-1, 1073741824], got -2"},
     {0, "{\"echo\": \"x\"}", 400, "echo: must be a boolean"},

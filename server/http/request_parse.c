@@ -204,6 +204,15 @@ static int check_stream_options(json_t *body, const GenCtx *c, GenParams *p, Err
     return 0;
 }
 
+/* vLLM: prompt_logprobs are not available in a stream (no chunk carries them;
+ * vLLM refuses N > 0 and drops 0 silently, here 0 is refused too) */
+static int check_stream_prompt_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)body; (void)c;
+    ENSURE(err, !(p->stream && p->prompt_logprobs >= 0), 400,
+           "prompt_logprobs: are not available when stream is true");
+    return 0;
+}
+
 /* truncation_side (vLLM): "left" (default, keep the last tokens) or "right" */
 static int parse_truncation_side(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     (void)c;
@@ -261,6 +270,7 @@ static const GenField GEN_FIELDS[] = {
     {.name = "stream_options", .kind = F_OBJECT, .sub = STREAM_OPTIONS,
      .n_sub = sizeof STREAM_OPTIONS / sizeof STREAM_OPTIONS[0]},
     {FN("stream_options", check_stream_options)},
+    {FN("prompt_logprobs", check_stream_prompt_logprobs)},
     /* RL extensions */
     {BOOL("return_token_ids"), DEF(0), TO(ret_token_ids)},
     {BOOL("return_sampler_logprobs"), DEF(0), TO(ret_sampler_lp)},

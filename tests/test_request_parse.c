@@ -91,7 +91,8 @@ static const Bad BAD[] = {
     {1, "{\"echo\": true}", 400, "echo: is not supported for chat completions"},
     {1, "{\"continue_final_message\": true}", 400, "continue_final_message: is not supported by this server"},
     {0, "{\"use_beam_search\": true}", 400, "use_beam_search: beam search is not supported by this server"},
-    {0, "{\"allowed_token_ids\": [1, 2]}", 400, "allowed_token_ids: is not supported by this server (use logit_bias with -100 on the other ids)"},
+    {0, "{\"allowed_token_ids\": []}", 400, "allowed_token_ids: must be a non-empty list of token ids"},
+    {0, "{\"allowed_token_ids\": [1, 1000]}", 400, "allowed_token_ids: ids must be integers in [0, 1000)"},
     {1, "{\"logprob_token_ids\": [1]}", 400, "logprob_token_ids: is not supported by this server"},
     {0, "{\"bad_words\": [\"x\"]}", 400, "bad_words: is not supported by this server"},
     {0, "{\"suffix\": \"x\"}", 400, "suffix: is not supported by this server"},
@@ -220,6 +221,7 @@ static const Good GOOD[] = {
     {0, "{\"stream\": true, \"stream_options\": {\"include_usage\": false}}", GP(include_usage), 'i', 0},
     {0, "{\"stream\": true, \"stream_options\": {}}", GP(include_usage), 'i', 1}, /* vLLM: StreamOptions() has include_usage true */
     {0, "{\"return_tokens_as_token_ids\": true}", GP(ret_tokens_as_ids), 'i', 1},
+    {0, "{\"allowed_token_ids\": [3, 999, 4]}", SP(n_allowed), 'i', 3},
     {0, "{\"truncate_prompt_tokens\": 5}", GP(truncate_prompt), 'i', 5},
     {0, "{\"truncation_side\": \"right\"}", GP(truncate_right), 'i', 1},
     {0, "{\"use_beam_search\": false}", GP(n), 'i', 1},

@@ -3,6 +3,7 @@
  *
  * The sampler works on one row of f32 logits [vocab] on the CPU. It applies,
  * in vLLM's order:
+ *   0. allowed_token_ids: every other id is set to -inf;
  *   1. logit_bias (added), min_tokens (EOS and stop ids set to -inf while
  *      fewer than min_tokens tokens were generated);
  *   2. penalties, vLLM semantics:
@@ -80,6 +81,8 @@ typedef struct SamplingParams {
     int n_logit_bias;
     const int32_t *logit_bias_ids; /* [n_logit_bias]; copied by engine_submit */
     const float *logit_bias;       /* [n_logit_bias]; -INFINITY bans the id */
+    int n_allowed;                 /* 0: every id; else only these may be sampled (vLLM allowed_token_ids) */
+    const int32_t *allowed_ids;    /* [n_allowed]; copied by engine_submit */
     int n_stop_ids;
     int32_t stop_ids[SAMPLING_MAX_STOP_IDS]; /* finish with reason stop (token is kept) */
     int ignore_eos;           /* 1: the model's EOS ids do not end the sequence */

@@ -25,6 +25,7 @@ typedef struct GenParams {
     SamplingParams sp;      /* logit_bias arrays point into bias_ids/bias below */
     int32_t *bias_ids;      /* [sp.n_logit_bias] owned */
     float *bias;            /* [sp.n_logit_bias] owned */
+    int32_t *allowed_ids;   /* [sp.n_allowed] owned (allowed_token_ids) */
     int n;
     int max_tokens_set;     /* 0: the endpoint's default applies */
     int logprobs;           /* -1: no logprobs; else N top alternatives */

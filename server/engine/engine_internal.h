@@ -76,6 +76,7 @@ struct EngineRequest {
     int32_t *prompt;
     int32_t *bias_ids;
     float *bias;
+    int32_t *allowed;         /* [sampling.n_allowed] allowed_token_ids */
     int n, max_new, n_done;
     int mask_bound;           /* ids reserved per record for its mask (engine_mask_ids_bound) */
     size_t out_bytes;         /* engine_request_output_bytes, reserved in Engine.out_reserved */

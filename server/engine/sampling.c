@@ -64,6 +64,11 @@ int sampling_params_check(const SamplingParams *p, int vocab, Err *err) {
     for (int i = 0; i < p->n_stop_ids; i++)
         ENSURE(err, p->stop_ids[i] >= 0 && p->stop_ids[i] < vocab, 400,
                "stop token id %d out of range [0, %d)", p->stop_ids[i], vocab);
+    ENSURE(err, p->n_allowed >= 0 && (p->n_allowed == 0 || p->allowed_ids), 400,
+           "allowed_token_ids: %d entries without an array", p->n_allowed);
+    for (int i = 0; i < p->n_allowed; i++)
+        ENSURE(err, p->allowed_ids[i] >= 0 && p->allowed_ids[i] < vocab, 400,
+               "allowed_token_ids: token id %d out of range [0, %d)", p->allowed_ids[i], vocab);
     ENSURE(err, p->min_tokens >= 0, 400, "min_tokens must be >= 0 (got %d)", p->min_tokens);
     ENSURE(err, p->max_tokens <= 0 || p->min_tokens <= p->max_tokens, 400,
            "min_tokens (%d) must be <= max_tokens (%d)", p->min_tokens, p->max_tokens);
@@ -233,6 +238,11 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
                     const int32_t *eos_ids, int n_eos) {
     float *z = s->z;
     for (int i = 0; i < s->vocab; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    if (p->n_allowed > 0) { /* first, as vLLM: the whitelist (mark bit 8, cleared at once) */
+        for (int i = 0; i < p->n_allowed; i++) s->mark[p->allowed_ids[i]] |= 8;
+        for (int i = 0; i < s->vocab; i++) if (!(s->mark[i] & 8)) z[i] = -INFINITY;
+        for (int i = 0; i < p->n_allowed; i++) s->mark[p->allowed_ids[i]] = 0;
+    }
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
     if (h->n_output < p->min_tokens) {
         if (!p->ignore_eos)
@@ -345,7 +355,8 @@ static float mode_value(const Sampler *s, const float *logits, LogprobsMode mode
     case LOGPROBS_RAW: return (float)((double)(clean(logits[i]) - m->rawmax) - m->raw_log_s);
     case LOGPROBS_RAW_LOGITS: return clean(logits[i]);
     case LOGPROBS_PROCESSED:
-        if (s->greedy) return (float)((double)(zi - s->zmax) - m->z_log_s);
+        if (s->greedy) /* everything banned (the argmax fallback): an empty distribution, all -inf */
+            return s->zmax == -INFINITY ? -INFINITY : (float)((double)(zi - s->zmax) - m->z_log_s);
         return kept(s, i) ? (float)((double)(zi - s->zmax) - s->log_s) : -INFINITY;
     case LOGPROBS_PROCESSED_LOGITS: return s->greedy || kept(s, i) ? zi : -INFINITY;
     case LOGPROBS_SAMPLED:
@@ -381,7 +392,7 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     float *z = s->z;
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature; /* sampling only: no reported value is tempered but z */
-    int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+    int sparse = p->n_logit_bias > 0 || p->n_allowed > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
                  p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     int32_t am = 0;
     if (sparse) {

@@ -46,6 +46,7 @@ static int rp_num(json_t *o, const char *key, double lo, double hi, double *v, E
 void gen_params_free(GenParams *p) {
     free(p->bias_ids);
     free(p->bias);
+    free(p->allowed_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     memset(p, 0, sizeof *p);
 }
@@ -167,6 +168,28 @@ static int parse_bias(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     return 0;
 }
 
+/* vLLM's allowed_token_ids: a non-empty list of ids in the vocabulary; only
+ * these may be sampled (sampling.h) */
+static int parse_allowed(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    json_t *a = json_object_get(body, "allowed_token_ids");
+    if (!a || json_is_null(a)) return 0;
+    ENSURE(err, json_is_array(a) && json_array_size(a) > 0, 400,
+           "allowed_token_ids: must be a non-empty list of token ids");
+    ENSURE(err, json_array_size(a) <= (size_t)c->vocab, 400, "allowed_token_ids: at most %d ids", c->vocab);
+    p->allowed_ids = malloc(sizeof(int32_t) * json_array_size(a));
+    ENSURE(err, p->allowed_ids, 500, "allowed_token_ids: out of memory");
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        ENSURE(err, json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < c->vocab, 400,
+               "allowed_token_ids: ids must be integers in [0, %d)", c->vocab);
+        p->allowed_ids[i] = (int32_t)json_integer_value(x);
+    }
+    p->sp.n_allowed = (int)json_array_size(a);
+    p->sp.allowed_ids = p->allowed_ids;
+    return 0;
+}
+
 /* Chat: "logprobs": true plus "top_logprobs": N alternatives. */
 static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     int lp = 0, r;
@@ -262,6 +285,7 @@ static const GenField GEN_FIELDS[] = {
     {FN("stop", parse_stop)},
     {FN("stop_token_ids", parse_stop_ids)},
     {FN("logit_bias", parse_bias)},
+    {FN("allowed_token_ids", parse_allowed)},
     {FN("logprobs", parse_chat_logprobs), .only = FOR_CHAT},
     {FN("logprobs", parse_completion_logprobs), .only = FOR_COMPLETIONS},
     {BOOL("echo"), .only = FOR_COMPLETIONS, DEF(0), TO(echo)},
@@ -283,7 +307,6 @@ static const GenField GEN_FIELDS[] = {
     {FN("truncation_side", parse_truncation_side)},
     /* vLLM fields that change results and are not implemented: a 400 naming the field */
     {REFUSE("use_beam_search", "beam search is not supported by this server")},
-    {REFUSE("allowed_token_ids", "is not supported by this server (use logit_bias with -100 on the other ids)")},
     {REFUSE("logprob_token_ids", "is not supported by this server")},
     {REFUSE("bad_words", "is not supported by this server")},
     {REFUSE("logits_processors", "is not supported by this server")},

@@ -45,6 +45,10 @@ def servers():
         assert s.stop() == 0
 
 
+def masks(c):
+    return [[int(i) for i in m] for m in decode_sampling_mask(c["sampling_mask"])]
+
+
 def one_token(srv, **kw):
     """One generated token after TOKS (its logits row is ROWS[-1]), with the
     top-N as token ids ("token_id:N" keys, vLLM's return_tokens_as_token_ids)."""
@@ -90,7 +94,7 @@ def test_greedy_reports_log_softmax_and_keeps_an_argmax_mask(servers):
     assert tok == am and abs(lp - log_softmax(row)[am]) < TOL and lp < -1e-3
     assert all(v > -9999 for v in top.values()) and len(top) == 5
     # the sampler could pick only the argmax: that is its mask and its log-prob
-    assert decode_sampling_mask(c["sampling_mask"]) == [[am]] and c["sampler_logprobs"] == [0.0]
+    assert masks(c) == [[am]] and c["sampler_logprobs"] == [0.0]
     # processed: vLLM's greedy path reports log_softmax of the processed (biased) logits, untruncated
     b = int(np.argsort(-row)[3])
     c, tok, lp, top = one_token(servers["processed_logprobs"], temperature=0, top_k=2, logit_bias={str(b): 5})
@@ -100,7 +104,7 @@ def test_greedy_reports_log_softmax_and_keeps_an_argmax_mask(servers):
     assert tok == int(np.argmax(z)) and abs(lp - ref[tok]) < TOL
     best = np.argsort(-z, kind="stable")[:5]
     assert set(best.tolist()) <= set(top) and all(abs(top[i] - ref[i]) < TOL for i in best)
-    assert decode_sampling_mask(c["sampling_mask"]) == [[tok]]
+    assert masks(c) == [[tok]]
 
 
 def test_processed_modes_are_the_sampled_distribution(servers):
@@ -129,6 +133,20 @@ def test_raw_logits_mode(servers):
     assert all(abs(x - row[i]) < TOL for i, x in top.items())
 
 
+def test_allowed_token_ids(servers):
+    row = ROWS[-1]
+    allowed = [int(i) for i in np.argsort(row)[:3]] + [int(np.argsort(-row)[7])]  # 3 unlikely ids and one 8th best
+    c, tok, lp, top = one_token(servers["default"], temperature=1.0, allowed_token_ids=allowed, seed=9)
+    assert tok in allowed
+    assert masks(c) == [sorted(allowed)]
+    z = np.full_like(row, -np.inf)
+    z[allowed] = row[allowed]
+    assert abs(c["sampler_logprobs"][0] - log_softmax(z)[tok]) < TOL
+    assert abs(lp - log_softmax(row)[tok]) < TOL  # raw: before the whitelist, as vLLM
+    c, tok, lp, top = one_token(servers["default"], temperature=0, allowed_token_ids=allowed)
+    assert tok == allowed[3]
+
+
 def test_prompt_logprobs_rank_is_the_vocabulary_rank(servers):
     st, r = servers["default"].post("/v1/completions", {"prompt": TOKS, "max_tokens": 1, "prompt_logprobs": 1})
     assert st == 200, r
@@ -152,7 +170,7 @@ def test_refused_fields_name_themselves(servers):
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": False,
                                        "stream_options": {"include_usage": True}}, "stream_options"),
              ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
-             ("/v1/completions", {"prompt": "hi", "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+             ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
              ("/v1/completions", {"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
              ("/v1/completions", {"prompt": "hi", "logprob_token_ids": [5]}, "logprob_token_ids"),
              ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),

@@ -88,8 +88,7 @@ static const Bad BAD[] = {
     /* vLLM fields that change results: implemented, or a 400 naming them (never ignored) */
     {0, "{\"stream_options\": {\"include_usage\": true}}", 400, "stream_options: can only be defined when stream is true"},
     {1, "{\"stream\": false, \"stream_options\": {\"continuous_usage_stats\": true}}", 400, "stream_options: can only be defined when stream is true"},
-    {1, "{\"echo\": true}", 400, "echo: is not supported for chat completions"},
-    {1, "{\"continue_final_message\": true}", 400, "continue_final_message: is not supported by this server"},
+    {1, "{\"echo\": \"x\"}", 400, "echo: must be a boolean"},
     {0, "{\"use_beam_search\": true}", 400, "use_beam_search: beam search is not supported by this server"},
     {0, "{\"allowed_token_ids\": []}", 400, "allowed_token_ids: must be a non-empty list of token ids"},
     {0, "{\"allowed_token_ids\": [1, 1000]}", 400, "allowed_token_ids: ids must be integers in [0, 1000)"},
@@ -212,7 +211,8 @@ static const Good GOOD[] = {
     {1, "{\"logprobs\": true}", GP(logprobs), 'i', 0},
     {1, "{\"logprobs\": false, \"top_logprobs\": 0}", GP(logprobs), 'i', -1},
     {0, "{\"echo\": true}", GP(echo), 'i', 1},
-    {1, "{\"echo\": false}", GP(echo), 'i', 0}, /* completions only (chat: true is refused) */
+    {1, "{\"echo\": true}", GP(echo), 'i', 0}, /* completions' echo; chat's is its own */
+    {1, "{\"echo\": true}", GP(chat_echo), 'i', 1},
     {0, "{\"prompt_logprobs\": 0}", GP(prompt_logprobs), 'i', 0},
     {0, "{\"prompt_logprobs\": 20}", GP(prompt_logprobs), 'i', 20},
     {0, "{\"stream\": true}", GP(stream), 'i', 1},

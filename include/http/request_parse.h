@@ -30,6 +30,7 @@ typedef struct GenParams {
     int max_tokens_set;     /* 0: the endpoint's default applies */
     int logprobs;           /* -1: no logprobs; else N top alternatives */
     int echo;               /* completions: prepend the prompt */
+    int chat_echo;          /* chat (vLLM): prepend the final message's content when it is the assistant's */
     int prompt_logprobs;    /* -1: none; N >= 0 (vLLM) */
     char *stop[GEN_MAX_STOP];
     int n_stop;

@@ -311,8 +311,8 @@ static const GenField GEN_FIELDS[] = {
     {REFUSE("bad_words", "is not supported by this server")},
     {REFUSE("logits_processors", "is not supported by this server")},
     {REFUSE("prompt_embeds", "is not supported by this server")},
-    {REFUSE("echo", "is not supported for chat completions"), .only = FOR_CHAT},
-    {REFUSE("continue_final_message", "is not supported by this server"), .only = FOR_CHAT},
+    /* chat: continue_final_message is read with the messages (api_chat.c); echo: vLLM's chat echo */
+    {BOOL("echo"), .only = FOR_CHAT, DEF(0), TO(chat_echo)},
     {REFUSE("suffix", "is not supported by this server"), .only = FOR_COMPLETIONS},
     /* structured outputs (issue #21 replaces this line and the next) */
     {REFUSE("guided_json", "structured outputs are not supported by this server")}, {REFUSE("guided_regex", "structured outputs are not supported by this server")}, {REFUSE("guided_choice", "structured outputs are not supported by this server")}, {REFUSE("guided_grammar", "structured outputs are not supported by this server")}, {REFUSE("structured_outputs", "structured outputs are not supported by this server")}, {REFUSE("structural_tag", "structured outputs are not supported by this server")},

@@ -174,9 +174,8 @@ def test_refused_fields_name_themselves(servers):
              ("/v1/completions", {"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
              ("/v1/completions", {"prompt": "hi", "logprob_token_ids": [5]}, "logprob_token_ids"),
              ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                       "continue_final_message": True}, "continue_final_message"),
+                                       "continue_final_message": True}, "continue_final_message"),  # + add_gen
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                        "response_format": {"type": "json_object"}}, "response_format")]
     for path, body, param in cases:
@@ -186,6 +185,33 @@ def test_refused_fields_name_themselves(servers):
     st, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "use_beam_search": False,
                                        "stream_options": None, "response_format": {"type": "text"}})
     assert st == 200, r
+
+
+def test_continue_final_message_and_chat_echo(servers):
+    s = servers["default"]
+    msgs = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is "}]
+    st, closed = s.post("/tokenize", {"messages": msgs, "add_generation_prompt": False})
+    st, r = s.post("/tokenize", {"messages": msgs, "add_generation_prompt": False, "continue_final_message": True,
+                                 "chat_template_kwargs": {"enable_thinking": False}})
+    assert st == 200, r
+    cont = r["tokens"]
+    st, text = s.post("/detokenize", {"tokens": r["tokens"]})
+    # transformers' cut: right after the final content; its trailing space kept as the template kept it
+    st, full = s.post("/detokenize", {"tokens": closed["tokens"]})
+    assert full["prompt"].startswith(text["prompt"]) and text["prompt"].endswith("The capital is ")
+    assert "<|im_end|>" in full["prompt"][len(text["prompt"]):]
+    body = {"messages": msgs, "add_generation_prompt": False, "continue_final_message": True, "echo": True,
+            "max_tokens": 3, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False},
+            "return_token_ids": True}
+    st, r = s.post("/v1/chat/completions", body)
+    assert st == 200, r
+    assert r["prompt_token_ids"] == cont
+    st, gen = s.post("/detokenize", {"tokens": r["choices"][0]["token_ids"]})
+    assert r["choices"][0]["message"]["content"] == "The capital is " + gen["prompt"]
+    chunks = sse(s, "/v1/chat/completions", body | {"stream": True})
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0].get("role") == "assistant" and deltas[1] == {"content": "The capital is "}
+    assert "".join(d.get("content") or "" for d in deltas) == r["choices"][0]["message"]["content"]
 
 
 def test_null_keys_usage_details_and_prefix_cache(servers):

@@ -93,7 +93,8 @@ static const Bad BAD[] = {
     {0, "{\"allowed_token_ids\": []}", 400, "allowed_token_ids: must be a non-empty list of token ids"},
     {0, "{\"allowed_token_ids\": [1, 1000]}", 400, "allowed_token_ids: ids must be integers in [0, 1000)"},
     {1, "{\"logprob_token_ids\": [1]}", 400, "logprob_token_ids: is not supported by this server"},
-    {0, "{\"bad_words\": [\"x\"]}", 400, "bad_words: is not supported by this server"},
+    {0, "{\"bad_words\": [\"x\", \"\"]}", 400, "bad_words: must be a list of non-empty strings of at most 1024 bytes"},
+    {0, "{\"bad_words\": \"x\"}", 400, "bad_words: must be a list of strings"},
     {0, "{\"suffix\": \"x\"}", 400, "suffix: is not supported by this server"},
     {1, "{\"guided_json\": {}}", 400, "guided_json: structured outputs are not supported by this server"},
     {1, "{\"response_format\": {\"type\": \"json_object\"}}", 400, "response_format: structured outputs are not supported by this server (only {\"type\": \"text\"})"},
@@ -222,6 +223,7 @@ static const Good GOOD[] = {
     {0, "{\"stream\": true, \"stream_options\": {}}", GP(include_usage), 'i', 1}, /* vLLM: StreamOptions() has include_usage true */
     {0, "{\"return_tokens_as_token_ids\": true}", GP(ret_tokens_as_ids), 'i', 1},
     {0, "{\"allowed_token_ids\": [3, 999, 4]}", SP(n_allowed), 'i', 3},
+    {0, "{\"bad_words\": [\"a b\", \"c\"]}", GP(n_bad_words), 'i', 2},
     {0, "{\"truncate_prompt_tokens\": 5}", GP(truncate_prompt), 'i', 5},
     {0, "{\"truncation_side\": \"right\"}", GP(truncate_right), 'i', 1},
     {0, "{\"use_beam_search\": false}", GP(n), 'i', 1},

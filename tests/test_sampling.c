@@ -49,6 +49,11 @@ static void ref_sample(Ref *r, int V, const float *logits, const SamplingParams 
             for (int j = 0; j < p->n_allowed; j++) in |= p->allowed_ids[j] == i;
             if (!in) z[i] = -INFINITY;
         }
+    for (int w = 0; w < p->n_bad_words; w++) { /* vLLM: ban the last token when the output ends with the rest */
+        int a = p->bad_word_off[w], L = p->bad_word_off[w + 1] - a, match = L - 1 <= h->n_output;
+        for (int j = 0; match && j < L - 1; j++) match = h->output[h->n_output - (L - 1) + j] == p->bad_word_ids[a + j];
+        if (match) z[p->bad_word_ids[a + L - 1]] = -INFINITY;
+    }
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
     if (h->n_output < p->min_tokens) {
         if (!p->ignore_eos) for (int i = 0; i < n_eos; i++) z[eos[i]] = -INFINITY;
@@ -137,6 +142,8 @@ static void make_logits(float *l, int V, int mode) {
     }
 }
 
+static int32_t g_bad_off[4], g_bad_ids[6]; /* random_params' bad words */
+
 static void random_params(SamplingParams *p, int V, int32_t *bias_ids, float *bias) {
     sampling_params_default(p);
     double t = urand();
@@ -162,6 +169,13 @@ static void random_params(SamplingParams *p, int V, int32_t *bias_ids, float *bi
         for (int i = 0; i < p->n_allowed; i++) allowed[i] = (int)(urand() * V);
         p->allowed_ids = allowed;
     }
+    if (urand() < 0.3) { /* bad words: one token, and longer words whose prefix is often there */
+        p->n_bad_words = 3;
+        g_bad_off[0] = 0; g_bad_off[1] = 1; g_bad_off[2] = 3; g_bad_off[3] = 6;
+        for (int i = 0; i < 6; i++) g_bad_ids[i] = (int)(urand() * V);
+        p->bad_word_off = g_bad_off;
+        p->bad_word_ids = g_bad_ids;
+    }
 }
 
 static void test_vs_bruteforce(int V, int iters) {
@@ -180,6 +194,10 @@ static void test_vs_bruteforce(int V, int iters) {
         for (int i = 0; i < np; i++) prompt[i] = (int)(urand() * V);
         for (int i = 0; i < no; i++) output[i] = (int)(urand() * V);
         if (urand() < 0.2) { p.min_tokens = 40; p.n_stop_ids = 1; p.stop_ids[0] = 3; }
+        if (p.n_bad_words && no >= 2) { /* make the multi-token words' prefixes match the output's end */
+            g_bad_ids[1] = output[no - 1];
+            if (urand() < 0.5) { g_bad_ids[3] = output[no - 2]; g_bad_ids[4] = output[no - 1]; }
+        }
         SampleHistory h = { prompt, np, output, no };
         int32_t top_ids[SAMPLING_MAX_TOP_N];
         float top_lp[SAMPLING_MAX_TOP_N];

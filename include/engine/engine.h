@@ -138,6 +138,7 @@ void engine_request_params_default(EngineRequestParams *p);
  *                             + 4 * mask_ids)                    sampling masks
  *                        + 4 * (P + M) + 12 * B                  tokens, block table
  *   once:                4 * P (prompt) + 8 * n_logit_bias + 4 * n_allowed
+ *                        + [bad words] * 4 * (n_bad_words + 1 + their tokens)
  *                        + [N >= 0] * P * (8 + 8 * N)            prompt log-probs, ranks
  *                        + [want_experts] * 4 * E * (P - 1)      prompt experts
  *                        + extra_output_bytes                    the caller's rendering

@@ -3,7 +3,9 @@
  *
  * The sampler works on one row of f32 logits [vocab] on the CPU. It applies,
  * in vLLM's order:
- *   0. allowed_token_ids: every other id is set to -inf;
+ *   0. allowed_token_ids: every other id is set to -inf; bad words (vLLM):
+ *      for each banned token sequence w, when the output ends with w minus
+ *      its last token (always, for a one-token w), that last token is -inf;
  *   1. logit_bias (added), min_tokens (EOS and stop ids set to -inf while
  *      fewer than min_tokens tokens were generated);
  *   2. penalties, vLLM semantics:
@@ -83,6 +85,9 @@ typedef struct SamplingParams {
     const float *logit_bias;       /* [n_logit_bias]; -INFINITY bans the id */
     int n_allowed;                 /* 0: every id; else only these may be sampled (vLLM allowed_token_ids) */
     const int32_t *allowed_ids;    /* [n_allowed]; copied by engine_submit */
+    int n_bad_words;               /* banned token sequences (vLLM bad_words, tokenized) */
+    const int32_t *bad_word_off;   /* [n_bad_words + 1] offsets into bad_word_ids; copied by engine_submit */
+    const int32_t *bad_word_ids;   /* [bad_word_off[n_bad_words]] */
     int n_stop_ids;
     int32_t stop_ids[SAMPLING_MAX_STOP_IDS]; /* finish with reason stop (token is kept) */
     int ignore_eos;           /* 1: the model's EOS ids do not end the sequence */

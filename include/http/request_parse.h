@@ -20,12 +20,16 @@
 #include "tokenizer.h"
 
 #define GEN_MAX_STOP 16
+#define GEN_MAX_BAD_WORDS 64
 
 typedef struct GenParams {
     SamplingParams sp;      /* logit_bias arrays point into bias_ids/bias below */
     int32_t *bias_ids;      /* [sp.n_logit_bias] owned */
     float *bias;            /* [sp.n_logit_bias] owned */
     int32_t *allowed_ids;   /* [sp.n_allowed] owned (allowed_token_ids) */
+    char *bad_words[GEN_MAX_BAD_WORDS]; /* vLLM bad_words, owned; tokenized by gen_start */
+    int n_bad_words;
+    int32_t *bad_off, *bad_ids; /* owned: sp.bad_word_off / sp.bad_word_ids (gen_start) */
     int n;
     int max_tokens_set;     /* 0: the endpoint's default applies */
     int logprobs;           /* -1: no logprobs; else N top alternatives */

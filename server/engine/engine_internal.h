@@ -77,6 +77,7 @@ struct EngineRequest {
     int32_t *bias_ids;
     float *bias;
     int32_t *allowed;         /* [sampling.n_allowed] allowed_token_ids */
+    int32_t *bad_off, *bad_ids; /* bad words: [n_bad_words + 1] offsets, [bad_off[n]] ids */
     int n, max_new, n_done;
     int mask_bound;           /* ids reserved per record for its mask (engine_mask_ids_bound) */
     size_t out_bytes;         /* engine_request_output_bytes, reserved in Engine.out_reserved */

@@ -46,7 +46,7 @@ void engine_request_destroy(EngineRequest *r) {
         free(r->seqs[i].tokens); free(r->seqs[i].blocks); free(r->seqs[i].keys);
     }
     free(r->seqs); free(r->outs);
-    free(r->prompt); free(r->bias_ids); free(r->bias); free(r->allowed);
+    free(r->prompt); free(r->bias_ids); free(r->bias); free(r->allowed); free(r->bad_off); free(r->bad_ids);
     free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->prank); free(r->pexp);
     if (r->out_bytes) engine_output_release(r->e, r->out_bytes);
     pthread_mutex_destroy(&r->mu);
@@ -83,6 +83,8 @@ size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p
     size_t per_seq = M * per_rec + 4 * (P + M) + 12 * B;
     size_t once = 4 * P + 8 * (size_t)(p->sampling.n_logit_bias > 0 ? p->sampling.n_logit_bias : 0) +
                   4 * (size_t)(p->sampling.n_allowed > 0 ? p->sampling.n_allowed : 0);
+    if (p->sampling.n_bad_words > 0)
+        once += 4 * ((size_t)p->sampling.n_bad_words + 1 + (size_t)p->sampling.bad_word_off[p->sampling.n_bad_words]);
     if (p->prompt_logprobs >= 0) once += P * (8 + 8 * (size_t)p->prompt_logprobs);
     if (p->want_experts && E && P > 1) once += 4 * E * (P - 1);
     return (size_t)(p->n > 0 ? p->n : 1) * per_seq + once + p->extra_output_bytes;
@@ -148,6 +150,15 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
         if (r->allowed) memcpy(r->allowed, p->sampling.allowed_ids, (size_t)p->sampling.n_allowed * sizeof(int32_t));
     }
     r->p.sampling.allowed_ids = r->allowed;
+    if (p->sampling.n_bad_words > 0) {
+        size_t nw = (size_t)p->sampling.n_bad_words, ni = (size_t)p->sampling.bad_word_off[nw];
+        r->bad_off = tryalloc((nw + 1) * sizeof(int32_t), &fail);
+        r->bad_ids = tryalloc(ni * sizeof(int32_t), &fail);
+        if (r->bad_off) memcpy(r->bad_off, p->sampling.bad_word_off, (nw + 1) * sizeof(int32_t));
+        if (r->bad_ids) memcpy(r->bad_ids, p->sampling.bad_word_ids, ni * sizeof(int32_t));
+    }
+    r->p.sampling.bad_word_off = r->bad_off;
+    r->p.sampling.bad_word_ids = r->bad_ids;
     r->seqs = tryalloc((size_t)r->n * sizeof(Seq), &fail);
     r->outs = tryalloc((size_t)r->n * sizeof(SeqOut), &fail);
     int top = p->top_logprobs, maxb = e->sch->max_blocks;

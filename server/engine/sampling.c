@@ -64,6 +64,15 @@ int sampling_params_check(const SamplingParams *p, int vocab, Err *err) {
     for (int i = 0; i < p->n_stop_ids; i++)
         ENSURE(err, p->stop_ids[i] >= 0 && p->stop_ids[i] < vocab, 400,
                "stop token id %d out of range [0, %d)", p->stop_ids[i], vocab);
+    ENSURE(err, p->n_bad_words >= 0 && (p->n_bad_words == 0 || (p->bad_word_off && p->bad_word_ids)), 400,
+           "bad_words: %d entries without arrays", p->n_bad_words);
+    for (int w = 0; w < p->n_bad_words; w++) {
+        ENSURE(err, p->bad_word_off[w] >= 0 && p->bad_word_off[w + 1] > p->bad_word_off[w], 400,
+               "bad_words: word %d has no tokens", w);
+        for (int32_t i = p->bad_word_off[w]; i < p->bad_word_off[w + 1]; i++)
+            ENSURE(err, p->bad_word_ids[i] >= 0 && p->bad_word_ids[i] < vocab, 400,
+                   "bad_words: token id %d out of range [0, %d)", p->bad_word_ids[i], vocab);
+    }
     ENSURE(err, p->n_allowed >= 0 && (p->n_allowed == 0 || p->allowed_ids), 400,
            "allowed_token_ids: %d entries without an array", p->n_allowed);
     for (int i = 0; i < p->n_allowed; i++)
@@ -243,6 +252,13 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
         for (int i = 0; i < s->vocab; i++) if (!(s->mark[i] & 8)) z[i] = -INFINITY;
         for (int i = 0; i < p->n_allowed; i++) s->mark[p->allowed_ids[i]] = 0;
     }
+    for (int w = 0; w < p->n_bad_words; w++) { /* vLLM's bad words: on the output only */
+        const int32_t *b = p->bad_word_ids + p->bad_word_off[w];
+        int L = p->bad_word_off[w + 1] - p->bad_word_off[w];
+        if (L - 1 > h->n_output) continue;
+        if (L == 1 || !memcmp(h->output + h->n_output - (L - 1), b, (size_t)(L - 1) * sizeof(int32_t)))
+            z[b[L - 1]] = -INFINITY;
+    }
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
     if (h->n_output < p->min_tokens) {
         if (!p->ignore_eos)
@@ -392,7 +408,7 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     float *z = s->z;
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature; /* sampling only: no reported value is tempered but z */
-    int sparse = p->n_logit_bias > 0 || p->n_allowed > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+    int sparse = p->n_logit_bias > 0 || p->n_allowed > 0 || p->n_bad_words > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
                  p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     int32_t am = 0;
     if (sparse) {

@@ -53,6 +53,57 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
 }
 
+/* vLLM's bad words as token sequences (SamplingParams.update_from_tokenizer):
+ * each word with its leading whitespace stripped, and again after one space
+ * when that gives a different first token and as many tokens (the word in the
+ * middle of a text). */
+static int bad_words_tokenize(Server *s, GenParams *gp, Err *err) {
+    int cap = 2 * gp->n_bad_words, nw = 0;
+    size_t ni = 0, cap_ids = 0;
+    TokIds t[2 * GEN_MAX_BAD_WORDS];
+    memset(t, 0, sizeof t);
+    int rc = 0;
+    for (int w = 0; w < gp->n_bad_words && rc == 0; w++) {
+        const char *word = gp->bad_words[w];
+        while (*word == ' ' || *word == '\t' || *word == '\n' || *word == '\r') word++;
+        char *spaced = NULL;
+        if (asprintf(&spaced, " %s", word) < 0) { rc = ERR(err, 500, "bad_words: out of memory"); break; }
+        int first = nw;
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            const char *text = k ? spaced : word;
+            TokIds *v = &t[nw];
+            if (tokenizer_encode(s->tok, text, strlen(text), false, v, err) < 0) { rc = -1; break; }
+            if (k == 0 && v->n == 0) { rc = ERR(err, 400, "bad_words: word %d encodes to no tokens", w); break; }
+            if (k == 1 && !(v->n == t[first].n && v->ids[0] != t[first].ids[0])) { tok_ids_free(v); continue; }
+            for (size_t i = 0; i < v->n; i++)
+                if (v->ids[i] >= s->vocab) rc = ERR(err, 400, "bad_words: word %d encodes to id %d outside the vocab", w, v->ids[i]);
+            ni += v->n;
+            nw++;
+        }
+        free(spaced);
+    }
+    if (rc == 0) {
+        cap_ids = ni ? ni : 1;
+        gp->bad_off = malloc(sizeof(int32_t) * (size_t)(nw + 1));
+        gp->bad_ids = malloc(sizeof(int32_t) * cap_ids);
+        if (!gp->bad_off || !gp->bad_ids) rc = ERR(err, 500, "bad_words: out of memory");
+    }
+    if (rc == 0) {
+        size_t o = 0;
+        for (int i = 0; i < nw; i++) {
+            gp->bad_off[i] = (int32_t)o;
+            memcpy(gp->bad_ids + o, t[i].ids, t[i].n * sizeof(int32_t));
+            o += t[i].n;
+        }
+        gp->bad_off[nw] = (int32_t)o;
+        gp->sp.n_bad_words = nw;
+        gp->sp.bad_word_off = gp->bad_off;
+        gp->sp.bad_word_ids = gp->bad_ids;
+    }
+    for (int i = 0; i < cap; i++) tok_ids_free(&t[i]);
+    return rc;
+}
+
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
               Err *err) {
     memset(g, 0, sizeof *g);
@@ -71,6 +122,7 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
     GenParams *gp = &g->p;
     int max_len = s->max_model_len;
+    if (gp->n_bad_words > 0 && bad_words_tokenize(s, gp, err) < 0) return -1;
     if (gp->truncate_set) { /* vLLM's truncate_prompt_tokens: before every length check */
         int k = gp->truncate_prompt == -1 ? max_len : gp->truncate_prompt;
         ENSURE(err, k != 0, 400, "truncate_prompt_tokens: must be -1 (max_model_len) or >= 1");

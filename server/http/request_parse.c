@@ -47,6 +47,9 @@ void gen_params_free(GenParams *p) {
     free(p->bias_ids);
     free(p->bias);
     free(p->allowed_ids);
+    for (int i = 0; i < p->n_bad_words; i++) free(p->bad_words[i]);
+    free(p->bad_off);
+    free(p->bad_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     memset(p, 0, sizeof *p);
 }
@@ -190,6 +193,25 @@ static int parse_allowed(json_t *body, const GenCtx *c, GenParams *p, Err *err) 
     return 0;
 }
 
+/* vLLM's bad_words: a list of non-empty strings (tokenized in gen_start) */
+static int parse_bad_words(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *a = json_object_get(body, "bad_words");
+    if (!a || json_is_null(a)) return 0;
+    ENSURE(err, json_is_array(a), 400, "bad_words: must be a list of strings");
+    ENSURE(err, json_array_size(a) <= GEN_MAX_BAD_WORDS, 400, "bad_words: at most %d words", GEN_MAX_BAD_WORDS);
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        ENSURE(err, json_is_string(x) && json_string_length(x) > 0 && json_string_length(x) <= 1024, 400,
+               "bad_words: must be a list of non-empty strings of at most 1024 bytes");
+        p->bad_words[p->n_bad_words] = strdup(json_string_value(x));
+        ENSURE(err, p->bad_words[p->n_bad_words], 500, "bad_words: out of memory");
+        p->n_bad_words++;
+    }
+    return 0;
+}
+
 /* Chat: "logprobs": true plus "top_logprobs": N alternatives. */
 static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     int lp = 0, r;
@@ -286,6 +308,7 @@ static const GenField GEN_FIELDS[] = {
     {FN("stop_token_ids", parse_stop_ids)},
     {FN("logit_bias", parse_bias)},
     {FN("allowed_token_ids", parse_allowed)},
+    {FN("bad_words", parse_bad_words)},
     {FN("logprobs", parse_chat_logprobs), .only = FOR_CHAT},
     {FN("logprobs", parse_completion_logprobs), .only = FOR_COMPLETIONS},
     {BOOL("echo"), .only = FOR_COMPLETIONS, DEF(0), TO(echo)},
@@ -308,7 +331,6 @@ static const GenField GEN_FIELDS[] = {
     /* vLLM fields that change results and are not implemented: a 400 naming the field */
     {REFUSE("use_beam_search", "beam search is not supported by this server")},
     {REFUSE("logprob_token_ids", "is not supported by this server")},
-    {REFUSE("bad_words", "is not supported by this server")},
     {REFUSE("logits_processors", "is not supported by this server")},
     {REFUSE("prompt_embeds", "is not supported by this server")},
     /* chat: continue_final_message is read with the messages (api_chat.c); echo: vLLM's chat echo */

@@ -11,9 +11,10 @@ so every log-prob, rank and top list below is recomputed with numpy.
   requests report log_softmax of the logits (never 0 / -9999), while the
   sampling mask of a greedy token stays {argmax} with sampler_logprobs 0.
 - prompt_logprobs: the token's true rank in the whole vocabulary.
-- OpenAI-route extras: refused fields name themselves, stream_options needs
-  stream, null keys, usage details, truncate_prompt_tokens,
-  return_tokens_as_token_ids, /tokenizer_info, reasoning, no empty chunks."""
+- OpenAI-route extras: allowed_token_ids, bad_words, continue_final_message,
+  chat echo, truncate_prompt_tokens, return_tokens_as_token_ids; refused
+  fields name themselves, stream_options needs stream, null keys, usage
+  details, /tokenizer_info, reasoning, no empty chunks."""
 import json
 import os
 
@@ -147,6 +148,32 @@ def test_allowed_token_ids(servers):
     assert tok == allowed[3]
 
 
+def test_bad_words(servers):
+    s = servers["default"]
+    base = dict(prompt=TOKS, max_tokens=2, temperature=0, return_token_ids=True)
+    st, r = s.post("/v1/completions", base)
+    t1 = r["choices"][0]["token_ids"][0]
+    assert t1 == int(np.argmax(ROWS[-1]))
+    text1 = s.post("/detokenize", {"tokens": [t1]})[1]["prompt"]
+    # vLLM tokenizes each word bare (leading space stripped) and after one space
+    forms = [s.post("/tokenize", {"prompt": p})[1]["tokens"] for p in (text1.lstrip(), " " + text1.lstrip())]
+    assert [t1] in forms, forms  # the greedy token is one of the word's forms, so it is banned
+    st, r = s.post("/v1/completions", base | {"bad_words": [text1]})
+    assert st == 200, r
+    second_best = int(np.argsort(-ROWS[-1], kind="stable")[1])
+    assert r["choices"][0]["token_ids"][0] == second_best
+    # a two-token word (the greedy pair after TOKS[:3], which tokenizes back to itself): its first
+    # token is allowed, the second is banned right after it
+    base["prompt"] = TOKS[:3]
+    t1, t2 = s.post("/v1/completions", base)[1]["choices"][0]["token_ids"]
+    text12 = s.post("/detokenize", {"tokens": [t1, t2]})[1]["prompt"]
+    two = [s.post("/tokenize", {"prompt": p})[1]["tokens"] for p in (text12.lstrip(), " " + text12.lstrip())]
+    assert [t1, t2] in two and t1 != t2, two
+    st, r = s.post("/v1/completions", base | {"bad_words": [text12]})
+    out = r["choices"][0]["token_ids"]
+    assert out[0] == t1 and out[1] != t2
+
+
 def test_prompt_logprobs_rank_is_the_vocabulary_rank(servers):
     st, r = servers["default"].post("/v1/completions", {"prompt": TOKS, "max_tokens": 1, "prompt_logprobs": 1})
     assert st == 200, r
@@ -171,7 +198,7 @@ def test_refused_fields_name_themselves(servers):
                                        "stream_options": {"include_usage": True}}, "stream_options"),
              ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
              ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
-             ("/v1/completions", {"prompt": "hi", "bad_words": ["x"]}, "bad_words"),
+             ("/v1/completions", {"prompt": "hi", "bad_words": [""]}, "bad_words"),
              ("/v1/completions", {"prompt": "hi", "logprob_token_ids": [5]}, "logprob_token_ids"),
              ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

@@ -220,6 +220,7 @@ static const Good GOOD[] = {
     {0, "{\"stream\": true, \"stream_options\": {\"include_usage\": true}}", GP(include_usage), 'i', 1},
     {0, "{\"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}", GP(continuous_usage), 'i', 1},
     {0, "{\"stream\": true, \"stream_options\": {\"include_usage\": false}}", GP(include_usage), 'i', 0},
+    {0, "{\"stream\": true, \"stream_options\": {\"include_usage\": false, \"continuous_usage_stats\": true}}", GP(continuous_usage), 'i', 0},
     {0, "{\"stream\": true, \"stream_options\": {}}", GP(include_usage), 'i', 1}, /* vLLM: StreamOptions() has include_usage true */
     {0, "{\"return_tokens_as_token_ids\": true}", GP(ret_tokens_as_ids), 'i', 1},
     {0, "{\"allowed_token_ids\": [3, 999, 4]}", SP(n_allowed), 'i', 3},

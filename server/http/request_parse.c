@@ -240,12 +240,14 @@ static int parse_completion_logprobs(json_t *body, const GenCtx *c, GenParams *p
     return r < 0 ? r : 0;
 }
 
-/* vLLM: stream_options with stream false is refused (a non-empty object) */
+/* vLLM: stream_options with stream false is refused (a non-empty object),
+ * and continuous usage comes only with include_usage (should_include_usage) */
 static int check_stream_options(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     (void)c;
     json_t *o = json_object_get(body, "stream_options");
     ENSURE(err, !(json_is_object(o) && json_object_size(o) > 0 && !p->stream), 400,
            "stream_options: can only be defined when stream is true");
+    p->continuous_usage &= p->include_usage;
     return 0;
 }
 

@@ -43,6 +43,17 @@ static void ref_sample(Ref *r, int V, const float *logits, const SamplingParams 
                        const SampleHistory *h, const int32_t *eos, int n_eos, int seq, int pos) {
     float *z = r->z;
     for (int i = 0; i < V; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    if (p->n_allowed > 0) /* vLLM: the whitelist before everything else */
+        for (int i = 0; i < V; i++) {
+            int in = 0;
+            for (int j = 0; j < p->n_allowed; j++) in |= p->allowed_ids[j] == i;
+            if (!in) z[i] = -INFINITY;
+        }
+    for (int w = 0; w < p->n_bad_words; w++) { /* vLLM: ban the last token when the output ends with the rest */
+        int a = p->bad_word_off[w], L = p->bad_word_off[w + 1] - a, match = L - 1 <= h->n_output;
+        for (int j = 0; match && j < L - 1; j++) match = h->output[h->n_output - (L - 1) + j] == p->bad_word_ids[a + j];
+        if (match) z[p->bad_word_ids[a + L - 1]] = -INFINITY;
+    }
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
     if (h->n_output < p->min_tokens) {
         if (!p->ignore_eos) for (int i = 0; i < n_eos; i++) z[eos[i]] = -INFINITY;
@@ -131,6 +142,8 @@ static void make_logits(float *l, int V, int mode) {
     }
 }
 
+static int32_t g_bad_off[4], g_bad_ids[6]; /* random_params' bad words */
+
 static void random_params(SamplingParams *p, int V, int32_t *bias_ids, float *bias) {
     sampling_params_default(p);
     double t = urand();
@@ -150,6 +163,19 @@ static void random_params(SamplingParams *p, int V, int32_t *bias_ids, float *bi
     }
     p->seed = (uint64_t)(urand() * 1e9);
     p->has_seed = 1;
+    static int32_t allowed[12];
+    if (urand() < 0.2) { /* allowed_token_ids, repeats included */
+        p->n_allowed = 1 + (int)(urand() * 12);
+        for (int i = 0; i < p->n_allowed; i++) allowed[i] = (int)(urand() * V);
+        p->allowed_ids = allowed;
+    }
+    if (urand() < 0.3) { /* bad words: one token, and longer words whose prefix is often there */
+        p->n_bad_words = 3;
+        g_bad_off[0] = 0; g_bad_off[1] = 1; g_bad_off[2] = 3; g_bad_off[3] = 6;
+        for (int i = 0; i < 6; i++) g_bad_ids[i] = (int)(urand() * V);
+        p->bad_word_off = g_bad_off;
+        p->bad_word_ids = g_bad_ids;
+    }
 }
 
 static void test_vs_bruteforce(int V, int iters) {
@@ -159,7 +185,7 @@ static void test_vs_bruteforce(int V, int iters) {
     Ref r = { .kept = malloc(V), .p = malloc(V * sizeof(double)), .z = malloc(V * sizeof(float)) };
     int32_t prompt[32], output[32], bias_ids[4], eos[2] = { 1, 2 };
     float bias[4];
-    int bad_mask = 0, bad_tok = 0, bad_sum = 0, bad_lp = 0, bad_top = 0, bad_raw = 0;
+    int bad_mask = 0, bad_tok = 0, bad_sum = 0, bad_lp = 0, bad_top = 0, bad_raw = 0, bad_mode = 0;
     for (int it = 0; it < iters; it++) {
         make_logits(l, V, it % 3);
         SamplingParams p;
@@ -168,11 +194,15 @@ static void test_vs_bruteforce(int V, int iters) {
         for (int i = 0; i < np; i++) prompt[i] = (int)(urand() * V);
         for (int i = 0; i < no; i++) output[i] = (int)(urand() * V);
         if (urand() < 0.2) { p.min_tokens = 40; p.n_stop_ids = 1; p.stop_ids[0] = 3; }
+        if (p.n_bad_words && no >= 2) { /* make the multi-token words' prefixes match the output's end */
+            g_bad_ids[1] = output[no - 1];
+            if (urand() < 0.5) { g_bad_ids[3] = output[no - 2]; g_bad_ids[4] = output[no - 1]; }
+        }
         SampleHistory h = { prompt, np, output, no };
         int32_t top_ids[SAMPLING_MAX_TOP_N];
-        float top_lp[SAMPLING_MAX_TOP_N], top_raw[SAMPLING_MAX_TOP_N];
-        SampleWant w = { .raw_logprob = 1, .top_n = 8, .top_ids = top_ids, .top_logprobs = top_lp,
-                         .top_logprobs_raw = top_raw, .mask = mask };
+        float top_lp[SAMPLING_MAX_TOP_N];
+        SampleWant w = { .raw_logprob = 1, .mode = LOGPROBS_SAMPLED, .top_n = 8, .top_ids = top_ids,
+                         .top_logprobs = top_lp, .mask = mask };
         SampleResult res;
         int seq = it % 4, pos = 100 + it;
         sampler_sample(s, l, &p, &h, eos, 2, seq, pos, &w, &res);
@@ -205,14 +235,59 @@ static void test_vs_bruteforce(int V, int iters) {
             if (top_ids[i] != ord[i]) bad_top++;
             if (top_lp[i] != lp[top_ids[i]]) bad_top++;
         }
-        /* raw log-prob: log_softmax(l / T) in double */
-        float T = p.temperature == 0 ? 1.0f : p.temperature;
+        /* raw log-prob (vLLM raw_logprobs): log_softmax(l) in double, before
+         * any processing, temperature included */
         double mx = -INFINITY, S = 0;
-        for (int i = 0; i < V; i++) if (l[i] / T > mx) mx = l[i] / T;
-        for (int i = 0; i < V; i++) S += exp(l[i] / T - mx);
-        double want = l[res.token] / T - mx - log(S);
+        for (int i = 0; i < V; i++) if (l[i] > mx) mx = l[i];
+        for (int i = 0; i < V; i++) S += exp(l[i] - mx);
+        double want = l[res.token] - mx - log(S);
         bad_raw += fabs(want - res.logprob_raw) > 1e-5;
-        for (int i = 0; i < 8; i++) bad_raw += fabs((l[top_ids[i]] / T - mx - log(S)) - top_raw[i]) > 1e-5;
+        /* every mode against the brute force: value, rank and top list */
+        double zmx = -INFINITY, zS = 0;
+        for (int i = 0; i < V; i++) if (r.z[i] > zmx) zmx = r.z[i];
+        for (int i = 0; i < V; i++) if (r.z[i] > -INFINITY) zS += exp(r.z[i] - zmx);
+        double *ref_v = malloc(V * sizeof(double));
+        int32_t *ord_raw = malloc(V * sizeof(int32_t));
+        for (int i = 0; i < V; i++) ord_raw[i] = i;
+        g_z = l;
+        qsort(ord_raw, V, sizeof(int32_t), cmp_desc);
+        for (int mode = LOGPROBS_RAW; mode <= LOGPROBS_SAMPLED; mode++) {
+            for (int i = 0; i < V; i++) {
+                int greedy = r.greedy;
+                switch (mode) {
+                case LOGPROBS_RAW: ref_v[i] = l[i] - mx - log(S); break;
+                case LOGPROBS_RAW_LOGITS: ref_v[i] = l[i]; break;
+                case LOGPROBS_PROCESSED: /* greedy: vLLM's log_softmax of the untruncated processed logits */
+                    ref_v[i] = greedy ? (zmx == -INFINITY ? -INFINITY : r.z[i] - zmx - log(zS))
+                                      : r.kept[i] ? log(r.p[i]) : -INFINITY; break;
+                case LOGPROBS_PROCESSED_LOGITS: ref_v[i] = greedy || r.kept[i] ? r.z[i] : -INFINITY; break;
+                default: ref_v[i] = r.kept[i] ? log(r.p[i]) : -INFINITY; break;
+                }
+            }
+            SampleWant wm = { .value = 1, .mode = (LogprobsMode)mode, .top_n = 8, .top_ids = top_ids,
+                              .top_logprobs = top_lp };
+            SampleResult rm;
+            sampler_sample(s, l, &p, &h, eos, 2, seq, pos, &wm, &rm);
+            const int32_t *o = mode <= LOGPROBS_RAW_LOGITS ? ord_raw : ord;
+            double tol = mode == LOGPROBS_RAW_LOGITS || mode == LOGPROBS_PROCESSED_LOGITS ? 0 : 1e-5;
+            int lo = 0, hi = 0;
+            for (int i = 0; i < V; i++) {
+                lo += ref_v[i] > ref_v[rm.token] + 1e-4;
+                hi += ref_v[i] >= ref_v[rm.token] - 1e-4;
+            }
+            /* below -80 the reference's float exp has underflowed (its log-prob is -inf or
+             * rounded): there both need only agree that the value is that small */
+#define SAME(v, r) (fabs((v) - (r)) <= tol || (isinf(r) && (v) == (r)) || (mode != LOGPROBS_RAW_LOGITS && \
+                    mode != LOGPROBS_PROCESSED_LOGITS && (v) < -80 && (r) < -80))
+            bad_mode += rm.token != res.token || !SAME(rm.value, ref_v[rm.token]);
+            bad_mode += rm.rank < lo || rm.rank > hi || rm.rank < 1;
+            for (int i = 0; i < 8; i++) {
+                bad_mode += top_ids[i] != o[i];
+                bad_mode += !SAME(top_lp[i], ref_v[top_ids[i]]);
+            }
+        }
+        free(ref_v);
+        free(ord_raw);
         free(ord);
     }
     T_ASSERT(bad_mask == 0, "V=%d: %d/%d masks differ from brute force", V, bad_mask, iters);
@@ -221,6 +296,7 @@ static void test_vs_bruteforce(int V, int iters) {
     T_ASSERT(bad_lp == 0, "V=%d: %d/%d log-probs differ from the reference probabilities", V, bad_lp, iters);
     T_ASSERT(bad_top == 0, "V=%d: %d top-N mismatches", V, bad_top);
     T_ASSERT(bad_raw == 0, "V=%d: %d raw log-prob mismatches", V, bad_raw);
+    T_ASSERT(bad_mode == 0, "V=%d: %d log-prob mode mismatches (value, rank or top list)", V, bad_mode);
     free(l); free(lp); free(mask); free(r.kept); free(r.p); free(r.z);
     sampler_free(s);
 }

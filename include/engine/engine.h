@@ -114,7 +114,9 @@ typedef struct EngineRequestParams {
     SamplingParams sampling; /* max_tokens is capped at max_model_len - n_prompt */
     /* return options */
     int top_logprobs;       /* N alternatives per generated token, 0..SAMPLING_MAX_TOP_N */
-    int want_raw_logprob;   /* log-prob under the temperature-scaled unprocessed distribution */
+    int want_logprob_value; /* TokenRecord.value / rank in logprobs_mode */
+    LogprobsMode logprobs_mode; /* of value, rank and the top list (sampling.h); default LOGPROBS_RAW */
+    int want_raw_logprob;   /* log-prob under the unprocessed distribution, log_softmax(logits) */
     int want_mask;          /* the exact kept id set per token (CSR) */
     int prompt_logprobs;    /* -1: none; 0: the prompt tokens' own log-probs; N: also top-N */
     int want_experts;       /* MoE: routed expert ids per layer per generated token */
@@ -138,12 +140,13 @@ void engine_request_params_default(EngineRequestParams *p);
  * B = max blocks per sequence (max_model_len / block_size, rounded up):
  *
  *   per sequence (x n):  M * (sizeof(TokenRecord)               records
- *                             + K * (8 + 4 * want_raw_logprob)   top log-probs
+ *                             + 8 * K                            top log-probs
  *                             + 4 * E * want_experts             routed experts
  *                             + 4 * mask_ids)                    sampling masks
  *                        + 4 * (P + M) + 12 * B                  tokens, block table
- *   once:                4 * P (prompt) + 8 * n_logit_bias
- *                        + [N >= 0] * P * (4 + 8 * N)            prompt log-probs
+ *   once:                4 * P (prompt) + 8 * n_logit_bias + 4 * n_allowed
+ *                        + [bad words] * 4 * (n_bad_words + 1 + their tokens)
+ *                        + [N >= 0] * P * (8 + 8 * N)            prompt log-probs, ranks
  *                        + [want_experts] * 4 * E * (P - 1)      prompt experts
  *                        + extra_output_bytes                    the caller's rendering
  *
@@ -178,12 +181,13 @@ typedef struct TokenRecord {
     int32_t token;
     int32_t pos;              /* position in the sequence (n_prompt + index) */
     uint64_t weight_version;  /* weights that produced the logits this token was sampled from */
-    float logprob;            /* under the distribution actually sampled from */
-    float logprob_raw;        /* under softmax(logits / T); NAN unless want_raw_logprob */
+    float logprob;            /* under the distribution actually sampled from (greedy: 0) */
+    float logprob_raw;        /* log_softmax(logits)[token], before any processing; NAN unless want_raw_logprob */
+    float value;              /* the token's value in logprobs_mode; NAN unless want_logprob_value */
+    int32_t rank;             /* its vLLM rank in that mode (ids with value >= it); 0 unless wanted */
     int32_t n_top;            /* alternatives (top_logprobs) */
-    const int32_t *top_ids;   /* [n_top] ranked by processed logit, id asc on ties */
-    const float *top_logprobs;     /* [n_top] sampled distribution (-inf outside the mask) */
-    const float *top_logprobs_raw; /* [n_top] raw distribution, or NULL */
+    const int32_t *top_ids;   /* [n_top] ranked in logprobs_mode (sampling.h), id asc on ties */
+    const float *top_logprobs;/* [n_top] their values in logprobs_mode */
     int32_t mask_n;           /* size of the kept set (always filled) */
     /* want_mask: the kept set in its compact form (engine_mask_pack): when
      * mask_complement is 0, mask_ids lists the kept ids; when 1 (more than half
@@ -235,6 +239,15 @@ int engine_request_cached_tokens(EngineRequest *r);
  * the first token has no context), top_ids/top_lp [n_prompt, N] or NULL. */
 int engine_request_prompt_logprobs(EngineRequest *r, const float **lp,
                                    const int32_t **top_ids, const float **top_lp);
+/* vLLM's rank of each prompt token in its position's whole distribution (the
+ * number of ids whose log-prob is >= its own): ranks [n_prompt] (ranks[0] is
+ * 0, no context), for the positions published so far (the same count as
+ * engine_request_prompt_logprobs). NULL when prompt_logprobs is off. */
+const int32_t *engine_request_prompt_ranks(EngineRequest *r);
+/* Prompt tokens of the request's first sequence that were found in the
+ * prefix cache when it was first admitted (vLLM's num_cached_tokens; 0 before
+ * admission and for requests that bypass the cache). */
+int engine_request_cached_tokens(EngineRequest *r);
 /* Copy a sequence's masks, decoded to the full kept sets, into CSR form:
  * offsets [n_tokens + 1] (int64), ids [offsets[n_tokens]]. Pass ids NULL to
  * get offsets (the size) first. Returns n_tokens. For a FINISHED sequence (the count cannot grow between calls);

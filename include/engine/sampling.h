@@ -3,6 +3,9 @@
  *
  * The sampler works on one row of f32 logits [vocab] on the CPU. It applies,
  * in vLLM's order:
+ *   0. allowed_token_ids: every other id is set to -inf; bad words (vLLM):
+ *      for each banned token sequence w, when the output ends with w minus
+ *      its last token (always, for a one-token w), that last token is -inf;
  *   1. logit_bias (added), min_tokens (EOS and stop ids set to -inf while
  *      fewer than min_tokens tokens were generated);
  *   2. penalties, vLLM semantics:
@@ -30,11 +33,30 @@
  *
  * Outputs (SampleResult): the token; its log-prob under the distribution
  * actually sampled from (softmax of z over the kept set; 0 for greedy, whose
- * distribution is a point mass); optionally its log-prob under the
- * temperature-scaled unprocessed distribution (log_softmax(l_raw / T) over the
- * whole vocab, T taken as 1 when greedy); optionally the top-N ids ranked by
- * (z desc, id asc) with both log-probs (sampled-distribution log-prob is -inf
- * outside the kept set); optionally the kept set itself (ascending ids).
+ * distribution is a point mass on the argmax); optionally its log-prob under
+ * the unprocessed distribution, log_softmax(l_raw) over the whole vocab
+ * before any processing, temperature included (vLLM's raw_logprobs);
+ * optionally its value and rank, and the top-N ids with their values, in
+ * one of the log-prob modes below; optionally the kept set (ascending ids).
+ *
+ * Log-prob modes (SampleWant.mode; vLLM's --logprobs-mode names, measured
+ * against vLLM's v1 sampler):
+ *   LOGPROBS_RAW              log_softmax(l_raw): before bias, penalties,
+ *                             temperature and truncation (vLLM's default);
+ *   LOGPROBS_RAW_LOGITS       l_raw itself;
+ *   LOGPROBS_PROCESSED        log_softmax of the processed logits: for a
+ *                             sampled token z with -inf outside the kept set
+ *                             (= the sampled distribution); for greedy (T = 0)
+ *                             the logits after bias/min_tokens/penalties,
+ *                             untruncated, no temperature, as vLLM's greedy
+ *                             path reports them: NOT the point mass greedy
+ *                             samples from (the mask is {argmax});
+ *   LOGPROBS_PROCESSED_LOGITS the same processed logits, unnormalised;
+ *   LOGPROBS_SAMPLED          ours: the distribution actually sampled from,
+ *                             0 / -inf for greedy (consistent with the mask).
+ * The top-N are ranked by the mode's values (id asc on ties; the processed
+ * modes rank masked ids by their processed logit z before masking); the rank
+ * of the token is vLLM's: the number of ids whose value is >= its value.
  *
  * Not here: stop conditions on the result (engine), the logits (model).
  * Allocation: a Sampler holds scratch for one row sized at creation; sampling a
@@ -61,6 +83,11 @@ typedef struct SamplingParams {
     int n_logit_bias;
     const int32_t *logit_bias_ids; /* [n_logit_bias]; copied by engine_submit */
     const float *logit_bias;       /* [n_logit_bias]; -INFINITY bans the id */
+    int n_allowed;                 /* 0: every id; else only these may be sampled (vLLM allowed_token_ids) */
+    const int32_t *allowed_ids;    /* [n_allowed]; copied by engine_submit */
+    int n_bad_words;               /* banned token sequences (vLLM bad_words, tokenized) */
+    const int32_t *bad_word_off;   /* [n_bad_words + 1] offsets into bad_word_ids; copied by engine_submit */
+    const int32_t *bad_word_ids;   /* [bad_word_off[n_bad_words]] */
     int n_stop_ids;
     int32_t stop_ids[SAMPLING_MAX_STOP_IDS]; /* finish with reason stop (token is kept) */
     int ignore_eos;           /* 1: the model's EOS ids do not end the sequence */
@@ -81,20 +108,31 @@ typedef struct SampleHistory {
     const int32_t *output; int n_output;
 } SampleHistory;
 
+typedef enum {
+    LOGPROBS_RAW = 0,          /* vLLM raw_logprobs (vLLM's default) */
+    LOGPROBS_RAW_LOGITS,       /* vLLM raw_logits */
+    LOGPROBS_PROCESSED,        /* vLLM processed_logprobs */
+    LOGPROBS_PROCESSED_LOGITS, /* vLLM processed_logits */
+    LOGPROBS_SAMPLED,          /* ours: the distribution sampled from (greedy: 0 / -inf) */
+} LogprobsMode;
+
 /* What the caller wants besides the token. Pointers are caller-owned outputs. */
 typedef struct SampleWant {
     int raw_logprob;        /* fill SampleResult.logprob_raw */
+    int value;              /* fill SampleResult.value and rank in `mode` */
+    LogprobsMode mode;      /* of value, rank and the top list */
     int top_n;              /* 0..SAMPLING_MAX_TOP_N alternatives */
-    int32_t *top_ids;       /* [top_n] */
-    float *top_logprobs;    /* [top_n] under the sampled distribution */
-    float *top_logprobs_raw;/* [top_n] under the raw distribution, or NULL */
+    int32_t *top_ids;       /* [top_n] ranked by the mode's values, id asc on ties */
+    float *top_logprobs;    /* [top_n] their values in the mode */
     int32_t *mask;          /* [vocab] receives the kept ids ascending, or NULL */
 } SampleWant;
 
 typedef struct SampleResult {
     int32_t token;
     float logprob;     /* under the sampled (processed, truncated, renormalised) distribution */
-    float logprob_raw; /* under softmax(l_raw / T); NAN unless wanted */
+    float logprob_raw; /* log_softmax(l_raw)[token], before any processing; NAN unless wanted */
+    float value;       /* the token's value in want->mode; NAN unless want->value */
+    int32_t rank;      /* ids with value >= the token's (vLLM's rank, >= 1); 0 unless want->value */
     int32_t n_kept;    /* size of the kept set (always filled) */
 } SampleResult;
 
@@ -116,9 +154,11 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
 void sampler_kept_logprobs(Sampler *s, float *out);
 
 /* log_softmax of a row at one id, and the top-n by value (id asc on ties) with
- * their log-probs: prompt log-probs. Uses the Sampler's scratch. */
+ * their log-probs: prompt log-probs. *rank (if not NULL) receives vLLM's rank
+ * of id in the whole vocab: the number of ids whose log-prob is >= its own.
+ * Uses the Sampler's scratch. */
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
-                         int top_n, int32_t *top_ids, float *top_logprobs);
+                         int top_n, int32_t *top_ids, float *top_logprobs, int32_t *rank);
 
 /* The counter-based RNG: a uniform double in [0, 1) from (seed, seq, pos). */
 double sampling_uniform(uint64_t seed, uint64_t seq_index, uint64_t pos);

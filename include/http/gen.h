@@ -40,6 +40,8 @@ typedef struct Choice {
     int started;          /* streaming: the first chunk went out */
     int final_sent;       /* streaming: the finish chunk went out */
     long lp_offset;       /* streaming: text_offset of the next logprobs entry (characters) */
+    int reasoning_tokens; /* Gen.count_reasoning: output tokens of the leading <think>...</think> */
+    int reasoning_done;   /* the reasoning part ended (or the output does not start with <think>) */
     void *api;            /* endpoint state (chat: tool parser) */
 } Choice;
 
@@ -57,6 +59,7 @@ typedef struct Gen {
     char id[48];
     int64_t created;
     int client_gone;
+    int count_reasoning;  /* chat with the qwen3 reasoning parser: usage counts reasoning tokens */
     double last_out;      /* streaming: monotonic seconds when bytes last went out */
     int counted;          /* holds a Server.inflight slot */
     int failed;           /* an output could not be produced: the request must fail (gen_failed) */
@@ -94,7 +97,9 @@ int gen_keepalive(Gen *g, Buf *out);
 size_t gen_emit_limit(const Gen *g, const Choice *c);
 void gen_free(Gen *g);
 
-/* {"prompt_tokens", "completion_tokens", "total_tokens"} */
+/* {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
+ * {"cached_tokens"} (prompt tokens found in the prefix cache), and with
+ * count_reasoning "completion_tokens_details": {"reasoning_tokens"}} */
 json_t *gen_usage(const Gen *g);
 /* OpenAI completions logprobs {"tokens", "token_logprobs", "top_logprobs",
  * "text_offset"} for records [from, to) of c; *offset carries text_offset

@@ -3,7 +3,9 @@
  * /v1/chat/completions into engine parameters. Every wrong type or
  * out-of-range value is a 400 whose message starts with the parameter name
  * ("temperature: must be in [0, 100]"), which http.c turns into the OpenAI
- * error's "param". Unknown fields are ignored, as vLLM does.
+ * error's "param". Unknown fields are ignored, as vLLM does; a field vLLM
+ * defines that changes results and that this server does not implement is a
+ * 400 naming it (the F_REFUSE rows of GEN_FIELDS), never silently dropped.
  *
  * Not here: chat messages and templates (api_chat.c), the engine limits
  * that depend on the prompt (max_tokens vs context: gen.c).
@@ -18,15 +20,21 @@
 #include "tokenizer.h"
 
 #define GEN_MAX_STOP 16
+#define GEN_MAX_BAD_WORDS 64
 
 typedef struct GenParams {
     SamplingParams sp;      /* logit_bias arrays point into bias_ids/bias below */
     int32_t *bias_ids;      /* [sp.n_logit_bias] owned */
     float *bias;            /* [sp.n_logit_bias] owned */
+    int32_t *allowed_ids;   /* [sp.n_allowed] owned (allowed_token_ids) */
+    char *bad_words[GEN_MAX_BAD_WORDS]; /* vLLM bad_words, owned; tokenized by gen_start */
+    int n_bad_words;
+    int32_t *bad_off, *bad_ids; /* owned: sp.bad_word_off / sp.bad_word_ids (gen_start) */
     int n;
     int max_tokens_set;     /* 0: the endpoint's default applies */
     int logprobs;           /* -1: no logprobs; else N top alternatives */
     int echo;               /* completions: prepend the prompt */
+    int chat_echo;          /* chat (vLLM): prepend the final message's content when it is the assistant's */
     int prompt_logprobs;    /* -1: none; N >= 0 (vLLM) */
     char *stop[GEN_MAX_STOP];
     int n_stop;
@@ -43,6 +51,10 @@ typedef struct GenParams {
     int ret_experts;        /* return_routed_experts (SGLang) */
     uint64_t cache_salt;    /* cache_salt: 0 none, else request_parse_cache_salt's digest */
     size_t extra_render_bytes; /* a dialect's own rendering (mask lists), counted into the output budget */
+    int ret_tokens_as_ids;  /* return_tokens_as_token_ids (vLLM): logprobs tokens as "token_id:N" */
+    int truncate_prompt;    /* truncate_prompt_tokens (vLLM): keep k prompt tokens; -1: max_model_len; 0: off */
+    int truncate_set;       /* truncate_prompt_tokens was given */
+    int truncate_right;     /* truncation_side "right": keep the first k (default "left": the last k) */
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

@@ -88,7 +88,7 @@ typedef struct ServerConfig {
     int max_n;                     /* n upper bound; default 128 */
     int reasoning_parser;          /* 1: split <think> into reasoning_content (qwen3); default 1 */
     int tool_parser;               /* 1: parse <tool_call> blocks (hermes / qwen3); default 1 */
-    int logprobs_raw;              /* 1: the OpenAI logprobs fields carry the unprocessed distribution */
+    int logprobs_mode;             /* LogprobsMode of the OpenAI logprobs fields; default LOGPROBS_RAW (vLLM's) */
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
     int return_sampling_mask;      /* --return-sampling-mask: /inference/v1/generate always sends masks; default 0 */
     int return_routed_experts;     /* --enable-return-routed-experts: ... and routed experts; default 0 */
@@ -267,6 +267,7 @@ int api_completions(HttpReq *q, json_t *body);
 int api_chat(HttpReq *q, json_t *body);
 int api_tokenize(HttpReq *q, json_t *body);
 int api_detokenize(HttpReq *q, json_t *body);
+int api_tokenizer_info(HttpReq *q, json_t *body);
 int api_admin_delta(HttpReq *q, json_t *body);
 int api_admin_weights(HttpReq *q, json_t *body);
 int api_admin_reload(HttpReq *q, json_t *body);

@@ -58,7 +58,7 @@ typedef struct EngineCmd {
 typedef struct SeqOut {
     TokenRecord *recs;  /* [max_new] */
     int32_t *top_ids;   /* [max_new, top_n] */
-    float *top_lp, *top_raw; /* [max_new, top_n] */
+    float *top_lp;      /* [max_new, top_n] values in the request's logprobs_mode */
     int32_t *experts;   /* [max_new, E] */
     int32_t *masks;     /* [max_new * mask_bound] reserved at submit; compact masks, in record order */
     int64_t mask_used;  /* ids written (sampling thread of this sequence) */
@@ -76,6 +76,8 @@ struct EngineRequest {
     int32_t *prompt;
     int32_t *bias_ids;
     float *bias;
+    int32_t *allowed;         /* [sampling.n_allowed] allowed_token_ids */
+    int32_t *bad_off, *bad_ids; /* bad words: [n_bad_words + 1] offsets, [bad_off[n]] ids */
     int n, max_new, n_done;
     int mask_bound;           /* ids reserved per record for its mask (engine_mask_ids_bound) */
     size_t out_bytes;         /* engine_request_output_bytes, reserved in Engine.out_reserved */
@@ -86,6 +88,7 @@ struct EngineRequest {
     float *plp;               /* [n_prompt] */
     int32_t *ptop_ids;        /* [n_prompt, N] */
     float *ptop_lp;           /* [n_prompt, N] */
+    int32_t *prank;           /* [n_prompt] vLLM rank of each prompt token (prank[0] = 0) */
     int plp_pub;
     int32_t *pexp;            /* [n_prompt - 1, E] */
     int pexp_pub;

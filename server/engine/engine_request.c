@@ -41,13 +41,13 @@ void engine_request_params_default(EngineRequestParams *p) {
 void engine_request_destroy(EngineRequest *r) {
     for (int i = 0; i < r->n; i++) {
         SeqOut *o = &r->outs[i];
-        free(o->recs); free(o->top_ids); free(o->top_lp); free(o->top_raw); free(o->experts);
+        free(o->recs); free(o->top_ids); free(o->top_lp); free(o->experts);
         free(o->masks);
         free(r->seqs[i].tokens); free(r->seqs[i].blocks); free(r->seqs[i].keys);
     }
     free(r->seqs); free(r->outs);
-    free(r->prompt); free(r->bias_ids); free(r->bias);
-    free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->pexp);
+    free(r->prompt); free(r->bias_ids); free(r->bias); free(r->allowed); free(r->bad_off); free(r->bad_ids);
+    free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->prank); free(r->pexp);
     if (r->out_bytes) engine_output_release(r->e, r->out_bytes);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -77,12 +77,15 @@ size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p
     size_t M = (size_t)(request_max_new(e, p) > 0 ? request_max_new(e, p) : 0), P = (size_t)p->n_prompt;
     size_t K = (size_t)(p->top_logprobs > 0 ? p->top_logprobs : 0), E = (size_t)e->E;
     size_t B = (size_t)(e->cfg.max_model_len + e->cfg.block_size - 1) / (size_t)e->cfg.block_size;
-    size_t per_rec = sizeof(TokenRecord) + K * (8 + (p->want_raw_logprob ? 4 : 0)) +
+    size_t per_rec = sizeof(TokenRecord) + K * 8 +
                      (p->want_experts ? 4 * E : 0) +
                      (p->want_mask ? 4 * (size_t)engine_mask_ids_bound(e->mc.vocab, &p->sampling) : 0);
     size_t per_seq = M * per_rec + 4 * (P + M) + 12 * B;
-    size_t once = 4 * P + 8 * (size_t)(p->sampling.n_logit_bias > 0 ? p->sampling.n_logit_bias : 0);
-    if (p->prompt_logprobs >= 0) once += P * (4 + 8 * (size_t)p->prompt_logprobs);
+    size_t once = 4 * P + 8 * (size_t)(p->sampling.n_logit_bias > 0 ? p->sampling.n_logit_bias : 0) +
+                  4 * (size_t)(p->sampling.n_allowed > 0 ? p->sampling.n_allowed : 0);
+    if (p->sampling.n_bad_words > 0)
+        once += 4 * ((size_t)p->sampling.n_bad_words + 1 + (size_t)p->sampling.bad_word_off[p->sampling.n_bad_words]);
+    if (p->prompt_logprobs >= 0) once += P * (8 + 8 * (size_t)p->prompt_logprobs);
     if (p->want_experts && E && P > 1) once += 4 * E * (P - 1);
     return (size_t)(p->n > 0 ? p->n : 1) * per_seq + once + p->extra_output_bytes;
 }
@@ -142,6 +145,20 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
     }
     r->p.sampling.logit_bias_ids = r->bias_ids;
     r->p.sampling.logit_bias = r->bias;
+    if (p->sampling.n_allowed > 0) {
+        r->allowed = tryalloc((size_t)p->sampling.n_allowed * sizeof(int32_t), &fail);
+        if (r->allowed) memcpy(r->allowed, p->sampling.allowed_ids, (size_t)p->sampling.n_allowed * sizeof(int32_t));
+    }
+    r->p.sampling.allowed_ids = r->allowed;
+    if (p->sampling.n_bad_words > 0) {
+        size_t nw = (size_t)p->sampling.n_bad_words, ni = (size_t)p->sampling.bad_word_off[nw];
+        r->bad_off = tryalloc((nw + 1) * sizeof(int32_t), &fail);
+        r->bad_ids = tryalloc(ni * sizeof(int32_t), &fail);
+        if (r->bad_off) memcpy(r->bad_off, p->sampling.bad_word_off, (nw + 1) * sizeof(int32_t));
+        if (r->bad_ids) memcpy(r->bad_ids, p->sampling.bad_word_ids, ni * sizeof(int32_t));
+    }
+    r->p.sampling.bad_word_off = r->bad_off;
+    r->p.sampling.bad_word_ids = r->bad_ids;
     r->seqs = tryalloc((size_t)r->n * sizeof(Seq), &fail);
     r->outs = tryalloc((size_t)r->n * sizeof(SeqOut), &fail);
     int top = p->top_logprobs, maxb = e->sch->max_blocks;
@@ -163,7 +180,6 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
         if (top > 0) {
             o->top_ids = tryalloc((size_t)r->max_new * top * sizeof(int32_t), &fail);
             o->top_lp = tryalloc((size_t)r->max_new * top * sizeof(float), &fail);
-            if (p->want_raw_logprob) o->top_raw = tryalloc((size_t)r->max_new * top * sizeof(float), &fail);
         }
         if (p->want_experts && E > 0) o->experts = tryalloc((size_t)r->max_new * E * sizeof(int32_t), &fail);
         if (p->want_mask) {
@@ -178,6 +194,8 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
     if (p->prompt_logprobs >= 0) {
         r->plp = tryalloc((size_t)p->n_prompt * sizeof(float), &fail);
         if (r->plp) r->plp[0] = NAN;
+        r->prank = tryalloc((size_t)p->n_prompt * sizeof(int32_t), &fail);
+        if (r->prank) r->prank[0] = 0;
         if (p->prompt_logprobs > 0) {
             r->ptop_ids = tryalloc((size_t)p->n_prompt * p->prompt_logprobs * sizeof(int32_t), &fail);
             r->ptop_lp = tryalloc((size_t)p->n_prompt * p->prompt_logprobs * sizeof(float), &fail);
@@ -281,6 +299,8 @@ int engine_request_cached_tokens(EngineRequest *r) {
     int n = r->n > 0 ? atomic_load(&r->seqs[0].n_cached) : -1;
     return n > 0 ? n : 0;
 }
+
+const int32_t *engine_request_prompt_ranks(EngineRequest *r) { return r->prank; }
 
 int engine_request_prompt_experts(EngineRequest *r, const int32_t **experts) {
     pthread_mutex_lock(&r->mu);

@@ -45,10 +45,10 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     if (e->cfg.logits_tap)
         e->cfg.logits_tap(e->cfg.logits_tap_ctx, r->id, q->index, q->n_tokens, row, e->mc.vocab);
     SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, k };
-    SampleWant w = { .raw_logprob = p->want_raw_logprob, .top_n = top,
+    SampleWant w = { .raw_logprob = p->want_raw_logprob, .value = p->want_logprob_value,
+                     .mode = p->logprobs_mode, .top_n = top,
                      .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
                      .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
-                     .top_logprobs_raw = top && o->top_raw ? o->top_raw + (size_t)k * top : NULL,
                      .mask = p->want_mask ? mask_buf : NULL };
     SampleResult res;
     sampler_sample(e->samplers[thread], row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
@@ -60,10 +60,11 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     rec->weight_version = ver;
     rec->logprob = res.logprob;
     rec->logprob_raw = res.logprob_raw;
+    rec->value = res.value;
+    rec->rank = res.rank;
     rec->n_top = top;
     rec->top_ids = w.top_ids;
     rec->top_logprobs = w.top_logprobs;
-    rec->top_logprobs_raw = w.top_logprobs_raw;
     rec->mask_n = res.n_kept;
     if (p->want_mask) {
         int32_t n_kept = res.n_kept;
@@ -168,7 +169,7 @@ static void plp_task(void *ctx, int k, int thread) {
     const float *row = e->logits + (size_t)(q->plan_row0 + k) * e->mc.vocab;
     r->plp[pos + 1] = sampler_logprob_of(e->samplers[thread], row, q->tokens[pos + 1], N,
                                          N ? r->ptop_ids + (size_t)(pos + 1) * N : NULL,
-                                         N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL);
+                                         N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL, &r->prank[pos + 1]);
 }
 
 /* Prompt log-probs and prompt experts for the rows/tokens of q's chunk. */

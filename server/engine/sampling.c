@@ -64,6 +64,20 @@ int sampling_params_check(const SamplingParams *p, int vocab, Err *err) {
     for (int i = 0; i < p->n_stop_ids; i++)
         ENSURE(err, p->stop_ids[i] >= 0 && p->stop_ids[i] < vocab, 400,
                "stop token id %d out of range [0, %d)", p->stop_ids[i], vocab);
+    ENSURE(err, p->n_bad_words >= 0 && (p->n_bad_words == 0 || (p->bad_word_off && p->bad_word_ids)), 400,
+           "bad_words: %d entries without arrays", p->n_bad_words);
+    for (int w = 0; w < p->n_bad_words; w++) {
+        ENSURE(err, p->bad_word_off[w] >= 0 && p->bad_word_off[w + 1] > p->bad_word_off[w], 400,
+               "bad_words: word %d has no tokens", w);
+        for (int32_t i = p->bad_word_off[w]; i < p->bad_word_off[w + 1]; i++)
+            ENSURE(err, p->bad_word_ids[i] >= 0 && p->bad_word_ids[i] < vocab, 400,
+                   "bad_words: token id %d out of range [0, %d)", p->bad_word_ids[i], vocab);
+    }
+    ENSURE(err, p->n_allowed >= 0 && (p->n_allowed == 0 || p->allowed_ids), 400,
+           "allowed_token_ids: %d entries without an array", p->n_allowed);
+    for (int i = 0; i < p->n_allowed; i++)
+        ENSURE(err, p->allowed_ids[i] >= 0 && p->allowed_ids[i] < vocab, 400,
+               "allowed_token_ids: token id %d out of range [0, %d)", p->allowed_ids[i], vocab);
     ENSURE(err, p->min_tokens >= 0, 400, "min_tokens must be >= 0 (got %d)", p->min_tokens);
     ENSURE(err, p->max_tokens <= 0 || p->min_tokens <= p->max_tokens, 400,
            "min_tokens (%d) must be <= max_tokens (%d)", p->min_tokens, p->max_tokens);
@@ -233,6 +247,18 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
                     const int32_t *eos_ids, int n_eos) {
     float *z = s->z;
     for (int i = 0; i < s->vocab; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    if (p->n_allowed > 0) { /* first, as vLLM: the whitelist (mark bit 8, cleared at once) */
+        for (int i = 0; i < p->n_allowed; i++) s->mark[p->allowed_ids[i]] |= 8;
+        for (int i = 0; i < s->vocab; i++) if (!(s->mark[i] & 8)) z[i] = -INFINITY;
+        for (int i = 0; i < p->n_allowed; i++) s->mark[p->allowed_ids[i]] = 0;
+    }
+    for (int w = 0; w < p->n_bad_words; w++) { /* vLLM's bad words: on the output only */
+        const int32_t *b = p->bad_word_ids + p->bad_word_off[w];
+        int L = p->bad_word_off[w + 1] - p->bad_word_off[w];
+        if (L - 1 > h->n_output) continue;
+        if (L == 1 || !memcmp(h->output + h->n_output - (L - 1), b, (size_t)(L - 1) * sizeof(int32_t)))
+            z[b[L - 1]] = -INFINITY;
+    }
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
     if (h->n_output < p->min_tokens) {
         if (!p->ignore_eos)
@@ -319,26 +345,60 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
     return thr;
 }
 
-static void fill_top(Sampler *s, const float *logits, const SamplingParams *p, const SampleWant *w,
-                     float rawmax, double raw_log_s, float T) {
-    const float *z = s->z;
-    int V = s->vocab, top_n = w->top_n < V ? w->top_n : V;
-    int n = top_heap(z, V, top_n, -INFINITY, s->idx);
-    for (int i = 0; i < V && n < top_n; i++) if (z[i] == -INFINITY) s->idx[n++] = i; /* -inf ties: id asc */
-    for (int i = 0; i < top_n; i++) {
-        int32_t id = s->idx[i];
-        w->top_ids[i] = id;
-        float lp;
-        if (s->greedy) lp = id == s->token ? 0.0f : -INFINITY;
-        else lp = (z[id] > -INFINITY && z[id] >= s->thr)
-                      ? (float)((double)(z[id] - s->zmax) - s->log_s) : -INFINITY;
-        w->top_logprobs[i] = lp;
-        if (w->top_logprobs_raw) {
-            float r = isnan(logits[id]) ? -INFINITY : logits[id] / T;
-            w->top_logprobs_raw[i] = (float)((double)(r - rawmax) - raw_log_s);
-        }
+/* ---- reported values: the log-prob modes (sampling.h) ---- */
+static inline float clean(float x) { return isnan(x) ? -INFINITY : x; }
+
+/* Normalisers a mode needs, computed once per call. */
+typedef struct ModeNorm {
+    float rawmax; double raw_log_s;  /* of l_raw (raw modes, raw_logprob) */
+    double z_log_s;                  /* greedy processed: log sum exp(z - zmax) over the whole vocab */
+} ModeNorm;
+
+static void raw_norm(const float *logits, int V, ModeNorm *m) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) { float r = clean(logits[i]); if (r > mx) mx = r; }
+    double S = 0;
+    for (int i = 0; i < V; i++) { float r = clean(logits[i]); if (r > -INFINITY) S += term(r, mx); }
+    m->rawmax = mx;
+    m->raw_log_s = log(S);
+}
+
+static inline int kept(const Sampler *s, int32_t i) { return s->z[i] > -INFINITY && s->z[i] >= s->thr; }
+
+static float mode_value(const Sampler *s, const float *logits, LogprobsMode mode, const ModeNorm *m, int32_t i) {
+    float zi = s->z[i];
+    switch (mode) {
+    case LOGPROBS_RAW: return (float)((double)(clean(logits[i]) - m->rawmax) - m->raw_log_s);
+    case LOGPROBS_RAW_LOGITS: return clean(logits[i]);
+    case LOGPROBS_PROCESSED:
+        if (s->greedy) /* everything banned (the argmax fallback): an empty distribution, all -inf */
+            return s->zmax == -INFINITY ? -INFINITY : (float)((double)(zi - s->zmax) - m->z_log_s);
+        return kept(s, i) ? (float)((double)(zi - s->zmax) - s->log_s) : -INFINITY;
+    case LOGPROBS_PROCESSED_LOGITS: return s->greedy || kept(s, i) ? zi : -INFINITY;
+    case LOGPROBS_SAMPLED:
+        if (s->greedy) return i == s->token ? 0.0f : -INFINITY;
+        return kept(s, i) ? (float)((double)(zi - s->zmax) - s->log_s) : -INFINITY;
     }
-    (void)p;
+    return NAN;
+}
+
+/* The top-N in the mode's order: the raw modes rank by l_raw, the others by
+ * the processed z (which orders the kept set like its log-probs, and the
+ * masked ids, all -inf there, by their logit before masking). Uses s->e as
+ * scratch for the cleaned raw row (the draw is done with it by now). */
+static void fill_top(Sampler *s, const float *logits, const SampleWant *w, const ModeNorm *m) {
+    int V = s->vocab, top_n = w->top_n < V ? w->top_n : V;
+    const float *key = s->z;
+    if (w->mode == LOGPROBS_RAW || w->mode == LOGPROBS_RAW_LOGITS) {
+        for (int i = 0; i < V; i++) s->e[i] = clean(logits[i]);
+        key = s->e;
+    }
+    int n = top_heap(key, V, top_n, -INFINITY, s->idx);
+    for (int i = 0; i < V && n < top_n; i++) if (key[i] == -INFINITY) s->idx[n++] = i; /* -inf ties: id asc */
+    for (int i = 0; i < top_n; i++) {
+        w->top_ids[i] = s->idx[i];
+        w->top_logprobs[i] = mode_value(s, logits, w->mode, m, s->idx[i]);
+    }
 }
 
 int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
@@ -347,8 +407,8 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     int V = s->vocab;
     float *z = s->z;
     s->greedy = p->temperature == 0.0f;
-    float T = s->greedy ? 1.0f : p->temperature;
-    int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
+    float T = s->greedy ? 1.0f : p->temperature; /* sampling only: no reported value is tempered but z */
+    int sparse = p->n_logit_bias > 0 || p->n_allowed > 0 || p->n_bad_words > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
                  p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     int32_t am = 0;
     if (sparse) {
@@ -406,24 +466,27 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
         out->n_kept = nk;
     }
     out->logprob_raw = NAN;
-    float rawmax = -INFINITY;
-    double raw_log_s = 0;
-    int need_raw = want && (want->raw_logprob || (want->top_n > 0 && want->top_logprobs_raw));
-    if (need_raw) {
-        for (int i = 0; i < V; i++) {
-            float r = isnan(logits[i]) ? -INFINITY : logits[i] / T;
-            if (r > rawmax) rawmax = r;
-        }
+    out->value = NAN;
+    out->rank = 0;
+    if (!want) return 0;
+    ModeNorm m = { 0 };
+    int report = want->value || want->top_n > 0;
+    if (want->raw_logprob || (report && (want->mode == LOGPROBS_RAW))) raw_norm(logits, V, &m);
+    if (report && want->mode == LOGPROBS_PROCESSED && s->greedy) {
         double S = 0;
-        for (int i = 0; i < V; i++) {
-            float r = isnan(logits[i]) ? -INFINITY : logits[i] / T;
-            if (r > -INFINITY) S += term(r, rawmax);
-        }
-        raw_log_s = log(S);
-        float r = isnan(logits[out->token]) ? -INFINITY : logits[out->token] / T;
-        if (want->raw_logprob) out->logprob_raw = (float)((double)(r - rawmax) - raw_log_s);
+        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += term(z[i], zmax);
+        m.z_log_s = log(S);
     }
-    if (want && want->top_n > 0) fill_top(s, logits, p, want, rawmax, raw_log_s, T);
+    if (want->raw_logprob)
+        out->logprob_raw = (float)((double)(clean(logits[out->token]) - m.rawmax) - m.raw_log_s);
+    if (want->value) {
+        float v = mode_value(s, logits, want->mode, &m, out->token);
+        int32_t rank = 0;
+        for (int32_t i = 0; i < V; i++) rank += mode_value(s, logits, want->mode, &m, i) >= v;
+        out->value = v;
+        out->rank = rank;
+    }
+    if (want->top_n > 0) fill_top(s, logits, want, &m);
     return 0;
 }
 
@@ -437,7 +500,7 @@ void sampler_kept_logprobs(Sampler *s, float *out) {
 }
 
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
-                         int top_n, int32_t *top_ids, float *top_logprobs) {
+                         int top_n, int32_t *top_ids, float *top_logprobs, int32_t *rank) {
     int V = s->vocab;
     float *z = s->z;
     float zmax = -INFINITY;
@@ -457,5 +520,11 @@ float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
             top_logprobs[i] = (float)((double)(z[s->idx[i]] - zmax) - ls);
         }
     }
-    return (float)((double)(z[id] - zmax) - ls);
+    float v = (float)((double)(z[id] - zmax) - ls);
+    if (rank) { /* counted on the log-probs themselves, as vLLM counts them */
+        int32_t n = 0;
+        for (int i = 0; i < V; i++) n += (float)((double)(z[i] - zmax) - ls) >= v;
+        *rank = n;
+    }
+    return v;
 }

@@ -2,8 +2,11 @@
  * api_chat.c - POST /v1/chat/completions: messages (string or text-part
  * content) rendered with the model's chat template (tools,
  * chat_template_kwargs, add_generation_prompt), then generation; the output
- * is split by the Qwen3 parsers into reasoning_content, content and
- * tool_calls (tool_parse.h), whole or streamed.
+ * is split by the Qwen3 parsers into reasoning, content and tool_calls
+ * (tool_parse.h), whole or streamed. Reasoning is sent as current vLLM sends
+ * it: message.reasoning / delta.reasoning, with the deprecated
+ * reasoning_content beside it (the same text); an input assistant message may
+ * carry either name (the template reads reasoning_content).
  */
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@ typedef struct Chat {
     Gen g;
     int tools;            /* tool calls are parsed */
     ChatOut *outs;        /* [n_ch] */
+    char *echo;           /* echo: the final assistant message's content (vLLM), or NULL */
 } Chat;
 
 /* messages -> a copy with text-part content joined into strings. */
@@ -42,6 +46,8 @@ static json_t *normalize_messages(json_t *msgs, Err *err) {
         }
         json_t *c = json_deep_copy(m);
         json_t *content = json_object_get(m, "content");
+        json_t *rs = json_object_get(m, "reasoning"), *rc = json_object_get(m, "reasoning_content");
+        if (json_is_string(rs) && (!rc || json_is_null(rc))) json_object_set(c, "reasoning_content", rs);
         if (json_is_array(content)) {
             Buf b = {0};
             size_t k;
@@ -75,6 +81,31 @@ static json_t *normalize_messages(json_t *msgs, Err *err) {
     return out;
 }
 
+/* continue_final_message (vLLM, transformers' apply_chat_template): the
+ * rendered chat ends right after the final message's content, so the model
+ * continues that message instead of closing it. As transformers cuts it: at
+ * the last occurrence of the content stripped of whitespace, keeping its
+ * trailing whitespace when the template kept it. Returns 0 with *text cut. */
+static int is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
+
+static int continue_final(json_t *msgs, char *text, Err *err) {
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *m = json_string_value(json_object_get(last, "content"));
+    size_t n = m ? strlen(m) : 0, a = 0, b = n;
+    while (a < n && is_space(m[a])) a++;
+    while (b > a && is_space(m[b - 1])) b--;
+    size_t tn = strlen(text), k = b - a;
+    const char *loc = NULL;
+    for (const char *p = text; k && p + k <= text + tn; p++) /* the last occurrence */
+        if (!memcmp(p, m + a, k)) loc = p;
+    ENSURE(err, k && loc, 400, "continue_final_message: the final message does not appear in the chat after "
+                               "applying the chat template (or it is empty)");
+    size_t keep = (size_t)(loc - text) + (n - a); /* content with its trailing whitespace, if the template kept it */
+    if (keep > tn || memcmp(loc, m + a, n - a) != 0) keep = (size_t)(loc - text) + k;
+    text[keep] = 0;
+    return 0;
+}
+
 /* Render and tokenize the prompt; *tools_on says whether to parse tool calls. */
 int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *err) {
     json_t *msgs = normalize_messages(json_object_get(body, "messages"), err);
@@ -95,8 +126,13 @@ int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *e
             goto done;
         }
     }
-    int add_gen = 1;
+    int add_gen = 1, cont = 0;
     if ((rc = rp_bool(body, "add_generation_prompt", &add_gen, err)) < 0) goto done;
+    if ((rc = rp_bool(body, "continue_final_message", &cont, err)) < 0) goto done;
+    if (cont && add_gen) {
+        rc = ERR(err, 400, "continue_final_message: cannot be used with add_generation_prompt true (set it to false)");
+        goto done;
+    }
     json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw)) { rc = ERR(err, 400, "chat_template_kwargs: must be an object"); goto done; }
     kwargs = kw && json_is_object(kw) ? json_deep_copy(kw) : json_object();
@@ -104,6 +140,7 @@ int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *e
         if (err->code == 0 || err->code == 500) err->code = 400;
         goto done;
     }
+    if (cont && (rc = continue_final(msgs, text, err)) < 0) goto done;
     TokIds *p = calloc(1, sizeof *p);
     if (!p) { rc = ERR(err, 500, "out of memory"); goto done; }
     if ((rc = tokenizer_encode(s->tok, text, strlen(text), false, p, err)) < 0) { free(p); goto done; }
@@ -120,6 +157,20 @@ done:
     json_decref(kwargs);
     json_decref(msgs);
     return rc;
+}
+
+/* vLLM's chat echo: the content of the final message when its role is the
+ * assistant's (with continue_final_message, the message being continued). */
+static char *echo_text(json_t *body) {
+    Err e = {0};
+    json_t *msgs = normalize_messages(json_object_get(body, "messages"), &e);
+    if (!msgs) return NULL;
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    const char *t = json_string_value(json_object_get(last, "content"));
+    char *out = role && !strcmp(role, "assistant") && t && *t ? strdup(t) : NULL;
+    json_decref(msgs);
+    return out;
 }
 
 static json_t *head(Gen *g, const char *object) {
@@ -173,7 +224,15 @@ static int respond_whole(HttpReq *q, Chat *ch) {
         int nc = tool_parser_take(tp, &content, &reasoning, &calls);
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
+        if (ch->echo) { /* vLLM: full content = the echoed message + the generated content */
+            Buf full = {0};
+            buf_puts(&full, ch->echo);
+            buf_append(&full, content.p ? content.p : "", content.n);
+            buf_free(&content);
+            content = full;
+        }
         json_object_set_new(msg, "content", nc && !content.n ? json_null() : json_stringn(content.p ? content.p : "", content.n));
+        json_object_set_new(msg, "reasoning", reasoning.n ? json_stringn(reasoning.p, reasoning.n) : json_null());
         json_object_set_new(msg, "reasoning_content", reasoning.n ? json_stringn(reasoning.p, reasoning.n) : json_null());
         json_object_set_new(msg, "tool_calls", calls_json(g, calls, nc, 0, 0));
         json_t *cj = json_object();
@@ -198,8 +257,9 @@ static int respond_whole(HttpReq *q, Chat *ch) {
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", gen_usage(g));
-    if (g->p.ret_token_ids) json_object_set_new(o, "prompt_token_ids", prompt_ids(g));
-    if (g->p.prompt_logprobs >= 0) json_object_set_new(o, "prompt_logprobs", gen_prompt_logprobs(g, 0));
+    /* vLLM: both keys always there, null when not asked for */
+    json_object_set_new(o, "prompt_token_ids", g->p.ret_token_ids ? prompt_ids(g) : json_null());
+    json_object_set_new(o, "prompt_logprobs", g->p.prompt_logprobs >= 0 ? gen_prompt_logprobs(g, 0) : json_null());
     json_object_set_new(o, "weight_version", json_integer((json_int_t)server_weight_version(g->s, engine_weight_version(g->s->eng))));
     Err err;
     if (gen_failed(g, &err)) { /* never a 200 with a wrong or missing output */
@@ -258,11 +318,18 @@ static int fill(void *ctx, Buf *out) {
             ChatOut *co = &ch->outs[i];
             if (c->final_sent) continue;
             if (!c->started) {
+                /* the role chunk comes with the first token, as in vLLM: none during the prefill */
+                if (c->n_out == 0 && !c->done) continue;
                 json_t *d = json_object();
                 json_object_set_new(d, "role", json_string("assistant"));
                 json_object_set_new(d, "content", json_string(""));
                 emit(ch, out, d, c, 0, 0, NULL);
                 c->started = 1;
+                if (ch->echo) { /* vLLM: the echoed message as its own chunk after the role */
+                    json_t *e = json_object();
+                    json_object_set_new(e, "content", json_string(ch->echo));
+                    emit(ch, out, e, c, 0, 0, NULL);
+                }
             }
             size_t lim = gen_emit_limit(g, c);
             if (lim > c->text_sent) tool_parser_push(co->tp, c->text.p + c->text_sent, lim - c->text_sent);
@@ -275,7 +342,10 @@ static int fill(void *ctx, Buf *out) {
             int rl = g->p.ret_token_ids || g->p.ret_sampler_lp || g->p.ret_raw_lp || g->p.ret_mask || g->p.ret_experts;
             if (content.n || reasoning.n || nc || final || (to > from && (rl || g->p.logprobs >= 0))) {
                 json_t *d = json_object();
-                if (reasoning.n) json_object_set_new(d, "reasoning_content", json_stringn(reasoning.p, reasoning.n));
+                if (reasoning.n) {
+                    json_object_set_new(d, "reasoning", json_stringn(reasoning.p, reasoning.n));
+                    json_object_set_new(d, "reasoning_content", json_stringn(reasoning.p, reasoning.n));
+                }
                 if (content.n) json_object_set_new(d, "content", json_stringn(content.p, content.n));
                 if (nc) json_object_set_new(d, "tool_calls", calls_json(g, calls, nc, co->n_calls, 1));
                 co->n_calls += nc;
@@ -297,6 +367,7 @@ static int fill(void *ctx, Buf *out) {
 static void chat_free(Chat *ch) {
     for (int i = 0; ch->outs && i < ch->g.n_ch; i++) tool_parser_free(ch->outs[i].tp);
     free(ch->outs);
+    free(ch->echo);
     gen_free(&ch->g);
     free(ch);
 }
@@ -320,11 +391,13 @@ int api_chat(HttpReq *q, json_t *body) {
     }
     Chat *ch = calloc(1, sizeof *ch);
     ch->tools = tools_on;
+    if (p.chat_echo) ch->echo = echo_text(body);
     if (gen_start(&ch->g, s, http_conn_fd(q), &p, prompt, 1, "chatcmpl", &err) < 0) {
         chat_free(ch);
         return http_send_err(q, &err);
     }
     Gen *g = &ch->g;
+    g->count_reasoning = s->cfg.reasoning_parser;
     if (g->p.stream) {
         ch->outs = calloc((size_t)g->n_ch, sizeof *ch->outs);
         for (int i = 0; i < g->n_ch; i++) ch->outs[i].tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);

@@ -76,10 +76,13 @@ static int respond_whole(HttpReq *q, Gen *g) {
         json_t *lp = g->p.logprobs >= 0 ? logprobs_json(g, c, g->p.echo, 0, c->n_out, &offset) : NULL;
         json_t *ch = choice_json(g, c, text.p, text.n, lp, c->finish);
         buf_free(&text);
+        /* vLLM: both keys always there, null when not asked for */
         if (g->p.ret_token_ids) add_prompt_ids(g, c, ch);
+        else json_object_set_new(ch, "prompt_token_ids", json_null());
         gen_rl_fields(g, c, 0, c->n_out, ch);
         json_object_set_new(ch, "weight_versions", gen_weight_versions(g, c));
-        if (g->p.prompt_logprobs >= 0) json_object_set_new(ch, "prompt_logprobs", gen_prompt_logprobs(g, c->prompt_i));
+        json_object_set_new(ch, "prompt_logprobs",
+                            g->p.prompt_logprobs >= 0 ? gen_prompt_logprobs(g, c->prompt_i) : json_null());
         json_array_append_new(choices, ch);
     }
     json_object_set_new(o, "choices", choices);
@@ -134,7 +137,9 @@ static int fill(void *ctx, Buf *out) {
             int from = c->n_sent, to = c->n_out;
             int final = c->done && lim == c->text.n;
             int rl = g->p.ret_token_ids || g->p.ret_sampler_lp || g->p.ret_raw_lp || g->p.ret_mask || g->p.ret_experts;
-            if (text.n == 0 && !final && !(to > from && (rl || g->p.logprobs >= 0)) && c->started) { buf_free(&text); continue; }
+            /* no empty chunks (vLLM skips them too): nothing to say until the choice has text,
+             * tokens whose fields are asked for, or its end (a long prefill, siblings of n) */
+            if (text.n == 0 && !final && !(to > from && (rl || g->p.logprobs >= 0))) { buf_free(&text); continue; }
             json_t *lp = g->p.logprobs >= 0 && (to > from || echo_lp)
                              ? logprobs_json(g, c, echo_lp, from, to, &c->lp_offset) : NULL;
             json_t *ch = choice_json(g, c, text.p, text.n, lp, final ? c->finish : NULL);

@@ -94,7 +94,12 @@ static void parse_prompt_ids(CliConfig *c, const char *flag, const char *s) {
 }
 
 static const Choice DEVICES[] = {{"gpu", 0, 0}, {"cpu", 1, 0}, {NULL, 0, 0}};
-static const Choice LOGPROBS_MODES[] = {{"processed", 0, 0}, {"raw", 1, 0}, {NULL, 0, 0}};
+/* vLLM's --logprobs-mode names (sampling.h LogprobsMode); "raw" and "processed" were ours before */
+static const Choice LOGPROBS_MODES[] = {{"raw_logprobs", LOGPROBS_RAW, 0}, {"raw_logits", LOGPROBS_RAW_LOGITS, 0},
+                                        {"processed_logprobs", LOGPROBS_PROCESSED, 0},
+                                        {"processed_logits", LOGPROBS_PROCESSED_LOGITS, 0},
+                                        {"sampled", LOGPROBS_SAMPLED, 0}, {"raw", LOGPROBS_RAW, 1},
+                                        {"processed", LOGPROBS_SAMPLED, 1}, {NULL, 0, 0}};
 static const Choice REASONING_PARSERS[] = {{"qwen3", 1, 0}, {"none", 0, 0}, {NULL, 0, 0}};
 static const Choice TOOL_PARSERS[] = {{"hermes", 1, 0}, {"qwen3", 1, 1}, {"none", 0, 0}, {NULL, 0, 0}};
 
@@ -188,10 +193,12 @@ static const Flag FLAGS[] = {
     {.name = "--max-logprobs", .metavar = "N", .section = S_API, .kind = K_INT, .off = AT(server.max_logprobs),
      .lo = 0, .hi = SAMPLING_MAX_TOP_N, .show_range = 1,
      .help = "largest logprobs / top_logprobs / prompt_logprobs"},
-    {.name = "--logprobs-mode", .metavar = "M", .section = S_API, .kind = K_ENUM, .off = AT(server.logprobs_raw),
+    {.name = "--logprobs-mode", .metavar = "M", .section = S_API, .kind = K_ENUM, .off = AT(server.logprobs_mode),
      .choices = LOGPROBS_MODES,
-     .help = "processed: OpenAI logprobs fields report the distribution actually sampled from (after penalties, "
-             "temperature, top-k/p, min-p); raw: the model's log_softmax(logits / T)"},
+     .help = "what the OpenAI logprobs fields report, as vLLM's flag: raw_logprobs (default): log_softmax of the "
+             "model's logits before any processing; raw_logits; processed_logprobs: after bias, penalties, "
+             "temperature, top-k/p, min-p (greedy: untruncated, untempered); processed_logits; sampled (ours): "
+             "the distribution actually sampled from (greedy: 0)"},
     {.name = "--reasoning-parser", .metavar = "P", .section = S_API, .kind = K_ENUM,
      .off = AT(server.reasoning_parser), .choices = REASONING_PARSERS,
      .help = "qwen3: <think>...</think> -> reasoning_content; none"},

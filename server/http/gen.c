@@ -43,7 +43,9 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     int rest = max_len - ep->n_prompt;
     if (!gp->max_tokens_set) ep->sampling.max_tokens = gp->sp.max_tokens > 0 && gp->sp.max_tokens < rest ? gp->sp.max_tokens : rest;
     ep->top_logprobs = gp->logprobs > 0 ? gp->logprobs : 0;
-    ep->want_raw_logprob = gp->ret_raw_lp || (s->cfg.logprobs_raw && gp->logprobs >= 0);
+    ep->want_raw_logprob = gp->ret_raw_lp;
+    ep->want_logprob_value = gp->logprobs >= 0;
+    ep->logprobs_mode = (LogprobsMode)s->cfg.logprobs_mode;
     ep->want_mask = gp->ret_mask;
     ep->prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
                         : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
@@ -51,6 +53,57 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
     ep->cache_salt = gp->cache_salt;
     ep->extra_output_bytes += gp->extra_render_bytes;
+}
+
+/* vLLM's bad words as token sequences (SamplingParams.update_from_tokenizer):
+ * each word with its leading whitespace stripped, and again after one space
+ * when that gives a different first token and as many tokens (the word in the
+ * middle of a text). */
+static int bad_words_tokenize(Server *s, GenParams *gp, Err *err) {
+    int cap = 2 * gp->n_bad_words, nw = 0;
+    size_t ni = 0, cap_ids = 0;
+    TokIds t[2 * GEN_MAX_BAD_WORDS];
+    memset(t, 0, sizeof t);
+    int rc = 0;
+    for (int w = 0; w < gp->n_bad_words && rc == 0; w++) {
+        const char *word = gp->bad_words[w];
+        while (*word == ' ' || *word == '\t' || *word == '\n' || *word == '\r') word++;
+        char *spaced = NULL;
+        if (asprintf(&spaced, " %s", word) < 0) { rc = ERR(err, 500, "bad_words: out of memory"); break; }
+        int first = nw;
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            const char *text = k ? spaced : word;
+            TokIds *v = &t[nw];
+            if (tokenizer_encode(s->tok, text, strlen(text), false, v, err) < 0) { rc = -1; break; }
+            if (k == 0 && v->n == 0) { rc = ERR(err, 400, "bad_words: word %d encodes to no tokens", w); break; }
+            if (k == 1 && !(v->n == t[first].n && v->ids[0] != t[first].ids[0])) { tok_ids_free(v); continue; }
+            for (size_t i = 0; i < v->n; i++)
+                if (v->ids[i] >= s->vocab) rc = ERR(err, 400, "bad_words: word %d encodes to id %d outside the vocab", w, v->ids[i]);
+            ni += v->n;
+            nw++;
+        }
+        free(spaced);
+    }
+    if (rc == 0) {
+        cap_ids = ni ? ni : 1;
+        gp->bad_off = malloc(sizeof(int32_t) * (size_t)(nw + 1));
+        gp->bad_ids = malloc(sizeof(int32_t) * cap_ids);
+        if (!gp->bad_off || !gp->bad_ids) rc = ERR(err, 500, "bad_words: out of memory");
+    }
+    if (rc == 0) {
+        size_t o = 0;
+        for (int i = 0; i < nw; i++) {
+            gp->bad_off[i] = (int32_t)o;
+            memcpy(gp->bad_ids + o, t[i].ids, t[i].n * sizeof(int32_t));
+            o += t[i].n;
+        }
+        gp->bad_off[nw] = (int32_t)o;
+        gp->sp.n_bad_words = nw;
+        gp->sp.bad_word_off = gp->bad_off;
+        gp->sp.bad_word_ids = gp->bad_ids;
+    }
+    for (int i = 0; i < cap; i++) tok_ids_free(&t[i]);
+    return rc;
 }
 
 int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_prompts, const char *id_prefix,
@@ -71,6 +124,20 @@ int gen_start(Gen *g, Server *s, int fd, GenParams *p, TokIds *prompts, int n_pr
     ENSURE(err, !atomic_load(&s->shutting_down), 503, "the server is shutting down");
     GenParams *gp = &g->p;
     int max_len = s->max_model_len;
+    if (gp->n_bad_words > 0 && bad_words_tokenize(s, gp, err) < 0) return -1;
+    if (gp->truncate_set) { /* vLLM's truncate_prompt_tokens: before every length check */
+        int k = gp->truncate_prompt == -1 ? max_len : gp->truncate_prompt;
+        ENSURE(err, k != 0, 400, "truncate_prompt_tokens: must be -1 (max_model_len) or >= 1");
+        ENSURE(err, k <= max_len, 400,
+               "truncate_prompt_tokens: %d is greater than max_model_len (%d); select a smaller truncation size",
+               k, max_len);
+        for (int i = 0; i < n_prompts; i++) {
+            TokIds *t = &prompts[i];
+            if (k <= 0 || t->n <= (size_t)k) continue;
+            if (!gp->truncate_right) memmove(t->ids, t->ids + (t->n - (size_t)k), (size_t)k * sizeof(int32_t));
+            t->n = (size_t)k;
+        }
+    }
     for (int i = 0; i < n_prompts; i++) {
         int np = (int)prompts[i].n;
         ENSURE(err, np < max_len, 400,
@@ -168,6 +235,24 @@ static int add_text(Gen *g, Choice *c, const char *s, size_t n) {
     return 1;
 }
 
+/* Reasoning tokens, as the qwen3 parser splits the text (tool_parse.h): when
+ * the output starts with <think>, every token up to the one that completes
+ * </think> (all of them while it is not closed). */
+#define THINK_OPEN "<think>"
+#define THINK_CLOSE "</think>"
+static void count_reasoning(Choice *c, int k, size_t old_n) {
+    size_t n = c->text.n, lo = strlen(THINK_OPEN);
+    if (c->reasoning_done) return;
+    if (memcmp(c->text.p ? c->text.p : "", THINK_OPEN, n < lo ? n : lo) != 0) {
+        c->reasoning_done = 1;
+        c->reasoning_tokens = 0;
+        return;
+    }
+    c->reasoning_tokens = k + 1;
+    size_t back = strlen(THINK_CLOSE) - 1, from = old_n > back ? old_n - back : 0;
+    if (n >= lo && memmem(c->text.p + from, n - from, THINK_CLOSE, strlen(THINK_CLOSE))) c->reasoning_done = 1;
+}
+
 static void choice_advance(Gen *g, Choice *c) {
     if (c->done) return;
     EngineSeqView v;
@@ -178,7 +263,10 @@ static void choice_advance(Gen *g, Choice *c) {
         tok_decoder_push(c->dec, v.tokens[k].token, &piece, &n);
         c->n_out = k + 1;
         c->n_seen = k + 1;
-        if (add_text(g, c, piece, n)) {
+        size_t old_n = c->text.n;
+        int hit = add_text(g, c, piece, n);
+        if (g->count_reasoning) count_reasoning(c, k, old_n);
+        if (hit) {
             c->done = 1;
             c->finish = "stop";
         }
@@ -287,6 +375,18 @@ json_t *gen_usage(const Gen *g) {
     json_object_set_new(u, "prompt_tokens", json_integer(pt));
     json_object_set_new(u, "total_tokens", json_integer(pt + ct));
     json_object_set_new(u, "completion_tokens", json_integer(ct));
+    long long cached = 0;
+    for (int i = 0; i < g->n_prompts; i++) cached += engine_request_cached_tokens(g->reqs[i]);
+    json_t *pd = json_object();
+    json_object_set_new(pd, "cached_tokens", json_integer(cached));
+    json_object_set_new(u, "prompt_tokens_details", pd);
+    if (g->count_reasoning) {
+        long long rt = 0;
+        for (int i = 0; i < g->n_ch; i++) rt += g->ch[i].reasoning_tokens;
+        json_t *cd = json_object();
+        json_object_set_new(cd, "reasoning_tokens", json_integer(rt));
+        json_object_set_new(u, "completion_tokens_details", cd);
+    }
     return u;
 }
 
@@ -306,6 +406,19 @@ char *gen_token_text(Gen *g, int32_t id) {
     return out;
 }
 
+/* A token as the logprobs fields name it: its text, or with
+ * return_tokens_as_token_ids "token_id:N" (vLLM), for tokens whose text is
+ * not valid UTF-8 on its own. malloc'd, as gen_token_text. */
+static char *lp_token(Gen *g, int32_t id) {
+    if (!g->p.ret_tokens_as_ids) return gen_token_text(g, id);
+    char *s = NULL;
+    if (asprintf(&s, "token_id:%d", (int)id) < 0) {
+        alloc_failure_note();
+        return strdup("");
+    }
+    return s;
+}
+
 static json_t *token_bytes(Gen *g, int32_t id) {
     const char *b;
     size_t n = 0;
@@ -321,10 +434,12 @@ static long utf8_chars(const char *s) {
     return n;
 }
 
+/* The OpenAI logprobs of a record: its value and top list in the server's
+ * --logprobs-mode (the engine computed both in that mode). */
 static void rec_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) {
-    int raw = g->s->cfg.logprobs_raw;
-    *lp = raw ? r->logprob_raw : r->logprob;
-    *top = raw && r->top_logprobs_raw ? r->top_logprobs_raw : r->top_logprobs;
+    (void)g;
+    *lp = r->value;
+    *top = r->top_logprobs;
 }
 
 void gen_record_lp(const Gen *g, const TokenRecord *r, float *lp, const float **top) { rec_lp(g, r, lp, top); }
@@ -342,7 +457,7 @@ static json_t *completions_top(Gen *g, int32_t id, const char *text, float lp, c
     json_object_set_new(d, text, gen_lp(lp));
     for (int j = 0, kept = 1; j < n_top && kept < g->p.logprobs + 1; j++) {
         if (top_ids[j] == id) continue;
-        char *a = gen_token_text(g, top_ids[j]);
+        char *a = lp_token(g, top_ids[j]);
         json_object_set_new(d, a, gen_lp(top_lp[j]));
         free(a);
         kept++;
@@ -368,13 +483,14 @@ json_t *gen_logprobs_completions(Gen *g, Choice *c, int from, int to, long *offs
         float lp;
         const float *top;
         rec_lp(g, r, &lp, &top);
-        char *t = gen_token_text(g, r->token);
-        json_array_append_new(toks, json_string(t));
+        char *t = gen_token_text(g, r->token), *name = lp_token(g, r->token);
+        json_array_append_new(toks, json_string(name));
         json_array_append_new(lps, gen_lp(lp));
         json_array_append_new(offs, json_integer(*offset));
         *offset += utf8_chars(t);
-        json_array_append_new(tops, completions_top(g, r->token, t, lp, r->top_ids, top, r->n_top));
+        json_array_append_new(tops, completions_top(g, r->token, name, lp, r->top_ids, top, r->n_top));
         free(t);
+        free(name);
     }
     return completions_lp_object(toks, lps, tops, offs);
 }
@@ -392,10 +508,12 @@ json_t *gen_logprobs_completions_prompt(Gen *g, int pi, long *offset) {
     json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     for (int k = 0; k < n; k++) {
         int32_t id = g->prompts[pi].ids[k];
-        char *t = gen_token_text(g, id);
-        json_array_append_new(toks, json_string(t));
+        char *t = gen_token_text(g, id), *name = lp_token(g, id);
+        json_array_append_new(toks, json_string(name));
         json_array_append_new(offs, json_integer(*offset));
         *offset += utf8_chars(t);
+        free(t);
+        t = name;
         if (k == 0) { /* no context before the first token: null, as in vLLM */
             json_array_append_new(lps, json_null());
             json_array_append_new(tops, json_null());
@@ -418,14 +536,14 @@ json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {
         float lp;
         const float *top;
         rec_lp(g, r, &lp, &top);
-        char *t = gen_token_text(g, r->token);
+        char *t = lp_token(g, r->token);
         json_t *e = json_object();
         json_object_set_new(e, "token", json_string(t));
         json_object_set_new(e, "logprob", gen_lp(lp));
         json_object_set_new(e, "bytes", token_bytes(g, r->token));
         json_t *tl = json_array();
         for (int j = 0; j < r->n_top && j < g->p.logprobs; j++) {
-            char *a = gen_token_text(g, r->top_ids[j]);
+            char *a = lp_token(g, r->top_ids[j]);
             json_t *x = json_object();
             json_object_set_new(x, "token", json_string(a));
             json_object_set_new(x, "logprob", gen_lp(top[j]));
@@ -586,6 +704,7 @@ json_t *gen_prompt_logprobs(Gen *g, int pi) {
     const float *lp, *top_lp;
     const int32_t *top_ids;
     int n = engine_request_prompt_logprobs(g->reqs[pi], &lp, &top_ids, &top_lp);
+    const int32_t *ranks = engine_request_prompt_ranks(g->reqs[pi]);
     int N = g->p.prompt_logprobs >= 0 ? g->p.prompt_logprobs : g->p.logprobs;
     json_t *a = json_array();
     for (int k = 0; k < n; k++) {
@@ -593,8 +712,7 @@ json_t *gen_prompt_logprobs(Gen *g, int pi) {
         int32_t id = g->prompts[pi].ids[k];
         json_t *d = json_object();
         char key[16];
-        int rank = 0;
-        for (int j = 0; j < N && top_ids; j++) if (top_ids[(size_t)k * N + j] == id) { rank = j + 1; break; }
+        int rank = ranks ? ranks[k] : 0; /* vLLM's: ids with log-prob >= the token's, in the whole vocab */
         json_t *e = json_object();
         char *t = gen_token_text(g, id);
         json_object_set_new(e, "logprob", gen_lp(lp[k]));

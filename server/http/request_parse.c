@@ -47,6 +47,10 @@ static int rp_num(json_t *o, const char *key, double lo, double hi, double *v, E
 void gen_params_free(GenParams *p) {
     free(p->bias_ids);
     free(p->bias);
+    free(p->allowed_ids);
+    for (int i = 0; i < p->n_bad_words; i++) free(p->bad_words[i]);
+    free(p->bad_off);
+    free(p->bad_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     memset(p, 0, sizeof *p);
 }
@@ -65,7 +69,7 @@ void gen_params_free(GenParams *p) {
 
 typedef struct GenCtx { int chat, vocab, max_n, max_logprobs; } GenCtx;
 
-typedef enum { F_INT, F_NUM, F_BOOL, F_OBJECT, F_FN } FieldKind;
+typedef enum { F_INT, F_NUM, F_BOOL, F_OBJECT, F_FN, F_REFUSE } FieldKind;
 typedef enum { FOR_BOTH, FOR_CHAT, FOR_COMPLETIONS } FieldFor;
 typedef enum { HI_FIXED, HI_MAX_N, HI_MAX_LOGPROBS } FieldHi; /* an integer's upper bound: the server's limits */
 typedef enum { X_NONE, X_ABOVE_LO, X_EQUALS_N } FieldRule;  /* a rule past the closed range */
@@ -99,6 +103,8 @@ typedef struct GenField {
 #define NUM(key, a, b) .name = key, .kind = F_NUM, .lo = (a), .hi = (b)
 #define BOOL(key) .name = key, .kind = F_BOOL
 #define FN(key, fn) .name = key, .kind = F_FN, .parse = fn
+/* a vLLM field this server does not implement: 400 naming it unless absent, null or false */
+#define REFUSE(key, why) .name = key, .kind = F_REFUSE, .rule_msg = why
 
 static int parse_stop(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     (void)c;
@@ -166,11 +172,56 @@ static int parse_bias(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     return 0;
 }
 
+/* vLLM's allowed_token_ids: a non-empty list of ids in the vocabulary; only
+ * these may be sampled (sampling.h) */
+static int parse_allowed(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    json_t *a = json_object_get(body, "allowed_token_ids");
+    if (!a || json_is_null(a)) return 0;
+    ENSURE(err, json_is_array(a) && json_array_size(a) > 0, 400,
+           "allowed_token_ids: must be a non-empty list of token ids");
+    ENSURE(err, json_array_size(a) <= (size_t)c->vocab, 400, "allowed_token_ids: at most %d ids", c->vocab);
+    p->allowed_ids = malloc(sizeof(int32_t) * json_array_size(a));
+    ENSURE(err, p->allowed_ids, 500, "allowed_token_ids: out of memory");
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        ENSURE(err, json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < c->vocab, 400,
+               "allowed_token_ids: ids must be integers in [0, %d)", c->vocab);
+        p->allowed_ids[i] = (int32_t)json_integer_value(x);
+    }
+    p->sp.n_allowed = (int)json_array_size(a);
+    p->sp.allowed_ids = p->allowed_ids;
+    return 0;
+}
+
+/* vLLM's bad_words: a list of non-empty strings (tokenized in gen_start) */
+static int parse_bad_words(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *a = json_object_get(body, "bad_words");
+    if (!a || json_is_null(a)) return 0;
+    ENSURE(err, json_is_array(a), 400, "bad_words: must be a list of strings");
+    ENSURE(err, json_array_size(a) <= GEN_MAX_BAD_WORDS, 400, "bad_words: at most %d words", GEN_MAX_BAD_WORDS);
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        ENSURE(err, json_is_string(x) && json_string_length(x) > 0 && json_string_length(x) <= 1024, 400,
+               "bad_words: must be a list of non-empty strings of at most 1024 bytes");
+        p->bad_words[p->n_bad_words] = strdup(json_string_value(x));
+        ENSURE(err, p->bad_words[p->n_bad_words], 500, "bad_words: out of memory");
+        p->n_bad_words++;
+    }
+    return 0;
+}
+
 /* Chat: "logprobs": true plus "top_logprobs": N alternatives. */
 static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     int lp = 0, r;
     long long n = 0;
     if ((r = rp_bool(body, "logprobs", &lp, err)) < 0) return r;
+    json_t *t = json_object_get(body, "top_logprobs");
+    ENSURE(err, !(json_is_integer(t) && json_integer_value(t) == -1), 400,
+           "top_logprobs: -1 (the whole vocabulary) is not supported; at most %d alternatives (--max-logprobs), "
+           "as vLLM with its default --max-logprobs", c->max_logprobs);
     if ((r = rp_int(body, "top_logprobs", 0, c->max_logprobs, &n, err)) < 0) return r;
     ENSURE(err, !r || lp || n == 0, 400, "top_logprobs: needs logprobs: true");
     p->logprobs = lp ? (int)n : -1;
@@ -181,6 +232,9 @@ static int parse_chat_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err 
 static int parse_completion_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     json_t *l = json_object_get(body, "logprobs");
     if (json_is_boolean(l)) return ERR(err, 400, "logprobs: must be an integer (number of alternatives) for completions");
+    ENSURE(err, !(json_is_integer(l) && json_integer_value(l) == -1), 400,
+           "logprobs: -1 (the whole vocabulary) is not supported; at most %d alternatives (--max-logprobs), "
+           "as vLLM with its default --max-logprobs", c->max_logprobs);
     long long n;
     int r = rp_int(body, "logprobs", 0, c->max_logprobs, &n, err);
     if (r > 0) p->logprobs = (int)n;
@@ -202,8 +256,50 @@ static int parse_salt(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
     return r < 0 ? r : 0;
 }
 
+/* vLLM: stream_options with stream false is refused (a non-empty object),
+ * and continuous usage comes only with include_usage (should_include_usage) */
+static int check_stream_options(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *o = json_object_get(body, "stream_options");
+    ENSURE(err, !(json_is_object(o) && json_object_size(o) > 0 && !p->stream), 400,
+           "stream_options: can only be defined when stream is true");
+    p->continuous_usage &= p->include_usage;
+    return 0;
+}
+
+/* vLLM: prompt_logprobs are not available in a stream (no chunk carries them;
+ * vLLM refuses N > 0 and drops 0 silently, here 0 is refused too) */
+static int check_stream_prompt_logprobs(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)body; (void)c;
+    ENSURE(err, !(p->stream && p->prompt_logprobs >= 0), 400,
+           "prompt_logprobs: are not available when stream is true");
+    return 0;
+}
+
+/* truncation_side (vLLM): "left" (default, keep the last tokens) or "right" */
+static int parse_truncation_side(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c;
+    json_t *s = json_object_get(body, "truncation_side");
+    if (!s || json_is_null(s)) return 0;
+    ENSURE(err, json_is_string(s) && (!strcmp(json_string_value(s), "left") || !strcmp(json_string_value(s), "right")),
+           400, "truncation_side: must be \"left\" or \"right\"");
+    p->truncate_right = !strcmp(json_string_value(s), "right");
+    return 0;
+}
+
+/* response_format other than {"type": "text"} (which changes nothing) */
+static int check_response_format(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
+    (void)c; (void)p;
+    json_t *f = json_object_get(body, "response_format");
+    if (!f || json_is_null(f)) return 0;
+    json_t *t = json_object_get(f, "type");
+    ENSURE(err, json_is_object(f) && json_is_string(t) && !strcmp(json_string_value(t), "text"), 400,
+           "response_format: structured outputs are not supported by this server (only {\"type\": \"text\"})");
+    return 0;
+}
+
 static const GenField STREAM_OPTIONS[] = {
-    {BOOL("include_usage"), DEF(0), TO(include_usage)},
+    {BOOL("include_usage"), DEF(1), TO(include_usage)}, /* vLLM's StreamOptions default: true once given */
     {BOOL("continuous_usage_stats"), DEF(0), TO(continuous_usage)},
 };
 
@@ -229,6 +325,8 @@ static const GenField GEN_FIELDS[] = {
     {FN("stop", parse_stop)},
     {FN("stop_token_ids", parse_stop_ids)},
     {FN("logit_bias", parse_bias)},
+    {FN("allowed_token_ids", parse_allowed)},
+    {FN("bad_words", parse_bad_words)},
     {FN("logprobs", parse_chat_logprobs), .only = FOR_CHAT},
     {FN("logprobs", parse_completion_logprobs), .only = FOR_COMPLETIONS},
     {BOOL("echo"), .only = FOR_COMPLETIONS, DEF(0), TO(echo)},
@@ -236,6 +334,8 @@ static const GenField GEN_FIELDS[] = {
     {BOOL("stream"), DEF(0), TO(stream)},
     {.name = "stream_options", .kind = F_OBJECT, .sub = STREAM_OPTIONS,
      .n_sub = sizeof STREAM_OPTIONS / sizeof STREAM_OPTIONS[0]},
+    {FN("stream_options", check_stream_options)},
+    {FN("prompt_logprobs", check_stream_prompt_logprobs)},
     /* RL extensions */
     {BOOL("return_token_ids"), DEF(0), TO(ret_token_ids)},
     {BOOL("return_sampler_logprobs"), DEF(0), TO(ret_sampler_lp)},
@@ -243,6 +343,21 @@ static const GenField GEN_FIELDS[] = {
     {BOOL("return_sampling_mask"), DEF(0), TO(ret_mask)},
     {BOOL("return_routed_experts"), DEF(0), TO(ret_experts)},
     {FN("cache_salt", parse_salt)},
+    /* vLLM extras */
+    {BOOL("return_tokens_as_token_ids"), DEF(0), TO(ret_tokens_as_ids)},
+    {INT("truncate_prompt_tokens", -1, 1ll << 30), TO(truncate_prompt), SETS(truncate_set)}, /* vs max_model_len: gen.c */
+    {FN("truncation_side", parse_truncation_side)},
+    /* vLLM fields that change results and are not implemented: a 400 naming the field */
+    {REFUSE("use_beam_search", "beam search is not supported by this server")},
+    {REFUSE("logprob_token_ids", "is not supported by this server")},
+    {REFUSE("logits_processors", "is not supported by this server")},
+    {REFUSE("prompt_embeds", "is not supported by this server")},
+    /* chat: continue_final_message is read with the messages (api_chat.c); echo: vLLM's chat echo */
+    {BOOL("echo"), .only = FOR_CHAT, DEF(0), TO(chat_echo)},
+    {REFUSE("suffix", "is not supported by this server"), .only = FOR_COMPLETIONS},
+    /* structured outputs (issue #21 replaces this line and the next) */
+    {REFUSE("guided_json", "structured outputs are not supported by this server")}, {REFUSE("guided_regex", "structured outputs are not supported by this server")}, {REFUSE("guided_choice", "structured outputs are not supported by this server")}, {REFUSE("guided_grammar", "structured outputs are not supported by this server")}, {REFUSE("structured_outputs", "structured outputs are not supported by this server")}, {REFUSE("structural_tag", "structured outputs are not supported by this server")},
+    {FN("response_format", check_response_format)},
 };
 
 static void field_store(GenParams *p, const GenField *f, long long iv, double dv) {
@@ -266,6 +381,11 @@ static int parse_fields(json_t *o, const GenField *fields, size_t n, const GenCt
         case F_FN:
             if ((r = f->parse(o, c, p, err)) < 0) return r;
             continue;
+        case F_REFUSE: {
+            json_t *j = json_object_get(o, f->name);
+            ENSURE(err, !j || json_is_null(j) || json_is_false(j), 400, "%s: %s", f->name, f->rule_msg);
+            continue;
+        }
         case F_OBJECT: {
             json_t *j = json_object_get(o, f->name);
             if (!j || json_is_null(j)) continue;

@@ -72,6 +72,7 @@ static const Route ROUTES[] = {
     {"POST", "/continue_generation",       0, api_sgl_continue,    AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_SGLANG, 405},
     {"POST", "/flush_cache",               0, api_sgl_flush_cache, AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_SGLANG, 405},
     {"GET",  "/flush_cache",               0, api_sgl_flush_cache, AUTH_ADMIN,   BODY_NONE,          DIALECT_SGLANG, 405},
+    {"GET",  "/tokenizer_info",            0, api_tokenizer_info,  AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
 };
 #define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 

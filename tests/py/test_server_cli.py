@@ -68,8 +68,8 @@ def test_every_flag_in_help_is_accepted(sampler_bin, tmp_path):
         args = [flag]
         if metavar:
             first = default.split()[0] if default else ""
-            # the printed default when it is a value (8000, bf16, info), else a value of the metavar's kind
-            value = first if default and (first.isdigit() or default.isalnum()) else sample[metavar]
+            # the printed default when it is a value (8000, bf16, info, raw_logprobs), else a value of the metavar's kind
+            value = first if default and (first.isdigit() or default.replace("_", "").isalnum()) else sample[metavar]
             args.append(value)
         r = subprocess.run([sampler_bin] + args + ["--help"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and r.stdout.startswith("usage:"), (args, r.stderr)

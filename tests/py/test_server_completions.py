@@ -160,7 +160,7 @@ def test_echo_logprobs_like_vllm(srv, logprobs, prompt_logprobs):
     ref = prompt_entries(ref["choices"][0], ids)
     k = prompt_logprobs if prompt_logprobs is not None else logprobs
     if logprobs:
-        # (rank is null in our prompt_logprobs field for a token outside the top list)
+        # (a prompt token ranked within the top list; ranks are vLLM's vocabulary ranks)
         assert any(own[2] is not None and own[2] <= min(k, logprobs) for own, _ in ref.values()), \
             "no prompt token in its own top list"
 

@@ -222,6 +222,11 @@ static void add_logprobs(SGen *v, Choice *c, int n, json_t *mi) {
         float lp;
         const float *top;
         gen_record_lp(g, r, &lp, &top);
+        /* the token's own entry: the log-prob under the distribution it was
+         * drawn from (SGLang's log(probs) after temperature; equal when top-k /
+         * top-p / min-p truncate nothing), whatever --logprobs-mode says; the
+         * top lists follow the mode (README, differences) */
+        lp = r->logprob;
         json_array_append_new(out, lp_entry(g, v, lp, r->token, 0));
         json_t *t = json_array();
         for (int j = 0; j < r->n_top && j < v->top_n; j++) json_array_append_new(t, lp_entry(g, v, top[j], r->top_ids[j], 0));

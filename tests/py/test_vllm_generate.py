@@ -125,7 +125,8 @@ def test_renderers_client_reads_every_field(srv):
     res = renderers_generate(srv, "tiny-qwen3", prompt_ids=PROMPT, sampling_params=dict(sp), cache_salt="salt-a")
     twin = completions_twin(srv, {**sp, "stop_token_ids": [151645], "logprobs": 1, "skip_special_tokens": False})
     assert res["completion_ids"] == twin["token_ids"] and len(res["completion_ids"]) == 6
-    assert res["completion_logprobs"] == pytest.approx(twin["sampler_logprobs"], abs=1e-6)
+    # vLLM's logprobs follow --logprobs-mode (default raw_logprobs), as the twin's OpenAI logprobs do
+    assert res["completion_logprobs"] == pytest.approx(twin["logprobs"]["token_logprobs"], abs=1e-6)
     assert all(-9999 < x <= 0 for x in res["completion_logprobs"])
     masks = decode_sampling_mask(twin["sampling_mask"])
     assert [list(m) for m in masks] == res["sampling_mask"]

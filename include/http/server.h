@@ -212,6 +212,9 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 /* OpenAI error shape {"error": {"message", "type", "param", "code"}}; type and
  * code derive from status; param may be NULL. */
 json_t *http_error_json(int status, const char *param, const char *msg);
+/* Anthropic's error shape {"type": "error", "error": {"type", "message"}}
+ * (the routes tagged DIALECT_ANTHROPIC answer their errors with it). */
+json_t *http_error_json_anthropic(int status, const char *msg);
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The same with an explicit code (NULL: the status's default). */
@@ -265,6 +268,9 @@ int api_admin_pause(HttpReq *q, json_t *body);
 int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
+int api_responses(HttpReq *q, json_t *body);        /* api_responses.c: the OpenAI Responses API */
+int api_messages(HttpReq *q, json_t *body);         /* api_messages.c: the Anthropic Messages API */
+int api_messages_count_tokens(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

@@ -9,8 +9,8 @@
  *
  * and goes through the server's own access handler (http.c, routes.c: the
  * route table's auth, body limits and JSON parsing) into every endpoint
- * (api_*.c: completions, chat, tokenize, detokenize, models, metrics, health,
- * admin delta/weights/reload/pause/resume/abort) on the bundled tiny model
+ * (api_*.c: completions, chat, responses, messages, tokenize, detokenize,
+ * models, metrics, health, admin delta/weights/reload/pause/resume/abort) on the bundled tiny model
  * with a real engine, so requests generate. The Server is built by
  * server_create, as sampler-cpu builds it. There are no sockets: this file
  * defines the handful of libmicrohttpd functions http.c calls
@@ -21,7 +21,8 @@
  * Besides crashes, leaks and UB, the target aborts when an answer breaks the
  * API contract: a 500 (README: "500 only for bugs"), two answers to one
  * request, a JSON answer that does not parse or an error without the OpenAI
- * shape, a stream that is not SSE or does not end with [DONE], or an engine
+ * shape, a stream that is not SSE or does not end with [DONE] (the agent
+ * dialects: with their terminal named event), or an engine
  * that is not idle again (running/waiting sequences, in-flight count) once the
  * request is over. "x-fuzz-disconnect: K" makes the client go away: streams
  * after K chunks, whole responses before the first engine step.
@@ -299,12 +300,14 @@ static int parse_input(const uint8_t *data, size_t size, Parsed *p, struct MHD_C
  * for the default, which for chat is the rest of the context). Values above
  * the context stay, so their 400 is still reached. Other bodies go as given. */
 static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_t *out_n) {
-    if (strcmp(path, "/v1/completions") && strcmp(path, "/v1/chat/completions")) return NULL;
+    /* the agent dialects name it their way; /v1/messages requires it (absent: its 400 stays reachable) */
+    int responses = !strcmp(path, "/v1/responses"), messages = !strcmp(path, "/v1/messages");
+    if (strcmp(path, "/v1/completions") && strcmp(path, "/v1/chat/completions") && !responses && !messages) return NULL;
     json_error_t je;
     json_t *j = json_loadb((const char *)body, n, 0, &je);
     if (!json_is_object(j)) { json_decref(j); return NULL; }
-    int changed = 0, present = 0;
-    const char *keys[2] = {"max_tokens", "max_completion_tokens"};
+    int changed = 0, present = messages;
+    const char *keys[2] = {responses ? "max_output_tokens" : "max_tokens", "max_completion_tokens"};
     for (int i = 0; i < 2; i++) {
         json_t *v = json_object_get(j, keys[i]);
         if (!v || json_is_null(v)) continue;
@@ -314,7 +317,7 @@ static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_
             changed = 1;
         }
     }
-    if (!present) { json_object_set_new(j, "max_tokens", json_integer(4)); changed = 1; }
+    if (!present) { json_object_set_new(j, keys[0], json_integer(4)); changed = 1; }
     char *out = changed ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (out) *out_n = strlen(out);
@@ -369,6 +372,41 @@ static int drain_stream(struct MHD_Response *r, int max_chunks, int gone, Buf *o
     }
     free(buf);
     return ended;
+}
+
+/* The named-event streams of the agent dialects (/v1/responses, /v1/messages):
+ * "event: NAME\ndata: {"type": NAME, ...}" blocks, no [DONE]; a finished
+ * stream's last event is its terminal one. */
+static void check_named_sse(const Buf *b, int ended) {
+    size_t i = 0;
+    char last[64] = "";
+    while (i < b->n) {
+        const char *p = b->p + i;
+        const char *e = memmem(p, b->n - i, "\n\n", 2);
+        if (!e) {
+            if (ended) FAIL("stream ends inside an event: %.*s", (int)(b->n - i), p);
+            return;
+        }
+        size_t n = (size_t)(e - p);
+        if (n >= 1 && p[0] == ':') { i += n + 2; continue; } /* comment (keep-alive) */
+        const char *nl = memchr(p, '\n', n);
+        if (n < 8 || memcmp(p, "event: ", 7) || !nl || (size_t)(e - nl) < 7 || memcmp(nl + 1, "data: ", 6))
+            FAIL("not a named SSE event: %.*s", (int)n, p);
+        json_error_t je;
+        json_t *j = json_loadb(nl + 7, (size_t)(e - nl - 7), JSON_ALLOW_NUL, &je);
+        json_t *ty = json_object_get(j, "type");
+        size_t k = (size_t)(nl - p) - 7;
+        if (!json_is_string(ty) || k >= sizeof last || strlen(json_string_value(ty)) != k ||
+            memcmp(json_string_value(ty), p + 7, k))
+            FAIL("event data without its name as \"type\": %.*s", (int)n, p);
+        json_decref(j);
+        memcpy(last, p + 7, k);
+        last[k] = 0;
+        i += n + 2;
+    }
+    if (ended && strcmp(last, "message_stop") && strcmp(last, "response.completed") &&
+        strcmp(last, "response.incomplete") && strcmp(last, "error"))
+        FAIL("stream ended after %s, not a terminal event", last[0] ? last : "nothing");
 }
 
 static void check_sse(const Buf *b, int ended) {
@@ -468,7 +506,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 int more = drain_stream(r, 1, 1, &out);
                 if (more) ended = more;
             }
-            check_sse(&out, ended == 1);
+            if (!strcmp(p.path, "/v1/responses") || !strcmp(p.path, "/v1/messages")) check_named_sse(&out, ended == 1);
+            else check_sse(&out, ended == 1);
             buf_free(&out);
         } else {
             check_whole(r, p.path);

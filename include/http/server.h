@@ -19,7 +19,8 @@
  * auth class, body class) and the dispatcher that reads it; http.c the
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
- * api_reload.c); metrics.c /metrics and /health.
+ * api_reload.c, and the agent dialects over chat's machinery: api_responses.c,
+ * api_messages.c, dialect.c); metrics.c /metrics and /health.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).

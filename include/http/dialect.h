@@ -29,7 +29,9 @@ typedef struct DialectRename {
  * tokenize its messages into *prompt (one TokIds, malloc'd), *tools_on: tool
  * calls are parsed. The RL token-in path: when body has "prompt_token_ids"
  * (a list of ids below the vocab), those ids are the prompt instead of the
- * rendering (the messages are still validated). Errors name the dialect's
+ * rendering (the messages are still validated). A tool_choice other than
+ * "auto" / "none" is a 400 (for now: the one place to wire chat's forced
+ * tool choice in). Errors name the dialect's
  * fields (ren: n_ren rows). Free *p with gen_params_free whatever the result. */
 int dialect_prepare(Server *s, json_t *body, json_t *chat, const DialectRename *ren, int n_ren, GenParams *p,
                     TokIds **prompt, int *tools_on, Err *err);

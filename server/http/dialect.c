@@ -43,9 +43,24 @@ static int token_in(Server *s, json_t *body, TokIds **out, Err *err) {
     return 1;
 }
 
+/* The one place the dialects' forced tool choice is refused, until chat's
+ * constrained decoding for "required" / a named function is wired here: the
+ * chat body already carries chat's form of it ("required", {"type":
+ * "function", "function": {"name"}}), so wiring it is passing it on. */
+static int tool_choice_served(json_t *chat, Err *err) {
+    json_t *tc = json_object_get(chat, "tool_choice");
+    if (!tc || json_is_null(tc)) return 0;
+    const char *v = json_is_string(tc) ? json_string_value(tc) : "";
+    ENSURE(err, !strcmp(v, "auto") || !strcmp(v, "none"), 400,
+           "tool_choice: only auto and none are served on this route for now (a required or named tool choice "
+           "is not)");
+    return 0;
+}
+
 int dialect_prepare(Server *s, json_t *body, json_t *chat, const DialectRename *ren, int n_ren, GenParams *p,
                     TokIds **prompt, int *tools_on, Err *err) {
     *prompt = NULL;
+    if (tool_choice_served(chat, err) < 0) return -1;
     json_object_del(chat, "n");
     json_object_del(chat, "best_of");
     if (request_parse_gen(chat, 1, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, p, err) < 0 ||

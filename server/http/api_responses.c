@@ -196,6 +196,12 @@ static json_t *to_chat(json_t *body, Err *err) {
         ERR(err, 400, "text.format: only {\"type\": \"text\"} is served here");
         return NULL;
     }
+    json_t *tl = json_object_get(body, "top_logprobs");
+    if (tl && !json_is_null(tl) && !(json_is_integer(tl) && json_integer_value(tl) == 0)) {
+        ERR(err, 400, "top_logprobs: the OpenAI log-probs of output_text are not served here; the sampled tokens' "
+            "log-probs come with return_sampler_logprobs: true");
+        return NULL;
+    }
     json_t *chat = json_copy(body);
     for (int i = 0; DROP[i]; i++) json_object_del(chat, DROP[i]);
     json_t *mo = json_object_get(body, "max_output_tokens");
@@ -203,8 +209,8 @@ static json_t *to_chat(json_t *body, Err *err) {
     json_t *msgs = chat_messages(body, err), *tools = NULL;
     if (!msgs) goto fail;
     json_object_set_new(chat, "messages", msgs);
-    json_t *tl = json_object_get(body, "tools");
-    if (tl && !json_is_null(tl) && !(tools = chat_tools(tl, err))) goto fail;
+    json_t *tj = json_object_get(body, "tools");
+    if (tj && !json_is_null(tj) && !(tools = chat_tools(tj, err))) goto fail;
     if (tools) json_object_set_new(chat, "tools", tools);
     if (chat_tool_choice(json_object_get(body, "tool_choice"), chat, err) < 0) goto fail;
     json_t *kw = json_object_get(body, "chat_template_kwargs");

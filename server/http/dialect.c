@@ -61,6 +61,9 @@ int dialect_prepare(Server *s, json_t *body, json_t *chat, const DialectRename *
                     TokIds **prompt, int *tools_on, Err *err) {
     *prompt = NULL;
     if (tool_choice_served(chat, err) < 0) return -1;
+    json_t *pl = json_object_get(chat, "prompt_logprobs");
+    ENSURE(err, !pl || json_is_null(pl), 400, "prompt_logprobs: not served on this route (it is on /v1/completions and "
+           "/v1/chat/completions); the sampled tokens' log-probs: return_sampler_logprobs");
     json_object_del(chat, "n");
     json_object_del(chat, "best_of");
     if (request_parse_gen(chat, 1, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, p, err) < 0 ||

@@ -153,6 +153,8 @@ def test_errors_in_openai_shape(client, agent):
         (dict(max_output_tokens=5000), "max_output_tokens"),
         (dict(temperature=-1), "temperature"),
         (dict(text={"format": {"type": "json_object"}}), "text.format"),
+        (dict(top_logprobs=2), "top_logprobs"),
+        (dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs"),
     ]
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:

@@ -270,6 +270,7 @@ int api_admin_resume(HttpReq *q, json_t *body);
 int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
 int api_responses(HttpReq *q, json_t *body);        /* api_responses.c: the OpenAI Responses API */
+int api_responses_get(HttpReq *q, json_t *body);    /* GET /v1/responses/{id}: 404, nothing is stored */
 int api_messages(HttpReq *q, json_t *body);         /* api_messages.c: the Anthropic Messages API */
 int api_messages_count_tokens(HttpReq *q, json_t *body);
 

@@ -487,3 +487,9 @@ int api_responses(HttpReq *q, json_t *body) {
     resp_free(r);
     return ret;
 }
+
+int api_responses_get(HttpReq *q, json_t *body) {
+    (void)body;
+    return http_send_error_code(q, 404, NULL, "response_not_found", "%s: this server stores no responses "
+                                "(stateless, \"store\" is always false): keep the response you got", q->url);
+}

@@ -51,6 +51,7 @@ static const Route ROUTES[] = {
     {"POST", "/v1/chat/completions",       0, api_chat,            AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     /* the agent dialects (api_responses.c, api_messages.c): chat's machinery, each API's own shapes */
     {"POST", "/v1/responses",              0, api_responses,       AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"GET",  "/v1/responses/",             1, api_responses_get,   AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/v1/messages",               0, api_messages,        AUTH_API_KEY, BODY_JSON,          DIALECT_ANTHROPIC, 405},
     {"POST", "/v1/messages/count_tokens",  0, api_messages_count_tokens, AUTH_API_KEY, BODY_JSON,    DIALECT_ANTHROPIC, 405},
     {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},

@@ -162,8 +162,9 @@ def test_errors_in_openai_shape(client, agent):
         err = e.value.body
         assert err["message"].startswith(param), (kw, err)
         assert e.value.status_code == 400 and err["type"] == "invalid_request_error"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve("resp_123")  # stateless: nothing to get
+    assert e.value.body["code"] == "response_not_found" and "stores no responses" in e.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         call_turn(client, model="no-such-model")
     st, r = agent.post("/v1/responses", None, raw=b"[1]")

@@ -399,7 +399,8 @@ static int fill(void *ctx, Buf *out) {
         if (gen_failed(g, NULL)) { stream_error(m); m->final_sent = 1; return 1; }
         size_t lim = gen_emit_limit(g, c);
         int final = c->done && lim == c->text.n;
-        dialect_feed(m->tp, c->text.p + c->text_sent, lim - c->text_sent, final, on_stream, m);
+        /* nothing decoded yet: text.p is NULL */
+        dialect_feed(m->tp, c->text.p ? c->text.p + c->text_sent : "", lim - c->text_sent, final, on_stream, m);
         c->text_sent = lim;
         if (final) {
             close_block(m);

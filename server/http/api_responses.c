@@ -421,7 +421,8 @@ static int fill(void *ctx, Buf *out) {
         if (gen_failed(g, NULL)) { stream_error(r); r->final_sent = 1; return 1; }
         size_t lim = gen_emit_limit(g, c);
         int final = c->done && lim == c->text.n;
-        dialect_feed(r->tp, c->text.p + c->text_sent, lim - c->text_sent, final, on_block, r);
+        /* nothing decoded yet: text.p is NULL */
+        dialect_feed(r->tp, c->text.p ? c->text.p + c->text_sent : "", lim - c->text_sent, final, on_block, r);
         c->text_sent = lim;
         if (final) {
             close_item(r);

@@ -37,6 +37,7 @@ typedef struct Choice {
     int n_sent;           /* records streamed */
     int done;             /* no more output will come */
     const char *finish;   /* "stop" "length" "abort" once done */
+    const char *stop_str; /* the request's stop string that ended the output (finish "stop"), else NULL */
     int started;          /* streaming: the first chunk went out */
     int final_sent;       /* streaming: the finish chunk went out */
     long lp_offset;       /* streaming: text_offset of the next logprobs entry (characters) */

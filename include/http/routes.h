@@ -16,7 +16,8 @@
 
 typedef enum {
     AUTH_NONE,    /* anyone (probes: /health, /metrics) */
-    AUTH_API_KEY, /* Bearer --api-key when one is set, else anyone -> 401 */
+    AUTH_API_KEY, /* --api-key when one is set (Authorization: Bearer, or x-api-key as Anthropic's clients
+                     send it), else anyone -> 401 */
     AUTH_ADMIN,   /* Bearer --admin-token; without one the route is disabled -> 403; wrong -> 401 */
 } RouteAuth;
 
@@ -29,8 +30,9 @@ typedef enum {
 } RouteBody;
 
 typedef enum {
-    DIALECT_OPENAI, /* errors {"error": {"message", "type", "param", "code"}} (http_error_json); vLLM's too */
-    DIALECT_SGLANG, /* errors {"error": {"message"}} (SGLang's), the dispatcher's as the handlers' */
+    DIALECT_OPENAI,    /* errors {"error": {"message", "type", "param", "code"}} (http_error_json); vLLM's too */
+    DIALECT_SGLANG,    /* errors {"error": {"message"}} (SGLang's), the dispatcher's as the handlers' */
+    DIALECT_ANTHROPIC, /* errors {"type": "error", "error": {"type", "message"}} (http_error_json_anthropic) */
 } RouteDialect;
 
 typedef int (*RouteHandler)(HttpReq *q, json_t *body);

@@ -20,8 +20,10 @@
  * libmicrohttpd layer (daemon, answers, streams); one file per endpoint
  * family (api_completions.c, api_chat.c, api_tokenize.c, api_admin.c,
  * api_reload.c; the foreign dialects: api_vllm_generate.c, api_control.c,
- * api_sglang.c over gen_rl.c); metrics.c /metrics and /health (metrics_vllm.c
- * the vllm:* series); fleet.c readiness; api_load.c SGLang's /get_load.
+ * api_sglang.c over gen_rl.c; the agent dialects over chat's machinery:
+ * api_responses.c, api_messages.c, dialect.c); metrics.c /metrics and /health
+ * (metrics_vllm.c the vllm:* series); fleet.c readiness; api_load.c SGLang's
+ * /get_load.
  *
  * Not here: the engine (engine.h), tokenization (tokenizer.h), the command
  * line (flags.h).
@@ -219,6 +221,9 @@ int http_send_text(HttpReq *q, int status, const char *ctype, const char *body, 
 /* OpenAI error shape {"error": {"message", "type", "param", "code"}}; type and
  * code derive from status; param may be NULL. */
 json_t *http_error_json(int status, const char *param, const char *msg);
+/* Anthropic's error shape {"type": "error", "error": {"type", "message"}}
+ * (the routes tagged DIALECT_ANTHROPIC answer their errors with it). */
+json_t *http_error_json_anthropic(int status, const char *msg);
 int http_send_error(HttpReq *q, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The same with an explicit code (NULL: the status's default). */
@@ -300,6 +305,10 @@ int api_get_load(HttpReq *q, json_t *body);
  * least the fleet's version (never, with --fleet, before a trainer said it).
  * why (may be NULL) gets the reason when not. */
 int fleet_ready(Server *s, char *why, size_t cap);
+int api_responses(HttpReq *q, json_t *body);        /* api_responses.c: the OpenAI Responses API */
+int api_responses_get(HttpReq *q, json_t *body);    /* GET /v1/responses/{id}: 404, nothing is stored */
+int api_messages(HttpReq *q, json_t *body);         /* api_messages.c: the Anthropic Messages API */
+int api_messages_count_tokens(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

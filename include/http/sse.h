@@ -13,6 +13,9 @@
 
 /* Append one event with the compact JSON of j (steals the reference). */
 void sse_event_json(Buf *out, json_t *j);
+/* Append one named event "event: <name>\ndata: <json>\n\n" (the Responses and
+ * Anthropic Messages streams name every event; steals the reference). */
+void sse_event_named(Buf *out, const char *name, json_t *j);
 /* Append the terminating [DONE] event. */
 void sse_done(Buf *out);
 

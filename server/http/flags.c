@@ -151,7 +151,7 @@ static const Flag FLAGS[] = {
      .hi = 65535, .help = "TCP port; 0 picks a free one, printed at start"},
     {.name = "--api-key", .metavar = "KEY", .section = S_HTTP, .kind = K_STRING, .off = AT(server.api_key),
      .env = "SAMPLER_API_KEY", .unset = "no auth",
-     .help = "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize"},
+     .help = "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/*, /tokenize, /detokenize"},
     {.name = "--admin-token", .metavar = "TOKEN", .section = S_HTTP, .kind = K_STRING, .off = AT(server.admin_token),
      .env = "SAMPLER_ADMIN_TOKEN", .unset = "disabled",
      .help = "enable the admin endpoints (weights, pause/resume/abort) behind 'Authorization: Bearer TOKEN'"},

@@ -210,7 +210,7 @@ void gen_free(Gen *g) {
 
 /* ---- consuming ---- */
 /* Earliest stop-string match in text[from..n): position and length. */
-static int find_stop(const Gen *g, const Buf *t, size_t from, size_t *pos, size_t *len) {
+static int find_stop(const Gen *g, const Buf *t, size_t from, size_t *pos, size_t *len, const char **which) {
     int hit = 0;
     for (int i = 0; i < g->p.n_stop; i++) {
         const char *m = memmem(t->p + from, t->n - from, g->p.stop[i], strlen(g->p.stop[i]));
@@ -218,18 +218,19 @@ static int find_stop(const Gen *g, const Buf *t, size_t from, size_t *pos, size_
             hit = 1;
             *pos = (size_t)(m - t->p);
             *len = strlen(g->p.stop[i]);
+            *which = g->p.stop[i];
         }
     }
     return hit;
 }
 
-/* Append a decoded piece; 1 when it completed a stop string (text truncated). */
+/* Append a decoded piece; 1 when it completed a stop string (text truncated, c->stop_str set). */
 static int add_text(Gen *g, Choice *c, const char *s, size_t n) {
     size_t old = c->text.n;
     buf_append(&c->text, s, n);
     if (!g->p.n_stop || n == 0) return 0;
     size_t back = g->p.stop_maxlen - 1, from = old > back ? old - back : 0, pos = 0, len = 0;
-    if (!find_stop(g, &c->text, from, &pos, &len)) return 0;
+    if (!find_stop(g, &c->text, from, &pos, &len, &c->stop_str)) return 0;
     c->text.n = g->p.include_stop_str ? pos + len : pos;
     c->text.p[c->text.n] = 0;
     return 1;

@@ -131,6 +131,24 @@ json_t *http_error_json(int status, const char *param, const char *msg) {
     return error_json_code(status, param, NULL, 0, msg);
 }
 
+/* Anthropic's error types by status (docs.anthropic.com "Errors"); 503 is
+ * their overloaded_error (they send it as 529; the status here stays 503). */
+json_t *http_error_json_anthropic(int status, const char *msg) {
+    const char *type = status == 401 ? "authentication_error" : status == 403 ? "permission_error"
+                     : status == 404 ? "not_found_error" : status == 413 ? "request_too_large"
+                     : status == 429 ? "rate_limit_error" : status == 503 ? "overloaded_error"
+                     : status >= 500 ? "api_error" : "invalid_request_error";
+    json_t *o = error_json_code(status, NULL, NULL, 0, msg); /* its message, made safe the same way */
+    json_t *e = json_object();
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set(e, "message", json_object_get(json_object_get(o, "error"), "message"));
+    json_decref(o);
+    json_t *j = json_object();
+    json_object_set_new(j, "type", json_string("error"));
+    json_object_set_new(j, "error", e);
+    return j;
+}
+
 /* The error document in the dialect of q's route (the route table's tag; no route: OpenAI). */
 static json_t *dialect_error_json(HttpReq *q, int status, const char *param, const char *code, int set_code,
                                   const char *msg) {
@@ -142,6 +160,7 @@ static json_t *dialect_error_json(HttpReq *q, int status, const char *param, con
         json_object_set_new(j, "error", e);
         return j;
     }
+    case DIALECT_ANTHROPIC: return http_error_json_anthropic(status, msg);
     }
     return error_json_code(status, param, code, set_code, msg);
 }

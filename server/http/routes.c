@@ -52,6 +52,11 @@ static const Route ROUTES[] = {
     {"GET",  "/v1/models/",                1, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/v1/completions",            0, api_completions,     AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     {"POST", "/v1/chat/completions",       0, api_chat,            AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    /* the agent dialects (api_responses.c, api_messages.c): chat's machinery, each API's own shapes */
+    {"POST", "/v1/responses",              0, api_responses,       AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"GET",  "/v1/responses/",             1, api_responses_get,   AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
+    {"POST", "/v1/messages",               0, api_messages,        AUTH_API_KEY, BODY_JSON,          DIALECT_ANTHROPIC, 405},
+    {"POST", "/v1/messages/count_tokens",  0, api_messages_count_tokens, AUTH_API_KEY, BODY_JSON,    DIALECT_ANTHROPIC, 405},
     {NULL,   "/v1/",                       1, NULL,                AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/tokenize",                  0, api_tokenize,        AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     {"POST", "/detokenize",                0, api_detokenize,      AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
@@ -119,6 +124,12 @@ static int authorized(HttpReq *q, const char *secret) {
     return b && secret_equal(secret, b);
 }
 
+/* The API key as Anthropic's clients send it (x-api-key), for the API-key routes. */
+static int authorized_x_api_key(HttpReq *q, const char *secret) {
+    const char *k = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, "x-api-key");
+    return k && secret_equal(secret, k);
+}
+
 /* Refuse (answer and return 1) unless q may use a route of class a. */
 static int refused(HttpReq *q, RouteAuth a, int *ret) {
     const ServerConfig *c = &q->s->cfg;
@@ -132,8 +143,9 @@ static int refused(HttpReq *q, RouteAuth a, int *ret) {
         else return 0;
         return 1;
     case AUTH_API_KEY:
-        if (!c->api_key || authorized(q, c->api_key)) return 0;
-        *ret = http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>)");
+        if (!c->api_key || authorized(q, c->api_key) || authorized_x_api_key(q, c->api_key)) return 0;
+        *ret = http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>, or "
+                               "x-api-key: <api key>)");
         return 1;
     }
     return 0;

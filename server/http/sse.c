@@ -15,5 +15,12 @@ void sse_event_json(Buf *out, json_t *j) {
     free(s);
 }
 
+void sse_event_named(Buf *out, const char *name, json_t *j) {
+    buf_puts(out, "event: ");
+    buf_puts(out, name);
+    buf_puts(out, "\n");
+    sse_event_json(out, j);
+}
+
 void sse_done(Buf *out) { buf_puts(out, "data: [DONE]\n\n"); }
 

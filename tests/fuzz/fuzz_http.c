@@ -9,7 +9,7 @@
  *
  * and goes through the server's own access handler (http.c, routes.c: the
  * route table's auth, body limits and JSON parsing) into every endpoint
- * (api_*.c: completions, chat, tokenize, detokenize, models, metrics, health,
+ * (api_*.c: completions, chat, responses, messages, tokenize, detokenize, models, metrics, health,
  * admin delta/weights/reload/pause/resume/abort, vLLM's /inference/v1/generate
  * and prime-rl's controls, SGLang's /generate and controls) on the bundled tiny model
  * with a real engine, so requests generate. The Server is built by
@@ -22,8 +22,9 @@
  * Besides crashes, leaks and UB, the target aborts when an answer breaks the
  * API contract: a 500 (README: "500 only for bugs"), two answers to one
  * request, a JSON answer that does not parse or an error without an
- * "error" object with a message (OpenAI's and SGLang's shapes; SGLang's weight
- * route: {"success": false, "message"}), a stream that is not SSE or does not end with [DONE], or an engine
+ * "error" object with a message (OpenAI's, Anthropic's and SGLang's shapes; SGLang's weight
+ * route: {"success": false, "message"}), a stream that is not SSE or does not end with [DONE] (the agent
+ * dialects: with their terminal named event), or an engine
  * that is not idle again (running/waiting sequences, in-flight count) once the
  * request is over. "x-fuzz-disconnect: K" makes the client go away: streams
  * after K chunks, whole responses before the first engine step.
@@ -303,8 +304,8 @@ static int parse_input(const uint8_t *data, size_t size, Parsed *p, struct MHD_C
  * The token-in/token-out dialects keep the limit inside "sampling_params"
  * (vLLM's max_tokens, SGLang's max_new_tokens, default 128); a
  * sampling_params that is not an object stays, for its 400. */
-static int clamp_keys(json_t *o, const char *const *keys, int n_keys) {
-    int changed = 0, present = 0;
+static int clamp_keys(json_t *o, const char *const *keys, int n_keys, int present) {
+    int changed = 0;
     for (int i = 0; i < n_keys; i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (!v || json_is_null(v)) continue;
@@ -321,19 +322,23 @@ static int clamp_keys(json_t *o, const char *const *keys, int n_keys) {
 static char *clamp_tokens(const char *path, const uint8_t *body, size_t n, size_t *out_n) {
     int openai = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
     int vllm = !strcmp(path, "/inference/v1/generate"), sgl = !strcmp(path, "/generate");
-    if (!openai && !vllm && !sgl) return NULL;
+    /* the agent dialects name it their way; /v1/messages requires it (absent: its 400 stays reachable) */
+    int responses = !strcmp(path, "/v1/responses"), messages = !strcmp(path, "/v1/messages");
+    if (!openai && !vllm && !sgl && !responses && !messages) return NULL;
     json_error_t je;
     json_t *j = json_loadb((const char *)body, n, 0, &je);
     if (!json_is_object(j)) { json_decref(j); return NULL; }
     static const char *const oa[] = {"max_tokens", "max_completion_tokens"}, *const vl[] = {"max_tokens"},
-                             *const sg[] = {"max_new_tokens"};
+                             *const sg[] = {"max_new_tokens"}, *const rs[] = {"max_output_tokens"};
     int changed = 0;
-    if (openai) {
-        changed = clamp_keys(j, oa, 2);
+    if (openai || messages) {
+        changed = clamp_keys(j, oa, 2, messages);
+    } else if (responses) {
+        changed = clamp_keys(j, rs, 1, 0);
     } else {
         json_t *sp = json_object_get(j, "sampling_params");
         if (!sp && sgl) json_object_set_new(j, "sampling_params", sp = json_object());
-        if (json_is_object(sp)) changed = clamp_keys(sp, vllm ? vl : sg, 1);
+        if (json_is_object(sp)) changed = clamp_keys(sp, vllm ? vl : sg, 1, 0);
     }
     char *out = changed ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
@@ -392,6 +397,41 @@ static int drain_stream(struct MHD_Response *r, int max_chunks, int gone, Buf *o
     }
     free(buf);
     return ended;
+}
+
+/* The named-event streams of the agent dialects (/v1/responses, /v1/messages):
+ * "event: NAME\ndata: {"type": NAME, ...}" blocks, no [DONE]; a finished
+ * stream's last event is its terminal one. */
+static void check_named_sse(const Buf *b, int ended) {
+    size_t i = 0;
+    char last[64] = "";
+    while (i < b->n) {
+        const char *p = b->p + i;
+        const char *e = memmem(p, b->n - i, "\n\n", 2);
+        if (!e) {
+            if (ended) FAIL("stream ends inside an event: %.*s", (int)(b->n - i), p);
+            return;
+        }
+        size_t n = (size_t)(e - p);
+        if (n >= 1 && p[0] == ':') { i += n + 2; continue; } /* comment (keep-alive) */
+        const char *nl = memchr(p, '\n', n);
+        if (n < 8 || memcmp(p, "event: ", 7) || !nl || (size_t)(e - nl) < 7 || memcmp(nl + 1, "data: ", 6))
+            FAIL("not a named SSE event: %.*s", (int)n, p);
+        json_error_t je;
+        json_t *j = json_loadb(nl + 7, (size_t)(e - nl - 7), JSON_ALLOW_NUL, &je);
+        json_t *ty = json_object_get(j, "type");
+        size_t k = (size_t)(nl - p) - 7;
+        if (!json_is_string(ty) || k >= sizeof last || strlen(json_string_value(ty)) != k ||
+            memcmp(json_string_value(ty), p + 7, k))
+            FAIL("event data without its name as \"type\": %.*s", (int)n, p);
+        json_decref(j);
+        memcpy(last, p + 7, k);
+        last[k] = 0;
+        i += n + 2;
+    }
+    if (ended && strcmp(last, "message_stop") && strcmp(last, "response.completed") &&
+        strcmp(last, "response.incomplete") && strcmp(last, "error"))
+        FAIL("stream ended after %s, not a terminal event", last[0] ? last : "nothing");
 }
 
 static void check_sse(const Buf *b, int ended) {
@@ -491,7 +531,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 int more = drain_stream(r, 1, 1, &out);
                 if (more) ended = more;
             }
-            check_sse(&out, ended == 1);
+            if (!strcmp(p.path, "/v1/responses") || !strcmp(p.path, "/v1/messages")) check_named_sse(&out, ended == 1);
+            else check_sse(&out, ended == 1);
             buf_free(&out);
         } else {
             check_whole(r, p.path);

@@ -14,8 +14,8 @@
  * the whole conversation in input) and GET /v1/responses/{id} is a 404.
  * Not here: built-in tools (web search, file search, ...: 400), text.format
  * other than text (400), background mode (400), the OpenAI logprobs of
- * output_text (the RL field sampler_logprobs carries them), prompt-cache
- * counts (input_tokens_details.cached_tokens is always 0).
+ * output_text (the RL field sampler_logprobs carries them).
+ * input_tokens_details.cached_tokens: the prompt tokens found in the prefix cache.
  */
 #define _GNU_SOURCE
 #include <microhttpd.h>
@@ -251,7 +251,9 @@ static void ev(Resp *r, const char *type, json_t *j) {
 static json_t *usage(Resp *r) {
     Gen *g = &r->g;
     json_int_t in = (json_int_t)g->prompts[0].n, out = g->ch[0].n_out;
-    return json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens", 0,
+    int cached = g->reqs && g->reqs[0] ? engine_request_cached_tokens(g->reqs[0]) : 0;
+    return json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens",
+                     cached,
                      "output_tokens", out, "output_tokens_details", "reasoning_tokens", dialect_reasoning_tokens(g),
                      "total_tokens", in + out);
 }

@@ -391,7 +391,9 @@ def test_delta_while_64_streams_tags_every_token(delta01):
                  "return_raw_logprobs": True}, on_event(i), timeout=300)) for i in range(n)]
             t0 = time.monotonic()
             while min(len(v) for v in ids) < 2:  # every stream is under way
-                assert not any(t.done() for t in tasks), "a stream ended before its second token"
+                ended = [(i, t.result().status, t.result().error, t.result().body[:200], len(ids[i]))
+                         for i, t in enumerate(tasks) if t.done()]
+                assert not ended, f"streams ended before their second token (i, status, error, body, ids): {ended}"
                 assert time.monotonic() - t0 < DEADLINE_S, "streams not under way"
                 await asyncio.sleep(0.01)
             at_post = [len(v) for v in ids]

@@ -65,6 +65,26 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
     threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
 }
 
+typedef struct LoraJob {
+    float *out;
+    const float *x;
+    const LoraPair *const *pairs;
+} LoraJob;
+
+static void lora_task(void *p, int i, int thread) {
+    (void)thread;
+    const LoraJob *j = p;
+    const LoraPair *lp = j->pairs[i];
+    if (lp) cpu_lora_row(j->out + (size_t)i * lp->out, j->x + (size_t)i * lp->in, lp);
+}
+
+/* Rows in parallel: each row is one token under its own adapter. */
+static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {
+    CpuCtx *c = b->ctx;
+    LoraJob j = {out, x, pairs};
+    threadpool_run(c->tp, n, lora_task, &j);
+}
+
 static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
     for (int i = 0; i < n; i++) cpu_embed(x + (size_t)i * dim, emb, tokens[i], dim);
 }
@@ -186,7 +206,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
                    .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
-                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve,
+                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve, .lora = cpu_lora,
                    .free = cpu_free};
     return b;
 }

@@ -74,8 +74,72 @@ def logits(model, ids):
         return model(input_ids=ids[None, :], use_cache=False).logits[0].float()
 
 
+# Adapters on the bundled models/tiny-qwen3 (real tokenizer) for the server tests
+# (tests/py/test_lora_server.py): greedy continuations of a token prompt under the base and
+# each adapter, with transformers + peft, into tests/data/lora_server_golden.json.
+TINY = [("t1", dict(r=8, lora_alpha=16, target_modules=ALL), 11),
+        ("t2", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], use_rslora=True), 12)]
+GREEDY_TOKENS = 8
+
+
+def greedy(model, ids, n):
+    """n argmax steps over the full sequence; the smallest top-1 / top-2 logit gap seen."""
+    ids = ids.clone()
+    margin = float("inf")
+    for _ in range(n):
+        lg = logits(model, ids)[-1]
+        top = torch.topk(lg, 2).values
+        margin = min(margin, (top[0] - top[1]).item())
+        ids = torch.cat([ids, lg.argmax().view(1)])
+    return ids[-n:].tolist(), margin
+
+
+def save_adapter(pm, d, base_name):
+    """peft's save_pretrained, then the tensors as BF16 (exact: the values were rounded)."""
+    pm.save_pretrained(d, save_embedding_layers=False)
+    from safetensors.torch import load_file
+    st = load_file(os.path.join(d, "adapter_model.safetensors"))
+    save_file({k: v.bfloat16() for k, v in st.items()}, os.path.join(d, "adapter_model.safetensors"))
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        ac = json.load(f)
+    ac["base_model_name_or_path"] = base_name
+    ac["target_modules"] = sorted(ac["target_modules"])  # peft keeps a set: hash order would differ per run
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump(ac, f, indent=2, sort_keys=True)
+    os.remove(os.path.join(d, "README.md"))  # peft's model card template
+
+
+def make_tiny():
+    tiny = os.path.join(REPO, "models", "tiny-qwen3")
+
+    def load():
+        m = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager")
+        return m.eval()
+
+    gen = torch.Generator().manual_seed(21)
+    prompt = torch.randint(0, 151936, (6,), generator=gen, dtype=torch.int64)
+    out = {"prompt": prompt.tolist(), "max_tokens": GREEDY_TOKENS}
+    out["base"], margin = greedy(load(), prompt, GREEDY_TOKENS)
+    for name, kw, seed in TINY:
+        pm = peft.get_peft_model(load(), peft.LoraConfig(lora_dropout=0.0, bias="none", **kw))
+        randomize(pm, torch.Generator().manual_seed(seed))
+        d = os.path.join(OUT, f"tiny-qwen3-{name}")
+        save_adapter(pm, d, "models/tiny-qwen3")
+        ref = peft.PeftModel.from_pretrained(load(), d).eval()
+        out[name], m = greedy(ref, prompt, GREEDY_TOKENS)
+        margin = min(margin, m)
+        assert out[name] != out["base"], name
+    # argmax must not sit on a knife edge: f32 summation order moves logits by ~1e-5
+    assert margin > 1e-3, margin
+    out["min_top2_gap"] = margin
+    with open(os.path.join(REPO, "tests", "data", "lora_server_golden.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print("tiny-qwen3:", out)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    make_tiny()
     refs = {}
     for fixture, name, kw, seed in ADAPTERS:
         gen = torch.Generator().manual_seed(seed)
@@ -83,17 +147,7 @@ def main():
         pm = peft.get_peft_model(base_model(fixture), cfg)
         randomize(pm, gen)
         d = os.path.join(OUT, f"{fixture}-{name}")
-        pm.save_pretrained(d, save_embedding_layers=False)
-        # peft saves in the parameters' dtype (float32); store BF16 (exact: the values were rounded)
-        from safetensors.torch import load_file
-        st = load_file(os.path.join(d, "adapter_model.safetensors"))
-        save_file({k: v.bfloat16() for k, v in st.items()}, os.path.join(d, "adapter_model.safetensors"))
-        with open(os.path.join(d, "adapter_config.json")) as f:
-            ac = json.load(f)
-        ac["base_model_name_or_path"] = f"tests/fixtures/{fixture}"
-        os.remove(os.path.join(d, "README.md"))  # peft's model card template
-        with open(os.path.join(d, "adapter_config.json"), "w") as f:
-            json.dump(ac, f, indent=2, sort_keys=True)
+        save_adapter(pm, d, f"tests/fixtures/{fixture}")
         # the reference: the committed directory reloaded onto a fresh base
         base = base_model(fixture)
         vocab = base.config.vocab_size

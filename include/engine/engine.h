@@ -56,6 +56,8 @@ typedef struct EngineConfig {
     size_t max_request_output_mb; /* per-request output budget (engine_request_output_bytes); default 2048 */
     size_t max_output_mem_mb;     /* outputs of all requests in flight together; default 8192 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
+    int max_loras;          /* LoRA adapter slots requests may name (0..max_loras-1); default 0, at most
+                               ENGINE_MAX_LORAS */
     int verbose;            /* 1: print the configuration at create (default 1) */
     /* Test hook, NULL by default: sees (and may change) a token's kept set
      * [*n_kept] before it is stored, from the sampling threads. Lets a test
@@ -87,6 +89,9 @@ typedef struct EngineBackend {
     void (*copy_block)(void *ctx, int src, int dst);
     /* experts [n_tokens, n_moe_layers, top_k] int32 for the next forward, or NULL. */
     void (*set_expert_capture)(void *ctx, int32_t *experts);
+    /* Optional (NULL: requests naming an adapter are refused): the LoRA slot of
+     * each token [n_tokens] of the next forward (-1 the base), or NULL (all base). */
+    void (*set_lora_tokens)(void *ctx, const int32_t *lora);
 } EngineBackend;
 
 typedef struct Engine Engine;
@@ -116,6 +121,8 @@ typedef struct EngineRequestParams {
     int prompt_logprobs;    /* -1: none; 0: the prompt tokens' own log-probs; N: also top-N */
     int want_experts;       /* MoE: routed expert ids per layer per generated token */
     uint64_t user_tag;      /* opaque, for the caller's bookkeeping */
+    int lora_slot;          /* LoRA adapter slot of every token of this request; -1 (default): the base.
+                               The caller keeps the slot's adapter in place until the request is released */
     /* Bytes the caller will need to render this request's outputs (its JSON),
      * counted into the output budget with the engine's own storage. */
     size_t extra_output_bytes;
@@ -171,6 +178,7 @@ typedef struct TokenRecord {
     int32_t token;
     int32_t pos;              /* position in the sequence (n_prompt + index) */
     uint64_t weight_version;  /* weights that produced the logits this token was sampled from */
+    uint64_t adapter_version; /* the LoRA adapter's version at that step (engine_lora_changed); 0 for the base */
     float logprob;            /* under the distribution actually sampled from */
     float logprob_raw;        /* under softmax(logits / T); NAN unless want_raw_logprob */
     int32_t n_top;            /* alternatives (top_logprobs) */
@@ -273,6 +281,18 @@ int engine_is_paused(Engine *e);
 typedef int (*EngineExclusiveFn)(void *ctx, Err *err);
 int engine_run_exclusive(Engine *e, EngineExclusiveFn fn, void *ctx, int bump_version, Err *err);
 uint64_t engine_weight_version(Engine *e);
+
+/* ---- LoRA adapter slots ----
+ * A request names a slot (EngineRequestParams.lora_slot); the caller puts the
+ * adapter into the backend's slot. Call engine_lora_changed only from an
+ * EngineExclusiveFn (the engine thread, between steps) whenever a slot's
+ * adapter is put in place or replaced: tokens sampled after it carry
+ * `version` as their adapter_version, and the slot gets a new prefix-cache
+ * tag, so K/V computed under the old adapter are never shared with the new
+ * one (cache keys are (weight version, slot tag, tokens)). Running sequences
+ * continue, as after a delta. */
+#define ENGINE_MAX_LORAS 64
+void engine_lora_changed(Engine *e, int slot, uint64_t version);
 
 /* ---- metrics ---- */
 #define ENGINE_HIST_BUCKETS 16

@@ -41,6 +41,9 @@ typedef struct GenParams {
     int ret_raw_lp;         /* return_raw_logprobs */
     int ret_mask;           /* return_sampling_mask */
     int ret_experts;        /* return_routed_experts (SGLang) */
+    /* not parsed: the endpoint sets them from "model" (lora_model_acquire) */
+    int lora;               /* LoRA adapter slot + 1 holding a reference (gen_free releases it); 0 the base */
+    char lora_name[128];    /* that adapter's name, echoed as the response's "model" */
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

@@ -44,6 +44,9 @@ static const Route ROUTES[] = {
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/is_paused",                 0, api_admin_is_paused, AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/abort_request",             0, api_admin_abort,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
+    /* vLLM's LoRA adapter controls (api_lora.c) */
+    {"POST", "/v1/load_lora_adapter",      0, api_lora_load,       AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 405},
+    {"POST", "/v1/unload_lora_adapter",    0, api_lora_unload,     AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 405},
     /* the OpenAI API (api_tokenize.c, api_completions.c, api_chat.c) */
     {"GET",  "/v1/models",                 0, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/v1/models/",                1, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},

@@ -275,6 +275,7 @@ int api_admin_is_paused(HttpReq *q, json_t *body);
 int api_admin_abort(HttpReq *q, json_t *body);
 int api_lora_load(HttpReq *q, json_t *body);
 int api_lora_unload(HttpReq *q, json_t *body);
+int api_lora_push(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */

@@ -52,6 +52,11 @@ size_t lora_bytes(const ModelConfig *cfg, int rank);
  * with err (nothing allocated). */
 int lora_load(LoraAdapter **out, const ModelConfig *cfg, const char *dir, int max_rank, const StOpener *op,
               const char *label, Err *err);
+/* The same from memory (trainer push-lora): the adapter_config.json text
+ * [config_len] and an adapter_model.safetensors image [st_len], which is
+ * only read and need not outlive the call. */
+int lora_from_memory(LoraAdapter **out, const ModelConfig *cfg, const char *config, size_t config_len,
+                     const uint8_t *st_bytes, size_t st_len, int max_rank, const char *label, Err *err);
 void lora_free(LoraAdapter *a);
 /* The pair of layer l's linear t, or NULL. */
 static inline const LoraPair *lora_pair(const LoraAdapter *a, int l, LoraTarget t) {

@@ -27,9 +27,11 @@
  *
  * Not here: the adapter format (lora.h), the batched compute (forward.c).
  */
+#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "delta_sign.h"
 #include "log.h"
 #include "lora.h"
 #include "runner_backend.h"
@@ -88,13 +90,9 @@ static int name_ok(const Server *s, const char *name, Err *err) {
     return 0;
 }
 
-/* Read dir for slot `slot` (not yet visible) and make it LIVE: the load transaction. */
-static int load_into(Server *s, int slot, const char *name, const char *dir, const StOpener *op, int inplace,
-                     Err *err) {
-    LoraAdapter *a = NULL;
-    char label[1200];
-    snprintf(label, sizeof label, "LoRA adapter '%s' (%s)", name, dir);
-    if (lora_load(&a, &s->model->cfg, dir, s->cfg.max_lora_rank, op, label, err)) return -1;
+/* Put adapter a (read and checked) into slot `slot` and make it LIVE under
+ * name: the commit of a load. Takes a (freed on failure). */
+static int install(Server *s, int slot, const char *name, const char *dir, LoraAdapter *a, int inplace, Err *err) {
     pthread_mutex_lock(&s->lora_mu);
     uint64_t version = inplace ? s->lora_slots[slot].version + 1 : 0;
     pthread_mutex_unlock(&s->lora_mu);
@@ -117,6 +115,16 @@ static int load_into(Server *s, int slot, const char *name, const char *dir, con
              inplace ? "replaced" : "loaded", name, dir, slot, a->rank, a->alpha, a->rslora ? " (rsLoRA)" : "",
              a->n_targets, a->bytes / 1024.0, (unsigned long long)version);
     return 0;
+}
+
+/* Read dir for slot `slot` (not yet visible) and install it: the load transaction. */
+static int load_into(Server *s, int slot, const char *name, const char *dir, const StOpener *op, int inplace,
+                     Err *err) {
+    LoraAdapter *a = NULL;
+    char label[1200];
+    snprintf(label, sizeof label, "LoRA adapter '%s' (%s)", name, dir);
+    if (lora_load(&a, &s->model->cfg, dir, s->cfg.max_lora_rank, op, label, err)) return -1;
+    return install(s, slot, name, dir, a, inplace, err);
 }
 
 void lora_startup(Server *s) {
@@ -289,4 +297,81 @@ int api_lora_unload(HttpReq *q, json_t *body) {
     char msg[256];
     snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
     return http_send_text(q, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+}
+
+/* ---- POST /admin/v1/lora: an adapter pushed by `trainer push-lora` ----
+ * Body (docs/lora.md, "Pushed adapters"): "SLORA\x01\0\0", u32 LE n, n bytes
+ * of JSON {"lora_name", "load_inplace", "adapter_config": {...}}, then the
+ * adapter_model.safetensors image. With --delta-key-file the whole body must
+ * carry a valid X-Delta-Signature (HMAC-SHA256), checked before any byte is
+ * parsed, as for deltas. Then the same transaction as a load. */
+#define LORA_PUSH_MAGIC "SLORA\x01\0\0"
+
+static int push_request(Server *s, const uint8_t *b, size_t n, char *name, size_t cap, uint64_t *version, Err *err) {
+    ENSURE(err, n >= 12 && memcmp(b, LORA_PUSH_MAGIC, 8) == 0, 400, "not a pushed LoRA adapter (`trainer "
+           "push-lora` writes them; magic SLORA\\x01)");
+    uint32_t hn = (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
+    ENSURE(err, hn <= n - 12 && hn <= (1u << 20), 400, "pushed adapter: header of %u bytes in a body of %zu", hn, n);
+    json_error_t je;
+    json_t *h = json_loadb((const char *)b + 12, hn, JSON_REJECT_DUPLICATES, &je);
+    ENSURE(err, h && json_is_object(h), 400, "pushed adapter: header is not a JSON object: %s", h ? "" : je.text);
+    const char *nm = json_string_value(json_object_get(h, "lora_name"));
+    json_t *cfgj = json_object_get(h, "adapter_config"), *li = json_object_get(h, "load_inplace");
+    int rc = 0;
+    if (!nm) rc = ERR(err, 400, "lora_name: required, a string");
+    else if (!json_is_object(cfgj)) rc = ERR(err, 400, "adapter_config: required, the adapter_config.json object");
+    else if (li && !json_is_boolean(li)) rc = ERR(err, 400, "load_inplace: must be a boolean");
+    else rc = name_ok(s, nm, err);
+    char *cfg = rc ? NULL : json_dumps(cfgj, JSON_COMPACT);
+    if (!rc && !cfg) rc = ERR(err, 503, "out of memory");
+    int inplace = json_is_true(li), have = -1, slot = -1;
+    if (!rc) {
+        snprintf(name, cap, "%s", nm);
+        pthread_mutex_lock(&s->lora_mu);
+        have = find_locked(s, name, SLOT_LIVE);
+        slot = have >= 0 ? have : free_slot_locked(s);
+        pthread_mutex_unlock(&s->lora_mu);
+        if (have >= 0 && !inplace)
+            rc = ERR(err, 400, "The lora adapter '%s' has already been loaded. If you want to load the adapter in "
+                     "place, set 'load_inplace' to True.", name);
+        else if (slot < 0)
+            rc = ERR(err, 400, "lora_name: all %d LoRA slots are in use (--max-loras); unload an adapter first",
+                     s->cfg.engine.max_loras);
+    }
+    json_decref(h);
+    LoraAdapter *a = NULL;
+    char label[256];
+    snprintf(label, sizeof label, "pushed LoRA adapter '%s'", name);
+    if (!rc) rc = lora_from_memory(&a, &s->model->cfg, cfg, strlen(cfg), b + 12 + hn, n - 12 - hn,
+                                   s->cfg.max_lora_rank, label, err);
+    free(cfg);
+    if (!rc) rc = install(s, slot, name, "(pushed)", a, have >= 0, err);
+    if (!rc) {
+        pthread_mutex_lock(&s->lora_mu);
+        *version = s->lora_slots[slot].version;
+        pthread_mutex_unlock(&s->lora_mu);
+    }
+    return rc;
+}
+
+int api_lora_push(HttpReq *q, json_t *unused) {
+    (void)unused;
+    Server *s = q->s;
+    Err err = {0};
+    const uint8_t *b = (const uint8_t *)q->body.p;
+    if (s->cfg.delta_key) {
+        const char *sig = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, DELTA_SIG_HEADER);
+        if (delta_verify(s->cfg.delta_key, s->cfg.delta_key_len, b, q->body.n, sig, &err) < 0) {
+            log_warn("refused a pushed LoRA adapter: %s", err.msg);
+            return http_send_error_code(q, 401, NULL, "invalid_delta_signature", "%s", err.msg);
+        }
+    }
+    char name[128] = "";
+    uint64_t version = 0;
+    pthread_mutex_lock(&s->admin_mu);
+    int rc = push_request(s, b, q->body.n, name, sizeof name, &version, &err);
+    pthread_mutex_unlock(&s->admin_mu);
+    if (rc) return http_send_err(q, &err);
+    json_t *o = json_pack("{s:s, s:I}", "lora_name", name, "adapter_version", (json_int_t)version);
+    return http_send_json(q, 200, o);
 }

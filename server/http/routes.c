@@ -37,6 +37,7 @@ static const Route ROUTES[] = {
     {"GET",  "/metrics",                   0, api_metrics,         AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     /* the trainer's controls (api_admin.c, api_reload.c) */
     {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
+    {"POST", "/admin/v1/lora",             0, api_lora_push,       AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
     {NULL,   "/admin/",                    1, NULL,                AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},

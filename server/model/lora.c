@@ -267,6 +267,25 @@ int lora_load(LoraAdapter **out, const ModelConfig *cfg, const char *dir, int ma
     return rc;
 }
 
+int lora_from_memory(LoraAdapter **out, const ModelConfig *cfg, const char *config, size_t config_len,
+                     const uint8_t *st_bytes, size_t st_len, int max_rank, const char *label, Err *err) {
+    *out = NULL;
+    if (max_rank > LORA_MAX_RANK) max_rank = LORA_MAX_RANK;
+    json_error_t je;
+    json_t *root = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
+    ENSURE(err, root, 400, "%s: adapter_config.json: %s (offset %d)", label, je.text, je.position);
+    Config c = {0};
+    int rc = parse_config(root, label, max_rank, &c, err);
+    json_decref(root);
+    if (rc) return rc;
+    SafeTensors st = {0}; /* parse only reads the image */
+    rc = safetensors_parse(&st, 0, (uint8_t *)st_bytes, st_len, label, err);
+    if (rc == 0) rc = build(out, cfg, &st, &c, label, err);
+    for (int i = 0; i < st.n; i++) free(st.t[i].name);
+    free(st.t);
+    return rc;
+}
+
 void lora_free(LoraAdapter *a) {
     if (!a) return;
     free(a->arena);

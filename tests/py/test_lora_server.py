@@ -196,3 +196,42 @@ def test_startup_refuses_bad_lora_flags(sampler_bin):
         p = subprocess.run([sampler_bin, "--port", "0", "--threads", "1", "--kv-mem-mb", "16", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and want in p.stderr, (args, p.stderr)
+
+
+def test_trainer_push_lora_signed_inplace(tmp_path):
+    import subprocess
+    from conftest import BUILD
+    trainer = os.environ.get("TRAINER_BIN", os.path.join(BUILD, "trainer"))
+    key, wrong = tmp_path / "k", tmp_path / "wrong"
+    key.write_text("ab" * 32 + "\n")
+    wrong.write_text("cd" * 32 + "\n")
+    s = Server("--delta-key-file", str(key), "--max-loras", "2")
+    try:
+        def push(d, *extra, k=key):
+            args = [trainer, "push-lora", d, "--name", "p", "--to", s.url, "--admin-token", ADMIN, "--retries", "0"]
+            if k:
+                args += ["--key-file", str(k)]
+            return subprocess.run(args + list(extra), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        p = push(T1)
+        assert p.returncode == 0 and '"adapter_version":0' in p.stdout.replace(" ", ""), p.stderr
+        assert ids(complete(s, "p", GOLDEN["prompt"])) == GOLDEN["t1"]
+        p = push(T2)  # the name is taken and --inplace is not given
+        assert p.returncode != 0 and "already been loaded" in p.stderr
+        for k in (None, wrong):  # unsigned, wrongly signed: 401, p unchanged
+            p = push(T2, "--inplace", k=k)
+            assert p.returncode != 0 and "401" in p.stderr, p.stderr
+        assert ids(complete(s, "p", GOLDEN["prompt"])) == GOLDEN["t1"]
+        p = push(T2, "--inplace")
+        assert p.returncode == 0, p.stderr
+        r = complete(s, "p", GOLDEN["prompt"])
+        assert ids(r) == GOLDEN["t2"] and r["choices"][0]["token_adapter_versions"] == [1] * GOLDEN["max_tokens"]
+        bad = tmp_path / "bad"
+        shutil.copytree(os.path.join(ROOT, T1), bad)
+        c = json.load(open(bad / "adapter_config.json"))
+        c["use_dora"] = True
+        json.dump(c, open(bad / "adapter_config.json", "w"))
+        p = push(str(bad), "--inplace")
+        assert p.returncode != 0 and "use_dora" in p.stderr
+        assert ids(complete(s, "p", GOLDEN["prompt"])) == GOLDEN["t2"]
+    finally:
+        assert s.stop() == 0

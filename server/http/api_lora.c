@@ -168,10 +168,13 @@ int lora_model_acquire(Server *s, json_t *body, int *lora, char *name, size_t ca
     ENSURE(err, json_is_string(m), 400, "model: must be a string");
     const char *v = json_string_value(m);
     if (!strcmp(v, s->model_name) || !strcmp(v, s->model_dir)) return 0;
-    pthread_mutex_lock(&s->lora_mu);
-    int slot = s->lora_slots ? find_locked(s, v, SLOT_LIVE) : -1;
-    if (slot >= 0) s->lora_slots[slot].refs++;
-    pthread_mutex_unlock(&s->lora_mu);
+    int slot = -1;
+    if (s->lora_slots) { /* NULL: lora_startup did not run (engine-only servers) */
+        pthread_mutex_lock(&s->lora_mu);
+        slot = find_locked(s, v, SLOT_LIVE);
+        if (slot >= 0) s->lora_slots[slot].refs++;
+        pthread_mutex_unlock(&s->lora_mu);
+    }
     ENSURE(err, slot >= 0, 404, "The model `%s` does not exist. This server serves `%s` and its LoRA adapters "
            "(GET /v1/models).", v, s->model_name);
     *lora = slot + 1;
@@ -220,15 +223,17 @@ static json_t *card_locked(Server *s, const LoraSlot *e) {
 }
 
 void lora_model_cards(Server *s, json_t *list) {
+    if (!s->lora_slots) return;
     pthread_mutex_lock(&s->lora_mu);
-    for (int i = 0; s->lora_slots && i < s->cfg.engine.max_loras; i++)
+    for (int i = 0; i < s->cfg.engine.max_loras; i++)
         if (s->lora_slots[i].state == SLOT_LIVE) json_array_append_new(list, card_locked(s, &s->lora_slots[i]));
     pthread_mutex_unlock(&s->lora_mu);
 }
 
 json_t *lora_model_card(Server *s, const char *name) {
+    if (!s->lora_slots) return NULL;
     pthread_mutex_lock(&s->lora_mu);
-    int slot = s->lora_slots ? find_locked(s, name, SLOT_LIVE) : -1;
+    int slot = find_locked(s, name, SLOT_LIVE);
     json_t *m = slot >= 0 ? card_locked(s, &s->lora_slots[slot]) : NULL;
     pthread_mutex_unlock(&s->lora_mu);
     return m;

@@ -117,7 +117,7 @@ static int swap_fn(void *ctx, Err *err) {
     Swap *s = ctx;
     double t0 = now_s();
     int rc = runner_set_lora(s->r, 0, s->a, err);
-    if (!rc) engine_lora_changed(s->e, 0, s->version);
+    if (!rc) engine_lora_changed(s->e, 0, (uint32_t)s->version);
     s->held = now_s() - t0;
     return rc;
 }

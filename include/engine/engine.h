@@ -178,10 +178,11 @@ typedef struct TokenRecord {
     int32_t token;
     int32_t pos;              /* position in the sequence (n_prompt + index) */
     uint64_t weight_version;  /* weights that produced the logits this token was sampled from */
-    uint64_t adapter_version; /* the LoRA adapter's version at that step (engine_lora_changed); 0 for the base */
     float logprob;            /* under the distribution actually sampled from */
     float logprob_raw;        /* under softmax(logits / T); NAN unless want_raw_logprob */
     int32_t n_top;            /* alternatives (top_logprobs) */
+    uint32_t adapter_version; /* the LoRA adapter's version at that step (engine_lora_changed); 0 for the base.
+                                 32 bits keep the record at 88 bytes; the server refuses a version above */
     const int32_t *top_ids;   /* [n_top] ranked by processed logit, id asc on ties */
     const float *top_logprobs;     /* [n_top] sampled distribution (-inf outside the mask) */
     const float *top_logprobs_raw; /* [n_top] raw distribution, or NULL */
@@ -292,7 +293,8 @@ uint64_t engine_weight_version(Engine *e);
  * one (cache keys are (weight version, slot tag, tokens)). Running sequences
  * continue, as after a delta. */
 #define ENGINE_MAX_LORAS 64
-void engine_lora_changed(Engine *e, int slot, uint64_t version);
+#define ENGINE_LORA_VERSION_MAX 0xffffffffu
+void engine_lora_changed(Engine *e, int slot, uint32_t version);
 
 /* ---- metrics ---- */
 #define ENGINE_HIST_BUCKETS 16

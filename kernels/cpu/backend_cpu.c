@@ -24,11 +24,10 @@ typedef struct CpuCtx {
     float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
     int max_tokens;
     /* batched LoRA scratch (cpu_lora), [max_tokens] each unless noted */
-    float *lora_h;             /* [max_tokens, LORA_MAX_RANK] shrink outputs, in segment row order */
     const LoraPair **lora_seg; /* the segments' pairs */
     int *lora_rows;            /* batch row of each segment row */
     int *lora_row0;            /* [max_tokens + 1] first segment row of each segment */
-    int *lora_shrink0, *lora_expand0; /* first task of each segment */
+    int *lora_task0;           /* first task of each segment */
     unsigned char *lora_taken;
 } CpuCtx;
 
@@ -73,14 +72,13 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
     threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
 }
 
-/* Batched LoRA, Punica-style: rows are grouped by adapter pair (segments),
- * and each segment's A and B are read once per call however many rows use
- * them. Shrink tasks are (segment, rank row j): h[row, j] = A[j] . x[row] for
- * the segment's rows; expand tasks are (segment, block of LORA_OUT_ROWS output
- * features): out[row, k] += scale * (B[k] . h[row]). Every element is the same
- * cpu_dot as cpu_lora_row computes, so the grouping (which depends on the
- * batch) never changes a bit. */
-#define LORA_OUT_ROWS 64
+/* Batched LoRA, Punica-style: rows are grouped by adapter pair (segments)
+ * and a task takes up to LORA_ROWS_PER_TASK rows of one segment, so an
+ * adapter's A and B come from memory about once per task and stay in cache
+ * for its other rows, with one barrier per linear. Each row is exactly
+ * cpu_lora_row, so the grouping (which depends on the batch) never changes a
+ * bit. */
+#define LORA_ROWS_PER_TASK 4
 
 typedef struct LoraJob {
     CpuCtx *c;
@@ -89,63 +87,44 @@ typedef struct LoraJob {
     int n_seg;
 } LoraJob;
 
-static int seg_of(const int *task0, int n_seg, int task) {
+static void lora_task(void *p, int task, int thread) {
+    (void)thread;
+    const LoraJob *j = p;
+    CpuCtx *c = j->c;
     int s = 0;
-    while (s + 1 < n_seg && task0[s + 1] <= task) s++;
-    return s;
-}
-
-static void lora_shrink_task(void *p, int task, int thread) {
-    (void)thread;
-    const LoraJob *j = p;
-    CpuCtx *c = j->c;
-    int s = seg_of(c->lora_shrink0, j->n_seg, task), r = task - c->lora_shrink0[s];
+    while (s + 1 < j->n_seg && c->lora_task0[s + 1] <= task) s++;
     const LoraPair *lp = c->lora_seg[s];
-    const float *a = lp->a + (size_t)r * lp->in;
-    for (int i = c->lora_row0[s]; i < c->lora_row0[s + 1]; i++)
-        c->lora_h[(size_t)i * LORA_MAX_RANK + r] = cpu_dot(a, j->x + (size_t)c->lora_rows[i] * lp->in, lp->in);
-}
-
-static void lora_expand_task(void *p, int task, int thread) {
-    (void)thread;
-    const LoraJob *j = p;
-    CpuCtx *c = j->c;
-    int s = seg_of(c->lora_expand0, j->n_seg, task);
-    const LoraPair *lp = c->lora_seg[s];
-    int k0 = (task - c->lora_expand0[s]) * LORA_OUT_ROWS, k1 = k0 + LORA_OUT_ROWS < lp->out ? k0 + LORA_OUT_ROWS : lp->out;
-    for (int i = c->lora_row0[s]; i < c->lora_row0[s + 1]; i++) {
-        float *o = j->out + (size_t)c->lora_rows[i] * lp->out;
-        const float *h = c->lora_h + (size_t)i * LORA_MAX_RANK;
-        for (int k = k0; k < k1; k++) o[k] += lp->scale * cpu_dot(lp->b + (size_t)k * lp->rank, h, lp->rank);
+    int r0 = c->lora_row0[s] + (task - c->lora_task0[s]) * LORA_ROWS_PER_TASK, r1 = r0 + LORA_ROWS_PER_TASK;
+    if (r1 > c->lora_row0[s + 1]) r1 = c->lora_row0[s + 1];
+    for (int i = r0; i < r1; i++) {
+        int row = c->lora_rows[i];
+        cpu_lora_row(j->out + (size_t)row * lp->out, j->x + (size_t)row * lp->in, lp);
     }
 }
 
 static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {
     CpuCtx *c = b->ctx;
     ASSERT(n <= c->max_tokens, "LoRA over %d rows, reserved for %d", n, c->max_tokens);
-    int n_seg = 0, n_rows = 0, ns = 0, ne = 0;
+    int n_seg = 0, n_rows = 0, n_tasks = 0;
     memset(c->lora_taken, 0, (size_t)n);
     for (int i = 0; i < n; i++) {
         if (!pairs[i] || c->lora_taken[i]) continue;
         const LoraPair *lp = pairs[i];
         c->lora_seg[n_seg] = lp;
         c->lora_row0[n_seg] = n_rows;
-        c->lora_shrink0[n_seg] = ns;
-        c->lora_expand0[n_seg] = ne;
+        c->lora_task0[n_seg] = n_tasks;
         for (int k = i; k < n; k++)
             if (pairs[k] == lp) {
                 c->lora_taken[k] = 1;
                 c->lora_rows[n_rows++] = k;
             }
-        ns += lp->rank;
-        ne += (lp->out + LORA_OUT_ROWS - 1) / LORA_OUT_ROWS;
+        n_tasks += (n_rows - c->lora_row0[n_seg] + LORA_ROWS_PER_TASK - 1) / LORA_ROWS_PER_TASK;
         n_seg++;
     }
     c->lora_row0[n_seg] = n_rows;
     if (!n_seg) return;
     LoraJob j = {c, out, x, n_seg};
-    threadpool_run(c->tp, ns, lora_shrink_task, &j);
-    threadpool_run(c->tp, ne, lora_expand_task, &j);
+    threadpool_run(c->tp, n_tasks, lora_task, &j);
 }
 
 static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
@@ -243,17 +222,14 @@ static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
     free(c->xs);
     c->xq = xcalloc((size_t)max_tokens * max_cols, sizeof(float));
     c->xs = xcalloc((size_t)max_tokens * (max_cols / 16 + 1), sizeof(float));
-    void *lora[] = {c->lora_h, (void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_shrink0, c->lora_expand0,
-                    c->lora_taken};
+    void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
     for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) free(lora[i]);
     size_t T = (size_t)max_tokens;
     c->max_tokens = max_tokens;
-    c->lora_h = xcalloc(T * LORA_MAX_RANK, sizeof(float));
     c->lora_seg = xcalloc(T, sizeof *c->lora_seg);
     c->lora_rows = xcalloc(T, sizeof(int));
     c->lora_row0 = xcalloc(T + 1, sizeof(int));
-    c->lora_shrink0 = xcalloc(T, sizeof(int));
-    c->lora_expand0 = xcalloc(T, sizeof(int));
+    c->lora_task0 = xcalloc(T, sizeof(int));
     c->lora_taken = xcalloc(T, 1);
 }
 
@@ -261,8 +237,7 @@ static void cpu_free(Backend *b) {
     CpuCtx *c = b->ctx;
     free(c->xq);
     free(c->xs);
-    void *lora[] = {c->lora_h, (void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_shrink0, c->lora_expand0,
-                    c->lora_taken};
+    void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
     for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) free(lora[i]);
     threadpool_free(c->tp);
     free(c->scores);

@@ -60,7 +60,7 @@ typedef struct SlotSet {
 static int slot_set_fn(void *ctx, Err *err) {
     SlotSet *x = ctx;
     if (runner_set_lora(x->s->runner, x->slot, x->a, err)) return -1;
-    if (x->a) engine_lora_changed(x->s->eng, x->slot, x->version);
+    if (x->a) engine_lora_changed(x->s->eng, x->slot, (uint32_t)x->version);
     return 0;
 }
 
@@ -96,6 +96,11 @@ static int install(Server *s, int slot, const char *name, const char *dir, LoraA
     pthread_mutex_lock(&s->lora_mu);
     uint64_t version = inplace ? s->lora_slots[slot].version + 1 : 0;
     pthread_mutex_unlock(&s->lora_mu);
+    if (version > ENGINE_LORA_VERSION_MAX) {
+        lora_free(a);
+        return ERR(err, 400, "load_inplace: adapter '%s' is at version %u, the last one (unload it and load it anew)",
+                   name, ENGINE_LORA_VERSION_MAX);
+    }
     if (slot_set(s, slot, a, version, err)) {
         lora_free(a);
         return -1;

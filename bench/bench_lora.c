@@ -8,7 +8,10 @@
  *    tok/s with every sequence on the base model, on 1 adapter, on 4 and on
  *    16 distinct adapters (sequence i on adapter i % k), all rank `rank`
  *    (default 16) on all seven linears; ratios against the base measured in
- *    the same run (configurations interleaved, best of 3 rounds).
+ *    the same run (5 rounds, the order of the configurations rotated each
+ *    round, median per configuration). Also the batched LoRA op alone over
+ *    every adapted linear of one step (best of 5): the part of a step that is
+ *    LoRA, free of the noise of the whole step.
  * 2. Adapter update: the time to read and check one adapter directory
  *    (lora_load, while serving: no pause) and, with the engine decoding the
  *    batch under adapters, the engine_run_exclusive swap that a load_inplace
@@ -26,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "dtype.h"
 #include "engine.h"
 #include "lora.h"
@@ -178,18 +182,55 @@ int main(int argc, char **argv) {
     int32_t lt[4][256];
     for (int c = 0; c < 4; c++)
         for (int i = 0; i < B; i++) lt[c][i] = ks[c] ? i % ks[c] : -1;
-    double best[4] = {0};
+    enum { ROUNDS = 5 };
+    double tps[4][ROUNDS], med[4];
     decode_tps(r, kv, m->cfg.vocab, B, P, 2, lt[3], tables); /* warm the adapters' pages */
-    for (int round = 0; round < 3; round++)
-        for (int c = 0; c < 4; c++) {
-            double tps = decode_tps(r, kv, m->cfg.vocab, B, P, steps, ks[c] ? lt[c] : NULL, tables);
-            if (tps > best[c]) best[c] = tps;
+    for (int round = 0; round < ROUNDS; round++)
+        for (int k = 0; k < 4; k++) {
+            int c = (k + round) % 4;
+            tps[c][round] = decode_tps(r, kv, m->cfg.vocab, B, P, steps, ks[c] ? lt[c] : NULL, tables);
         }
-    printf("decode, batch %d, %d steps, best of 3 rounds:\n", B, steps);
-    for (int c = 0; c < 4; c++)
-        printf("  %-22s %8.2f tok/s  %6.3fx the base\n",
-               c == 0 ? "base only" : c == 1 ? "1 adapter" : c == 2 ? "4 distinct adapters" : "16 distinct adapters",
-               best[c], best[c] / best[0]);
+    for (int c = 0; c < 4; c++) {
+        qsort(tps[c], ROUNDS, sizeof(double), cmp_d);
+        med[c] = tps[c][ROUNDS / 2];
+    }
+    /* the LoRA op alone: every adapted linear of one decode step */
+    double op_ms[4] = {0};
+    {
+        Backend *be = backend_cpu_create(threads, 16);
+        int maxd = m->cfg.intermediate > m->cfg.n_heads * m->cfg.head_dim ? m->cfg.intermediate
+                                                                            : m->cfg.n_heads * m->cfg.head_dim;
+        if (m->cfg.hidden > maxd) maxd = m->cfg.hidden;
+        be->reserve(be, B, maxd);
+        float *x = calloc((size_t)B * maxd, sizeof(float)), *o = calloc((size_t)B * maxd, sizeof(float));
+        for (size_t i = 0; i < (size_t)B * maxd; i++) x[i] = frand();
+        const LoraPair *rows[256];
+        for (int c = 1; c < 4; c++) {
+            double bestt = 1e9;
+            for (int rep = 0; rep < 5; rep++) {
+                double t0 = now_s();
+                for (int l = 0; l < m->cfg.n_layers; l++)
+                    for (int t = 0; t < LT_COUNT; t++) {
+                        for (int i = 0; i < B; i++) rows[i] = lora_pair(ad[i % ks[c]], l, (LoraTarget)t);
+                        be->lora(be, o, x, B, rows);
+                    }
+                double dt = now_s() - t0;
+                if (dt < bestt) bestt = dt;
+            }
+            op_ms[c] = 1e3 * bestt;
+        }
+        free(x); free(o);
+        be->free(be);
+    }
+    printf("decode, batch %d, %d steps, median of %d rounds (min..max):\n", B, steps, ROUNDS);
+    for (int c = 0; c < 4; c++) {
+        printf("  %-22s %8.2f tok/s (%.2f..%.2f)  %6.3fx the base", c == 0 ? "base only" : c == 1 ? "1 adapter" :
+               c == 2 ? "4 distinct adapters" : "16 distinct adapters", med[c], tps[c][0], tps[c][ROUNDS - 1],
+               med[c] / med[0]);
+        if (c) printf("   LoRA op alone %.1f ms/step = %.1f %% of a base step", op_ms[c],
+                      100.0 * op_ms[c] / (1e3 * B / med[0]));
+        printf("\n");
+    }
     for (int i = 0; i < B; i++) free(tables[i]);
     free(tables);
     kvcache_free(kv);

@@ -79,6 +79,7 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
  * cpu_lora_row, so the grouping (which depends on the batch) never changes a
  * bit. */
 #define LORA_ROWS_PER_TASK 4
+#define LORA_INLINE_MACS (1 << 18) /* less work than this runs on the calling thread: no wake-up, no barrier */
 
 typedef struct LoraJob {
     CpuCtx *c;
@@ -106,6 +107,7 @@ static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPa
     CpuCtx *c = b->ctx;
     ASSERT(n <= c->max_tokens, "LoRA over %d rows, reserved for %d", n, c->max_tokens);
     int n_seg = 0, n_rows = 0, n_tasks = 0;
+    size_t macs = 0;
     memset(c->lora_taken, 0, (size_t)n);
     for (int i = 0; i < n; i++) {
         if (!pairs[i] || c->lora_taken[i]) continue;
@@ -119,12 +121,15 @@ static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPa
                 c->lora_rows[n_rows++] = k;
             }
         n_tasks += (n_rows - c->lora_row0[n_seg] + LORA_ROWS_PER_TASK - 1) / LORA_ROWS_PER_TASK;
+        macs += (size_t)(n_rows - c->lora_row0[n_seg]) * lp->rank * (size_t)(lp->in + lp->out);
         n_seg++;
     }
     c->lora_row0[n_seg] = n_rows;
     if (!n_seg) return;
     LoraJob j = {c, out, x, n_seg};
-    threadpool_run(c->tp, n_tasks, lora_task, &j);
+    if (macs < LORA_INLINE_MACS)
+        for (int t = 0; t < n_tasks; t++) lora_task(&j, t, 0);
+    else threadpool_run(c->tp, n_tasks, lora_task, &j);
 }
 
 static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {

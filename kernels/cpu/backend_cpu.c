@@ -78,7 +78,7 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
  * for its other rows, with one barrier per linear. Each row is exactly
  * cpu_lora_row, so the grouping (which depends on the batch) never changes a
  * bit. */
-#define LORA_ROWS_PER_TASK 4
+#define LORA_ROWS_PER_TASK 2
 #define LORA_INLINE_MACS (1 << 18) /* less work than this runs on the calling thread: no wake-up, no barrier */
 
 typedef struct LoraJob {

@@ -34,6 +34,7 @@
 #include "delta_sign.h"
 #include "log.h"
 #include "lora.h"
+#include "routes.h"
 #include "runner_backend.h"
 #include "server.h"
 
@@ -277,6 +278,8 @@ static int load_request(Server *s, json_t *body, char *msg, size_t cap, Err *err
 }
 
 int api_lora_load(HttpReq *q, json_t *body) {
+    int ret;
+    if (routes_admin_check(q, &ret)) return ret;
     Server *s = q->s;
     Err err = {0};
     char msg[256];
@@ -288,6 +291,8 @@ int api_lora_load(HttpReq *q, json_t *body) {
 }
 
 int api_lora_unload(HttpReq *q, json_t *body) {
+    int ret;
+    if (routes_admin_check(q, &ret)) return ret;
     Server *s = q->s;
     Err err = {0};
     const char *name;

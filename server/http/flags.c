@@ -129,9 +129,9 @@ static const Flag FLAGS[] = {
     {.name = "--delta", .metavar = "FILE", .section = S_MODEL, .kind = K_LIST, .off = AT(server.deltas),
      .hi = SERVER_MAX_DELTAS, .count_off = AT(server.n_deltas), .unset = "none",
      .help = "apply a weight delta at start-up (repeatable, in version order)"},
-    {.name = "--lora", .metavar = "NAME=DIR", .section = S_MODEL, .kind = K_LIST, .off = AT(server.loras),
+    {.name = "--lora", .metavar = "ADAPTER", .section = S_MODEL, .kind = K_LIST, .off = AT(server.loras),
      .hi = SERVER_MAX_LORAS, .count_off = AT(server.n_loras), .unset = "none",
-     .help = "serve the PEFT LoRA adapter in DIR (adapter_config.json + adapter_model.safetensors) as model NAME "
+     .help = "NAME=DIR: serve the PEFT LoRA adapter in DIR (adapter_config.json + adapter_model.safetensors) as model NAME "
              "(repeatable; more at run time with POST /v1/load_lora_adapter)"},
     {.name = "--max-loras", .metavar = "N", .section = S_MODEL, .kind = K_INT, .off = AT(server.engine.max_loras),
      .lo = 0, .hi = ENGINE_MAX_LORAS, .show_range = 1,

@@ -45,9 +45,10 @@ static const Route ROUTES[] = {
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/is_paused",                 0, api_admin_is_paused, AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/abort_request",             0, api_admin_abort,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
-    /* vLLM's LoRA adapter controls (api_lora.c) */
-    {"POST", "/v1/load_lora_adapter",      0, api_lora_load,       AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 405},
-    {"POST", "/v1/unload_lora_adapter",    0, api_lora_unload,     AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 405},
+    /* vLLM's LoRA adapter controls (api_lora.c): vLLM's paths, so the /v1/ area's class before the
+     * body (the admin token passes it too); the handler then requires the admin token (routes_admin_check) */
+    {"POST", "/v1/load_lora_adapter",      0, api_lora_load,       AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"POST", "/v1/unload_lora_adapter",    0, api_lora_unload,     AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     /* the OpenAI API (api_tokenize.c, api_completions.c, api_chat.c) */
     {"GET",  "/v1/models",                 0, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/v1/models/",                1, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
@@ -114,13 +115,15 @@ static int refused(HttpReq *q, RouteAuth a, int *ret) {
             *ret = http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
         else return 0;
         return 1;
-    case AUTH_API_KEY:
-        if (!c->api_key || authorized(q, c->api_key)) return 0;
+    case AUTH_API_KEY: /* the admin token is trusted with everything the API key opens */
+        if (!c->api_key || authorized(q, c->api_key) || (c->admin_token && authorized(q, c->admin_token))) return 0;
         *ret = http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>)");
         return 1;
     }
     return 0;
 }
+
+int routes_admin_check(HttpReq *q, int *ret) { return refused(q, AUTH_ADMIN, ret); }
 
 /* The JSON object of the body, or NULL with *sent set when a 400 went out. */
 static json_t *parse_body(HttpReq *q, int *sent) {

@@ -235,3 +235,26 @@ def test_trainer_push_lora_signed_inplace(tmp_path):
         assert ids(complete(s, "p", GOLDEN["prompt"])) == GOLDEN["t2"]
     finally:
         assert s.stop() == 0
+
+
+def test_lora_routes_with_an_api_key(tmp_path):
+    """vLLM's routes sit in the /v1/ area (API-key class before the body) but are admin controls:
+    the admin token passes both checks, the API key alone gets 401 from the handler."""
+    shutil.copytree(os.path.join(ROOT, T2), tmp_path / "t2")
+    s = Server("--reload-root", str(tmp_path), api_key="user-key")
+    try:
+        body = {"lora_name": "t2", "lora_path": str(tmp_path / "t2")}
+        user = {"Authorization": "Bearer user-key"}
+        st, r = s.post("/v1/load_lora_adapter", body, headers=user)
+        assert st == 401 and "admin token" in r["error"]["message"]
+        assert s.post("/v1/load_lora_adapter", body)[0] == 401  # no key at all: refused before the body
+        st, _ = s.post("/v1/load_lora_adapter", body, headers=ADM)
+        assert st == 200
+        st, r = s.post("/v1/completions", {"model": "t2", "prompt": GOLDEN["prompt"], "max_tokens": 8,
+                                           "temperature": 0, "ignore_eos": True, "return_token_ids": True},
+                       headers=user)
+        assert st == 200 and r["choices"][0]["token_ids"] == GOLDEN["t2"]
+        assert s.post("/v1/unload_lora_adapter", {"lora_name": "t2"}, headers=user)[0] == 401
+        assert s.post("/v1/unload_lora_adapter", {"lora_name": "t2"}, headers=ADM)[0] == 200
+    finally:
+        assert s.stop() == 0

@@ -34,11 +34,12 @@ typedef struct AttnArgs {
 } AttnArgs;
 
 /* One LoRA adapter's pair on one linear (lora.h builds them): the update of
- * that linear's output is scale * B (A x). Host memory on host backends. */
+ * that linear's output is B (scale * A x). B is kept transposed so the
+ * expand is rank axpys over contiguous rows. Host memory on host backends. */
 #define LORA_MAX_RANK 256
 typedef struct LoraPair {
     const float *a;   /* [rank, in] f32 (PEFT lora_A.weight) */
-    const float *b;   /* [out, rank] f32 (PEFT lora_B.weight) */
+    const float *b;   /* [rank, out] f32 (PEFT lora_B.weight [out, rank], transposed) */
     int rank, in, out;
     float scale;      /* lora_alpha / rank, or lora_alpha / sqrt(rank) with use_rslora */
 } LoraPair;
@@ -99,8 +100,8 @@ struct Backend {
                            int n, int dim);
     /* Optional (NULL: this backend serves no LoRA adapters): the batched LoRA
      * of one linear, Punica's shrink then expand per row: for each i < n with
-     * pairs[i] != NULL, h = A x[i] (rank values), then
-     * out[i, k] += scale * (B[k] . h) for k < out_dim. Rows without a pair are
+     * pairs[i] != NULL, h = scale * A x[i] (rank values), then
+     * out[i] += h[j] * B^T[j] for j = 0..rank-1 in order. Rows without a pair are
      * untouched, so a batch mixing adapters and the base computes each row as
      * it would alone (fixed reduction order per element). x [n, pairs->in] f32,
      * out [n, pairs->out] f32 (contiguous rows). */

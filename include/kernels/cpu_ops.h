@@ -31,9 +31,10 @@ float cpu_dot(const float *a, const float *b, int n);
 /* y[n] += a * x[n] */
 void cpu_axpy(float *y, float a, const float *x, int n);
 
-/* One row of the batched LoRA (backend.h, Backend.lora): h = A x (rank
- * values, each a cpu_dot over in), then out[k] += scale * (B[k] . h). The
- * same operations in the same order whatever else is in the batch. */
+/* One row of the batched LoRA (backend.h, Backend.lora): h[j] = scale *
+ * (A[j] . x) (cpu_dot over in), then out += h[j] * B^T[j] for j in order
+ * (cpu_axpy over out). The same operations in the same order whatever else is
+ * in the batch. */
 struct LoraPair;
 void cpu_lora_row(float *out, const float *x, const struct LoraPair *p);
 

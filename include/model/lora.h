@@ -36,7 +36,7 @@ typedef struct LoraAdapter {
     float alpha;        /* lora_alpha */
     int rslora;         /* use_rslora */
     int n_layers;
-    LoraPair *pairs;    /* [n_layers * LT_COUNT]; a == NULL where that linear is not adapted */
+    LoraPair *pairs;    /* [n_layers * LT_COUNT]; a == NULL where that linear is not adapted (B transposed) */
     float *arena;       /* every A and B, f32 */
     size_t bytes;       /* of arena */
     int n_targets;      /* adapted linears */

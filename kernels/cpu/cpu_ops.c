@@ -263,6 +263,6 @@ void cpu_embed(float *out, const uint16_t *emb, int token, int dim) {
 
 void cpu_lora_row(float *out, const float *x, const LoraPair *p) {
     float h[LORA_MAX_RANK];
-    for (int j = 0; j < p->rank; j++) h[j] = cpu_dot(p->a + (size_t)j * p->in, x, p->in);
-    for (int k = 0; k < p->out; k++) out[k] += p->scale * cpu_dot(p->b + (size_t)k * p->rank, h, p->rank);
+    for (int j = 0; j < p->rank; j++) h[j] = p->scale * cpu_dot(p->a + (size_t)j * p->in, x, p->in);
+    for (int j = 0; j < p->rank; j++) cpu_axpy(out, h[j], p->b + (size_t)j * p->out, p->out);
 }

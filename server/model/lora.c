@@ -161,6 +161,23 @@ static void to_f32(float *dst, const StTensor *t) {
     }
 }
 
+/* dst [cols, rows] = the [rows, cols] tensor t transposed, as f32. */
+static void to_f32_transposed(float *dst, const StTensor *t) {
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    float v;
+    uint16_t h;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t i = r * cols + c;
+            switch (t->dtype) {
+            case DT_F32: memcpy(&v, t->data + 4 * i, 4); break;
+            case DT_BF16: memcpy(&h, t->data + 2 * i, 2); v = bf16_to_f32(h); break;
+            default: memcpy(&h, t->data + 2 * i, 2); v = f16_to_f32(h); break;
+            }
+            dst[c * rows + r] = v;
+        }
+}
+
 /* Every tensor checked (names, dtypes, shapes, each A with its B) before anything is allocated. */
 static int check_tensors(const SafeTensors *st, const ModelConfig *cfg, int r, const char *label, int *n_pairs,
                          const StTensor **found, Err *err) {
@@ -229,7 +246,7 @@ static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *s
         to_f32(p, ta);
         lp->a = p;
         p += ta->numel;
-        to_f32(p, tb);
+        to_f32_transposed(p, tb);
         lp->b = p;
         p += tb->numel;
         lp->rank = c->r;

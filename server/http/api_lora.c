@@ -35,7 +35,6 @@
 #include "log.h"
 #include "lora.h"
 #include "routes.h"
-#include "runner_backend.h"
 #include "server.h"
 
 enum { SLOT_FREE = 0, SLOT_LIVE, SLOT_DRAINING };

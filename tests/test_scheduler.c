@@ -38,6 +38,7 @@ static Seq *seq_new(Fake *req, int index, uint64_t arrival, int n_prompt, int ro
     q->max_len = MAXLEN;
     q->rows_all = rows_all;
     q->no_prefix_lookup = rows_all;
+    q->lora_slot = -1; /* the base */
     return q;
 }
 

@@ -21,6 +21,8 @@ static void usage(void) {
             "               [--admin-token T] [--deadline S] [--retries N] [--chain DIR [--max-chain K]]\n"
             "               [--reload CKPT_DIR] [--key-file K] [--cacert FILE] [--insecure]\n"
             "               (a fleet: catches up samplers behind the delta's base; docs/fleet.md)\n"
+            "  trainer push-lora DIR --name NAME --to URL [--to URL ...] [--inplace] [--admin-token T]\n"
+            "               [--key-file K] [--retries N] [--cacert FILE] [--insecure]  (a PEFT LoRA adapter)\n"
             "  trainer sign step.delta --key-file K   (writes step.delta.sig: HMAC-SHA256 for --delta-key-file)\n"
             "  trainer membw [--mb N]      (memory-copy bandwidth, for benchmarks)\n"
             "OLD/NEW/BASE are Hugging Face checkpoint directories (sharded safetensors).\n"
@@ -41,6 +43,12 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "fingerprint") == 0) return cmd_fingerprint(argc - 1, argv + 1);
     if (strcmp(cmd, "sign") == 0) return cmd_sign(argc - 1, argv + 1);
     if (strcmp(cmd, "membw") == 0) return cmd_membw(argc - 1, argv + 1);
+    if (strcmp(cmd, "push-lora") == 0) {
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        int rc = cmd_push_lora(argc - 1, argv + 1);
+        curl_global_cleanup();
+        return rc;
+    }
     if (strcmp(cmd, "push") == 0) {
         curl_global_init(CURL_GLOBAL_DEFAULT);
         int rc = cmd_push(argc - 1, argv + 1);

@@ -14,6 +14,7 @@ int cmd_apply(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_fingerprint(int argc, char **argv);
 int cmd_push(int argc, char **argv);
+int cmd_push_lora(int argc, char **argv);
 int cmd_sign(int argc, char **argv);
 int cmd_membw(int argc, char **argv);
 

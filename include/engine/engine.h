@@ -59,6 +59,8 @@ typedef struct EngineConfig {
     size_t max_request_output_mb; /* per-request output budget (engine_request_output_bytes); default 2048 */
     size_t max_output_mem_mb;     /* outputs of all requests in flight together; default 8192 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */
+    int max_loras;          /* LoRA adapter slots requests may name (0..max_loras-1); default 0, at most
+                               ENGINE_MAX_LORAS */
     int verbose;            /* 1: print the configuration at create (default 1) */
     /* Test hook, NULL by default: sees (and may change) a token's kept set
      * [*n_kept] before it is stored, from the sampling threads. Lets a test
@@ -90,6 +92,9 @@ typedef struct EngineBackend {
     void (*copy_block)(void *ctx, int src, int dst);
     /* experts [n_tokens, n_moe_layers, top_k] int32 for the next forward, or NULL. */
     void (*set_expert_capture)(void *ctx, int32_t *experts);
+    /* Optional (NULL: requests naming an adapter are refused): the LoRA slot of
+     * each token [n_tokens] of the next forward (-1 the base), or NULL (all base). */
+    void (*set_lora_tokens)(void *ctx, const int32_t *lora);
 } EngineBackend;
 
 typedef struct Engine Engine;
@@ -125,6 +130,8 @@ typedef struct EngineRequestParams {
      * prompt's first block, so the prefix cache shares blocks only between requests of the same salt
      * (and unsalted ones only with unsalted ones); every later key chains from it. */
     uint64_t cache_salt;
+    int lora_slot;          /* LoRA adapter slot of every token of this request; -1 (default): the base.
+                               The caller keeps the slot's adapter in place until the request is released */
     /* Bytes the caller will need to render this request's outputs (its JSON),
      * counted into the output budget with the engine's own storage. */
     size_t extra_output_bytes;
@@ -186,6 +193,8 @@ typedef struct TokenRecord {
     float value;              /* the token's value in logprobs_mode; NAN unless want_logprob_value */
     int32_t rank;             /* its vLLM rank in that mode (ids with value >= it); 0 unless wanted */
     int32_t n_top;            /* alternatives (top_logprobs) */
+    uint32_t adapter_version; /* the LoRA adapter's version at that step (engine_lora_changed); 0 for the base.
+                                 32 bits keep the record small; the server refuses a version above */
     const int32_t *top_ids;   /* [n_top] ranked in logprobs_mode (sampling.h), id asc on ties */
     const float *top_logprobs;/* [n_top] their values in logprobs_mode */
     int32_t mask_n;           /* size of the kept set (always filled) */
@@ -301,6 +310,19 @@ uint64_t engine_weight_version(Engine *e);
  * vLLM reset_prefix_cache): later requests recompute their prompts; running
  * sequences keep their blocks. The weight version does not move. */
 int engine_flush_prefix_cache(Engine *e, Err *err);
+
+/* ---- LoRA adapter slots ----
+ * A request names a slot (EngineRequestParams.lora_slot); the caller puts the
+ * adapter into the backend's slot. Call engine_lora_changed only from an
+ * EngineExclusiveFn (the engine thread, between steps) whenever a slot's
+ * adapter is put in place or replaced: tokens sampled after it carry
+ * `version` as their adapter_version, and the slot gets a new prefix-cache
+ * tag, so K/V computed under the old adapter are never shared with the new
+ * one (cache keys are (weight version, slot tag, tokens)). Running sequences
+ * continue, as after a delta. */
+#define ENGINE_MAX_LORAS 64
+#define ENGINE_LORA_VERSION_MAX 0xffffffffu
+void engine_lora_changed(Engine *e, int slot, uint32_t version);
 
 /* ---- metrics ---- */
 #define ENGINE_HIST_BUCKETS 16

@@ -43,6 +43,9 @@
 
 struct EngineRequest;
 
+#define SCHED_MAX_LORAS 64
+#define SCHED_TAG_SHIFT 40
+
 typedef enum { SEQ_PENDING = 0, SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } SeqState;
 
 typedef struct Seq {
@@ -65,6 +68,7 @@ typedef struct Seq {
                              cache finds only blocks registered under the same salt */
     _Atomic int n_cached; /* prompt positions the first admission found in the prefix cache; -1 before */
     int no_prefix_lookup; /* needs every position computed (prompt log-probs, experts) */
+    int lora_slot;        /* LoRA adapter slot of the request, -1 base */
     int rows_all;         /* wants a logits row for every prefill token (prompt log-probs) */
     int lp_done;          /* prompt positions whose log-prob is published */
     uint64_t last_sched;  /* when it last got logits rows: Scheduler.served then (0: never) */
@@ -101,6 +105,10 @@ typedef struct Scheduler {
     Seq **sched;          /* [max_running] */
     int n_sched;
     int32_t *tok, *pos, *seqi; /* [max_batched] */
+    int32_t *lora;        /* [max_batched] LoRA slot per token (-1 base) */
+    int n_lora_tok;       /* tokens of this plan with an adapter */
+    uint64_t lora_tag[SCHED_MAX_LORAS]; /* prefix-cache tag per slot, >= 1, new per adapter content */
+    uint64_t next_tag;    /* the last tag handed out */
     int32_t *out_rows;    /* [max_running + lp_rows_max] */
     const int32_t **tables; /* [max_running] */
     int n_tok, n_out;
@@ -130,6 +138,12 @@ void scheduler_commit(Scheduler *s);
  * generated): shares full blocks, copies the partial last one via copy_block.
  * Returns 0, or -1 (no running slot or block; `to` untouched). */
 int scheduler_fork(Scheduler *s, Seq *from, Seq *to, void (*copy_block)(void *, int, int), void *ctx);
+/* The prefix-cache version of q's K/V: the weight version, and for an
+ * adapter's sequence its slot's tag in the bits above SCHED_TAG_SHIFT (weight
+ * versions stay below 2^SCHED_TAG_SHIFT). */
+uint64_t scheduler_cache_version(const Scheduler *s, const Seq *q);
+/* A new tag for slot (its adapter changed): what was cached under it is unreachable. */
+void scheduler_lora_retag(Scheduler *s, int slot);
 /* Forget the prefix cache (weight version changed to `version`). */
 void scheduler_set_version(Scheduler *s, uint64_t version);
 

@@ -55,6 +55,9 @@ typedef struct GenParams {
     int truncate_prompt;    /* truncate_prompt_tokens (vLLM): keep k prompt tokens; -1: max_model_len; 0: off */
     int truncate_set;       /* truncate_prompt_tokens was given */
     int truncate_right;     /* truncation_side "right": keep the first k (default "left": the last k) */
+    /* not parsed: the endpoint sets them from "model" (lora_model_acquire) */
+    int lora;               /* LoRA adapter slot + 1 holding a reference (gen_free releases it); 0 the base */
+    char lora_name[128];    /* that adapter's name, echoed as the response's "model" */
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

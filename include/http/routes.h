@@ -67,5 +67,9 @@ int routes_preflight(HttpReq *q, int *ret);
  * limit (413), the body its class asks for (400), the handler. Returns the
  * MHD result. */
 int routes_dispatch(HttpReq *q);
+/* For a handler of an API-key route that is an admin control (vLLM's LoRA
+ * routes under /v1/): 1 and the 403/401 answered (*ret its MHD result)
+ * unless the request carries the admin token; 0 to go on. */
+int routes_admin_check(HttpReq *q, int *ret);
 
 #endif

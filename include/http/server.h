@@ -52,6 +52,7 @@ typedef struct HttpGuard HttpGuard;
 
 #define SERVER_MAX_DELTAS 64
 #define SERVER_MAX_RELOAD_ROOTS 8
+#define SERVER_MAX_LORAS 64
 
 typedef struct ServerConfig {
     /* ---- the model (server_create) ---- */
@@ -97,6 +98,10 @@ typedef struct ServerConfig {
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
     int fleet;                     /* 1: not ready until a trainer announced the fleet's version (fleet.c) */
+    /* ---- LoRA adapters (api_lora.c); engine.max_loras is --max-loras (default 8) ---- */
+    const char *loras[SERVER_MAX_LORAS]; /* --lora NAME=DIR, loaded at start-up */
+    int n_loras;
+    int max_lora_rank;             /* largest adapter rank accepted; default 64 */
 } ServerConfig;
 
 /* Every default above (the engine's from engine_config_default); no environment is read. */
@@ -148,6 +153,8 @@ typedef struct Server {
     HttpGuard *guard;              /* deadlines and the connection cap (http_guard.c) */
     int bound_port;
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
+    struct LoraSlot *lora_slots;   /* [cfg.engine.max_loras] adapters by slot (api_lora.c); under lora_mu */
+    pthread_mutex_t lora_mu;
 } Server;
 
 /* Start-up path (fatal with a message that says how to fix it): load the
@@ -236,7 +243,8 @@ int http_send_err(HttpReq *q, const Err *e);
 int http_conn_fd(HttpReq *q);
 int http_fd_gone(int fd);
 /* "model" of a request body: absent or the served name (or the model
- * directory); else 404 (400 for a wrong type). */
+ * directory) or a LoRA adapter's name (the same tokenizer); else 404 (400 for
+ * a wrong type). Generation endpoints use lora_model_acquire instead. */
 int http_check_model(Server *s, json_t *body, Err *err);
 /* A streamed response: fill(ctx, out) appends the next bytes to out and
  * returns 1 while more may come, 0 at the end, -1 on client loss; done(ctx)
@@ -309,6 +317,9 @@ int api_responses(HttpReq *q, json_t *body);        /* api_responses.c: the Open
 int api_responses_get(HttpReq *q, json_t *body);    /* GET /v1/responses/{id}: 404, nothing is stored */
 int api_messages(HttpReq *q, json_t *body);         /* api_messages.c: the Anthropic Messages API */
 int api_messages_count_tokens(HttpReq *q, json_t *body);
+int api_lora_load(HttpReq *q, json_t *body);
+int api_lora_unload(HttpReq *q, json_t *body);
+int api_lora_push(HttpReq *q, json_t *body);
 
 /* messages (+ tools, chat_template_kwargs, add_generation_prompt) of a body
  * rendered and tokenized; *tools_on: tool calls should be parsed. */
@@ -330,6 +341,33 @@ int admin_touched(void *ctx, const char *name, void *data, Dtype dt, int64_t num
  * --reload-root, api_reload.c) at weight version version (above the current
  * one). Caller holds admin_mu. 0, or <0 with err and every weight as it was. */
 int admin_reload(Server *s, const char *path, uint64_t version, DeltaResult *res, Err *err);
+/* StOpener.open confining every file to --reload-root (api_reload.c); ctx: a ReloadConfine. */
+typedef struct ReloadConfine {
+    const Server *s;
+    const char *given;   /* the path as the client sent it: the only path errors name */
+} ReloadConfine;
+int reload_confined_open(void *ctx, const char *path, Err *err);
+
+/* ---- LoRA adapters (api_lora.c) ----
+ * A slot per adapter (cfg.engine.max_loras of them, the runner's slots);
+ * requests hold a reference from lora_model_acquire to lora_release, and an
+ * unloaded adapter stays in its slot until the last one let go. */
+/* Start-up: the slots, and every --lora NAME=DIR loaded (fatal with a fix). */
+void lora_startup(Server *s);
+/* After engine_free: free every adapter. */
+void lora_shutdown(Server *s);
+/* "model" of a body: absent / the served name -> *lora = 0 (the base); an
+ * adapter's name -> *lora = its slot + 1, with a reference the caller gives
+ * back with lora_release, and its name copied to name[cap]; else 404 (400 for a
+ * wrong type). */
+int lora_model_acquire(Server *s, json_t *body, int *lora, char *name, size_t cap, Err *err);
+/* Give back a reference (lora 0: nothing). Frees an unloaded adapter's slot
+ * when it was the last (between engine steps). */
+void lora_release(Server *s, int lora);
+/* The adapters' model cards (/v1/models), appended to list. */
+void lora_model_cards(Server *s, json_t *list);
+/* A card for /v1/models/NAME, or NULL when no adapter has that name. */
+json_t *lora_model_card(Server *s, const char *name);
 
 /* Start-up: apply a delta file (--delta), fatal on error. */
 void admin_apply_delta_file(Server *s, const char *path);

@@ -10,6 +10,7 @@
 #ifndef SAMPLER_BACKEND_H
 #define SAMPLER_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "weights.h"
@@ -31,6 +32,17 @@ typedef struct AttnArgs {
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size;
     float scale;             /* 1/sqrt(head_dim) */
 } AttnArgs;
+
+/* One LoRA adapter's pair on one linear (lora.h builds them): the update of
+ * that linear's output is B (scale * A x). B is kept transposed so the
+ * expand is rank axpys over contiguous rows. Host memory on host backends. */
+#define LORA_MAX_RANK 256
+typedef struct LoraPair {
+    const float *a;   /* [rank, in] f32 (PEFT lora_A.weight) */
+    const float *b;   /* [rank, out] f32 (PEFT lora_B.weight [out, rank], transposed) */
+    int rank, in, out;
+    float scale;      /* lora_alpha / rank, or lora_alpha / sqrt(rank) with use_rslora */
+} LoraPair;
 
 typedef struct Backend Backend;
 struct Err; /* check.h */
@@ -86,6 +98,14 @@ struct Backend {
     /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */
     void (*scale_add_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
                            int n, int dim);
+    /* Optional (NULL: this backend serves no LoRA adapters): the batched LoRA
+     * of one linear, Punica's shrink then expand per row: for each i < n with
+     * pairs[i] != NULL, h = scale * A x[i] (rank values), then
+     * out[i] += h[j] * B^T[j] for j = 0..rank-1 in order. Rows without a pair are
+     * untouched, so a batch mixing adapters and the base computes each row as
+     * it would alone (fixed reduction order per element). x [n, pairs->in] f32,
+     * out [n, pairs->out] f32 (contiguous rows). */
+    void (*lora)(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs);
     /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
      * rows of up to max_cols; called once at runner creation. */
     void (*reserve)(Backend *b, int max_tokens, int max_cols);

@@ -31,6 +31,13 @@ float cpu_dot(const float *a, const float *b, int n);
 /* y[n] += a * x[n] */
 void cpu_axpy(float *y, float a, const float *x, int n);
 
+/* One row of the batched LoRA (backend.h, Backend.lora): h[j] = scale *
+ * (A[j] . x) (cpu_dot over in), then out += h[j] * B^T[j] for j in order
+ * (cpu_axpy over out). The same operations in the same order whatever else is
+ * in the batch. */
+struct LoraPair;
+void cpu_lora_row(float *out, const float *x, const struct LoraPair *p);
+
 /* Rotary embedding in place on one head vector x[head_dim] (HF rotate_half
  * layout: pairs (i, i + head_dim/2)); cs/sn: [head_dim/2] for its position. */
 void cpu_rope(float *x, const float *cs, const float *sn, int head_dim);

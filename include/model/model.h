@@ -183,5 +183,10 @@ void runner_free(Runner *r);
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */
 void runner_set_expert_capture(Runner *r, int32_t *experts);
+/* LoRA adapter slot per token of the next forwards (lora.h: runner_set_lora):
+ * lora [n_tokens of each batch] int32, -1 the base model; NULL (default):
+ * every token is the base model. The caller keeps it valid and in step with
+ * the batches it passes. */
+void runner_set_lora_tokens(Runner *r, const int32_t *lora);
 
 #endif

@@ -22,6 +22,13 @@ typedef struct CpuCtx {
     float *scores; /* [n_threads, max_ctx] attention scratch */
     float *xq;     /* [max_tokens, max_cols] quantized activations */
     float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
+    int max_tokens;
+    /* batched LoRA scratch (cpu_lora), [max_tokens] each unless noted */
+    const LoraPair **lora_seg; /* the segments' pairs */
+    int *lora_rows;            /* batch row of each segment row */
+    int *lora_row0;            /* [max_tokens + 1] first segment row of each segment */
+    int *lora_task0;           /* first task of each segment */
+    unsigned char *lora_taken;
 } CpuCtx;
 
 #define ROWS_PER_TASK 32
@@ -63,6 +70,66 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
         j.xs = c->xs;
     }
     threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
+}
+
+/* Batched LoRA, Punica-style: rows are grouped by adapter pair (segments)
+ * and a task takes up to LORA_ROWS_PER_TASK rows of one segment, so an
+ * adapter's A and B come from memory about once per task and stay in cache
+ * for its other rows, with one barrier per linear. Each row is exactly
+ * cpu_lora_row, so the grouping (which depends on the batch) never changes a
+ * bit. */
+#define LORA_ROWS_PER_TASK 2
+#define LORA_INLINE_MACS (1 << 18) /* less work than this runs on the calling thread: no wake-up, no barrier */
+
+typedef struct LoraJob {
+    CpuCtx *c;
+    float *out;
+    const float *x;
+    int n_seg;
+} LoraJob;
+
+static void lora_task(void *p, int task, int thread) {
+    (void)thread;
+    const LoraJob *j = p;
+    CpuCtx *c = j->c;
+    int s = 0;
+    while (s + 1 < j->n_seg && c->lora_task0[s + 1] <= task) s++;
+    const LoraPair *lp = c->lora_seg[s];
+    int r0 = c->lora_row0[s] + (task - c->lora_task0[s]) * LORA_ROWS_PER_TASK, r1 = r0 + LORA_ROWS_PER_TASK;
+    if (r1 > c->lora_row0[s + 1]) r1 = c->lora_row0[s + 1];
+    for (int i = r0; i < r1; i++) {
+        int row = c->lora_rows[i];
+        cpu_lora_row(j->out + (size_t)row * lp->out, j->x + (size_t)row * lp->in, lp);
+    }
+}
+
+static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {
+    CpuCtx *c = b->ctx;
+    ASSERT(n <= c->max_tokens, "LoRA over %d rows, reserved for %d", n, c->max_tokens);
+    int n_seg = 0, n_rows = 0, n_tasks = 0;
+    size_t macs = 0;
+    memset(c->lora_taken, 0, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (!pairs[i] || c->lora_taken[i]) continue;
+        const LoraPair *lp = pairs[i];
+        c->lora_seg[n_seg] = lp;
+        c->lora_row0[n_seg] = n_rows;
+        c->lora_task0[n_seg] = n_tasks;
+        for (int k = i; k < n; k++)
+            if (pairs[k] == lp) {
+                c->lora_taken[k] = 1;
+                c->lora_rows[n_rows++] = k;
+            }
+        n_tasks += (n_rows - c->lora_row0[n_seg] + LORA_ROWS_PER_TASK - 1) / LORA_ROWS_PER_TASK;
+        macs += (size_t)(n_rows - c->lora_row0[n_seg]) * lp->rank * (size_t)(lp->in + lp->out);
+        n_seg++;
+    }
+    c->lora_row0[n_seg] = n_rows;
+    if (!n_seg) return;
+    LoraJob j = {c, out, x, n_seg};
+    if (macs < LORA_INLINE_MACS)
+        for (int t = 0; t < n_tasks; t++) lora_task(&j, t, 0);
+    else threadpool_run(c->tp, n_tasks, lora_task, &j);
 }
 
 static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
@@ -160,12 +227,23 @@ static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
     free(c->xs);
     c->xq = xcalloc((size_t)max_tokens * max_cols, sizeof(float));
     c->xs = xcalloc((size_t)max_tokens * (max_cols / 16 + 1), sizeof(float));
+    void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
+    for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) free(lora[i]);
+    size_t T = (size_t)max_tokens;
+    c->max_tokens = max_tokens;
+    c->lora_seg = xcalloc(T, sizeof *c->lora_seg);
+    c->lora_rows = xcalloc(T, sizeof(int));
+    c->lora_row0 = xcalloc(T + 1, sizeof(int));
+    c->lora_task0 = xcalloc(T, sizeof(int));
+    c->lora_taken = xcalloc(T, 1);
 }
 
 static void cpu_free(Backend *b) {
     CpuCtx *c = b->ctx;
     free(c->xq);
     free(c->xs);
+    void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
+    for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) free(lora[i]);
     threadpool_free(c->tp);
     free(c->scores);
     free(c);
@@ -186,7 +264,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
                    .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
-                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve,
+                   .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve, .lora = cpu_lora,
                    .free = cpu_free};
     return b;
 }

@@ -9,6 +9,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend.h"
+
 #include "dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -257,4 +259,10 @@ void cpu_add(float *x, const float *y, int n) {
 void cpu_embed(float *out, const uint16_t *emb, int token, int dim) {
     const uint16_t *row = emb + (size_t)token * dim;
     for (int i = 0; i < dim; i++) out[i] = bf16_to_f32(row[i]);
+}
+
+void cpu_lora_row(float *out, const float *x, const LoraPair *p) {
+    float h[LORA_MAX_RANK];
+    for (int j = 0; j < p->rank; j++) h[j] = p->scale * cpu_dot(p->a + (size_t)j * p->in, x, p->in);
+    for (int j = 0; j < p->rank; j++) cpu_axpy(out, h[j], p->b + (size_t)j * p->out, p->out);
 }

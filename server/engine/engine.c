@@ -146,6 +146,8 @@ static Engine *engine_new(const ModelConfig *mc, const EngineConfig *cfg) {
     else engine_config_default(&e->cfg);
     EngineConfig *c = &e->cfg;
     CHECK(c->max_running_seqs > 0, "--max-running-seqs must be > 0 (got %d)", c->max_running_seqs);
+    CHECK(c->max_loras >= 0 && c->max_loras <= ENGINE_MAX_LORAS, "--max-loras must be in [0, %d] (got %d)", ENGINE_MAX_LORAS,
+          c->max_loras);
     CHECK(c->max_batched_tokens > 0, "--max-batched-tokens must be > 0 (got %d)", c->max_batched_tokens);
     CHECK(c->block_size > 0, "--block-size must be > 0 (got %d)", c->block_size);
     CHECK(c->max_waiting > 0, "--max-waiting must be > 0 (got %d)", c->max_waiting);

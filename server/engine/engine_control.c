@@ -168,6 +168,12 @@ int engine_run_exclusive(Engine *e, EngineExclusiveFn fn, void *ctx, int bump_ve
 
 uint64_t engine_weight_version(Engine *e) { return atomic_load(&e->version); }
 
+void engine_lora_changed(Engine *e, int slot, uint32_t version) {
+    ASSERT(slot >= 0 && slot < ENGINE_MAX_LORAS && slot < SCHED_MAX_LORAS, "LoRA slot %d", slot);
+    e->lora_version[slot] = version;
+    scheduler_lora_retag(e->sch, slot);
+}
+
 /* ---- the engine thread ---- */
 static void set_paused(Engine *e) {
     e->paused = 1;

@@ -146,6 +146,8 @@ struct Engine {
     EngineCmd *pause_waiters; /* PAUSE_WAIT commands waiting for nothing in flight */
     uint64_t arrival;
     _Atomic uint64_t version; /* written by the engine thread, read anywhere */
+    uint32_t lora_version[ENGINE_MAX_LORAS]; /* engine thread (engine_lora_changed); read by the sampling threads
+                                                of a step, which never overlaps a change */
     /* under mmu */
     pthread_mutex_t mmu;
     EngineMetrics m;

@@ -35,6 +35,7 @@ void engine_request_params_default(EngineRequestParams *p) {
     p->n = 1;
     sampling_params_default(&p->sampling);
     p->prompt_logprobs = -1;
+    p->lora_slot = -1;
 }
 
 /* ---- request storage ---- */
@@ -176,6 +177,7 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
         q->salt = p->cache_salt;
         atomic_init(&q->n_cached, -1);
         q->rows_all = p->prompt_logprobs >= 0 && i == 0;
+        q->lora_slot = p->lora_slot;
         o->recs = tryalloc((size_t)r->max_new * sizeof(TokenRecord), &fail);
         if (top > 0) {
             o->top_ids = tryalloc((size_t)r->max_new * top * sizeof(int32_t), &fail);
@@ -225,6 +227,8 @@ int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err) {
     for (int i = 0; i < p->n_prompt; i++)
         ENSURE(err, p->prompt[i] >= 0 && p->prompt[i] < V, 400, "prompt token %d at %d out of range [0, %d)",
                p->prompt[i], i, V);
+    ENSURE(err, p->lora_slot >= -1 && p->lora_slot < e->cfg.max_loras && (p->lora_slot < 0 || e->be.set_lora_tokens),
+           400, "LoRA slot %d is not served (--max-loras %d)", p->lora_slot, e->cfg.max_loras);
     ENSURE(err, p->n >= 1 && p->n <= ENGINE_MAX_N, 400, "n must be in [1, %d] (got %d)", ENGINE_MAX_N, p->n);
     ENSURE(err, p->top_logprobs >= 0 && p->top_logprobs <= SAMPLING_MAX_TOP_N, 400,
            "top_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->top_logprobs);

@@ -58,6 +58,7 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     rec->token = res.token;
     rec->pos = q->n_tokens;
     rec->weight_version = ver;
+    rec->adapter_version = q->lora_slot >= 0 ? e->lora_version[q->lora_slot] : 0;
     rec->logprob = res.logprob;
     rec->logprob_raw = res.logprob_raw;
     rec->value = res.value;
@@ -218,6 +219,7 @@ int engine_step(Engine *e) {
     Batch b = { .n_tokens = s->n_tok, .tokens = s->tok, .pos = s->pos, .seq = s->seqi,
                 .n_seqs = s->n_sched, .block_table = s->tables, .n_out = s->n_out, .out_rows = s->out_rows };
     if (e->be.set_expert_capture) e->be.set_expert_capture(e->be.ctx, want_exp ? e->experts_buf : NULL);
+    if (e->be.set_lora_tokens) e->be.set_lora_tokens(e->be.ctx, s->n_lora_tok ? s->lora : NULL);
     Err err = { 0 };
     int prefill = 0;
     for (int i = 0; i < s->n_sched; i++) prefill += s->sched[i]->plan_n > 1 ? s->sched[i]->plan_n : 0;

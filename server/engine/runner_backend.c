@@ -34,6 +34,8 @@ static void copy_block(void *ctx, int src, int dst) {
 
 static void set_capture(void *ctx, int32_t *experts) { runner_set_expert_capture(((RunnerBackend *)ctx)->r, experts); }
 
+static void set_lora(void *ctx, const int32_t *lora) { runner_set_lora_tokens(((RunnerBackend *)ctx)->r, lora); }
+
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls) {
     engine_config_resolve(c, &m->cfg);
     RunnerBackend *t = xcalloc(1, sizeof *t);
@@ -41,7 +43,7 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     t->kv = runner_kvcache_create(t->r, c->n_blocks, c->block_size);
     t->ns = ns;
     t->calls = calls;
-    return (EngineBackend){t, forward, copy_block, set_capture};
+    return (EngineBackend){t, forward, copy_block, set_capture, set_lora};
 }
 
 Runner *runner_backend_runner(const EngineBackend *be) { return ((RunnerBackend *)be->ctx)->r; }

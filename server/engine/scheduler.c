@@ -27,6 +27,8 @@ Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, 
     s->tok = xmalloc(max_batched * sizeof(int32_t));
     s->pos = xmalloc(max_batched * sizeof(int32_t));
     s->seqi = xmalloc(max_batched * sizeof(int32_t));
+    s->lora = xmalloc(max_batched * sizeof(int32_t));
+    for (int i = 0; i < SCHED_MAX_LORAS; i++) s->lora_tag[i] = ++s->next_tag;
     s->out_rows = xmalloc((size_t)(max_running + lp_rows_max) * sizeof(int32_t));
     s->tables = xcalloc(max_running, sizeof(int32_t *));
     s->cand = xcalloc((size_t)2 * max_running, sizeof(Seq *));
@@ -36,7 +38,7 @@ Scheduler *scheduler_create(BlockManager *bm, int max_running, int max_batched, 
 
 void scheduler_free(Scheduler *s) {
     if (!s) return;
-    free(s->running); free(s->sched); free(s->tok); free(s->pos); free(s->seqi);
+    free(s->running); free(s->sched); free(s->tok); free(s->pos); free(s->seqi); free(s->lora);
     free(s->out_rows); free(s->tables); free(s->cand); free(s->groups);
     free(s);
 }
@@ -115,16 +117,22 @@ static int grow(Scheduler *s, Seq *q, int end) {
 
 /* Take every cached full block of q's token prefix (keeping at least one
  * token to compute, so the last position's logits come out). */
+uint64_t scheduler_cache_version(const Scheduler *s, const Seq *q) {
+    ASSERT(s->version < (1ull << SCHED_TAG_SHIFT), "weight version %llu above 2^%d", (unsigned long long)s->version,
+           SCHED_TAG_SHIFT);
+    return q->lora_slot < 0 ? s->version : s->version | s->lora_tag[q->lora_slot] << SCHED_TAG_SHIFT;
+}
+
 static void prefix_lookup(Scheduler *s, Seq *q) {
     int bs = s->block_size;
-    uint64_t parent = q->salt;
-    q->kv_version = s->version;
+    uint64_t parent = q->salt, ver = scheduler_cache_version(s, q);
+    q->kv_version = ver;
     if (q->no_prefix_lookup || q->n_blocks > 0) return;
     int full = q->n_tokens / bs;
     for (int i = 0; i < full; i++) {
         const int32_t *t = q->tokens + (size_t)i * bs;
-        uint64_t key = block_manager_key(s->bm, parent, s->version, t);
-        int32_t id = block_manager_lookup(s->bm, key, parent, s->version, t);
+        uint64_t key = block_manager_key(s->bm, parent, ver, t);
+        int32_t id = block_manager_lookup(s->bm, key, parent, ver, t);
         if (id < 0) break;
         q->blocks[q->n_blocks++] = id;
         q->keys[q->n_keys++] = key;
@@ -254,6 +262,8 @@ static void add_to_batch(Scheduler *s, Seq *q, int n) {
         s->tok[s->n_tok] = q->tokens[q->n_computed + i];
         s->pos[s->n_tok] = q->n_computed + i;
         s->seqi[s->n_tok] = si;
+        s->lora[s->n_tok] = q->lora_slot;
+        s->n_lora_tok += q->lora_slot >= 0;
         s->n_tok++;
     }
     int end = q->n_computed + n;
@@ -275,7 +285,7 @@ static void add_to_batch(Scheduler *s, Seq *q, int n) {
 /* Steps 1 and 2 under the row grants of step 0. */
 static void plan_pass(Scheduler *s) {
     int budget = s->max_batched, lp_left = s->lp_rows_max, preempted = 0;
-    s->n_sched = s->n_tok = s->n_out = 0;
+    s->n_sched = s->n_tok = s->n_out = s->n_lora_tok = 0;
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         Seq *q = s->running[i];
         int n = chunk_len(q, budget, lp_left);
@@ -343,12 +353,13 @@ int scheduler_plan(Scheduler *s) {
 
 static void register_full(Scheduler *s, Seq *q) {
     int bs = s->block_size, full = q->n_computed / bs;
-    if (q->kv_version != s->version) { q->n_keys = full; return; } /* stale K/V: never shared */
+    uint64_t ver = scheduler_cache_version(s, q);
+    if (q->kv_version != ver) { q->n_keys = full; return; } /* stale K/V: never shared */
     for (int i = q->n_keys; i < full; i++) {
         uint64_t parent = i ? q->keys[i - 1] : q->salt;
         const int32_t *t = q->tokens + (size_t)i * bs;
-        uint64_t key = block_manager_key(s->bm, parent, s->version, t);
-        block_manager_register(s->bm, q->blocks[i], key, parent, s->version, t);
+        uint64_t key = block_manager_key(s->bm, parent, ver, t);
+        block_manager_register(s->bm, q->blocks[i], key, parent, ver, t);
         q->keys[i] = key;
     }
     q->n_keys = full;
@@ -357,7 +368,7 @@ static void register_full(Scheduler *s, Seq *q) {
 void scheduler_commit(Scheduler *s) {
     for (int i = 0; i < s->n_sched; i++) {
         Seq *q = s->sched[i];
-        if (q->plan_start == 0 && q->n_computed == 0) q->kv_version = s->version;
+        if (q->plan_start == 0 && q->n_computed == 0) q->kv_version = scheduler_cache_version(s, q);
         q->n_computed = q->plan_start + q->plan_n;
         ASSERT(q->n_computed <= q->n_tokens && q->n_computed <= q->n_blocks * s->block_size,
                "computed %d positions of %d tokens in %d blocks", q->n_computed, q->n_tokens, q->n_blocks);
@@ -388,6 +399,16 @@ int scheduler_fork(Scheduler *s, Seq *from, Seq *to, void (*copy_block)(void *, 
     if (to->state == SEQ_WAITING) wait_unlink(s, to);
     running_insert(s, to);
     return 0;
+}
+
+void scheduler_lora_retag(Scheduler *s, int slot) {
+    ASSERT(slot >= 0 && slot < SCHED_MAX_LORAS, "LoRA slot %d", slot);
+    if (s->next_tag + 1 >= 1ull << (64 - SCHED_TAG_SHIFT)) { /* tags ran out: start over on an empty cache */
+        block_manager_invalidate(s->bm);
+        s->next_tag = 0;
+        for (int i = 0; i < SCHED_MAX_LORAS; i++) s->lora_tag[i] = ++s->next_tag;
+    }
+    s->lora_tag[slot] = ++s->next_tag;
 }
 
 void scheduler_set_version(Scheduler *s, uint64_t version) {

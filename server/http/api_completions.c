@@ -48,7 +48,7 @@ static json_t *head(Gen *g) {
     json_object_set_new(o, "id", json_string(g->id));
     json_object_set_new(o, "object", json_string("text_completion"));
     json_object_set_new(o, "created", json_integer(g->created));
-    json_object_set_new(o, "model", json_string(g->s->model_name));
+    json_object_set_new(o, "model", json_string(g->p.lora ? g->p.lora_name : g->s->model_name));
     return o;
 }
 
@@ -171,15 +171,21 @@ static void done(void *ctx) {
 int api_completions(HttpReq *q, json_t *body) {
     Server *s = q->s;
     Err err = {0};
-    if (http_check_model(s, body, &err) < 0) return http_send_err(q, &err);
+    int lora = 0;
+    char lora_name[128] = "";
+    if (lora_model_acquire(s, body, &lora, lora_name, sizeof lora_name, &err) < 0) return http_send_err(q, &err);
     GenParams p;
     if (request_parse_gen(body, 0, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, &p, &err) < 0) {
         gen_params_free(&p);
+        lora_release(s, lora);
         return http_send_err(q, &err);
     }
+    p.lora = lora; /* gen_free gives it back; the error paths before gen_start do */
+    memcpy(p.lora_name, lora_name, sizeof p.lora_name);
     TokIds *prompts;
     int n_prompts;
     if (request_parse_prompts(json_object_get(body, "prompt"), s->tok, s->vocab, &prompts, &n_prompts, &err) < 0) {
+        lora_release(s, p.lora);
         gen_params_free(&p);
         return http_send_err(q, &err);
     }

@@ -53,15 +53,12 @@ static int under_any_root(const Server *s, const char *real) {
     return 0;
 }
 
-typedef struct Confine {
-    const Server *s;
-    const char *given;   /* the path as the client sent it: the only path errors name */
-} Confine;
+typedef ReloadConfine Confine;
 
 /* StOpener for the reload: path opened read-only, accepted only when the
  * opened inode is a regular file whose realpath lies inside a root. Missing
  * and forbidden are the same 403. */
-static int confined_open(void *ctx, const char *path, Err *err) {
+int reload_confined_open(void *ctx, const char *path, Err *err) {
     const Confine *c = ctx;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -82,7 +79,7 @@ static int confined_open(void *ctx, const char *path, Err *err) {
 static int check_config(Server *s, const Confine *c, const char *dir, Err *err) {
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    int fd = confined_open((void *)c, path, err);
+    int fd = reload_confined_open((void *)c, path, err);
     if (fd < 0) return fd;
     struct stat sb;
     int rc = fstat(fd, &sb) == 0 && sb.st_size <= RELOAD_MAX_CONFIG_BYTES
@@ -161,7 +158,7 @@ static int reload_prepare(Server *s, const char *given, uint64_t version, const 
     ENSURE(err, ok, 403, "%s: no checkpoint directory there inside the --reload-root directories", given);
     int rc = check_config(s, &c, r->real, err);
     if (rc) return rc;
-    StOpener op = {confined_open, &c};
+    StOpener op = {reload_confined_open, &c};
     if ((rc = safetensors_open_with(&r->st, r->real, &op, err))) return rc;
     if ((rc = check_layout(s->wv, r->st, given, err))) return rc;
     r->nw = weight_version_from_safetensors(r->st, tgt->n_threads);

@@ -24,12 +24,14 @@ static json_t *model_card(Server *s) {
 int api_models(HttpReq *q, json_t *body) {
     Server *s = q->s;
     if (!strncmp(q->url, "/v1/models/", 11)) {
-        if (strcmp(q->url + 11, s->model_name) != 0)
-            return http_send_error(q, 404, "model", "The model `%s` does not exist.", q->url + 11);
-        return http_send_json(q, 200, model_card(s));
+        if (strcmp(q->url + 11, s->model_name) == 0) return http_send_json(q, 200, model_card(s));
+        json_t *card = lora_model_card(s, q->url + 11);
+        if (!card) return http_send_error(q, 404, "model", "The model `%s` does not exist.", q->url + 11);
+        return http_send_json(q, 200, card);
     }
     json_t *o = json_object(), *d = json_array();
     json_array_append_new(d, model_card(s));
+    lora_model_cards(s, d); /* each with "parent": the base model */
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", d);
     return http_send_json(q, 200, o);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "backend.h"
 #include "model.h"
 #include "routes.h"
 #include "sampling.h"
@@ -133,6 +134,16 @@ static const Flag FLAGS[] = {
     {.name = "--delta", .metavar = "FILE", .section = S_MODEL, .kind = K_LIST, .off = AT(server.deltas),
      .hi = SERVER_MAX_DELTAS, .count_off = AT(server.n_deltas), .unset = "none",
      .help = "apply a weight delta at start-up (repeatable, in version order)"},
+    {.name = "--lora", .metavar = "ADAPTER", .section = S_MODEL, .kind = K_LIST, .off = AT(server.loras),
+     .hi = SERVER_MAX_LORAS, .count_off = AT(server.n_loras), .unset = "none",
+     .help = "NAME=DIR: serve the PEFT LoRA adapter in DIR (adapter_config.json + adapter_model.safetensors) as model NAME "
+             "(repeatable; more at run time with POST /v1/load_lora_adapter)"},
+    {.name = "--max-loras", .metavar = "N", .section = S_MODEL, .kind = K_INT, .off = AT(server.engine.max_loras),
+     .lo = 0, .hi = ENGINE_MAX_LORAS, .show_range = 1,
+     .help = "LoRA adapter slots: adapters resident at once, all of which may share one batch"},
+    {.name = "--max-lora-rank", .metavar = "R", .section = S_MODEL, .kind = K_INT, .off = AT(server.max_lora_rank),
+     .lo = 1, .hi = LORA_MAX_RANK, .show_range = 1,
+     .help = "largest adapter rank accepted; adapters take at most max-loras x 4 x R x sum(in + out) bytes"},
     {.name = "--reload-root", .metavar = "DIR", .section = S_MODEL, .kind = K_LIST, .off = AT(server.reload_roots),
      .hi = SERVER_MAX_RELOAD_ROOTS, .count_off = AT(server.n_reload_roots), .unset = "full reloads disabled",
      .help = "allow POST /admin/v1/weights/reload of checkpoints under DIR (repeatable)"},

@@ -50,6 +50,7 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     ep->prompt_logprobs = gp->prompt_logprobs >= 0 ? gp->prompt_logprobs
                         : gp->echo && gp->logprobs >= 0 ? gp->logprobs : -1;
     ep->want_experts = gp->ret_experts && engine_experts_per_token(s->eng) > 0;
+    ep->lora_slot = gp->lora - 1;
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
     ep->cache_salt = gp->cache_salt;
     ep->extra_output_bytes += gp->extra_render_bytes;
@@ -200,6 +201,8 @@ void gen_free(Gen *g) {
     free(g->reqs);
     free(g->seen);
     prompts_free(g->prompts, g->n_prompts);
+    lora_release(g->s, g->p.lora); /* after the releases: their aborts are queued ahead of any slot change */
+    g->p.lora = 0;
     gen_params_free(&g->p);
     if (g->counted) atomic_fetch_sub(&g->s->inflight, 1);
     g->counted = 0;
@@ -668,6 +671,11 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
         }
         json_object_set_new(obj, "sampler_logprobs", a);
         json_object_set_new(obj, "token_weight_versions", w);
+        if (g->p.lora) {
+            json_t *av = json_array();
+            for (int k = from; k < to; k++) json_array_append_new(av, json_integer((json_int_t)v.tokens[k].adapter_version));
+            json_object_set_new(obj, "token_adapter_versions", av);
+        }
     }
     if (g->p.ret_raw_lp) {
         json_t *a = json_array();

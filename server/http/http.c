@@ -216,6 +216,13 @@ int http_check_model(Server *s, json_t *body, Err *err) {
     if (!m || json_is_null(m)) return 0;
     ENSURE(err, json_is_string(m), 400, "model: must be a string");
     const char *v = json_string_value(m);
+    int lora = 0;
+    char name[128];
+    if (strcmp(v, s->model_name) && strcmp(v, s->model_dir) && lora_model_acquire(s, body, &lora, name, sizeof name,
+                                                                                   err) == 0) {
+        lora_release(s, lora); /* an adapter's name: the same tokenizer */
+        return 0;
+    }
     ENSURE(err, !strcmp(v, s->model_name) || !strcmp(v, s->model_dir), 404,
            "The model `%s` does not exist. This server serves `%s`.", v, s->model_name);
     return 0;

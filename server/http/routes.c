@@ -38,6 +38,7 @@ static const Route ROUTES[] = {
     {"GET",  "/get_load",                  0, api_get_load,        AUTH_NONE,    BODY_NONE,          DIALECT_OPENAI, 404},
     /* the trainer's controls (api_admin.c, api_reload.c) */
     {"POST", "/admin/v1/weights/delta",    0, api_admin_delta,     AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
+    {"POST", "/admin/v1/lora",             0, api_lora_push,       AUTH_ADMIN,   BODY_DELTA,         DIALECT_OPENAI, 404},
     {"GET",  "/admin/v1/weights",          0, api_admin_weights,   AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/weights/reload",   0, api_admin_reload,    AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
     {"POST", "/admin/v1/fleet",            0, api_admin_fleet,     AUTH_ADMIN,   BODY_JSON,          DIALECT_OPENAI, 404},
@@ -47,6 +48,10 @@ static const Route ROUTES[] = {
     {"POST", "/resume",                    0, api_admin_resume,    AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/is_paused",                 0, api_admin_is_paused, AUTH_ADMIN,   BODY_NONE,          DIALECT_OPENAI, 404},
     {"POST", "/abort_request",             0, api_admin_abort,     AUTH_ADMIN,   BODY_JSON_OR_EMPTY, DIALECT_OPENAI, 404},
+    /* vLLM's LoRA adapter controls (api_lora.c): vLLM's paths, so the /v1/ area's class before the
+     * body (the admin token passes it too); the handler then requires the admin token (routes_admin_check) */
+    {"POST", "/v1/load_lora_adapter",      0, api_lora_load,       AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
+    {"POST", "/v1/unload_lora_adapter",    0, api_lora_unload,     AUTH_API_KEY, BODY_JSON,          DIALECT_OPENAI, 405},
     /* the OpenAI API (api_tokenize.c, api_completions.c, api_chat.c) */
     {"GET",  "/v1/models",                 0, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
     {"GET",  "/v1/models/",                1, api_models,          AUTH_API_KEY, BODY_NONE,          DIALECT_OPENAI, 404},
@@ -142,14 +147,18 @@ static int refused(HttpReq *q, RouteAuth a, int *ret) {
             *ret = http_send_error(q, 401, NULL, "missing or wrong admin token (Authorization: Bearer <admin token>)");
         else return 0;
         return 1;
-    case AUTH_API_KEY:
-        if (!c->api_key || authorized(q, c->api_key) || authorized_x_api_key(q, c->api_key)) return 0;
+    case AUTH_API_KEY: /* the admin token is trusted with everything the API key opens */
+        if (!c->api_key || authorized(q, c->api_key) || authorized_x_api_key(q, c->api_key) ||
+            (c->admin_token && authorized(q, c->admin_token)))
+            return 0;
         *ret = http_send_error(q, 401, NULL, "Incorrect API key provided (Authorization: Bearer <api key>, or "
                                "x-api-key: <api key>)");
         return 1;
     }
     return 0;
 }
+
+int routes_admin_check(HttpReq *q, int *ret) { return refused(q, AUTH_ADMIN, ret); }
 
 /* The JSON object of the body, or NULL with *sent set when a 400 went out. */
 static json_t *parse_body(HttpReq *q, int *sent) {

@@ -35,9 +35,10 @@ void server_config_default(ServerConfig *c) {
         .host = "127.0.0.1", .port = 8000, .max_body_bytes = 8u << 20, .max_delta_bytes = 4ull << 30,
         .max_connections = 1024, .connection_timeout_s = 30, .header_timeout_s = 10, .max_header_bytes = 32u << 10, .shutdown_timeout_s = 30,
         .max_logprobs = SAMPLING_MAX_TOP_N, .max_n = 128, .reasoning_parser = 1, .tool_parser = 1,
-        .mask_json_max_ids = 4096,
+        .mask_json_max_ids = 4096, .max_lora_rank = 64,
     };
     engine_config_default(&c->engine);
+    c->engine.max_loras = 8;
 }
 
 /* The delta key the Server owns: loaded from delta_key_file, or a copy of delta_key. */
@@ -124,6 +125,7 @@ Server *server_create(const ServerConfig *c) {
     s->max_model_len = engine_config(s->eng)->max_model_len;
     server_map_version(s, 0, s->wv->version);
     for (int i = 0; i < c->n_deltas; i++) admin_apply_delta_file(s, c->deltas[i]);
+    lora_startup(s);
     return s;
 }
 
@@ -175,6 +177,7 @@ void server_free(Server *s) {
     http_close(s);
     engine_free(s->eng);
     runner_backend_free(&s->be); /* and the runner */
+    lora_shutdown(s);
     weight_version_free(s->wv);
     tokenizer_free(s->tok);
     model_free(s->model);

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "cpu_ops.h"
 #include "log.h"
+#include "lora.h"
 #include "model.h"
 #include "weight_registry.h"
 
@@ -59,6 +60,12 @@ struct Runner {
     int graphs_off;          /* a capture failed: eager from then on */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
+    /* LoRA (lora.h): the adapter in each slot; this step's per-token slots (NULL when no
+     * token of the step has an adapter: the base path, untouched); per-row pairs of one linear */
+    const LoraAdapter *lora[RUNNER_MAX_LORAS];
+    const int32_t *lora_tokens; /* [T] host: runner_set_lora_tokens, or NULL */
+    const int32_t *tok_lora; /* this step: lora_tokens when a token has an adapter, else NULL */
+    const LoraPair **lrows;  /* [T] host */
 };
 
 static void graphs_reset(Runner *r) {
@@ -156,6 +163,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     r->h_sn = xcalloc(T * h2, sizeof(float));
     r->h_slots = xcalloc(T, sizeof(int32_t));
     r->inv_freq = xcalloc(h2, sizeof(float));
+    r->lrows = xcalloc(T, sizeof *r->lrows);
     int max_cols = c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim;
     if ((int)inter > max_cols) max_cols = (int)inter;
     b->reserve(b, max_tokens, max_cols);
@@ -197,13 +205,38 @@ void runner_free(Runner *r) {
         if (dev[i]) b->release(b, dev[i]);
     if (!b->host) free(r->h_router);
     void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w,
-                    r->h_slots, r->h_bt};
+                    r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     b->free(b);
     free(r);
 }
 
 void runner_set_expert_capture(Runner *r, int32_t *experts) { r->experts = experts; }
+
+void runner_set_lora_tokens(Runner *r, const int32_t *lora) { r->lora_tokens = lora; }
+
+int runner_set_lora(Runner *r, int slot, const LoraAdapter *a, Err *err) {
+    ENSURE(err, slot >= 0 && slot < RUNNER_MAX_LORAS, 400, "LoRA slot %d outside [0, %d)", slot, RUNNER_MAX_LORAS);
+    ENSURE(err, !a || r->b->lora, 400, "the %s backend does not serve LoRA adapters (use the CPU backend)",
+           r->b->name);
+    ENSURE(err, !a || a->n_layers == r->m->cfg.n_layers, 400, "the adapter has %d layers, the model %d",
+           a ? a->n_layers : 0, r->m->cfg.n_layers);
+    r->lora[slot] = a;
+    return 0;
+}
+
+/* out[i] += the LoRA of linear t of layer l for token i's adapter. No-op on
+ * steps without adapters (the base path keeps its exact bits). */
+static void lora_apply(Runner *r, float *out, const float *x, int n, int l, LoraTarget t) {
+    if (!r->tok_lora || l < 0) return;
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        int s = r->tok_lora[i];
+        r->lrows[i] = s >= 0 ? lora_pair(r->lora[s], l, t) : NULL;
+        any |= r->lrows[i] != NULL;
+    }
+    if (any) r->b->lora(r->b, out, x, n, r->lrows);
+}
 
 /* Host array -> what the backend's ops read: itself on a host backend, else
  * a copy in the given backend buffer. */
@@ -234,6 +267,10 @@ static int batch_check(const Runner *r, const KVCache *kv, const Batch *b, Err *
             ENSURE(err, bt[j] >= 0 && bt[j] < kv->n_blocks, 400, "block table entry %d of sequence %d is %d "
                    "(pool has %d blocks)", j, b->seq[i], bt[j], kv->n_blocks);
     }
+    const int32_t *lt = r->lora_tokens;
+    for (int i = 0; lt && i < b->n_tokens; i++)
+        ENSURE(err, lt[i] >= -1 && lt[i] < RUNNER_MAX_LORAS && (lt[i] < 0 || r->lora[lt[i]]), 400,
+               "token %d names LoRA slot %d, which holds no adapter", i, lt[i]);
     for (int i = 0; i < b->n_out; i++)
         ENSURE(err, b->out_rows[i] >= 0 && b->out_rows[i] < b->n_tokens, 400, "out row %d out of range",
                b->out_rows[i]);
@@ -295,6 +332,9 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
         be->matmul(be, r->k, r->xn, n, &w->k, VEC(r, w->k_bias));
         be->matmul(be, r->v, r->xn, n, &w->v, VEC(r, w->v_bias));
     }
+    lora_apply(r, r->q, r->xn, n, l, LT_Q);
+    lora_apply(r, r->k, r->xn, n, l, LT_K);
+    lora_apply(r, r->v, r->xn, n, l, LT_V);
     be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
     be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
     int slot = kv->n_kv_heads * kv->head_dim;
@@ -304,6 +344,7 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
                   n, c->n_heads, c->n_kv_heads, c->head_dim, kv->block_size, 1.0f / sqrtf((float)c->head_dim)};
     be->attention(be, &a);
     be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
+    lora_apply(r, r->tmp, r->att, n, l, LT_O);
 }
 
 /* The residual add of a block's output (tmp) and the norm of the next block's input. */
@@ -318,8 +359,9 @@ static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
     be->rmsnorm(be, r->xn, r->x, norm_w, n, c->hidden, c->rms_eps);
 }
 
+/* l: the layer whose LoRA pairs apply (-1: none, MoE experts). */
 static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
-                      const float *in, float *out, int n) {
+                      const float *in, float *out, int n, int l) {
     Backend *be = r->b;
     if (be->matmul_multi) {
         float *outs[2] = {r->g, r->u};
@@ -330,8 +372,11 @@ static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, con
         be->matmul(be, r->g, in, n, gate, NULL);
         be->matmul(be, r->u, in, n, up, NULL);
     }
+    lora_apply(r, r->g, in, n, l, LT_GATE);
+    lora_apply(r, r->u, in, n, l, LT_UP);
     be->swiglu(be, r->g, r->g, r->u, n * gate->rows);
     be->matmul(be, out, r->g, n, down, NULL);
+    lora_apply(r, out, r->g, n, l, LT_DOWN);
 }
 
 /* HF Qwen3MoE routing: softmax over all experts in f32, top-k (ties: lower
@@ -390,7 +435,7 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
         const int32_t *rows = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)cnt);
         const float *wts = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)cnt);
         be->gather_rows(be, r->xg, r->xn, rows, cnt, H);
-        dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt);
+        dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, -1);
         be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
     }
 }
@@ -408,7 +453,7 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
         attention_block(r, kv, l, st, n);
         add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
         if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
-        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n);
+        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n, l);
         if (l + 1 < c->n_layers) add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
         else be->add(be, r->x, r->tmp, n * H);
     }
@@ -424,7 +469,7 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
  * route on the host and stay eager. */
 static int graph_eligible(const Runner *r, const Batch *b) {
     return r->b->graph_begin && !r->graphs_off && !r->m->cfg.n_experts && b->n_tokens == b->n_seqs &&
-           b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts;
+           b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts && !r->tok_lora;
 }
 
 static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
@@ -460,6 +505,9 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     Backend *be = r->b;
     Step st;
     step_prepare(r, kv, b, &st);
+    r->tok_lora = NULL;
+    for (int i = 0; r->lora_tokens && i < b->n_tokens; i++)
+        if (r->lora_tokens[i] >= 0) r->tok_lora = r->lora_tokens;
     r->h_logits_out = logits;
     if (graph_eligible(r, b)) forward_graph(r, kv, &st, b->n_tokens);
     else forward_ops(r, kv, &st, b->n_tokens, b->n_out);

@@ -4,7 +4,8 @@
  * The sampler works on one row of f32 logits [vocab] on the CPU. It applies,
  * in vLLM's order:
  *   1. logit_bias (added), min_tokens (EOS and stop ids set to -inf while
- *      fewer than min_tokens tokens were generated);
+ *      fewer than min_tokens tokens were generated), the grammar's allowed
+ *      set (SampleWant.allowed: every other id set to -inf);
  *   2. penalties, vLLM semantics:
  *        repetition r (1 = off): for every distinct id in prompt + output,
  *          l = l > 0 ? l / r : l * r
@@ -89,6 +90,13 @@ typedef struct SampleWant {
     float *top_logprobs;    /* [top_n] under the sampled distribution */
     float *top_logprobs_raw;/* [top_n] under the raw distribution, or NULL */
     int32_t *mask;          /* [vocab] receives the kept ids ascending, or NULL */
+    /* Structured outputs (grammar.h): bitset [ceil(vocab / 64)], bit i of word
+     * i / 64 set when id i is allowed, or NULL. Ids not allowed get a
+     * processed logit of -inf before penalties, temperature and truncation,
+     * so the sampled distribution, its log-probs, top_logprobs and the kept
+     * set are those of the constrained distribution (renormalised over the
+     * allowed ids). logprob_raw stays the unconstrained model distribution. */
+    const uint64_t *allowed;
 } SampleWant;
 
 typedef struct SampleResult {

@@ -230,7 +230,7 @@ static void apply_penalties(Sampler *s, const SamplingParams *p, const SampleHis
 }
 
 static void process(Sampler *s, const float *logits, const SamplingParams *p, const SampleHistory *h,
-                    const int32_t *eos_ids, int n_eos) {
+                    const int32_t *eos_ids, int n_eos, const uint64_t *allowed) {
     float *z = s->z;
     for (int i = 0; i < s->vocab; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
     for (int i = 0; i < p->n_logit_bias; i++) z[p->logit_bias_ids[i]] += p->logit_bias[i];
@@ -240,6 +240,14 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
                 if (eos_ids[i] >= 0 && eos_ids[i] < s->vocab) z[eos_ids[i]] = -INFINITY;
         for (int i = 0; i < p->n_stop_ids; i++) z[p->stop_ids[i]] = -INFINITY;
     }
+    if (allowed) /* the grammar: whole words of disallowed ids at a time */
+        for (int w = 0; w < (s->vocab + 63) / 64; w++) {
+            uint64_t m = allowed[w];
+            if (m == ~0ull) continue;
+            int i0 = w * 64, i1 = i0 + 64 < s->vocab ? i0 + 64 : s->vocab;
+            for (int i = i0; i < i1; i++)
+                if (!((m >> (i - i0)) & 1)) z[i] = -INFINITY;
+        }
     apply_penalties(s, p, h);
     /* NaN can only appear where something was added (inf + -inf bias) */
     for (int i = 0; i < p->n_logit_bias; i++)
@@ -349,10 +357,10 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     s->greedy = p->temperature == 0.0f;
     float T = s->greedy ? 1.0f : p->temperature;
     int sparse = p->n_logit_bias > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
-                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f || (want && want->allowed);
     int32_t am = 0;
     if (sparse) {
-        process(s, logits, p, h, eos_ids, n_eos);
+        process(s, logits, p, h, eos_ids, n_eos, want ? want->allowed : NULL);
         if (!s->greedy) z[0] = z[0] / T;
         for (int i = 1; i < V; i++) {
             if (!s->greedy) z[i] = z[i] / T;

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "grammar.h"
 #include "sampling.h"
 #include "tokenizer.h"
 
@@ -41,6 +42,8 @@ typedef struct GenParams {
     int ret_raw_lp;         /* return_raw_logprobs */
     int ret_mask;           /* return_sampling_mask */
     int ret_experts;        /* return_routed_experts (SGLang) */
+    /* structured outputs (structured.h): a grammar reference owned here, or NULL */
+    Grammar *grammar;
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

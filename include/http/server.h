@@ -139,6 +139,10 @@ typedef struct Server {
     HttpGuard *guard;              /* deadlines and the connection cap (http_guard.c) */
     int bound_port;
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
+    /* structured outputs (structured.h): built on the first structured request, under grammar_mu */
+    GrammarVocab *gvocab;
+    GrammarCache *grammars;
+    pthread_mutex_t grammar_mu;
 } Server;
 
 /* Start-up path (fatal with a message that says how to fix it): load the

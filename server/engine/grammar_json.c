@@ -21,8 +21,10 @@
  * ...) is a 400 naming the keyword and where it is.
  *
  * Numbers: at most 16 integer digits, 16 fraction digits and 2 exponent
- * digits (so every number is a finite double); whitespace between tokens: up to 20 of space, tab, newline
- * (bounds keep a sampled output finite; every output is valid JSON).
+ * digits (so every number is a finite double); whitespace between tokens:
+ * nothing, one space, or one newline and up to 24 spaces / tabs of indent;
+ * none before or after the value (the bounds keep a sampled output short;
+ * every output is valid JSON).
  *
  * Not here: GBNF parsing and matching.
  */
@@ -32,7 +34,7 @@
 
 #include "grammar_internal.h"
 
-#define WS "[ \\t\\n]{0,20}"
+#define WS "( \" \" | \"\\n\" [ \\t]{0,24} )?"
 #define MAX_SCHEMA_DEPTH 64
 
 typedef struct J {
@@ -358,7 +360,7 @@ int grammar_json_schema_to_gbnf(json_t *schema, const char *root_name, Buf *out,
     J j = { .root = schema, .out = out, .err = err };
     int r = schema_rule(&j, schema, "", 0);
     if (r < 0) return -1;
-    buf_printf(out, "%s ::= " WS " s%d " WS "\n", root_name, r);
+    buf_printf(out, "%s ::= s%d\n", root_name, r);
     if (j.need_value) generic_rules(out);
     return 0;
 }

@@ -47,6 +47,7 @@ void gen_params_free(GenParams *p) {
     free(p->bias_ids);
     free(p->bias);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    if (p->grammar) grammar_unref(p->grammar);
     memset(p, 0, sizeof *p);
 }
 

@@ -91,6 +91,8 @@ void grammar_unref(Grammar *g);
 const GrammarVocab *grammar_vocab(const Grammar *g);
 /* NFA nodes (for limits and tests). */
 int grammar_n_nodes(const Grammar *g);
+/* KB held by the grammar's mask cache so far. */
+size_t grammar_cache_kb(Grammar *g);
 
 /* A JSON Schema as GBNF text appended to out (what GRAMMAR_JSON_SCHEMA
  * compiles); root_name names its start rule. 0 or <0 with a 400 err. */

@@ -11,7 +11,8 @@
  *     forces one or more calls (required) or one call of the named function,
  *     written in the model's tool-call format ("<tool_call>\n{"name": ...,
  *     "arguments": ...}\n</tool_call>", what tool_parse.h reads back), the
- *     arguments constrained by the function's "parameters" schema.
+ *     arguments constrained by the function's "parameters" schema;
+ *     parallel_tool_calls: false makes "required" exactly one call.
  * At most one constraint per request (400 otherwise); a schema or grammar
  * outside the supported subset is a 400 naming what is unsupported.
  *
@@ -39,12 +40,13 @@
 int structured_parse(Server *s, json_t *body, int chat, int tools_on, GenParams *p, Err *err);
 
 /* For every dialect that forces tool calls (chat completions here; the
- * Responses and Messages APIs can call it): the grammar of one or more calls
- * (name NULL, "required" / "any") or exactly one call of `name`, over tools
+ * Responses and Messages APIs can call it): the grammar of calls of any of
+ * the tools (name NULL, "required" / "any": one or more calls separated by a
+ * newline, exactly one when parallel is 0) or exactly one call of `name`, over tools
  * in any of the three shapes ({"type": "function", "function": {"name",
  * "parameters"}}, {"type": "function", "name", "parameters"}, {"name",
  * "input_schema"}). A reference the caller must grammar_unref. */
-int structured_tool_grammar(Server *s, json_t *tools, const char *name, Grammar **out, Err *err);
+int structured_tool_grammar(Server *s, json_t *tools, const char *name, int parallel, Grammar **out, Err *err);
 
 /* A compiled grammar from the server's cache (a reference to unref). */
 int structured_grammar(Server *s, GrammarKind kind, const char *src, size_t len, Grammar **out, Err *err);

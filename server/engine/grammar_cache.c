@@ -33,6 +33,13 @@ void grammar_unref(Grammar *g) {
 int grammar_n_nodes(const Grammar *g) { return g->n_nodes; }
 const GrammarVocab *grammar_vocab(const Grammar *g) { return g->v; }
 
+size_t grammar_cache_kb(Grammar *g) {
+    pthread_mutex_lock(&g->mu);
+    size_t b = g->cache_bytes;
+    pthread_mutex_unlock(&g->mu);
+    return b >> 10;
+}
+
 /* guided_choice: root ::= "a" | "b" | ... */
 static int choice_ast(Ast *a, const char *src, size_t len, Err *err) {
     json_error_t je;

@@ -20,6 +20,7 @@ typedef struct TEdge { int32_t from, kind, x, to; } TEdge; /* kind 0 eps, 1 byte
 
 typedef struct B {
     Ast *a;
+    uint8_t *inl;       /* [n_rules] 1: the rule is built in place where it is used */
     int n_nodes;
     int32_t *rule_of; int cap_nodes;
     TEdge *e; int n_e, cap_e;
@@ -78,6 +79,7 @@ static int build(B *b, int x, int s, int rule, int depth) {
         return e;
     }
     case AST_REF: {
+        if (b->inl[n.a]) return build(b, b->a->body[n.a], s, rule, depth + 1);
         int e = new_node(b, rule);
         add_edge(b, s, 2, n.a, e);
         return e;
@@ -136,6 +138,46 @@ Grammar *grammar_alloc(const GrammarVocab *v) {
     return g;
 }
 
+/* Mark the rules that can reach themselves through references (rule graph
+ * DFS from each rule). */
+static void ast_refs(const Ast *a, int x, uint8_t *seen_rule, int32_t *stack, int *top) {
+    const AstNode *n = &a->nodes[x];
+    switch (n->kind) {
+    case AST_REF:
+        if (!seen_rule[n->a]) { seen_rule[n->a] = 1; stack[(*top)++] = n->a; }
+        return;
+    case AST_SEQ: case AST_ALT: ast_refs(a, n->a, seen_rule, stack, top); ast_refs(a, n->b, seen_rule, stack, top); return;
+    case AST_REP: ast_refs(a, n->a, seen_rule, stack, top); return;
+    default: return;
+    }
+}
+
+/* Inlining: a rule that is not recursive is built in place of each use, so
+ * its bytes belong to the caller's rule instance and the caller's mask
+ * entries take them in any context (a one-character rule called in a loop
+ * would otherwise make every longer token context-dependent). The shared
+ * UTF-8 rule stays a call. */
+static int mark_inline(const Ast *a, uint8_t *inl) {
+    int R = a->n_rules;
+    uint8_t *seen = calloc((size_t)R, 1);
+    int32_t *stack = malloc((size_t)R * sizeof *stack);
+    if (!seen || !stack) { free(seen); free(stack); return -1; }
+    for (int r = 0; r < R; r++) {
+        memset(seen, 0, (size_t)R);
+        int top = 0;
+        ast_refs(a, a->body[r], seen, stack, &top);
+        while (top > 0) {
+            int x = stack[--top];
+            if (x == r) break;
+            ast_refs(a, a->body[x], seen, stack, &top);
+        }
+        inl[r] = !seen[r] && r != a->root;
+    }
+    free(seen);
+    free(stack);
+    return 0;
+}
+
 int grammar_build(Ast *a, Grammar *g, Err *err) {
     for (int r = 0; r < a->n_rules; r++)
         ENSURE(err, a->body[r] >= 0, 400, "grammar: rule `%s` is used but not defined", a->names[r]);
@@ -146,7 +188,8 @@ int grammar_build(Ast *a, Grammar *g, Err *err) {
     int rc = -1;
     int32_t *map = NULL, *stk = NULL, *mark = NULL;
     uint8_t *prod = NULL, *nulln = NULL, *nullr = NULL, *seen = NULL;
-    if (!starts || !ends) goto oom;
+    b.inl = calloc((size_t)R, 1);
+    if (!starts || !ends || !b.inl || mark_inline(a, b.inl) < 0) goto oom;
     for (int r = 0; r < R; r++) {
         starts[r] = new_node(&b, r);
         ends[r] = build(&b, a->body[r], starts[r], r, 0);
@@ -407,6 +450,6 @@ oom:
 out:
     free(starts); free(ends); free(map); free(stk); free(mark);
     free(prod); free(nulln); free(nullr); free(seen);
-    free(b.rule_of); free(b.e); free(b.cls);
+    free(b.rule_of); free(b.e); free(b.cls); free(b.inl);
     return rc;
 }

@@ -153,7 +153,7 @@ static void prefix_rules(Buf *b, const char *s, size_t n, const char *pfx, const
     }
 }
 
-int structured_tool_grammar(Server *s, json_t *tools, const char *name, Grammar **out, Err *err) {
+int structured_tool_grammar(Server *s, json_t *tools, const char *name, int parallel, Grammar **out, Err *err) {
     *out = NULL;
     ENSURE(err, json_is_array(tools) && json_array_size(tools) > 0, 400,
            "tool_choice: a forced tool call needs a non-empty \"tools\" list");
@@ -204,7 +204,7 @@ int structured_tool_grammar(Server *s, json_t *tools, const char *name, Grammar 
     }
     if (rc == 0 && n_calls == 0) rc = ERR(err, 400, "tool_choice: no tool named \"%s\" in tools", name ? name : "");
     if (rc == 0) {
-        if (name) buf_printf(&b, "root ::= %s\n", calls.p);
+        if (name || !parallel) buf_printf(&b, "root ::= %s\n", calls.p);
         else buf_printf(&b, "root ::= ( %s ) ( \"\\n\" ( %s ) )*\n", calls.p, calls.p);
         rc = structured_grammar(s, GRAMMAR_GBNF, b.p, b.n, out, err);
         if (rc < 0 && err->code == 400) /* our own text: a schema the engine refused after all */
@@ -225,7 +225,9 @@ static int tool_choice(Server *s, json_t *body, int tools_on, Grammar **out, Err
                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
         ENSURE(err, tools_on, 400, "tool_choice: \"required\" needs tools and the server's tool-call parser "
                "(--tool-call-parser)");
-        return structured_tool_grammar(s, json_object_get(body, "tools"), NULL, out, err) < 0 ? -1 : 1;
+        json_t *par = json_object_get(body, "parallel_tool_calls");
+        ENSURE(err, !par || json_is_boolean(par) || json_is_null(par), 400, "parallel_tool_calls: must be a boolean");
+        return structured_tool_grammar(s, json_object_get(body, "tools"), NULL, !json_is_false(par), out, err) < 0 ? -1 : 1;
     }
     json_t *fn = json_object_get(tc, "function");
     json_t *nm = json_is_object(fn) ? json_object_get(fn, "name") : json_object_get(tc, "name");
@@ -233,7 +235,7 @@ static int tool_choice(Server *s, json_t *body, int tools_on, Grammar **out, Err
            "tool_choice: must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     ENSURE(err, tools_on, 400, "tool_choice: a named function needs tools and the server's tool-call parser "
            "(--tool-call-parser)");
-    return structured_tool_grammar(s, json_object_get(body, "tools"), json_string_value(nm), out, err) < 0 ? -1 : 1;
+    return structured_tool_grammar(s, json_object_get(body, "tools"), json_string_value(nm), 0, out, err) < 0 ? -1 : 1;
 }
 
 int structured_parse(Server *s, json_t *body, int chat, int tools_on, GenParams *p, Err *err) {

@@ -9,11 +9,13 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <math.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar.h"
+#include "sampling.h"
 #include "test.h"
 #include "tokenizer.h"
 
@@ -152,7 +154,61 @@ static void expect_400(GrammarVocab *v, GrammarKind k, const char *src, const ch
     if (g) grammar_unref(g);
 }
 
+/* The sampler under an allowed set: the kept set is the allowed set (no
+ * truncation), the log-probs renormalise over it (against a double-precision
+ * log-sum-exp here), greedy takes the argmax inside it, top_p truncates
+ * inside it. */
+static void test_sampler_allowed(void) {
+    enum { SV = 1000 };
+    float logits[SV], lp[SV];
+    uint64_t bits[(SV + 63) / 64] = { 0 };
+    int32_t mask[SV];
+    for (int i = 0; i < SV; i++) logits[i] = (float)((int)(rnd() % 2001) - 1000) / 100.0f;
+    int n_allowed = 0;
+    for (int i = 0; i < SV; i++)
+        if (rnd() % 7 == 0) { bits[i >> 6] |= 1ull << (i & 63); n_allowed++; }
+    Sampler *s = sampler_create(SV);
+    SamplingParams p;
+    sampling_params_default(&p);
+    p.seed = 3;
+    SampleHistory h = { 0 };
+    int bad = 0;
+    for (int pos = 0; pos < 50; pos++) {
+        SampleWant w = { .mask = mask, .allowed = bits };
+        SampleResult r;
+        sampler_sample(s, logits, &p, &h, NULL, 0, 0, pos, &w, &r);
+        bad += r.n_kept != n_allowed || !((bits[r.token >> 6] >> (r.token & 63)) & 1);
+        for (int k = 0; k < r.n_kept; k++) bad += !((bits[mask[k] >> 6] >> (mask[k] & 63)) & 1);
+        double m = -1e30, z = 0;
+        for (int i = 0; i < SV; i++) if ((bits[i >> 6] >> (i & 63)) & 1 && logits[i] > m) m = logits[i];
+        for (int i = 0; i < SV; i++) if ((bits[i >> 6] >> (i & 63)) & 1) z += exp((double)logits[i] - m);
+        double want = (double)logits[r.token] - m - log(z);
+        bad += fabs(want - (double)r.logprob) > 1e-4;
+        sampler_kept_logprobs(s, lp);
+        double tot = 0;
+        for (int i = 0; i < SV; i++) tot += lp[i] > -INFINITY ? exp((double)lp[i]) : 0;
+        bad += fabs(tot - 1) > 1e-4;
+    }
+    T_ASSERT(bad == 0, "sampler under an allowed set: %d mismatches", bad);
+    p.temperature = 0;
+    SampleWant w = { .allowed = bits };
+    SampleResult r;
+    sampler_sample(s, logits, &p, &h, NULL, 0, 0, 0, &w, &r);
+    int am = -1;
+    for (int i = 0; i < SV; i++) if ((bits[i >> 6] >> (i & 63)) & 1 && (am < 0 || logits[i] > logits[am])) am = i;
+    T_ASSERT(r.token == am, "greedy under an allowed set: %d, want %d", r.token, am);
+    p.temperature = 1;
+    p.top_p = 0.5f;
+    SampleWant w2 = { .mask = mask, .allowed = bits };
+    sampler_sample(s, logits, &p, &h, NULL, 0, 0, 0, &w2, &r);
+    int inside = 1;
+    for (int k = 0; k < r.n_kept; k++) inside &= (int)((bits[mask[k] >> 6] >> (mask[k] & 63)) & 1);
+    T_ASSERT(inside && r.n_kept >= 1 && r.n_kept <= n_allowed, "top_p inside the allowed set (%d kept)", r.n_kept);
+    sampler_free(s);
+}
+
 int main(void) {
+    test_sampler_allowed();
     int V;
     GrammarVocab *v = syn_vocab(&V);
     int32_t eos = V - 1;
@@ -243,6 +299,30 @@ int main(void) {
     expect_400(v, GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"http://x\"}", "$ref");
     expect_400(v, GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"", "not valid JSON");
     expect_400(v, GRAMMAR_CHOICE, "[1]", "list of strings");
+    expect_400(v, GRAMMAR_REGEX, "a{1001}", "over 1000");
+    expect_400(v, GRAMMAR_REGEX, "(a{1000}){1000}", "too large");
+    {   /* long chains compile without deep recursion: 4000 choices, a 20000-byte literal */
+        Buf b = { 0 };
+        buf_puts(&b, "[");
+        for (int i = 0; i < 4000; i++) buf_printf(&b, "%s\"c%d\"", i ? "," : "", i);
+        buf_puts(&b, "]");
+        Grammar *g = compile_ok(v, GRAMMAR_CHOICE, b.p);
+        if (g) grammar_unref(g);
+        buf_free(&b);
+        buf_puts(&b, "root ::= \"");
+        for (int i = 0; i < 20000; i++) buf_puts(&b, "x");
+        buf_puts(&b, "\"");
+        g = compile_ok(v, GRAMMAR_GBNF, b.p);
+        if (g) {
+            GrammarMatcher *m = grammar_matcher_create(g);
+            int ok = 1;
+            for (int i = 0; i < 20000 && ok; i++) ok = grammar_matcher_accept_bytes(m, "x", 1) == 0;
+            T_ASSERT(ok && grammar_matcher_can_end(m), "a 20000-byte literal matches");
+            grammar_matcher_free(m);
+            grammar_unref(g);
+        }
+        buf_free(&b);
+    }
     grammar_vocab_free(v);
     free(toks);
 

@@ -33,6 +33,11 @@
  * accepted the matcher is done. A state that allows no token at all is a
  * dead end (the engine finishes the sequence with FINISH_GRAMMAR).
  *
+ * Cost: a mask entry is one walk over the token trie (up to ~30 ms at
+ * 151,936 ids for a node inside a string) and holds up to V/8 bytes (19 KB),
+ * so a grammar's cache is bounded by its NFA nodes with byte edges times
+ * that; GRAMMAR_MAX_REPEAT bounds how many nodes one repetition makes.
+ *
  * Limits (a matcher's memory is fixed at create, grammar_matcher_bytes):
  * GRAMMAR_MAX_STACKS parallel stacks, GRAMMAR_MAX_DEPTH frames a stack,
  * GRAMMAR_MAX_FRAMES frames a state; a state over a limit is a dead end.
@@ -57,7 +62,8 @@
 
 #define GRAMMAR_MAX_STACKS 256
 #define GRAMMAR_MAX_DEPTH 256
-#define GRAMMAR_MAX_FRAMES 8192
+#define GRAMMAR_MAX_FRAMES 4096
+#define GRAMMAR_MAX_REPEAT 1000   /* {m,n} bounds, maxLength, minLength, maxItems */
 #define GRAMMAR_MAX_NODES 200000  /* NFA nodes of one compiled grammar */
 #define GRAMMAR_MAX_SOURCE (1 << 20) /* bytes of grammar / schema text */
 

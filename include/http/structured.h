@@ -32,7 +32,7 @@
 #include "request_parse.h"
 #include "server.h"
 
-#define GRAMMAR_CACHE_CAP 64
+#define GRAMMAR_CACHE_CAP 16
 
 /* Read the fields above from body into p->grammar (a reference p owns, freed
  * by gen_params_free), or leave it NULL. chat: tool_choice applies; tools_on:

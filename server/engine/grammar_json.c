@@ -154,13 +154,13 @@ static int string_body(J *j, json_t *s, const char *path, Buf *b) {
     }
     long lo = 0, hi = -1;
     if (mn) {
-        if (!json_is_integer(mn) || json_integer_value(mn) < 0 || json_integer_value(mn) > 10000)
-            return jfail(j, path, "%s", "minLength must be an integer in [0, 10000]");
+        if (!json_is_integer(mn) || json_integer_value(mn) < 0 || json_integer_value(mn) > GRAMMAR_MAX_REPEAT)
+            return jfail(j, path, "%s", "minLength must be an integer in [0, 1000]");
         lo = (long)json_integer_value(mn);
     }
     if (mx) {
-        if (!json_is_integer(mx) || json_integer_value(mx) < lo || json_integer_value(mx) > 10000)
-            return jfail(j, path, "%s", "maxLength must be an integer in [minLength, 10000]");
+        if (!json_is_integer(mx) || json_integer_value(mx) < lo || json_integer_value(mx) > GRAMMAR_MAX_REPEAT)
+            return jfail(j, path, "%s", "maxLength must be an integer in [minLength, 1000]");
         hi = (long)json_integer_value(mx);
     }
     if (lo == 0 && hi < 0) buf_puts(b, "json-string");

@@ -285,8 +285,8 @@ static void scan(const Grammar *g, const SS *src, unsigned b, SS *dst) {
 /* ---- matchers ---- */
 #define M_FRAMES GRAMMAR_MAX_FRAMES
 #define M_STACKS GRAMMAR_MAX_STACKS
-#define W_FRAMES (4 * GRAMMAR_MAX_FRAMES)
-#define W_STACKS (4 * GRAMMAR_MAX_STACKS)
+#define W_FRAMES (2 * GRAMMAR_MAX_FRAMES)
+#define W_STACKS (2 * GRAMMAR_MAX_STACKS)
 
 struct GrammarMatcher {
     Grammar *g;

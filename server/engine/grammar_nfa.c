@@ -84,15 +84,30 @@ static int build(B *b, int x, int s, int rule, int depth) {
         add_edge(b, s, 2, n.a, e);
         return e;
     }
-    case AST_SEQ: return build(b, n.b, build(b, n.a, s, rule, depth + 1), rule, depth + 1);
+    case AST_SEQ:
     case AST_ALT: {
-        int e = new_node(b, rule);
-        for (int k = 0; k < 2; k++) {
-            int st = new_node(b, rule);
-            add_edge(b, s, 0, 0, st);
-            add_edge(b, build(b, k ? n.b : n.a, st, rule, depth + 1), 0, 0, e);
+        /* chains (literals, long choice lists) are left-deep: walk the spine
+         * instead of recursing along it */
+        int len = 0;
+        for (int y = x; b->a->nodes[y].kind == n.kind; y = b->a->nodes[y].a) len++;
+        int32_t *parts = malloc((size_t)(len + 1) * sizeof *parts);
+        if (!parts) { b->failed = 1; return s; }
+        int y = x;
+        for (int k = len; k > 0; k--) { parts[k] = b->a->nodes[y].b; y = b->a->nodes[y].a; }
+        parts[0] = y;
+        int end = s;
+        if (n.kind == AST_SEQ) {
+            for (int k = 0; k <= len && !b->failed; k++) end = build(b, parts[k], end, rule, depth + 1);
+        } else {
+            end = new_node(b, rule);
+            for (int k = 0; k <= len && !b->failed; k++) {
+                int st = new_node(b, rule);
+                add_edge(b, s, 0, 0, st);
+                add_edge(b, build(b, parts[k], st, rule, depth + 1), 0, 0, end);
+            }
         }
-        return e;
+        free(parts);
+        return end;
     }
     case AST_REP: {
         int cur = s;
@@ -140,15 +155,19 @@ Grammar *grammar_alloc(const GrammarVocab *v) {
 
 /* Mark the rules that can reach themselves through references (rule graph
  * DFS from each rule). */
-static void ast_refs(const Ast *a, int x, uint8_t *seen_rule, int32_t *stack, int *top) {
-    const AstNode *n = &a->nodes[x];
-    switch (n->kind) {
-    case AST_REF:
-        if (!seen_rule[n->a]) { seen_rule[n->a] = 1; stack[(*top)++] = n->a; }
-        return;
-    case AST_SEQ: case AST_ALT: ast_refs(a, n->a, seen_rule, stack, top); ast_refs(a, n->b, seen_rule, stack, top); return;
-    case AST_REP: ast_refs(a, n->a, seen_rule, stack, top); return;
-    default: return;
+static void ast_refs(const Ast *a, int x, uint8_t *seen_rule, int32_t *stack, int *top, int32_t *work) {
+    int nw = 0; /* work holds at most one pending right child per node */
+    work[nw++] = x;
+    while (nw > 0) {
+        const AstNode *n = &a->nodes[work[--nw]];
+        switch (n->kind) {
+        case AST_REF:
+            if (!seen_rule[n->a]) { seen_rule[n->a] = 1; stack[(*top)++] = n->a; }
+            break;
+        case AST_SEQ: case AST_ALT: work[nw++] = n->a; work[nw++] = n->b; break;
+        case AST_REP: work[nw++] = n->a; break;
+        default: break;
+        }
     }
 }
 
@@ -160,21 +179,22 @@ static void ast_refs(const Ast *a, int x, uint8_t *seen_rule, int32_t *stack, in
 static int mark_inline(const Ast *a, uint8_t *inl) {
     int R = a->n_rules;
     uint8_t *seen = calloc((size_t)R, 1);
-    int32_t *stack = malloc((size_t)R * sizeof *stack);
-    if (!seen || !stack) { free(seen); free(stack); return -1; }
+    int32_t *stack = malloc((size_t)R * sizeof *stack), *work = malloc((size_t)(a->n + 1) * sizeof *work);
+    if (!seen || !stack || !work) { free(seen); free(stack); free(work); return -1; }
     for (int r = 0; r < R; r++) {
         memset(seen, 0, (size_t)R);
         int top = 0;
-        ast_refs(a, a->body[r], seen, stack, &top);
+        ast_refs(a, a->body[r], seen, stack, &top, work);
         while (top > 0) {
             int x = stack[--top];
             if (x == r) break;
-            ast_refs(a, a->body[x], seen, stack, &top);
+            ast_refs(a, a->body[x], seen, stack, &top, work);
         }
         inl[r] = !seen[r] && r != a->root;
     }
     free(seen);
     free(stack);
+    free(work);
     return 0;
 }
 

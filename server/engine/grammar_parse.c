@@ -292,13 +292,13 @@ static int parse_braces(P *p, int *lo, int *hi) {
     size_t j = p->i + 1;
     long m = 0, x = -1;
     int dig = 0;
-    while (j < p->n && isdigit((unsigned char)p->s[j])) { m = m * 10 + (p->s[j++] - '0'); dig++; if (m > 100000) return fail(p, "repetition count too large"); }
+    while (j < p->n && isdigit((unsigned char)p->s[j])) { m = m * 10 + (p->s[j++] - '0'); dig++; if (m > GRAMMAR_MAX_REPEAT) return fail(p, "repetition count over 1000"); }
     if (!dig) return p->regex ? 1 : fail(p, "bad {m,n}");
     if (j < p->n && p->s[j] == ',') {
         j++;
         int d2 = 0;
         long v = 0;
-        while (j < p->n && isdigit((unsigned char)p->s[j])) { v = v * 10 + (p->s[j++] - '0'); d2++; if (v > 100000) return fail(p, "repetition count too large"); }
+        while (j < p->n && isdigit((unsigned char)p->s[j])) { v = v * 10 + (p->s[j++] - '0'); d2++; if (v > GRAMMAR_MAX_REPEAT) return fail(p, "repetition count over 1000"); }
         x = d2 ? v : -1;
     } else x = m;
     if (j >= p->n || p->s[j] != '}') return p->regex ? 1 : fail(p, "bad {m,n}");

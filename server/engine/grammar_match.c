@@ -28,6 +28,7 @@
  *
  * Not here: compiling (grammar_nfa.c), the compiled-grammar cache.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,8 +86,8 @@ static void trie_build(GrammarVocab *v, int node, int lo, int hi, int depth, int
     v->tend[node] = v->n_trie;
 }
 
-static const GrammarVocab *sort_v;
-static int cmp_tok(const void *a, const void *b) {
+static int cmp_tok(const void *a, const void *b, void *ctx) {
+    const GrammarVocab *sort_v = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     int lx = sort_v->len[x], ly = sort_v->len[y];
     int c = memcmp(tok_bytes(sort_v, x), tok_bytes(sort_v, y), (size_t)(lx < ly ? lx : ly));
@@ -115,9 +116,7 @@ GrammarVocab *grammar_vocab_create(int vocab, const char *const *bytes, const in
             if (lens[i] > v->max_len) v->max_len = lens[i];
         }
     }
-    sort_v = v; /* start-up, one thread */
-    qsort(v->sorted, (size_t)v->n_tok, sizeof *v->sorted, cmp_tok);
-    sort_v = NULL;
+    qsort_r(v->sorted, (size_t)v->n_tok, sizeof *v->sorted, cmp_tok, v);
     int cap = 0;
     trie_grow(v, &cap);
     v->n_trie = 1;

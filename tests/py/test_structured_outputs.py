@@ -14,7 +14,7 @@ from conftest import ROOT
 from sampling_mask import decode_sampling_mask
 from server_fixture import Server
 
-N = 16  # samples per request
+N = 12  # samples per request
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_forced_tool_calls(srv, choice, parallel, stream):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     outs = []  # (finish, [(name, arguments)])
     if stream:
-        for i in range(3):
+        for i in range(2):
             calls, finish = {}, None
             for ch in client.chat.completions.create(stream=True, **dict(kw, seed=5 + i)):
                 for tc in ch.choices[0].delta.tool_calls or []:
@@ -145,7 +145,7 @@ def test_forced_tool_calls(srv, choice, parallel, stream):
                 finish = ch.choices[0].finish_reason or finish
             outs.append((finish, [tuple(calls[k]) for k in sorted(calls)]))
     else:
-        r = client.chat.completions.create(n=6, **kw)
+        r = client.chat.completions.create(n=5, **kw)
         outs = [(c.finish_reason, [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []])
                 for c in r.choices]
     for finish, calls in outs:
@@ -250,3 +250,7 @@ def test_dead_end_finish_reason(srv):
     c = r["choices"][0]
     # "zq" is complete after at most 2 tokens; min_tokens bans EOS, the only id left: a dead end
     assert c["finish_reason"] == "grammar_dead_end" and c["text"] == "zq", c
+    st, text = srv.request("GET", "/metrics")
+    assert 'sampler_sequences_finished_total{finish_reason="grammar_dead_end"} ' in text
+    n = [l for l in text.splitlines() if l.startswith('sampler_sequences_finished_total{finish_reason="grammar_dead_end"}')]
+    assert float(n[0].split()[-1]) >= 1, n

@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,32 @@ static char *walk(GrammarVocab *v, const Tok *toks, Grammar *g, int32_t eos, con
     grammar_matcher_free(m);
     free(fast); free(slow); free(ref);
     return text;
+}
+
+/* Threads sharing one grammar whose mask cache is still empty (the engine's
+ * sampling threads): each walks and checks fast == slow. */
+typedef struct Par { GrammarVocab *v; const Tok *toks; Grammar *g; int32_t eos; int bad; unsigned seed; } Par;
+static void *par_walk(void *ctx) {
+    Par *p = ctx;
+    GrammarMatcher *m = grammar_matcher_create(p->g);
+    int W = grammar_vocab_words(p->v), V = grammar_vocab_size(p->v);
+    uint64_t *fast = calloc((size_t)W, 8), *slow = calloc((size_t)W, 8);
+    unsigned x = p->seed;
+    for (int s = 0; s < 6; s++) {
+        int nf = grammar_matcher_fill_mask(m, fast, &p->eos, 1);
+        int ns = grammar_matcher_fill_mask_slow(m, slow, &p->eos, 1);
+        if (nf != ns || count_diff(fast, slow, W)) { p->bad++; break; }
+        if (nf == 0) break;
+        x = x * 1103515245u + 12345u;
+        int k = (int)((x >> 8) % (unsigned)nf), c = 0;
+        int32_t pick = -1;
+        for (int t = 0; t < V && pick < 0; t++)
+            if ((fast[t >> 6] >> (t & 63)) & 1) { if (c == k) pick = t; c++; }
+        if (pick == p->eos || grammar_matcher_accept(m, pick, &p->eos, 1) < 0) break;
+    }
+    free(fast); free(slow);
+    grammar_matcher_free(m);
+    return NULL;
 }
 
 static Grammar *compile_ok(GrammarVocab *v, GrammarKind k, const char *src) {
@@ -362,6 +389,21 @@ int main(void) {
                 free(t);
             }
             grammar_unref(g);
+        }
+        Grammar *pg = compile_ok(rv, GRAMMAR_JSON_SCHEMA,
+                                 "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"array\","
+                                 "\"items\":{\"type\":\"number\"}}},\"required\":[\"a\",\"b\"]}");
+        if (pg) {
+            pthread_t th[4];
+            Par par[4];
+            for (int i = 0; i < 4; i++) {
+                par[i] = (Par){ rv, rt, pg, reos, 0, 17u * (unsigned)i + 1 };
+                pthread_create(&th[i], NULL, par_walk, &par[i]);
+            }
+            int bad = 0;
+            for (int i = 0; i < 4; i++) { pthread_join(th[i], NULL); bad += par[i].bad; }
+            T_ASSERT(bad == 0, "threads sharing a cold grammar: %d walks differ from the brute force", bad);
+            grammar_unref(pg);
         }
         Grammar *g = compile_ok(rv, GRAMMAR_JSON_OBJECT, "");
         if (g) {

@@ -327,6 +327,25 @@ int main(void) {
     expect_400(v, GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"", "not valid JSON");
     expect_400(v, GRAMMAR_CHOICE, "[1]", "list of strings");
     expect_400(v, GRAMMAR_REGEX, "a{1001}", "over 1000");
+    {   /* the empty regex matches only the empty string (it has no edges at all) */
+        Grammar *g = compile_ok(v, GRAMMAR_REGEX, "");
+        if (g) {
+            uint64_t bits[8];
+            GrammarMatcher *m = grammar_matcher_create(g);
+            int n = grammar_matcher_fill_mask(m, bits, &eos, 1);
+            T_ASSERT(n == 1 && ((bits[eos >> 6] >> (eos & 63)) & 1), "empty regex: only the end (%d allowed)", n);
+            grammar_matcher_free(m);
+            grammar_unref(g);
+        }
+        /* nested unbounded repetitions fold into one loop: compiles, and stays exact */
+        g = compile_ok(v, GRAMMAR_REGEX, "(ab|cd)++++++++++++++++++++++++++++++++e");
+        if (g) {
+            int ended, bad = 0;
+            free(walk(v, toks, g, eos, NULL, 12, 1, &ended, &bad));
+            T_ASSERT(bad == 0, "nested + walk");
+            grammar_unref(g);
+        }
+    }
     expect_400(v, GRAMMAR_REGEX, "(a{1000}){1000}", "too large");
     {   /* long chains compile without deep recursion: 4000 choices, a 20000-byte literal */
         Buf b = { 0 };

@@ -40,7 +40,13 @@
  *
  * Limits (a matcher's memory is fixed at create, grammar_matcher_bytes):
  * GRAMMAR_MAX_STACKS parallel stacks, GRAMMAR_MAX_DEPTH frames a stack,
- * GRAMMAR_MAX_FRAMES frames a state; a state over a limit is a dead end.
+ * GRAMMAR_MAX_FRAMES frames a state. A token whose run would go over a limit
+ * is refused by grammar_matcher_accept; the cached mask may still hold it
+ * (the cache is built from one stack at a time, the run uses all of them), so
+ * for very ambiguous grammars (e.g. nested `(a|b)++++`) a sampled id can be
+ * refused: the engine then ends the sequence with FINISH_GRAMMAR, and never
+ * emits a token outside the grammar. grammar_matcher_limited says whether the
+ * last call hit a limit (the mask is exact whenever it did not).
  *
  * Threads: a Grammar is immutable except its mask cache, which is filled under
  * the Grammar's own lock; any number of matchers on any threads may share it.
@@ -135,6 +141,8 @@ int grammar_matcher_accept(GrammarMatcher *m, int32_t token, const int32_t *end_
 /* Advance by raw bytes (tests). 0, or -1 (state unchanged). */
 int grammar_matcher_accept_bytes(GrammarMatcher *m, const char *s, size_t n);
 int grammar_matcher_done(const GrammarMatcher *m);
+/* 1 when the last fill_mask / fill_mask_slow / accept cut a run at a limit. */
+int grammar_matcher_limited(const GrammarMatcher *m);
 /* 1 when the bytes accepted so far form a whole string of the grammar. */
 int grammar_matcher_can_end(const GrammarMatcher *m);
 

@@ -292,6 +292,7 @@ struct GrammarMatcher {
     SS cur, a, b;        /* the state (expanded), scratch */
     Exp x;
     int done, dead;
+    int limited;         /* a run since the last fill_mask / accept was cut at a limit */
     int32_t *mem;
 };
 
@@ -349,9 +350,10 @@ static int run_bytes(GrammarMatcher *m, const uint8_t *s, int n) {
     const SS *src = &m->cur;
     for (int i = 0; i < n; i++) {
         scan(m->g, src, s[i], &m->b);
+        if (m->b.overflow) { m->limited = 1; return 0; }
         if (m->b.n == 0) return 0;
         expand(m->g, &m->x, &m->b, &m->a);
-        if (m->a.overflow) return 0;
+        if (m->a.overflow) { m->limited = 1; return 0; }
         src = &m->a;
     }
     return n > 0 && (m->a.n > 0 || m->a.accept);
@@ -362,7 +364,10 @@ static int is_end(int32_t t, const int32_t *end, int n_end) {
     return 0;
 }
 
+int grammar_matcher_limited(const GrammarMatcher *m) { return m->limited; }
+
 int grammar_matcher_accept_bytes(GrammarMatcher *m, const char *s, size_t n) {
+    m->limited = 0;
     if (m->done || m->dead || n == 0) return n == 0 ? 0 : -1;
     if (!run_bytes(m, (const uint8_t *)s, (int)n)) return -1;
     ss_copy(&m->cur, &m->a);
@@ -546,6 +551,7 @@ static int finish_mask(GrammarMatcher *m, uint64_t *bits, const int32_t *end_ids
 int grammar_matcher_fill_mask_slow(GrammarMatcher *m, uint64_t *bits, const int32_t *end_ids, int n_end) {
     const GrammarVocab *v = m->g->v;
     memset(bits, 0, (size_t)v->words * 8);
+    m->limited = 0;
     if (m->done || m->dead) return 0;
     for (int t = 0; t < v->V; t++)
         if (v->len[t] > 0 && run_bytes(m, tok_bytes(v, t), v->len[t])) bits[t >> 6] |= 1ull << (t & 63);
@@ -556,6 +562,7 @@ int grammar_matcher_fill_mask(GrammarMatcher *m, uint64_t *bits, const int32_t *
     Grammar *g = m->g;
     const GrammarVocab *v = g->v;
     memset(bits, 0, (size_t)v->words * 8);
+    m->limited = 0;
     if (m->done || m->dead) return 0;
     const SS *T = &m->cur;
     if (T->max_depth > GRAMMAR_MAX_DEPTH / 2) {

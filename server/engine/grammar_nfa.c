@@ -220,7 +220,7 @@ int grammar_build(Ast *a, Grammar *g, Err *err) {
         goto out;
     }
     int T = b.n_nodes;
-    qsort(b.e, (size_t)b.n_e, sizeof *b.e, cmp_edge);
+    if (b.n_e) qsort(b.e, (size_t)b.n_e, sizeof *b.e, cmp_edge);
     int32_t *off = calloc((size_t)T + 1, sizeof *off);
     if (!off) goto oom;
     for (int i = 0; i < b.n_e; i++) off[b.e[i].from + 1]++;
@@ -261,7 +261,16 @@ int grammar_build(Ast *a, Grammar *g, Err *err) {
     int32_t *order = malloc((size_t)N * sizeof *order);
     if (!order) { free(off); free(isend); free(edges); free(calls); goto oom; }
     for (int i = 0; i < T; i++) if (map[i] >= 0) order[map[i]] = i;
+    /* closures can be quadratic in the node count (nested repetitions with
+     * empty paths): a budget of steps, over it the grammar is refused */
+    long long work = 0, budget = 50LL * 1000 * 1000;
     for (int k = 0; k < N; k++) {
+        if (work > budget) {
+            free(order); free(off); free(isend); free(edges); free(calls);
+            ERR(err, 400, "grammar too large or too ambiguous: building its automaton takes over %lld steps "
+                "(simplify nested repetitions such as (a+)+ or lower the repetition counts)", budget);
+            goto out;
+        }
         int src = order[k];
         GNode *nd = &g->nodes[k];
         nd->rule = b.rule_of[src];
@@ -272,6 +281,7 @@ int grammar_build(Ast *a, Grammar *g, Err *err) {
         mark[src] = k;
         while (top > 0) {
             int x = stk[--top];
+            work += 1 + (ne - nd->e0) + (nc - nd->c0);
             if (isend[x] && b.rule_of[x] == nd->rule) nd->final = 1;
             for (int j = off[x]; j < off[x + 1]; j++) {
                 const TEdge *te = &b.e[j];

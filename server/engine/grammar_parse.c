@@ -439,6 +439,12 @@ static int parse_seq(P *p) {
                 if (q == 1) break;
             } else break;
             if (p->regex && (peek(p) == '?' || peek(p) == '+')) p->i++; /* lazy / possessive: same language */
+            AstNode *in = &p->a->nodes[x];
+            if (in->kind == AST_REP && in->hi < 0 && hi < 0 && in->lo <= 1 && lo <= 1) {
+                /* (x+)+ = x+, (x*)* = (x+)* = (x*)+ = x*: one loop, not nested ones */
+                in->lo = in->lo && lo;
+                continue;
+            }
             x = ast_node(p->a, AST_REP, x, 0);
             if (x < 0) return fail(p, "grammar too large");
             p->a->nodes[x].lo = lo;

@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "grammar.h"
 #include "model.h"
 #include "sampling.h"
 
@@ -135,6 +136,18 @@ typedef struct EngineRequestParams {
     /* Bytes the caller will need to render this request's outputs (its JSON),
      * counted into the output budget with the engine's own storage. */
     size_t extra_output_bytes;
+    /* Structured outputs (grammar.h), or NULL. The engine takes its own
+     * reference; every sequence gets a matcher. Each token is drawn from the
+     * logits with the ids the grammar does not allow set to -inf (so
+     * logprob, top_logprobs and the mask are those of the constrained
+     * distribution; logprob_raw is not constrained), then advances the
+     * matcher. The grammar's end ids are the model's EOS ids (unless
+     * ignore_eos) and the stop ids: one of them accepted at an end of the
+     * grammar finishes the sequence with FINISH_STOP; a state that allows no
+     * id (every allowed id banned by logit_bias / min_tokens, a grammar that
+     * cannot continue, a matcher limit) finishes it with FINISH_GRAMMAR and
+     * no record for that step. */
+    Grammar *grammar;
 } EngineRequestParams;
 
 void engine_request_params_default(EngineRequestParams *p);
@@ -151,6 +164,7 @@ void engine_request_params_default(EngineRequestParams *p);
  *                             + 4 * E * want_experts             routed experts
  *                             + 4 * mask_ids)                    sampling masks
  *                        + 4 * (P + M) + 12 * B                  tokens, block table
+ *                        + [grammar] * grammar_matcher_bytes()  its matcher
  *   once:                4 * P (prompt) + 8 * n_logit_bias + 4 * n_allowed
  *                        + [bad words] * 4 * (n_bad_words + 1 + their tokens)
  *                        + [N >= 0] * P * (8 + 8 * N)            prompt log-probs, ranks
@@ -180,8 +194,9 @@ int engine_mask_ids_bound(int vocab, const SamplingParams *sp);
 int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
                      int *complement);
 
-typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } FinishReason;
-const char *finish_reason_name(FinishReason f); /* "stop" "length" "abort" (NULL for NONE) */
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_GRAMMAR } FinishReason;
+/* "stop" "length" "abort" "grammar_dead_end" (NULL for NONE) */
+const char *finish_reason_name(FinishReason f);
 
 /* One generated token. Pointers point into storage owned by the request. */
 typedef struct TokenRecord {
@@ -206,6 +221,7 @@ typedef struct TokenRecord {
     int32_t mask_len;         /* ids in mask_ids: mask_n, or vocab - mask_n when complemented */
     const int32_t *mask_ids;  /* [mask_len] ascending */
     const int32_t *experts;   /* [n_moe_layers, top_k] or NULL unless want_experts */
+    int32_t grammar;          /* 1: drawn under the request's grammar mask (EngineRequestParams.grammar) */
 } TokenRecord;
 
 /* A consistent snapshot of one sequence of a request. */
@@ -349,6 +365,7 @@ typedef struct EngineVHist {
 typedef struct EngineMetrics {
     uint64_t requests_submitted, requests_rejected;
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort; /* sequences */
+    uint64_t requests_finished_grammar; /* sequences ended by a grammar dead end */
     uint64_t prompt_tokens;      /* submitted prompt tokens (x n) */
     uint64_t generated_tokens;
     uint64_t prefill_tokens_computed;

@@ -7,7 +7,8 @@
  *      for each banned token sequence w, when the output ends with w minus
  *      its last token (always, for a one-token w), that last token is -inf;
  *   1. logit_bias (added), min_tokens (EOS and stop ids set to -inf while
- *      fewer than min_tokens tokens were generated);
+ *      fewer than min_tokens tokens were generated), the grammar's allowed
+ *      set (SampleWant.allowed: every other id set to -inf);
  *   2. penalties, vLLM semantics:
  *        repetition r (1 = off): for every distinct id in prompt + output,
  *          l = l > 0 ? l / r : l * r
@@ -125,6 +126,13 @@ typedef struct SampleWant {
     int32_t *top_ids;       /* [top_n] ranked by the mode's values, id asc on ties */
     float *top_logprobs;    /* [top_n] their values in the mode */
     int32_t *mask;          /* [vocab] receives the kept ids ascending, or NULL */
+    /* Structured outputs (grammar.h): bitset [ceil(vocab / 64)], bit i of word
+     * i / 64 set when id i is allowed, or NULL. Ids not allowed get a
+     * processed logit of -inf before penalties, temperature and truncation,
+     * so the sampled distribution, its log-probs, top_logprobs and the kept
+     * set are those of the constrained distribution (renormalised over the
+     * allowed ids). logprob_raw stays the unconstrained model distribution. */
+    const uint64_t *allowed;
 } SampleWant;
 
 typedef struct SampleResult {

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "grammar.h"
 #include "sampling.h"
 #include "tokenizer.h"
 
@@ -58,6 +59,8 @@ typedef struct GenParams {
     /* not parsed: the endpoint sets them from "model" (lora_model_acquire) */
     int lora;               /* LoRA adapter slot + 1 holding a reference (gen_free releases it); 0 the base */
     char lora_name[128];    /* that adapter's name, echoed as the response's "model" */
+    /* structured outputs (structured.h): a grammar reference owned here, or NULL */
+    Grammar *grammar;
 } GenParams;
 
 /* Fields common to both endpoints. chat selects the chat meaning of

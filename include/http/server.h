@@ -155,6 +155,10 @@ typedef struct Server {
     char *tls_cert_pem, *tls_key_pem; /* the files' contents while the daemon runs */
     struct LoraSlot *lora_slots;   /* [cfg.engine.max_loras] adapters by slot (api_lora.c); under lora_mu */
     pthread_mutex_t lora_mu;
+    /* structured outputs (structured.h): built on the first structured request, under grammar_mu */
+    GrammarVocab *gvocab;
+    GrammarCache *grammars;
+    pthread_mutex_t grammar_mu;
 } Server;
 
 /* Start-up path (fatal with a message that says how to fix it): load the

@@ -194,9 +194,11 @@ static void engine_start(Engine *e) {
     e->stp = threadpool_create(e->n_sample_threads);
     e->samplers = xcalloc(e->n_sample_threads, sizeof(Sampler *));
     e->mask_bufs = xcalloc(e->n_sample_threads, sizeof(int32_t *));
+    e->grammar_bits = xcalloc(e->n_sample_threads, sizeof(uint64_t *));
     for (int i = 0; i < e->n_sample_threads; i++) {
         e->samplers[i] = sampler_create(e->mc.vocab);
         e->mask_bufs[i] = xmalloc((size_t)e->mc.vocab * sizeof(int32_t));
+        e->grammar_bits[i] = xmalloc((size_t)(e->mc.vocab + 63) / 64 * sizeof(uint64_t));
     }
     e->jobs = xcalloc(c->max_running_seqs, sizeof(SampleJob));
     e->rows_cap = c->max_running_seqs + c->max_prompt_logprob_rows;
@@ -242,8 +244,9 @@ void engine_free(Engine *e) {
     for (int i = 0; i < e->n_sample_threads; i++) {
         sampler_free(e->samplers[i]);
         free(e->mask_bufs[i]);
+        free(e->grammar_bits[i]);
     }
-    free(e->samplers); free(e->mask_bufs); free(e->jobs);
+    free(e->samplers); free(e->mask_bufs); free(e->grammar_bits); free(e->jobs);
     threadpool_free(e->stp);
     free(e->logits); free(e->experts_buf);
     pthread_mutex_destroy(&e->mu);

@@ -63,6 +63,7 @@ typedef struct SeqOut {
     int32_t *masks;     /* [max_new * mask_bound] reserved at submit; compact masks, in record order */
     int64_t mask_used;  /* ids written (sampling thread of this sequence) */
     int failed;         /* a record could not be stored correctly (sampling thread) */
+    int grammar_end;    /* the grammar allowed no token: finish with FINISH_GRAMMAR (sampling thread) */
     int n_pub;          /* published records (under req->mu); never decreases */
     FinishReason finish;
     int32_t stop_token;
@@ -83,6 +84,9 @@ struct EngineRequest {
     size_t out_bytes;         /* engine_request_output_bytes, reserved in Engine.out_reserved */
     int failed;               /* under mu: engine_request_failed */
     Err fail;                 /* under mu */
+    GrammarMatcher **matchers;/* [n] or NULL: one per sequence (its sampling thread) */
+    int32_t end_ids[SAMPLING_MAX_STOP_IDS + 8]; /* the grammar's end ids [n_end] */
+    int n_end;
     Seq *seqs;                /* [n] */
     SeqOut *outs;             /* [n] */
     float *plp;               /* [n_prompt] */
@@ -119,6 +123,7 @@ struct Engine {
     Scheduler *sch;
     Sampler **samplers;       /* [n_sample_threads] */
     int32_t **mask_bufs;      /* [n_sample_threads][vocab] */
+    uint64_t **grammar_bits;  /* [n_sample_threads][ceil(vocab / 64)] allowed-id bitsets */
     int n_sample_threads;
     ThreadPool *stp;          /* sampling threads (rows in parallel) */
     SampleJob *jobs;          /* [max_running_seqs] this step's rows to sample */

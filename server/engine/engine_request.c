@@ -26,6 +26,7 @@ const char *finish_reason_name(FinishReason f) {
     case FINISH_STOP: return "stop";
     case FINISH_LENGTH: return "length";
     case FINISH_ABORT: return "abort";
+    case FINISH_GRAMMAR: return "grammar_dead_end";
     default: return NULL;
     }
 }
@@ -46,6 +47,9 @@ void engine_request_destroy(EngineRequest *r) {
         free(o->masks);
         free(r->seqs[i].tokens); free(r->seqs[i].blocks); free(r->seqs[i].keys);
     }
+    for (int i = 0; r->matchers && i < r->n; i++) grammar_matcher_free(r->matchers[i]);
+    free(r->matchers);
+    if (r->p.grammar) grammar_unref(r->p.grammar);
     free(r->seqs); free(r->outs);
     free(r->prompt); free(r->bias_ids); free(r->bias); free(r->allowed); free(r->bad_off); free(r->bad_ids);
     free(r->plp); free(r->ptop_ids); free(r->ptop_lp); free(r->prank); free(r->pexp);
@@ -81,7 +85,7 @@ size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p
     size_t per_rec = sizeof(TokenRecord) + K * 8 +
                      (p->want_experts ? 4 * E : 0) +
                      (p->want_mask ? 4 * (size_t)engine_mask_ids_bound(e->mc.vocab, &p->sampling) : 0);
-    size_t per_seq = M * per_rec + 4 * (P + M) + 12 * B;
+    size_t per_seq = M * per_rec + 4 * (P + M) + 12 * B + (p->grammar ? grammar_matcher_bytes() : 0);
     size_t once = 4 * P + 8 * (size_t)(p->sampling.n_logit_bias > 0 ? p->sampling.n_logit_bias : 0) +
                   4 * (size_t)(p->sampling.n_allowed > 0 ? p->sampling.n_allowed : 0);
     if (p->sampling.n_bad_words > 0)
@@ -160,6 +164,15 @@ EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *
     }
     r->p.sampling.bad_word_off = r->bad_off;
     r->p.sampling.bad_word_ids = r->bad_ids;
+    if (p->grammar) {
+        grammar_ref(p->grammar); /* dropped by engine_request_destroy */
+        r->matchers = tryalloc((size_t)r->n * sizeof *r->matchers, &fail);
+        for (int i = 0; r->matchers && i < r->n; i++)
+            if (!(r->matchers[i] = grammar_matcher_create(p->grammar))) fail = 1;
+        if (!p->sampling.ignore_eos)
+            for (int i = 0; i < e->mc.n_eos && r->n_end < 8; i++) r->end_ids[r->n_end++] = e->mc.eos_ids[i];
+        for (int i = 0; i < p->sampling.n_stop_ids; i++) r->end_ids[r->n_end++] = p->sampling.stop_ids[i];
+    }
     r->seqs = tryalloc((size_t)r->n * sizeof(Seq), &fail);
     r->outs = tryalloc((size_t)r->n * sizeof(SeqOut), &fail);
     int top = p->top_logprobs, maxb = e->sch->max_blocks;
@@ -235,6 +248,8 @@ int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err) {
     ENSURE(err, p->prompt_logprobs >= -1 && p->prompt_logprobs <= SAMPLING_MAX_TOP_N, 400,
            "prompt_logprobs must be in [0, %d] (got %d)", SAMPLING_MAX_TOP_N, p->prompt_logprobs);
     if (sampling_params_check(&p->sampling, V, err) < 0) return -1;
+    ENSURE(err, !p->grammar || grammar_vocab_size(grammar_vocab(p->grammar)) == V, 400,
+           "the grammar was compiled for another vocabulary");
     size_t mb = e->cfg.max_request_output_mb < e->cfg.max_output_mem_mb ? e->cfg.max_request_output_mb
                                                                          : e->cfg.max_output_mem_mb;
     size_t bytes = engine_request_output_bytes(e, p), cap = mb << 20;
@@ -371,6 +386,7 @@ static void count_finish(Engine *e, const EngineRequest *r, int n_gen, FinishRea
     engine_vhist_add_b(&e->m.vgen, e->m.vtok_bounds, e->m.vtok_n, n_gen);
     if (f == FINISH_STOP) e->m.requests_finished_stop++;
     else if (f == FINISH_LENGTH) e->m.requests_finished_length++;
+    else if (f == FINISH_GRAMMAR) e->m.requests_finished_grammar++;
     else e->m.requests_finished_abort++;
     pthread_mutex_unlock(&e->mmu);
 }

@@ -50,9 +50,30 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
                      .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
                      .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
                      .mask = p->want_mask ? mask_buf : NULL };
+    /* structured outputs: the one point where a grammar meets sampling */
+    GrammarMatcher *gm = r->matchers ? r->matchers[q->index] : NULL;
+    uint64_t *allowed = e->grammar_bits[thread];
+    if (gm) {
+        if (grammar_matcher_fill_mask(gm, allowed, r->end_ids, r->n_end) <= 0) {
+            o->grammar_end = 1;
+            j->token = -1;
+            return;
+        }
+        w.allowed = allowed;
+    }
     SampleResult res;
     sampler_sample(e->samplers[thread], row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
                    &w, &res);
+    if (gm) {
+        /* every allowed id banned (logit_bias, min_tokens): the sampler fell back
+         * to an id outside the mask; the grammar cannot go on */
+        int in = (allowed[res.token >> 6] >> (res.token & 63)) & 1;
+        if (!in || grammar_matcher_accept(gm, res.token, r->end_ids, r->n_end) < 0) {
+            o->grammar_end = 1;
+            j->token = -1;
+            return;
+        }
+    }
     TokenRecord *rec = &o->recs[k];
     memset(rec, 0, sizeof *rec);
     rec->token = res.token;
@@ -67,6 +88,7 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     rec->top_ids = w.top_ids;
     rec->top_logprobs = w.top_logprobs;
     rec->mask_n = res.n_kept;
+    rec->grammar = gm != NULL;
     if (p->want_mask) {
         int32_t n_kept = res.n_kept;
         if (e->cfg.mask_tap) e->cfg.mask_tap(e->cfg.mask_tap_ctx, res.token, mask_buf, &n_kept);
@@ -103,6 +125,10 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
     const EngineRequestParams *p = &r->p;
     int k = q->n_tokens - q->n_prompt;
     SampleResult res = { .token = j->token };
+    if (o->grammar_end && !o->failed) {
+        engine_seq_finish(e, q, FINISH_GRAMMAR, -1, -1); /* may free r: nothing after */
+        return;
+    }
     if (o->failed) {
         /* the record cannot be published correctly: fail the request loudly
          * (its consumer must not answer with what was published), abort its
@@ -134,6 +160,7 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
         if (res.token == p->sampling.stop_ids[i]) { f = FINISH_STOP; stop_tok = res.token; }
     if (f == FINISH_NONE && !p->sampling.ignore_eos)
         for (int i = 0; i < e->mc.n_eos; i++) if (res.token == e->mc.eos_ids[i]) f = FINISH_STOP;
+    if (f == FINISH_NONE && r->matchers && grammar_matcher_done(r->matchers[q->index])) f = FINISH_STOP;
     if (f == FINISH_NONE && k + 1 >= r->max_new) f = FINISH_LENGTH;
     /* timing */
     pthread_mutex_lock(&e->mmu);

@@ -32,6 +32,7 @@ struct Sampler {
     int32_t token;
     float zmax, thr;
     double log_s;
+    const uint64_t *gmask; /* [ceil(vocab / 64)] the grammar's allowed ids of this call, or NULL */
 };
 
 void sampling_params_default(SamplingParams *p) {
@@ -244,7 +245,7 @@ static void apply_penalties(Sampler *s, const SamplingParams *p, const SampleHis
 }
 
 static void process(Sampler *s, const float *logits, const SamplingParams *p, const SampleHistory *h,
-                    const int32_t *eos_ids, int n_eos) {
+                    const int32_t *eos_ids, int n_eos, const uint64_t *allowed) {
     float *z = s->z;
     for (int i = 0; i < s->vocab; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
     if (p->n_allowed > 0) { /* first, as vLLM: the whitelist (mark bit 8, cleared at once) */
@@ -266,6 +267,14 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
                 if (eos_ids[i] >= 0 && eos_ids[i] < s->vocab) z[eos_ids[i]] = -INFINITY;
         for (int i = 0; i < p->n_stop_ids; i++) z[p->stop_ids[i]] = -INFINITY;
     }
+    if (allowed) /* the grammar: whole words of disallowed ids at a time */
+        for (int w = 0; w < (s->vocab + 63) / 64; w++) {
+            uint64_t m = allowed[w];
+            if (m == ~0ull) continue;
+            int i0 = w * 64, i1 = i0 + 64 < s->vocab ? i0 + 64 : s->vocab;
+            for (int i = i0; i < i1; i++)
+                if (!((m >> (i - i0)) & 1)) z[i] = -INFINITY;
+        }
     apply_penalties(s, p, h);
     /* NaN can only appear where something was added (inf + -inf bias) */
     for (int i = 0; i < p->n_logit_bias; i++)
@@ -348,17 +357,27 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
 /* ---- reported values: the log-prob modes (sampling.h) ---- */
 static inline float clean(float x) { return isnan(x) ? -INFINITY : x; }
 
+/* The raw logit of id i as the raw modes see it: the model's, cleaned, with a
+ * grammar's disallowed ids at -inf. vLLM applies the structured-output bitmask
+ * to the logits before its sampler, so its raw log-probs are renormalised over
+ * the grammar's allowed set (allowed_token_ids and bad words, applied inside
+ * the sampler after the raw log-probs, are not). */
+static inline float raw_at(const Sampler *s, const float *logits, int32_t i) {
+    if (s->gmask && !((s->gmask[i >> 6] >> (i & 63)) & 1)) return -INFINITY;
+    return clean(logits[i]);
+}
+
 /* Normalisers a mode needs, computed once per call. */
 typedef struct ModeNorm {
     float rawmax; double raw_log_s;  /* of l_raw (raw modes, raw_logprob) */
     double z_log_s;                  /* greedy processed: log sum exp(z - zmax) over the whole vocab */
 } ModeNorm;
 
-static void raw_norm(const float *logits, int V, ModeNorm *m) {
+static void raw_norm(const Sampler *s, const float *logits, int V, ModeNorm *m) {
     float mx = -INFINITY;
-    for (int i = 0; i < V; i++) { float r = clean(logits[i]); if (r > mx) mx = r; }
+    for (int i = 0; i < V; i++) { float r = raw_at(s, logits, i); if (r > mx) mx = r; }
     double S = 0;
-    for (int i = 0; i < V; i++) { float r = clean(logits[i]); if (r > -INFINITY) S += term(r, mx); }
+    for (int i = 0; i < V; i++) { float r = raw_at(s, logits, i); if (r > -INFINITY) S += term(r, mx); }
     m->rawmax = mx;
     m->raw_log_s = log(S);
 }
@@ -368,8 +387,8 @@ static inline int kept(const Sampler *s, int32_t i) { return s->z[i] > -INFINITY
 static float mode_value(const Sampler *s, const float *logits, LogprobsMode mode, const ModeNorm *m, int32_t i) {
     float zi = s->z[i];
     switch (mode) {
-    case LOGPROBS_RAW: return (float)((double)(clean(logits[i]) - m->rawmax) - m->raw_log_s);
-    case LOGPROBS_RAW_LOGITS: return clean(logits[i]);
+    case LOGPROBS_RAW: return (float)((double)(raw_at(s, logits, i) - m->rawmax) - m->raw_log_s);
+    case LOGPROBS_RAW_LOGITS: return raw_at(s, logits, i);
     case LOGPROBS_PROCESSED:
         if (s->greedy) /* everything banned (the argmax fallback): an empty distribution, all -inf */
             return s->zmax == -INFINITY ? -INFINITY : (float)((double)(zi - s->zmax) - m->z_log_s);
@@ -390,7 +409,7 @@ static void fill_top(Sampler *s, const float *logits, const SampleWant *w, const
     int V = s->vocab, top_n = w->top_n < V ? w->top_n : V;
     const float *key = s->z;
     if (w->mode == LOGPROBS_RAW || w->mode == LOGPROBS_RAW_LOGITS) {
-        for (int i = 0; i < V; i++) s->e[i] = clean(logits[i]);
+        for (int i = 0; i < V; i++) s->e[i] = raw_at(s, logits, i);
         key = s->e;
     }
     int n = top_heap(key, V, top_n, -INFINITY, s->idx);
@@ -407,12 +426,14 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     int V = s->vocab;
     float *z = s->z;
     s->greedy = p->temperature == 0.0f;
+    s->gmask = want ? want->allowed : NULL;
     float T = s->greedy ? 1.0f : p->temperature; /* sampling only: no reported value is tempered but z */
     int sparse = p->n_logit_bias > 0 || p->n_allowed > 0 || p->n_bad_words > 0 || h->n_output < p->min_tokens || p->repetition_penalty != 1.0f ||
-                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+                 p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f ||
+                 (want && want->allowed);
     int32_t am = 0;
     if (sparse) {
-        process(s, logits, p, h, eos_ids, n_eos);
+        process(s, logits, p, h, eos_ids, n_eos, want ? want->allowed : NULL);
         if (!s->greedy) z[0] = z[0] / T;
         for (int i = 1; i < V; i++) {
             if (!s->greedy) z[i] = z[i] / T;
@@ -471,14 +492,14 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     if (!want) return 0;
     ModeNorm m = { 0 };
     int report = want->value || want->top_n > 0;
-    if (want->raw_logprob || (report && (want->mode == LOGPROBS_RAW))) raw_norm(logits, V, &m);
+    if (want->raw_logprob || (report && (want->mode == LOGPROBS_RAW))) raw_norm(s, logits, V, &m);
     if (report && want->mode == LOGPROBS_PROCESSED && s->greedy) {
         double S = 0;
         for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += term(z[i], zmax);
         m.z_log_s = log(S);
     }
     if (want->raw_logprob)
-        out->logprob_raw = (float)((double)(clean(logits[out->token]) - m.rawmax) - m.raw_log_s);
+        out->logprob_raw = (float)((double)(raw_at(s, logits, out->token) - m.rawmax) - m.raw_log_s);
     if (want->value) {
         float v = mode_value(s, logits, want->mode, &m, out->token);
         int32_t rank = 0;

@@ -14,6 +14,7 @@
 
 #include "gen.h"
 #include "sse.h"
+#include "structured.h"
 #include "tool_parse.h"
 
 typedef struct ChatOut {
@@ -119,13 +120,8 @@ int api_chat_prompt(Server *s, json_t *body, TokIds **out, int *tools_on, Err *e
     if (json_is_null(tools)) tools = NULL;
     json_t *tc = json_object_get(body, "tool_choice");
     *tools_on = tools != NULL && s->cfg.tool_parser;
-    if (tc && !json_is_null(tc)) {
-        if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) *tools_on = 0;
-        else if (!(json_is_string(tc) && !strcmp(json_string_value(tc), "auto"))) {
-            rc = ERR(err, 400, "tool_choice: only \"auto\" and \"none\" are supported");
-            goto done;
-        }
-    }
+    /* "required" and named functions: structured_parse builds their grammar */
+    if (tc && json_is_string(tc) && !strcmp(json_string_value(tc), "none")) *tools_on = 0;
     int add_gen = 1, cont = 0;
     if ((rc = rp_bool(body, "add_generation_prompt", &add_gen, err)) < 0) goto done;
     if ((rc = rp_bool(body, "continue_final_message", &cont, err)) < 0) goto done;
@@ -392,6 +388,11 @@ int api_chat(HttpReq *q, json_t *body) {
     int tools_on = 0;
     if (api_chat_prompt(s, body, &prompt, &tools_on, &err) < 0) {
         lora_release(s, p.lora);
+        gen_params_free(&p);
+        return http_send_err(q, &err);
+    }
+    if (structured_parse(s, body, 1, tools_on, &p, &err) < 0) {
+        prompts_free(prompt, 1);
         gen_params_free(&p);
         return http_send_err(q, &err);
     }

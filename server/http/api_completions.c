@@ -9,6 +9,7 @@
 
 #include "gen.h"
 #include "sse.h"
+#include "structured.h"
 
 static json_t *choice_json(Gen *g, Choice *c, const char *text, size_t n, json_t *logprobs, const char *finish) {
     json_t *o = json_object();
@@ -186,6 +187,11 @@ int api_completions(HttpReq *q, json_t *body) {
     int n_prompts;
     if (request_parse_prompts(json_object_get(body, "prompt"), s->tok, s->vocab, &prompts, &n_prompts, &err) < 0) {
         lora_release(s, p.lora);
+        gen_params_free(&p);
+        return http_send_err(q, &err);
+    }
+    if (structured_parse(s, body, 0, 0, &p, &err) < 0) {
+        prompts_free(prompts, n_prompts);
         gen_params_free(&p);
         return http_send_err(q, &err);
     }

@@ -168,10 +168,14 @@ static json_t *chat_tools(json_t *tools, Err *err) {
     return out;
 }
 
-/* Anthropic's tool_choice -> chat's (whose own check answers what is not served yet). */
+/* Anthropic's tool_choice -> chat's (structured_parse turns any / tool into a
+ * grammar over the tools); disable_parallel_tool_use -> parallel_tool_calls. */
 static int chat_tool_choice(json_t *tc, json_t *chat, Err *err) {
     if (!tc || json_is_null(tc)) return 0;
-    json_t *ty = json_object_get(tc, "type");
+    json_t *ty = json_object_get(tc, "type"), *dp = json_object_get(tc, "disable_parallel_tool_use");
+    ENSURE(err, !dp || json_is_null(dp) || json_is_boolean(dp), 400,
+           "tool_choice.disable_parallel_tool_use: must be a boolean");
+    if (json_is_true(dp)) json_object_set_new(chat, "parallel_tool_calls", json_false());
     if (is(ty, "auto") || is(ty, "none")) json_object_set(chat, "tool_choice", ty);
     else if (is(ty, "any")) json_object_set_new(chat, "tool_choice", json_string("required"));
     else if (is(ty, "tool") && json_is_string(json_object_get(tc, "name")))

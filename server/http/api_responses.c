@@ -213,6 +213,8 @@ static json_t *to_chat(json_t *body, Err *err) {
     if (tj && !json_is_null(tj) && !(tools = chat_tools(tj, err))) goto fail;
     if (tools) json_object_set_new(chat, "tools", tools);
     if (chat_tool_choice(json_object_get(body, "tool_choice"), chat, err) < 0) goto fail;
+    json_t *ptc = json_object_get(body, "parallel_tool_calls"); /* a forced choice's grammar reads it */
+    if (ptc && !json_is_null(ptc)) json_object_set(chat, "parallel_tool_calls", ptc);
     json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw)) { ERR(err, 400, "chat_template_kwargs: must be an object"); goto fail; }
     json_t *kwargs = json_is_object(kw) ? json_deep_copy(kw) : json_object();

@@ -5,6 +5,7 @@
  * Not here: either dialect's shapes (api_responses.c, api_messages.c).
  */
 #include "dialect.h"
+#include "structured.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,20 +48,9 @@ static int token_in(Server *s, json_t *body, TokIds **out, Err *err) {
  * constrained decoding for "required" / a named function is wired here: the
  * chat body already carries chat's form of it ("required", {"type":
  * "function", "function": {"name"}}), so wiring it is passing it on. */
-static int tool_choice_served(json_t *chat, Err *err) {
-    json_t *tc = json_object_get(chat, "tool_choice");
-    if (!tc || json_is_null(tc)) return 0;
-    const char *v = json_is_string(tc) ? json_string_value(tc) : "";
-    ENSURE(err, !strcmp(v, "auto") || !strcmp(v, "none"), 400,
-           "tool_choice: only auto and none are served on this route for now (a required or named tool choice "
-           "is not)");
-    return 0;
-}
-
 int dialect_prepare(Server *s, json_t *body, json_t *chat, const DialectRename *ren, int n_ren, GenParams *p,
                     TokIds **prompt, int *tools_on, Err *err) {
     *prompt = NULL;
-    if (tool_choice_served(chat, err) < 0) return -1;
     json_t *pl = json_object_get(chat, "prompt_logprobs");
     ENSURE(err, !pl || json_is_null(pl), 400, "prompt_logprobs: not served on this route (it is on /v1/completions and "
            "/v1/chat/completions); the sampled tokens' log-probs: return_sampler_logprobs");
@@ -69,6 +59,14 @@ int dialect_prepare(Server *s, json_t *body, json_t *chat, const DialectRename *
     if (request_parse_gen(chat, 1, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, p, err) < 0 ||
         api_chat_prompt(s, chat, prompt, tools_on, err) < 0) {
         dialect_rename_err(err, ren, n_ren);
+        return -1;
+    }
+    /* a forced tool choice (chat's "required" / named function, converted from
+     * the dialect's) becomes a grammar over the tool schemas, as on chat */
+    if (structured_parse(s, chat, 1, *tools_on, p, err) < 0) {
+        dialect_rename_err(err, ren, n_ren);
+        prompts_free(*prompt, 1);
+        *prompt = NULL;
         return -1;
     }
     TokIds *ids = NULL;

@@ -54,6 +54,7 @@ static void gen_engine_params(Server *s, const GenParams *gp, const TokIds *pr, 
     ep->extra_output_bytes = gen_render_bytes(ep, gp->logprobs, gp->echo);
     ep->cache_salt = gp->cache_salt;
     ep->extra_output_bytes += gp->extra_render_bytes;
+    ep->grammar = gp->grammar; /* the engine takes its own reference */
 }
 
 /* vLLM's bad words as token sequences (SamplingParams.update_from_tokenizer):
@@ -687,6 +688,14 @@ void gen_rl_fields(Gen *g, Choice *c, int from, int to, json_t *obj) {
         json_object_set_new(obj, "sampling_mask", m ? m : render_failed(g, "sampling masks"));
     }
     if (g->p.ret_experts) json_object_set_new(obj, "routed_experts", experts_json(g, c, v.tokens, from, to));
+    if (g->p.ret_sampler_lp || g->p.ret_mask || g->p.ret_raw_lp || g->p.ret_token_ids) {
+        /* structured outputs: true when every token here was drawn under the
+         * grammar's mask (sampler_logprobs and sampling_mask are then those of
+         * the constrained distribution; raw_logprobs are not constrained) */
+        int all = g->p.grammar != NULL;
+        for (int k = from; k < to && all; k++) all = v.tokens[k].grammar;
+        json_object_set_new(obj, "grammar_mask_applied", json_boolean(all));
+    }
 }
 
 json_t *gen_weight_versions(Gen *g, Choice *c) {

@@ -58,6 +58,8 @@ int api_metrics(HttpReq *q, json_t *body) {
     buf_printf(&b, "sampler_sequences_finished_total{finish_reason=\"stop\"} %llu\n", (unsigned long long)m.requests_finished_stop);
     buf_printf(&b, "sampler_sequences_finished_total{finish_reason=\"length\"} %llu\n", (unsigned long long)m.requests_finished_length);
     buf_printf(&b, "sampler_sequences_finished_total{finish_reason=\"abort\"} %llu\n", (unsigned long long)m.requests_finished_abort);
+    buf_printf(&b, "sampler_sequences_finished_total{finish_reason=\"grammar_dead_end\"} %llu\n",
+               (unsigned long long)m.requests_finished_grammar);
     counter(&b, "sampler_prompt_tokens_total", "Prompt tokens submitted (times n).", m.prompt_tokens);
     counter(&b, "sampler_generation_tokens_total", "Tokens generated.", m.generated_tokens);
     counter(&b, "sampler_prefill_tokens_computed_total", "Prompt tokens run through the model (not from the prefix cache).", m.prefill_tokens_computed);

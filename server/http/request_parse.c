@@ -52,6 +52,7 @@ void gen_params_free(GenParams *p) {
     free(p->bad_off);
     free(p->bad_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    if (p->grammar) grammar_unref(p->grammar);
     memset(p, 0, sizeof *p);
 }
 
@@ -287,17 +288,6 @@ static int parse_truncation_side(json_t *body, const GenCtx *c, GenParams *p, Er
     return 0;
 }
 
-/* response_format other than {"type": "text"} (which changes nothing) */
-static int check_response_format(json_t *body, const GenCtx *c, GenParams *p, Err *err) {
-    (void)c; (void)p;
-    json_t *f = json_object_get(body, "response_format");
-    if (!f || json_is_null(f)) return 0;
-    json_t *t = json_object_get(f, "type");
-    ENSURE(err, json_is_object(f) && json_is_string(t) && !strcmp(json_string_value(t), "text"), 400,
-           "response_format: structured outputs are not supported by this server (only {\"type\": \"text\"})");
-    return 0;
-}
-
 static const GenField STREAM_OPTIONS[] = {
     {BOOL("include_usage"), DEF(1), TO(include_usage)}, /* vLLM's StreamOptions default: true once given */
     {BOOL("continuous_usage_stats"), DEF(0), TO(continuous_usage)},
@@ -356,8 +346,9 @@ static const GenField GEN_FIELDS[] = {
     {BOOL("echo"), .only = FOR_CHAT, DEF(0), TO(chat_echo)},
     {REFUSE("suffix", "is not supported by this server"), .only = FOR_COMPLETIONS},
     /* structured outputs (issue #21 replaces this line and the next) */
-    {REFUSE("guided_json", "structured outputs are not supported by this server")}, {REFUSE("guided_regex", "structured outputs are not supported by this server")}, {REFUSE("guided_choice", "structured outputs are not supported by this server")}, {REFUSE("guided_grammar", "structured outputs are not supported by this server")}, {REFUSE("structured_outputs", "structured outputs are not supported by this server")}, {REFUSE("structural_tag", "structured outputs are not supported by this server")},
-    {FN("response_format", check_response_format)},
+    /* response_format, structured_outputs, guided_*: structured.c (structured_parse) */
+    {REFUSE("structural_tag", "structural tags are not supported by this server (response_format, "
+            "structured_outputs and guided_* are)")},
 };
 
 static void field_store(GenParams *p, const GenField *f, long long iv, double dv) {

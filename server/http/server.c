@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "structured.h"
 
 #include <arpa/inet.h>
 #include <libgen.h>
@@ -96,6 +97,7 @@ Server *server_create(const ServerConfig *c) {
     atomic_store(&s->fleet_version, c->fleet ? FLEET_UNKNOWN : 0);
     pthread_mutex_init(&s->admin_mu, NULL);
     pthread_mutex_init(&s->live_mu, NULL);
+    structured_init(s);
     own_delta_key(s, c);
     if (!c->engine_only) http_tls_load(s);
 
@@ -188,6 +190,7 @@ void server_free(Server *s) {
     free(s->version_map);
     pthread_mutex_destroy(&s->admin_mu);
     pthread_mutex_destroy(&s->live_mu);
+    structured_free(s);
     free(s);
 }
 

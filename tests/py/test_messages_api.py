@@ -195,8 +195,7 @@ def test_errors_in_anthropic_shape(client, agent):
         client.messages.create(model="no-such-model", max_tokens=4, messages=[USER])
     assert anthropic_error(e.value)["type"] == "not_found_error"
     cases = [
-        (dict(tool_choice={"type": "any"}, tools=TOOLS), "tool_choice"),
-        (dict(tool_choice={"type": "tool", "name": "get_weather"}, tools=TOOLS), "tool_choice"),
+        (dict(tool_choice={"type": "tool", "name": "no_such_tool"}, tools=TOOLS), "tool_choice"),
         (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type":
                                                                                   "image/png", "data": "AA=="}}]}]),
          "messages[0].content[0].type"),
@@ -226,3 +225,24 @@ def test_errors_in_anthropic_shape(client, agent):
     # the OpenAI routes keep OpenAI's shape, and take x-api-key too
     st, r = agent.post("/v1/chat/completions", {"messages": [USER], "tool_choice": "required"}, headers=AUTH)
     assert st == 400 and r["error"]["param"] == "tool_choice"
+
+
+# an enum, so that the agent model (trained to write one call) ends the
+# forced call's arguments within a few tokens whatever it would have written
+ENUM_SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+               "additionalProperties": False}
+
+
+def test_forced_tool_choice(client):
+    """tool_choice any and a named tool: the answer is a tool_use of a listed
+    tool with input of its schema, stop_reason tool_use (a grammar over the
+    tool schemas, as on chat)."""
+    enum_tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": ENUM_SCHEMA}]
+    # "any" alone allows several calls (the agent model would write a second one to max_tokens)
+    for tc in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "get_weather"}):
+        m = call_turn(client, tool_choice=tc, tools=enum_tools, max_tokens=120)
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert uses and all(u.name == "get_weather" for u in uses), (tc, m.content)
+        for u in uses:
+            assert u.input in ({"city": "Paris"}, {"city": "Rome"}), (tc, u.input)
+        assert m.stop_reason == "tool_use", (tc, m.stop_reason, m.content)

@@ -142,8 +142,7 @@ def test_stream_text(client):
 def test_errors_in_openai_shape(client, agent):
     cases = [
         (dict(previous_response_id="resp_123"), "previous_response_id"),
-        (dict(tool_choice="required"), "tool_choice"),
-        (dict(tool_choice={"type": "function", "name": "get_weather"}), "tool_choice"),
+        (dict(tool_choice={"type": "function", "name": "no_such_tool"}), "tool_choice"),
         (dict(tools=[{"type": "web_search"}]), "tools[0]"),
         (dict(input=[{"type": "image_generation_call", "id": "x"}]), "input[0].type"),
         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]),
@@ -169,3 +168,24 @@ def test_errors_in_openai_shape(client, agent):
         call_turn(client, model="no-such-model")
     st, r = agent.post("/v1/responses", None, raw=b"[1]")
     assert st == 400 and set(r["error"]) == {"message", "type", "param", "code"}
+
+
+# an enum, so that the agent model (trained to write one call) ends the
+# forced call's arguments within a few tokens whatever it would have written
+ENUM_SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+               "additionalProperties": False}
+
+
+def test_forced_tool_choice(client):
+    """tool_choice "required" and a named function: the output is a call of a
+    listed tool whose arguments are JSON of its schema (a grammar over the tool
+    schemas, as on chat: README "Structured outputs")."""
+    enum_tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+                   "parameters": ENUM_SCHEMA}]
+    for tc in ("required", {"type": "function", "name": "get_weather"}):
+        r = call_turn(client, tool_choice=tc, tools=enum_tools, parallel_tool_calls=False, max_output_tokens=120)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather" and r.status == "completed", (tc, r.output)
+        for c in calls:
+            args = json.loads(c.arguments)
+            assert args in ({"city": "Paris"}, {"city": "Rome"}), (tc, args)

@@ -204,7 +204,7 @@ def test_refused_fields_name_themselves(servers):
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                        "continue_final_message": True}, "continue_final_message"),  # + add_gen
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                       "response_format": {"type": "json_object"}}, "response_format")]
+                                       "structural_tag": {"type": "structural_tag"}}, "structural_tag")]
     for path, body, param in cases:
         st, r = s.post(path, body)
         assert st == 400 and r["error"]["param"] == param, (body, r)

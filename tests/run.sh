@@ -25,7 +25,7 @@ if [ "${QUICK:-0}" != 1 ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-tsan -j"$jobs"
   TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
-    ctest --test-dir build-tsan --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|test_grammar|pytest)$'
+    ctest --test-dir build-tsan --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|test_grammar|test_scheduler|test_lora|pytest)$'
 
   if command -v clang >/dev/null; then
     FUZZ_SECONDS=${FUZZ_SECONDS:-30} ./tests/fuzz/run.sh

@@ -24,7 +24,7 @@ typedef struct CpuCtx {
     float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
 } CpuCtx;
 
-#define ROWS_PER_TASK 32
+#define ROWS_PER_TASK 32 /* quantized formats; bf16 tasks: cpu_matmul_task_rows */
 
 typedef struct MatmulJob {
     float *out;
@@ -33,12 +33,13 @@ typedef struct MatmulJob {
     int n;
     const WeightMat *w;
     const uint16_t *bias;
+    int task_rows; /* rows per task */
 } MatmulJob;
 
 static void matmul_task(void *p, int task, int thread) {
     MatmulJob *j = p;
     const WeightMat *w = j->w;
-    int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
+    int r0 = task * j->task_rows, r1 = r0 + j->task_rows;
     if (r1 > w->rows) r1 = w->rows;
     if (w->fmt == WF_BF16) {
         cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
@@ -55,14 +56,15 @@ static void matmul_task(void *p, int task, int thread) {
  * quantized once per call into scratch, then every row task reads it. */
 static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CpuCtx *c = b->ctx;
-    MatmulJob j = {out, x, NULL, n, w, bias};
+    /* bf16: tasks of ~64 KB of weights (work split by bytes, whole output lines). */
+    MatmulJob j = {out, x, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : ROWS_PER_TASK};
     if (w->fmt != WF_BF16 && w->act_quant) {
         if (w->fmt == WF_FP8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
         else quant_act_nvfp4(c->xq, c->xs, x, n, w->cols, ((const QuantNvfp4 *)w->q)->input_scale);
         j.x = c->xq;
         j.xs = c->xs;
     }
-    threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
+    threadpool_run(c->tp, (w->rows + j.task_rows - 1) / j.task_rows, matmul_task, &j);
 }
 
 static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {

@@ -1,15 +1,20 @@
 /*
- * cpu_ops.c - CPU reference ops (see cpu_ops.h): a portable C path, built
- * everywhere (aarch64 hosts such as GH200 use it), and on x86 an AVX2+FMA path
- * chosen at run time. Both are deterministic; they need not agree with each
- * other bit for bit, only each with itself.
+ * cpu_ops.c - CPU reference ops (see cpu_ops.h) and the choice of matmul
+ * path: a portable C path, built everywhere (aarch64 hosts such as GH200 use
+ * it), and on x86 the AVX2+FMA and AVX-512F kernels of cpu_matmul_x86.c,
+ * chosen at run time from cpuid. Every matmul path gives the reference order's
+ * bits (cpu_ops.h). The old AVX2 kernel (before issue #23) stays here as the
+ * path AVX2_V0: the benchmarks measure the new kernels against it.
  */
 #include "cpu_ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cpu_matmul.h"
 #include "dtype.h"
+#include "log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -18,22 +23,66 @@
 #define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
 #endif
 
-static int g_avx2 = -1;
+static int g_init;
+static int g_avx2;   /* the CPU has AVX2 and FMA: the vector path of dot/axpy */
+static int g_has[CPU_PATH_COUNT];
+static CpuPath g_path = CPU_PATH_PORTABLE;
+
+static const char *const g_names[CPU_PATH_COUNT] = {"portable", "avx2-v0", "avx2", "avx512"};
+
+const char *cpu_ops_path_name(CpuPath p) { return p >= 0 && p < CPU_PATH_COUNT ? g_names[p] : "?"; }
 
 const char *cpu_ops_init(void) {
-    if (g_avx2 < 0) {
+    if (!g_init) {
+        g_init = 1;
+        g_has[CPU_PATH_PORTABLE] = 1;
 #ifdef CPU_OPS_X86
         __builtin_cpu_init();
         g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-        g_avx2 = 0;
+        g_has[CPU_PATH_AVX2_V0] = g_has[CPU_PATH_AVX2] = g_avx2;
+        g_has[CPU_PATH_AVX512] = g_avx2 && __builtin_cpu_supports("avx512f");
 #endif
+        for (int p = CPU_PATH_PORTABLE; p < CPU_PATH_COUNT; p++)
+            if (g_has[p] && p != CPU_PATH_AVX2_V0) g_path = (CpuPath)p;
+        const char *env = getenv("SAMPLER_CPU_PATH");
+        if (env && *env) {
+            int found = 0;
+            for (int p = 0; p < CPU_PATH_COUNT; p++)
+                if (!strcmp(env, g_names[p])) {
+                    found = 1;
+                    if (g_has[p]) g_path = (CpuPath)p;
+                    else log_warn("SAMPLER_CPU_PATH=%s: this CPU cannot run it; using %s", env, g_names[g_path]);
+                }
+            if (!found) log_warn("SAMPLER_CPU_PATH=%s: unknown (portable, avx2-v0, avx2, avx512); using %s", env, g_names[g_path]);
+        }
     }
-    return g_avx2 ? "avx2+fma" : "portable";
+    return g_names[g_path];
+}
+
+int cpu_ops_path_available(CpuPath p) {
+    cpu_ops_init();
+    return p >= 0 && p < CPU_PATH_COUNT && g_has[p];
+}
+
+CpuPath cpu_ops_path(void) {
+    cpu_ops_init();
+    return g_path;
+}
+
+int cpu_ops_force_path(CpuPath p) {
+    if (!cpu_ops_path_available(p)) return -1;
+    g_path = p;
+    return 0;
+}
+
+int cpu_matmul_task_rows(int K) {
+    if (cpu_ops_path() == CPU_PATH_AVX2_V0) return 32; /* the old split, with the old kernel */
+    int rows = (65536 / 2 / (K > 0 ? K : 1) + 15) / 16 * 16;
+    return rows < 16 ? 16 : rows > 64 ? 64 : rows;
 }
 
 static inline int use_avx2(void) {
-    if (g_avx2 < 0) cpu_ops_init();
+    if (!g_init) cpu_ops_init();
     return g_avx2;
 }
 
@@ -102,7 +151,7 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
 #define MM_TOKEN_BLOCK 64
 #define MM_PANEL_MAX_K 16384 /* wider rows are read in place */
 
-AVX2 static void matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
+AVX2 static void matmul_avx2_v0(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
                              int K, int r0, int r1) {
     if (n == 1) { /* decode: stream the weights once, 4 rows at a time */
         int r = r0;
@@ -170,9 +219,9 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
             float acc[8] = {0};
             int k = 0;
             for (; k + 8 <= K; k += 8)
-                for (int j = 0; j < 8; j++) acc[j] += bf16_to_f32(wr[k + j]) * xt[k + j];
+                for (int j = 0; j < 8; j++) acc[j] = fmaf(bf16_to_f32(wr[k + j]), xt[k + j], acc[j]);
             float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-            for (; k < K; k++) s += bf16_to_f32(wr[k]) * xt[k];
+            for (; k < K; k++) s = fmaf(bf16_to_f32(wr[k]), xt[k], s);
             out[(size_t)t * ldo + r] = s;
         }
 }
@@ -181,11 +230,14 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
 
 void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
                      const uint16_t *bias, int r0, int r1) {
+    if (!g_init) cpu_ops_init();
+    CpuMatmulFn fn = matmul_portable;
 #ifdef CPU_OPS_X86
-    if (use_avx2()) matmul_avx2(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
-    else
+    if (g_path == CPU_PATH_AVX2_V0) fn = matmul_avx2_v0;
+    else if (g_path == CPU_PATH_AVX2) fn = cpu_matmul_avx2;
+    else if (g_path == CPU_PATH_AVX512) fn = cpu_matmul_avx512;
 #endif
-        matmul_portable(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    fn(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
     if (bias)
         for (int t = 0; t < n; t++)
             for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);

@@ -101,6 +101,36 @@ static void check_shape(CpuPath p, int rows, int K, int n, int split, int with_b
     free(one);
 }
 
+/* cpu_dot_rows / cpu_axpy_rows (attention) give the bits of one cpu_dot /
+ * cpu_axpy per row, on the path in use. */
+static void check_rows_ops(CpuPath p) {
+    static const int ns[] = {5, 8, 64, 128, 131, 200, 256};
+    static const int ms[] = {1, 3, 4, 7, 8, 9, 16, 17};
+    int bad_dot = 0, bad_axpy = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++) {
+            int n = ns[a], m = ms[b];
+            size_t ld = (size_t)n + 5;
+            float *q = malloc(sizeof(float) * n), *k = malloc(sizeof(float) * m * ld), *c = malloc(sizeof(float) * m);
+            float *y1 = malloc(sizeof(float) * n), *y2 = malloc(sizeof(float) * n);
+            for (int i = 0; i < n; i++) y1[i] = y2[i] = q[i] = rnd() * 3;
+            for (size_t i = 0; i < m * ld; i++) k[i] = rnd() * (1 + (int)(i % 3) * 5);
+            for (int i = 0; i < m; i++) c[i] = rnd();
+            float *d = malloc(sizeof(float) * m);
+            cpu_dot_rows(d, q, k, ld, m, n);
+            for (int i = 0; i < m; i++) {
+                float e = cpu_dot(q, k + (size_t)i * ld, n);
+                bad_dot += memcmp(&e, &d[i], sizeof e) != 0;
+            }
+            cpu_axpy_rows(y1, c, k, ld, m, n);
+            for (int i = 0; i < m; i++) cpu_axpy(y2, c[i], k + (size_t)i * ld, n);
+            bad_axpy += memcmp(y1, y2, sizeof(float) * n) != 0;
+            free(q); free(k); free(c); free(y1); free(y2); free(d);
+        }
+    T_ASSERT(bad_dot == 0, "%s: %d cpu_dot_rows results differ from cpu_dot", cpu_ops_path_name(p), bad_dot);
+    T_ASSERT(bad_axpy == 0, "%s: %d cpu_axpy_rows results differ from cpu_axpy", cpu_ops_path_name(p), bad_axpy);
+}
+
 int main(void) {
     printf("default path: %s\n", cpu_ops_init());
     CpuPath def = cpu_ops_path();
@@ -124,6 +154,7 @@ int main(void) {
                 check_shape((CpuPath)p, rows, K, n, 0, (int)(i & 1));
                 if (n == 5 || n == 61) check_shape((CpuPath)p, rows, K, n, 11, 0); /* odd task splits */
             }
+        check_rows_ops((CpuPath)p);
         printf("path %s: checked\n", cpu_ops_path_name((CpuPath)p));
         ran++;
     }

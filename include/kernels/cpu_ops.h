@@ -10,6 +10,7 @@
 #ifndef SAMPLER_CPU_OPS_H
 #define SAMPLER_CPU_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "weights.h"
@@ -60,6 +61,10 @@ void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const 
 float cpu_dot(const float *a, const float *b, int n);
 /* y[n] += a * x[n] */
 void cpu_axpy(float *y, float a, const float *x, int n);
+/* out[i] = cpu_dot(q, k + i * ldk, n) for i < m, the same bits, several rows at once. */
+void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m, int n);
+/* cpu_axpy(y, a[i], x + i * ldx, n) for i = 0 .. m-1 in order, the same bits, y kept in registers. */
+void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n);
 
 /* Rotary embedding in place on one head vector x[head_dim] (HF rotate_half
  * layout: pairs (i, i + head_dim/2)); cs/sn: [head_dim/2] for its position. */

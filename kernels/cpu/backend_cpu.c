@@ -103,10 +103,17 @@ static void attn_task(void *p, int task, int thread) {
     const int32_t *bt = a->block_table + (size_t)a->seq[t] * a->bt_stride;
     int n = a->pos[t] + 1;
     size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    /* Scores a block of the paged cache at a time (its slots are contiguous):
+     * cpu_dot_rows / cpu_axpy_rows give the bits of one cpu_dot / cpu_axpy
+     * per position, with several positions in flight. */
+    for (int i0 = 0; i0 < n; i0 += bs - i0 % bs) {
+        int m = bs - i0 % bs < n - i0 ? bs - i0 % bs : n - i0;
+        const float *k = a->k_cache + ((size_t)bt[i0 / bs] * bs + i0 % bs) * slot_stride + (size_t)kvh * hd;
+        cpu_dot_rows(s + i0, q, k, slot_stride, m, hd);
+    }
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) {
-        const float *k = a->k_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
-        s[i] = cpu_dot(q, k, hd) * a->scale;
+        s[i] = s[i] * a->scale;
         if (s[i] > mx) mx = s[i];
     }
     float sum = 0.f;
@@ -115,10 +122,12 @@ static void attn_task(void *p, int task, int thread) {
         sum += s[i];
     }
     float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) s[i] = s[i] * inv;
     for (int d = 0; d < hd; d++) out[d] = 0.f;
-    for (int i = 0; i < n; i++) {
-        const float *v = a->v_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
-        cpu_axpy(out, s[i] * inv, v, hd);
+    for (int i0 = 0; i0 < n; i0 += bs - i0 % bs) {
+        int m = bs - i0 % bs < n - i0 ? bs - i0 % bs : n - i0;
+        const float *v = a->v_cache + ((size_t)bt[i0 / bs] * bs + i0 % bs) * slot_stride + (size_t)kvh * hd;
+        cpu_axpy_rows(out, s + i0, v, slot_stride, m, hd);
     }
 }
 

@@ -206,6 +206,97 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+
+/* m dots of q against rows of k (stride ldk), four rows at once (four
+ * chains in flight instead of one): each is dot_avx2's arithmetic. */
+AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ldk + j), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ldk + j), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + j), a3);
+        }
+        float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        for (int r = 0; r < 4; r++) {
+            for (int jj = j; jj < n; jj++) s[r] += q[jj] * k0[(size_t)r * ldk + jj];
+            out[i + r] = s[r];
+        }
+    }
+    for (; i < m; i++) out[i] = dot_avx2(q, k + (size_t)i * ldk, n);
+}
+
+/* y += a[i] * x_i for i < m in order, y held in registers across the rows
+ * (64 floats at a time): per element axpy_avx2's arithmetic. */
+AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+    int d = 0;
+    for (; d + 64 <= n; d += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(y + d + 8 * c);
+        for (int i = 0; i < m; i++) {
+            __m256 av = _mm256_set1_ps(a[i]);
+            const float *xi = x + (size_t)i * ldx + d;
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + d + 8 * c, acc[c]);
+    }
+    if (d < n)
+        for (int i = 0; i < m; i++) axpy_avx2(y + d, a[i], x + (size_t)i * ldx + d, n - d);
+}
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+/* As dot_rows_avx2, eight rows at once, two to a zmm (lanes 0-7 one row,
+ * 8-15 the next) against q broadcast to both halves. */
+AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+    int i = 0;
+    for (; i + 8 <= m && n >= 8; i += 8) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m512 acc[4];
+        for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + j))));
+            for (int p = 0; p < 4; p++) {
+                __m512 kv = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p) * ldk + j))),
+                    _mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p + 1) * ldk + j)), 1));
+                acc[p] = _mm512_fmadd_ps(qv, kv, acc[p]);
+            }
+        }
+        for (int p = 0; p < 4; p++) {
+            float s[2] = {hsum8(_mm512_castps512_ps256(acc[p])),
+                          hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)))};
+            for (int h = 0; h < 2; h++) {
+                const float *kr = k0 + (size_t)(2 * p + h) * ldk;
+                for (int jj = j; jj < n; jj++) s[h] += q[jj] * kr[jj];
+                out[i + 2 * p + h] = s[h];
+            }
+        }
+    }
+    if (i < m) dot_rows_avx2(out + i, q, k + (size_t)i * ldk, ldk, m - i, n);
+}
+
+/* As axpy_rows_avx2 with 128 floats of y in eight zmm. */
+AVX512 static void axpy_rows_avx512(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+    int d = 0;
+    for (; d + 128 <= n; d += 128) {
+        __m512 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm512_loadu_ps(y + d + 16 * c);
+        for (int i = 0; i < m; i++) {
+            __m512 av = _mm512_set1_ps(a[i]);
+            const float *xi = x + (size_t)i * ldx + d;
+            for (int c = 0; c < 8; c++) acc[c] = _mm512_fmadd_ps(av, _mm512_loadu_ps(xi + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm512_storeu_ps(y + d + 16 * c, acc[c]);
+    }
+    if (d < n) axpy_rows_avx2(y + d, a, x + d, ldx, m, n - d);
+}
 #endif /* CPU_OPS_X86 */
 
 /* ---------------- portable path ---------------- */
@@ -257,6 +348,28 @@ void cpu_axpy(float *y, float a, const float *x, int n) {
     if (use_avx2()) { axpy_avx2(y, a, x, n); return; }
 #endif
     for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) dot_rows_avx512(out, q, k, ldk, m, n);
+        else dot_rows_avx2(out, q, k, ldk, m, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < m; i++) out[i] = cpu_dot(q, k + (size_t)i * ldk, n);
+}
+
+void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) axpy_rows_avx512(y, a, x, ldx, m, n);
+        else axpy_rows_avx2(y, a, x, ldx, m, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < m; i++) cpu_axpy(y, a[i], x + (size_t)i * ldx, n);
 }
 
 void cpu_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {

@@ -6,8 +6,11 @@
  * tokens are in the call, which tokens they are, or how the rows are split
  * into tasks. Shapes cover every tile remainder (rows not a multiple of the
  * row blocks, K not a multiple of 8, token counts around each tile width and
- * token block) and a K wider than the packed panel. What it is not: a speed
- * test (bench/bench_matmul.c).
+ * token block) and a K wider than the packed panel. Then whole forward passes
+ * of fixtures (two sequences in one prefill on scattered blocks, then decode
+ * steps) on every path: the logits must be the same bits on all of them (the
+ * avx2-v0 path also runs the old attention). What it is not: a speed test
+ * (bench/bench_matmul.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -16,6 +19,8 @@
 
 #include "cpu_ops.h"
 #include "dtype.h"
+#include "log.h"
+#include "model.h"
 #include "test.h"
 
 static uint32_t g_rng = 12345;
@@ -131,7 +136,64 @@ static void check_rows_ops(CpuPath p) {
     T_ASSERT(bad_axpy == 0, "%s: %d cpu_axpy_rows results differ from cpu_axpy", cpu_ops_path_name(p), bad_axpy);
 }
 
+/* Logits of a fixed batch on the path in use: all prefill rows of two
+ * sequences, then two decode steps. Returns a malloc'd [n_rows, vocab]. */
+static float *forward_logits(const char *dir, int *n_floats) {
+    Err err = {0};
+    Model *m = NULL;
+    if (model_load(&m, dir, &err)) {
+        T_ASSERT(0, "load %s: %s", dir, err.msg);
+        return NULL;
+    }
+    enum { P = 37, BS = 16 };
+    int V = m->cfg.vocab;
+    Runner *r = runner_create(m, 2 * P, 64, 2);
+    KVCache *kv = kvcache_create(&m->cfg, 8, BS);
+    int32_t bt0[4] = {5, 2, 7, 0}, bt1[4] = {1, 6, 3, 4};
+    const int32_t *tables[2] = {bt0, bt1};
+    int32_t tok[2 * P], pos[2 * P], seq[2 * P], rows[2 * P];
+    for (int i = 0; i < 2 * P; i++) {
+        tok[i] = (i * 7919 + 13) % V;
+        pos[i] = i % P;
+        seq[i] = i / P;
+        rows[i] = i;
+    }
+    float *lg = malloc(sizeof(float) * (size_t)(2 * P + 4) * V);
+    Batch b = {2 * P, tok, pos, seq, 2, tables, 2 * P, rows};
+    T_ASSERT(model_forward(r, kv, &b, lg, &err) == 0, "prefill %s: %s", dir, err.msg);
+    for (int s = 0; s < 2; s++) {
+        int32_t t2[2] = {s + 5, s + 9}, p2[2] = {P + s, P + s}, q2[2] = {0, 1}, r2[2] = {0, 1};
+        Batch d = {2, t2, p2, q2, 2, tables, 2, r2};
+        T_ASSERT(model_forward(r, kv, &d, lg + (size_t)(2 * P + 2 * s) * V, &err) == 0, "decode %s: %s", dir, err.msg);
+    }
+    *n_floats = (2 * P + 4) * V;
+    kvcache_free(kv);
+    runner_free(r);
+    model_free(m);
+    return lg;
+}
+
+static void check_forward_paths(void) {
+    static const char *const fx[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/llama31", "tests/fixtures/qwen3_moe"};
+    CpuPath def = cpu_ops_path();
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        cpu_ops_force_path(CPU_PATH_PORTABLE);
+        int n0 = 0, n = 0;
+        float *ref = forward_logits(fx[i], &n0);
+        for (int p = CPU_PATH_PORTABLE + 1; ref && p < CPU_PATH_COUNT; p++) {
+            if (cpu_ops_force_path((CpuPath)p)) continue;
+            float *got = forward_logits(fx[i], &n);
+            T_ASSERT(got && n == n0 && !memcmp(ref, got, sizeof(float) * (size_t)n0),
+                     "%s: logits on path %s differ from the portable path", fx[i], cpu_ops_path_name((CpuPath)p));
+            free(got);
+        }
+        free(ref);
+    }
+    cpu_ops_force_path(def);
+}
+
 int main(void) {
+    log_set_level(LOG_WARN);
     printf("default path: %s\n", cpu_ops_init());
     CpuPath def = cpu_ops_path();
     T_ASSERT(cpu_ops_path_available(CPU_PATH_PORTABLE), "portable path always available");
@@ -159,6 +221,7 @@ int main(void) {
         ran++;
     }
     T_ASSERT(ran >= 1, "at least one path ran");
+    check_forward_paths();
     cpu_ops_force_path(def);
     return T_DONE();
 }

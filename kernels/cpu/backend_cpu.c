@@ -155,6 +155,39 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
 #undef S
 }
 
+/* The attention before issue #23, run with the avx2-v0 matmul path so the
+ * benchmarks can measure the whole old backend: one (token, head) per task,
+ * scores over positions 0..pos, softmax, weighted V sum; the same bits. */
+static void attn_task_v0(void *p, int task, int thread) {
+    AttnJob *j = p;
+    const AttnArgs *a = j->a;
+    int t = task / a->n_heads, h = task % a->n_heads;
+    int kvh = h / (a->n_heads / a->n_kv_heads), hd = a->head_dim, bs = a->block_size;
+    const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+    float *s = j->c->scores + (size_t)thread * j->c->max_ctx;
+    const int32_t *bt = a->block_table + (size_t)a->seq[t] * a->bt_stride;
+    int n = a->pos[t] + 1;
+    size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float *k = a->k_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        s[i] = cpu_dot(q, k, hd) * a->scale;
+        if (s[i] > mx) mx = s[i];
+    }
+    float sum = 0.f;
+    for (int i = 0; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+    }
+    float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) out[d] = 0.f;
+    for (int i = 0; i < n; i++) {
+        const float *v = a->v_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        cpu_axpy(out, s[i] * inv, v, hd);
+    }
+}
+
 /* One task: a tile of tokens x one kv head, split into runs of one sequence. */
 static void attn_task(void *p, int task, int thread) {
     AttnJob *j = p;
@@ -174,6 +207,11 @@ static void attn_task(void *p, int task, int thread) {
 
 static void cpu_attention(Backend *b, const AttnArgs *a) {
     CpuCtx *c = b->ctx;
+    if (cpu_ops_path() == CPU_PATH_AVX2_V0) {
+        AttnJob j0 = {a, c, 1, 1, 1};
+        threadpool_run(c->tp, a->n_tokens * a->n_heads, attn_task_v0, &j0);
+        return;
+    }
     int G = a->n_heads / a->n_kv_heads;
     ASSERT(G >= 1 && G * a->n_kv_heads == a->n_heads, "heads %d / kv heads %d", a->n_heads, a->n_kv_heads);
     int gh = G < ATTN_TILE ? G : ATTN_TILE;

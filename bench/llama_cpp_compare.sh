@@ -41,8 +41,8 @@ if [ ! -x "$WORK/build/bin/llama-bench" ]; then
   ln -sfn "$SRC" "$WORK/llama.cpp"
   cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_TOOLS=ON >"$WORK/cmake.log"
-  cmake --build "$WORK/build" -j"$(nproc)" --target llama-bench >"$WORK/build.log"
+    -DLLAMA_BUILD_TOOLS=ON >"$WORK/cmake.log" 2>&1
+  cmake --build "$WORK/build" -j"$(nproc)" --target llama-bench >"$WORK/build.log" 2>&1
 fi
 LLAMA_VERSION=$(basename "$(dirname "$(dirname "$(readlink -f "$WORK/llama.cpp")")")")
 

@@ -6,7 +6,7 @@
  * tokens are in the call, which tokens they are, or how the rows are split
  * into tasks. Shapes cover every tile remainder (rows not a multiple of the
  * row blocks, K not a multiple of 8, token counts around each tile width and
- * token block) and a K wider than the packed panel. Then whole forward passes
+ * panel chunk) and a K wider than the packed panel. Then whole forward passes
  * of fixtures (two sequences in one prefill on scattered blocks, then decode
  * steps) on every path: the logits must be the same bits on all of them (the
  * avx2-v0 path also runs the old attention). What it is not: a speed test
@@ -199,7 +199,7 @@ int main(void) {
     T_ASSERT(cpu_ops_path_available(CPU_PATH_PORTABLE), "portable path always available");
     T_ASSERT(cpu_ops_force_path(CPU_PATH_COUNT) == -1, "a path that does not exist is refused");
     T_ASSERT(cpu_ops_path() == def, "a refused force leaves the path unchanged");
-    static const int shapes[][2] = {{37, 8}, {64, 1024}, {19, 1003}, {40, 24}, {33, 7}, {16, 5}, {9, 16392}};
+    static const int shapes[][2] = {{37, 8}, {64, 1024}, {19, 1003}, {40, 24}, {33, 7}, {16, 5}, {9, 16392}, {40, 12000}};
     static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 61, 130};
     int ran = 0;
     for (int p = 0; p < CPU_PATH_COUNT; p++) {

@@ -30,7 +30,7 @@ const char *cpu_ops_init(void);
 typedef enum CpuPath {
     CPU_PATH_PORTABLE, /* plain C (fmaf); the aarch64 path */
     CPU_PATH_AVX2_V0,  /* AVX2+FMA, the old kernel: 4-row decode, 2x4 tiles */
-    CPU_PATH_AVX2,     /* AVX2+FMA, packed panels, 2x6 tiles */
+    CPU_PATH_AVX2,     /* AVX2+FMA, packed panels, 3x4 tiles */
     CPU_PATH_AVX512,   /* AVX-512F: two rows per zmm, 8x6 tiles */
     CPU_PATH_COUNT
 } CpuPath;

@@ -105,7 +105,7 @@ AVX2_INL void pack_avx2(float *panel, const uint16_t *w, int K, int R) {
 }
 
 /* Few tokens, bf16 in place: up to 3 tokens against 4-row blocks (the next
- * block prefetched), 4-7 tokens against row pairs, 6 tokens a tile. */
+ * block prefetched), more against row pairs, 6 tokens a tile. */
 AVX2_INL void small_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                          int r1) {
     int r = r0;
@@ -145,26 +145,28 @@ static __thread float g_panel[PANEL_FLOATS];
 /* Rows of the task that fit the panel at once: a multiple of 8. */
 static int chunk_rows(int K) { return PANEL_FLOATS / K / 8 * 8; }
 
-/* Many tokens: each chunk of rows widened once into the panel; then for each
- * 6-token tile (its x rows stay in L1) every row pair of the chunk (the
- * panel streams from L2). */
+/* Many tokens: each chunk of rows widened once into the panel (3-row blocks
+ * [K / 8][3][8]); then for each 4-token tile (its x rows stay in L1) every
+ * block of the chunk (the panel streams from L2). 3 x 4 tiles: 12
+ * accumulators, 3 weight vectors and one x vector fill the 16 ymm registers,
+ * 7 loads per 12 FMAs. */
 AVX2_INL void gemm_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                         int r1) {
     int S = K / 8, cr = chunk_rows(K);
     for (int c0 = r0; c0 < r1; c0 += cr) {
         int c1 = c0 + cr < r1 ? c0 + cr : r1;
-        for (int r = c0; r < c1; r += 2) pack_avx2(g_panel + (size_t)(r - c0) * S * 8, w + (size_t)r * K, K, r + 2 <= c1 ? 2 : 1);
-        for (int t = 0; t < n; t += 6) {
-            int T = n - t < 6 ? n - t : 6;
-            for (int r = c0; r < c1; r += 2) {
+        for (int r = c0; r < c1; r += 3) pack_avx2(g_panel + (size_t)(r - c0) * S * 8, w + (size_t)r * K, K, c1 - r < 3 ? c1 - r : 3);
+        for (int t = 0; t < n; t += 4) {
+            int T = n - t < 4 ? n - t : 4;
+            for (int r = c0; r < c1; r += 3) {
                 const float *pn = g_panel + (size_t)(r - c0) * S * 8;
                 const uint16_t *wr = w + (size_t)r * K;
                 float *o = out + (size_t)t * ldo + r;
                 const float *xt = x + (size_t)t * ldx;
 #define PT(R, T) tile_avx2(R, T, o, ldo, xt, ldx, wr, pn, 1, K, NULL)
-#define PT_ALL(R) switch (T) { case 6: PT(R, 6); break; case 5: PT(R, 5); break; case 4: PT(R, 4); break; \
+#define PT_ALL(R) switch (T) { case 4: PT(R, 4); break; \
                                case 3: PT(R, 3); break; case 2: PT(R, 2); break; default: PT(R, 1); break; }
-                if (r + 2 <= c1) { PT_ALL(2) } else { PT_ALL(1) }
+                if (r + 3 <= c1) { PT_ALL(3) } else if (r + 2 <= c1) { PT_ALL(2) } else { PT_ALL(1) }
 #undef PT_ALL
 #undef PT
             }

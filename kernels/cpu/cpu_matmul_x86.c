@@ -36,6 +36,8 @@
 
 #define AVX2_FN __attribute__((target("avx2,fma")))
 #define AVX2_INL __attribute__((target("avx2,fma"), always_inline)) static inline
+/* Out of line: called by both paths, one copy (the tiles inline into it). */
+#define AVX2_NOINL __attribute__((target("avx2,fma"), noinline)) static void
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma")))
 #define AVX512_INL __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
 
@@ -106,7 +108,7 @@ AVX2_INL void pack_avx2(float *panel, const uint16_t *w, int K, int R) {
 
 /* Few tokens, bf16 in place: up to 3 tokens against 4-row blocks (the next
  * block prefetched), more against row pairs, 6 tokens a tile. */
-AVX2_INL void small_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
+AVX2_NOINL small_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                          int r1) {
     int r = r0;
 #define AT(R, T, t, pf) tile_avx2(R, T, out + (size_t)(t) * ldo + r, ldo, x + (size_t)(t) * ldx, ldx, \
@@ -150,7 +152,7 @@ static int chunk_rows(int K) { return PANEL_FLOATS / K / 8 * 8; }
  * block of the chunk (the panel streams from L2). 3 x 4 tiles: 12
  * accumulators, 3 weight vectors and one x vector fill the 16 ymm registers,
  * 7 loads per 12 FMAs. */
-AVX2_INL void gemm_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
+AVX2_NOINL gemm_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                         int r1) {
     int S = K / 8, cr = chunk_rows(K);
     for (int c0 = r0; c0 < r1; c0 += cr) {

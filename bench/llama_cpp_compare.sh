@@ -14,7 +14,7 @@
 #   env: WORK (default /tmp/llama_cpp_compare) holds the sdist, the build and the GGUF;
 #        BUILD_DIR (default ./build) holds bench_forward; PATHS (default avx2-v0,<default path>):
 #        the sampler's CPU matmul paths to run (cpu_ops.h), the first one is the old kernel.
-# needs: python3 with torch, numpy, transformers (the converter), cmake, a C++ compiler.
+# needs: python3 with torch, numpy, transformers, sentencepiece (the converter), cmake, a C++ compiler.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=${1:-/tmp/bench/qwen3-0.6b}
@@ -81,7 +81,7 @@ EOF
   printf "%-28s %10.1f %10.2f\n" "llama.cpp (tok/s)" "$lpp" "$ltg"
   for path in ${PATHS//,/ }; do
     spp=$(awk -v p="[$path]" '$1==p {f=1; next} /^\[/ {f=0} f && /^prefill/ {print $4}' "$WORK/s.$T" | median)
-    stg=$(awk -v p="[$path]" '$1==p {f=1; next} /^\[/ {f=0} f && /^decode batch/ {print $5}' "$WORK/s.$T" | median)
+    stg=$(awk -v p="[$path]" '$1==p {f=1; next} /^\[/ {f=0} f && /^decode batch/ {print $6}' "$WORK/s.$T" | median)
     printf "%-28s %10.1f %10.2f\n" "sampler $path (tok/s)" "$spp" "$stg"
     printf "%-28s %9.2fx %9.2fx\n" "  ratio to llama.cpp" "$(echo "$spp / $lpp" | bc -l)" "$(echo "$stg / $ltg" | bc -l)"
   done

@@ -223,6 +223,7 @@ AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_
             a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + j), a3);
         }
         float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        #pragma GCC unroll 8
         for (int r = 0; r < 4; r++) {
             for (int jj = j; jj < n; jj++) s[r] += q[jj] * k0[(size_t)r * ldk + jj];
             out[i + r] = s[r];
@@ -237,12 +238,15 @@ AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t
     int d = 0;
     for (; d + 64 <= n; d += 64) {
         __m256 acc[8];
+        #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(y + d + 8 * c);
         for (int i = 0; i < m; i++) {
             __m256 av = _mm256_set1_ps(a[i]);
             const float *xi = x + (size_t)i * ldx + d;
+            #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
         }
+        #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + d + 8 * c, acc[c]);
     }
     if (d < n)
@@ -258,10 +262,12 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
     for (; i + 8 <= m && n >= 8; i += 8) {
         const float *k0 = k + (size_t)i * ldk;
         __m512 acc[4];
+        #pragma GCC unroll 8
         for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
         int j = 0;
         for (; j + 8 <= n; j += 8) {
             __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + j))));
+            #pragma GCC unroll 8
             for (int p = 0; p < 4; p++) {
                 __m512 kv = _mm512_castpd_ps(_mm512_insertf64x4(
                     _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p) * ldk + j))),
@@ -269,9 +275,11 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
                 acc[p] = _mm512_fmadd_ps(qv, kv, acc[p]);
             }
         }
+        #pragma GCC unroll 8
         for (int p = 0; p < 4; p++) {
             float s[2] = {hsum8(_mm512_castps512_ps256(acc[p])),
                           hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)))};
+            #pragma GCC unroll 8
             for (int h = 0; h < 2; h++) {
                 const float *kr = k0 + (size_t)(2 * p + h) * ldk;
                 for (int jj = j; jj < n; jj++) s[h] += q[jj] * kr[jj];
@@ -287,12 +295,15 @@ AVX512 static void axpy_rows_avx512(float *y, const float *a, const float *x, si
     int d = 0;
     for (; d + 128 <= n; d += 128) {
         __m512 acc[8];
+        #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) acc[c] = _mm512_loadu_ps(y + d + 16 * c);
         for (int i = 0; i < m; i++) {
             __m512 av = _mm512_set1_ps(a[i]);
             const float *xi = x + (size_t)i * ldx + d;
+            #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) acc[c] = _mm512_fmadd_ps(av, _mm512_loadu_ps(xi + 16 * c), acc[c]);
         }
+        #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) _mm512_storeu_ps(y + d + 16 * c, acc[c]);
     }
     if (d < n) axpy_rows_avx2(y + d, a, x + d, ldx, m, n - d);

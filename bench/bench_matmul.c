@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1, reps = argc > 2 ? atoi(argv[2]) : 5;
     int paths[CPU_PATH_COUNT], np = 0;
     cpu_ops_init();
+    CpuPath def = cpu_ops_path();
     if (argc > 3) {
         char *list = strdup(argv[3]);
         for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
@@ -132,7 +133,7 @@ int main(int argc, char **argv) {
     }
     double rdm = median(rd, reps) / 1e9;
     printf("threads %d, reps %d (medians), plain read %.2f GB/s over %.0f MB; default path %s\n", threads, reps,
-           rdm, wbytes / 1e6, cpu_ops_path_name(cpu_ops_path()));
+           rdm, wbytes / 1e6, cpu_ops_path_name(def));
     printf("%-22s", "measure");
     for (int pi = 0; pi < np; pi++) printf(" %12s", cpu_ops_path_name((CpuPath)paths[pi]));
     for (int pi = 1; pi < np; pi++) printf(" %9s/%s", cpu_ops_path_name((CpuPath)paths[pi]), "ref");

@@ -3,8 +3,14 @@
  * with decode as a fraction of the memory-bandwidth roofline measured in the
  * same run: roofline tok/s = copy bandwidth / weight bytes read per token.
  *
- * usage: bench_forward MODEL_DIR [threads] [prompt_len] [decode_tokens]
+ * usage: bench_forward MODEL_DIR [threads] [prompt_len] [decode_tokens] [paths] [reps]
  * (a Qwen3-0.6B-shaped random model: python3 scripts/make_bench_model.py qwen3-0.6b DIR)
+ *
+ * paths (comma-separated CPU matmul paths, cpu_ops.h: e.g. avx2-v0,avx512):
+ * runs prefill + decode `reps` times per path, alternating the paths (the
+ * order rotates each repetition) so a shared machine's load falls on all of
+ * them alike, and prints the medians with each path's ratio to the first, and
+ * the decode logits' agreement between paths (all paths give the same bits).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu_ops.h"
 #include "model.h"
 #include "threadpool.h"
 
@@ -49,6 +56,18 @@ static double copy_bandwidth(int threads) {
     return best;
 }
 
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    double c[32];
+    memcpy(c, v, sizeof(double) * (size_t)n);
+    qsort(c, (size_t)n, sizeof *c, cmp_d);
+    return n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL_DIR [threads] [prompt_len] [decode_tokens]\n", argv[0]);
@@ -75,24 +94,64 @@ int main(int argc, char **argv) {
     model_forward(r, kv, &warm, logits, &err);
 
     Batch pre = {P, tok, pos, seq, 1, tables, 1, &last};
-    double t0 = now_s();
-    if (model_forward(r, kv, &pre, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
-    double t_pre = now_s() - t0;
-    t0 = now_s();
-    for (int i = 0; i < D; i++) {
-        Batch b = {1, tok + P + i, pos + P + i, seq, 1, tables, 1, &zero};
-        model_forward(r, kv, &b, logits, &err);
+    int paths[CPU_PATH_COUNT], np = 0, reps = argc > 6 ? atoi(argv[6]) : 5;
+    if (argc > 5) {
+        char *list = strdup(argv[5]);
+        for (char *t = strtok(list, ","); t; t = strtok(NULL, ","))
+            for (int p = 0; p < CPU_PATH_COUNT; p++)
+                if (!strcmp(t, cpu_ops_path_name((CpuPath)p))) {
+                    if (cpu_ops_path_available((CpuPath)p)) paths[np++] = p;
+                    else fprintf(stderr, "path %s: not available on this CPU, skipped\n", t);
+                }
+        free(list);
+        if (!np) { fprintf(stderr, "no runnable path in %s\n", argv[5]); return 2; }
+    } else {
+        paths[np++] = cpu_ops_path();
+        reps = 1;
     }
-    double t_dec = now_s() - t0;
+    if (reps < 1) reps = 1;
+    if (reps > 32) reps = 32;
+    double t_pre[CPU_PATH_COUNT][32], t_dec[CPU_PATH_COUNT][32];
+    float *first = malloc(sizeof(float) * m->cfg.vocab);
+    int same = 1;
+    for (int rep = 0; rep < reps; rep++)
+        for (int pi = 0; pi < np; pi++) {
+            int p = paths[(pi + rep) % np];
+            cpu_ops_force_path((CpuPath)p);
+            double t0 = now_s();
+            if (model_forward(r, kv, &pre, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            t_pre[p][rep] = now_s() - t0;
+            t0 = now_s();
+            for (int i = 0; i < D; i++) {
+                Batch b = {1, tok + P + i, pos + P + i, seq, 1, tables, 1, &zero};
+                model_forward(r, kv, &b, logits, &err);
+            }
+            t_dec[p][rep] = now_s() - t0;
+            if (rep == 0 && pi == 0) memcpy(first, logits, sizeof(float) * m->cfg.vocab);
+            else same &= !memcmp(first, logits, sizeof(float) * m->cfg.vocab);
+        }
     double bw = copy_bandwidth(threads);
-    double dec_tps = D / t_dec, roof = bw / (double)m->weight_bytes;
+    double pre_tps[CPU_PATH_COUNT], dec_tps[CPU_PATH_COUNT], roof = bw / (double)m->weight_bytes;
+    for (int pi = 0; pi < np; pi++) {
+        int p = paths[pi];
+        pre_tps[p] = P / median(t_pre[p], reps);
+        dec_tps[p] = D / median(t_dec[p], reps);
+    }
     printf("model %s: %.3fB params, %.2f GB bf16 weights read per decode token, %d threads\n", argv[1],
            m->n_params / 1e9, m->weight_bytes / 1e9, threads);
     printf("copy bandwidth (read+write)  %8.2f GB/s\n", bw / 1e9);
-    printf("prefill %4d tokens          %8.1f tok/s\n", P, P / t_pre);
-    printf("decode batch 1 (%d tokens)   %8.2f tok/s  (%.1f ms/token)\n", D, dec_tps, 1e3 / dec_tps);
-    printf("roofline (bw / weight bytes) %8.2f tok/s\n", roof);
-    printf("decode / roofline            %8.1f %%\n", 100.0 * dec_tps / roof);
+    for (int pi = 0; pi < np; pi++) {
+        int p = paths[pi], p0 = paths[0];
+        printf("[%s]%s\n", cpu_ops_path_name((CpuPath)p), reps > 1 ? " (medians)" : "");
+        printf("prefill %4d tokens          %8.1f tok/s", P, pre_tps[p]);
+        if (pi) printf("   %.2fx %s", pre_tps[p] / pre_tps[p0], cpu_ops_path_name((CpuPath)p0));
+        printf("\ndecode batch 1 (%d tokens)   %8.2f tok/s  (%.1f ms/token)", D, dec_tps[p], 1e3 / dec_tps[p]);
+        if (pi) printf("   %.2fx %s", dec_tps[p] / dec_tps[p0], cpu_ops_path_name((CpuPath)p0));
+        printf("\nroofline (bw / weight bytes) %8.2f tok/s\n", roof);
+        printf("decode / roofline            %8.1f %%\n", 100.0 * dec_tps[p] / roof);
+    }
+    if (np > 1 || reps > 1) printf("last decode logits bit-identical across paths and repetitions: %s\n", same ? "yes" : "NO");
+    free(first);
     free(logits); free(bt); free(tok); free(pos); free(seq);
     kvcache_free(kv);
     runner_free(r);

@@ -10,13 +10,44 @@
 #ifndef SAMPLER_CPU_OPS_H
 #define SAMPLER_CPU_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "weights.h"
 
-/* Chooses the AVX2+FMA kernels when the CPU has them (call once at start-up;
- * also called lazily). Returns the name of the chosen path. */
+/* Chooses the fastest matmul path the CPU has (cpuid at run time; call once
+ * at start-up, also called lazily). Returns the name of the chosen path. */
 const char *cpu_ops_init(void);
+
+/* The matmul paths. Every path computes each output element in the same
+ * reference order, so all of them give the same bits (tests/test_cpu_paths.c
+ * checks it on every path the machine can run):
+ *   acc[j] = fma(W[r, k], x[t, k], acc[j]) for k = j, j + 8, ... (j < 8, k < K & ~7),
+ *   s = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)),
+ *   s = fma(W[r, k], x[t, k], s) for the K % 8 tail, then + bias[r].
+ * AVX2_V0 is the AVX2 kernel as it was before issue #23, kept as the
+ * reference the benchmarks measure the others against. */
+typedef enum CpuPath {
+    CPU_PATH_PORTABLE, /* plain C (fmaf); the aarch64 path */
+    CPU_PATH_AVX2_V0,  /* AVX2+FMA, the old kernel: 4-row decode, 2x4 tiles */
+    CPU_PATH_AVX2,     /* AVX2+FMA, packed panels, 3x4 tiles */
+    CPU_PATH_AVX512,   /* AVX-512F: two rows per zmm, 8x6 tiles */
+    CPU_PATH_COUNT
+} CpuPath;
+
+/* 1 when this CPU (and build) can run path p. */
+int cpu_ops_path_available(CpuPath p);
+const char *cpu_ops_path_name(CpuPath p);
+/* The path in use. */
+CpuPath cpu_ops_path(void);
+/* Forces path p (tests and benchmarks; also SAMPLER_CPU_PATH=name at start-up).
+ * Not to be called while a matmul runs. Returns 0, or -1 when p is not
+ * available here (the path in use is then unchanged). */
+int cpu_ops_force_path(CpuPath p);
+
+/* Rows per matmul task for a bf16 [rows, K] weight: about 64 KB of weights,
+ * a multiple of 16 rows (64-byte output lines: no two tasks write one line). */
+int cpu_matmul_task_rows(int K);
 
 /* out[n, dim] = x[n, dim] * rsqrt(mean(x^2) + eps) * w[dim] (bf16). out may alias x. */
 void cpu_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps);
@@ -30,6 +61,10 @@ void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const 
 float cpu_dot(const float *a, const float *b, int n);
 /* y[n] += a * x[n] */
 void cpu_axpy(float *y, float a, const float *x, int n);
+/* out[i] = cpu_dot(q, k + i * ldk, n) for i < m, the same bits, several rows at once. */
+void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m, int n);
+/* cpu_axpy(y, a[i], x + i * ldx, n) for i = 0 .. m-1 in order, the same bits, y kept in registers. */
+void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n);
 
 /* One row of the batched LoRA (backend.h, Backend.lora): h[j] = scale *
  * (A[j] . x) (cpu_dot over in), then out += h[j] * B^T[j] for j in order

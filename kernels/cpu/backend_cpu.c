@@ -19,7 +19,7 @@
 typedef struct CpuCtx {
     ThreadPool *tp;
     int max_ctx;
-    float *scores; /* [n_threads, max_ctx] attention scratch */
+    float *scores; /* [n_threads, ATTN_TILE, max_ctx] attention scratch */
     float *xq;     /* [max_tokens, max_cols] quantized activations */
     float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
     int max_tokens;
@@ -31,7 +31,7 @@ typedef struct CpuCtx {
     unsigned char *lora_taken;
 } CpuCtx;
 
-#define ROWS_PER_TASK 32
+#define ROWS_PER_TASK 32 /* quantized formats; bf16 tasks: cpu_matmul_task_rows */
 
 typedef struct MatmulJob {
     float *out;
@@ -40,12 +40,13 @@ typedef struct MatmulJob {
     int n;
     const WeightMat *w;
     const uint16_t *bias;
+    int task_rows; /* rows per task */
 } MatmulJob;
 
 static void matmul_task(void *p, int task, int thread) {
     MatmulJob *j = p;
     const WeightMat *w = j->w;
-    int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
+    int r0 = task * j->task_rows, r1 = r0 + j->task_rows;
     if (r1 > w->rows) r1 = w->rows;
     if (w->fmt == WF_BF16) {
         cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
@@ -62,14 +63,15 @@ static void matmul_task(void *p, int task, int thread) {
  * quantized once per call into scratch, then every row task reads it. */
 static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CpuCtx *c = b->ctx;
-    MatmulJob j = {out, x, NULL, n, w, bias};
+    /* bf16: tasks of ~64 KB of weights (work split by bytes, whole output lines). */
+    MatmulJob j = {out, x, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : ROWS_PER_TASK};
     if (w->fmt != WF_BF16 && w->act_quant) {
         if (w->fmt == WF_FP8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
         else quant_act_nvfp4(c->xq, c->xs, x, n, w->cols, ((const QuantNvfp4 *)w->q)->input_scale);
         j.x = c->xq;
         j.xs = c->xs;
     }
-    threadpool_run(c->tp, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_task, &j);
+    threadpool_run(c->tp, (w->rows + j.task_rows - 1) / j.task_rows, matmul_task, &j);
 }
 
 /* Batched LoRA, Punica-style: rows are grouped by adapter pair (segments)
@@ -151,13 +153,79 @@ static void cpu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim
         }
 }
 
+/* (token, head) pairs of one attention task: the query heads of one kv head
+ * times consecutive tokens, so each block of K and V is read once for up to
+ * this many queries while it is in L1. */
+#define ATTN_TILE 16
+
 typedef struct AttnJob {
     const AttnArgs *a;
     CpuCtx *c;
+    int tq;     /* tokens per task */
+    int gh;     /* query heads per task (all G of a kv head unless G > ATTN_TILE) */
+    int chunks; /* ceil(G / gh) */
 } AttnJob;
 
-/* One (token, head): scores over positions 0..pos, softmax, weighted V sum. */
-static void attn_task(void *p, int task, int thread) {
+/* Tokens [t0, t1) of one sequence (one block table) x query heads [g0, g1)
+ * of the G of kv head kvh. Per (token, head) the operations are exactly those of attending
+ * alone: scores over positions 0..pos (cpu_dot_rows: cpu_dot's bits), softmax,
+ * then the weighted V sum in position order (cpu_axpy_rows: cpu_axpy's bits);
+ * only the interleaving between queries changes, so the result is the same
+ * for any tile, batch or thread count. */
+static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int t1, int kvh, int g0, int g1) {
+    int G = a->n_heads / a->n_kv_heads, hd = a->head_dim, bs = a->block_size;
+    size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    const int32_t *bt = a->block_table + (size_t)a->seq[t0] * a->bt_stride;
+    int nmax = 0;
+    for (int t = t0; t < t1; t++) nmax = a->pos[t] + 1 > nmax ? a->pos[t] + 1 : nmax;
+#define Q(t, g) (a->q + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
+#define OUT(t, g) (a->out + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
+#define S(t, g) (scores + ((size_t)((t) - t0) * (g1 - g0) + (g) - g0) * max_ctx)
+    for (int i0 = 0; i0 < nmax; i0 += bs) {
+        const float *k = a->k_cache + (size_t)bt[i0 / bs] * bs * slot_stride + (size_t)kvh * hd;
+        for (int t = t0; t < t1; t++) {
+            int n = a->pos[t] + 1;
+            if (n <= i0) continue;
+            int m = n - i0 < bs ? n - i0 : bs;
+            for (int g = g0; g < g1; g++) cpu_dot_rows(S(t, g) + i0, Q(t, g), k, slot_stride, m, hd);
+        }
+    }
+    for (int t = t0; t < t1; t++)
+        for (int g = g0; g < g1; g++) {
+            float *s = S(t, g), mx = -INFINITY;
+            int n = a->pos[t] + 1;
+            for (int i = 0; i < n; i++) {
+                s[i] = s[i] * a->scale;
+                if (s[i] > mx) mx = s[i];
+            }
+            float sum = 0.f;
+            for (int i = 0; i < n; i++) {
+                s[i] = expf(s[i] - mx);
+                sum += s[i];
+            }
+            float inv = 1.0f / sum;
+            for (int i = 0; i < n; i++) s[i] = s[i] * inv;
+            float *out = OUT(t, g);
+            for (int d = 0; d < hd; d++) out[d] = 0.f;
+        }
+    for (int i0 = 0; i0 < nmax; i0 += bs) {
+        const float *v = a->v_cache + (size_t)bt[i0 / bs] * bs * slot_stride + (size_t)kvh * hd;
+        for (int t = t0; t < t1; t++) {
+            int n = a->pos[t] + 1;
+            if (n <= i0) continue;
+            int m = n - i0 < bs ? n - i0 : bs;
+            for (int g = g0; g < g1; g++) cpu_axpy_rows(OUT(t, g), S(t, g) + i0, v, slot_stride, m, hd);
+        }
+    }
+#undef Q
+#undef OUT
+#undef S
+}
+
+/* The attention before issue #23, run with the avx2-v0 matmul path so the
+ * benchmarks can measure the whole old backend: one (token, head) per task,
+ * scores over positions 0..pos, softmax, weighted V sum; the same bits. */
+static void attn_task_v0(void *p, int task, int thread) {
     AttnJob *j = p;
     const AttnArgs *a = j->a;
     int t = task / a->n_heads, h = task % a->n_heads;
@@ -187,9 +255,36 @@ static void attn_task(void *p, int task, int thread) {
     }
 }
 
+/* One task: a tile of tokens x one kv head, split into runs of one sequence. */
+static void attn_task(void *p, int task, int thread) {
+    AttnJob *j = p;
+    const AttnArgs *a = j->a;
+    int nkv = a->n_kv_heads, chunk = task % j->chunks, kvh = task / j->chunks % nkv;
+    int t0 = task / j->chunks / nkv * j->tq, g0 = chunk * j->gh, G = a->n_heads / nkv;
+    int g1 = g0 + j->gh < G ? g0 + j->gh : G;
+    int t1 = t0 + j->tq < a->n_tokens ? t0 + j->tq : a->n_tokens;
+    float *scores = j->c->scores + (size_t)thread * ATTN_TILE * j->c->max_ctx;
+    for (int ta = t0; ta < t1;) {
+        int tb = ta + 1;
+        while (tb < t1 && a->seq[tb] == a->seq[ta]) tb++;
+        attn_run(a, scores, j->c->max_ctx, ta, tb, kvh, g0, g1);
+        ta = tb;
+    }
+}
+
 static void cpu_attention(Backend *b, const AttnArgs *a) {
-    AttnJob j = {a, b->ctx};
-    threadpool_run(((CpuCtx *)b->ctx)->tp, a->n_tokens * a->n_heads, attn_task, &j);
+    CpuCtx *c = b->ctx;
+    if (cpu_ops_path() == CPU_PATH_AVX2_V0) {
+        AttnJob j0 = {a, c, 1, 1, 1};
+        threadpool_run(c->tp, a->n_tokens * a->n_heads, attn_task_v0, &j0);
+        return;
+    }
+    int G = a->n_heads / a->n_kv_heads;
+    ASSERT(G >= 1 && G * a->n_kv_heads == a->n_heads, "heads %d / kv heads %d", a->n_heads, a->n_kv_heads);
+    int gh = G < ATTN_TILE ? G : ATTN_TILE;
+    AttnJob j = {a, c, ATTN_TILE / gh, gh, (G + gh - 1) / gh};
+    int tiles = (a->n_tokens + j.tq - 1) / j.tq;
+    threadpool_run(c->tp, tiles * a->n_kv_heads * j.chunks, attn_task, &j);
 }
 
 static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u, int n) {
@@ -257,7 +352,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
     CpuCtx *c = xcalloc(1, sizeof *c);
     c->tp = threadpool_create(n_threads);
     c->max_ctx = max_ctx;
-    c->scores = xmalloc(sizeof(float) * (size_t)n_threads * (size_t)max_ctx);
+    c->scores = xmalloc(sizeof(float) * (size_t)n_threads * ATTN_TILE * (size_t)max_ctx);
     Backend *b = xcalloc(1, sizeof *b);
     *b = (Backend){.name = "cpu", .ctx = c, .host = 1, .alloc = cpu_alloc, .release = cpu_release,
                    .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .copy = cpu_copy, .embed = cpu_embed_op,

@@ -1,17 +1,22 @@
 /*
- * cpu_ops.c - CPU reference ops (see cpu_ops.h): a portable C path, built
- * everywhere (aarch64 hosts such as GH200 use it), and on x86 an AVX2+FMA path
- * chosen at run time. Both are deterministic; they need not agree with each
- * other bit for bit, only each with itself.
+ * cpu_ops.c - CPU reference ops (see cpu_ops.h) and the choice of matmul
+ * path: a portable C path, built everywhere (aarch64 hosts such as GH200 use
+ * it), and on x86 the AVX2+FMA and AVX-512F kernels of cpu_matmul_x86.c,
+ * chosen at run time from cpuid. Every matmul path gives the reference order's
+ * bits (cpu_ops.h). The old AVX2 kernel (before issue #23) stays here as the
+ * path AVX2_V0: the benchmarks measure the new kernels against it.
  */
 #include "cpu_ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 
+#include "cpu_matmul.h"
 #include "dtype.h"
+#include "log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -20,22 +25,66 @@
 #define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
 #endif
 
-static int g_avx2 = -1;
+static int g_init;
+static int g_avx2;   /* the CPU has AVX2 and FMA: the vector path of dot/axpy */
+static int g_has[CPU_PATH_COUNT];
+static CpuPath g_path = CPU_PATH_PORTABLE;
+
+static const char *const g_names[CPU_PATH_COUNT] = {"portable", "avx2-v0", "avx2", "avx512"};
+
+const char *cpu_ops_path_name(CpuPath p) { return p >= 0 && p < CPU_PATH_COUNT ? g_names[p] : "?"; }
 
 const char *cpu_ops_init(void) {
-    if (g_avx2 < 0) {
+    if (!g_init) {
+        g_init = 1;
+        g_has[CPU_PATH_PORTABLE] = 1;
 #ifdef CPU_OPS_X86
         __builtin_cpu_init();
         g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-        g_avx2 = 0;
+        g_has[CPU_PATH_AVX2_V0] = g_has[CPU_PATH_AVX2] = g_avx2;
+        g_has[CPU_PATH_AVX512] = g_avx2 && __builtin_cpu_supports("avx512f");
 #endif
+        for (int p = CPU_PATH_PORTABLE; p < CPU_PATH_COUNT; p++)
+            if (g_has[p] && p != CPU_PATH_AVX2_V0) g_path = (CpuPath)p;
+        const char *env = getenv("SAMPLER_CPU_PATH");
+        if (env && *env) {
+            int found = 0;
+            for (int p = 0; p < CPU_PATH_COUNT; p++)
+                if (!strcmp(env, g_names[p])) {
+                    found = 1;
+                    if (g_has[p]) g_path = (CpuPath)p;
+                    else log_warn("SAMPLER_CPU_PATH=%s: this CPU cannot run it; using %s", env, g_names[g_path]);
+                }
+            if (!found) log_warn("SAMPLER_CPU_PATH=%s: unknown (portable, avx2-v0, avx2, avx512); using %s", env, g_names[g_path]);
+        }
     }
-    return g_avx2 ? "avx2+fma" : "portable";
+    return g_names[g_path];
+}
+
+int cpu_ops_path_available(CpuPath p) {
+    cpu_ops_init();
+    return p >= 0 && p < CPU_PATH_COUNT && g_has[p];
+}
+
+CpuPath cpu_ops_path(void) {
+    cpu_ops_init();
+    return g_path;
+}
+
+int cpu_ops_force_path(CpuPath p) {
+    if (!cpu_ops_path_available(p)) return -1;
+    g_path = p;
+    return 0;
+}
+
+int cpu_matmul_task_rows(int K) {
+    if (cpu_ops_path() == CPU_PATH_AVX2_V0) return 32; /* the old split, with the old kernel */
+    int rows = (65536 / 2 / (K > 0 ? K : 1) + 15) / 16 * 16;
+    return rows < 16 ? 16 : rows > 64 ? 64 : rows;
 }
 
 static inline int use_avx2(void) {
-    if (g_avx2 < 0) cpu_ops_init();
+    if (!g_init) cpu_ops_init();
     return g_avx2;
 }
 
@@ -104,7 +153,7 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
 #define MM_TOKEN_BLOCK 64
 #define MM_PANEL_MAX_K 16384 /* wider rows are read in place */
 
-AVX2 static void matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
+AVX2 static void matmul_avx2_v0(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w,
                              int K, int r0, int r1) {
     if (n == 1) { /* decode: stream the weights once, 4 rows at a time */
         int r = r0;
@@ -159,6 +208,108 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+
+/* m dots of q against rows of k (stride ldk), four rows at once (four
+ * chains in flight instead of one): each is dot_avx2's arithmetic. */
+AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ldk + j), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ldk + j), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + j), a3);
+        }
+        float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        #pragma GCC unroll 8
+        for (int r = 0; r < 4; r++) {
+            for (int jj = j; jj < n; jj++) s[r] += q[jj] * k0[(size_t)r * ldk + jj];
+            out[i + r] = s[r];
+        }
+    }
+    for (; i < m; i++) out[i] = dot_avx2(q, k + (size_t)i * ldk, n);
+}
+
+/* y += a[i] * x_i for i < m in order, y held in registers across the rows
+ * (64 floats at a time): per element axpy_avx2's arithmetic. */
+AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+    int d = 0;
+    for (; d + 64 <= n; d += 64) {
+        __m256 acc[8];
+        #pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(y + d + 8 * c);
+        for (int i = 0; i < m; i++) {
+            __m256 av = _mm256_set1_ps(a[i]);
+            const float *xi = x + (size_t)i * ldx + d;
+            #pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
+        }
+        #pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + d + 8 * c, acc[c]);
+    }
+    if (d < n)
+        for (int i = 0; i < m; i++) axpy_avx2(y + d, a[i], x + (size_t)i * ldx + d, n - d);
+}
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+/* As dot_rows_avx2, eight rows at once, two to a zmm (lanes 0-7 one row,
+ * 8-15 the next) against q broadcast to both halves. */
+AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+    int i = 0;
+    for (; i + 8 <= m && n >= 8; i += 8) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m512 acc[4];
+        #pragma GCC unroll 8
+        for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + j))));
+            #pragma GCC unroll 8
+            for (int p = 0; p < 4; p++) {
+                __m512 kv = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p) * ldk + j))),
+                    _mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p + 1) * ldk + j)), 1));
+                acc[p] = _mm512_fmadd_ps(qv, kv, acc[p]);
+            }
+        }
+        #pragma GCC unroll 8
+        for (int p = 0; p < 4; p++) {
+            float s[2] = {hsum8(_mm512_castps512_ps256(acc[p])),
+                          hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)))};
+            #pragma GCC unroll 8
+            for (int h = 0; h < 2; h++) {
+                const float *kr = k0 + (size_t)(2 * p + h) * ldk;
+                for (int jj = j; jj < n; jj++) s[h] += q[jj] * kr[jj];
+                out[i + 2 * p + h] = s[h];
+            }
+        }
+    }
+    if (i < m) dot_rows_avx2(out + i, q, k + (size_t)i * ldk, ldk, m - i, n);
+}
+
+/* As axpy_rows_avx2 with 128 floats of y in eight zmm. */
+AVX512 static void axpy_rows_avx512(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+    int d = 0;
+    for (; d + 128 <= n; d += 128) {
+        __m512 acc[8];
+        #pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) acc[c] = _mm512_loadu_ps(y + d + 16 * c);
+        for (int i = 0; i < m; i++) {
+            __m512 av = _mm512_set1_ps(a[i]);
+            const float *xi = x + (size_t)i * ldx + d;
+            #pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc[c] = _mm512_fmadd_ps(av, _mm512_loadu_ps(xi + 16 * c), acc[c]);
+        }
+        #pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) _mm512_storeu_ps(y + d + 16 * c, acc[c]);
+    }
+    if (d < n) axpy_rows_avx2(y + d, a, x + d, ldx, m, n - d);
+}
 #endif /* CPU_OPS_X86 */
 
 /* ---------------- portable path ---------------- */
@@ -172,9 +323,9 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
             float acc[8] = {0};
             int k = 0;
             for (; k + 8 <= K; k += 8)
-                for (int j = 0; j < 8; j++) acc[j] += bf16_to_f32(wr[k + j]) * xt[k + j];
+                for (int j = 0; j < 8; j++) acc[j] = fmaf(bf16_to_f32(wr[k + j]), xt[k + j], acc[j]);
             float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-            for (; k < K; k++) s += bf16_to_f32(wr[k]) * xt[k];
+            for (; k < K; k++) s = fmaf(bf16_to_f32(wr[k]), xt[k], s);
             out[(size_t)t * ldo + r] = s;
         }
 }
@@ -183,11 +334,14 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
 
 void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
                      const uint16_t *bias, int r0, int r1) {
+    if (!g_init) cpu_ops_init();
+    CpuMatmulFn fn = matmul_portable;
 #ifdef CPU_OPS_X86
-    if (use_avx2()) matmul_avx2(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
-    else
+    if (g_path == CPU_PATH_AVX2_V0) fn = matmul_avx2_v0;
+    else if (g_path == CPU_PATH_AVX2) fn = cpu_matmul_avx2;
+    else if (g_path == CPU_PATH_AVX512) fn = cpu_matmul_avx512;
 #endif
-        matmul_portable(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    fn(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
     if (bias)
         for (int t = 0; t < n; t++)
             for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);
@@ -207,6 +361,28 @@ void cpu_axpy(float *y, float a, const float *x, int n) {
     if (use_avx2()) { axpy_avx2(y, a, x, n); return; }
 #endif
     for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) dot_rows_avx512(out, q, k, ldk, m, n);
+        else dot_rows_avx2(out, q, k, ldk, m, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < m; i++) out[i] = cpu_dot(q, k + (size_t)i * ldk, n);
+}
+
+void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) axpy_rows_avx512(y, a, x, ldx, m, n);
+        else axpy_rows_avx2(y, a, x, ldx, m, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < m; i++) cpu_axpy(y, a[i], x + (size_t)i * ldx, n);
 }
 
 void cpu_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {

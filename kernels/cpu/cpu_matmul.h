@@ -1,0 +1,23 @@
+/*
+ * cpu_matmul.h - private to kernels/cpu: the bf16 matmul kernels of each
+ * path, all with the contract of cpu_matmul_rows (cpu_ops.h) minus the bias,
+ * and all in the reference order documented there. Not a public header:
+ * callers go through cpu_matmul_rows and cpu_ops_force_path.
+ */
+#ifndef SAMPLER_CPU_MATMUL_H
+#define SAMPLER_CPU_MATMUL_H
+
+#include <stdint.h>
+
+/* out[t, r] = sum_k x[t, k] * w[r, k] for t < n, r0 <= r < r1; w: bf16 [rows, K]. */
+typedef void (*CpuMatmulFn)(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K,
+                            int r0, int r1);
+
+#if defined(__x86_64__) || defined(__i386__)
+void cpu_matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
+                     int r1);
+void cpu_matmul_avx512(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
+                       int r1);
+#endif
+
+#endif

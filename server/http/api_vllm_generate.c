@@ -36,6 +36,7 @@
 #include "gen.h"
 #include "gen_rl.h"
 #include "sse.h"
+#include "structured.h"
 
 typedef struct VGen {
     Gen g;
@@ -45,9 +46,7 @@ typedef struct VGen {
 
 /* SamplingParams fields that change results and that the sampler does not
  * implement: refused with a 400 naming them, never ignored. */
-static const char *const UNSUPPORTED_SP[] = {"allowed_token_ids", "bad_words", "structured_outputs",
-                                              "guided_decoding", "logits_processors", "truncate_prompt_tokens",
-                                              "logprob_token_ids"};
+static const char *const UNSUPPORTED_SP[] = {"guided_decoding", "logits_processors", "logprob_token_ids"};
 
 static json_t *tok_key(int32_t id) {
     char k[32];
@@ -312,7 +311,10 @@ static int parse_request(HttpReq *q, json_t *body, VGen *v, GenParams *p, TokIds
         json_t *x = json_object_get(sp, UNSUPPORTED_SP[i]);
         ENSURE(err, !x || json_is_null(x), 400, "sampling_params.%s: not supported by the sampler", UNSUPPORTED_SP[i]);
     }
+    /* allowed_token_ids, bad_words, truncate_prompt_tokens: request_parse_gen and gen_start, as on
+     * /v1/completions; structured_outputs: structured_parse (vLLM's StructuredOutputsParams) */
     if (request_parse_gen(sp, 0, s->vocab, s->cfg.max_n, s->cfg.max_logprobs, p, err) < 0) return -1;
+    if (structured_parse(s, sp, 0, 0, p, err) < 0) return -1;
     p->echo = 0; /* not SamplingParams fields: stream is the request's (below), echo /v1/completions' */
     p->ret_mask |= s->cfg.return_sampling_mask;    /* vLLM's engine-wide flags */
     p->ret_experts |= s->cfg.return_routed_experts;

@@ -272,8 +272,9 @@ def test_n_and_prompt_logprobs(srv):
     ({"token_ids": [], "sampling_params": {}}, None, "token_ids"),
     ({"token_ids": PROMPT}, None, "sampling_params"),
     ({"token_ids": PROMPT, "sampling_params": {"top_k": 3}, "features": {"mm_hashes": {}}}, None, "features"),
-    ({"token_ids": PROMPT, "sampling_params": {"allowed_token_ids": [1, 2]}}, None,
-     "sampling_params.allowed_token_ids"),
+    ({"token_ids": PROMPT, "sampling_params": {"logits_processors": ["x"]}}, None,
+     "sampling_params.logits_processors"),
+    ({"token_ids": PROMPT, "sampling_params": {"structured_outputs": {"regex": "("}}}, None, "structured_outputs"),
     ({"token_ids": PROMPT, "sampling_params": {"return_sampling_mask": True}}, None,
      "sampling_params.return_sampling_mask"),  # untruncated: an unbounded support (vLLM needs top_k > 0)
     ({"token_ids": PROMPT, "sampling_params": {"max_tokens": 10 ** 6}}, None, "max_tokens"),
@@ -438,3 +439,27 @@ def test_streamed_prompt_routing_sent_once_and_whole(moe):
     assert carrying[0]["prompt_ids"] == we["prompt_ids"]
     ids = [x for c in chunks if c["choices"] for x in (c["choices"][0].get("routed_experts") or {}).get("ids", [])]
     assert ids == we["ids"]
+
+
+def test_sampling_params_that_constrain(srv):
+    """SamplingParams fields vLLM applies are applied here too, as on
+    /v1/completions: allowed_token_ids (only those ids come out),
+    truncate_prompt_tokens (the prompt's last k tokens, usage says k),
+    structured_outputs (vLLM's StructuredOutputsParams: a choice decodes to one
+    of its strings, and the result equals /v1/completions' guided_choice)."""
+    r = gen(srv, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 1.0, "seed": 3,
+                                                         "ignore_eos": True, "allowed_token_ids": [11, 12, 13]}})
+    ids = r["choices"][0]["token_ids"]
+    assert len(ids) == 8 and set(ids) <= {11, 12, 13}, ids
+    r = gen(srv, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2, "truncate_prompt_tokens": 3}})
+    assert r["usage"]["prompt_tokens"] == 3, r["usage"]
+    opts = ["yes", "no", "maybe"]
+    sp = {"max_tokens": 8, "temperature": 1.0, "seed": 5, "structured_outputs": {"choice": opts}}
+    r = gen(srv, {"token_ids": PROMPT, "sampling_params": sp})
+    ids = r["choices"][0]["token_ids"]
+    assert r["choices"][0]["finish_reason"] == "stop" and ids[-1] in (151643, 151645), r  # ends at EOS, kept as vLLM
+    st, d = srv.post("/detokenize", {"tokens": ids[:-1]})
+    assert st == 200 and d["prompt"] in opts, (ids, d)
+    st, c = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 5,
+                                         "guided_choice": opts, "return_token_ids": True})
+    assert st == 200 and c["choices"][0]["token_ids"] in (ids, ids[:-1]), (c, ids)

@@ -41,8 +41,5 @@ int32_t *gen_rl_experts(Gen *g, Choice *c, int n, int *n_pos, Err *err);
 /* Weight-version segments of the first n records of c, prime-rl's shape:
  * [[version, first token index], ...], one per run of equal versions. */
 json_t *gen_rl_version_segments(Gen *g, Choice *c, int n);
-/* Prompt tokens the prefix cache served (the first admission), summed over
- * the prompts of g (vLLM num_cached_tokens). */
-long long gen_rl_cached_tokens(Gen *g);
 
 #endif

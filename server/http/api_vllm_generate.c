@@ -166,13 +166,6 @@ static int add_final(VGen *v, Choice *c, json_t *ch, Err *err) {
     return 0;
 }
 
-static json_t *usage_json(Gen *g) {
-    json_t *u = gen_usage(g), *d = json_object();
-    json_object_set_new(d, "cached_tokens", json_integer(gen_rl_cached_tokens(g)));
-    json_object_set_new(u, "prompt_tokens_details", d);
-    return u;
-}
-
 static json_t *head(VGen *v, int whole) {
     json_t *o = json_object();
     json_object_set_new(o, "request_id", json_string(v->rid));
@@ -203,7 +196,7 @@ static int respond_whole(HttpReq *q, VGen *v) {
         }
     }
     json_object_set_new(o, "choices", choices);
-    json_object_set_new(o, "usage", usage_json(g));
+    json_object_set_new(o, "usage", gen_usage(g));
     json_object_set_new(o, "prompt_logprobs", g->p.prompt_logprobs >= 0 ? gen_prompt_logprobs(g, 0) : json_null());
     json_object_set_new(o, "kv_transfer_params", json_null());
     json_object_set_new(o, "weight_version",
@@ -226,7 +219,7 @@ static int fill(void *ctx, Buf *out) {
             if (g->p.include_usage) {
                 json_t *o = head(v, 0);
                 json_object_set_new(o, "choices", json_array());
-                json_object_set_new(o, "usage", usage_json(g));
+                json_object_set_new(o, "usage", gen_usage(g));
                 sse_event_json(out, o);
             }
             sse_done(out);
@@ -257,7 +250,7 @@ static int fill(void *ctx, Buf *out) {
             json_t *o = head(v, 0), *arr = json_array();
             json_array_append_new(arr, ch);
             json_object_set_new(o, "choices", arr);
-            json_object_set_new(o, "usage", g->p.continuous_usage ? usage_json(g) : json_null());
+            json_object_set_new(o, "usage", g->p.continuous_usage ? gen_usage(g) : json_null());
             sse_event_json(out, o);
             c->started = 1;
             c->n_sent = to;

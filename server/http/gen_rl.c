@@ -90,8 +90,3 @@ json_t *gen_rl_version_segments(Gen *g, Choice *c, int n) {
     return a;
 }
 
-long long gen_rl_cached_tokens(Gen *g) {
-    long long n = 0;
-    for (int i = 0; i < g->n_prompts; i++) n += engine_request_cached_tokens(g->reqs[i]);
-    return n;
-}

@@ -4,39 +4,16 @@ fleet tests and bench/fleet.py. Step k moves a sparse set of elements of a few
 BF16 tensors (enough to change greedy output)."""
 import os
 import shutil
-import struct
 import subprocess
 
 import numpy as np
 
 from conftest import ROOT
 from delta_ckpt import TRAINER, parse_delta
+from st_file import read_st, write_st
 
 TINY = os.path.join(ROOT, "models/tiny-qwen3")
 STEP_TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight")
-
-
-def read_st(path):
-    import json
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n])
-    hdr.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in sorted(hdr.items(), key=lambda kv: kv[1]["data_offsets"][0])}
-
-
-def write_st(path, tensors):
-    import json
-    header, off = {}, 0
-    for k, (dt, shape, b) in tensors.items():
-        header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(b for _, _, b in tensors.values()))
 
 
 def make_chain(base, n_steps):

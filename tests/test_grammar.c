@@ -279,6 +279,21 @@ int main(void) {
         }
         grammar_unref(g);
     }
+    /* a mask cache at its budget: positions not cached take the exact walk,
+     * with the same masks (fast == slow at every step), and the cache stops growing */
+    for (int i = 0; gbnfs[i]; i++) {
+        Grammar *g = compile_ok(v, GRAMMAR_GBNF, gbnfs[i]);
+        if (!g) continue;
+        grammar_set_cache_max(g, i % 2 ? 0 : 4096);
+        for (int w = 0; w < 8; w++) {
+            int ended, bad = 0;
+            free(walk(v, toks, g, eos, NULL, 16, w & 1, &ended, &bad));
+            T_ASSERT(bad == 0, "gbnf %d walk %d, cache budget %d", i, w, i % 2 ? 0 : 4096);
+        }
+        T_ASSERT(i % 2 == 0 || grammar_cache_kb(g) == 0, "gbnf %d: a zero budget cached %zu KB", i,
+                 grammar_cache_kb(g));
+        grammar_unref(g);
+    }
     /* JSON schemas on the synthetic vocabulary: walks that end parse as JSON */
     const char *schemas[] = {
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":3},"

@@ -72,6 +72,11 @@
 #define GRAMMAR_MAX_REPEAT 1000   /* {m,n} bounds, maxLength, minLength, maxItems */
 #define GRAMMAR_MAX_NODES 200000  /* NFA nodes of one compiled grammar */
 #define GRAMMAR_MAX_SOURCE (1 << 20) /* bytes of grammar / schema text */
+/* Bytes of one grammar's mask cache. Past it, positions whose entry is not
+ * cached yet get the exact walk over the matcher's whole state (the same
+ * masks, slower), so a server holds at most its cache's grammars (structured.h:
+ * GRAMMAR_CACHE_CAP) x (this + the NFA) whatever clients send. */
+#define GRAMMAR_CACHE_MAX_BYTES ((size_t)32 << 20)
 
 typedef enum {
     GRAMMAR_GBNF = 0,
@@ -105,6 +110,8 @@ const GrammarVocab *grammar_vocab(const Grammar *g);
 int grammar_n_nodes(const Grammar *g);
 /* KB held by the grammar's mask cache so far. */
 size_t grammar_cache_kb(Grammar *g);
+/* Lower the mask-cache budget (tests; default GRAMMAR_CACHE_MAX_BYTES). */
+void grammar_set_cache_max(Grammar *g, size_t bytes);
 
 /* A JSON Schema as GBNF text appended to out (what GRAMMAR_JSON_SCHEMA
  * compiles); root_name names its start rule. 0 or <0 with a 400 err. */

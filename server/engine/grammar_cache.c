@@ -40,6 +40,12 @@ size_t grammar_cache_kb(Grammar *g) {
     return b >> 10;
 }
 
+void grammar_set_cache_max(Grammar *g, size_t bytes) {
+    pthread_mutex_lock(&g->mu);
+    g->cache_max = bytes;
+    pthread_mutex_unlock(&g->mu);
+}
+
 /* guided_choice: root ::= "a" | "b" | ... */
 static int choice_ast(Ast *a, const char *src, size_t len, Err *err) {
     json_error_t je;

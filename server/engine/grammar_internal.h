@@ -93,6 +93,7 @@ struct Grammar {
     pthread_mutex_t mu; /* fills cache entries */
     MaskEntry *cache;   /* [n_nodes] */
     size_t cache_bytes; /* under mu */
+    size_t cache_max;   /* cache_bytes stops growing here (GRAMMAR_CACHE_MAX_BYTES; under mu) */
     struct Walk *walk;  /* trie-walk scratch, made on first use (under mu) */
 };
 

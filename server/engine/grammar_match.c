@@ -483,12 +483,18 @@ static int cmp_i32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Entry for top node p, built on first use. NULL when out of memory. */
-static const MaskEntry *entry_get(Grammar *g, int p) {
+/* Entry for top node p, built on first use. NULL when out of memory, or
+ * (*full = 1) when the cache is at its budget and p's entry is not in it. */
+static const MaskEntry *entry_get(Grammar *g, int p, int *full) {
     MaskEntry *e = &g->cache[p];
     if (atomic_load_explicit(&e->ready, memory_order_acquire)) return e;
     pthread_mutex_lock(&g->mu);
     if (!atomic_load_explicit(&e->ready, memory_order_relaxed)) {
+        if (g->cache_bytes >= g->cache_max) {
+            pthread_mutex_unlock(&g->mu);
+            *full = 1;
+            return NULL;
+        }
         if (!g->walk) g->walk = walk_create(g->v);
         Walk *w = g->walk;
         if (!w) { pthread_mutex_unlock(&g->mu); return NULL; }
@@ -558,6 +564,28 @@ int grammar_matcher_fill_mask_slow(GrammarMatcher *m, uint64_t *bits, const int3
     return finish_mask(m, bits, end_ids, n_end);
 }
 
+/* The exact mask over the matcher's whole state by one walk, without the
+ * cache (states too deep for it, or a cache at its budget); under the
+ * grammar's lock (its walk scratch). */
+static int fill_exact(GrammarMatcher *m, uint64_t *bits, const int32_t *end_ids, int n_end) {
+    Grammar *g = m->g;
+    const GrammarVocab *v = g->v;
+    const SS *T = &m->cur;
+    memset(bits, 0, (size_t)v->words * 8);
+    pthread_mutex_lock(&g->mu);
+    if (!g->walk) g->walk = walk_create(v);
+    int ovf = 0;
+    if (g->walk) {
+        uint64_t none[4] = { 0 };
+        walk_run(g, g->walk, T, 0, none, &ovf);
+        for (int k = 0; k < g->walk->n_acc; k++) bits[g->walk->acc[k] >> 6] |= 1ull << (g->walk->acc[k] & 63);
+    }
+    int ok = g->walk && !ovf;
+    pthread_mutex_unlock(&g->mu);
+    if (!ok) { memset(bits, 0, (size_t)v->words * 8); m->dead = 1; return 0; }
+    return finish_mask(m, bits, end_ids, n_end);
+}
+
 int grammar_matcher_fill_mask(GrammarMatcher *m, uint64_t *bits, const int32_t *end_ids, int n_end) {
     Grammar *g = m->g;
     const GrammarVocab *v = g->v;
@@ -565,21 +593,7 @@ int grammar_matcher_fill_mask(GrammarMatcher *m, uint64_t *bits, const int32_t *
     m->limited = 0;
     if (m->done || m->dead) return 0;
     const SS *T = &m->cur;
-    if (T->max_depth > GRAMMAR_MAX_DEPTH / 2) {
-        /* deep: the exact walk over the full state, under the grammar's lock (its scratch) */
-        pthread_mutex_lock(&g->mu);
-        if (!g->walk) g->walk = walk_create(v);
-        int ovf = 0;
-        if (g->walk) {
-            uint64_t none[4] = { 0 };
-            walk_run(g, g->walk, T, 0, none, &ovf);
-            for (int k = 0; k < g->walk->n_acc; k++) bits[g->walk->acc[k] >> 6] |= 1ull << (g->walk->acc[k] & 63);
-        }
-        int ok = g->walk && !ovf;
-        pthread_mutex_unlock(&g->mu);
-        if (!ok) { memset(bits, 0, (size_t)v->words * 8); m->dead = 1; return 0; }
-        return finish_mask(m, bits, end_ids, n_end);
-    }
+    if (T->max_depth > GRAMMAR_MAX_DEPTH / 2) return fill_exact(m, bits, end_ids, n_end);
     int32_t tops[M_STACKS];
     int nt = 0;
     for (int i = 0; i < T->n; i++) {
@@ -589,7 +603,9 @@ int grammar_matcher_fill_mask(GrammarMatcher *m, uint64_t *bits, const int32_t *
         if (!dup) tops[nt++] = p;
     }
     for (int k = 0; k < nt; k++) {
-        const MaskEntry *e = entry_get(g, tops[k]);
+        int full = 0;
+        const MaskEntry *e = entry_get(g, tops[k], &full);
+        if (full) return fill_exact(m, bits, end_ids, n_end); /* memset by it */
         if (!e) { m->dead = 1; memset(bits, 0, (size_t)v->words * 8); return 0; }
         if (e->acc_bits) for (int i = 0; i < v->words; i++) bits[i] |= e->acc_bits[i];
         else for (int i = 0; i < e->n_acc; i++) bits[e->acc[i] >> 6] |= 1ull << (e->acc[i] & 63);

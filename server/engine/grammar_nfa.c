@@ -150,6 +150,7 @@ Grammar *grammar_alloc(const GrammarVocab *v) {
     atomic_init(&g->refs, 1);
     g->v = v;
     pthread_mutex_init(&g->mu, NULL);
+    g->cache_max = GRAMMAR_CACHE_MAX_BYTES;
     return g;
 }
 

@@ -20,10 +20,13 @@ typedef struct Out {
     ToolCall calls[16];
 } Out;
 
+static int g_max_calls = -1; /* >= 0: tool_parser_max_calls for the next feeds */
+
 /* Feed text cut at the given boundaries (piece sizes cycling through step). */
 static void feed(const char *text, size_t n, size_t step, size_t cut, int think, int tools, Out *o) {
     memset(o, 0, sizeof *o);
     ToolParser *p = tool_parser_create(think, tools);
+    if (g_max_calls >= 0) tool_parser_max_calls(p, g_max_calls);
     size_t i = 0;
     while (i < n) {
         size_t k = cut ? (i < cut ? cut - i : n - i) : step;
@@ -76,6 +79,30 @@ static void check_case(json_t *c, size_t step, size_t cut) {
     out_free(&o);
 }
 
+/* parallel_tool_calls: false (vLLM keeps the first call): a golden turn with
+ * several calls gives its first call only, the same reasoning and content
+ * (the dropped calls never turn into text), fed whole and in every split. */
+static void check_first_call_only(json_t *c, size_t step, size_t cut) {
+    const char *text = json_string_value(json_object_get(c, "text"));
+    json_t *calls = json_object_get(c, "calls");
+    Out o;
+    g_max_calls = 1;
+    feed(text, strlen(text), step, cut, 1, 1, &o);
+    g_max_calls = -1;
+    T_ASSERT(o.n_calls == 1, "%d calls with max 1 (step %zu cut %zu)", o.n_calls, step, cut);
+    json_t *w = json_array_get(calls, 0);
+    if (o.n_calls >= 1) {
+        T_ASSERT(!strcmp(o.calls[0].name, json_string_value(json_object_get(w, "name"))), "name %s", o.calls[0].name);
+        T_ASSERT(!strcmp(o.calls[0].arguments, json_string_value(json_object_get(w, "arguments"))), "arguments %s",
+                 o.calls[0].arguments);
+    }
+    T_ASSERT(strip_eq(&o.content, json_string_value(json_object_get(c, "content")), " \n"),
+             "content '%s' with max 1 (step %zu cut %zu)", o.content.p, step, cut);
+    T_ASSERT(strip_eq(&o.reasoning, json_string_value(json_object_get(c, "reasoning")), "\n"),
+             "reasoning '%s' with max 1", o.reasoning.p);
+    out_free(&o);
+}
+
 static void check_literal(const char *text, int think, int tools, const char *content, const char *reasoning,
                           int n_calls) {
     size_t n = strlen(text);
@@ -103,6 +130,16 @@ int main(void) {
         for (size_t step = 1; step <= 7; step++) check_case(c, step, 0);
         for (size_t cut = 1; cut < n; cut++) check_case(c, 0, cut);
     }
+    int multi = 0;
+    json_array_foreach(g, i, c) {
+        if (json_array_size(json_object_get(c, "calls")) < 2) continue;
+        multi++;
+        size_t n = strlen(json_string_value(json_object_get(c, "text")));
+        check_first_call_only(c, n, 0);
+        for (size_t step = 1; step <= 7; step++) check_first_call_only(c, step, 0);
+        for (size_t cut = 1; cut < n; cut++) check_first_call_only(c, 0, cut);
+    }
+    T_ASSERT(multi > 0, "the golden file has no turn with several calls");
     json_decref(g);
 
     /* Documented pass-through and mode switches. */

@@ -30,6 +30,11 @@ typedef struct ToolParser ToolParser;
 
 /* think: recognise <think>...</think>; tools: recognise <tool_call> blocks. */
 ToolParser *tool_parser_create(int think, int tools);
+/* Return at most max completed calls (max >= 0); later calls are parsed and
+ * dropped, not passed through as content: vLLM's parallel_tool_calls: false
+ * (maybe_filter_parallel_tool_calls keeps the first call of a whole answer
+ * and the deltas of call index 0 of a stream). Default: no limit. */
+void tool_parser_max_calls(ToolParser *p, int max);
 void tool_parser_free(ToolParser *p);
 /* Feed the next piece of text. */
 void tool_parser_push(ToolParser *p, const char *s, size_t n);

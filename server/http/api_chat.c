@@ -17,6 +17,8 @@
 #include "structured.h"
 #include "tool_parse.h"
 
+#include <limits.h>
+
 typedef struct ChatOut {
     ToolParser *tp;
     int n_calls;
@@ -25,6 +27,7 @@ typedef struct ChatOut {
 typedef struct Chat {
     Gen g;
     int tools;            /* tool calls are parsed */
+    int max_calls;        /* calls returned per choice: 1 with parallel_tool_calls false (vLLM), else INT_MAX */
     ChatOut *outs;        /* [n_ch] */
     char *echo;           /* echo: the final assistant message's content (vLLM), or NULL */
 } Chat;
@@ -213,6 +216,7 @@ static int respond_whole(HttpReq *q, Chat *ch) {
     for (int i = 0; i < g->n_ch; i++) {
         Choice *c = &g->ch[i];
         ToolParser *tp = tool_parser_create(g->s->cfg.reasoning_parser, ch->tools);
+        tool_parser_max_calls(tp, ch->max_calls);
         tool_parser_push(tp, c->text.p ? c->text.p : "", c->text.n);
         tool_parser_finish(tp);
         Buf content = {0}, reasoning = {0};
@@ -398,6 +402,7 @@ int api_chat(HttpReq *q, json_t *body) {
     }
     Chat *ch = calloc(1, sizeof *ch);
     ch->tools = tools_on;
+    ch->max_calls = json_is_false(json_object_get(body, "parallel_tool_calls")) ? 1 : INT_MAX;
     if (p.chat_echo) ch->echo = echo_text(body);
     if (gen_start(&ch->g, s, http_conn_fd(q), &p, prompt, 1, "chatcmpl", &err) < 0) {
         chat_free(ch);
@@ -407,7 +412,10 @@ int api_chat(HttpReq *q, json_t *body) {
     g->count_reasoning = s->cfg.reasoning_parser;
     if (g->p.stream) {
         ch->outs = calloc((size_t)g->n_ch, sizeof *ch->outs);
-        for (int i = 0; i < g->n_ch; i++) ch->outs[i].tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);
+        for (int i = 0; i < g->n_ch; i++) {
+            ch->outs[i].tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);
+            tool_parser_max_calls(ch->outs[i].tp, ch->max_calls);
+        }
         return http_send_stream(q, fill, done, ch);
     }
     int r;

@@ -460,6 +460,8 @@ int api_messages(HttpReq *q, json_t *body) {
     }
     m->cur = -1;
     m->tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);
+    json_t *tc = json_object_get(body, "tool_choice"); /* validated by prepare */
+    if (json_is_true(json_object_get(tc, "disable_parallel_tool_use"))) tool_parser_max_calls(m->tp, 1);
     if (gen_start(&m->g, s, http_conn_fd(q), &p, prompt, 1, "msg", &err) < 0) {
         dialect_rename_err(&err, RENAMES, N_RENAMES);
         msg_free(m);

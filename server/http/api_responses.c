@@ -476,6 +476,7 @@ int api_responses(HttpReq *q, json_t *body) {
     r->body = json_incref(body);
     r->output = json_array();
     r->tp = tool_parser_create(s->cfg.reasoning_parser, tools_on);
+    if (json_is_false(json_object_get(body, "parallel_tool_calls"))) tool_parser_max_calls(r->tp, 1); /* as vLLM */
     if (gen_start(&r->g, s, http_conn_fd(q), &p, prompt, 1, "resp", &err) < 0) {
         dialect_rename_err(&err, RENAMES, N_RENAMES);
         resp_free(r);

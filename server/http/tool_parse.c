@@ -9,6 +9,7 @@
 #include "tool_parse.h"
 
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -28,6 +29,7 @@ struct ToolParser {
     Buf content, reasoning; /* decided, not yet taken */
     ToolCall *calls;        /* [n_calls] decided, not yet taken */
     int n_calls, cap_calls;
+    int n_seen, max_calls;  /* calls completed so far; the most returned (INT_MAX: all) */
 };
 
 ToolParser *tool_parser_create(int think, int tools) {
@@ -35,7 +37,13 @@ ToolParser *tool_parser_create(int think, int tools) {
     p->think = think;
     p->tools = tools;
     p->state = think ? S_START : S_CONTENT;
+    p->max_calls = INT_MAX;
     return p;
+}
+
+void tool_parser_max_calls(ToolParser *p, int max) {
+    ASSERT(max >= 0, "tool_parser_max_calls(%d)", max);
+    p->max_calls = max;
 }
 
 void tool_call_free(ToolCall *c) {
@@ -94,6 +102,10 @@ static int parse_call(const char *s, size_t n, ToolCall *out) {
 }
 
 static void add_call(ToolParser *p, ToolCall c) {
+    if (p->n_seen++ >= p->max_calls) { /* past the limit: parsed, never returned */
+        tool_call_free(&c);
+        return;
+    }
     if (p->n_calls == p->cap_calls) {
         p->cap_calls = p->cap_calls ? 2 * p->cap_calls : 4;
         p->calls = realloc(p->calls, sizeof(ToolCall) * (size_t)p->cap_calls);

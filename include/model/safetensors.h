@@ -3,7 +3,12 @@
  * one file, or a directory with model.safetensors or sharded files listed in
  * model.safetensors.index.json. Files are memory-mapped MAP_PRIVATE (writes
  * to a mapping stay in this process: the sampler patches weights in place
- * without touching the files on disk).
+ * without touching the files on disk), or, for the weights a server serves,
+ * read into private anonymous memory (safetensors_open_private): a file
+ * mapping follows later writes to its file (clean pages are re-read from it,
+ * and truncating it unmaps even patched pages: SIGBUS), so serving from a
+ * mapping would let a trainer overwriting the checkpoint in place change or
+ * crash the served model.
  *
  * Every header field is validated before use: a truncated or lying file is
  * an error naming the file and the tensor, never a crash. This is a request
@@ -36,7 +41,7 @@ typedef struct StTensor {
 typedef struct SafeTensors {
     int n_files;
     char **paths;    /* [n_files] */
-    uint8_t **maps;  /* [n_files] mmap base */
+    uint8_t **maps;  /* [n_files] mmap base (a file mapping or private anonymous memory) */
     size_t *sizes;   /* [n_files] file sizes */
     int n;
     StTensor *t;     /* [n] sorted by name */
@@ -52,8 +57,13 @@ int safetensors_open(SafeTensors **out, const char *path, Err *err);
 typedef struct StOpener {
     int (*open)(void *ctx, const char *path, Err *err);
     void *ctx;
+    int copy;  /* 1: read each file into private memory instead of mapping it */
 } StOpener;
 int safetensors_open_with(SafeTensors **out, const char *path, const StOpener *op, Err *err);
+/* safetensors_open, each file read whole into private anonymous memory (its
+ * size in RAM, the same as a fully touched mapping): later writes to the files
+ * cannot reach the result; a file that changes size while read is an error. */
+int safetensors_open_private(SafeTensors **out, const char *path, Err *err);
 /* Parse one in-memory safetensors image (header + data). The buffer must
  * outlive the result; used by the fuzzer and the file opener. */
 int safetensors_parse(SafeTensors *st, int file, uint8_t *buf, size_t size, const char *label, Err *err);

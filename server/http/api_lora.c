@@ -270,7 +270,7 @@ static int load_request(Server *s, json_t *body, char *msg, size_t cap, Err *err
     ENSURE(err, slot >= 0, 400, "lora_name: all %d LoRA slots are in use (--max-loras); unload an adapter first",
            s->cfg.engine.max_loras);
     ReloadConfine c = {s, path};
-    StOpener op = {reload_confined_open, &c};
+    StOpener op = {reload_confined_open, &c, 0};
     if (load_into(s, slot, name, path, &op, have >= 0, err)) return -1;
     snprintf(msg, cap, "Success: LoRA adapter '%s' added successfully.", name);
     return 0;

@@ -158,7 +158,7 @@ static int reload_prepare(Server *s, const char *given, uint64_t version, const 
     ENSURE(err, ok, 403, "%s: no checkpoint directory there inside the --reload-root directories", given);
     int rc = check_config(s, &c, r->real, err);
     if (rc) return rc;
-    StOpener op = {reload_confined_open, &c};
+    StOpener op = {reload_confined_open, &c, 0};
     if ((rc = safetensors_open_with(&r->st, r->real, &op, err))) return rc;
     if ((rc = check_layout(s->wv, r->st, given, err))) return rc;
     r->nw = weight_version_from_safetensors(r->st, tgt->n_threads);

@@ -185,7 +185,7 @@ int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *e
     *out = NULL;
     Model *m = xcalloc(1, sizeof *m);
     int rc = model_config_load(&m->cfg, dir, err);
-    if (!rc) rc = safetensors_open(&m->st, dir, err);
+    if (!rc) rc = safetensors_open_private(&m->st, dir, err); /* served weights: not a mapping (safetensors.h) */
     Loader L = {m, dir, err};
     if (!rc) rc = check_precision(m, opt, dir, err);
     if (!rc) rc = load_weights(&L);

@@ -1,6 +1,7 @@
 /*
- * safetensors.c - validated, memory-mapped reader of safetensors files and
- * sharded checkpoint directories (see safetensors.h).
+ * safetensors.c - validated reader of safetensors files and sharded
+ * checkpoint directories, memory-mapped or read into private memory (see
+ * safetensors.h).
  *
  * File layout: u64 little-endian header length N, N bytes of JSON
  * {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
@@ -8,9 +9,11 @@
  */
 #include "safetensors.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -100,7 +103,39 @@ static int open_plain(void *ctx, const char *path, Err *err) {
     return fd;
 }
 
-static const StOpener plain_opener = {open_plain, NULL};
+static const StOpener plain_opener = {open_plain, NULL, 0};
+static const StOpener private_opener = {open_plain, NULL, 1};
+
+/* size bytes of fd into fresh private anonymous memory (huge pages where the
+ * kernel gives them: a weight stream then walks far fewer TLB entries). A
+ * file that shrinks or grows while it is read is an error: the image would
+ * not be one version of the file. */
+static int read_private(int fd, size_t size, const char *path, void **out, Err *err) {
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ENSURE(err, m != MAP_FAILED, 503, "%s: cannot allocate %zu bytes to read it into: %s", path, size, strerror(errno));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(m, size, MADV_HUGEPAGE);
+#endif
+    size_t off = 0;
+    while (off < size) {
+        size_t want = size - off < ((size_t)1 << 30) ? size - off : ((size_t)1 << 30);
+        ssize_t got = pread(fd, (uint8_t *)m + off, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            munmap(m, size);
+            return got < 0 ? ERR(err, 500, "%s: read: %s", path, strerror(errno))
+                           : ERR(err, 409, "%s: the file shrank while it was read (written by another process?)", path);
+        }
+        off += (size_t)got;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != size) {
+        munmap(m, size);
+        return ERR(err, 409, "%s: the file changed size while it was read (written by another process?)", path);
+    }
+    *out = m;
+    return 0;
+}
 
 static int map_file(SafeTensors *st, const char *path, const StOpener *op, Err *err) {
     int fd = op->open(op->ctx, path, err);
@@ -111,9 +146,16 @@ static int map_file(SafeTensors *st, const char *path, const StOpener *op, Err *
         return ERR(err, 500, "%s: fstat: %s", path, strerror(errno));
     }
     size_t size = (size_t)sb.st_size;
-    void *m = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : NULL;
-    close(fd);
-    ENSURE(err, size == 0 || m != MAP_FAILED, 500, "%s: mmap: %s", path, strerror(errno));
+    void *m = NULL;
+    if (size && op->copy) {
+        int rc = read_private(fd, size, path, &m, err);
+        close(fd);
+        if (rc) return rc;
+    } else {
+        m = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : NULL;
+        close(fd);
+        ENSURE(err, size == 0 || m != MAP_FAILED, 500, "%s: mmap: %s", path, strerror(errno));
+    }
     int i = st->n_files++;
     st->paths = realloc(st->paths, sizeof(char *) * (size_t)st->n_files);
     st->maps = realloc(st->maps, sizeof(uint8_t *) * (size_t)st->n_files);
@@ -177,6 +219,10 @@ out:
 
 int safetensors_open(SafeTensors **out, const char *path, Err *err) {
     return safetensors_open_with(out, path, &plain_opener, err);
+}
+
+int safetensors_open_private(SafeTensors **out, const char *path, Err *err) {
+    return safetensors_open_with(out, path, &private_opener, err);
 }
 
 int safetensors_open_with(SafeTensors **out, const char *path, const StOpener *op, Err *err) {

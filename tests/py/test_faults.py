@@ -448,3 +448,34 @@ def test_delta_while_64_streams_tags_every_token(delta01):
           f"v0-tagged |lp - lp_v0| max {max(err0):.2g}; v1-tagged |lp - lp_v0| min {min(gap1):.2g}")
     assert max(err0) < 1e-6
     assert min(gap1) > 1e-6, "a token tagged with the new version has the old weights' log-prob"
+
+
+# ---- the checkpoint on disk changes under a running server ----
+
+def test_checkpoint_overwritten_in_place_does_not_reach_the_served_model(tmp_path):
+    """A trainer writing a new checkpoint over the one a sampler serves (same
+    path: safetensors' save_file truncates and rewrites the inode) must not
+    change the served weights: the server reads its weights into private
+    memory at load (safetensors.h). On a file mapping the truncation unmaps
+    the pages (SIGBUS at the next step) or the rewrite shows through."""
+    d = str(tmp_path / "m")
+    shutil.copytree(TINY, d)
+    body = {"prompt": "The weather today is", "max_tokens": 8, "temperature": 0, "logprobs": 1}
+    s = Server(model=d)
+    try:
+        st, before = s.post("/v1/completions", body)
+        assert st == 200, before
+        path = os.path.join(d, "model.safetensors")
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:  # truncate, then rewrite the same size with other bytes
+            f.truncate(0)
+            f.flush()
+            os.fsync(f.fileno())
+            f.write(os.urandom(size))
+        st, after = s.post("/v1/completions", body)
+        assert st == 200, after
+        assert after["choices"][0]["text"] == before["choices"][0]["text"]
+        assert after["choices"][0]["logprobs"]["token_logprobs"] == before["choices"][0]["logprobs"]["token_logprobs"]
+        assert s.proc.poll() is None
+    finally:
+        s.stop()

@@ -65,7 +65,12 @@ int cuda_quant_act_nvfp4(uint8_t *xq, uint8_t *sf, float *xg, const float *x, in
 /* cuBLASLt's VEC16_UE4M3 scale layout for an operand of `outer` rows and nb = K/16
  * scales per row: 128 x 4 tiles of 512 bytes, tile (r / 128, b / 4) row-major over
  * ceil(nb / 4) tiles per 128 rows, inside a tile (r % 32) * 16 + (r % 128 / 32) * 4 + b % 4. */
-static inline size_t cuda_nvfp4_sf_offset(int r, int b, int nb) {
+#ifdef __CUDACC__
+#define CUDA_NATIVE_HD __host__ __device__ /* the kernels and the host both compute it */
+#else
+#define CUDA_NATIVE_HD
+#endif
+static inline CUDA_NATIVE_HD size_t cuda_nvfp4_sf_offset(int r, int b, int nb) {
     size_t tiles_k = (size_t)(nb + 3) / 4;
     return ((size_t)(r / 128) * tiles_k + (size_t)(b / 4)) * 512 + (size_t)(r % 32) * 16 + (size_t)(r % 128 / 32) * 4 +
            (size_t)(b % 4);

@@ -111,6 +111,7 @@ extern "C" void cuda_lt_free(CudaLt *lt) {
     free(lt);
 }
 
+#ifdef LT_HAS_FP8_ROWWISE /* sm_80 has no native GEMM: no plans */
 static int set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t a, const void *v, size_t bytes) {
     return cublasLtMatmulDescSetAttribute(op, a, v, bytes) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
@@ -179,6 +180,8 @@ static int lt_run(CudaLt *lt, LtPlan *p, float alpha, const void *A, const void 
                               LT_WORKSPACE, s));
     return 0;
 }
+
+#endif
 
 extern "C" int cuda_gemm_fp8_block(CudaLt *lt, float *out, const uint8_t *xq, const float *xs, int n,
                                    const uint8_t *W, const float *ws, int rows, int cols, const uint16_t *bias,

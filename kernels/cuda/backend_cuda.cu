@@ -257,7 +257,7 @@ extern "C" int backend_cuda_native_kind(const WeightMat *w) {
 static int native_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
     int kind = backend_cuda_native_kind(w), rows = w->rows, cols = w->cols, rc;
-    if (!kind) return -1;
+    if (!kind || n > 65535) return -1; /* the FP8 quantizer's grid holds up to 65535 tokens */
     if (kind != CUDA_NATIVE_NVFP4) {
         int group = kind == CUDA_NATIVE_FP8_BLOCK ? QUANT_FP8_GROUP : cols;
         scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)n * cols);

@@ -22,6 +22,9 @@
  * against the emulation's reference cuBLASLt (tests/gpu/emu/shim/cublasLt.h,
  * which implements this reading of the docs) in CI.
  *
+ * Operands, outputs and block-scale tensors must be 16-byte aligned (the
+ * heuristic is asked for algorithms valid at 16; a launcher refuses less, and
+ * the backend then runs the weight-only kernel).
  * Algorithms: one heuristic query per (kind, rows, n, cols), cached in the
  * CudaLt with its descriptors (CUDA_LT_PLANS entries, replaced round-robin),
  * so a step allocates nothing once its shapes were seen. No algorithm: -1.
@@ -90,6 +93,14 @@ extern "C" CudaLt *cuda_lt_create(void) {
     size_t wsb = LT_WORKSPACE;
     CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
                                                     sizeof wsb));
+    /* Algorithms valid for 16-byte aligned operands (the launchers refuse less): the
+     * default assumes 256, which a row offset into an activation buffer need not have. */
+    const cublasLtMatmulPreferenceAttributes_t al[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    uint32_t sixteen = 16;
+    for (int i = 0; i < 4; i++)
+        CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt->pref, al[i], &sixteen, sizeof sixteen));
     return lt;
 }
 
@@ -112,6 +123,8 @@ extern "C" void cuda_lt_free(CudaLt *lt) {
 }
 
 #ifdef LT_HAS_FP8_ROWWISE /* sm_80 has no native GEMM: no plans */
+static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 static int set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t a, const void *v, size_t bytes) {
     return cublasLtMatmulDescSetAttribute(op, a, v, bytes) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
@@ -187,7 +200,9 @@ extern "C" int cuda_gemm_fp8_block(CudaLt *lt, float *out, const uint8_t *xq, co
                                    const uint8_t *W, const float *ws, int rows, int cols, const uint16_t *bias,
                                    void *stream) {
 #ifdef LT_HAS_FP8_BLOCK
-    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 512 || !out || !xq || !xs || !W || !ws) return -1;
+    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 512 || !out || !xq || !xs || !W || !ws ||
+        !al16(out) || !al16(xq) || !al16(W) || !al16(xs) || !al16(ws))
+        return -1;
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_FP8_BLOCK, rows, n, cols);
     if (!p || lt_run(lt, p, 1.f, W, ws, xq, xs, out, (cudaStream_t)stream)) return -1;
@@ -203,7 +218,9 @@ extern "C" int cuda_gemm_fp8_rowwise(CudaLt *lt, float *out, const uint8_t *xq, 
                                      const uint8_t *W, const float *ws, int rows, int cols, const uint16_t *bias,
                                      void *stream) {
 #ifdef LT_HAS_FP8_ROWWISE
-    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 16 || !out || !xq || !xs || !W || !ws) return -1;
+    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 16 || !out || !xq || !xs || !W || !ws ||
+        !al16(out) || !al16(xq) || !al16(W))
+        return -1;
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_FP8_ROWWISE, rows, n, cols);
     if (!p || lt_run(lt, p, 1.f, W, NULL, xq, NULL, out, (cudaStream_t)stream)) return -1;
@@ -219,7 +236,8 @@ extern "C" int cuda_gemm_nvfp4(CudaLt *lt, float *out, const uint8_t *xq, const 
                                int n, const uint8_t *W, const uint8_t *wsf, float scale2, int rows, int cols,
                                const uint16_t *bias, void *stream) {
 #ifdef LT_HAS_BLACKWELL
-    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 32 || !out || !xq || !xsf || !xg || !W || !wsf)
+    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 32 || !out || !xq || !xsf || !xg || !W || !wsf ||
+        !al16(out) || !al16(xq) || !al16(W) || !al16(xsf) || !al16(wsf))
         return -1;
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_NVFP4, rows, n, cols);

@@ -40,11 +40,17 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31,
     CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32,
 } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+} cublasLtMatmulPreferenceAttributes_t;
 
 struct EmuLtDesc { int comp, scale_type, ta, tb, am, bm; const void *as, *bs; };
 struct EmuLtLayout { int type; uint64_t rows, cols; int64_t ld; };
-struct EmuLtPref { size_t ws; };
+struct EmuLtPref { size_t ws; uint32_t align[4]; };
 struct EmuLt { int unused; };
 typedef EmuLt *cublasLtHandle_t;
 typedef EmuLtDesc *cublasLtMatmulDesc_t;
@@ -85,16 +91,23 @@ static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *
 }
 static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
-    *p = new EmuLtPref{0};
+    *p = new EmuLtPref{0, {256, 256, 256, 256}};
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
-                                                                  cublasLtMatmulPreferenceAttributes_t, const void *buf,
-                                                                  size_t bytes) {
-    if (bytes != sizeof(size_t)) return CUBLAS_STATUS_INVALID_VALUE;
-    memcpy(&p->ws, buf, bytes);
-    return CUBLAS_STATUS_SUCCESS;
+                                                                  cublasLtMatmulPreferenceAttributes_t a,
+                                                                  const void *buf, size_t bytes) {
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && bytes == sizeof(size_t)) {
+        memcpy(&p->ws, buf, bytes);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
+        bytes == sizeof(uint32_t)) {
+        memcpy(&p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, bytes);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
 }
 
 /* The configurations lt_gemm.cu uses; 0 for anything else (the heuristic then finds nothing). */
@@ -117,12 +130,13 @@ static inline int emu_lt_supported(const EmuLtDesc *d, const EmuLtLayout *a, con
 static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d,
                                                             cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                                             cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t,
-                                                            cublasLtMatmulPreference_t, int req,
+                                                            cublasLtMatmulPreference_t pref, int req,
                                                             cublasLtMatmulHeuristicResult_t *res, int *found) {
     *found = 0;
     if (req < 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (!emu_lt_supported(d, a, b, c)) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(res, 0, sizeof *res);
+    for (int i = 0; i < 4; i++) res->algo.data[i] = pref->align[i]; /* the alignment the algorithm may assume */
     res->state = CUBLAS_STATUS_SUCCESS;
     *found = 1;
     return CUBLAS_STATUS_SUCCESS;
@@ -144,9 +158,12 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
                                             const void *A, cublasLtMatrixLayout_t a, const void *B,
                                             cublasLtMatrixLayout_t b, const void *beta, const void *,
                                             cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
-                                            const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
+                                            const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
     if (emu_fault()) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!emu_lt_supported(d, a, b, c) || dl != c || *(const float *)beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const void *ptr[4] = {A, B, D, D};
+    for (int i = 0; i < 4; i++) /* an operand less aligned than the algorithm assumes */
+        if (!algo || !algo->data[i] || (uintptr_t)ptr[i] % algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
     uint64_t K = a->rows, M = a->cols, N = b->cols, kb_n = (K + 127) / 128, kb_pitch = (kb_n + 3) / 4 * 4;
     float al = *(const float *)alpha, *out = (float *)D;
     for (uint64_t j = 0; j < N; j++)

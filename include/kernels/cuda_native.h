@@ -15,8 +15,9 @@
  *   cuda_gemm_nvfp4       quant_matmul_nvfp4_rows, xg from quant_act_nvfp4
  *
  * Which GEMM runs where (cuBLAS 13.0; docs: "Scaling Mode Support Overview";
- * NVIDIA's answer in NVIDIA/CUDALibrarySamples#310; PyTorch's scaled_mm limits
- * VEC128/BLK128x128 to sm_90):
+ * NVIDIA's answers in NVIDIA/CUDALibrarySamples#310 and #270: OUTER_VEC_32F,
+ * VEC128_32F and BLK128x128_32F are sm_90 only, sm_100+ has VEC32_UE8M0;
+ * PyTorch's scaled_mm limits VEC128/BLK128x128 to sm_90 likewise):
  *   sm_90a   FP8 1x128 activations (VEC128_32F) x 128x128 weights
  *            (BLK128x128_32F): the checkpoint's own scales, no re-quantization.
  *   sm_100a/103a  cuBLASLt has no VEC128/BLK128x128 there (FP8: tensor-wide
@@ -27,7 +28,12 @@
  *            NVFP4: VEC16_UE4M3 on both operands, compiled for sm_100/103 only
  *            (and the CPU emulation); elsewhere cuda_gemm_nvfp4 returns -1.
  * Output f32 (the activations the next op reads are f32; f32 D keeps the
- * result comparable with the CPU reference without a bf16 rounding).
+ * result comparable with the CPU reference without a bf16 rounding). Not
+ * verified on a device: whether cuBLASLt 13.0 has f32-D algorithms for the
+ * sm_90 block-scaled mode (its samples write bf16). If it has none the
+ * heuristic finds nothing, the launcher returns -1, the backend logs it once
+ * and runs weight-only, and gpu_check's "gemm fp8 1x128 x 128x128" rows FAIL:
+ * then a bf16 D plus a widening pass is the fix.
  *
  * Not here: which path a matrix takes (backend_cuda.cu, native_choice), the
  * weight-only GEMV (cuda_kernels.h).

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         Err err = {0};
         Model *m = NULL;
-        LoadOptions o = {cfgs[i].p, cfgs[i].wo};
+        LoadOptions o = {cfgs[i].p, cfgs[i].wo, 0};
         if (model_load_opts(&m, argv[1], &o, &err)) {
             printf("| %s | refused: %s | | | | |\n", cfgs[i].name, err.msg);
             continue;

@@ -1,7 +1,8 @@
 /*
  * act.c - dynamic activation quantization for the CPU emulation of the
  * native GPU paths: FP8 per token and 128-column group, NVFP4 per 16-element
- * block with a per-token (or static checkpoint) global scale. Outputs are f32
+ * block with a per-token (or static checkpoint) global scale; FP8 per token
+ * (quant_act_fp8_token) for per-channel weights. Outputs are f32
  * holding exactly the quantized values without their group / global scale,
  * so the matmul kernels consume them like ordinary activations. Not here:
  * weights (fp8_weight.c, nvfp4_weight.c).
@@ -22,6 +23,18 @@ void quant_act_fp8(float *xq, float *xs, const float *x, int n, int cols) {
             xs[(size_t)t * ng + g] = s;
             for (int c = c0; c < c1; c++) xq[(size_t)t * cols + c] = quant_e4m3_to_f32(quant_f32_to_e4m3(v[c] / s));
         }
+}
+
+void quant_act_fp8_token(float *xq, float *xs, const float *x, int n, int cols) {
+    int ng = quant_fp8_groups(cols);
+    for (int t = 0; t < n; t++) {
+        const float *v = x + (size_t)t * cols;
+        float amax = 0.0f;
+        for (int c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(v[c]));
+        float s = amax > 0.0f ? amax / QUANT_FP8_MAX : 1.0f;
+        for (int g = 0; g < ng; g++) xs[(size_t)t * ng + g] = s;
+        for (int c = 0; c < cols; c++) xq[(size_t)t * cols + c] = quant_e4m3_to_f32(quant_f32_to_e4m3(v[c] / s));
+    }
 }
 
 void quant_act_nvfp4(float *xq, float *xg, const float *x, int n, int cols, float static_scale) {

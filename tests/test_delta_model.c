@@ -57,7 +57,7 @@ static void new_bits(const char *name, int k, const uint16_t *old, uint16_t *nw,
 
 static void check(const char *dir, Precision p) {
     Err err = {0};
-    LoadOptions o = {p, 0};
+    LoadOptions o = {p, 0, 0};
     Model *m = NULL;
     if (model_load_opts(&m, dir, &o, &err) != 0) {
         T_ASSERT(0, "%s: %s", dir, err.msg);

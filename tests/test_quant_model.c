@@ -53,7 +53,7 @@ static void check(const char *dir, Precision p, int weight_only, double max_mean
     const StTensor *tt = safetensors_get(ref, "seq1.tokens");
     int T = (int)tt->numel;
     Model *mb = NULL, *mq = NULL;
-    LoadOptions o = {p, weight_only};
+    LoadOptions o = {p, weight_only, 0};
     T_ASSERT(model_load(&mb, dir, &err) == 0, "%s", err.msg);
     int rc = model_load_opts(&mq, dir, &o, &err);
     T_ASSERT(rc == 0, "%s %s: %s", dir, precision_name(p), err.msg);
@@ -77,7 +77,7 @@ static void check(const char *dir, Precision p, int weight_only, double max_mean
 static void prequant_equal(const char *dir, Precision p, int weight_only) {
     Err err = {0};
     Model *mq = NULL, *mp = NULL;
-    LoadOptions o = {p, weight_only}, none = {PREC_BF16, weight_only};
+    LoadOptions o = {p, weight_only, 0}, none = {PREC_BF16, weight_only, 0};
     T_ASSERT(model_load_opts(&mq, "tests/fixtures/llama31", &o, &err) == 0, "%s", err.msg);
     int rc = model_load_opts(&mp, dir, &none, &err);
     T_ASSERT(rc == 0, "%s: %s", dir, err.msg);
@@ -117,7 +117,7 @@ int main(void) {
     prequant_equal("tests/fixtures/llama31_nvfp4", PREC_NVFP4, 1);
     Model *m = NULL;
     Err err = {0};
-    LoadOptions o = {PREC_NVFP4, 0};
+    LoadOptions o = {PREC_NVFP4, 0, 0};
     T_ASSERT(model_load_opts(&m, "tests/fixtures/llama31_fp8", &o, &err) != 0 && strstr(err.msg, "pre-quantized"),
              "fp8 checkpoint at --precision nvfp4 not refused: %s", err.msg);
     int rc = model_load_opts(&m, "tests/fixtures/qwen2", &o, &err);

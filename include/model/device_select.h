@@ -5,8 +5,9 @@
  * -sm90, -sm100, -sm103) also hold the CUDA backend for exactly one GPU
  * architecture. At start-up the binary probes device 0 (compute capability,
  * memory, SM count), refuses a device it was not built for with a message
- * naming the binary that fits, refuses precisions the GPU path does not
- * implement yet (today only bf16 runs on the GPU), and logs the choice.
+ * naming the binary that fits, refuses a native (quantized-activation)
+ * precision its tensor cores cannot run (device_native_check: NVFP4 below
+ * sm_100, FP8 on sm_80; --weight-only runs them weight-only), and logs the choice.
  * Not here: the forward pass (model.h), argument parsing (flags.c).
  */
 #ifndef SAMPLER_DEVICE_SELECT_H
@@ -42,6 +43,16 @@ int device_check_binary(int binary_sm, int major, int minor, Err *err);
  * matching device and, today, precision bf16. Returns 0 and logs the choice,
  * or -1 with err saying how to fix it (the caller exits). */
 int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err);
+
+/* The native (quantized-activation) GPU path of --precision fp8 / nvfp4
+ * (device_native.c): 0, or -1 with err saying how to fix it (--weight-only)
+ * when this binary has no tensor-core GEMM for the precision. Pure: gpu,
+ * binary_sm and caps (cuda_native.h bits) as device_select found them;
+ * *fp8_per_channel = 1 when FP8 must be quantized per output channel at load. */
+int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight_only, int *fp8_per_channel,
+                       Err *err);
+/* device_native_plan for the chosen device; sets load->fp8_per_channel and logs the path. */
+int device_native_check(const DeviceChoice *d, LoadOptions *load, Err *err);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).
  * Its KV cache comes from runner_kvcache_create (model.h). */

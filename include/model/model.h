@@ -31,6 +31,8 @@ typedef struct LoadOptions {
     Precision precision;  /* quantize on load from a BF16 checkpoint */
     int weight_only;      /* 1: keep activations f32 (A100 / Hopper-NVFP4 paths);
                              0: quantize activations like the native GPU path */
+    int fp8_per_channel;  /* quantize-on-load FP8 per output row instead of 128x128 blocks
+                             (the native FP8 path on sm_100/103: device_native_check) */
 } LoadOptions;
 
 /* "bf16" | "fp8" | "nvfp4" -> Precision; -1 if unknown. */
@@ -125,6 +127,8 @@ int model_load(Model **out, const char *dir, Err *err); /* BF16 */
 int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *err);
 /* Quantize every decoder-layer linear (model_quant.c); BF16 masters are kept. */
 int model_quantize(Model *m, Precision p, int weight_only, Err *err);
+/* model_quantize with FP8 per output channel (QUANT_FP8_PER_CHANNEL) when fp8_per_channel. */
+int model_quantize_layout(Model *m, Precision p, int weight_only, int fp8_per_channel, Err *err);
 void model_quant_free(Model *m);
 void model_free(Model *m);
 /* Every weight tensor by its checkpoint name, for deltas and hashing:

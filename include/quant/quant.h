@@ -173,6 +173,11 @@ uint8_t quant_nvfp4_block(const float *v, float g, uint8_t *codes);
 static inline int quant_fp8_groups(int cols) { return (cols + QUANT_FP8_GROUP - 1) / QUANT_FP8_GROUP; }
 /* xq [n, cols] f32 e4m3 values; xs [n, quant_fp8_groups(cols)] f32 scales. */
 void quant_act_fp8(float *xq, float *xs, const float *x, int n, int cols);
+/* Per token (one group of all cols: the native FP8 path with per-channel weights,
+ * cuda_native.h): s_t = token amax / 448 (1 if all zero), xq = e4m3_sat(x / s_t);
+ * xs [n, quant_fp8_groups(cols)] holds s_t in every group of token t, so
+ * quant_matmul_fp8_rows consumes it unchanged. */
+void quant_act_fp8_token(float *xq, float *xs, const float *x, int n, int cols);
 /* xq [n, cols] f32 e2m1 * block-scale values; xg [n] f32 global scales.
  * static_scale > 0 replaces the dynamic per-token scale. cols % 16 == 0. */
 void quant_act_nvfp4(float *xq, float *xg, const float *x, int n, int cols, float static_scale);

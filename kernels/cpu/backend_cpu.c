@@ -66,7 +66,9 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
     /* bf16: tasks of ~64 KB of weights (work split by bytes, whole output lines). */
     MatmulJob j = {out, x, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : ROWS_PER_TASK};
     if (w->fmt != WF_BF16 && w->act_quant) {
-        if (w->fmt == WF_FP8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
+        const QuantFp8 *q8 = w->fmt == WF_FP8 ? (const QuantFp8 *)w->q : NULL;
+        if (q8 && q8->block_cols >= q8->cols) quant_act_fp8_token(c->xq, c->xs, x, n, w->cols); /* per-channel weights */
+        else if (q8) quant_act_fp8(c->xq, c->xs, x, n, w->cols);
         else quant_act_nvfp4(c->xq, c->xs, x, n, w->cols, ((const QuantNvfp4 *)w->q)->input_scale);
         j.x = c->xq;
         j.xs = c->xs;

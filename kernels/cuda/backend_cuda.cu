@@ -9,7 +9,10 @@
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
  * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
- * quant_gemv.cu; act_quant models run weight-only too (logged at creation).
+ * quant_gemv.cu below CUDA_NATIVE_MIN_N tokens; act_quant matrices take the
+ * native tensor-core GEMMs of lt_gemm.cu at and above it where the binary has
+ * one for their layout and shape (native_matmul; cuda_native.h), weight-only
+ * otherwise.
  * Deltas (weights_changed): BF16 tensors get a verified scatter of the touched
  * elements (scatter.cu), quantized matrices a re-upload of their bytes.
  * Graphs (graph_*): stream capture of the ops forward.c issues for a decode
@@ -20,8 +23,10 @@
  * (CUDA_CHECK). The update path (weights_changed, its scatter and read-back,
  * re-uploads, backend_cuda_read_weight) returns every CUDA error
  * (CUDA_TRY) so that delta_commit can restore the weights.
- * Not here: quantized activations (native FP8 / NVFP4 tensor cores), device
- * sampling.
+ * The native NVFP4 GEMM reads its weight scales in cuBLASLt's swizzled
+ * layout: they are swizzled from the row-major device copy (the layout the
+ * delta path re-uploads, unchanged) into scratch on every call.
+ * Not here: device sampling.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +34,7 @@
 
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "cuda_native.h"
 extern "C" {
 #include "check.h"
 #include "log.h"
@@ -55,6 +61,17 @@ typedef struct CudaCtx {
     size_t sc_dev_cap;
     uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
     size_t sc_host_cap;
+    /* native FP8 / NVFP4 (cuda_native.h), sized by cu_reserve / at creation */
+    CudaLt *lt;
+    uint8_t *nq;       /* [n, cols] e4m3 or [n, cols / 2] e2m1 activations */
+    size_t nq_cap;
+    float *ns;         /* FP8 scales [groups, n] or NVFP4 global scales [n] */
+    size_t ns_cap;
+    uint8_t *nsf;      /* NVFP4 activation block scales, swizzled */
+    size_t nsf_cap;
+    uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call */
+    size_t wsf_cap;
+    int native_warned; /* a refused native GEMM was logged */
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -218,8 +235,63 @@ static void cu_add_rmsnorm(Backend *b, float *out, float *x, const float *y, con
                            float eps) {
     LAUNCH_OK(cuda_add_rmsnorm(out, x, y, w, n, dim, eps, st(b)));
 }
+/* The native GEMM an act_quant matrix qualifies for in this binary (its
+ * layout, its shape), or 0: FP8 128x128 -> CUDA_NATIVE_FP8_BLOCK (cols % 512,
+ * rows % 16), FP8 per channel -> CUDA_NATIVE_FP8_ROWWISE (rows, cols % 16),
+ * NVFP4 -> CUDA_NATIVE_NVFP4 (rows % 16, cols % 32). */
+extern "C" int backend_cuda_native_kind(const WeightMat *w) {
+    if (w->fmt == WF_BF16 || !w->act_quant || w->rows % 16) return 0;
+    int caps = cuda_native_caps();
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        if (q->block_rows == 128 && q->block_cols == 128 && w->cols % 512 == 0) return caps & CUDA_NATIVE_FP8_BLOCK;
+        if (q->block_rows == 1 && q->block_cols >= w->cols && w->cols % 16 == 0) return caps & CUDA_NATIVE_FP8_ROWWISE;
+        return 0;
+    }
+    return w->cols % 32 == 0 ? caps & CUDA_NATIVE_NVFP4 : 0;
+}
+
+/* Quantize x on the device and run the tensor-core GEMM (cuda_native.h); -1
+ * when the matrix has no native path here or cuBLASLt refused the shape (then
+ * the caller runs the weight-only kernel, and the first refusal is logged). */
+static int native_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    CudaCtx *c = ctx(b);
+    int kind = backend_cuda_native_kind(w), rows = w->rows, cols = w->cols, rc;
+    if (!kind || n > 65535) return -1; /* the FP8 quantizer's grid holds up to 65535 tokens */
+    if (kind != CUDA_NATIVE_NVFP4) {
+        int group = kind == CUDA_NATIVE_FP8_BLOCK ? QUANT_FP8_GROUP : cols;
+        scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)n * cols);
+        scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)n * ((cols + group - 1) / group));
+        LAUNCH_OK(cuda_quant_act_fp8(c->nq, c->ns, x, n, cols, group, st(b)));
+        const uint8_t *W = (const uint8_t *)w->dev;
+        const float *S = (const float *)w->dev_scale;
+        rc = kind == CUDA_NATIVE_FP8_BLOCK
+                 ? cuda_gemm_fp8_block(c->lt, out, c->nq, c->ns, n, W, S, rows, cols, bias, st(b))
+                 : cuda_gemm_fp8_rowwise(c->lt, out, c->nq, c->ns, n, W, S, rows, cols, bias, st(b));
+    } else {
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)n * cols / 2);
+        scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)n);
+        scratch_grow(c, (void **)&c->nsf, &c->nsf_cap, cuda_nvfp4_sf_bytes(n, cols));
+        scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, cuda_nvfp4_sf_bytes(rows, cols));
+        LAUNCH_OK(cuda_nvfp4_swizzle(c->wsf, (const uint8_t *)w->dev_scale, rows, cols, st(b)));
+        LAUNCH_OK(cuda_quant_act_nvfp4(c->nq, c->nsf, c->ns, x, n, cols, q->input_scale, 1, st(b)));
+        rc = cuda_gemm_nvfp4(c->lt, out, c->nq, c->nsf, c->ns, n, (const uint8_t *)w->dev, c->wsf, q->scale2, rows,
+                             cols, bias, st(b));
+    }
+    if (rc && !c->native_warned) {
+        c->native_warned = 1;
+        log_warn("cuda backend: cuBLASLt found no algorithm for a native %s GEMM [%d x %d] at %d tokens; such "
+                 "calls run the weight-only kernel (f32 activations)", w->fmt == WF_FP8 ? "fp8" : "nvfp4", rows, cols, n);
+    }
+    return rc ? -1 : 0;
+}
+
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
+    /* The per-shape choice: weight-only GEMV below the crossover, tensor cores at and above it. */
+    if (w->fmt != WF_BF16 && w->act_quant && n >= CUDA_NATIVE_MIN_N && native_matmul(b, out, x, n, w, bias) == 0)
+        return;
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
         const QuantFp8 *q = (const QuantFp8 *)w->q;
         LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
@@ -246,6 +318,7 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
                             const uint16_t *const *biases, int count) {
     GemvMulti m = {};
     int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
+    ok = ok && !(ws[0]->act_quant && n >= CUDA_NATIVE_MIN_N); /* native GEMMs: one matmul each */
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
         const uint16_t *bias = biases[i];
@@ -298,12 +371,19 @@ static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const in
 static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     CudaCtx *c = ctx(b);
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
+    if (cuda_native_caps() && max_tokens >= CUDA_NATIVE_MIN_N) { /* native activations: the worst case of both formats */
+        scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)max_tokens * max_cols);
+        scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)max_tokens * quant_fp8_groups(max_cols));
+        if (cuda_native_caps() & CUDA_NATIVE_NVFP4)
+            scratch_grow(c, (void **)&c->nsf, &c->nsf_cap, cuda_nvfp4_sf_bytes(max_tokens, max_cols));
+    }
 }
 
 static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev};
+    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf};
+    cuda_lt_free(c->lt);
     free(c->sc_host);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
@@ -357,6 +437,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     /* A fixed workspace: cuBLAS then never allocates during a step. */
     CUDA_CHECK(cudaMalloc(&c->blas_ws, BLAS_WORKSPACE));
     CUDA_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
+    if (cuda_native_caps()) c->lt = cuda_lt_create();
     /* Worst-case split scratch (splits only when the batch is under 2 blocks per SM). */
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP;
     c->part_cap = sizeof(float) * 64 * rows * (size_t)(head_dim + 2);
@@ -439,6 +520,13 @@ extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx
     });
     for (int i = 0; i < ws->n; i++)
         if (ws->t[i].vec && ws->t[i].mat) ws->t[i].mat->dev = (void *)ws->t[i].vec->dev;
+    size_t wsf = 0; /* the native NVFP4 path's weight-scale scratch: the largest matrix's */
+    for (int i = 0; i < ws->n; i++) {
+        const WeightMat *w = ws->t[i].vec ? NULL : ws->t[i].mat;
+        if (w && backend_cuda_native_kind(w) == CUDA_NATIVE_NVFP4 && cuda_nvfp4_sf_bytes(w->rows, w->cols) > wsf)
+            wsf = cuda_nvfp4_sf_bytes(w->rows, w->cols);
+    }
+    if (wsf) scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, wsf);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     clock_gettime(CLOCK_MONOTONIC, &t1);
     log_info("cuda backend: %d weight tensors (%d buffers), %.2f GiB copied to the device in %.2f s; %d SMs", ws->n,

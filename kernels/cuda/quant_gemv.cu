@@ -9,9 +9,9 @@
  * Odd shapes and unaligned pointers: one-row-per-warp scalar kernels.
  * Reference: quant_matmul_fp8_rows / quant_matmul_nvfp4_rows with xs = NULL
  * (quant/matmul.c); equal up to the order of the f32 summation.
- * Not here: quantized activations (native FP8 tensor cores on sm90 through
- * cuBLASLt, NVFP4 on sm100/103): the backend runs this weight-only path for
- * act_quant models too and says so at start-up.
+ * Not here: quantized activations (the native GEMMs of lt_gemm.cu, which the
+ * backend takes for act_quant matrices at and above CUDA_NATIVE_MIN_N tokens;
+ * below that, and where no native GEMM fits, this weight-only path runs).
  */
 #include "cuda_check.h"
 #include "cuda_device.cuh"

@@ -126,11 +126,11 @@ static const Flag FLAGS[] = {
              "a pre-quantized FP8/NVFP4 checkpoint runs at its own precision"},
     {.name = "--device", .metavar = "D", .section = S_MODEL, .kind = K_ENUM, .off = AT(server.force_cpu),
      .choices = DEVICES,
-     .help = "gpu (in sampler-smXX: the CUDA backend; fp8/nvfp4 weight-only; sampler-cpu has no GPU code) or cpu "
-             "(the CPU backend, in every binary)"},
+     .help = "gpu (in sampler-smXX: the CUDA backend; fp8/nvfp4 on tensor cores where the GPU has them, else "
+             "refused unless --weight-only; sampler-cpu has no GPU code) or cpu (the CPU backend, in every binary)"},
     {.name = "--weight-only", .section = S_MODEL, .kind = K_SWITCH, .off = AT(server.load.weight_only), .lo = 1,
-     .help = "keep activations f32 with fp8/nvfp4 weights (the A100 / Hopper-NVFP4 paths); without it activations "
-             "are quantized like the native GPU path"},
+     .help = "keep activations f32 with fp8/nvfp4 weights (the weight-only GEMV; needed for fp8 on A100 and nvfp4 "
+             "below Blackwell); without it activations are quantized (the native tensor-core GEMMs on the GPU)"},
     {.name = "--delta", .metavar = "FILE", .section = S_MODEL, .kind = K_LIST, .off = AT(server.deltas),
      .hi = SERVER_MAX_DELTAS, .count_off = AT(server.n_deltas), .unset = "none",
      .help = "apply a weight delta at start-up (repeatable, in version order)"},

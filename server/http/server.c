@@ -105,7 +105,8 @@ Server *server_create(const ServerConfig *c) {
     Err err = {0};
     DeviceChoice dev;
     CHECK(device_select(&dev, c->force_cpu, c->load.precision, &err) == 0, "%s", err.msg);
-    CHECK(model_load_opts(&s->model, c->model_dir, &c->load, &err) == 0,
+    CHECK(device_native_check(&dev, &s->cfg.load, &err) == 0, "%s", err.msg);
+    CHECK(model_load_opts(&s->model, c->model_dir, &s->cfg.load, &err) == 0,
           "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);
     engine_config_resolve(ec, &s->model->cfg);
     s->runner = device_runner_create(&dev, s->model, ec->max_batched_tokens, ec->max_model_len, ec->n_threads);

@@ -11,12 +11,14 @@
 
 #include "backend.h"
 #include "cuda_kernels.h"
+#include "cuda_native.h"
 #include "device_select.h"
 #include "log.h"
 
 #pragma weak cuda_binary_sm
 #pragma weak cuda_device_probe
 #pragma weak backend_cuda_create
+#pragma weak backend_cuda_native_kind
 
 const char *device_binary_for(int major, int minor) {
     if (major == 8) return "sampler-sm80";
@@ -63,25 +65,30 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
                  "cuBLAS BF16 GEMM (f32 accumulate) beyond, paged flash-decoding attention",
                  out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
                  CUDA_GEMV_MAX_N);
-    else /* every GPU binary: no native FP8/NVFP4 tensor-core path yet (quant_gemv.cu) */
-        log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision %s: weight-only GEMV "
-                 "kernel for every batch size (f32 activations, weights dequantized in the kernel, f32 "
-                 "accumulate; quantized activations are not implemented on the GPU: --weight-only or not, "
-                 "activations stay f32), paged flash-decoding attention",
+    else /* native or weight-only: device_native_check decides and logs, the backend counts per matrix */
+        log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision %s: weight-only GEMV below "
+                 "%d tokens, the native tensor-core GEMM at and above it for act_quant matrices that have one "
+                 "(cuda_native.h), paged flash-decoding attention",
                  out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
-                 precision_name(p));
+                 precision_name(p), CUDA_NATIVE_MIN_N);
     return 0;
 }
 
 Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads) {
     if (!d->gpu) return runner_create(m, max_tokens, max_ctx, n_threads);
     Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, max_ctx);
-    int n_q = 0;
-    for (int i = 0; i < m->weights.n; i++) n_q += m->weights.t[i].mat && m->weights.t[i].mat->fmt != WF_BF16;
+    int n_q = 0, n_native = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
+        if (!w || w->fmt == WF_BF16) continue;
+        n_q++;
+        n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
+    }
     if (n_q)
-        log_info("cuda backend: %d %s matrices run the weight-only kernel (f32 activations, weights dequantized "
-                 "in the GEMV)%s", n_q, precision_name(m->precision),
-                 m->act_quant ? "; quantized activations (native FP8/NVFP4 tensor cores) are not implemented on "
-                                "the GPU yet, so this model runs weight-only here, unlike the CPU backend" : "");
+        log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM at >= %d tokens (activations "
+                 "quantized on the device), the rest and every smaller batch the weight-only GEMV (f32 "
+                 "activations)%s", n_q, precision_name(m->precision), n_native, CUDA_NATIVE_MIN_N,
+                 m->act_quant && n_native < n_q ? "; the weight-only ones differ from the CPU backend, which "
+                                                  "quantizes activations for every matrix" : "");
     return runner_create_with(m, b, max_tokens, max_ctx);
 }

@@ -175,7 +175,7 @@ static void finish_prequant(Model *m, const LoadOptions *opt) {
 }
 
 int model_load(Model **out, const char *dir, Err *err) {
-    LoadOptions o = {PREC_BF16, 0};
+    LoadOptions o = {PREC_BF16, 0, 0};
     return model_load_opts(out, dir, &o, err);
 }
 
@@ -190,7 +190,7 @@ int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *e
     if (!rc) rc = check_precision(m, opt, dir, err);
     if (!rc) rc = load_weights(&L);
     if (!rc && m->cfg.prequant) finish_prequant(m, opt);
-    else if (!rc && opt->precision != PREC_BF16) rc = model_quantize(m, opt->precision, opt->weight_only, err);
+    else if (!rc && opt->precision != PREC_BF16) rc = model_quantize_layout(m, opt->precision, opt->weight_only, opt->fp8_per_channel, err);
     if (rc) {
         model_free(m);
         return rc;

@@ -15,10 +15,10 @@
 #include "quant.h"
 #include "weight_registry.h"
 
-static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, Err *err) {
+static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, QuantFp8Layout layout, Err *err) {
     w->act_quant = act_quant;
     if (p == PREC_FP8) {
-        QuantFp8 *q = quant_fp8_from_bf16(w->bf16, w->rows, w->cols, QUANT_FP8_BLOCK128, err);
+        QuantFp8 *q = quant_fp8_from_bf16(w->bf16, w->rows, w->cols, layout, err);
         if (!q) return -(err->code ? err->code : 400);
         w->q = q;
         w->fmt = WF_FP8;
@@ -41,14 +41,20 @@ static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, Err 
 /* The registry's quantizable entries (quant_should_quantize, the policy)
  * are the ones quantized, in load order. */
 int model_quantize(Model *m, Precision p, int weight_only, Err *err) {
+    return model_quantize_layout(m, p, weight_only, 0, err);
+}
+
+int model_quantize_layout(Model *m, Precision p, int weight_only, int fp8_per_channel, Err *err) {
     int rc = 0;
+    QuantFp8Layout layout = fp8_per_channel ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128;
     m->precision = p; /* from here model_quant_free releases what was quantized */
     for (int i = 0; i < m->weights.n && !rc; i++)
-        if (m->weights.t[i].quantizable) rc = quantize_mat(m, m->weights.t[i].mat, p, !weight_only, err);
+        if (m->weights.t[i].quantizable) rc = quantize_mat(m, m->weights.t[i].mat, p, !weight_only, layout, err);
     if (rc) return rc;
     m->act_quant = !weight_only;
-    log_info("quantized decoder linears to %s (%s activations); embeddings, norms, router, lm_head stay bf16",
-             precision_name(p), weight_only ? "f32, weight-only" : "quantized");
+    log_info("quantized decoder linears to %s%s (%s activations); embeddings, norms, router, lm_head stay bf16",
+             precision_name(p), p == PREC_FP8 && fp8_per_channel ? " per output channel" : "",
+             weight_only ? "f32, weight-only" : "quantized");
     return 0;
 }
 

@@ -48,7 +48,19 @@ set +e
 echo "== 0. sampler-sm$SM serving models/tiny-qwen3 (tests/gpu/server_smoke.py) =="
 src=0
 for p in bf16 fp8 nvfp4; do
-  timeout 120 python3 tests/gpu/server_smoke.py "$BUILD/sampler-sm$SM" --precision "$p" || src=1
+  # Native NVFP4 needs sm_100/103 and native FP8 sm_90+; elsewhere the binary refuses them at start-up
+  # (checked below) and the weight-only path is what serves.
+  wo=""
+  if { [ "$p" = nvfp4 ] && [ "$SM" -lt 100 ]; } || { [ "$p" = fp8 ] && [ "$SM" = 80 ]; }; then wo="--weight-only"; fi
+  timeout 120 python3 tests/gpu/server_smoke.py "$BUILD/sampler-sm$SM" --precision "$p" $wo || src=1
+  if [ -n "$wo" ]; then
+    out=$(timeout 60 "$BUILD/sampler-sm$SM" --precision "$p" --port 0 2>&1); rrc=$?
+    if [ "$rrc" != 0 ] && [ "$rrc" != 124 ] && printf '%s' "$out" | grep -q -- "--weight-only"; then
+      echo "  ok   server $p: sampler-sm$SM refuses native $p at start-up and offers --weight-only"
+    else
+      echo "  FAIL server $p: sampler-sm$SM did not refuse native $p with a --weight-only fix (exit $rrc)"; src=1
+    fi
+  fi
 done
 # A hung kernel must not eat the GPU session: the run itself gets 6 minutes.
 timeout "${GPU_CHECK_TIMEOUT:-360}" "$BUILD/gpu_check-sm$SM" "$@" 2>&1 | tee "$BUILD/gpu_check.log"

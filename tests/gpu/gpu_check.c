@@ -22,9 +22,13 @@
  * Part 1 also covers the weight-only FP8/NVFP4 GEMV and the delta scatter; part
  * 2 runs fixtures at FP8/NVFP4 (vs the CPU at the same precision) and applies a
  * sparse delta to each fixture on the device (XXH3 of the device copy vs the
- * host's); part 3 adds FP8/NVFP4 weight-only decode at batch 1 and 8.
+ * host's); part 3 adds FP8/NVFP4 weight-only decode at batch 1 and 8. The
+ * native FP8/NVFP4 paths (issue 19): their op rows in part 1
+ * (op_checks_native.h), KL(bf16 || fp8) on the fixtures after part 2, the
+ * weight-only vs native crossover and native FP8 decode at batch 32 / 128 in
+ * part 3 (bench_native.h), machine rows in the summary.
  * Usage: gpu_check-smXX [--skip-bench] (from the repo root). Exit 1 on any
- * failed check. Not here: native FP8/NVFP4 (quantized activations).
+ * failed check.
  */
 #include <math.h>
 #include <stdio.h>
@@ -268,6 +272,8 @@ static void run_fixture(const char *dir, Precision prec) {
     model_free(m);
 }
 
+#include "bench_native.h"
+
 static void part_models(void) {
     printf("== 2. fixture models: GPU vs transformers and vs the CPU backend ==\n");
     const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe",
@@ -280,6 +286,7 @@ static void part_models(void) {
     run_fixture("models/tiny-qwen3", PREC_FP8);
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
+    native_kl_fixtures();
 }
 
 /* ---- part 3: benchmark ---- */
@@ -629,10 +636,11 @@ static void bench_ops(const Model *m, double step_ms) {
 /* One decoder matrix at FP8 (128x128 blocks) or NVFP4 with random bytes made in
  * device memory (the GEMV's speed does not depend on the values; a few random
  * e4m3 bytes are NaN, which costs nothing on a GPU). Returns its bytes. */
+static int bench_act_quant; /* 1: the matrices quant_mat makes take the native GEMMs (bench_quant's act_quant) */
 static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed) {
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols, qb, sb;
     w->bf16 = NULL;
-    w->act_quant = 0;
+    w->act_quant = bench_act_quant;
     uint8_t *q = (uint8_t *)*cur, *sc;
     if (prec == PREC_FP8) {
         QuantFp8 *f = xcalloc(1, sizeof *f);
@@ -666,8 +674,10 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
 
 /* Batch 1 and 8 decode with the decoder linears weight-only FP8 / NVFP4 (embedding,
  * norms and lm_head BF16, as model_quantize leaves them); roofline bytes = the
- * quantized matrices + scales + the BF16 lm_head. */
-static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *tables, int bps) {
+ * quantized matrices + scales + the BF16 lm_head. act_quant: the same matrices
+ * with quantized activations at batch 32 and 128 (the native GEMMs, issue 19). */
+static void bench_quant(const Model *m, Precision prec, int act_quant, float *logits, int32_t *tables, int bps) {
+    bench_act_quant = act_quant;
     const ModelConfig *c = &m->cfg;
     Model q = *m;
     q.layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
@@ -690,11 +700,15 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
     CHECK((size_t)(cur - arena) <= arena_bytes, "bench quant arena overflow (a bug)");
     CUDA_CHECK(cudaDeviceSynchronize());
     Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
-    Runner *r = runner_create_with(&q, b, 64, BENCH_MAX_CTX);
-    KVCache *kv = runner_kvcache_create(r, 8 * bps, BS);
-    printf("  %s weight-only: %.1f GiB of weights read per decode step\n", precision_name(prec), bytes / 1073741824.0);
-    bench_decode(r, kv, c, 1, bytes, logits, tables, bps, precision_name(prec));
-    bench_decode(r, kv, c, 8, bytes, logits, tables, bps, precision_name(prec));
+    int nb = act_quant ? 128 : 8;
+    Runner *r = runner_create_with(&q, b, nb < 64 ? 64 : nb, BENCH_MAX_CTX);
+    KVCache *kv = runner_kvcache_create(r, nb * bps, BS);
+    printf("  %s %s: %.1f GiB of weights read per decode step\n", precision_name(prec),
+           act_quant ? "native (act_quant)" : "weight-only", bytes / 1073741824.0);
+    char label[32];
+    snprintf(label, sizeof label, "%s%s", precision_name(prec), act_quant ? " native" : "");
+    bench_decode(r, kv, c, act_quant ? 32 : 1, bytes, logits, tables, bps, label);
+    bench_decode(r, kv, c, act_quant ? 128 : 8, bytes, logits, tables, bps, label);
     runner_kvcache_free(r, kv);
     runner_free(r);
     for (int l = 0; l < c->n_layers; l++) {
@@ -706,10 +720,25 @@ static void bench_quant(const Model *m, Precision prec, float *logits, int32_t *
     CUDA_CHECK(cudaFree(arena));
 }
 
+/* bench_native.h's decode rows from the rows bench_decode just added: batch 1 of
+ * bf16 and weight-only fp8, batch 32 / 128 of native fp8. */
+static void bench_native_decode_rows(int native) {
+    for (int i = 0; i < n_rows; i++) {
+        const char *nm = rows_out[i].name;
+        if (!native && !strncmp(nm, "bf16 decode batch 1 ", 20)) native_row("decode_bf16_b1_tok_s", rows_out[i].tok_s);
+        if (!native && !strncmp(nm, "fp8 decode batch 1 ", 19)) native_row("decode_fp8_b1_tok_s", rows_out[i].tok_s);
+        if (native && !strncmp(nm, "fp8 native decode batch 32 ", 27))
+            native_row("decode_fp8_native_b32_tok_s", rows_out[i].tok_s);
+        if (native && !strncmp(nm, "fp8 native decode batch 128 ", 28))
+            native_row("decode_fp8_native_b128_tok_s", rows_out[i].tok_s);
+    }
+}
+
 static void part_bench(void) {
     printf("== 3. bench: Qwen3-8B-shaped random BF16 model in device memory ==\n");
     measure_roofline();
     bench_gemv();
+    bench_native_crossover();
     Model *m = xcalloc(1, sizeof *m);
     ModelConfig *c = &m->cfg;
     qwen3_8b_config(c);
@@ -774,8 +803,13 @@ static void part_bench(void) {
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
     bench_ops(m, rows_out[n_rows - 3].ms);
-    bench_quant(m, PREC_FP8, logits, tables, bps_dec);
-    bench_quant(m, PREC_NVFP4, logits, tables, bps_dec);
+    bench_quant(m, PREC_FP8, 0, logits, tables, bps_dec);
+    bench_native_decode_rows(0);
+    if (cuda_native_caps()) {
+        bench_quant(m, PREC_FP8, 1, logits, tables, bps_dec);
+        bench_native_decode_rows(1);
+    }
+    bench_quant(m, PREC_NVFP4, 0, logits, tables, bps_dec);
     CUDA_CHECK(cudaFreeHost(logits));
     free(tables);
     runner_kvcache_free(r, kv);
@@ -832,6 +866,7 @@ int main(int argc, char **argv) {
             printf("| %s | %.1f | %.0f | %.1f%% |\n", gemv_rows[i].name, gemv_rows[i].us, gemv_rows[i].gbs,
                    100 * gemv_rows[i].gbs / bw_gbs);
     }
+    native_summary();
     printf("\n%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -719,10 +719,14 @@ static const OpCheck OP_CHECKS[] = {
 #undef FP8C
 #undef FP8T
 
+#include "op_checks_native.h" /* the native FP8 / NVFP4 paths: their checks and OP_CHECKS_NATIVE */
+
 /* Every row (on_gpu) or the rows the emulation can afford. */
 static void op_checks_run(int on_gpu) {
     for (size_t i = 0; i < sizeof OP_CHECKS / sizeof OP_CHECKS[0]; i++)
         if (on_gpu || OP_CHECKS[i].where == OC_ALL) OP_CHECKS[i].fn(OP_CHECKS[i].a);
+    for (size_t i = 0; i < sizeof OP_CHECKS_NATIVE / sizeof OP_CHECKS_NATIVE[0]; i++)
+        if (on_gpu || OP_CHECKS_NATIVE[i].where == OC_ALL) OP_CHECKS_NATIVE[i].fn(OP_CHECKS_NATIVE[i].a);
 }
 
 #endif

@@ -6,7 +6,7 @@ lack the openai package). Checks: HTTP 200, the start-up log names the CUDA
 backend, finish_reason, token counts, finite log-probs <= 0, sampler metadata
 (weight version) on every token, and [DONE] on the stream. Exit 1 on a failure.
 
-    python3 tests/gpu/server_smoke.py BIN [--precision bf16|fp8|nvfp4]
+    python3 tests/gpu/server_smoke.py BIN [--precision bf16|fp8|nvfp4] [--weight-only]
 """
 import argparse
 import json
@@ -37,10 +37,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin")
     ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--weight-only", action="store_true", help="pass --weight-only (no native tensor-core path)")
     a = ap.parse_args()
     port = free_port()
     log = open(f"/tmp/server_smoke_{a.precision}.log", "w+")
-    srv = subprocess.Popen([a.bin, "--port", str(port), "--precision", a.precision, "--log-level", "info"],
+    srv = subprocess.Popen([a.bin, "--port", str(port), "--precision", a.precision, "--log-level", "info"] +
+                           (["--weight-only"] if a.weight_only else []),
                            stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     fails = []

@@ -127,6 +127,8 @@ void emu_syncthreads(void);
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 /* CUDA's documented semantics: byte i of the result is byte (s >> 4i) & 7 of

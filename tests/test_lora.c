@@ -257,7 +257,7 @@ static void grouped_op_is_the_reference(void) {
             b[p][i % (OUT * 8)] = (float)(seed >> 8) / 16777216.0f - 0.5f;
         }
     LoraPair lp[3];
-    for (int p = 0; p < 3; p++) lp[p] = (LoraPair){a[p], b[p], ranks[p], IN, OUT, 0.5f + p};
+    for (int p = 0; p < 3; p++) lp[p] = (LoraPair){a[p], b[p], ranks[p], IN, OUT, 0.5f + p, 0};
     const LoraPair *rows[N];
     for (int i = 0; i < N; i++) {
         rows[i] = i % 4 == 3 ? NULL : &lp[(i * 7) % 3];

@@ -211,6 +211,7 @@ static void refusals(void) {
     snprintf(dst, sizeof dst, "/tmp/test_lora_%d", (int)getpid());
     struct { const char *key, *value, *want; } cases[] = {
         {"use_dora", "true", "use_dora"},
+        {"target_parameters", "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]", "MoE expert parameters"},
         {"modules_to_save", "[\"lm_head\"]", "modules_to_save"},
         {"bias", "\"all\"", "bias"},
         {"r", "128", "--max-lora-rank"},

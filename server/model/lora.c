@@ -79,7 +79,9 @@ static int parse_config(json_t *root, const char *label, int max_rank, Config *c
         refuse_set(root, "fan_in_fan_out", NULL, label, "Conv1D-style (GPT-2) weights", err) ||
         refuse_set(root, "rank_pattern", NULL, label, "one rank for every module", err) ||
         refuse_set(root, "alpha_pattern", NULL, label, "one lora_alpha for every module", err) ||
-        refuse_set(root, "target_parameters", NULL, label, "LoRA on MoE expert parameters", err) ||
+        refuse_set(root, "target_parameters", NULL, label, "LoRA on MoE expert parameters (peft's ParamWrapper "
+                   "over 3-D expert tensors) is not implemented; adapt the attention and dense MLP linears with "
+                   "target_modules", err) ||
         refuse_set(root, "lora_bias", NULL, label, "lora_B biases", err) ||
         refuse_set(root, "trainable_token_indices", NULL, label, "trainable tokens", err) ||
         refuse_set(root, "alora_invocation_tokens", NULL, label, "activated LoRA", err) ||

@@ -22,8 +22,11 @@
  * VLLM_ALLOW_RUNTIME_LORA_UPDATING).
  *
  * Memory: each adapter holds 4 * r * sum(in + out) bytes of its adapted
- * linears (lora_bytes at r = --max-lora-rank bounds a slot), so adapters take
- * at most max_loras * lora_bytes(max_lora_rank), logged at start-up.
+ * linears (2 * ... with --lora-dtype bfloat16; lora_bytes_as at r =
+ * --max-lora-rank bounds a slot), so adapters take at most max_loras *
+ * lora_bytes_as(max_lora_rank), logged at start-up; device backends also hold
+ * a copy in the pool reserved at start-up (runner_reserve_lora: max_loras + 1
+ * regions), and a failed copy there fails the load (the old adapter serves on).
  *
  * Not here: the adapter format (lora.h), the batched compute (forward.c).
  */

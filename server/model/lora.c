@@ -235,9 +235,10 @@ static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *s
     for (size_t i = 0; i < n_slots * 2; i++) {
         floats += found[i] ? (size_t)found[i]->numel : 0;
         if (dtype == LORA_DTYPE_BF16 && found[i] && i % 2 == 0 && found[i]->shape[1] > LORA_BF16_MAX_IN) {
+            ERR(err, 400, "%s: tensor '%s' has %lld in-features, above the %d of BF16 storage (use --lora-dtype "
+                "float32)", label, found[i]->name, (long long)found[i]->shape[1], LORA_BF16_MAX_IN);
             free(found);
-            return ERR(err, 400, "%s: tensor '%s' has %lld in-features, above the %d of BF16 storage (use "
-                       "--lora-dtype float32)", label, found[i]->name, (long long)found[i]->shape[1], LORA_BF16_MAX_IN);
+            return -1;
         }
     }
     LoraAdapter *a = calloc(1, sizeof *a);

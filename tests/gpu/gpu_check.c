@@ -285,8 +285,8 @@ static void part_models(void) {
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
     /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
-    lora_model_check("qwen3_gqa2", 0, NULL, NULL);
-    lora_model_check("llama31", 1, NULL, NULL);
+    lora_model_check("qwen3_gqa2", 0, 0, NULL, NULL);
+    lora_model_check("llama31", 1, 0, NULL, NULL);
 }
 
 /* ---- part 3: benchmark ---- */

@@ -437,8 +437,8 @@ int main(void) {
     t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
     t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
-    lora_model_check("qwen3_gqa2", 0, emu_fail_nth, emu_failed);
-    if (!quick) lora_model_check("llama31", 1, NULL, NULL);
+    lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);
+    if (!quick) lora_model_check("llama31", 1, 0, NULL, NULL);
     printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8);

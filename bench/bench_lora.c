@@ -11,7 +11,8 @@
  *    the same run (5 rounds, the order of the configurations rotated each
  *    round, median per configuration). Also the batched LoRA op alone over
  *    every adapted linear of one step (best of 5): the part of a step that is
- *    LoRA, free of the noise of the whole step.
+ *    LoRA, free of the noise of the whole step; the same with the adapters
+ *    stored as BF16 (--lora-dtype bfloat16), interleaved with the f32 runs.
  * 2. Adapter update: the time to read and check one adapter directory
  *    (lora_load, while serving: no pause) and, with the engine decoding the
  *    batch under adapters, the engine_run_exclusive swap that a load_inplace
@@ -145,19 +146,24 @@ int main(int argc, char **argv) {
     char base[128];
     snprintf(base, sizeof base, "/tmp/bench_lora_%d", (int)getpid());
     mkdir(base, 0755);
-    LoraAdapter *ad[17] = {0};
-    double t_load = 0;
+    LoraAdapter *ad[17] = {0}, *adb[17] = {0}; /* the same adapters stored f32 and bf16 (--lora-dtype) */
+    double t_load = 0, t_load_bf = 0;
+    LoraLoadOpts obf = {R, LORA_DTYPE_BF16};
     for (int i = 0; i <= NA; i++) {
         char d[256];
         snprintf(d, sizeof d, "%s/a%d", base, i);
         write_adapter(d, &m->cfg, R);
         double t0 = now_s();
         if (lora_load(&ad[i], &m->cfg, d, R, NULL, d, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
-        t_load += now_s() - t0;
+        double t1 = now_s();
+        if (lora_load_opts(&adb[i], &m->cfg, d, &obf, NULL, d, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        t_load += t1 - t0;
+        t_load_bf += now_s() - t1;
     }
     printf("model %s: %.3fB params, %d threads; adapters rank %d on all 7 linears, %.1f MiB each\n", argv[1],
            m->n_params / 1e9, threads, R, ad[0]->bytes / 1048576.0);
-    printf("read + check one adapter directory (lora_load, while serving): %.1f ms\n", 1e3 * t_load / (NA + 1));
+    printf("read + check one adapter directory (lora_load, while serving): %.1f ms (stored bf16: %.1f ms, %.1f MiB)\n",
+           1e3 * t_load / (NA + 1), 1e3 * t_load_bf / (NA + 1), adb[0]->bytes / 1048576.0);
 
     /* 1. decode */
     int ctx = P + steps + 1, bs = 16, nbs = (ctx + bs - 1) / bs;
@@ -195,7 +201,7 @@ int main(int argc, char **argv) {
         med[c] = tps[c][ROUNDS / 2];
     }
     /* the LoRA op alone: every adapted linear of one decode step */
-    double op_ms[4] = {0};
+    double op_ms[4] = {0}, op_ms_bf[4] = {0};
     {
         Backend *be = backend_cpu_create(threads, 16);
         int maxd = m->cfg.intermediate > m->cfg.n_heads * m->cfg.head_dim ? m->cfg.intermediate
@@ -205,19 +211,23 @@ int main(int argc, char **argv) {
         float *x = calloc((size_t)B * maxd, sizeof(float)), *o = calloc((size_t)B * maxd, sizeof(float));
         for (size_t i = 0; i < (size_t)B * maxd; i++) x[i] = frand();
         const LoraPair *rows[256];
+        /* f32 and bf16 storage interleaved per repetition, so both see the same machine load */
         for (int c = 1; c < 4; c++) {
-            double bestt = 1e9;
-            for (int rep = 0; rep < 5; rep++) {
-                double t0 = now_s();
-                for (int l = 0; l < m->cfg.n_layers; l++)
-                    for (int t = 0; t < LT_COUNT; t++) {
-                        for (int i = 0; i < B; i++) rows[i] = lora_pair(ad[i % ks[c]], l, (LoraTarget)t);
-                        be->lora(be, o, x, B, rows);
-                    }
-                double dt = now_s() - t0;
-                if (dt < bestt) bestt = dt;
-            }
-            op_ms[c] = 1e3 * bestt;
+            double bestt[2] = {1e9, 1e9};
+            for (int rep = 0; rep < 5; rep++)
+                for (int dt_i = 0; dt_i < 2; dt_i++) {
+                    LoraAdapter **set = dt_i ? adb : ad;
+                    double t0 = now_s();
+                    for (int l = 0; l < m->cfg.n_layers; l++)
+                        for (int t = 0; t < LT_COUNT; t++) {
+                            for (int i = 0; i < B; i++) rows[i] = lora_pair(set[i % ks[c]], l, (LoraTarget)t);
+                            be->lora(be, o, x, B, rows);
+                        }
+                    double dt = now_s() - t0;
+                    if (dt < bestt[dt_i]) bestt[dt_i] = dt;
+                }
+            op_ms[c] = 1e3 * bestt[0];
+            op_ms_bf[c] = 1e3 * bestt[1];
         }
         free(x); free(o);
         be->free(be);
@@ -227,8 +237,8 @@ int main(int argc, char **argv) {
         printf("  %-22s %8.2f tok/s (%.2f..%.2f)  %6.3fx the base", c == 0 ? "base only" : c == 1 ? "1 adapter" :
                c == 2 ? "4 distinct adapters" : "16 distinct adapters", med[c], tps[c][0], tps[c][ROUNDS - 1],
                med[c] / med[0]);
-        if (c) printf("   LoRA op alone %.1f ms/step = %.1f %% of a base step", op_ms[c],
-                      100.0 * op_ms[c] / (1e3 * B / med[0]));
+        if (c) printf("   LoRA op alone %.1f ms/step = %.1f %% of a base step; adapters stored bf16: %.1f ms (%.2fx)",
+                      op_ms[c], 100.0 * op_ms[c] / (1e3 * B / med[0]), op_ms_bf[c], op_ms_bf[c] / op_ms[c]);
         printf("\n");
     }
     for (int i = 0; i < B; i++) free(tables[i]);
@@ -293,7 +303,7 @@ int main(int argc, char **argv) {
            1e6 * held[N_SWAPS / 2], 1e6 * held[N_SWAPS - 1]);
     printf("  caller waits (to a step end) median %8.1f ms  max %8.1f ms   (one decode step: %.1f ms)\n",
            1e3 * wait[N_SWAPS / 2], 1e3 * wait[N_SWAPS - 1], 1e3 * step);
-    for (int i = 0; i <= NA; i++) lora_free(ad[i]);
+    for (int i = 0; i <= NA; i++) { lora_free(ad[i]); lora_free(adb[i]); }
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", base);

@@ -14,6 +14,10 @@
  *   - the CPU backend's grouped op (rows of one adapter share a segment)
  *     against the per-row reference cpu_lora_row, bit for bit, for rows of
  *     three adapters and the base interleaved.
+ *   - BF16 storage (--lora-dtype bfloat16): rounding to nearest even at load,
+ *     half the bytes, logits bit-identical to f32 storage of the same values
+ *     and within the same bound of transformers + peft; the BF16 op equals the
+ *     f32 op on the widened values (bf16_storage below).
  *   - refusals: DoRA, modules_to_save, a trained bias, a rank above the
  *     limit, another model's adapter, a LoRA-less backend slot: a clear
  *     error and nothing loaded.
@@ -27,6 +31,7 @@
 
 #include "backend.h"
 #include "cpu_ops.h"
+#include "dtype.h"
 #include "logit_stats.h"
 #include "lora.h"
 #include "model.h"
@@ -206,6 +211,7 @@ static void refusals(void) {
     snprintf(dst, sizeof dst, "/tmp/test_lora_%d", (int)getpid());
     struct { const char *key, *value, *want; } cases[] = {
         {"use_dora", "true", "use_dora"},
+        {"target_parameters", "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]", "MoE expert parameters"},
         {"modules_to_save", "[\"lm_head\"]", "modules_to_save"},
         {"bias", "\"all\"", "bias"},
         {"r", "128", "--max-lora-rank"},
@@ -257,7 +263,7 @@ static void grouped_op_is_the_reference(void) {
             b[p][i % (OUT * 8)] = (float)(seed >> 8) / 16777216.0f - 0.5f;
         }
     LoraPair lp[3];
-    for (int p = 0; p < 3; p++) lp[p] = (LoraPair){a[p], b[p], ranks[p], IN, OUT, 0.5f + p};
+    for (int p = 0; p < 3; p++) lp[p] = (LoraPair){a[p], b[p], ranks[p], IN, OUT, 0.5f + p, 0};
     const LoraPair *rows[N];
     for (int i = 0; i < N; i++) {
         rows[i] = i % 4 == 3 ? NULL : &lp[(i * 7) % 3];
@@ -273,10 +279,126 @@ static void grouped_op_is_the_reference(void) {
     be->free(be);
 }
 
+/* --lora-dtype bfloat16 (LoraLoadOpts.dtype): adapters stored as BF16, math in f32.
+ *   - storage: an F32 adapter whose values are each within half a BF16 ulp of
+ *     the committed (BF16-exact) adapter's (tests/lora_f32_variant.py: x (1 -/+
+ *     2^-12)) is stored as f32_to_bf16 of each value, i.e. the committed bits
+ *     (truncating would not give them back), in half the bytes (lora_bytes_as);
+ *   - compute: its logits are bit-identical to the committed adapter stored as
+ *     f32 (widening is exact and the arithmetic is the f32 path's), so against
+ *     transformers + peft the bound is the f32 one (MAX_ABS / MAX_KL), tested;
+ *     an adapter that is not BF16-exact differs from its f32 storage by the
+ *     rounding of its weights (<= 2^-9 relative each), which no golden covers;
+ *   - the op: BF16 pairs (rows of B longer than the widening chunk) through the
+ *     grouped CPU op equal cpu_lora_row on the widened f32 values, bit for bit. */
+static void bf16_storage(const char *fixture) {
+    char dir[256], src[300], dst[128], cmd[1024], path[320];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", fixture);
+    snprintf(src, sizeof src, "tests/fixtures/lora/%s-a1", fixture);
+    snprintf(dst, sizeof dst, "/tmp/test_lora_bf16_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && python3 tests/lora_f32_variant.py %s %s", dst, dst, src, dst);
+    T_ASSERT(system(cmd) == 0, "%s", cmd);
+    Err err = {0};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    snprintf(path, sizeof path, "tests/fixtures/lora/%s.ref.safetensors", fixture);
+    T_ASSERT(model_load(&m, dir, &err) == 0 && safetensors_open(&ref, path, &err) == 0, "%s", err.msg);
+    if (!m || !ref) { model_free(m); return; }
+    LoraLoadOpts f32 = {64, LORA_DTYPE_F32}, bf = {64, LORA_DTYPE_BF16};
+    LoraAdapter *orig = NULL, *v32 = NULL, *vbf = NULL;
+    T_ASSERT(lora_load_opts(&orig, &m->cfg, src, &f32, NULL, "orig", &err) == 0, "%s", err.msg);
+    T_ASSERT(lora_load_opts(&v32, &m->cfg, dst, &f32, NULL, "v32", &err) == 0, "%s", err.msg);
+    T_ASSERT(lora_load_opts(&vbf, &m->cfg, dst, &bf, NULL, "vbf", &err) == 0, "%s", err.msg);
+    if (!orig || !v32 || !vbf) goto out;
+    T_ASSERT(vbf->dtype == LORA_DTYPE_BF16 && vbf->bytes * 2 == v32->bytes &&
+             vbf->bytes == lora_bytes_as(&m->cfg, 8, LORA_DTYPE_BF16), "bf16 adapter holds %zu bytes, f32 %zu",
+             vbf->bytes, v32->bytes);
+    size_t ne = v32->bytes / 4, moved = 0, wrong = 0;
+    const float *o32 = orig->arena, *p32 = v32->arena;
+    const uint16_t *pbf = vbf->arena;
+    for (size_t i = 0; i < ne; i++) {
+        moved += memcmp(&o32[i], &p32[i], 4) != 0;
+        wrong += pbf[i] != f32_to_bf16(p32[i]) || bf16_to_f32(pbf[i]) != o32[i];
+    }
+    T_ASSERT(moved > ne / 2 && wrong == 0, "bf16 storage: %zu of %zu values not rounded to nearest even (%zu of the "
+             "f32 variant's values differ from the committed adapter)", wrong, ne, moved);
+    int V = m->cfg.vocab;
+    int64_t nt = 0, nl = 0;
+    const int32_t *tok = (const int32_t *)ref_get(ref, "a1", 0, "tokens", &nt);
+    const float *want = ref_get(ref, "a1", 0, "logits", &nl);
+    T_ASSERT(tok && want && nt > 0 && nt <= MAXT && nl == nt * V, "reference missing");
+    if (!tok || !want || nt > MAXT || nl != nt * V) goto out;
+    Runner *r = runner_create(m, MAXT, 128, 2);
+    KVCache *kv = kvcache_create(&m->cfg, 64, BLOCK);
+    float *lf = malloc(sizeof(float) * (size_t)nt * V), *lb = malloc(sizeof(float) * (size_t)nt * V),
+          *lv = malloc(sizeof(float) * (size_t)nt * V);
+    T_ASSERT(runner_set_lora(r, 0, orig, &err) == 0 && runner_set_lora(r, 1, vbf, &err) == 0 &&
+             runner_set_lora(r, 2, v32, &err) == 0, "%s", err.msg);
+    prefill(r, kv, tok, (int)nt, 0, 1, lf);
+    prefill(r, kv, tok, (int)nt, 1, 1, lb);
+    prefill(r, kv, tok, (int)nt, 2, 1, lv);
+    LogitStats st = logit_stats(want, lb, (int)nt, V), sv = logit_stats(lf, lv, (int)nt, V);
+    printf("%-12s + a1 stored bf16: max|dlogit| %.2e KL %.2e vs transformers + peft; the f32 variant (x (1 -/+ 2^-12)) "
+           "stored f32 moved logits by %.2e\n", fixture, st.max_abs, st.max_kl, sv.max_abs);
+    T_ASSERT(memcmp(lf, lb, sizeof(float) * (size_t)nt * V) == 0, "%s: bf16 storage of the variant differs from f32 "
+             "storage of the committed adapter", fixture);
+    T_ASSERT(st.max_abs <= MAX_ABS && st.max_kl <= MAX_KL, "%s bf16 off: %.3e / %.3e", fixture, st.max_abs, st.max_kl);
+    T_ASSERT(sv.max_abs > 0, "the f32 variant computed the committed adapter's bits (no perturbation reached it)");
+    free(lf); free(lb); free(lv);
+    kvcache_free(kv);
+    runner_free(r);
+out:
+    lora_free(orig); lora_free(v32); lora_free(vbf);
+    safetensors_free(ref);
+    model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    T_ASSERT(system(cmd) == 0, "cleanup");
+}
+
+static void bf16_op_is_widened_f32(void) {
+    enum { IN = 300, OUT = 2061, N = 7, R = 5 };
+    static uint16_t a16[2][R * IN], b16[2][R * OUT];
+    static float a32[2][R * IN], b32[2][R * OUT], x[N * IN], out[N * OUT], ref[N * OUT];
+    uint32_t seed = 11;
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < R * IN; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            a16[p][i] = f32_to_bf16((float)(seed >> 8) / 16777216.0f - 0.5f);
+            a32[p][i] = bf16_to_f32(a16[p][i]);
+        }
+        for (int i = 0; i < R * OUT; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            b16[p][i] = f32_to_bf16((float)(seed >> 8) / 16777216.0f - 0.5f);
+            b32[p][i] = bf16_to_f32(b16[p][i]);
+        }
+    }
+    LoraPair pb[2], pf[2];
+    for (int p = 0; p < 2; p++) {
+        pb[p] = (LoraPair){a16[p], b16[p], R - 2 * p, IN, OUT, 0.75f, 1};
+        pf[p] = (LoraPair){a32[p], b32[p], R - 2 * p, IN, OUT, 0.75f, 0};
+    }
+    const LoraPair *rows[N];
+    for (int i = 0; i < N; i++) {
+        rows[i] = i == 4 ? NULL : &pb[i % 2];
+        for (int k = 0; k < IN; k++) x[i * IN + k] = (float)((i * 13 + k * 7) % 101) / 101.0f - 0.5f;
+        for (int k = 0; k < OUT; k++) out[i * OUT + k] = ref[i * OUT + k] = (float)(k % 17) / 17;
+    }
+    Backend *be = backend_cpu_create(2, 16);
+    be->reserve(be, 64, 256);
+    be->lora(be, out, x, N, rows);
+    for (int i = 0; i < N; i++)
+        if (rows[i]) cpu_lora_row(ref + i * OUT, x + i * IN, &pf[i % 2]);
+    T_ASSERT(memcmp(out, ref, sizeof out) == 0, "the BF16 LoRA op differs from the f32 op on the widened values");
+    be->free(be);
+}
+
 int main(void) {
     grouped_op_is_the_reference();
     parity_and_mix("qwen3_gqa2");
     parity_and_mix("llama31");
     refusals();
+    bf16_op_is_widened_f32();
+    bf16_storage("qwen3_gqa2");
+    bf16_storage("llama31");
     return T_DONE();
 }

@@ -102,6 +102,7 @@ typedef struct ServerConfig {
     const char *loras[SERVER_MAX_LORAS]; /* --lora NAME=DIR, loaded at start-up */
     int n_loras;
     int max_lora_rank;             /* largest adapter rank accepted; default 64 */
+    int lora_dtype;                /* --lora-dtype: LoraDtype (lora.h), 0 = float32 (default), 1 = bfloat16 */
 } ServerConfig;
 
 /* Every default above (the engine's from engine_config_default); no environment is read. */

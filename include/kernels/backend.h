@@ -35,13 +35,17 @@ typedef struct AttnArgs {
 
 /* One LoRA adapter's pair on one linear (lora.h builds them): the update of
  * that linear's output is B (scale * A x). B is kept transposed so the
- * expand is rank axpys over contiguous rows. Host memory on host backends. */
+ * expand is rank axpys over contiguous rows. Host memory on host backends,
+ * device memory on device backends (forward.c uploads each adapter to the
+ * region of the adapter pool it reserved at start-up). */
 #define LORA_MAX_RANK 256
+#define LORA_BF16_MAX_IN 32768 /* in-features of a BF16-stored pair (the CPU op widens a row of A on its stack) */
 typedef struct LoraPair {
-    const float *a;   /* [rank, in] f32 (PEFT lora_A.weight) */
-    const float *b;   /* [rank, out] f32 (PEFT lora_B.weight [out, rank], transposed) */
+    const void *a;    /* [rank, in] f32, or bf16 when bf16 (PEFT lora_A.weight) */
+    const void *b;    /* [rank, out] f32 / bf16 (PEFT lora_B.weight [out, rank], transposed) */
     int rank, in, out;
     float scale;      /* lora_alpha / rank, or lora_alpha / sqrt(rank) with use_rslora */
+    int bf16;         /* 1: a and b hold bf16 bits (--lora-dtype bfloat16), widened exactly; f32 math either way */
 } LoraPair;
 
 typedef struct Backend Backend;
@@ -106,6 +110,15 @@ struct Backend {
      * it would alone (fixed reduction order per element). x [n, pairs->in] f32,
      * out [n, pairs->out] f32 (contiguous rows). */
     void (*lora)(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs);
+    /* Optional (device backends with lora): size the lora op's scratch for up
+     * to max_tokens rows of rank <= max_rank; start-up (fatal on failure). The
+     * op refuses (fatal) a call beyond it, so call it before any adapter. */
+    void (*lora_reserve)(Backend *b, int max_tokens, int max_rank);
+    /* Optional (device backends): dst (backend memory) = src [bytes] (host) on
+     * the update path: 0 once ops issued after the call see the bytes and src
+     * may be reused, or <0 with err filled (never fatal; dst then holds
+     * anything, the caller does not use it). */
+    int (*upload_try)(Backend *b, void *dst, const void *src, size_t bytes, struct Err *err);
     /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
      * rows of up to max_cols; called once at runner creation. */
     void (*reserve)(Backend *b, int max_tokens, int max_cols);

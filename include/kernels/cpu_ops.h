@@ -72,6 +72,10 @@ void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, 
  * in the batch. */
 struct LoraPair;
 void cpu_lora_row(float *out, const float *x, const struct LoraPair *p);
+/* cpu_lora_row on rows[0..n) of out [., p->out] and x [., p->in] (n <= CPU_LORA_ROWS_MAX), the same bits
+ * per row; BF16 pairs widen each row of A and chunk of B once for the n rows. */
+#define CPU_LORA_ROWS_MAX 8
+void cpu_lora_rows(float *out, const float *x, const int *rows, int n, const struct LoraPair *p);
 
 /* Rotary embedding in place on one head vector x[head_dim] (HF rotate_half
  * layout: pairs (i, i + head_dim/2)); cs/sn: [head_dim/2] for its position. */

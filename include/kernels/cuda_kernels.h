@@ -122,6 +122,30 @@ int cuda_gather(void *out, const void *src, int64_t numel, const int64_t *idx, i
  * (seed, index): random weights made directly in device memory (benchmarks). */
 int cuda_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float mean, float scale, void *stream);
 
+/* ---- batched LoRA (lora.cu): Punica / S-LoRA's SGMV shrink then expand ----
+ * Rows of one call are grouped into segments, one per distinct adapter pair:
+ * rows[row0[s] .. row0[s + 1]) (device, [n] int32, batch rows) use pair s. For
+ * each such row i: h = scale[s] * A_s x[i] (shrink, into h [n, h_stride] f32,
+ * indexed by the row's position in rows), then out[i] += B_s^T h (expand, j in
+ * order, one fmaf per j: cpu_axpy's arithmetic). Rows in no segment are not
+ * touched. A [rank, in] and B^T [rank, out] are f32 or bf16 (bf16[s]: values
+ * widened exactly, f32 math). Each row's result is computed by the same lanes
+ * in the same order whatever else is in the call: a mixed batch gives each
+ * row the bits it gets alone. 0, or -1 on a bad shape (nothing launched). */
+#define CUDA_LORA_MAX_SEG 64
+typedef struct CudaLoraSegs {
+    const void *a[CUDA_LORA_MAX_SEG];  /* [rank, in] f32 or bf16, device */
+    const void *b[CUDA_LORA_MAX_SEG];  /* [rank, out] f32 or bf16 (B transposed), device */
+    float scale[CUDA_LORA_MAX_SEG];
+    int rank[CUDA_LORA_MAX_SEG];       /* 1..h_stride */
+    int bf16[CUDA_LORA_MAX_SEG];
+    int row0[CUDA_LORA_MAX_SEG + 1];   /* segment s: positions row0[s] .. row0[s + 1] of rows */
+    int tile0[CUDA_LORA_MAX_SEG + 1];  /* first row tile of segment s (set by cuda_lora) */
+    int n_seg;
+} CudaLoraSegs;
+int cuda_lora(float *out, const float *x, int n, int in, int out_dim, float *h, int h_stride, const int32_t *rows,
+              CudaLoraSegs *segs, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -80,8 +80,8 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
  * and a task takes up to LORA_ROWS_PER_TASK rows of one segment, so an
  * adapter's A and B come from memory about once per task and stay in cache
  * for its other rows, with one barrier per linear. Each row is exactly
- * cpu_lora_row, so the grouping (which depends on the batch) never changes a
- * bit. */
+ * cpu_lora_row (cpu_lora_rows: BF16 pairs widen once per task), so the grouping
+ * (which depends on the batch) never changes a bit. */
 #define LORA_ROWS_PER_TASK 2
 #define LORA_INLINE_MACS (1 << 18) /* less work than this runs on the calling thread: no wake-up, no barrier */
 
@@ -101,10 +101,7 @@ static void lora_task(void *p, int task, int thread) {
     const LoraPair *lp = c->lora_seg[s];
     int r0 = c->lora_row0[s] + (task - c->lora_task0[s]) * LORA_ROWS_PER_TASK, r1 = r0 + LORA_ROWS_PER_TASK;
     if (r1 > c->lora_row0[s + 1]) r1 = c->lora_row0[s + 1];
-    for (int i = r0; i < r1; i++) {
-        int row = c->lora_rows[i];
-        cpu_lora_row(j->out + (size_t)row * lp->out, j->x + (size_t)row * lp->in, lp);
-    }
+    cpu_lora_rows(j->out, j->x, c->lora_rows + r0, r1 - r0, lp);
 }
 
 static void cpu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {

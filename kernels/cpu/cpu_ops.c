@@ -14,6 +14,7 @@
 
 #include "backend.h"
 
+#include "check.h"
 #include "cpu_matmul.h"
 #include "dtype.h"
 #include "log.h"
@@ -437,8 +438,70 @@ void cpu_embed(float *out, const uint16_t *emb, int token, int dim) {
     for (int i = 0; i < dim; i++) out[i] = bf16_to_f32(row[i]);
 }
 
+/* BF16 storage: a row of A (and a chunk of a row of B) is widened exactly into
+ * a stack buffer first, so the arithmetic is the f32 path's on the same
+ * values: bf16 storage gives the bits of f32 storage of the bf16-rounded
+ * adapter. B's rows go in chunks of LORA_WIDEN (a multiple of 8, so cpu_axpy
+ * takes the same elements on its vector and scalar paths as unchunked). */
+#define LORA_WIDEN 1024
+#ifdef CPU_OPS_X86
+AVX2 static void widen_avx2(float *w, const uint16_t *h, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_ps(w + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < n; i++) w[i] = bf16_to_f32(h[i]);
+}
+#endif
+static const float *lora_widen(float *w, const void *src, size_t off, int n) {
+    const uint16_t *h = (const uint16_t *)src + off;
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        widen_avx2(w, h, n);
+        return w;
+    }
+#endif
+    for (int i = 0; i < n; i++) w[i] = bf16_to_f32(h[i]);
+    return w;
+}
+
 void cpu_lora_row(float *out, const float *x, const LoraPair *p) {
     float h[LORA_MAX_RANK];
-    for (int j = 0; j < p->rank; j++) h[j] = p->scale * cpu_dot(p->a + (size_t)j * p->in, x, p->in);
-    for (int j = 0; j < p->rank; j++) cpu_axpy(out, h[j], p->b + (size_t)j * p->out, p->out);
+    if (!p->bf16) {
+        const float *a = p->a, *b = p->b;
+        for (int j = 0; j < p->rank; j++) h[j] = p->scale * cpu_dot(a + (size_t)j * p->in, x, p->in);
+        for (int j = 0; j < p->rank; j++) cpu_axpy(out, h[j], b + (size_t)j * p->out, p->out);
+        return;
+    }
+    float w[LORA_BF16_MAX_IN];
+    ASSERT(p->in <= LORA_BF16_MAX_IN, "BF16 LoRA in-features %d above %d (lora.c refuses those)", p->in,
+           LORA_BF16_MAX_IN);
+    for (int j = 0; j < p->rank; j++) h[j] = p->scale * cpu_dot(lora_widen(w, p->a, (size_t)j * p->in, p->in), x, p->in);
+    for (int j = 0; j < p->rank; j++)
+        for (int o = 0; o < p->out; o += LORA_WIDEN) {
+            int k = p->out - o < LORA_WIDEN ? p->out - o : LORA_WIDEN;
+            cpu_axpy(out + o, h[j], lora_widen(w, p->b, (size_t)j * p->out + o, k), k);
+        }
+}
+
+void cpu_lora_rows(float *out, const float *x, const int *rows, int n, const LoraPair *p) {
+    if (!p->bf16 || n == 1) {
+        for (int r = 0; r < n; r++) cpu_lora_row(out + (size_t)rows[r] * p->out, x + (size_t)rows[r] * p->in, p);
+        return;
+    }
+    /* cpu_lora_row's operations on each row in the same order, each widened row of A and chunk of B
+     * shared by the n rows */
+    ASSERT(n <= CPU_LORA_ROWS_MAX && p->in <= LORA_BF16_MAX_IN, "cpu_lora_rows: %d rows, %d in-features", n, p->in);
+    float w[LORA_BF16_MAX_IN], h[CPU_LORA_ROWS_MAX][LORA_MAX_RANK];
+    for (int j = 0; j < p->rank; j++) {
+        lora_widen(w, p->a, (size_t)j * p->in, p->in);
+        for (int r = 0; r < n; r++) h[r][j] = p->scale * cpu_dot(w, x + (size_t)rows[r] * p->in, p->in);
+    }
+    for (int j = 0; j < p->rank; j++)
+        for (int o = 0; o < p->out; o += LORA_WIDEN) {
+            int k = p->out - o < LORA_WIDEN ? p->out - o : LORA_WIDEN;
+            lora_widen(w, p->b, (size_t)j * p->out + o, k);
+            for (int r = 0; r < n; r++) cpu_axpy(out + (size_t)rows[r] * p->out + o, h[r][j], w, k);
+        }
 }

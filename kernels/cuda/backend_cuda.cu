@@ -15,6 +15,9 @@
  * otherwise.
  * Deltas (weights_changed): BF16 tensors get a verified scatter of the touched
  * elements (scatter.cu), quantized matrices a re-upload of their bytes.
+ * LoRA (cu_lora, lora.cu): adapters live in the runner's adapter pool
+ * (forward.c, device memory reserved at start-up, uploaded with upload_try);
+ * the op groups rows by adapter and launches the shrink and expand kernels.
  * Graphs (graph_*): stream capture of the ops forward.c issues for a decode
  * step, replayed per batch size. Nothing is allocated per step: the bf16
  * activation scratch of the GEMM path is sized by reserve (runner creation),
@@ -30,6 +33,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cuda_check.h"
@@ -72,6 +76,14 @@ typedef struct CudaCtx {
     uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call */
     size_t wsf_cap;
     int native_warned; /* a refused native GEMM was logged */
+    /* LoRA (cu_lora; sized by cu_lora_reserve): */
+    int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
+    float *lora_h;              /* [lora_tokens, lora_rank] f32 device: the shrink's output */
+    int32_t *lora_rows_d;       /* [lora_tokens] device: rows grouped by segment */
+    int32_t *lora_rows;         /* [lora_tokens] host: this call's grouping */
+    int32_t *lora_rows_up;      /* [lora_tokens] host: what lora_rows_d holds (lora_rows_up_n of them) */
+    int lora_rows_up_n;
+    uint8_t *lora_taken;        /* [lora_tokens] host */
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -367,6 +379,80 @@ static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const in
     LAUNCH_OK(cuda_scale_add_rows(dst, src, rows, w, n, dim, st(b)));
 }
 
+/* The batched LoRA of one linear (backend.h): rows grouped by pair on the host
+ * (in order of first appearance, as cpu_lora), the grouping uploaded only when
+ * it differs from the last one (the linears of a step normally share it, so
+ * about one small copy per step), then cuda_lora's shrink and expand. */
+static void cu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {
+    CudaCtx *c = ctx(b);
+    CHECK(n <= c->lora_tokens, "LoRA over %d rows, %d reserved (lora_reserve; a bug in the caller)", n,
+          c->lora_tokens);
+    CudaLoraSegs sg;
+    int n_rows = 0, in = 0, od = 0;
+    sg.n_seg = 0;
+    memset(c->lora_taken, 0, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (!pairs[i] || c->lora_taken[i]) continue;
+        const LoraPair *lp = pairs[i];
+        CHECK(sg.n_seg < CUDA_LORA_MAX_SEG && lp->rank <= c->lora_rank && (!in || (lp->in == in && lp->out == od)),
+              "LoRA call with a pair of rank %d (reserved %d) or mismatched shapes (a bug in the caller)", lp->rank,
+              c->lora_rank);
+        in = lp->in;
+        od = lp->out;
+        int s = sg.n_seg++;
+        sg.a[s] = lp->a;
+        sg.b[s] = lp->b;
+        sg.scale[s] = lp->scale;
+        sg.rank[s] = lp->rank;
+        sg.bf16[s] = lp->bf16;
+        sg.row0[s] = n_rows;
+        for (int k = i; k < n; k++)
+            if (pairs[k] == lp) {
+                c->lora_taken[k] = 1;
+                c->lora_rows[n_rows++] = k;
+            }
+    }
+    sg.row0[sg.n_seg] = n_rows;
+    if (!sg.n_seg) return;
+    if (n_rows != c->lora_rows_up_n || memcmp(c->lora_rows, c->lora_rows_up, sizeof(int32_t) * (size_t)n_rows)) {
+        /* pageable source: staged before the call returns, so lora_rows may change after it */
+        CUDA_CHECK(cudaMemcpyAsync(c->lora_rows_d, c->lora_rows, sizeof(int32_t) * (size_t)n_rows,
+                                   cudaMemcpyHostToDevice, c->stream));
+        memcpy(c->lora_rows_up, c->lora_rows, sizeof(int32_t) * (size_t)n_rows);
+        c->lora_rows_up_n = n_rows;
+    }
+    LAUNCH_OK(cuda_lora(out, x, n, in, od, c->lora_h, c->lora_rank, c->lora_rows_d, &sg, st(b)));
+}
+/* Start-up: the lora op's scratch, 4 x (max_rank + 1) device bytes per row. */
+static void cu_lora_reserve(Backend *b, int max_tokens, int max_rank) {
+    CudaCtx *c = ctx(b);
+    CHECK(max_tokens > 0 && max_rank >= 1 && max_rank <= LORA_MAX_RANK, "lora_reserve(%d, %d): bad sizes",
+          max_tokens, max_rank);
+    if (max_tokens <= c->lora_tokens && max_rank <= c->lora_rank) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->lora_h) CUDA_CHECK(cudaFree(c->lora_h));
+    if (c->lora_rows_d) CUDA_CHECK(cudaFree(c->lora_rows_d));
+    size_t hb = sizeof(float) * (size_t)max_tokens * max_rank;
+    cudaError_t e = cudaMalloc((void **)&c->lora_h, hb);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->lora_rows_d, sizeof(int32_t) * (size_t)max_tokens);
+    CHECK(e == cudaSuccess, "LoRA scratch of %.1f MiB on the GPU: %s\n  fix: lower --max-lora-rank or "
+          "--max-num-batched-tokens", hb / 1048576.0, cudaGetErrorString(e));
+    c->lora_rows = (int32_t *)realloc(c->lora_rows, sizeof(int32_t) * (size_t)max_tokens);
+    c->lora_rows_up = (int32_t *)realloc(c->lora_rows_up, sizeof(int32_t) * (size_t)max_tokens);
+    c->lora_taken = (uint8_t *)realloc(c->lora_taken, (size_t)max_tokens);
+    CHECK(c->lora_rows && c->lora_rows_up && c->lora_taken, "out of host memory for the LoRA scratch");
+    c->lora_rows_up_n = -1;
+    c->lora_tokens = max_tokens;
+    c->lora_rank = max_rank;
+}
+/* The update path's copy (adapters): every error returned. */
+static int cu_upload_try(Backend *b, void *dst, const void *src, size_t n, Err *err) {
+    CudaCtx *c = ctx(b);
+    if (n) CUDA_TRY(err, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
 /* Runner creation: the GEMM path's bf16 copy of x for up to max_tokens x max_cols. */
 static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     CudaCtx *c = ctx(b);
@@ -382,9 +468,13 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
 static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf};
+    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
+                    c->lora_h, c->lora_rows_d};
     cuda_lt_free(c->lt);
     free(c->sc_host);
+    free(c->lora_rows);
+    free(c->lora_rows_up);
+    free(c->lora_taken);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CUDA_CHECK(cudaFree(bufs[i]));
     cublasDestroy(c->blas);
@@ -466,6 +556,9 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->gather_rows = cu_gather_rows;
     b->scale_add_rows = cu_scale_add_rows;
     b->reserve = cu_reserve;
+    b->lora = cu_lora;
+    b->lora_reserve = cu_lora_reserve;
+    b->upload_try = cu_upload_try;
     b->graph_begin = cu_graph_begin;
     b->graph_end = cu_graph_end;
     b->graph_launch = cu_graph_launch;

@@ -22,8 +22,11 @@
  * VLLM_ALLOW_RUNTIME_LORA_UPDATING).
  *
  * Memory: each adapter holds 4 * r * sum(in + out) bytes of its adapted
- * linears (lora_bytes at r = --max-lora-rank bounds a slot), so adapters take
- * at most max_loras * lora_bytes(max_lora_rank), logged at start-up.
+ * linears (2 * ... with --lora-dtype bfloat16; lora_bytes_as at r =
+ * --max-lora-rank bounds a slot), so adapters take at most max_loras *
+ * lora_bytes_as(max_lora_rank), logged at start-up; device backends also hold
+ * a copy in the pool reserved at start-up (runner_reserve_lora: max_loras + 1
+ * regions), and a failed copy there fails the load (the old adapter serves on).
  *
  * Not here: the adapter format (lora.h), the batched compute (forward.c).
  */
@@ -128,7 +131,8 @@ static int load_into(Server *s, int slot, const char *name, const char *dir, con
     LoraAdapter *a = NULL;
     char label[1200];
     snprintf(label, sizeof label, "LoRA adapter '%s' (%s)", name, dir);
-    if (lora_load(&a, &s->model->cfg, dir, s->cfg.max_lora_rank, op, label, err)) return -1;
+    LoraLoadOpts lo = {s->cfg.max_lora_rank, (LoraDtype)s->cfg.lora_dtype};
+    if (lora_load_opts(&a, &s->model->cfg, dir, &lo, op, label, err)) return -1;
     return install(s, slot, name, dir, a, inplace, err);
 }
 
@@ -138,9 +142,10 @@ void lora_startup(Server *s) {
     s->lora_slots = xcalloc(n > 0 ? (size_t)n : 1, sizeof(LoraSlot));
     CHECK(s->cfg.n_loras <= n, "%d --lora adapters but --max-loras %d: raise --max-loras", s->cfg.n_loras, n);
     if (n > 0)
-        log_info("lora: %d adapter slots, rank <= %d: at most %.1f MiB of adapters (%.1f MiB per slot)", n,
-                 s->cfg.max_lora_rank, n * (double)lora_bytes(&s->model->cfg, s->cfg.max_lora_rank) / 1048576.0,
-                 lora_bytes(&s->model->cfg, s->cfg.max_lora_rank) / 1048576.0);
+        log_info("lora: %d adapter slots, rank <= %d, stored as %s: at most %.1f MiB of adapters (%.1f MiB per slot)",
+                 n, s->cfg.max_lora_rank, s->cfg.lora_dtype ? "bf16" : "f32",
+                 n * (double)lora_bytes_as(&s->model->cfg, s->cfg.max_lora_rank, (LoraDtype)s->cfg.lora_dtype) / 1048576.0,
+                 lora_bytes_as(&s->model->cfg, s->cfg.max_lora_rank, (LoraDtype)s->cfg.lora_dtype) / 1048576.0);
     for (int i = 0; i < s->cfg.n_loras; i++) {
         const char *arg = s->cfg.loras[i], *eq = strchr(arg, '=');
         CHECK(eq && eq > arg && eq[1], "--lora %s: expected NAME=DIR (a PEFT adapter directory)", arg);
@@ -356,8 +361,9 @@ static int push_request(Server *s, const uint8_t *b, size_t n, char *name, size_
     LoraAdapter *a = NULL;
     char label[256];
     snprintf(label, sizeof label, "pushed LoRA adapter '%s'", name);
-    if (!rc) rc = lora_from_memory(&a, &s->model->cfg, cfg, strlen(cfg), b + 12 + hn, n - 12 - hn,
-                                   s->cfg.max_lora_rank, label, err);
+    LoraLoadOpts lo = {s->cfg.max_lora_rank, (LoraDtype)s->cfg.lora_dtype};
+    if (!rc) rc = lora_from_memory_opts(&a, &s->model->cfg, cfg, strlen(cfg), b + 12 + hn, n - 12 - hn, &lo, label,
+                                        err);
     free(cfg);
     if (!rc) rc = install(s, slot, name, "(pushed)", a, have >= 0, err);
     if (!rc) {

@@ -94,6 +94,8 @@ static void parse_prompt_ids(CliConfig *c, const char *flag, const char *s) {
     c->n_prompt = n;
 }
 
+/* vLLM's --lora-dtype names; "auto" is the base weights' dtype (bfloat16) as in vLLM; float16 is not served */
+static const Choice LORA_DTYPES[] = {{"float32", 0, 0}, {"bfloat16", 1, 0}, {"auto", 1, 0}, {NULL, 0, 0}};
 static const Choice DEVICES[] = {{"gpu", 0, 0}, {"cpu", 1, 0}, {NULL, 0, 0}};
 /* vLLM's --logprobs-mode names (sampling.h LogprobsMode); "raw" and "processed" were ours before */
 static const Choice LOGPROBS_MODES[] = {{"raw_logprobs", LOGPROBS_RAW, 0}, {"raw_logits", LOGPROBS_RAW_LOGITS, 0},
@@ -144,6 +146,10 @@ static const Flag FLAGS[] = {
     {.name = "--max-lora-rank", .metavar = "R", .section = S_MODEL, .kind = K_INT, .off = AT(server.max_lora_rank),
      .lo = 1, .hi = LORA_MAX_RANK, .show_range = 1,
      .help = "largest adapter rank accepted; adapters take at most max-loras x 4 x R x sum(in + out) bytes"},
+    {.name = "--lora-dtype", .metavar = "T", .section = S_MODEL, .kind = K_ENUM, .off = AT(server.lora_dtype),
+     .choices = LORA_DTYPES,
+     .help = "how adapters are stored: float32 (default) or bfloat16 (auto: the base weights' dtype, bfloat16): "
+             "values rounded to nearest even at load, half the memory, math in f32 either way"},
     {.name = "--reload-root", .metavar = "DIR", .section = S_MODEL, .kind = K_LIST, .off = AT(server.reload_roots),
      .hi = SERVER_MAX_RELOAD_ROOTS, .count_off = AT(server.n_reload_roots), .unset = "full reloads disabled",
      .help = "allow POST /admin/v1/weights/reload of checkpoints under DIR (repeatable)"},

@@ -28,6 +28,7 @@
 #include "delta_sign.h"
 #include "device_select.h"
 #include "log.h"
+#include "lora.h"
 #include "runner_backend.h"
 
 void server_config_default(ServerConfig *c) {
@@ -110,6 +111,7 @@ Server *server_create(const ServerConfig *c) {
           "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);
     engine_config_resolve(ec, &s->model->cfg);
     s->runner = device_runner_create(&dev, s->model, ec->max_batched_tokens, ec->max_model_len, ec->n_threads);
+    runner_reserve_lora(s->runner, ec->max_loras, c->max_lora_rank, (LoraDtype)c->lora_dtype); /* device backends: before the KV cache */
     s->be = runner_backend_create(s->model, s->runner, ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
     s->vocab = s->model->cfg.vocab;
     if (c->engine_only) {

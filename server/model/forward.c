@@ -66,6 +66,14 @@ struct Runner {
     const int32_t *lora_tokens; /* [T] host: runner_set_lora_tokens, or NULL */
     const int32_t *tok_lora; /* this step: lora_tokens when a token has an adapter, else NULL */
     const LoraPair **lrows;  /* [T] host */
+    /* device backends: the adapter pool (runner_reserve_lora), lora_nreg regions of lora_region
+     * bytes; slot s's adapter is a copy in region lora_reg[s] (-1: none), whose pairs (device
+     * pointers) are lora_dpairs[region * n_layers * LT_COUNT ...] */
+    void *lora_pool;
+    size_t lora_region;
+    int lora_nreg, lora_max_rank;
+    int lora_reg[RUNNER_MAX_LORAS];
+    LoraPair *lora_dpairs;   /* [lora_nreg * n_layers * LT_COUNT] host */
 };
 
 static void graphs_reset(Runner *r) {
@@ -164,6 +172,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     r->h_slots = xcalloc(T, sizeof(int32_t));
     r->inv_freq = xcalloc(h2, sizeof(float));
     r->lrows = xcalloc(T, sizeof *r->lrows);
+    for (int i = 0; i < RUNNER_MAX_LORAS; i++) r->lora_reg[i] = -1;
     int max_cols = c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim;
     if ((int)inter > max_cols) max_cols = (int)inter;
     b->reserve(b, max_tokens, max_cols);
@@ -207,6 +216,8 @@ void runner_free(Runner *r) {
     void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w,
                     r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    if (r->lora_pool) b->release(b, r->lora_pool);
+    free(r->lora_dpairs);
     b->free(b);
     free(r);
 }
@@ -215,13 +226,63 @@ void runner_set_expert_capture(Runner *r, int32_t *experts) { r->experts = exper
 
 void runner_set_lora_tokens(Runner *r, const int32_t *lora) { r->lora_tokens = lora; }
 
+void runner_reserve_lora(Runner *r, int max_loras, int max_rank, LoraDtype dtype) {
+    Backend *b = r->b;
+    if (b->host || !b->lora || max_loras <= 0 || r->lora_pool) return;
+    if (max_rank > LORA_MAX_RANK) max_rank = LORA_MAX_RANK;
+    CHECK(max_loras <= RUNNER_MAX_LORAS && max_rank >= 1, "LoRA pool: %d slots of rank %d (at most %d slots)",
+          max_loras, max_rank, RUNNER_MAX_LORAS);
+    b->lora_reserve(b, r->max_tokens, max_rank);
+    /* one region per slot and one spare: an in-place replacement uploads beside the adapter it replaces */
+    r->lora_region = (lora_bytes_as(&r->m->cfg, max_rank, dtype) + 255) / 256 * 256;
+    r->lora_nreg = max_loras + 1;
+    r->lora_max_rank = max_rank;
+    r->lora_pool = b->alloc(b, r->lora_region * (size_t)r->lora_nreg);
+    r->lora_dpairs = xcalloc((size_t)r->lora_nreg * r->m->cfg.n_layers * LT_COUNT, sizeof *r->lora_dpairs);
+    log_info("lora: %s adapter pool of %d regions x %.1f MiB (--max-loras %d + 1 for in-place replacement, "
+             "rank <= %d) + %.1f MiB scratch", b->name, r->lora_nreg, r->lora_region / 1048576.0, max_loras, max_rank,
+             4.0 * r->max_tokens * (max_rank + 1) / 1048576.0);
+}
+
+/* Device backends: copy adapter a into a free region of the pool and rebase its
+ * pairs there. 0 and *reg, or <0 with err (the pool, the slots and every other
+ * region unchanged). */
+static int lora_upload(Runner *r, const LoraAdapter *a, int *reg, Err *err) {
+    ENSURE(err, r->lora_pool, 400, "the %s backend needs its LoRA memory reserved at start-up (--max-loras >= 1)",
+           r->b->name);
+    ENSURE(err, a->bytes <= r->lora_region && a->rank <= r->lora_max_rank, 400, "the adapter (%zu bytes, rank %d) "
+           "exceeds a pool region (%zu bytes, rank %d)", a->bytes, a->rank, r->lora_region, r->lora_max_rank);
+    int g = -1;
+    for (int i = 0; i < r->lora_nreg && g < 0; i++) {
+        int used = 0;
+        for (int s = 0; s < RUNNER_MAX_LORAS; s++) used |= r->lora_reg[s] == i;
+        if (!used) g = i;
+    }
+    ENSURE(err, g >= 0, 503, "the LoRA pool's %d regions are all in use (more slots than --max-loras)", r->lora_nreg);
+    char *dev = (char *)r->lora_pool + (size_t)g * r->lora_region;
+    if (r->b->upload_try(r->b, dev, a->arena, a->bytes, err)) return -1;
+    size_t np = (size_t)a->n_layers * LT_COUNT;
+    LoraPair *dp = r->lora_dpairs + (size_t)g * np;
+    for (size_t i = 0; i < np; i++) {
+        dp[i] = a->pairs[i];
+        if (!a->pairs[i].a) continue;
+        dp[i].a = dev + ((const char *)a->pairs[i].a - (const char *)a->arena);
+        dp[i].b = dev + ((const char *)a->pairs[i].b - (const char *)a->arena);
+    }
+    *reg = g;
+    return 0;
+}
+
 int runner_set_lora(Runner *r, int slot, const LoraAdapter *a, Err *err) {
     ENSURE(err, slot >= 0 && slot < RUNNER_MAX_LORAS, 400, "LoRA slot %d outside [0, %d)", slot, RUNNER_MAX_LORAS);
     ENSURE(err, !a || r->b->lora, 400, "the %s backend does not serve LoRA adapters (use the CPU backend)",
            r->b->name);
     ENSURE(err, !a || a->n_layers == r->m->cfg.n_layers, 400, "the adapter has %d layers, the model %d",
            a ? a->n_layers : 0, r->m->cfg.n_layers);
+    int reg = -1;
+    if (a && !r->b->host && lora_upload(r, a, &reg, err)) return -1; /* the slot keeps its adapter */
     r->lora[slot] = a;
+    r->lora_reg[slot] = reg; /* the old region (in-place replacement) is free again */
     return 0;
 }
 
@@ -232,7 +293,10 @@ static void lora_apply(Runner *r, float *out, const float *x, int n, int l, Lora
     int any = 0;
     for (int i = 0; i < n; i++) {
         int s = r->tok_lora[i];
-        r->lrows[i] = s >= 0 ? lora_pair(r->lora[s], l, t) : NULL;
+        const LoraPair *p = s >= 0 ? lora_pair(r->lora[s], l, t) : NULL;
+        if (p && r->lora_reg[s] >= 0) /* a device backend: the same pair in the adapter's pool region */
+            p = &r->lora_dpairs[((size_t)r->lora_reg[s] * r->m->cfg.n_layers + l) * LT_COUNT + t];
+        r->lrows[i] = p;
         any |= r->lrows[i] != NULL;
     }
     if (any) r->b->lora(r->b, out, x, n, r->lrows);

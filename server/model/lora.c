@@ -1,5 +1,5 @@
 /*
- * lora.c - reading a PEFT LoRA adapter directory into f32 pairs (lora.h).
+ * lora.c - reading a PEFT LoRA adapter directory into f32 or bf16 pairs (lora.h).
  * Validates the whole adapter before it allocates its arena: a refused
  * adapter leaves nothing behind. Not here: the slots a batch indexes
  * (forward.c), the server's name registry.
@@ -31,16 +31,18 @@ static void target_dims(const ModelConfig *c, int l, LoraTarget t, int *in, int 
     if (moe && t >= LT_GATE) *in = *out = 0;
 }
 
-size_t lora_bytes(const ModelConfig *c, int rank) {
+size_t lora_bytes_as(const ModelConfig *c, int rank, LoraDtype dtype) {
     size_t n = 0;
     for (int l = 0; l < c->n_layers; l++)
         for (int t = 0; t < LT_COUNT; t++) {
             int in, out;
             target_dims(c, l, (LoraTarget)t, &in, &out);
-            n += (size_t)rank * (size_t)(in + out) * sizeof(float);
+            n += (size_t)rank * (size_t)(in + out) * (dtype == LORA_DTYPE_BF16 ? 2 : 4);
         }
     return n;
 }
+
+size_t lora_bytes(const ModelConfig *c, int rank) { return lora_bytes_as(c, rank, LORA_DTYPE_F32); }
 
 static int open_file(const StOpener *op, const char *path, Err *err) {
     if (op) return op->open(op->ctx, path, err);
@@ -77,7 +79,9 @@ static int parse_config(json_t *root, const char *label, int max_rank, Config *c
         refuse_set(root, "fan_in_fan_out", NULL, label, "Conv1D-style (GPT-2) weights", err) ||
         refuse_set(root, "rank_pattern", NULL, label, "one rank for every module", err) ||
         refuse_set(root, "alpha_pattern", NULL, label, "one lora_alpha for every module", err) ||
-        refuse_set(root, "target_parameters", NULL, label, "LoRA on MoE expert parameters", err) ||
+        refuse_set(root, "target_parameters", NULL, label, "LoRA on MoE expert parameters (peft's ParamWrapper "
+                   "over 3-D expert tensors) is not implemented; adapt the attention and dense MLP linears with "
+                   "target_modules", err) ||
         refuse_set(root, "lora_bias", NULL, label, "lora_B biases", err) ||
         refuse_set(root, "trainable_token_indices", NULL, label, "trainable tokens", err) ||
         refuse_set(root, "alora_invocation_tokens", NULL, label, "activated LoRA", err) ||
@@ -150,32 +154,38 @@ static int parse_name(const char *name, const ModelConfig *cfg, int *l, LoraTarg
                "up_proj down_proj)", label, name);
 }
 
-static void to_f32(float *dst, const StTensor *t) {
-    for (int64_t i = 0; i < t->numel; i++) {
-        uint16_t h;
-        switch (t->dtype) {
-        case DT_F32: memcpy(&dst[i], t->data + 4 * i, 4); break;
-        case DT_BF16: memcpy(&h, t->data + 2 * i, 2); dst[i] = bf16_to_f32(h); break;
-        default: memcpy(&h, t->data + 2 * i, 2); dst[i] = f16_to_f32(h); break;
-        }
+/* Element i of t as f32 (exact for F32, BF16, F16). */
+static float elem_f32(const StTensor *t, int64_t i) {
+    float v;
+    uint16_t h;
+    switch (t->dtype) {
+    case DT_F32: memcpy(&v, t->data + 4 * i, 4); return v;
+    case DT_BF16: memcpy(&h, t->data + 2 * i, 2); return bf16_to_f32(h);
+    default: memcpy(&h, t->data + 2 * i, 2); return f16_to_f32(h);
     }
 }
 
-/* dst [cols, rows] = the [rows, cols] tensor t transposed, as f32. */
-static void to_f32_transposed(float *dst, const StTensor *t) {
-    int64_t rows = t->shape[0], cols = t->shape[1];
-    float v;
+/* Element i of t stored at dst[k] as dtype (bf16: round to nearest even; BF16 tensors copy exactly). */
+static void put(void *dst, size_t k, const StTensor *t, int64_t i, LoraDtype dtype) {
+    if (dtype == LORA_DTYPE_F32) {
+        ((float *)dst)[k] = elem_f32(t, i);
+        return;
+    }
     uint16_t h;
+    if (t->dtype == DT_BF16) memcpy(&h, t->data + 2 * i, 2);
+    else h = f32_to_bf16(elem_f32(t, i));
+    ((uint16_t *)dst)[k] = h;
+}
+
+static void store(void *dst, const StTensor *t, LoraDtype dtype) {
+    for (int64_t i = 0; i < t->numel; i++) put(dst, (size_t)i, t, i, dtype);
+}
+
+/* dst [cols, rows] = the [rows, cols] tensor t transposed, as dtype. */
+static void store_transposed(void *dst, const StTensor *t, LoraDtype dtype) {
+    int64_t rows = t->shape[0], cols = t->shape[1];
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            int64_t i = r * cols + c;
-            switch (t->dtype) {
-            case DT_F32: memcpy(&v, t->data + 4 * i, 4); break;
-            case DT_BF16: memcpy(&h, t->data + 2 * i, 2); v = bf16_to_f32(h); break;
-            default: memcpy(&h, t->data + 2 * i, 2); v = f16_to_f32(h); break;
-            }
-            dst[c * rows + r] = v;
-        }
+        for (int64_t c = 0; c < cols; c++) put(dst, (size_t)(c * rows + r), t, r * cols + c, dtype);
 }
 
 /* Every tensor checked (names, dtypes, shapes, each A with its B) before anything is allocated. */
@@ -212,7 +222,7 @@ static int check_tensors(const SafeTensors *st, const ModelConfig *cfg, int r, c
 }
 
 static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *st, const Config *c,
-                 const char *label, Err *err) {
+                 LoraDtype dtype, const char *label, Err *err) {
     size_t n_slots = (size_t)cfg->n_layers * LT_COUNT;
     const StTensor **found = calloc(n_slots * 2, sizeof *found);
     ENSURE(err, found, 503, "%s: out of memory", label);
@@ -221,34 +231,44 @@ static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *s
         free(found);
         return -1;
     }
-    size_t floats = 0;
-    for (size_t i = 0; i < n_slots * 2; i++) floats += found[i] ? (size_t)found[i]->numel : 0;
+    size_t floats = 0, es = dtype == LORA_DTYPE_BF16 ? 2 : 4;
+    for (size_t i = 0; i < n_slots * 2; i++) {
+        floats += found[i] ? (size_t)found[i]->numel : 0;
+        if (dtype == LORA_DTYPE_BF16 && found[i] && i % 2 == 0 && found[i]->shape[1] > LORA_BF16_MAX_IN) {
+            ERR(err, 400, "%s: tensor '%s' has %lld in-features, above the %d of BF16 storage (use --lora-dtype "
+                "float32)", label, found[i]->name, (long long)found[i]->shape[1], LORA_BF16_MAX_IN);
+            free(found);
+            return -1;
+        }
+    }
     LoraAdapter *a = calloc(1, sizeof *a);
     if (a) a->pairs = calloc(n_slots, sizeof *a->pairs);
-    if (a) a->arena = malloc(floats * sizeof(float));
+    if (a) a->arena = malloc(floats * es);
     if (!a || !a->pairs || !a->arena) {
         lora_free(a);
         free(found);
-        return ERR(err, 503, "%s: out of memory for %zu adapter bytes", label, floats * sizeof(float));
+        return ERR(err, 503, "%s: out of memory for %zu adapter bytes", label, floats * es);
     }
     a->rank = c->r;
     a->alpha = (float)c->alpha;
     a->rslora = c->rslora;
     a->n_layers = cfg->n_layers;
-    a->bytes = floats * sizeof(float);
+    a->bytes = floats * es;
+    a->dtype = dtype;
     a->n_targets = n_pairs;
     float scale = (float)(c->rslora ? c->alpha / sqrt((double)c->r) : c->alpha / c->r);
-    float *p = a->arena;
+    char *p = a->arena;
     for (size_t i = 0; i < n_slots; i++) {
         const StTensor *ta = found[2 * i], *tb = found[2 * i + 1];
         if (!ta) continue;
         LoraPair *lp = &a->pairs[i];
-        to_f32(p, ta);
+        store(p, ta, dtype);
         lp->a = p;
-        p += ta->numel;
-        to_f32_transposed(p, tb);
+        p += (size_t)ta->numel * es;
+        store_transposed(p, tb, dtype);
         lp->b = p;
-        p += tb->numel;
+        p += (size_t)tb->numel * es;
+        lp->bf16 = dtype == LORA_DTYPE_BF16;
         lp->rank = c->r;
         lp->in = (int)ta->shape[1];
         lp->out = (int)tb->shape[0];
@@ -261,8 +281,14 @@ static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *s
 
 int lora_load(LoraAdapter **out, const ModelConfig *cfg, const char *dir, int max_rank, const StOpener *op,
               const char *label, Err *err) {
+    LoraLoadOpts o = {max_rank, LORA_DTYPE_F32};
+    return lora_load_opts(out, cfg, dir, &o, op, label, err);
+}
+
+int lora_load_opts(LoraAdapter **out, const ModelConfig *cfg, const char *dir, const LoraLoadOpts *o,
+                   const StOpener *op, const char *label, Err *err) {
     *out = NULL;
-    if (max_rank > LORA_MAX_RANK) max_rank = LORA_MAX_RANK;
+    int max_rank = o->max_rank > LORA_MAX_RANK ? LORA_MAX_RANK : o->max_rank;
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     int fd = open_file(op, path, err);
@@ -279,15 +305,21 @@ int lora_load(LoraAdapter **out, const ModelConfig *cfg, const char *dir, int ma
     SafeTensors *st = NULL;
     rc = op ? safetensors_open_with(&st, path, op, err) : safetensors_open(&st, path, err);
     if (rc) return rc;
-    rc = build(out, cfg, st, &c, label, err);
+    rc = build(out, cfg, st, &c, o->dtype, label, err);
     safetensors_free(st);
     return rc;
 }
 
 int lora_from_memory(LoraAdapter **out, const ModelConfig *cfg, const char *config, size_t config_len,
                      const uint8_t *st_bytes, size_t st_len, int max_rank, const char *label, Err *err) {
+    LoraLoadOpts o = {max_rank, LORA_DTYPE_F32};
+    return lora_from_memory_opts(out, cfg, config, config_len, st_bytes, st_len, &o, label, err);
+}
+
+int lora_from_memory_opts(LoraAdapter **out, const ModelConfig *cfg, const char *config, size_t config_len,
+                          const uint8_t *st_bytes, size_t st_len, const LoraLoadOpts *o, const char *label, Err *err) {
     *out = NULL;
-    if (max_rank > LORA_MAX_RANK) max_rank = LORA_MAX_RANK;
+    int max_rank = o->max_rank > LORA_MAX_RANK ? LORA_MAX_RANK : o->max_rank;
     json_error_t je;
     json_t *root = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
     ENSURE(err, root, 400, "%s: adapter_config.json: %s (offset %d)", label, je.text, je.position);
@@ -297,7 +329,7 @@ int lora_from_memory(LoraAdapter **out, const ModelConfig *cfg, const char *conf
     if (rc) return rc;
     SafeTensors st = {0}; /* parse only reads the image */
     rc = safetensors_parse(&st, 0, (uint8_t *)st_bytes, st_len, label, err);
-    if (rc == 0) rc = build(out, cfg, &st, &c, label, err);
+    if (rc == 0) rc = build(out, cfg, &st, &c, o->dtype, label, err);
     for (int i = 0; i < st.n; i++) free(st.t[i].name);
     free(st.t);
     return rc;

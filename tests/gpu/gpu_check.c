@@ -20,7 +20,10 @@
  *      BF16 GEMM FLOP/s with the prefill's types).
  *
  * Part 1 also covers the weight-only FP8/NVFP4 GEMV and the delta scatter; part
- * 2 runs fixtures at FP8/NVFP4 (vs the CPU at the same precision) and applies a
+ * 2 also runs two fixtures with LoRA adapters (tests/gpu/lora_checks.h: a mixed
+ * batch of two adapters and the base vs the CPU and transformers + peft, an
+ * in-place replacement; f32 and bf16 adapter storage), and
+ * runs fixtures at FP8/NVFP4 (vs the CPU at the same precision) and applies a
  * sparse delta to each fixture on the device (XXH3 of the device copy vs the
  * host's); part 3 adds FP8/NVFP4 weight-only decode at batch 1 and 8. The
  * native FP8/NVFP4 paths (issue 19): their op rows in part 1
@@ -47,6 +50,7 @@
 #include "safetensors.h"
 
 #include "op_checks.h"
+#include "lora_checks.h"
 
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
@@ -287,6 +291,9 @@ static void part_models(void) {
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
     native_kl_fixtures();
+    /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
+    lora_model_check("qwen3_gqa2", 0, 0, NULL, NULL);
+    lora_model_check("llama31", 1, 0, NULL, NULL);
 }
 
 /* ---- part 3: benchmark ---- */

@@ -596,6 +596,78 @@ static void check_rows(const int *a) {
     free(vref); free(gotv);
 }
 
+/* The batched LoRA (backend.h lora; lora.cu): rows of up to three adapters and
+ * of the base (NULL pair) interleaved, A and B f32 or bf16. The CUDA op against
+ * the CPU op (f32 class: the shrink sums in another order), the base rows
+ * bitwise untouched, and the first three adapted rows bitwise equal to the
+ * same row run alone on the GPU (a mixed batch never changes a row's bits). */
+static void check_lora(const int *a) {
+    int n = a[0], in = a[1], od = a[2], na = a[3], bf = a[7];
+    const int ranks[3] = {a[4], a[5], a[6]};
+    bc->reserve(bc, 64, 16);
+    if (bg->lora_reserve) bg->lora_reserve(bg, 64, 64);
+    LoraPair hp[3], dp[3];
+    void *hbuf[6], *dbuf[6];
+    for (int k = 0; k < na; k++) {
+        size_t ne[2] = {(size_t)ranks[k] * in, (size_t)ranks[k] * od};
+        for (int w = 0; w < 2; w++) {
+            size_t bytes = ne[w] * (bf ? 2 : 4);
+            hbuf[2 * k + w] = bf ? (void *)rand_bf16(ne[w], 0, 0.2f) : (void *)rand_f32(ne[w], 0.2f);
+            dbuf[2 * k + w] = dev_copy(hbuf[2 * k + w], bytes);
+        }
+        hp[k] = (LoraPair){hbuf[2 * k], hbuf[2 * k + 1], ranks[k], in, od, 0.5f + 0.25f * k, bf};
+        dp[k] = hp[k];
+        dp[k].a = dbuf[2 * k];
+        dp[k].b = dbuf[2 * k + 1];
+    }
+    const LoraPair *hr[64], *dr[64];
+    for (int i = 0; i < n; i++) {
+        int k = (i * 7 + 3) % (na + 1); /* k == na: a base row */
+        hr[i] = k < na ? &hp[k] : NULL;
+        dr[i] = k < na ? &dp[k] : NULL;
+    }
+    size_t X = (size_t)n * in, O = (size_t)n * od;
+    float *x = rand_f32(X, 1), *base = rand_f32(O, 1), *ref = (float *)xmalloc(sizeof(float) * O);
+    memcpy(ref, base, sizeof(float) * O);
+    bc->lora(bc, ref, x, n, hr);
+    float *dx = (float *)dev_copy(x, sizeof(float) * X), *dout = (float *)dev_copy(base, sizeof(float) * O);
+    bg->lora(bg, dout, dx, n, dr);
+    float *got = dev_result(dout, O);
+    char what[120];
+    snprintf(what, sizeof what, "lora n %d in %d out %d, %d adapters r %d/%d/%d + base rows%s", n, in, od, na,
+             ranks[0], na > 1 ? ranks[1] : 0, na > 2 ? ranks[2] : 0, bf ? ", bf16" : "");
+    compare_op(what, TOL_F32, ref, got, O);
+    /* base rows untouched; every row alone */
+    float *alone = (float *)xmalloc(sizeof(float) * O), *bref = (float *)xmalloc(sizeof(float) * O),
+          *bgot = (float *)xmalloc(sizeof(float) * O);
+    size_t nb = 0;
+    int n_alone = 0;
+    for (int i = 0; i < n; i++) {
+        if (hr[i] && n_alone++ >= 3) { /* three rows alone are enough (emulated launches are slow) */
+            memcpy(alone + (size_t)i * od, got + (size_t)i * od, sizeof(float) * od);
+        } else if (hr[i]) {
+            float *d1 = (float *)dev_copy(base + (size_t)i * od, sizeof(float) * od);
+            bg->lora(bg, d1, dx + (size_t)i * in, 1, &dr[i]);
+            float *g1 = dev_result(d1, od);
+            memcpy(alone + (size_t)i * od, g1, sizeof(float) * od);
+            free(g1);
+            cudaFree(d1);
+        } else {
+            memcpy(alone + (size_t)i * od, got + (size_t)i * od, sizeof(float) * od);
+            memcpy(bref + nb, base + (size_t)i * od, sizeof(float) * od);
+            memcpy(bgot + nb, got + (size_t)i * od, sizeof(float) * od);
+            nb += (size_t)od;
+        }
+    }
+    snprintf(what, sizeof what, "lora n %d: base rows untouched", n);
+    compare_op(what, TOL_EXACT, bref, bgot, nb);
+    snprintf(what, sizeof what, "lora n %d: adapted rows alone, same bits", n);
+    compare_op(what, TOL_EXACT, alone, got, O);
+    for (int k = 0; k < 2 * na; k++) { free(hbuf[k]); cudaFree(dbuf[k]); }
+    cudaFree(dx); cudaFree(dout);
+    free(x); free(base); free(ref); free(got); free(alone); free(bref); free(bgot);
+}
+
 /* ---- the table ---- */
 enum { OC_ALL = 0, OC_GPU = 1 /* too big for the emulation */ };
 typedef struct OpCheck {
@@ -714,6 +786,13 @@ static const OpCheck OP_CHECKS[] = {
     /* n_src, n, dim */
     {check_rows, OC_GPU, {64, 40, 4096}},
     {check_rows, OC_ALL, {37, 20, 72}},
+    /* n, in, out, adapters, ranks[3], bf16 */
+    {check_lora, OC_GPU, {16, 4096, 1024, 3, 16, 64, 8, 0}},  /* Qwen3-8B k_proj */
+    {check_lora, OC_GPU, {5, 12288, 4096, 2, 32, 16, 0, 1}},  /* down_proj, bf16 */
+    {check_lora, OC_ALL, {9, 72, 100, 3, 4, 8, 2, 0}},        /* ragged widths, tiles of 1..4 rows */
+    {check_lora, OC_ALL, {1, 136, 40, 1, 16, 0, 0, 0}},        /* one decode row */
+    {check_lora, OC_ALL, {13, 100, 300, 2, 33, 1, 0, 1}},      /* rank over a warp group, rank 1, bf16 */
+    {check_lora, OC_ALL, {6, 40, 72, 1, 64, 0, 0, 0}},         /* rank 64 */
 };
 #undef FP8B
 #undef FP8C

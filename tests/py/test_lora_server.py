@@ -22,6 +22,7 @@ GOLDEN = json.load(open(os.path.join(ROOT, "tests", "data", "lora_server_golden.
 T1 = "tests/fixtures/lora/tiny-qwen3-t1"
 T2 = "tests/fixtures/lora/tiny-qwen3-t2"
 ADM = {"Authorization": f"Bearer {ADMIN}"}
+BASE = "tiny-qwen3"
 LONG = [(7919 * i + 13) % 150000 for i in range(40)]  # 2 full KV blocks of 16 and a rest
 
 
@@ -192,10 +193,30 @@ def test_slots_are_bounded_and_unload_waits_for_its_requests(srv):
 def test_startup_refuses_bad_lora_flags(sampler_bin):
     import subprocess
     for args, want in ((["--lora", "t1"], "NAME=DIR"), (["--lora", f"x={ROOT}/tests/fixtures/lora/qwen3_gqa2-a1"], "shape"),
-                       (["--lora", f"a={T1}", "--lora", f"b={T2}", "--max-loras", "1"], "--max-loras")):
+                       (["--lora", f"a={T1}", "--lora", f"b={T2}", "--max-loras", "1"], "--max-loras"),
+                       (["--lora-dtype", "float16"], "--lora-dtype")):
         p = subprocess.run([sampler_bin, "--port", "0", "--threads", "1", "--kv-mem-mb", "16", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and want in p.stderr, (args, p.stderr)
+
+
+def test_lora_dtype_bfloat16():
+    """--lora-dtype bfloat16: adapters stored as BF16 (half the memory, logged), f32 math; the committed
+    adapters are BF16-exact, so the greedy continuations are peft's exactly, in one mixed batch too."""
+    s = Server("--lora", f"t1={T1}", "--lora", f"t2={T2}", "--lora-dtype", "bfloat16", "--log-level", "info")
+    try:
+        assert ids(complete(s, "t1", GOLDEN["prompt"])) == GOLDEN["t1"]
+        out = {}
+        ths = [threading.Thread(target=lambda m=m: out.__setitem__(m, ids(complete(s, m, GOLDEN["prompt"]))))
+               for m in ("t2", "t1", BASE)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        assert out == {"t1": GOLDEN["t1"], "t2": GOLDEN["t2"], BASE: GOLDEN["base"]}
+        wait_until(lambda: any("stored as bf16" in l for l in s.stderr), "the start-up log names bf16 storage")
+    finally:
+        assert s.stop() == 0
 
 
 def test_trainer_push_lora_signed_inplace(tmp_path):

@@ -10,6 +10,10 @@
  *      MoE gather/scatter) against transformers and the CPU backend, with the
  *      bounds of tests/gpu/gpu_check.c part 2 (the emulated cuBLAS GEMM is a
  *      plain loop, so only its call and layout are checked here).
+ *   2b. LoRA adapters end to end (tests/gpu/lora_checks.h): a mixed batch of two
+ *      adapters and the base against the CPU and transformers + peft, an
+ *      in-place replacement, and a failure injected into each CUDA call of an
+ *      adapter's upload (refused, the old adapter keeps serving);
  *   3. a CUDA failure injected into every CUDA call of a delta's device update
  *      in turn (shim: emu_fail_nth): the commit fails and restores the host
  *      and device copies bit for bit.
@@ -23,6 +27,7 @@
 #include <string.h>
 
 #include "../op_checks.h"
+#include "../lora_checks.h"
 #include "cuda_kernels.h"
 #include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
 #include "gemv_tile.cuh"
@@ -461,6 +466,9 @@ int main(void) {
         t_model("tests/fixtures/llama31", 1, PREC_NVFP4);
         t_act_pc = -1;
     }
+    printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
+    lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);
+    if (!quick) lora_model_check("llama31", 1, 0, NULL, NULL);
     printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8);

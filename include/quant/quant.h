@@ -185,8 +185,31 @@ void quant_matmul_fp8_rows(float *out, const float *x, const float *xs, const Qu
 /* xg NULL: weight-only; xg [n] from quant_act_nvfp4 (then x is its xq). */
 void quant_matmul_nvfp4_rows(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                              int row_begin, int row_end);
-/* 1 if the AVX2+FMA+F16C kernels are in use. quant_force_portable(1) selects the
- * portable path (tests compare both; results are bit-identical). */
+/* The FP8 matmul paths, numbered like the CPU backend's matmul paths
+ * (cpu_ops.h CpuPath, which forces the matching one here): all give the bits
+ * of the order above (tests/test_cpu_paths.c, tests/test_quant_matmul.c).
+ *   PORTABLE  plain C (fmaf), everywhere
+ *   AVX2_V0   AVX2+FMA+F16C, the kernel before issue #23 (e4m3 -> f16 -> f32)
+ *   AVX2      AVX2+FMA (quant/fp8_matmul_x86.c): e4m3 decoded by shift, mask
+ *             and a power-of-two multiply; in place for < 4 tokens, packed f32
+ *             panels for more
+ *   AVX512    AVX-512F, the same with one zmm per 16 lanes
+ * NVFP4 runs its AVX2+FMA+F16C kernel on every path but PORTABLE (when the CPU
+ * has F16C). The default is the best path the CPU has. */
+typedef enum QuantPath {
+    QUANT_PATH_PORTABLE,
+    QUANT_PATH_AVX2_V0,
+    QUANT_PATH_AVX2,
+    QUANT_PATH_AVX512,
+    QUANT_PATH_COUNT
+} QuantPath;
+int quant_path_available(QuantPath p);
+const char *quant_path_name(QuantPath p);
+QuantPath quant_path(void);
+/* 0, or -1 (path unchanged) when p cannot run here. Not while a matmul runs. */
+int quant_force_path(QuantPath p);
+/* 1 if a vector path is in use. quant_force_portable(1) selects the portable
+ * path, (0) the default one (tests compare both; results are bit-identical). */
 int quant_simd_active(void);
 void quant_force_portable(int on);
 

@@ -19,12 +19,15 @@
  * needs the MXCSR denormals-are-zero bit clear, the default (nothing in the
  * project sets it).
  *
- * Two shapes per ISA, as in the bf16 kernels (kernels/cpu/cpu_matmul_x86.c):
- * - few tokens (decode, small batches): weights decoded in place from the
- *   e4m3 bytes, a block of rows at a time, the next block prefetched;
- * - many tokens (prefill, big batches): each chunk of rows decoded once into
- *   a per-thread f32 panel laid out in the order the tile reads it, then
- *   register tiles of rows x tokens over the panel.
+ * One shape for every token count: weights decoded in place from the e4m3
+ * bytes, a block of rows at a time (its bytes stay in L1 while every token
+ * tile passes over them), the next block prefetched. There are no packed f32
+ * panels as in the bf16 GEMM (kernels/cpu/cpu_matmul_x86.c): decoding a block
+ * once into an f32 panel and running the tiles over the panel was measured
+ * slower than decoding in place at every token count from 2 to 256 (one
+ * thread, 3072 x 1024: AVX-512 45-54 against 59-68 G multiply-adds/s; AVX2
+ * about equal), since a panel tile loads four times the bytes per weight and
+ * the decode's integer ops run beside the FMAs. (bench/RESULTS.md, #23.)
  *
  * What they are not: an int8 / VNNI dot product (it would sum products
  * inside a lane in another order, or exactly, and give other bits than the
@@ -45,19 +48,9 @@
 #define A5_FN __attribute__((target("avx512f,avx2,fma")))
 
 #define GROUP QUANT_FP8_GROUP
-#define PANEL_FLOATS (1 << 17) /* 512 KiB of decoded f32 rows per thread */
-#define GEMM_MIN_TOKENS 4      /* fewer tokens: weights decoded in place */
-#define E4M3_KEEP ((int)0x87f00000u)
-
-static __thread float g_panel[PANEL_FLOATS];
+#define E4M3_KEEP ((int)0x87f00000u) /* sign and bits 20-26 of the shifted byte */
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
-
-/* Steps of 16 columns in a row (the last one zero-padded). */
-static inline int steps(int cols) { return (cols + 15) / 16; }
-
-/* Rows of a chunk that fit the panel, a multiple of `blk`; 0 if not one block. */
-static inline int chunk_rows(int cols, int blk) { return PANEL_FLOATS / (steps(cols) * 16) / blk * blk; }
 
 /* ---------------- AVX-512F ---------------- */
 
@@ -82,11 +75,11 @@ A5_INL float hsum16_512(__m512 a) {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* R rows from r0 x T tokens from t0 (R <= 8, T <= 3, R * T <= 12). pn: NULL
- * = decode the e4m3 bytes in place; else these rows' panel ([S][R][16] f32).
- * pf: the next block of rows to prefetch (R / 4 lines a step) or NULL. */
+/* R rows from r0 x T tokens from t0 (R <= 8, T <= 3, R * T <= 12), the
+ * weights decoded in place. pf: the next block of rows to prefetch (R / 4
+ * lines a step) or NULL. */
 A5_INL void tile512(const int R, const int T, float *out, const float *x, const float *xs, const QuantFp8 *w,
-                    int r0, int t0, const float *pn, const char *pf) {
+                    int r0, int t0, const char *pf) {
     int cols = w->cols, ng = quant_fp8_groups(cols);
     const uint8_t *q = w->q + (size_t)r0 * cols;
     const float *xt = x + (size_t)t0 * cols;
@@ -105,14 +98,13 @@ A5_INL void tile512(const int R, const int T, float *out, const float *x, const 
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) p[r][t] = _mm512_setzero_ps();
         for (; k + 16 <= c1; k += 16) {
-            size_t s = (size_t)(k >> 4);
             if (pf) {
+                size_t s = (size_t)(k >> 4);
 #pragma GCC unroll 2
                 for (int i = 0; i < (R + 3) / 4; i++) _mm_prefetch(pf + (s * ((R + 3) / 4) + i) * 64, _MM_HINT_T0);
             }
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                wv[r] = pn ? _mm512_loadu_ps(pn + (s * R + r) * 16) : e4m3x16_512(q + (size_t)r * cols + k);
+            for (int r = 0; r < R; r++) wv[r] = e4m3x16_512(q + (size_t)r * cols + k);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) {
                 __m512 xv = _mm512_loadu_ps(xt + (size_t)t * cols + k);
@@ -121,10 +113,8 @@ A5_INL void tile512(const int R, const int T, float *out, const float *x, const 
             }
         }
         if (k < c1) { /* the row's last, partial step: zeros past the end, like the reference */
-            size_t s = (size_t)(k >> 4);
             __mmask16 m = (__mmask16)((1u << (c1 - k)) - 1);
-            for (int r = 0; r < R; r++)
-                wv[r] = pn ? _mm512_loadu_ps(pn + (s * R + r) * 16) : e4m3x16_512_tail(q + (size_t)r * cols + k, c1 - k);
+            for (int r = 0; r < R; r++) wv[r] = e4m3x16_512_tail(q + (size_t)r * cols + k, c1 - k);
             for (int t = 0; t < T; t++) {
                 __m512 xv = _mm512_maskz_loadu_ps(m, xt + (size_t)t * cols + k);
                 for (int r = 0; r < R; r++) p[r][t] = _mm512_fmadd_ps(xv, wv[r], p[r][t]);
@@ -146,72 +136,31 @@ A5_INL void tile512(const int R, const int T, float *out, const float *x, const 
         for (int t = 0; t < T; t++) out[(size_t)(t0 + t) * w->rows + r0 + r] = hsum16_512(acc[r][t]);
 }
 
-/* R rows decoded into the panel layout tile512 reads. */
-A5_INL void pack512(float *pn, const uint8_t *q, int cols, int R) {
-    int S = steps(cols);
-    for (int s = 0; s < S; s++) {
-        int k = s * 16;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *qr = q + (size_t)r * cols + k;
-            __m512 v = k + 16 <= cols ? e4m3x16_512(qr) : e4m3x16_512_tail(qr, cols - k);
-            _mm512_storeu_ps(pn + ((size_t)s * R + r) * 16, v);
-        }
-    }
-}
-
-/* Few tokens, in place: one token against 8-row blocks (16 accumulators),
- * more in pairs against 4-row blocks; the next block prefetched. */
-A5_INL void small512(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
+/* One token: 8-row blocks (8 accumulators, 8 partial sums); more tokens:
+ * 4-row blocks against 3-token tiles (12 + 12, 4 weight vectors, one x
+ * vector; measured best of 4x3, 3x4, 2x6, 5x2, 6x2 and 8x1). The next block
+ * is prefetched during its first tile, also past the task's end (the next
+ * task's rows, as in the bf16 kernels: without it one thread streamed 12 GB/s
+ * instead of 27 at n = 1). */
+A5_FN void quant_fp8_rows_avx512(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
+                                 int re) {
     int r = rb, cols = w->cols;
-#define PF(R) ((const char *)(w->q + (size_t)(r + (R)) * cols)) /* also past the task's end: the next task's rows */
+#define PF(R) ((const char *)(w->q + (size_t)(r + (R)) * cols))
     if (n == 1) {
-        for (; r + 8 <= re; r += 8) tile512(8, 1, out, x, xs, w, r, 0, NULL, PF(8));
+        for (; r + 8 <= re; r += 8) tile512(8, 1, out, x, xs, w, r, 0, PF(8));
     } else {
         for (; r + 4 <= re; r += 4) {
             int t = 0;
-            for (; t + 2 <= n; t += 2) tile512(4, 2, out, x, xs, w, r, t, NULL, t ? NULL : PF(4));
-            if (t < n) tile512(4, 1, out, x, xs, w, r, t, NULL, NULL);
+            for (; t + 3 <= n; t += 3) tile512(4, 3, out, x, xs, w, r, t, t ? NULL : PF(4));
+            if (n - t == 2) tile512(4, 2, out, x, xs, w, r, t, t ? NULL : PF(4));
+            else if (n - t == 1) tile512(4, 1, out, x, xs, w, r, t, NULL);
         }
     }
 #undef PF
     for (; r + 4 <= re; r += 4)
-        for (int t = 0; t < n; t++) tile512(4, 1, out, x, xs, w, r, t, NULL, NULL);
+        for (int t = 0; t < n; t++) tile512(4, 1, out, x, xs, w, r, t, NULL);
     for (; r < re; r++)
-        for (int t = 0; t < n; t++) tile512(1, 1, out, x, xs, w, r, t, NULL, NULL);
-}
-
-/* Many tokens: each chunk of rows decoded once into the panel (4-row blocks
- * [S][4][16]), then for each 3-token tile (its x rows stay in L1) every block
- * of the chunk (the panel streams from L2): 12 accumulators and 12 partial
- * sums, 4 weight vectors and one x vector, 7 loads per 12 FMAs. */
-A5_INL void gemm512(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
-    int cols = w->cols, S = steps(cols), cr = chunk_rows(cols, 4);
-    for (int c0 = rb; c0 < re; c0 += cr) {
-        int c1 = imin(c0 + cr, re);
-        for (int r = c0; r < c1; r += 4) pack512(g_panel + (size_t)(r - c0) * S * 16, w->q + (size_t)r * cols, cols, imin(4, c1 - r));
-        for (int t = 0; t < n; t += 3) {
-            int T = imin(3, n - t);
-            for (int r = c0; r < c1; r += 4) {
-                const float *pn = g_panel + (size_t)(r - c0) * S * 16;
-#define PT(R, T) tile512(R, T, out, x, xs, w, r, t, pn, NULL)
-#define PT_ALL(R) switch (T) { case 3: PT(R, 3); break; case 2: PT(R, 2); break; default: PT(R, 1); break; }
-                switch (imin(4, c1 - r)) {
-                case 4: PT_ALL(4) break;
-                case 3: PT_ALL(3) break;
-                case 2: PT_ALL(2) break;
-                default: PT_ALL(1) break;
-                }
-#undef PT_ALL
-#undef PT
-            }
-        }
-    }
-}
-
-A5_FN void quant_fp8_rows_avx512(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
-                                 int re) {
-    if (n < GEMM_MIN_TOKENS || chunk_rows(w->cols, 4) == 0) small512(out, x, xs, w, n, rb, re);
-    else gemm512(out, x, xs, w, n, rb, re);
+        for (int t = 0; t < n; t++) tile512(1, 1, out, x, xs, w, r, t, NULL);
 }
 
 /* ---------------- AVX2 ---------------- */
@@ -246,10 +195,9 @@ A2_INL __m256i tail_mask(int m, int lo) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(m - lo), idx);
 }
 
-/* As tile512 with each 16-lane vector in two ymm halves (R * T <= 3). pn:
- * NULL = in place; else the panel [S][R][16]. */
+/* As tile512 with each 16-lane vector in two ymm halves (R * T <= 3). */
 A2_INL void tile_avx2(const int R, const int T, float *out, const float *x, const float *xs, const QuantFp8 *w,
-                      int r0, int t0, const float *pn, const char *pf) {
+                      int r0, int t0, const char *pf) {
     int cols = w->cols, ng = quant_fp8_groups(cols);
     const uint8_t *q = w->q + (size_t)r0 * cols;
     const float *xt = x + (size_t)t0 * cols;
@@ -268,15 +216,9 @@ A2_INL void tile_avx2(const int R, const int T, float *out, const float *x, cons
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) p[r][t][0] = p[r][t][1] = _mm256_setzero_ps();
         for (; k + 16 <= c1; k += 16) {
-            size_t s = (size_t)(k >> 4);
-            if (pf) _mm_prefetch(pf + s * 16 * R, _MM_HINT_T0); /* R * 16 bytes a step */
+            if (pf) _mm_prefetch(pf + (size_t)k * R, _MM_HINT_T0); /* R * 16 bytes a step */
 #pragma GCC unroll 3
-            for (int r = 0; r < R; r++) {
-                if (pn) {
-                    wv[r][0] = _mm256_loadu_ps(pn + (s * R + r) * 16);
-                    wv[r][1] = _mm256_loadu_ps(pn + (s * R + r) * 16 + 8);
-                } else e4m3x16_avx2(q + (size_t)r * cols + k, &wv[r][0], &wv[r][1]);
-            }
+            for (int r = 0; r < R; r++) e4m3x16_avx2(q + (size_t)r * cols + k, &wv[r][0], &wv[r][1]);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) {
 #pragma GCC unroll 2
@@ -288,13 +230,7 @@ A2_INL void tile_avx2(const int R, const int T, float *out, const float *x, cons
             }
         }
         if (k < c1) {
-            size_t s = (size_t)(k >> 4);
-            for (int r = 0; r < R; r++) {
-                if (pn) {
-                    wv[r][0] = _mm256_loadu_ps(pn + (s * R + r) * 16);
-                    wv[r][1] = _mm256_loadu_ps(pn + (s * R + r) * 16 + 8);
-                } else e4m3x16_avx2_tail(q + (size_t)r * cols + k, c1 - k, &wv[r][0], &wv[r][1]);
-            }
+            for (int r = 0; r < R; r++) e4m3x16_avx2_tail(q + (size_t)r * cols + k, c1 - k, &wv[r][0], &wv[r][1]);
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < 2; h++) {
                     __m256 xv = _mm256_maskload_ps(xt + (size_t)t * cols + k + 8 * h, tail_mask(c1 - k, 8 * h));
@@ -320,56 +256,24 @@ A2_INL void tile_avx2(const int R, const int T, float *out, const float *x, cons
             out[(size_t)(t0 + t) * w->rows + r0 + r] = hsum16_avx2(acc[r][t][0], acc[r][t][1]);
 }
 
-A2_INL void pack_avx2(float *pn, const uint8_t *q, int cols, int R) {
-    int S = steps(cols);
-    for (int s = 0; s < S; s++) {
-        int k = s * 16;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *qr = q + (size_t)r * cols + k;
-            __m256 lo, hi;
-            if (k + 16 <= cols) e4m3x16_avx2(qr, &lo, &hi);
-            else e4m3x16_avx2_tail(qr, cols - k, &lo, &hi);
-            _mm256_storeu_ps(pn + ((size_t)s * R + r) * 16, lo);
-            _mm256_storeu_ps(pn + ((size_t)s * R + r) * 16 + 8, hi);
-        }
-    }
-}
-
-/* Few tokens, in place: row pairs against one token at a time (8
- * accumulators and partial sums in 16 ymm registers), the next pair prefetched. */
-A2_NOINL small_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
-    int r = rb;
-    for (; r + 2 <= re; r += 2) {
-        const char *pf = (const char *)(w->q + (size_t)(r + 2) * w->cols);
-        for (int t = 0; t < n; t++) tile_avx2(2, 1, out, x, xs, w, r, t, NULL, t ? NULL : pf);
-    }
-    for (; r < re; r++)
-        for (int t = 0; t < n; t++) tile_avx2(1, 1, out, x, xs, w, r, t, NULL, NULL);
-}
-
-/* Many tokens: chunks of rows decoded once into the panel ([S][16] a row),
- * then 1-row x 3-token tiles over it. */
-A2_NOINL gemm_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
-    int cols = w->cols, S = steps(cols), cr = chunk_rows(cols, 1);
-    for (int c0 = rb; c0 < re; c0 += cr) {
-        int c1 = imin(c0 + cr, re);
-        for (int r = c0; r < c1; r++) pack_avx2(g_panel + (size_t)(r - c0) * S * 16, w->q + (size_t)r * cols, cols, 1);
-        for (int t = 0; t < n; t += 3) {
-            int T = imin(3, n - t);
-            for (int r = c0; r < c1; r++) {
-                const float *pn = g_panel + (size_t)(r - c0) * S * 16;
-                if (T == 3) tile_avx2(1, 3, out, x, xs, w, r, t, pn, NULL);
-                else if (T == 2) tile_avx2(1, 2, out, x, xs, w, r, t, pn, NULL);
-                else tile_avx2(1, 1, out, x, xs, w, r, t, pn, NULL);
-            }
-        }
-    }
-}
-
+/* One token: row pairs (8 accumulators and partial sums in the 16 ymm
+ * registers); more: one row against 3-token tiles (measured best of 2x1, 1x4,
+ * 2x2 and 1x3 from 4 tokens up). The next block prefetched in its first tile. */
 A2_FN void quant_fp8_rows_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb,
                                int re) {
-    if (n < GEMM_MIN_TOKENS || chunk_rows(w->cols, 1) == 0) small_avx2(out, x, xs, w, n, rb, re);
-    else gemm_avx2(out, x, xs, w, n, rb, re);
+    int r = rb, cols = w->cols;
+    if (n == 1) {
+        for (; r + 2 <= re; r += 2) tile_avx2(2, 1, out, x, xs, w, r, 0, (const char *)(w->q + (size_t)(r + 2) * cols));
+        if (r < re) tile_avx2(1, 1, out, x, xs, w, r, 0, NULL);
+        return;
+    }
+    for (; r < re; r++) {
+        const char *pf = (const char *)(w->q + (size_t)(r + 1) * cols);
+        int t = 0;
+        for (; t + 3 <= n; t += 3) tile_avx2(1, 3, out, x, xs, w, r, t, t ? NULL : pf);
+        if (n - t == 2) tile_avx2(1, 2, out, x, xs, w, r, t, t ? NULL : pf);
+        else if (n - t == 1) tile_avx2(1, 1, out, x, xs, w, r, t, NULL);
+    }
 }
 
 #endif

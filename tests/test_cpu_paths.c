@@ -223,6 +223,53 @@ done:
     free(q); free(sinv); free(x); free(xs); free(out);
 }
 
+/* quant_act_fp8 on the path in use against the scalar formula of quant.h
+ * (quant_f32_to_e4m3 of x / s), xq and xs bit for bit: random groups of
+ * several magnitudes, and groups with amax 448 (s = 1, so x / s = x) full of
+ * rounding ties (normal, subnormal, into 2^-6, into 448), +-0, tiny
+ * negatives, an all-zero group and a group whose scale underflows. (x / s
+ * never exceeds 448 by more than two roundings, so the saturation above 448
+ * cannot be reached from here; cast.c's tests cover it.) */
+static void check_act_fp8(QuantPath p) {
+    static const float ties[] = {1.0625f, 1.1875f, -1.0625f, 0x1.4p-8f, 0x1.ep-7f, 0x1p-10f, 0x1p-6f, 0x1.fp-7f,
+                                 447.0f, -447.5f, 0x1.8p-9f, 0x1.4p-9f, -0.0f, -1e-10f, 0.0f, 3e-3f};
+    static const int colss[] = {8, 100, 128, 200, 1003};
+    int bad = 0;
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+        int cols = colss[ci], ng = quant_fp8_groups(cols), n = 3;
+        float *x = malloc(sizeof(float) * (size_t)n * cols), *xq = malloc(sizeof(float) * (size_t)n * cols);
+        float *xs = malloc(sizeof(float) * (size_t)n * ng);
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < cols; c++) {
+                float *v = &x[(size_t)t * cols + c];
+                int g = c / 128;
+                if (t == 0) *v = rnd() * (float)(1 << (g % 4 * 5)) * 1e-3f;
+                else if (t == 1) *v = c % 128 == 0 ? 448.0f : ties[c % (sizeof ties / sizeof ties[0])];
+                else *v = g == 0 ? 0.0f : g == 1 ? rnd() * 1e-42f : rnd() * 30;
+            }
+        quant_act_fp8(xq, xs, x, n, cols);
+        for (int t = 0; t < n; t++)
+            for (int g = 0; g < ng; g++) {
+                int c0 = g * 128, c1 = c0 + 128 < cols ? c0 + 128 : cols;
+                float amax = 0;
+                for (int c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[(size_t)t * cols + c]));
+                float sc = amax > 0 ? amax / 448.0f : 1.0f;
+                bad += memcmp(&sc, &xs[(size_t)t * ng + g], sizeof sc) != 0;
+                for (int c = c0; c < c1; c++) {
+                    float e = quant_e4m3_to_f32(quant_f32_to_e4m3(x[(size_t)t * cols + c] / sc));
+                    if (memcmp(&e, &xq[(size_t)t * cols + c], sizeof e)) {
+                        if (!bad)
+                            fprintf(stderr, "act fp8 %s cols %d: x[%d][%d] = %a -> %a, reference %a\n", quant_path_name(p),
+                                    cols, t, c, x[(size_t)t * cols + c], xq[(size_t)t * cols + c], e);
+                        bad++;
+                    }
+                }
+            }
+        free(x); free(xq); free(xs);
+    }
+    T_ASSERT(bad == 0, "act fp8 %s: %d values or scales differ from quant_f32_to_e4m3", quant_path_name(p), bad);
+}
+
 /* Every FP8 path this machine runs, selected as the backend does (with the CPU path). */
 static void check_fp8_paths(void) {
     /* rows around the 8/4/2-row blocks; cols: below one step, tails inside a
@@ -247,6 +294,7 @@ static void check_fp8_paths(void) {
                 for (int lay = 0; lay < 3; lay++)
                     check_fp8_shape(p, rows, cols, n, (QuantFp8Layout)lay, (int)((i + lay) & 1), lay == 1 ? 5 : 32);
             }
+        check_act_fp8(p);
         printf("fp8 path %s: checked\n", quant_path_name(p));
         ran++;
     }

@@ -58,10 +58,11 @@
  *   are written, so a thread pool splits output rows. Batch invariant: every
  *   output element is reduced in one fixed order that depends only on cols
  *   (16 lanes by k mod 16, FMA, a fixed lane tree), never on n or the tile a
- *   token lands in; the AVX2+FMA+F16C path and the portable path give the same
- *   bits. FP8: per 128-column group g, p_g = sum x*q (16-lane), acc = fma(p_g,
- *   scale_inv[*, g] (* xs[t, g]), acc). NVFP4: acc = sum x * (e2m1 * e4m3
- *   block scale) (exact products), out = acc * scale2 (* g[t]).
+ *   token lands in; every path (QuantPath below) gives the same bits. FP8:
+ *   per 128-column group g, p_g = sum x*q (16 lanes, from zero, zeros past
+ *   the row's end), acc = fma(p_g, scale_inv[*, g] (* xs[t, g]), acc).
+ *   NVFP4: acc = sum x * (e2m1 * e4m3 block scale) (exact products),
+ *   out = acc * scale2 (* g[t]).
  *   No allocation inside kernels; quantized activations go to caller scratch.
  *
  * What stays in BF16 (the tensors that carry no weight_scale_inv in the

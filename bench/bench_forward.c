@@ -3,8 +3,12 @@
  * with decode as a fraction of the memory-bandwidth roofline measured in the
  * same run: roofline tok/s = copy bandwidth / weight bytes read per token.
  *
- * usage: bench_forward MODEL_DIR [threads] [prompt_len] [decode_tokens] [paths] [reps]
+ * usage: bench_forward MODEL_DIR [threads] [prompt_len] [decode_tokens] [paths] [reps] [precision]
  * (a Qwen3-0.6B-shaped random model: python3 scripts/make_bench_model.py qwen3-0.6b DIR)
+ * precision: bf16 (default), fp8 or nvfp4 (quantized at load, activations
+ * quantized too: what `--precision X` runs on the CPU), fp8-wo / nvfp4-wo
+ * (weight-only: `--precision X --weight-only`). The roofline then uses the
+ * bytes the quantized model reads per token.
  *
  * paths (comma-separated CPU matmul paths, cpu_ops.h: e.g. avx2-v0,avx512):
  * runs prefill + decode `reps` times per path, alternating the paths (the
@@ -77,7 +81,20 @@ int main(int argc, char **argv) {
     int P = argc > 3 ? atoi(argv[3]) : 128, D = argc > 4 ? atoi(argv[4]) : 32;
     Err err = {0};
     Model *m = NULL;
-    if (model_load(&m, argv[1], &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    LoadOptions lo = {PREC_BF16, 0};
+    const char *prec = argc > 7 ? argv[7] : "bf16";
+    char pname[16];
+    snprintf(pname, sizeof pname, "%s", prec);
+    size_t pl = strlen(pname);
+    if (pl > 3 && !strcmp(pname + pl - 3, "-wo")) {
+        lo.weight_only = 1;
+        pname[pl - 3] = 0;
+    }
+    if (precision_parse(pname, &lo.precision)) {
+        fprintf(stderr, "precision %s: want bf16, fp8, nvfp4, fp8-wo or nvfp4-wo\n", prec);
+        return 2;
+    }
+    if (model_load_opts(&m, argv[1], &lo, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     int ctx = P + D, bs = 16, nb = (ctx + bs - 1) / bs;
     Runner *r = runner_create(m, P, ctx, threads);
     KVCache *kv = kvcache_create(&m->cfg, nb, bs);
@@ -131,14 +148,14 @@ int main(int argc, char **argv) {
             else same &= !memcmp(first, logits, sizeof(float) * m->cfg.vocab);
         }
     double bw = copy_bandwidth(threads);
-    double pre_tps[CPU_PATH_COUNT], dec_tps[CPU_PATH_COUNT], roof = bw / (double)m->weight_bytes;
+    double pre_tps[CPU_PATH_COUNT], dec_tps[CPU_PATH_COUNT], roof = bw / (double)m->compute_bytes;
     for (int pi = 0; pi < np; pi++) {
         int p = paths[pi];
         pre_tps[p] = P / median(t_pre[p], reps);
         dec_tps[p] = D / median(t_dec[p], reps);
     }
-    printf("model %s: %.3fB params, %.2f GB bf16 weights read per decode token, %d threads\n", argv[1],
-           m->n_params / 1e9, m->weight_bytes / 1e9, threads);
+    printf("model %s (%s): %.3fB params, %.2f GB of weights read per decode token, %d threads\n", argv[1], prec,
+           m->n_params / 1e9, m->compute_bytes / 1e9, threads);
     printf("copy bandwidth (read+write)  %8.2f GB/s\n", bw / 1e9);
     for (int pi = 0; pi < np; pi++) {
         int p = paths[pi], p0 = paths[0];

@@ -9,7 +9,10 @@
  * Repetitions alternate the paths (ABAB...) so a shared machine's load hits
  * them alike; the medians are printed with ratios to the first path given.
  *
- * usage: bench_matmul [threads] [reps] [paths, comma-separated; default avx2-v0 and the others available]
+ * usage: bench_matmul [threads] [reps] [paths, comma-separated; default avx2-v0 and the others available] [format]
+ * format: bf16 (default), fp8 (weights quantized to FP8 128x128 blocks, activations quantized
+ * too: --precision fp8) or fp8-wo (weight-only); decode GB/s then counts the FP8 bytes. The FP8
+ * kernels follow the path (quant.h QuantPath).
  * What it is not: a forward-pass benchmark (bench_forward.c runs the model).
  */
 #include <stdio.h>
@@ -20,6 +23,7 @@
 #include "backend.h"
 #include "cpu_ops.h"
 #include "dtype.h"
+#include "quant.h"
 #include "threadpool.h"
 
 static double now_s(void) {
@@ -70,7 +74,9 @@ int main(int argc, char **argv) {
     int paths[CPU_PATH_COUNT], np = 0;
     cpu_ops_init();
     CpuPath def = cpu_ops_path();
-    if (argc > 3) {
+    const char *fmt = argc > 4 ? argv[4] : "bf16";
+    int fp8 = !strncmp(fmt, "fp8", 3), act_quant = fp8 && strcmp(fmt, "fp8-wo") != 0;
+    if (argc > 3 && strcmp(argv[3], "-")) {
         char *list = strdup(argv[3]);
         for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
             for (int p = 0; p < CPU_PATH_COUNT; p++)
@@ -101,12 +107,22 @@ int main(int argc, char **argv) {
                 w[l][m].bf16[i] = f32_to_bf16(((float)(rng >> 9) / 8388608.0f - 1.0f) * 0.02f);
             }
             wbytes += numel * 2;
+            if (fp8) {
+                Err e = {0};
+                QuantFp8 *q = quant_fp8_from_bf16(w[l][m].bf16, shape[m][0], shape[m][1], QUANT_FP8_BLOCK128, &e);
+                if (!q) { fprintf(stderr, "%s\n", e.msg); return 1; }
+                w[l][m].fmt = WF_FP8;
+                w[l][m].q = q;
+                w[l][m].act_quant = act_quant;
+                wbytes += quant_fp8_bytes(q) - numel * 2;
+            }
             if (l == 0) layer_flops += 2 * numel;
         }
     int P = 512, maxc = 3072;
     float *x = malloc(sizeof(float) * (size_t)P * maxc), *out = malloc(sizeof(float) * (size_t)P * maxc);
     for (size_t i = 0; i < (size_t)P * maxc; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
     Backend *b = backend_cpu_create(threads, 16);
+    if (fp8) b->reserve(b, P, maxc);
     ThreadPool *tp = threadpool_create(threads);
     void *rbuf = malloc(wbytes);
     memset(rbuf, 1, wbytes);
@@ -132,8 +148,8 @@ int main(int argc, char **argv) {
         }
     }
     double rdm = median(rd, reps) / 1e9;
-    printf("threads %d, reps %d (medians), plain read %.2f GB/s over %.0f MB; default path %s\n", threads, reps,
-           rdm, wbytes / 1e6, cpu_ops_path_name(def));
+    printf("threads %d, reps %d (medians), %s weights, plain read %.2f GB/s over %.0f MB; default path %s\n", threads,
+           reps, fmt, rdm, wbytes / 1e6, cpu_ops_path_name(def));
     printf("%-22s", "measure");
     for (int pi = 0; pi < np; pi++) printf(" %12s", cpu_ops_path_name((CpuPath)paths[pi]));
     for (int pi = 1; pi < np; pi++) printf(" %9s/%s", cpu_ops_path_name((CpuPath)paths[pi]), "ref");
@@ -149,7 +165,10 @@ int main(int argc, char **argv) {
     b->free(b);
     threadpool_free(tp);
     for (int l = 0; l < LAYERS; l++)
-        for (int m = 0; m < NMAT; m++) free(w[l][m].bf16);
+        for (int m = 0; m < NMAT; m++) {
+            if (fp8) quant_fp8_free(w[l][m].q);
+            free(w[l][m].bf16);
+        }
     free(rbuf);
     free(res);
     free(x);

@@ -5,13 +5,21 @@
  * (quant_act_fp8_token) for per-channel weights. Outputs are f32
  * holding exactly the quantized values without their group / global scale,
  * so the matmul kernels consume them like ordinary activations. Not here:
- * weights (fp8_weight.c, nvfp4_weight.c).
+ * weights (fp8_weight.c, nvfp4_weight.c). The FP8 quantizer's vector
+ * versions (paths avx2, avx512) are in fp8_act_x86.c.
  */
 #include "quant.h"
+#include "fp8_matmul.h"
 
 #include <math.h>
 
 void quant_act_fp8(float *xq, float *xs, const float *x, int n, int cols) {
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(QUANT_NO_SIMD)
+    /* the same bits, vectorised (fp8_act_x86.c); portable and avx2-v0 keep this loop */
+    QuantPath p = quant_path();
+    if (p == QUANT_PATH_AVX512) { quant_act_fp8_avx512(xq, xs, x, n, cols); return; }
+    if (p == QUANT_PATH_AVX2) { quant_act_fp8_avx2(xq, xs, x, n, cols); return; }
+#endif
     int ng = quant_fp8_groups(cols);
     for (int t = 0; t < n; t++)
         for (int g = 0; g < ng; g++) {

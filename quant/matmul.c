@@ -2,12 +2,14 @@
  * matmul.c - CPU matmul kernels for FP8 and NVFP4 weights: out[n, rows] =
  * x[n, cols] @ W^T, dequantizing weights inside the loop (never a full f32
  * copy). AVX2+FMA+F16C when the CPU has them, else a portable path that
- * computes the same bits: both reduce every output element in one order fixed
- * by cols alone (16 lanes indexed by k mod 16, fmaf, a fixed lane tree), so
- * results do not depend on the batch size, the token tile or the row split.
+ * computes the same bits; the newer FP8 kernels (paths avx2, avx512) are in
+ * fp8_matmul_x86.c, and this file chooses the path (quant_force_path). All
+ * reduce every output element in one order fixed by cols alone (16 lanes
+ * indexed by k mod 16, fmaf, a fixed lane tree), so results do not depend on the batch size, the token tile or the row split.
  * Not here: activation quantization (act.c), threading (callers split rows).
  */
 #include "quant.h"
+#include "fp8_matmul.h"
 
 #include <math.h>
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(QUANT_NO_SIMD)
@@ -19,9 +21,10 @@
 #define TILE_T 4  /* tokens sharing one weight decode */
 #define CHUNK_R 16 /* rows kept hot while token tiles stream */
 
-static int g_force_portable;
-
-void quant_force_portable(int on) { g_force_portable = on; }
+static int g_path_init;
+static int g_has[QUANT_PATH_COUNT];
+static QuantPath g_path = QUANT_PATH_PORTABLE, g_default = QUANT_PATH_PORTABLE;
+static const char *const g_names[QUANT_PATH_COUNT] = {"portable", "avx2-v0", "avx2", "avx512"};
 
 #ifdef QUANT_X86
 #include <cpuid.h>
@@ -32,10 +35,53 @@ static int cpu_has_f16c(void) {
 }
 #endif
 
-int quant_simd_active(void) {
+static void path_init(void) {
+    if (g_path_init) return;
+    g_path_init = 1;
+    g_has[QUANT_PATH_PORTABLE] = 1;
 #ifdef QUANT_X86
-    return !g_force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           cpu_has_f16c();
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    g_has[QUANT_PATH_AVX2_V0] = avx2 && cpu_has_f16c();
+    g_has[QUANT_PATH_AVX2] = avx2;
+    g_has[QUANT_PATH_AVX512] = avx2 && __builtin_cpu_supports("avx512f");
+#endif
+    for (int p = QUANT_PATH_PORTABLE; p < QUANT_PATH_COUNT; p++)
+        if (g_has[p] && p != QUANT_PATH_AVX2_V0) g_default = (QuantPath)p;
+    g_path = g_default;
+}
+
+int quant_path_available(QuantPath p) {
+    path_init();
+    return p >= 0 && p < QUANT_PATH_COUNT && g_has[p];
+}
+
+const char *quant_path_name(QuantPath p) { return p >= 0 && p < QUANT_PATH_COUNT ? g_names[p] : "?"; }
+
+QuantPath quant_path(void) {
+    path_init();
+    return g_path;
+}
+
+int quant_force_path(QuantPath p) {
+    if (!quant_path_available(p)) return -1;
+    g_path = p;
+    return 0;
+}
+
+void quant_force_portable(int on) {
+    path_init();
+    g_path = on ? QUANT_PATH_PORTABLE : g_default;
+}
+
+int quant_simd_active(void) { return quant_path() != QUANT_PATH_PORTABLE; }
+
+/* The NVFP4 kernel needs F16C besides a vector path. */
+static int nvfp4_simd(void) {
+#ifdef QUANT_X86
+    static int f16c = -1;
+    if (f16c < 0) f16c = cpu_has_f16c();
+    return quant_simd_active() && f16c;
 #else
     return 0;
 #endif
@@ -276,9 +322,6 @@ TGT static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, con
 }
 
 #else
-static void fp8_rows_avx2(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int rb, int re) {
-    fp8_rows_portable(out, x, xs, w, n, rb, re);
-}
 static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n, int rb,
                             int re) {
     nvfp4_rows_portable(out, x, xg, w, n, rb, re);
@@ -289,12 +332,18 @@ static void nvfp4_rows_avx2(float *out, const float *x, const float *xg, const Q
 
 void quant_matmul_fp8_rows(float *out, const float *x, const float *xs, const QuantFp8 *w, int n, int row_begin,
                            int row_end) {
-    if (quant_simd_active()) fp8_rows_avx2(out, x, xs, w, n, row_begin, row_end);
-    else fp8_rows_portable(out, x, xs, w, n, row_begin, row_end);
+    switch (quant_path()) {
+#ifdef QUANT_X86
+    case QUANT_PATH_AVX512: quant_fp8_rows_avx512(out, x, xs, w, n, row_begin, row_end); break;
+    case QUANT_PATH_AVX2: quant_fp8_rows_avx2(out, x, xs, w, n, row_begin, row_end); break;
+    case QUANT_PATH_AVX2_V0: fp8_rows_avx2(out, x, xs, w, n, row_begin, row_end); break;
+#endif
+    default: fp8_rows_portable(out, x, xs, w, n, row_begin, row_end); break;
+    }
 }
 
 void quant_matmul_nvfp4_rows(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                              int row_begin, int row_end) {
-    if (quant_simd_active()) nvfp4_rows_avx2(out, x, xg, w, n, row_begin, row_end);
+    if (nvfp4_simd()) nvfp4_rows_avx2(out, x, xg, w, n, row_begin, row_end);
     else nvfp4_rows_portable(out, x, xg, w, n, row_begin, row_end);
 }

@@ -9,8 +9,13 @@
  * panel chunk) and a K wider than the packed panel. Then whole forward passes
  * of fixtures (two sequences in one prefill on scattered blocks, then decode
  * steps) on every path: the logits must be the same bits on all of them (the
- * avx2-v0 path also runs the old attention). What it is not: a speed test
- * (bench/bench_matmul.c).
+ * avx2-v0 path also runs the old attention). The FP8 matmul kernels of each
+ * path (quant.h QuantPath, chosen with the CPU path) the same way: against a
+ * scalar model of quant.h's order, every scale layout, weight-only and with
+ * quantized activations, every special e4m3 byte (zeros, subnormals, +-448),
+ * row and column remainders around each tile and step; and FP8 forward passes
+ * (quantized at load, w8a8 and weight-only, and a pre-quantized checkpoint)
+ * on every path. What it is not: a speed test (bench/bench_matmul.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +26,7 @@
 #include "dtype.h"
 #include "log.h"
 #include "model.h"
+#include "quant.h"
 #include "test.h"
 
 static uint32_t g_rng = 12345;
@@ -136,12 +142,172 @@ static void check_rows_ops(CpuPath p) {
     T_ASSERT(bad_axpy == 0, "%s: %d cpu_axpy_rows results differ from cpu_axpy", cpu_ops_path_name(p), bad_axpy);
 }
 
+/* ---- FP8 (quant.h) ---- */
+
+/* The FP8 reference order of quant.h, scalar: 16 lanes by k mod 16; per
+ * 128-column group p = fma(x, w, p) from 0 (zeros past the row's end), then
+ * acc = fma(p, scale (* xs), acc); l[i] = a[i] + a[i + 8], m[i] = l[i] +
+ * l[i + 4], (m0 + m2) + (m1 + m3). */
+static float ref_fp8(const QuantFp8 *w, int r, const float *x, const float *xs, int t) {
+    int cols = w->cols, ng = quant_fp8_groups(cols);
+    const uint8_t *q = w->q + (size_t)r * cols;
+    float acc[16] = {0};
+    for (int g = 0; g < ng; g++) {
+        float p[16] = {0};
+        for (int k = g * 128; k < g * 128 + 128 && k < cols; k += 16)
+            for (int l = 0; l < 16; l++) {
+                int c = k + l;
+                int in = c < cols && c < g * 128 + 128;
+                float xv = in ? x[c] : 0.0f, wv = in ? quant_e4m3_to_f32(q[c]) : 0.0f;
+                p[l] = fmaf(xv, wv, p[l]);
+            }
+        float sc = w->scale_inv[(size_t)(r / w->block_rows) * w->scale_cols + g * 128 / w->block_cols];
+        if (xs) sc *= xs[(size_t)t * ng + g];
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(p[l], sc, acc[l]);
+    }
+    float l8[8], m4[4];
+    for (int i = 0; i < 8; i++) l8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) m4[i] = l8[i] + l8[i + 4];
+    return (m4[0] + m4[2]) + (m4[1] + m4[3]);
+}
+
+/* Random e4m3 bytes (never NaN), a fifth of them special: +-0, subnormals, +-448. */
+static uint8_t rnd_e4m3(void) {
+    static const uint8_t special[] = {0x00, 0x80, 0x01, 0x81, 0x03, 0x07, 0x87, 0x08, 0x7e, 0xfe};
+    g_rng = g_rng * 1664525u + 1013904223u;
+    uint32_t v = g_rng >> 8;
+    if (v % 5 == 0) return special[(v >> 4) % sizeof special];
+    uint8_t b = (uint8_t)(v >> 12);
+    return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+}
+
+static int g_fp8_bad_path;
+
+/* One FP8 shape on path p: every output against ref_fp8, bit for bit, tasks of
+ * `split` rows (as the backend splits), weight-only (xs NULL) or with xs. */
+static void check_fp8_shape(QuantPath p, int rows, int cols, int n, QuantFp8Layout lay, int with_xs, int split) {
+    int sr = lay == QUANT_FP8_BLOCK128 ? (rows + 127) / 128 : lay == QUANT_FP8_PER_CHANNEL ? rows : 1;
+    int sc = lay == QUANT_FP8_BLOCK128 ? (cols + 127) / 128 : 1, ng = quant_fp8_groups(cols);
+    uint8_t *q = malloc((size_t)rows * cols);
+    float *sinv = malloc(sizeof(float) * (size_t)sr * sc), *x = malloc(sizeof(float) * (size_t)n * cols);
+    float *xs = malloc(sizeof(float) * (size_t)n * ng), *out = malloc(sizeof(float) * (size_t)n * rows);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) q[i] = rnd_e4m3();
+    for (int i = 0; i < sr * sc; i++) sinv[i] = (rnd() + 1.5f) * 0.01f;
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = rnd() * (1 + (int)(i % 5) * 11);
+    for (int i = 0; i < n * ng; i++) xs[i] = rnd() + 1.25f;
+    int64_t wshape[2] = {rows, cols}, sshape[2] = {sr, sc};
+    int sndim = lay == QUANT_FP8_PER_TENSOR ? 0 : lay == QUANT_FP8_PER_CHANNEL ? 1 : 2;
+    Err e = {0};
+    QuantFp8 *w = quant_fp8_from_checkpoint(q, DT_F8_E4M3, wshape, 2, sinv, DT_F32, sshape, sndim, &e);
+    T_ASSERT(w != NULL, "fp8 %dx%d layout %d: %s", rows, cols, (int)lay, e.msg);
+    if (!w) goto done;
+    for (size_t i = 0; i < (size_t)n * rows; i++) out[i] = NAN;
+    for (int r0 = 0; r0 < rows; r0 += split)
+        quant_matmul_fp8_rows(out, x, with_xs ? xs : NULL, w, n, r0, r0 + split < rows ? r0 + split : rows);
+    int bad = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            float ex = ref_fp8(w, r, x + (size_t)t * cols, with_xs ? xs : NULL, t), g = out[(size_t)t * rows + r];
+            if (memcmp(&ex, &g, sizeof ex)) {
+                if (!bad && !g_fp8_bad_path)
+                    fprintf(stderr, "fp8 %s rows %d cols %d n %d layout %d xs %d: out[%d][%d] = %.9g, reference %.9g\n",
+                            quant_path_name(p), rows, cols, n, (int)lay, with_xs, t, r, g, ex);
+                bad++;
+            }
+        }
+    T_ASSERT(bad == 0, "fp8 %s rows %d cols %d n %d layout %d xs %d split %d: %d outputs differ from the reference order",
+             quant_path_name(p), rows, cols, n, (int)lay, with_xs, split, bad);
+    g_fp8_bad_path |= bad != 0;
+    quant_fp8_free(w);
+done:
+    free(q); free(sinv); free(x); free(xs); free(out);
+}
+
+/* quant_act_fp8 on the path in use against the scalar formula of quant.h
+ * (quant_f32_to_e4m3 of x / s), xq and xs bit for bit: random groups of
+ * several magnitudes, and groups with amax 448 (s = 1, so x / s = x) full of
+ * rounding ties (normal, subnormal, into 2^-6, into 448), +-0, tiny
+ * negatives, an all-zero group and a group whose scale underflows. (x / s
+ * never exceeds 448 by more than two roundings, so the saturation above 448
+ * cannot be reached from here; cast.c's tests cover it.) */
+static void check_act_fp8(QuantPath p) {
+    static const float ties[] = {1.0625f, 1.1875f, -1.0625f, 0x1.4p-8f, 0x1.ep-7f, 0x1p-10f, 0x1p-6f, 0x1.fp-7f,
+                                 447.0f, -447.5f, 0x1.8p-9f, 0x1.4p-9f, -0.0f, -1e-10f, 0.0f, 3e-3f};
+    static const int colss[] = {8, 100, 128, 200, 1003};
+    int bad = 0;
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+        int cols = colss[ci], ng = quant_fp8_groups(cols), n = 3;
+        float *x = malloc(sizeof(float) * (size_t)n * cols), *xq = malloc(sizeof(float) * (size_t)n * cols);
+        float *xs = malloc(sizeof(float) * (size_t)n * ng);
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < cols; c++) {
+                float *v = &x[(size_t)t * cols + c];
+                int g = c / 128;
+                if (t == 0) *v = rnd() * (float)(1 << (g % 4 * 5)) * 1e-3f;
+                else if (t == 1) *v = c % 128 == 0 ? 448.0f : ties[c % (sizeof ties / sizeof ties[0])];
+                else *v = g == 0 ? 0.0f : g == 1 ? rnd() * 1e-42f : rnd() * 30;
+            }
+        quant_act_fp8(xq, xs, x, n, cols);
+        for (int t = 0; t < n; t++)
+            for (int g = 0; g < ng; g++) {
+                int c0 = g * 128, c1 = c0 + 128 < cols ? c0 + 128 : cols;
+                float amax = 0;
+                for (int c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[(size_t)t * cols + c]));
+                float sc = amax > 0 ? amax / 448.0f : 1.0f;
+                bad += memcmp(&sc, &xs[(size_t)t * ng + g], sizeof sc) != 0;
+                for (int c = c0; c < c1; c++) {
+                    float e = quant_e4m3_to_f32(quant_f32_to_e4m3(x[(size_t)t * cols + c] / sc));
+                    if (memcmp(&e, &xq[(size_t)t * cols + c], sizeof e)) {
+                        if (!bad)
+                            fprintf(stderr, "act fp8 %s cols %d: x[%d][%d] = %a -> %a, reference %a\n", quant_path_name(p),
+                                    cols, t, c, x[(size_t)t * cols + c], xq[(size_t)t * cols + c], e);
+                        bad++;
+                    }
+                }
+            }
+        free(x); free(xq); free(xs);
+    }
+    T_ASSERT(bad == 0, "act fp8 %s: %d values or scales differ from quant_f32_to_e4m3", quant_path_name(p), bad);
+}
+
+/* Every FP8 path this machine runs, selected as the backend does (with the CPU path). */
+static void check_fp8_paths(void) {
+    /* rows around the 8/4/2-row blocks; cols: below one step, tails inside a
+     * group and after whole groups, group remainders, and one past the panel
+     * (33000 > 32768: in place whatever the token count). */
+    static const int shapes[][2] = {{37, 8}, {9, 16}, {19, 200}, {13, 1003}, {33, 384}, {4, 1024}, {3, 33000}};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 13};
+    CpuPath def = cpu_ops_path();
+    int ran = 0;
+    for (int cp = 0; cp < CPU_PATH_COUNT; cp++) {
+        if (cpu_ops_force_path((CpuPath)cp)) continue;
+        QuantPath p = quant_path();
+        T_ASSERT(cp == CPU_PATH_PORTABLE ? p == QUANT_PATH_PORTABLE : p != QUANT_PATH_PORTABLE,
+                 "cpu path %s runs fp8 path %s", cpu_ops_path_name((CpuPath)cp), quant_path_name(p));
+        T_ASSERT(strcmp(quant_path_name(p), cpu_ops_path_name((CpuPath)cp)) == 0 || !quant_path_available((QuantPath)cp),
+                 "cpu path %s runs fp8 path %s", cpu_ops_path_name((CpuPath)cp), quant_path_name(p));
+        g_fp8_bad_path = 0;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                int rows = shapes[s][0], cols = shapes[s][1], n = ns[i];
+                if (cols > 4096 && n > 5) continue;
+                for (int lay = 0; lay < 3; lay++)
+                    check_fp8_shape(p, rows, cols, n, (QuantFp8Layout)lay, (int)((i + lay) & 1), lay == 1 ? 5 : 32);
+            }
+        check_act_fp8(p);
+        printf("fp8 path %s: checked\n", quant_path_name(p));
+        ran++;
+    }
+    T_ASSERT(ran >= 1, "at least one fp8 path ran");
+    cpu_ops_force_path(def);
+}
+
 /* Logits of a fixed batch on the path in use: all prefill rows of two
  * sequences, then two decode steps. Returns a malloc'd [n_rows, vocab]. */
-static float *forward_logits(const char *dir, int *n_floats) {
+static float *forward_logits(const char *dir, const LoadOptions *lo, int *n_floats) {
     Err err = {0};
     Model *m = NULL;
-    if (model_load(&m, dir, &err)) {
+    if (model_load_opts(&m, dir, lo, &err)) {
         T_ASSERT(0, "load %s: %s", dir, err.msg);
         return NULL;
     }
@@ -174,17 +340,26 @@ static float *forward_logits(const char *dir, int *n_floats) {
 }
 
 static void check_forward_paths(void) {
-    static const char *const fx[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/llama31", "tests/fixtures/qwen3_moe"};
+    /* BF16 fixtures, then FP8: quantized at load (activations quantized, the
+     * default, and weight-only) and a pre-quantized checkpoint. */
+    static const struct { const char *dir; Precision prec; int weight_only; } fx[] = {
+        {"tests/fixtures/qwen3_gqa2", PREC_BF16, 0}, {"tests/fixtures/llama31", PREC_BF16, 0},
+        {"tests/fixtures/qwen3_moe", PREC_BF16, 0},  {"tests/fixtures/qwen3_gqa2", PREC_FP8, 0},
+        {"tests/fixtures/qwen3_moe", PREC_FP8, 1},   {"tests/fixtures/llama31_fp8", PREC_FP8, 0},
+        {"tests/fixtures/llama31_fp8", PREC_FP8, 1}};
     CpuPath def = cpu_ops_path();
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        LoadOptions lo = {fx[i].prec, fx[i].weight_only};
         cpu_ops_force_path(CPU_PATH_PORTABLE);
         int n0 = 0, n = 0;
-        float *ref = forward_logits(fx[i], &n0);
+        float *ref = forward_logits(fx[i].dir, &lo, &n0);
         for (int p = CPU_PATH_PORTABLE + 1; ref && p < CPU_PATH_COUNT; p++) {
             if (cpu_ops_force_path((CpuPath)p)) continue;
-            float *got = forward_logits(fx[i], &n);
+            float *got = forward_logits(fx[i].dir, &lo, &n);
             T_ASSERT(got && n == n0 && !memcmp(ref, got, sizeof(float) * (size_t)n0),
-                     "%s: logits on path %s differ from the portable path", fx[i], cpu_ops_path_name((CpuPath)p));
+                     "%s (%s%s): logits on path %s differ from the portable path", fx[i].dir,
+                     precision_name(fx[i].prec), fx[i].weight_only ? ", weight-only" : "",
+                     cpu_ops_path_name((CpuPath)p));
             free(got);
         }
         free(ref);
@@ -221,6 +396,7 @@ int main(void) {
         ran++;
     }
     T_ASSERT(ran >= 1, "at least one path ran");
+    check_fp8_paths();
     check_forward_paths();
     cpu_ops_force_path(def);
     return T_DONE();

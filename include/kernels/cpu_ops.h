@@ -26,7 +26,8 @@ const char *cpu_ops_init(void);
  *   s = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)),
  *   s = fma(W[r, k], x[t, k], s) for the K % 8 tail, then + bias[r].
  * AVX2_V0 is the AVX2 kernel as it was before issue #23, kept as the
- * reference the benchmarks measure the others against. */
+ * reference the benchmarks measure the others against. Choosing a path also
+ * chooses the FP8 matmul kernels of the same name (quant.h QuantPath). */
 typedef enum CpuPath {
     CPU_PATH_PORTABLE, /* plain C (fmaf); the aarch64 path */
     CPU_PATH_AVX2_V0,  /* AVX2+FMA, the old kernel: 4-row decode, 2x4 tiles */

@@ -58,10 +58,11 @@
  *   are written, so a thread pool splits output rows. Batch invariant: every
  *   output element is reduced in one fixed order that depends only on cols
  *   (16 lanes by k mod 16, FMA, a fixed lane tree), never on n or the tile a
- *   token lands in; the AVX2+FMA+F16C path and the portable path give the same
- *   bits. FP8: per 128-column group g, p_g = sum x*q (16-lane), acc = fma(p_g,
- *   scale_inv[*, g] (* xs[t, g]), acc). NVFP4: acc = sum x * (e2m1 * e4m3
- *   block scale) (exact products), out = acc * scale2 (* g[t]).
+ *   token lands in; every path (QuantPath below) gives the same bits. FP8:
+ *   per 128-column group g, p_g = sum x*q (16 lanes, from zero, zeros past
+ *   the row's end), acc = fma(p_g, scale_inv[*, g] (* xs[t, g]), acc).
+ *   NVFP4: acc = sum x * (e2m1 * e4m3 block scale) (exact products),
+ *   out = acc * scale2 (* g[t]).
  *   No allocation inside kernels; quantized activations go to caller scratch.
  *
  * What stays in BF16 (the tensors that carry no weight_scale_inv in the
@@ -190,8 +191,31 @@ void quant_matmul_fp8_rows(float *out, const float *x, const float *xs, const Qu
 /* xg NULL: weight-only; xg [n] from quant_act_nvfp4 (then x is its xq). */
 void quant_matmul_nvfp4_rows(float *out, const float *x, const float *xg, const QuantNvfp4 *w, int n,
                              int row_begin, int row_end);
-/* 1 if the AVX2+FMA+F16C kernels are in use. quant_force_portable(1) selects the
- * portable path (tests compare both; results are bit-identical). */
+/* The FP8 matmul paths, numbered like the CPU backend's matmul paths
+ * (cpu_ops.h CpuPath, which forces the matching one here): all give the bits
+ * of the order above (tests/test_cpu_paths.c, tests/test_quant_matmul.c).
+ *   PORTABLE  plain C (fmaf), everywhere
+ *   AVX2_V0   AVX2+FMA+F16C, the kernel before issue #23 (e4m3 -> f16 -> f32)
+ *   AVX2      AVX2+FMA (quant/fp8_matmul_x86.c): e4m3 decoded by shift, mask
+ *             and a power-of-two multiply; in place for < 4 tokens, packed f32
+ *             panels for more
+ *   AVX512    AVX-512F, the same with one zmm per 16 lanes
+ * NVFP4 runs its AVX2+FMA+F16C kernel on every path but PORTABLE (when the CPU
+ * has F16C). The default is the best path the CPU has. */
+typedef enum QuantPath {
+    QUANT_PATH_PORTABLE,
+    QUANT_PATH_AVX2_V0,
+    QUANT_PATH_AVX2,
+    QUANT_PATH_AVX512,
+    QUANT_PATH_COUNT
+} QuantPath;
+int quant_path_available(QuantPath p);
+const char *quant_path_name(QuantPath p);
+QuantPath quant_path(void);
+/* 0, or -1 (path unchanged) when p cannot run here. Not while a matmul runs. */
+int quant_force_path(QuantPath p);
+/* 1 if a vector path is in use. quant_force_portable(1) selects the portable
+ * path, (0) the default one (tests compare both; results are bit-identical). */
 int quant_simd_active(void);
 void quant_force_portable(int on);
 

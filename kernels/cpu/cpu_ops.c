@@ -18,6 +18,7 @@
 #include "cpu_matmul.h"
 #include "dtype.h"
 #include "log.h"
+#include "quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,6 +35,13 @@ static CpuPath g_path = CPU_PATH_PORTABLE;
 static const char *const g_names[CPU_PATH_COUNT] = {"portable", "avx2-v0", "avx2", "avx512"};
 
 const char *cpu_ops_path_name(CpuPath p) { return p >= 0 && p < CPU_PATH_COUNT ? g_names[p] : "?"; }
+
+/* The FP8 kernels follow the matmul path (quant.h numbers its paths alike). */
+static void sync_quant_path(void) {
+    static const QuantPath q[CPU_PATH_COUNT] = {QUANT_PATH_PORTABLE, QUANT_PATH_AVX2_V0, QUANT_PATH_AVX2,
+                                                QUANT_PATH_AVX512};
+    if (quant_force_path(q[g_path]) && g_path != CPU_PATH_PORTABLE) quant_force_path(QUANT_PATH_AVX2);
+}
 
 const char *cpu_ops_init(void) {
     if (!g_init) {
@@ -58,6 +66,7 @@ const char *cpu_ops_init(void) {
                 }
             if (!found) log_warn("SAMPLER_CPU_PATH=%s: unknown (portable, avx2-v0, avx2, avx512); using %s", env, g_names[g_path]);
         }
+        sync_quant_path();
     }
     return g_names[g_path];
 }
@@ -75,6 +84,7 @@ CpuPath cpu_ops_path(void) {
 int cpu_ops_force_path(CpuPath p) {
     if (!cpu_ops_path_available(p)) return -1;
     g_path = p;
+    sync_quant_path();
     return 0;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama_cpp_compare.sh - the CPU forward pass against llama.cpp in the same run (issue #23).
 #
-# What it does: builds llama.cpp's llama-bench from the llama-cpp-python sdist (PyPI; the sdist
+# What it does: builds llama.cpp's llama-bench, llama-server and llama-quantize from the llama-cpp-python sdist (PyPI; the sdist
 # vendors llama.cpp), converts the random Qwen3-0.6B-shaped model of scripts/make_bench_model.py to
 # GGUF BF16 with the sdist's convert_hf_to_gguf.py, then alternates runs of llama-bench and
 # bench_forward (prefill of P tokens, batch-1 decode of D tokens) REPS times per thread count and
@@ -11,6 +11,8 @@
 # What it is not: part of CI (it downloads and builds llama.cpp, minutes on 2 cores).
 #
 # usage: bench/llama_cpp_compare.sh [MODEL_DIR] [THREADS="1 2"] [P=512] [D=32] [REPS=5]
+#   PREPARE_ONLY=1 stops after the build and the GGUF (bench/llama_server_compare.py uses them) and
+#   touches $WORK/READY.
 #   env: WORK (default /tmp/llama_cpp_compare) holds the sdist, the build and the GGUF;
 #        BUILD_DIR (default ./build) holds bench_forward; PATHS (default avx2-v0,<default path>):
 #        the sampler's CPU matmul paths to run (cpu_ops.h), the first one is the old kernel.
@@ -31,18 +33,20 @@ if [ ! -f "$MODEL/model.safetensors" ] && [ ! -f "$MODEL/model.safetensors.index
 fi
 
 # ---- llama.cpp from the llama-cpp-python sdist ----
-if [ ! -x "$WORK/build/bin/llama-bench" ]; then
+if [ ! -x "$WORK/build/bin/llama-bench" ] || [ ! -x "$WORK/build/bin/llama-server" ] || \
+   [ ! -x "$WORK/build/bin/llama-quantize" ]; then
   if ! ls "$WORK"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
     pip download --no-deps --no-binary :all: llama-cpp-python -d "$WORK"
   fi
   SDIST=$(ls "$WORK"/llama_cpp_python-*.tar.gz | head -1)
-  tar -xzf "$SDIST" -C "$WORK"
+  [ -d "$(ls -d "$WORK"/llama_cpp_python-*/ 2>/dev/null | head -1)" ] || tar -xzf "$SDIST" -C "$WORK"
   SRC=$(ls -d "$WORK"/llama_cpp_python-*/vendor/llama.cpp | head -1)
   ln -sfn "$SRC" "$WORK/llama.cpp"
   cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_TOOLS=ON >"$WORK/cmake.log" 2>&1
-  cmake --build "$WORK/build" -j"$(nproc)" --target llama-bench >"$WORK/build.log" 2>&1
+  cmake --build "$WORK/build" -j"${JOBS:-2}" --target llama-bench llama-server llama-quantize \
+    >"$WORK/build.log" 2>&1
 fi
 LLAMA_VERSION=$(basename "$(dirname "$(dirname "$(readlink -f "$WORK/llama.cpp")")")")
 
@@ -53,6 +57,7 @@ if [ ! -f "$GGUF" ]; then
     python3 "$WORK/llama.cpp/convert_hf_to_gguf.py" "$MODEL" --outtype bf16 --outfile "$GGUF" >"$WORK/convert.log" 2>&1
 fi
 
+if [ "${PREPARE_ONLY:-0}" = 1 ]; then touch "$WORK/READY"; echo "ready: $GGUF"; exit 0; fi
 [ -x "$BUILD_DIR/bench_forward" ] || { echo "build bench_forward first (cmake --build build)"; exit 1; }
 DEFAULT_PATH=$(SAMPLER_CPU_PATH= "$BUILD_DIR/test_cpu_paths" 2>/dev/null | sed -n 's/^default path: //p' || true)
 PATHS=${PATHS:-avx2-v0,${DEFAULT_PATH:-avx2}}

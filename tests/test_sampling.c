@@ -301,6 +301,56 @@ static void test_vs_bruteforce(int V, int iters) {
     sampler_free(s);
 }
 
+/* The draw over rows of several normaliser blocks (sampling.c keeps the running
+ * sum at every 2048 ids and rescans only the block holding the crossing):
+ * tokens equal the one-pass draw of ref_sample for mass spread over blocks,
+ * concentrated in one block, blocks all -inf (equal running sums), every
+ * truncation mode (top_k leaves the expf to the normaliser pass), and rows
+ * with +inf logits (a NaN normaliser: the last kept id, as the one pass). */
+static void test_draw_blocks(void) {
+    int V = 5 * 2048 + 77;
+    Sampler *s = sampler_create(V);
+    float *l = malloc(V * sizeof(float));
+    int32_t *mask = malloc(V * sizeof(int32_t));
+    Ref r = { .kept = malloc(V), .p = malloc(V * sizeof(double)), .z = malloc(V * sizeof(float)) };
+    SampleHistory h = { 0 };
+    int bad = 0, bad_mask = 0, n = 0, blocks_hit[6] = { 0 };
+    for (int it = 0; it < 240; it++) {
+        int shape = it % 6;
+        for (int i = 0; i < V; i++) {
+            float v = nrand();
+            if (shape == 1) v = (i / 2048 == (it / 6) % 6) ? 4 + v : v - 4;          /* one heavy block */
+            else if (shape == 2) v = (i / 2048) % 2 ? -INFINITY : v;                  /* odd blocks banned */
+            else if (shape == 3) v = i == 2047 || i == 2048 || i == 4095 ? 6.0f : -8; /* mass at block edges */
+            else if (shape == 4 && i % 997 == 0) v = INFINITY;                       /* NaN normaliser */
+            l[i] = v;
+        }
+        SamplingParams p;
+        sampling_params_default(&p);
+        p.seed = (uint64_t)it;
+        if (shape == 5) p.top_k = 1 + it % 3000;
+        if (it % 12 == 7) p.top_p = 0.7f;
+        if (it % 12 == 11) p.min_p = 0.01f;
+        if (it % 4 == 1) p.temperature = 0.5f;
+        for (int d = 0; d < 8; d++, n++) {
+            SampleWant w = { .mask = mask };
+            SampleResult res;
+            sampler_sample(s, l, &p, &h, NULL, 0, d, 100 + d, &w, &res);
+            ref_sample(&r, V, l, &p, &h, NULL, 0, d, 100 + d);
+            bad += res.token != r.token;
+            int ok = res.n_kept == r.n_kept;
+            for (int i = 0, k = 0; ok && i < V; i++) if (r.kept[i]) ok = mask[k++] == i;
+            bad_mask += !ok;
+            if (res.token >= 0 && res.token < V) blocks_hit[res.token / 2048]++;
+        }
+    }
+    T_ASSERT(bad == 0, "block draw: %d of %d tokens differ from the one-pass draw", bad, n);
+    T_ASSERT(bad_mask == 0, "block draw: %d of %d masks differ", bad_mask, n);
+    for (int b = 0; b < 6; b++) T_ASSERT(blocks_hit[b] > 0, "no draw landed in block %d", b);
+    free(l); free(mask); free(r.kept); free(r.p); free(r.z);
+    sampler_free(s);
+}
+
 /* Explicit tie rules on a hand-made row. */
 static void test_ties(void) {
     int V = 8;
@@ -402,5 +452,6 @@ int main(void) {
     test_vs_bruteforce(1000, 600);
     test_vs_bruteforce(151936, 12);
     test_seeded();
+    test_draw_blocks();
     return T_DONE();
 }

@@ -16,7 +16,8 @@
  * what it buys is fewer instructions (loads, conversions) per FMA.
  *
  * Two shapes per ISA:
- * - few tokens (decode, small batches): weights read in place as bf16,
+ * - few tokens (decode, decode batches; < 7 tokens on AVX2, < 64 on AVX-512):
+ *   weights read in place as bf16,
  *   a block of rows at a time with the next block software-prefetched;
  * - many tokens (prefill, big decode batches): each block of rows widened once
  *   per block of tokens into an f32 panel laid out in the order the kernel
@@ -42,7 +43,17 @@
 #define AVX512_INL __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
 
 #define PANEL_MAX_K 16384     /* wider rows are read in place, never packed */
-#define GEMM_MIN_TOKENS 7     /* fewer tokens: bf16 read in place (one tile of up to 6 tokens) */
+#define GEMM_MIN_TOKENS 7     /* AVX2, fewer tokens: bf16 read in place (one tile of up to 6 tokens) */
+/* AVX-512, fewer tokens: bf16 read in place, 8-row blocks against 6-token tiles.
+ * The block (16-48 KB) stays in L1/L2 across the tiles, so its weights come from
+ * memory once, and widening them per tile cost less than packing the panel up
+ * to ~128 tokens (matmuls of Qwen3-0.6B's shapes, 8 layers, in-place vs packed,
+ * alternating runs on the 2-core Zen 5 VM under load: n = 8 43-50 vs 102-105 ms,
+ * 16 62-70 vs 82-131, 32 126-130 vs 178-185, 64 234-245 vs 267-269, 128 469-509
+ * vs 508-519; 2 threads alike; bench/RESULTS.md). Which path runs never changes
+ * a bit (cpu_ops.h). The AVX2 in-place tiles are 2 rows wide and lose to the
+ * packed GEMM from 8 tokens on, hence its threshold of 7. */
+#define GEMM_MIN_TOKENS_AVX512 64
 
 /* ---------------- shared pieces (AVX2 encoding) ---------------- */
 
@@ -304,7 +315,7 @@ AVX512_INL void gemm_avx512(float *out, int ldo, const float *x, int ldx, int n,
 
 AVX512_FN void cpu_matmul_avx512(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K,
                                  int r0, int r1) {
-    if (n < GEMM_MIN_TOKENS || K > PANEL_MAX_K) small_avx512(out, ldo, x, ldx, n, w, K, r0, r1);
+    if (n < GEMM_MIN_TOKENS_AVX512 || K > PANEL_MAX_K) small_avx512(out, ldo, x, ldx, n, w, K, r0, r1);
     else gemm_avx512(out, ldo, x, ldx, n, w, K, r0, r1);
 }
 

@@ -3,12 +3,16 @@
  * the exact semantics). Works on one CPU row of f32 logits; never allocates
  * after sampler_create.
  *
- * Speed: a row of 151936 logits is scanned a handful of times (copy, max,
- * one expf pass cached in Sampler.e, normaliser, draw). Truncation never
- * sorts the whole row: top_k and top-N alternatives keep a k-heap (one
- * compare per id); top_p builds a mass histogram over zmax - z to find the
- * bucket holding the crossing and sorts (radix on packed keys) only the ids
- * at or above it, i.e. about the kept set.
+ * Speed: a row of 151936 logits is scanned twice in the common case (copy,
+ * scale and max; then expf, cached in Sampler.e, with the normaliser summed
+ * in the same pass), the draw reads one block of SUM_BLOCK ids: the
+ * normaliser's running sum is kept at every block end (the draw's cumulative
+ * sum is the same sequence of additions, so the block holding the crossing is
+ * known without a second full pass, and the bits are those of the one-pass
+ * draw). Truncation never sorts the whole row: top_k and top-N alternatives
+ * keep a k-heap (one compare per id); top_p builds a mass histogram over
+ * zmax - z to find the bucket holding the crossing and sorts (radix on packed
+ * keys) only the ids at or above it, i.e. about the kept set.
  *
  * Not here: stop conditions, the logits.
  */
@@ -19,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define SUM_BLOCK 2048 /* ids per block of the normaliser's running sums */
+
 struct Sampler {
     int vocab;
     float *z;        /* [vocab] processed logits of the last call */
@@ -27,6 +33,7 @@ struct Sampler {
     uint64_t *keys, *tmp; /* [vocab] sort keys (value desc, id asc) and radix scratch */
     int32_t *cnt;    /* [65537] radix counts */
     uint8_t *mark;   /* [vocab] penalty marks, all zero between calls */
+    double *part;    /* [ceil(vocab / SUM_BLOCK)] running normaliser at each block's end */
     /* state of the last sampler_sample, for sampler_kept_logprobs */
     int greedy;
     int32_t token;
@@ -95,6 +102,7 @@ Sampler *sampler_create(int vocab) {
     s->tmp = xmalloc((size_t)vocab * sizeof(uint64_t));
     s->cnt = xmalloc(65537 * sizeof(int32_t));
     s->mark = xcalloc((size_t)vocab, 1);
+    s->part = xmalloc(((size_t)vocab + SUM_BLOCK - 1) / SUM_BLOCK * sizeof(double));
     return s;
 }
 
@@ -107,6 +115,7 @@ void sampler_free(Sampler *s) {
     free(s->tmp);
     free(s->cnt);
     free(s->mark);
+    free(s->part);
     free(s);
 }
 
@@ -282,16 +291,18 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
 }
 
 /* Truncation thresholds on the temperature-scaled z (sampling.h). Returns
- * thr, the kept set being { i : z_i >= thr, z_i > -inf }, and fills
- * s->e[i] = expf(z_i - zmax) at least for every kept id (for all ids when
- * min_p needs them; after top_k, only for the survivors). */
+ * thr, the kept set being { i : z_i >= thr, z_i > -inf }. When min_p or top_p
+ * need them it fills s->e[i] = expf(z_i - zmax) at least for every kept id
+ * and sets *e_filled; otherwise (no truncation, or top_k alone) e is left to
+ * the caller's normaliser pass (kept_sum), which computes it on the way. */
 #define TOPP_BUCKETS 2048
 #define TOPP_RANGE 32.0f /* buckets cover zmax - z in [0, 32); the last one takes the rest */
-static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
+static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax, int *e_filled) {
     const float *z = s->z;
     float *e = s->e;
     int V = s->vocab;
     float thr = -INFINITY;
+    *e_filled = p->min_p > 0 || p->top_p < 1.0f;
     if (p->min_p > 0) {
         for (int i = 0; i < V; i++) e[i] = expf(z[i] - zmax);
         float m = INFINITY;
@@ -304,6 +315,7 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
         if (n == p->top_k && z[s->idx[n - 1]] > thr) thr = z[s->idx[n - 1]];
     }
     /* e is only read for ids >= thr from here on */
+    if (!*e_filled) return thr;
     if (!(p->min_p > 0))
         for (int i = 0; i < V; i++) if (z[i] >= thr) e[i] = expf(z[i] - zmax);
     if (p->top_p < 1.0f) {
@@ -352,6 +364,53 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax) {
         }
     }
     return thr;
+}
+
+/* The normaliser S = sum of e_i over the kept ids in id order, one double
+ * addition per id (the order every draw and log-prob of this file uses), with
+ * e_i = expf(z_i - zmax) computed here unless truncate_thr did (fill_e = 0).
+ * s->part[b] gets the running sum after block b; *nk the kept count, *last
+ * the highest kept id (-1 if none). */
+static double kept_sum(Sampler *s, float thr, float zmax, int fill_e, int *nk, int32_t *last) {
+    const float *z = s->z;
+    float *e = s->e;
+    int V = s->vocab, n = 0;
+    int32_t l = -1;
+    double S = 0;
+    for (int b = 0; b * SUM_BLOCK < V; b++) {
+        int i1 = (b + 1) * SUM_BLOCK < V ? (b + 1) * SUM_BLOCK : V;
+        for (int i = b * SUM_BLOCK; i < i1; i++) {
+            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+            if (fill_e) e[i] = expf(z[i] - zmax);
+            S += (double)e[i];
+            n++;
+            l = i;
+        }
+        s->part[b] = S;
+    }
+    *nk = n;
+    *last = l;
+    return S;
+}
+
+/* The first kept id whose running sum exceeds u, or -1: the block is found on
+ * s->part (running sums only grow: every e_i >= 0, and a NaN never compares
+ * above), then rescanned from the sum before it with the same additions. */
+static int32_t draw_from_parts(const Sampler *s, float thr, double u) {
+    const float *z = s->z, *e = s->e;
+    int V = s->vocab, nb = (V + SUM_BLOCK - 1) / SUM_BLOCK;
+    for (int b = 0; b < nb; b++) {
+        if (!(s->part[b] > u)) continue;
+        double cum = b ? s->part[b - 1] : 0;
+        int i1 = (b + 1) * SUM_BLOCK < V ? (b + 1) * SUM_BLOCK : V;
+        for (int i = b * SUM_BLOCK; i < i1; i++) {
+            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
+            cum += (double)e[i];
+            if (cum > u) return i;
+        }
+        return -1; /* unreachable: the block's own sum exceeded u */
+    }
+    return -1;
 }
 
 /* ---- reported values: the log-prob modes (sampling.h) ---- */
@@ -462,21 +521,17 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
         out->n_kept = 1;
         if (want && want->mask) want->mask[0] = am;
     } else {
-        const float *ev = s->e; /* filled by truncate_thr for every kept id */
-        float thr = truncate_thr(s, p, zmax);
-        double S = 0;
-        int nk = 0;
-        for (int i = 0; i < V; i++)
-            if (z[i] > -INFINITY && z[i] >= thr) { S += (double)ev[i]; nk++; }
-        double u = sampling_uniform(p->seed, (uint64_t)seq_index, (uint64_t)pos) * S, cum = 0;
-        int32_t tok = -1, last = -1;
+        int e_filled, nk;
+        int32_t last;
+        float thr = truncate_thr(s, p, zmax, &e_filled);
+        double S = kept_sum(s, thr, zmax, !e_filled, &nk, &last);
+        double u = sampling_uniform(p->seed, (uint64_t)seq_index, (uint64_t)pos) * S;
+        int32_t tok = draw_from_parts(s, thr, u);
         int32_t *mask = want ? want->mask : NULL;
-        int k = 0;
-        for (int i = 0; i < V; i++) {
-            if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
-            if (mask) mask[k++] = i;
-            last = i;
-            if (tok < 0) { cum += (double)ev[i]; if (cum > u) tok = i; }
+        if (mask) {
+            int k = 0;
+            for (int i = 0; i < V; i++)
+                if (z[i] > -INFINITY && z[i] >= thr) mask[k++] = i;
         }
         if (tok < 0) tok = last;
         s->token = tok;

@@ -6,7 +6,7 @@ bench/RESULTS.md.
 
     python3 bench/gpu_json.py write --gpu-check GC.json --served SERVED.json [--served ...]
         [--gpu "NVIDIA H200"] [--commit C] [--date D] --out bench/gpu     # -> bench/gpu/h200.json
-    python3 bench/gpu_json.py render bench/gpu/h200.json                # markdown on stdout
+    python3 bench/gpu_json.py render [--brief] bench/gpu/h200.json      # markdown on stdout
     python3 bench/gpu_json.py check bench/gpu/h200.json                 # schema; exit 1 if broken
 
 Format: {"gpu", "commit", "date", "rows": [{"name", "value", "unit", "fraction_of_roofline"}]};
@@ -250,10 +250,19 @@ def fmt_value(r):
     return f"{v:.3g}"
 
 
-def render(doc):
-    out = [f"GPU: {doc['gpu']}, commit {doc['commit']}, {doc['date']} (bench/gpu_json.py render)", "",
+def brief_row(name):
+    """The rows the brief table keeps: the issues' rows, throughput, fractions and host shares."""
+    return name in REQUIRED or name.endswith(("_tok_s", "_fraction", "_host_share", "_itl_p50_ms")) and \
+        not name.endswith("_steady_tok_s") and not re.match(r"^decode_.*_ctx512_", name)
+
+
+def render(doc, brief=False):
+    out = [f"GPU: {doc['gpu']}, commit {doc['commit']}, {doc['date']} (bench/gpu_json.py render"
+           f"{' --brief' if brief else ''})", "",
            "| row | value | unit | fraction of roofline | note |", "|---|---:|---|---:|---|"]
     for r in doc["rows"]:
+        if brief and not brief_row(r["name"]):
+            continue
         f = r["fraction_of_roofline"]
         note = r.get("reason", "") if r["value"] is None else ""
         out.append(f"| `{r['name']}` | {fmt_value(r)} | {r['unit']} | {'-' if f is None else f'{100 * f:.1f}%'} | "
@@ -279,8 +288,10 @@ def main():
     w.add_argument("--commit", default="")
     w.add_argument("--date", default="")
     w.add_argument("--out", required=True, help="a folder (file named after the GPU) or a .json path")
-    for name in ("render", "check"):
-        sub.add_parser(name).add_argument("file")
+    rp = sub.add_parser("render")
+    rp.add_argument("file")
+    rp.add_argument("--brief", action="store_true", help="only the issues' rows, throughput, fractions, host shares")
+    sub.add_parser("check").add_argument("file")
     a = ap.parse_args()
     if a.cmd == "write":
         def load(p):
@@ -308,7 +319,7 @@ def main():
     with open(a.file) as f:
         doc = json.load(f)
     if a.cmd == "render":
-        sys.stdout.write(render(doc))
+        sys.stdout.write(render(doc, a.brief))
         return 0
     bad = check(doc)
     for b in bad:

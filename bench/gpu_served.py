@@ -40,7 +40,7 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     1 - forward / (step + control), the share of the engine thread's busy time spent
     outside the backend's forward call (which on the GPU holds the launches, the device
     work, the wait for it and the logits copy).
-Clients: --workers processes (default: up to 8), each an asyncio loop over raw HTTP/1.1
+Clients: --workers processes (default: up to 4), each an asyncio loop over raw HTTP/1.1
 (bench/load.py's request()), so the client side is not what limits the rate.
 Exit status: 0 when every configuration run had no client error, 1 otherwise.
 """
@@ -392,8 +392,9 @@ def main():
     ap.add_argument("--rl", default="off,on", help="RL fields: off,on | off | on")
     ap.add_argument("--window-s", type=float, default=8.0, help="time box of one configuration")
     ap.add_argument("--window-big-s", type=float, default=20.0, help="time box at the largest concurrency")
-    ap.add_argument("--budget-s", type=float, default=270.0, help="the whole run, model and server start included")
-    ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="the whole run, model and server start included")
+    ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                    help="client processes (few: the server samples on the same cores)")
     ap.add_argument("--kv-mem-mb", type=int, default=None, help="server KV pool (default 90000; --smoke 64)")
     ap.add_argument("--precision", default="bf16", help="the server's --precision (row names carry it)")
     ap.add_argument("--kv-elem-bytes", type=int, default=4,

@@ -285,7 +285,7 @@ def run_config(srv, cfg, window_s, n_workers, seed):
                                                     "n_errors": 1, "ttft": [], "itl": [], "tokens": 0,
                                                     "tokens_2nd_half": 0})
         p.join(10)
-    drained = srv.wait_idle(120)
+    drained = srv.wait_idle(60)
     ttft = [x for q in parts for x in q["ttft"]]
     itl = [x for q in parts for x in q["itl"]]
     tokens = sum(q["tokens"] for q in parts)
@@ -438,6 +438,10 @@ def main():
            "not_run": []}
     rc = 0
     srv = None
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)  # through the finally below: the server is stopped, the JSON written
+    signal.signal(signal.SIGTERM, on_term)
     try:
         if not a.smoke and not a.model_dir:
             cache = a.model_cache or default_cache()
@@ -476,26 +480,31 @@ def main():
             if r["n_errors"]:
                 rc = 1
             if not r["drained"]:
-                log("  the engine did not drain in 120 s: stopping here")
+                log("  the engine did not drain in 60 s: stopping here")
                 rc = 1
                 break
     except Exception as e:  # noqa: BLE001 - reported in the JSON, exit 1
         out["error"] = f"{type(e).__name__}: {e}"
         log("error: " + out["error"])
         rc = 1
+    except SystemExit as e:
+        out["error"] = f"terminated (exit {e.code}) during the run"
+        log("error: " + out["error"])
+        rc = e.code
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if srv is not None:
             out["server_exit"] = srv.stop()
             if out["server_exit"] != 0:
                 out["server_log_tail"] = "".join(srv.log[-20:])
-                rc = 1
-    out["wall_s"] = time.monotonic() - t_run
-    log(f"served bench: {len(out['configs'])} configurations run, {len(out['not_run'])} not run, "
-        f"server exit {out['server_exit']}, {out['wall_s']:.1f} s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+                rc = rc or 1
+        out["wall_s"] = time.monotonic() - t_run
+        log(f"served bench: {len(out['configs'])} configurations run, {len(out['not_run'])} not run, "
+            f"server exit {out['server_exit']}, {out['wall_s']:.1f} s")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+                f.write("\n")
     return rc
 
 

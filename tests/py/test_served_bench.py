@@ -93,6 +93,8 @@ def test_gpu_json_from_smoke(smoke, tmp_path):
     assert subprocess.run([sys.executable, GPU_JSON, "check", path], capture_output=True).returncode == 0
     md = subprocess.run([sys.executable, GPU_JSON, "render", path], capture_output=True, text=True).stdout
     assert md.count("\n| `") == len(doc["rows"]) and "| `served_bf16_c4_16x6_tok_s` |" in md
+    brief = subprocess.run([sys.executable, GPU_JSON, "render", "--brief", path], capture_output=True, text=True).stdout
+    assert all(f"| `{n}` |" in brief for n in gpu_json.REQUIRED) and "_ttft_p99_ms` |" not in brief
 
 
 def sample_served():

@@ -105,7 +105,7 @@ def sample_served():
            "window_s": 20.0, "slots": 32, "workers": 8, "requests_sent": 32, "requests_completed": 0,
            "requests_cut": 32, "n_errors": 0, "errors": [], "tokens": 20000, "tok_s": 1000.0, "steady_tok_s": 1100.0,
            "ttft_n": 32, "ttft_p50_s": 2.0, "ttft_p99_s": 3.0, "itl_n": 19000, "itl_p50_s": 0.2, "itl_p99_s": 0.3,
-           "server": {"host_share": 0.8}, "drained": True}
+           "server": {"host_share": 0.8, "ms_per_step": 50.0, "forward_ms_per_step": 10.0}, "drained": True}
     c1 = dict(cfg, name="c1_1000x1000", concurrency=1, n=1, slots=1, tokens=1000, tok_s=125.0, itl_p50_s=0.008)
     return {"mode": "gpu", "gpu": "NVIDIA H200", "precision": "bf16", "kv_elem_bytes": 4, "model": "/dev/shm/x",
             "model_config": mc, "shapes": ["1000x1000", "128x2048"], "concurrency": [1, 16, 64, 256], "n": 8,
@@ -129,6 +129,8 @@ def test_gpu_json_rows_and_roofline():
     assert rows["roofline_copy_gbs"]["value"] == 4251 and rows["gpu_check_ops_failed"]["value"] == 0
     assert rows["gemv_bf16_4096x4096_gbs"]["value"] == 2700
     assert rows["served_bf16_c256_host_share"]["value"] == 0.8
+    assert rows["served_bf16_c256_1000x1000_step_ms"]["value"] == 50.0
+    assert rows["served_bf16_c256_1000x1000_forward_ms"]["value"] == 10.0
     # served roofline: C * bw / (W + C * (P + O/2) * kv bytes per token), Qwen3-8B, f32 KV
     W = 2 * (36 * (4096 * 4096 * 2 + 2 * 1024 * 4096 + 3 * 12288 * 4096) + 151936 * 4096)
     kv = 2 * 36 * 1024 * 4

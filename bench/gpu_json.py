@@ -26,7 +26,8 @@ named without an edit here):
   roofline_copy_gbs, roofline_gemm_bf16_tflops, gpu_check_ops_failed, gpu_check_models_failed.
 Rows from the served benchmark, per configuration c<C>_<P>x<O>[_rl_fields] and precision:
   served_<prec>_<cfg>_{tok_s, steady_tok_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms,
-  step_ms, forward_ms (the server's engine step and the backend's forward in it), host_share}; served_<prec>_c<Cmax>_host_share is the first shape's at the largest
+  step_ms, forward_ms (the server's engine step and the backend's forward in it), host_share};
+  served_<prec>_c<Cmax>_host_share is the first shape's at the largest
   concurrency, RL fields off. fraction_of_roofline of a served tok/s row: the decode roofline
   at batch C and the mean context P + O/2 (weights + KV bytes read per step over gpu_check's
   copy bandwidth: roofline tok/s = C * bw / (W + C * (P + O/2) * kv_bytes_per_token)), of an
@@ -171,7 +172,8 @@ def served_rows(R, sv, bw_gbs):
             R.add(f"{base}_{k}_ms", None if v is None else 1e3 * v, "ms", frac, s, why)
         sv_ = c.get("server") or {}
         R.add(base + "_step_ms", sv_.get("ms_per_step"), "ms/step", None,
-              s + "; the server's engine step (sampler_step_seconds_total / steps)", "the server's step counters did not move")
+              s + "; the server's engine step (sampler_step_seconds_total / steps)",
+              "the server's step counters did not move")
         R.add(base + "_forward_ms", sv_.get("forward_ms_per_step"), "ms/step", None,
               s + "; the backend's forward per step (the model step inside the server)",
               "the server's step counters did not move")

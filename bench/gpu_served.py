@@ -94,7 +94,8 @@ def metrics_delta(m0, m1):
     d = {k: m1.get(f"sampler_step_{k}_seconds_total" if k != "step" else "sampler_step_seconds_total", 0.0) -
          m0.get(f"sampler_step_{k}_seconds_total" if k != "step" else "sampler_step_seconds_total", 0.0)
          for k in STEP_KEYS}
-    out = {"generated_tokens": m1.get("sampler_generation_tokens_total", 0) - m0.get("sampler_generation_tokens_total", 0),
+    gen = "sampler_generation_tokens_total"
+    out = {"generated_tokens": m1.get(gen, 0) - m0.get(gen, 0),
            "steps": m1.get("sampler_engine_steps_total", 0) - m0.get("sampler_engine_steps_total", 0),
            "preemptions": m1.get("sampler_preemptions_total", 0) - m0.get("sampler_preemptions_total", 0),
            "step_seconds": d}
@@ -382,8 +383,10 @@ def server_cmd(a, concs, shapes, n_max):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", help="the server binary (default: build-gpu-check/sampler-sm90; --smoke: build/sampler-cpu)")
-    ap.add_argument("--model", dest="model_dir", help="serve this model directory (default: write the Qwen3-8B-shaped one)")
+    ap.add_argument("--bin", help="the server binary (default: build-gpu-check/sampler-sm90; "
+                                  "--smoke: build/sampler-cpu)")
+    ap.add_argument("--model", dest="model_dir",
+                    help="serve this model directory (default: write the Qwen3-8B-shaped one)")
     ap.add_argument("--model-cache", help="where the Qwen3-8B-shaped checkpoint is written / reused")
     ap.add_argument("--layers", type=int, default=0, help="fewer layers in the written checkpoint (quick runs only)")
     ap.add_argument("--shapes", default="1000x1000,128x2048", help="PROMPTxOUTPUT,...")

@@ -366,7 +366,7 @@ typedef struct EngineVHist {
  * computed something (CLOCK_MONOTONIC, about ten reads per step; no allocation).
  * step = schedule + forward + sample + publish; control is outside the step:
  * the commands applied between two busy steps, the gauges, the pause check
- * (published one step late).
+ * (published with the gauges, one iteration late; the rest with `steps`).
  * forward is the backend's forward call: on the GPU the launches, the device
  * work, the wait for it and the logits copy; the rest is host work on the
  * step's critical path. Detokenizing, streaming and HTTP run on the

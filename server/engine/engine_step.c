@@ -305,6 +305,7 @@ int engine_step(Engine *e) {
     pthread_mutex_lock(&e->mmu);
     e->m.steps++;
     e->m.prefill_tokens_computed += (uint64_t)prefill;
+    e->m.step_times = e->st; /* with steps, so a reader sees whole steps */
     pthread_mutex_unlock(&e->mmu);
     return 1;
 }

@@ -224,6 +224,9 @@ async def _slot(host, port, cfg, rng, t_end, out):
             out["cut"] += 1
             res = None
         out["reqs"].append(st)
+        if res is not None and st.tokens and st.tokens[-1] > t_end:
+            out["cut"] += 1  # ended after the window (the timer fired late): counted as cut, like its tokens
+            res = None
         if res is None:
             break
         err = res.error or st.bad

@@ -26,6 +26,7 @@
 #   SM=90 tests/gpu/check.sh           # force the architecture (no nvidia-smi)
 #   SAMPLER_GPU_PREBUILT=build-gpu tests/gpu/check.sh   # use binaries built elsewhere (prebuild.sh)
 #   SERVED_BUDGET_S=300 SERVED_ARGS="--window-big-s 30" tests/gpu/check.sh   # part 4's budget, more flags
+#                                      # (SERVED_ARGS go to both served runs)
 #   SAMPLER_COMMIT=abc1234 ...         # the commit for the JSON where the tree has no .git
 #   CHECK_TOTAL_S=540 ...              # the whole run's target (default 9 minutes: the device
 #                                      # tool's command limit is 10): part 4 gets what is left
@@ -134,7 +135,7 @@ if [ "$skip_served" = 0 ]; then
     b8=$(( left < 150 ? left : 150 ))
     PYTHONUNBUFFERED=1 timeout $((b8 + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" --gpu "$gpu_name" \
       --precision fp8 --shapes 1000x1000 --concurrency 256 --rl off --budget-s "$b8" \
-      --json "$RES/served_fp8.json" 2>&1 | tee -a "$RES/served.log"
+      --json "$RES/served_fp8.json" ${SERVED_ARGS:-} 2>&1 | tee -a "$RES/served.log"
     [ -f "$RES/served_fp8.json" ] && served+=(--served "$RES/served_fp8.json")
   fi
   [ "$src4" = 0 ] || { echo "check.sh: the served benchmark reported errors (above, $RES/served.log)"; rc=1; }

@@ -1334,6 +1334,33 @@ static void test_row_shares(void) {
     }
 }
 
+/* The step-phase times (EngineMetrics.step_times, /metrics sampler_step_*):
+ * they move with the steps, the forward is inside the step, and the phases of
+ * a step add up to at most its wall time (all read on one monotonic clock).
+ * The poll's deadline only turns a hang into a failure. */
+static void test_step_times(void) {
+    int32_t P[24];
+    prompt_of(P, 21, 7);
+    Engine *e = make_engine(g_model, 64, 16, 64, 8, 0);
+    EngineRequest *r = submit(e, P, 21, 12, 1.0f, 5, 2);
+    wait_done(r);
+    EngineMetrics m;
+    for (int i = 0; i < 6000; i++) {
+        engine_metrics(e, &m);
+        if (m.step_times.publish > 0) break; /* the last step's phases are in */
+        usleep(1000);
+    }
+    const EngineStepTimes *st = &m.step_times;
+    T_ASSERT(m.steps >= 1 && st->step > 0 && st->forward > 0 && st->sample > 0 && st->publish > 0,
+             "steps %llu, step %g forward %g sample %g publish %g s", (unsigned long long)m.steps, st->step,
+             st->forward, st->sample, st->publish);
+    double parts = st->schedule + st->forward + st->sample + st->publish;
+    T_ASSERT(st->schedule >= 0 && st->control >= 0 && parts <= st->step * (1 + 1e-9) + 1e-9,
+             "phases %g (schedule %g) exceed the step %g", parts, st->schedule, st->step);
+    engine_request_release(r);
+    engine_cpu_free(e);
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
@@ -1358,6 +1385,7 @@ int main(void) {
     test_mask_publish_check();
     test_output_budget();
     test_row_shares();
+    test_step_times();
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

@@ -362,6 +362,24 @@ typedef struct EngineVHist {
     double sum; /* seconds */
 } EngineVHist;
 
+/* Where the engine thread's time goes, seconds summed over the steps that
+ * computed something (CLOCK_MONOTONIC, about ten reads per step; no allocation).
+ * step = schedule + forward + sample + publish; control is outside the step:
+ * the commands applied between two busy steps, the gauges, the pause check
+ * (published with the gauges, one iteration late; the rest with `steps`).
+ * forward is the backend's forward call: on the GPU the launches, the device
+ * work, the wait for it and the logits copy; the rest is host work on the
+ * step's critical path. Detokenizing, streaming and HTTP run on the
+ * connections' threads, beside the engine thread, and are not in here. */
+typedef struct EngineStepTimes {
+    double step;     /* scheduler_plan .. the last record published */
+    double schedule; /* scheduler_plan + batch build + scheduler_commit */
+    double forward;  /* the backend's forward */
+    double sample;   /* prompt log-probs / experts, forks, sampling rows (on the sampling threads) */
+    double publish;  /* stops, timing, publishing records */
+    double control;  /* between busy steps: commands, pause-wait check, gauges */
+} EngineStepTimes;
+
 typedef struct EngineMetrics {
     uint64_t requests_submitted, requests_rejected;
     uint64_t requests_finished_stop, requests_finished_length, requests_finished_abort; /* sequences */
@@ -382,6 +400,7 @@ typedef struct EngineMetrics {
     EngineVHist vprompt, vgen;   /* per finished sequence: its prompt tokens, its generated tokens */
     double vtok_bounds[ENGINE_VHIST_MAX]; /* their buckets: vLLM's 1, 2, 5, 10, ... <= max_model_len */
     int vtok_n;
+    EngineStepTimes step_times;  /* the engine thread's time by phase (above) */
 } EngineMetrics;
 
 void engine_metrics(Engine *e, EngineMetrics *out);

@@ -96,6 +96,7 @@ static void update_gauges(Engine *e) {
     e->m.preemptions = e->sch->preemptions;
     e->m.weight_version = atomic_load(&e->version);
     e->m.paused = e->paused;
+    e->m.step_times = e->st;
     pthread_mutex_unlock(&e->mmu);
 }
 
@@ -116,10 +117,16 @@ static void *engine_main(void *arg) {
         int stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
+        double t_a = engine_now_s();
         engine_apply_commands(e);
+        double t_b = engine_now_s();
         idle = e->paused || !engine_step(e);
+        double t_c = engine_now_s();
         engine_check_pause_wait(e);
         update_gauges(e);
+        /* the host time between two busy steps; published by the next
+         * update_gauges (one iteration late, which a total does not mind) */
+        if (!idle) e->st.control += (t_b - t_a) + (engine_now_s() - t_c);
     }
     /* shutting down: queued commands complete, everything left finishes with FINISH_ABORT */
     engine_drain_commands(e);

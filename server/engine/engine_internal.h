@@ -153,6 +153,7 @@ struct Engine {
     _Atomic uint64_t version; /* written by the engine thread, read anywhere */
     uint32_t lora_version[ENGINE_MAX_LORAS]; /* engine thread (engine_lora_changed); read by the sampling threads
                                                 of a step, which never overlaps a change */
+    EngineStepTimes st;       /* engine thread: step phase times, copied to m.step_times with the gauges */
     /* under mmu */
     pthread_mutex_t mmu;
     EngineMetrics m;

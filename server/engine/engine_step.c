@@ -235,6 +235,7 @@ static void prompt_outputs(Engine *e, Seq *q) {
 
 int engine_step(Engine *e) {
     Scheduler *s = e->sch;
+    double t_plan = engine_now_s();
     int n = scheduler_plan(s);
     if (n == 0) return 0;
     int want_exp = 0;
@@ -250,7 +251,10 @@ int engine_step(Engine *e) {
     Err err = { 0 };
     int prefill = 0;
     for (int i = 0; i < s->n_sched; i++) prefill += s->sched[i]->plan_n > 1 ? s->sched[i]->plan_n : 0;
-    if (e->be.forward(e->be.ctx, &b, e->logits, &err) < 0) {
+    double t_fwd = engine_now_s();
+    int fwd = e->be.forward(e->be.ctx, &b, e->logits, &err);
+    double t_fwd_end = engine_now_s();
+    if (fwd < 0) {
         /* a bug: the scheduler built a batch the backend refused */
         log_error("engine: forward failed (%s:%d %s); aborting the %d sequences of this step", err.file,
                   err.line, err.msg, s->n_sched);
@@ -261,7 +265,7 @@ int engine_step(Engine *e) {
         return 1;
     }
     scheduler_commit(s);
-    double t = engine_now_s();
+    double t = engine_now_s(), t_commit = t;
     int n_sched = s->n_sched;
     e->n_jobs = 0;
     for (int i = 0; i < n_sched; i++) {
@@ -292,9 +296,16 @@ int engine_step(Engine *e) {
     else if (e->n_jobs > 1) threadpool_run(e->stp, e->n_jobs, sample_task, e);
     t = engine_now_s(); /* tokens exist from here: TTFT/ITL include sampling */
     for (int i = 0; i < e->n_jobs; i++) sample_commit(e, &e->jobs[i], t);
+    double t_end = engine_now_s();
+    e->st.step += t_end - t_plan;
+    e->st.schedule += (t_fwd - t_plan) + (t_commit - t_fwd_end);
+    e->st.forward += t_fwd_end - t_fwd;
+    e->st.sample += t - t_commit;
+    e->st.publish += t_end - t;
     pthread_mutex_lock(&e->mmu);
     e->m.steps++;
     e->m.prefill_tokens_computed += (uint64_t)prefill;
+    e->m.step_times = e->st; /* with steps, so a reader sees whole steps */
     pthread_mutex_unlock(&e->mmu);
     return 1;
 }

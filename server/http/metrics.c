@@ -3,7 +3,8 @@
  * answers by status, engine counters and gauges (requests, tokens, running
  * and waiting sequences, KV usage, prefix-cache hits), time-to-first-token
  * and inter-token-latency histograms, the weight version, and the model's
- * forward time (for the share of time spent outside the model), then the
+ * forward time and the engine thread's step time by phase (for the share of
+ * the step spent outside the model), then the
  * same engine state under vLLM's names (metrics_vllm.c); and GET
  * /health (200 {"status":"ok"}; 503 once shutting down or while not ready:
  * catching up to the fleet's version, fleet.c), the other probe.
@@ -17,6 +18,10 @@ static const char *STATUS[SERVER_N_STATUS] = {"200", "400", "401", "403", "404",
 
 static void counter(Buf *b, const char *name, const char *help, unsigned long long v) {
     buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void counter_s(Buf *b, const char *name, const char *help, double seconds) {
+    buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %.9f\n", name, help, name, name, seconds);
 }
 
 static void gauge(Buf *b, const char *name, const char *help, double v) {
@@ -83,6 +88,15 @@ int api_metrics(HttpReq *q, json_t *body) {
     gauge(&b, "sampler_model_forward_seconds_total", "Time spent in the model forward pass.",
           (double)atomic_load(&s->metrics.forward_ns) / 1e9);
     counter(&b, "sampler_model_forward_calls_total", "Model forward calls.", atomic_load(&s->metrics.forward_calls));
+    /* the engine thread's time by phase (EngineStepTimes): the host share of a step is
+     * 1 - forward / (step + control) */
+    const EngineStepTimes *st = &m.step_times;
+    counter_s(&b, "sampler_step_seconds_total", "Engine steps that computed something: schedule + forward + sample + publish.", st->step);
+    counter_s(&b, "sampler_step_schedule_seconds_total", "Engine steps: planning, batch building, scheduler commit.", st->schedule);
+    counter_s(&b, "sampler_step_forward_seconds_total", "Engine steps: the backend's forward (GPU: launches, device work and wait, logits copy).", st->forward);
+    counter_s(&b, "sampler_step_sample_seconds_total", "Engine steps: prompt log-probs, forks and sampling of every row.", st->sample);
+    counter_s(&b, "sampler_step_publish_seconds_total", "Engine steps: stop checks and publishing the records.", st->publish);
+    counter_s(&b, "sampler_step_control_seconds_total", "Engine thread between two busy steps: commands, gauges.", st->control);
     hist(&b, "sampler_time_to_first_token_seconds", "Time from submit to the first generated token.", &m.ttft);
     hist(&b, "sampler_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", &m.itl);
     metrics_vllm(&b, s, &m);

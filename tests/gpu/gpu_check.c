@@ -30,8 +30,9 @@
  * (op_checks_native.h), KL(bf16 || fp8) on the fixtures after part 2, the
  * weight-only vs native crossover and native FP8 decode at batch 32 / 128 in
  * part 3 (bench_native.h), machine rows in the summary.
- * Usage: gpu_check-smXX [--skip-bench] (from the repo root). Exit 1 on any
- * failed check.
+ * Usage: gpu_check-smXX [--skip-bench] [--json FILE] (from the repo root; --json
+ * writes the summary for bench/gpu_json.py, the native rows as "named_rows").
+ * Exit 1 on any failed check.
  */
 #include <math.h>
 #include <stdio.h>
@@ -826,12 +827,53 @@ static void part_bench(void) {
     free(m);
 }
 
+/* --json FILE: the summary for bench/gpu_json.py (which names the rows of
+ * bench/gpu/<gpu>.json from these): the device, the parts' counts, the
+ * rooflines and every bench, GEMV and op row as measured. Names are our own
+ * printable ASCII without quotes or backslashes, so they need no escaping. */
+static void write_json(const char *path, const char *gpu, int major, int minor, int sms, size_t mem, int ops_pass,
+                       int ops_fail, int mod_pass, int mod_fail, int bench) {
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "gpu_check: cannot write %s\n", path); return; }
+    fprintf(f, "{\"gpu\": \"%s\", \"sm\": %d, \"sms\": %d, \"mem_gib\": %.1f,\n", gpu, major * 10 + minor, sms,
+            mem / 1073741824.0);
+    fprintf(f, " \"parts\": {\"ops\": {\"passed\": %d, \"failed\": %d}, \"models\": {\"passed\": %d, \"failed\": %d}},\n",
+            ops_pass, ops_fail, mod_pass, mod_fail);
+    fprintf(f, " \"bench_ran\": %s, \"copy_gbs\": %.17g, \"gemm_tflops\": %.17g,\n \"rows\": [", bench && n_rows ? "true" : "false",
+            bw_gbs, gemm_tfs);
+    for (int i = 0; i < n_rows; i++)
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"tok_s\": %.17g, \"ms\": %.17g, \"roof_tok_s\": %.17g, \"fraction\": %.17g}",
+                i ? "," : "", rows_out[i].name, rows_out[i].tok_s, rows_out[i].ms, rows_out[i].roof_tok_s, rows_out[i].frac);
+    fprintf(f, "],\n \"gemv\": [");
+    for (int i = 0; i < n_gemv_rows; i++)
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"us\": %.17g, \"gbs\": %.17g, \"fraction\": %.17g}", i ? "," : "",
+                gemv_rows[i].name, gemv_rows[i].us, gemv_rows[i].gbs, bw_gbs > 0 ? gemv_rows[i].gbs / bw_gbs : 0.0);
+    fprintf(f, "],\n \"ops\": [");
+    for (int i = 0; i < n_op_rows; i++)
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"us\": %.17g, \"per_step\": %d}", i ? "," : "", op_rows[i].name,
+                op_rows[i].us, op_rows[i].per_step);
+    fprintf(f, "],\n \"named_rows\": [");
+    for (int i = 0; i < n_native_rows; i++) { /* bench_native.h: already named as the JSON wants */
+        const char *nm = native_rows[i].name;
+        size_t l = strlen(nm);
+        const char *unit = l > 6 && !strcmp(nm + l - 6, "_tok_s") ? "tok/s"
+                         : l > 2 && !strcmp(nm + l - 2, "_n") ? "tokens"
+                         : strstr(nm, "kl_") == nm ? "nats" : "";
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"value\": %.17g, \"unit\": \"%s\"}", i ? "," : "", nm,
+                native_rows[i].v, unit);
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill (check.sh pipes us into tee) */
     int bench = 1;
+    const char *json_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--skip-bench")) bench = 0;
-        else { fprintf(stderr, "usage: %s [--skip-bench]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+        else { fprintf(stderr, "usage: %s [--skip-bench] [--json FILE]\n", argv[0]); return 2; }
     }
     int major = 0, minor = 0, sms = 0;
     size_t mem = 0;
@@ -874,6 +916,7 @@ int main(int argc, char **argv) {
                    100 * gemv_rows[i].gbs / bw_gbs);
     }
     native_summary();
+    if (json_path) write_json(json_path, name, major, minor, sms, mem, ops_pass, ops_fail, mod_pass, mod_fail, bench);
     printf("\n%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -20,8 +20,9 @@
  * (CUDA_CHECK). The update path (weights_changed, its scatter and read-back,
  * re-uploads, backend_cuda_read_weight) returns every CUDA error
  * (CUDA_TRY) so that delta_commit can restore the weights.
- * Not here: quantized activations (native FP8 / NVFP4 tensor cores), device
- * sampling.
+ * Sampling (sample_reserve / sample): the device sampler of sampling.cu on
+ * the backend's stream.
+ * Not here: quantized activations (native FP8 / NVFP4 tensor cores).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "cuda_sampling.h"
 extern "C" {
 #include "check.h"
 #include "log.h"
@@ -55,6 +57,7 @@ typedef struct CudaCtx {
     size_t sc_dev_cap;
     uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
     size_t sc_host_cap;
+    CudaSampler *sampler; /* device sampling scratch (sample_reserve), or NULL */
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -300,9 +303,25 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
 }
 
+/* ---- sampling on the device (sampling.cu) ---- */
+static int cu_sample_reserve(Backend *b, const DevSampleCaps *caps, Err *err) {
+    CudaCtx *c = ctx(b);
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    cuda_sampler_free(c->sampler);
+    c->sampler = cuda_sampler_create(caps, err);
+    return c->sampler ? 0 : -1;
+}
+static int cu_sample(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
+                     DevSampleOut *out, int32_t *const *masks, Err *err) {
+    CudaCtx *c = ctx(b);
+    if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
+    return cuda_sampler_run(c->sampler, logits, n_logit_rows, vocab, batch, out, masks, st(b), err) ? -1 : 0;
+}
+
 static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_sampler_free(c->sampler);
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev};
     free(c->sc_host);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -389,6 +408,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->graph_end = cu_graph_end;
     b->graph_launch = cu_graph_launch;
     b->graph_free = cu_graph_free;
+    b->sample_reserve = cu_sample_reserve;
+    b->sample = cu_sample;
     b->free = cu_free;
     return b;
 }

@@ -43,6 +43,7 @@
 #include "safetensors.h"
 
 #include "op_checks.h"
+#include "sampling_checks.h"
 
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
@@ -69,6 +70,8 @@ static void part_ops(void) {
     bc = backend_cpu_create(0, 4096);
     bg = backend_cuda_create_resident(0, 2048);
     op_checks_run(1);
+    printf("   device sampler vs sampler_sample (tests/gpu/sampling_checks.h)\n");
+    sampling_checks_run(1);
     bg->free(bg);
     bc->free(bc);
 }

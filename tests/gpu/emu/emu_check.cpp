@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../op_checks.h"
+#include "../sampling_checks.h"
 #include "cuda_kernels.h"
 #include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
 #include "gemv_tile.cuh"
@@ -419,6 +420,8 @@ int main(void) {
     printf("== CUDA kernels on the CPU emulation vs the CPU reference ops (tests/gpu/op_checks.h) ==\n");
     t_decode();
     op_checks_run(0);
+    printf("== the device sampler on the emulation vs sampler_sample (tests/gpu/sampling_checks.h) ==\n");
+    sampling_checks_run(0);
     bg->free(bg);
     bc->free(bc);
     printf("== fixture models through backend_cuda on the emulation ==\n");

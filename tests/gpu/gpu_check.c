@@ -44,6 +44,7 @@
 
 #include "op_checks.h"
 #include "sampling_checks.h"
+#include "engine_devsample_check.h"
 
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
@@ -283,6 +284,9 @@ static void part_models(void) {
     run_fixture("models/tiny-qwen3", PREC_FP8);
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
+    /* the engine: device sampling on vs off over the same device forward */
+    engine_devsample_check("tests/fixtures/qwen2");
+    engine_devsample_check("models/tiny-qwen3");
 }
 
 /* ---- part 3: benchmark ---- */

@@ -11,10 +11,11 @@
  * raw), the value in the row's log-prob mode and the top-N values within
  * 1e-5 (relative above 1), the same rank and top-N ids. A token or kept-set
  * difference is excused only by a near tie of the tie rule (dev_sample.h),
- * decided on the CPU's own numbers: the draw's u * S within 1e-9 of a
- * cumulative boundary, top_p's crossing within 1e-6 of a value boundary of
- * the distribution before top_p, or (min_p rows) an id whose expf(z - zmax)
- * is within 1e-5 of min_p. Excused rows are counted and printed; more than
+ * decided on the CPU's own numbers and matched to the difference seen: the
+ * draw's u * S within 1e-9 of a cumulative boundary (same kept set, another
+ * token); top_p's crossing within 1e-6 of a value boundary of the
+ * distribution before top_p, or every id in the kept sets' difference with
+ * expf(z - zmax) within 1e-6 (relative) of min_p (another kept set). Excused rows are counted and printed; more than
  * 1 in 50 excused fails (ties that often mean a real difference).
  * The includer defines bg (a CUDA backend) and n_pass / n_fail (op_checks.h).
  */
@@ -155,25 +156,42 @@ static int sc_cmp_desc(const void *a, const void *b) {
     return x > y ? -1 : x < y;
 }
 
-/* Near ties on the CPU's own numbers (the excuses of the header). s: a
- * Sampler of V; scratch: [V] floats. */
-static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, float *lp, double *tmp) {
+/* Whether id is in the ascending list a [n]. */
+static int sc_has(const int32_t *a, int n, int32_t id) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int m = (lo + hi) / 2;
+        if (a[m] < id) lo = m + 1;
+        else hi = m;
+    }
+    return lo < n && a[lo] == id;
+}
+
+/* Near ties on the CPU's own numbers (the excuses of the header), for the
+ * difference seen: set_differs 0 (same kept set, another token): the draw
+ * only; 1: top_p's crossing, or min_p's predicate near its boundary for every
+ * id in the symmetric difference of the kept sets cm [cn] / dm [dn] (any id
+ * when the ids were not asked for: cm NULL). s: a Sampler of V; scratch
+ * lp [V], tmp [V]. */
+static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, float *lp, double *tmp, int set_differs,
+                       const int32_t *cm, int cn, const int32_t *dm, int dn) {
     SampleHistory h = {c->hist, c->n_prompt, c->hist + c->n_prompt, c->n_output};
     SampleResult r;
     SampleWant w = c->w;
     w.top_n = 0; w.value = 0; w.raw_logprob = 0; w.mask = NULL;
     int32_t eos = 0;
-    /* the draw: u against the cumulative kept mass in ascending ids */
-    sampler_sample(s, row, &c->p, &h, &eos, 1, c->seq_index, c->pos, &w, &r);
-    sampler_kept_logprobs(s, lp);
-    double u = sampling_uniform(c->p.seed, (uint64_t)c->seq_index, (uint64_t)c->pos), cum = 0;
-    for (int i = 0; i < V; i++) {
-        if (lp[i] == -INFINITY) continue;
-        cum += exp((double)lp[i]);
-        if (fabs(cum - u) <= 1e-9) return 1;
+    if (!set_differs) { /* the draw: u against the cumulative kept mass in ascending ids */
+        sampler_sample(s, row, &c->p, &h, &eos, 1, c->seq_index, c->pos, &w, &r);
+        sampler_kept_logprobs(s, lp);
+        double u = sampling_uniform(c->p.seed, (uint64_t)c->seq_index, (uint64_t)c->pos), cum = 0;
+        for (int i = 0; i < V; i++) {
+            if (lp[i] == -INFINITY) continue;
+            cum += exp((double)lp[i]);
+            if (fabs(cum - u) <= 1e-9) return 1;
+        }
+        return 0;
     }
-    /* top_p: value boundaries of the distribution before top_p */
-    if (c->p.top_p < 1.0f && c->p.temperature > 0) {
+    if (c->p.top_p < 1.0f && c->p.temperature > 0) { /* value boundaries of the distribution before top_p */
         SamplingParams q = c->p;
         q.top_p = 1.0f;
         sampler_sample(s, row, &q, &h, &eos, 1, c->seq_index, c->pos, &w, &r);
@@ -181,22 +199,27 @@ static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, flo
         int n = 0;
         for (int i = 0; i < V; i++) if (lp[i] > -INFINITY) tmp[n++] = lp[i];
         qsort(tmp, (size_t)n, sizeof(double), sc_cmp_desc);
-        double cm = 0;
+        double cm_ = 0;
         for (int i = 0; i < n; i++) {
-            cm += exp(tmp[i]);
-            if ((i + 1 == n || tmp[i + 1] != tmp[i]) && fabs(cm - c->p.top_p) <= 1e-6) return 1;
+            cm_ += exp(tmp[i]);
+            if ((i + 1 == n || tmp[i + 1] != tmp[i]) && fabs(cm_ - c->p.top_p) <= 1e-6) return 1;
         }
     }
-    /* min_p: expf(z - zmax) near min_p, z read off the untruncated distribution */
-    if (c->p.min_p > 0 && c->p.temperature > 0) {
+    if (c->p.min_p > 0 && c->p.temperature > 0) { /* expf(z - zmax) near min_p, z off the untruncated distribution */
         SamplingParams q = c->p;
         q.top_p = 1.0f; q.top_k = 0; q.min_p = 0;
         sampler_sample(s, row, &q, &h, &eos, 1, c->seq_index, c->pos, &w, &r);
         sampler_kept_logprobs(s, lp);
         double mx = -INFINITY;
         for (int i = 0; i < V; i++) if (lp[i] > mx) mx = lp[i];
-        for (int i = 0; i < V; i++)
-            if (lp[i] > -INFINITY && fabs(exp((double)lp[i] - mx) - c->p.min_p) <= 1e-5 * c->p.min_p) return 1;
+        int near = 0, far = 0;
+        for (int i = 0; i < V; i++) {
+            if (cm && sc_has(cm, cn, i) == sc_has(dm, dn, i)) continue; /* not in the difference */
+            int nt = lp[i] > -INFINITY && fabs(exp((double)lp[i] - mx) - c->p.min_p) <= 1e-6 * c->p.min_p;
+            near += nt;
+            far += cm && !nt;
+        }
+        if (near && !far) return 1;
     }
     return 0;
 }
@@ -258,7 +281,13 @@ static int sc_batch(int V, int n_lrows, int n_rows, int *excused, int *bad_rows)
         int same_set = cr.n_kept == dr.n_kept &&
                        (!c->w.mask || memcmp(cmask, masks[r], sizeof(int32_t) * (size_t)cr.n_kept) == 0);
         if (cr.token != dr.token || !same_set) {
-            if (sc_near_tie(s, row, c, V, lp, tmp)) { (*excused)++; checked++; continue; }
+            int set_differs = !same_set;
+            if (sc_near_tie(s, row, c, V, lp, tmp, set_differs, c->w.mask ? cmask : NULL, cr.n_kept,
+                            c->w.mask ? masks[r] : NULL, dr.n_kept)) {
+                (*excused)++;
+                checked++;
+                continue;
+            }
             why = cr.token != dr.token ? "token" : "kept set";
         } else if (!sc_close(cr.logprob, dr.logprob)) why = "logprob";
         else if (c->w.raw_logprob && !sc_close(cr.logprob_raw, dr.logprob_raw)) why = "raw logprob";

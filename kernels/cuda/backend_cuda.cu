@@ -306,8 +306,10 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
 /* ---- sampling on the device (sampling.cu) ---- */
 static int cu_sample_reserve(Backend *b, const DevSampleCaps *caps, Err *err) {
     CudaCtx *c = ctx(b);
-    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    cudaError_t se = cudaStreamSynchronize(c->stream); /* on any error: no reservation (sample refuses) */
     cuda_sampler_free(c->sampler);
+    c->sampler = NULL;
+    if (se != cudaSuccess) return ERR(err, 500, "device sampling: cudaStreamSynchronize: %s", cudaGetErrorString(se));
     c->sampler = cuda_sampler_create(caps, err);
     return c->sampler ? 0 : -1;
 }

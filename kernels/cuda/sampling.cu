@@ -612,9 +612,10 @@ extern "C" CudaSampler *cuda_sampler_create(const DevSampleCaps *caps, Err *err)
              cudaMallocHost((void **)&s->stage_h, s->stage_bytes) == cudaSuccess;
     if (!ok) {
         (void)cudaGetLastError();
+        double mib = (8.0 * rv + (double)s->stage_bytes) / 1048576.0;
         cuda_sampler_free(s);
         ERR(err, 500, "device sampler: %.1f MiB of device scratch for %d rows of %d logits could not be allocated",
-            (8.0 * rv + s->stage_bytes) / 1048576.0, caps->max_rows, caps->vocab);
+            mib, caps->max_rows, caps->vocab);
         return NULL;
     }
     return s;

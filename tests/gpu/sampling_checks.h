@@ -345,9 +345,30 @@ static void sc_refusals(void) {
     rows[0].logit_row = 0;
     rows[0].n_ban = 1;
     ok &= bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0; /* a list slice past the batch's arrays */
+    rows[0].n_ban = 0; /* a good batch from here */
+#ifdef EMU_CUDA_RUNTIME_H
+    /* the emulation's fault injection: each CUDA call of a reserve fails in turn; the
+     * reserve reports it (nothing leaked, nothing used after its free: ASan) and a
+     * sample before the next good reserve is refused */
+    for (int k = 1; k <= 8; k++) {
+        emu_fail_nth(k);
+        int rc = bg->sample_reserve(bg, &caps, &err);
+        int fired = emu_failed();
+        emu_fail_nth(0);
+        if (!fired) break;
+        ok &= rc != 0 && bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0;
+    }
+    ok &= bg->sample_reserve(bg, &caps, &err) == 0 && bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) == 0;
+#endif
     CUDA_CHECK(cudaFree(dl));
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s device sampler refuses a batch over its caps and rows out of range\n", ok ? "ok" : "FAIL");
+    printf("  %-4s device sampler refuses a batch over its caps and rows out of range%s\n", ok ? "ok" : "FAIL",
+#ifdef EMU_CUDA_RUNTIME_H
+           "; a failed reserve is an error"
+#else
+           ""
+#endif
+    );
 }
 
 /* vocab 1000: batches mixing every parameter; vocab 151936: a few rows (on a

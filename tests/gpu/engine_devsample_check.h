@@ -3,8 +3,9 @@
  * (EngineConfig.device_sampling, engine_step.c, runner_backend.c), for both
  * runners: tests/gpu/emu/emu_check.cpp (the CPU emulation of CUDA) and
  * tests/gpu/gpu_check.c (a GPU). A fixture model on backend_cuda serves the
- * same seeded requests twice, with device sampling on and off (the logits
- * come from the same device forward, so the host path is the reference):
+ * same seeded requests twice, with device sampling on and off (submitted
+ * while paused, so both runs batch the same steps and get the same logits
+ * from the same device forward: the host path is the reference):
  * every sequence must get the same tokens and kept sets, the log-probs, raw
  * log-probs, values and top-N within 1e-5, the same ranks; the device run
  * must have sampled on the device (EngineMetrics.device_sampled_tokens) with
@@ -129,12 +130,17 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
     static int32_t prompts[EDS_REQS][12];
     EngineRequest *req[EDS_REQS];
     int rc = 0;
+    /* submitted while paused, so both runs batch the same steps: the GPU path is
+     * not batch invariant (GEMV up to 8 tokens, GEMM beyond), the step
+     * composition must not depend on timing */
+    if (engine_pause(e, PAUSE_KEEP, &err)) { printf("  FAIL pause: %s\n", err.msg); rc = -1; }
     for (int k = 0; k < EDS_REQS; k++) {
         for (int i = 0; i < 12; i++) prompts[k][i] = (int32_t)(3 + (i * 37 + k * 101) % (m->cfg.vocab - 3));
         EngineRequestParams p;
         eds_params(&p, k, prompts[k], 6 + k);
         if (engine_submit(e, &p, &req[k], &err)) { printf("  FAIL submit %d: %s\n", k, err.msg); rc = -1; req[k] = NULL; }
     }
+    engine_resume(e);
     for (int k = 0; k < EDS_REQS; k++) {
         if (!req[k]) continue;
         uint64_t seen = 0;
@@ -200,8 +206,11 @@ static void engine_devsample_check(const char *dir) {
                 for (int j = 0; j < 5; j++)
                     same &= a->top_ids[t][j] == b->top_ids[t][j] && eds_close(a->top_lp[t][j], b->top_lp[t][j]);
                 if (!same && bad++ < 4)
-                    printf("       request %d seq %d token %d: device %d lp %.7g n_kept %d, host %d lp %.7g n_kept %d\n",
-                           k, q, t, a->tok[t], a->lp[t], a->mask_n[t], b->tok[t], b->lp[t], b->mask_n[t]);
+                    printf("       request %d seq %d token %d: device %d lp %.7g raw %.7g value %.7g rank %d n_kept %d "
+                           "top %d %.7g, host %d lp %.7g raw %.7g value %.7g rank %d n_kept %d top %d %.7g\n",
+                           k, q, t, a->tok[t], a->lp[t], a->raw[t], a->val[t], a->rank[t], a->mask_n[t],
+                           a->top_ids[t][0], a->top_lp[t][0], b->tok[t], b->lp[t], b->raw[t], b->val[t], b->rank[t],
+                           b->mask_n[t], b->top_ids[t][0], b->top_lp[t][0]);
             }
         }
     int ok = rc == 0 && bad == 0 && tokens >= 30 && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&

@@ -49,7 +49,8 @@ static void eds_params(EngineRequestParams *p, int k, const int32_t *prompt, int
     engine_request_params_default(p);
     p->prompt = prompt;
     p->n_prompt = n_prompt;
-    p->sampling.max_tokens = EDS_MAX_TOK;
+    /* EMU_QUICK (sanitizers: one OS thread per emulated CUDA thread) generates half the tokens */
+    p->sampling.max_tokens = getenv("EMU_QUICK") ? EDS_MAX_TOK / 2 : EDS_MAX_TOK;
     p->sampling.ignore_eos = 1;
     p->sampling.has_seed = 1;
     p->sampling.seed = 1000 + (uint64_t)k;
@@ -144,7 +145,8 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
     for (int k = 0; k < EDS_REQS; k++) {
         if (!req[k]) continue;
         uint64_t seen = 0;
-        for (int i = 0; i < 1200 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
+        /* a generous deadline (30 min): the emulation under a sanitizer on a loaded machine is slow */
+        for (int i = 0; i < 18000 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
         if (!engine_request_done(req[k]) || engine_request_failed(req[k], &err)) {
             printf("  FAIL request %d did not finish cleanly\n", k);
             rc = -1;
@@ -213,7 +215,7 @@ static void engine_devsample_check(const char *dir) {
                            b->mask_n[t], b->top_ids[t][0], b->top_lp[t][0]);
             }
         }
-    int ok = rc == 0 && bad == 0 && tokens >= 30 && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
+    int ok = rc == 0 && bad == 0 && tokens >= (getenv("EMU_QUICK") ? 15 : 30) && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
              moff.device_sampled_tokens == 0;
     ok ? n_pass++ : n_fail++;
     printf("  %-4s %s engine, device sampling on vs off: %d tokens compared, %d differ; %llu sampled on the device, "

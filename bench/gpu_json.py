@@ -179,7 +179,7 @@ def served_rows(R, sv, bw_gbs):
               "the server's step counters did not move")
         hs = sv_.get("host_share")
         R.add(base + "_host_share", hs, "fraction", None,
-              s + "; 1 - forward / (step + control), /metrics sampler_step_*_seconds_total",
+              s + "; 1 - (forward + device_sample) / (step + control), /metrics sampler_step_*_seconds_total",
               "the server's step counters did not move")
         if f"{c['prompt']}x{c['output']}" == first_shape and c["concurrency"] == big and not c["rl"]:
             R.add(f"served_{prec}_c{big}_host_share", hs, "fraction", None, s + f"; of {c['name']}",

@@ -37,8 +37,8 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     chunks of one choice; a chunk of k ids counts k gaps of gap / k) p50 / p99; the
     server's own counters over the window from /metrics: generated tokens, steps, and
     the engine thread's step time by phase (sampler_step_*_seconds_total): host_share =
-    1 - forward / (step + control), the share of the engine thread's busy time spent
-    outside the backend's forward call (which on the GPU holds the launches, the device
+    1 - (forward + device_sample) / (step + control), the share of the engine thread's busy time spent
+    outside the backend's forward call and the device sampler's call (which on the GPU holds the launches, the device
     work, the wait for it and the logits copy).
 Clients: --workers processes (default: up to 4), each an asyncio loop over raw HTTP/1.1
 (bench/load.py's request()), so the client side is not what limits the rate.
@@ -62,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import load  # noqa: E402  (bench/load.py: raw HTTP/1.1 + SSE client)
 
-STEP_KEYS = ("step", "schedule", "forward", "sample", "publish", "control")
+STEP_KEYS = ("step", "schedule", "forward", "sample", "device_sample", "publish", "control")
 VOCAB_LO, VOCAB_HI = 1000, 150000  # prompt ids: ordinary tokens of the Qwen3 vocabulary
 
 
@@ -100,7 +100,7 @@ def metrics_delta(m0, m1):
            "preemptions": m1.get("sampler_preemptions_total", 0) - m0.get("sampler_preemptions_total", 0),
            "step_seconds": d}
     busy = d["step"] + d["control"]
-    out["host_share"] = 1.0 - d["forward"] / busy if busy > 0 else None
+    out["host_share"] = 1.0 - (d["forward"] + d["device_sample"]) / busy if busy > 0 else None
     out["phase_shares"] = {k: d[k] / busy for k in STEP_KEYS if k != "step"} if busy > 0 else None
     out["ms_per_step"] = 1e3 * d["step"] / out["steps"] if out["steps"] else None
     out["forward_ms_per_step"] = 1e3 * d["forward"] / out["steps"] if out["steps"] else None

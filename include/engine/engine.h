@@ -44,6 +44,8 @@
 #include "sampling.h"
 
 /* ---- configuration (flags; engine_create prints the values it uses) ---- */
+enum { ENGINE_DEVSAMPLE_AUTO = 0, ENGINE_DEVSAMPLE_ON = 1, ENGINE_DEVSAMPLE_OFF = 2 };
+
 typedef struct EngineConfig {
     int max_running_seqs;   /* sequences in one step; default 64 */
     int max_batched_tokens; /* tokens in one step (prefill chunks + decodes); default 2048 */
@@ -63,6 +65,8 @@ typedef struct EngineConfig {
     int max_loras;          /* LoRA adapter slots requests may name (0..max_loras-1); default 0, at most
                                ENGINE_MAX_LORAS */
     int verbose;            /* 1: print the configuration at create (default 1) */
+    int device_sampling;    /* ENGINE_DEVSAMPLE_*: sample on the device when the backend can (auto, the
+                             * default), require it (on: start-up fails without), never (off) */
     /* Test hook, NULL by default: sees (and may change) a token's kept set
      * [*n_kept] before it is stored, from the sampling threads. Lets a test
      * hand the publish check a mask that does not contain its token. */
@@ -77,6 +81,12 @@ typedef struct EngineConfig {
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);
+/* The capacities of device sampling for c (resolved) and a vocab: max_running_seqs
+ * rows, list room for each row's logit_bias, bans and a penalty history of
+ * max_model_len + 64 ids, two bitsets per row. The backend reserves them
+ * (runner_backend.c) and the engine builds rows within them. */
+struct DevSampleCaps;
+void engine_devsample_caps(const EngineConfig *c, int vocab, struct DevSampleCaps *caps);
 /* Fill n_blocks from kv_mem_mb (f32 K and V of every layer per block) and
  * max_model_len (min(model max, 4096, pool)) where they are unset. */
 void engine_config_resolve(EngineConfig *c, const ModelConfig *mc);
@@ -96,6 +106,14 @@ typedef struct EngineBackend {
     /* Optional (NULL: requests naming an adapter are refused): the LoRA slot of
      * each token [n_tokens] of the next forward (-1 the base), or NULL (all base). */
     void (*set_lora_tokens)(void *ctx, const int32_t *lora);
+    /* Optional (NULL: every token is sampled on the host): sampling on the
+     * device (sampling_device.h, dev_sample.h). forward is then also called
+     * with logits == NULL, which leaves the step's logits [n_out, vocab] on the
+     * device; sample samples rows of them (0, or -1 with err: nothing sampled)
+     * and fetch_logits copies them to the host (the fallback). */
+    int (*sample)(void *ctx, int n_out, const struct DevSampleBatch *b, struct DevSampleOut *out,
+                  int32_t *const *masks, Err *err);
+    void (*fetch_logits)(void *ctx, float *logits, int n_out);
 } EngineBackend;
 
 typedef struct Engine Engine;
@@ -375,7 +393,9 @@ typedef struct EngineStepTimes {
     double step;     /* scheduler_plan .. the last record published */
     double schedule; /* scheduler_plan + batch build + scheduler_commit */
     double forward;  /* the backend's forward */
-    double sample;   /* prompt log-probs / experts, forks, sampling rows (on the sampling threads) */
+    double sample;   /* prompt log-probs / experts, forks, sampling rows (on the sampling threads); the
+                      * host side of device sampling (building its rows, reading its results) */
+    double device;   /* device sampling's call (its kernels and the wait) or a fallback's logits copy */
     double publish;  /* stops, timing, publishing records */
     double control;  /* between busy steps: commands, pause-wait check, gauges */
 } EngineStepTimes;
@@ -401,6 +421,8 @@ typedef struct EngineMetrics {
     double vtok_bounds[ENGINE_VHIST_MAX]; /* their buckets: vLLM's 1, 2, 5, 10, ... <= max_model_len */
     int vtok_n;
     EngineStepTimes step_times;  /* the engine thread's time by phase (above) */
+    uint64_t device_sampled_tokens;   /* tokens sampled on the device (EngineBackend.sample) */
+    uint64_t device_sampling_fallbacks; /* device steps whose rows went back to the host (over caps, an error) */
 } EngineMetrics;
 
 void engine_metrics(Engine *e, EngineMetrics *out);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dev_sample.h"
 #include "weights.h"
 
 #ifdef __cplusplus
@@ -130,6 +131,19 @@ struct Backend {
     void *(*graph_end)(Backend *b);
     void (*graph_launch)(Backend *b, void *graph);
     void (*graph_free)(Backend *b, void *graph);
+    /* Optional (NULL: the engine samples on the host, sampling.c): sampling on
+     * the device (dev_sample.h: the CPU sampler's semantics, the tie rule).
+     * sample_reserve (start-up) sizes the scratch and the pinned staging for
+     * caps; 0, or -1 with err filled. sample: logits [n_logit_rows, vocab] f32
+     * in backend memory; batch (host) the rows, each naming its logit row, with
+     * their lists and bitsets; out [batch->n_rows] (host) the results; masks
+     * NULL or [n_rows] host pointers (NULL, or room for vocab int32) for the
+     * kept ids of the rows with DEV_SAMPLE_MASK. Synchronous. 0, or -1 with
+     * err filled (a batch over the reserved caps, a bad row, a device error):
+     * nothing was sampled, the caller samples those rows on the host. */
+    int (*sample_reserve)(Backend *b, const DevSampleCaps *caps, struct Err *err);
+    int (*sample)(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
+                  DevSampleOut *out, int32_t *const *masks, struct Err *err);
     void (*free)(Backend *b);
 };
 

@@ -183,8 +183,22 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst);
 void runner_kvcache_free(Runner *r, KVCache *kv);
 void runner_free(Runner *r);
-/* logits: [n_out, vocab] f32. Returns 0, or <0 with err on a bad batch. */
+/* logits: [n_out, vocab] f32. Returns 0, or <0 with err on a bad batch. On a
+ * device backend logits may be NULL: the step's logits stay in device memory
+ * for runner_sample / runner_fetch_logits (until the next forward). */
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err);
+/* Sampling on the device (Backend.sample, dev_sample.h) over the logits
+ * [n_out, vocab] of the last model_forward. runner_sample_reserve (start-up)
+ * sizes it; both return -1 with err when the backend cannot (a host backend,
+ * no sample op, a batch over the caps, a device error). */
+struct DevSampleCaps;
+struct DevSampleBatch;
+struct DevSampleOut;
+int runner_sample_reserve(Runner *r, const struct DevSampleCaps *caps, Err *err);
+int runner_sample(Runner *r, int n_out, const struct DevSampleBatch *b, struct DevSampleOut *out,
+                  int32_t *const *masks, Err *err);
+/* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
+void runner_fetch_logits(Runner *r, float *logits, int n_out);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */
 void runner_set_expert_capture(Runner *r, int32_t *experts);
 /* LoRA adapter slot per token of the next forwards (lora.h: runner_set_lora):

@@ -29,7 +29,8 @@
  * The native NVFP4 GEMM reads its weight scales in cuBLASLt's swizzled
  * layout: they are swizzled from the row-major device copy (the layout the
  * delta path re-uploads, unchanged) into scratch on every call.
- * Not here: device sampling.
+ * Sampling (sample_reserve / sample): the device sampler of sampling.cu on
+ * the backend's stream.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "cuda_native.h"
+#include "cuda_sampling.h"
 extern "C" {
 #include "check.h"
 #include "log.h"
@@ -84,6 +86,7 @@ typedef struct CudaCtx {
     int32_t *lora_rows_up;      /* [lora_tokens] host: what lora_rows_d holds (lora_rows_up_n of them) */
     int lora_rows_up_n;
     uint8_t *lora_taken;        /* [lora_tokens] host */
+    CudaSampler *sampler; /* device sampling scratch (sample_reserve), or NULL */
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -465,9 +468,27 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     }
 }
 
+/* ---- sampling on the device (sampling.cu) ---- */
+static int cu_sample_reserve(Backend *b, const DevSampleCaps *caps, Err *err) {
+    CudaCtx *c = ctx(b);
+    cudaError_t se = cudaStreamSynchronize(c->stream); /* on any error: no reservation (sample refuses) */
+    cuda_sampler_free(c->sampler);
+    c->sampler = NULL;
+    if (se != cudaSuccess) return ERR(err, 500, "device sampling: cudaStreamSynchronize: %s", cudaGetErrorString(se));
+    c->sampler = cuda_sampler_create(caps, err);
+    return c->sampler ? 0 : -1;
+}
+static int cu_sample(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
+                     DevSampleOut *out, int32_t *const *masks, Err *err) {
+    CudaCtx *c = ctx(b);
+    if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
+    return cuda_sampler_run(c->sampler, logits, n_logit_rows, vocab, batch, out, masks, st(b), err) ? -1 : 0;
+}
+
 static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_sampler_free(c->sampler);
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
                     c->lora_h, c->lora_rows_d};
     cuda_lt_free(c->lt);
@@ -563,6 +584,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->graph_end = cu_graph_end;
     b->graph_launch = cu_graph_launch;
     b->graph_free = cu_graph_free;
+    b->sample_reserve = cu_sample_reserve;
+    b->sample = cu_sample;
     b->free = cu_free;
     return b;
 }

@@ -233,6 +233,10 @@ Engine *engine_create(const ModelConfig *mc, const EngineBackend *be, const Engi
     CHECK(be && be->forward && be->copy_block, "a backend needs forward and copy_block");
     e->be = *be;
     engine_config_resolve(&e->cfg, mc);
+    CHECK(e->cfg.device_sampling != ENGINE_DEVSAMPLE_ON || (be->sample && be->fetch_logits),
+          "--device-sampling on, but this backend cannot sample on the device\n  fix: run a GPU binary "
+          "(sampler-smXX) or pass --device-sampling auto or off");
+    engine_devsample_init(e);
     engine_start(e);
     return e;
 }
@@ -254,6 +258,7 @@ void engine_free(Engine *e) {
         free(e->grammar_bits[i]);
     }
     free(e->samplers); free(e->mask_bufs); free(e->grammar_bits); free(e->jobs);
+    engine_devsample_free(e);
     threadpool_free(e->stp);
     free(e->logits); free(e->experts_buf);
     pthread_mutex_destroy(&e->mu);

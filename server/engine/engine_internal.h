@@ -25,6 +25,7 @@
 
 #include "block_manager.h"
 #include "engine.h"
+#include "sampling_device.h"
 #include "scheduler.h"
 #include "threadpool.h"
 
@@ -113,7 +114,17 @@ typedef struct SampleJob {
     const float *row;         /* [vocab] logits */
     const int32_t *xrow;      /* [E] routed experts of the input token, or NULL */
     int32_t token;            /* result */
+    int dev_row;              /* its row of the device batch, or -1 (sampled on the host) */
 } SampleJob;
+
+/* Sampling on the device (engine_devsample.c), set up when the backend has
+ * EngineBackend.sample and cfg.device_sampling is not off. */
+typedef struct EngineDevSample {
+    DevSampleBuilder *b;      /* this step's rows (caps: engine_devsample_caps) */
+    DevSampleOut *out;        /* [max_running_seqs] their results */
+    int32_t **masks;          /* [max_running_seqs][vocab] the kept ids downloaded per device row */
+    int32_t **mask_ptr;       /* [max_running_seqs] this step's pointer per row (NULL: no mask wanted) */
+} EngineDevSample;
 
 struct Engine {
     ModelConfig mc;
@@ -157,6 +168,7 @@ struct Engine {
     /* under mmu */
     pthread_mutex_t mmu;
     EngineMetrics m;
+    EngineDevSample *dev;     /* NULL: every row is sampled on the host */
 };
 
 /* ---- engine_request.c ---- */
@@ -191,6 +203,12 @@ void engine_drain_commands(Engine *e);
 /* ---- engine_step.c ---- */
 /* One step. Returns 1 if anything was computed. */
 int engine_step(Engine *e);
+
+/* ---- engine_devsample.c ---- */
+/* Start-up: e->dev when be.sample is set and cfg.device_sampling allows it (the
+ * caps must equal those the backend reserved: engine_devsample_caps). */
+void engine_devsample_init(Engine *e);
+void engine_devsample_free(Engine *e);
 
 /* ---- engine.c ---- */
 double engine_now_s(void);

@@ -2,7 +2,10 @@
  * engine_step.c - one engine step: plan it (scheduler.c), run the backend's
  * forward pass, write prompt log-probs / experts, fork the n samples of a
  * prompt, sample every sequence that reached its last token (rows in
- * parallel on the sampling threads) and publish one TokenRecord each.
+ * parallel on the sampling threads, or all at once on the device when the
+ * backend can: EngineBackend.sample, the logits then never leave the device)
+ * and publish one TokenRecord each. A device step whose rows do not fit the
+ * caps or whose sample op fails fetches its logits and samples on the host.
  *
  * Engine thread only, except sample_compute and plp_task, which run on the
  * sampling threads and touch only their own sequence's storage. Nothing is
@@ -29,41 +32,49 @@ static void hist_add(EngineHist *h, double v) {
     h->sum += v;
 }
 
-/* Phase 1, on any sampling thread: sample the next token of j->q and write
- * its record (not yet published). Touches only j->q's own storage. */
-static void sample_compute(Engine *e, SampleJob *j, int thread) {
+/* The SampleWant of j's next token (its outputs in the request's storage,
+ * the kept set into mask_buf) and its grammar matcher. fill: compute the
+ * grammar's allowed set into allowed first; -1 when it allows nothing (the
+ * sequence ends with FINISH_GRAMMAR at commit), else 0. */
+static int sample_want(Engine *e, SampleJob *j, int32_t *mask_buf, uint64_t *allowed, int fill, SampleWant *w,
+                       GrammarMatcher **gmp) {
     Seq *q = j->q;
-    const float *row = j->row;
-    const int32_t *expert_row = j->xrow;
     EngineRequest *r = q->req;
     SeqOut *o = &r->outs[q->index];
     const EngineRequestParams *p = &r->p;
     int k = q->n_tokens - q->n_prompt, top = p->top_logprobs;
     ASSERT(k >= 0 && k < r->max_new, "record %d of a sequence with room for %d", k, r->max_new);
-    uint64_t ver = atomic_load(&e->version);
-    int32_t *mask_buf = e->mask_bufs[thread];
-    if (e->cfg.logits_tap)
-        e->cfg.logits_tap(e->cfg.logits_tap_ctx, r->id, q->index, q->n_tokens, row, e->mc.vocab);
-    SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, k };
-    SampleWant w = { .raw_logprob = p->want_raw_logprob, .value = p->want_logprob_value,
-                     .mode = p->logprobs_mode, .top_n = top,
-                     .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
-                     .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
-                     .mask = p->want_mask ? mask_buf : NULL };
+    *w = (SampleWant){ .raw_logprob = p->want_raw_logprob, .value = p->want_logprob_value,
+                       .mode = p->logprobs_mode, .top_n = top,
+                       .top_ids = top ? o->top_ids + (size_t)k * top : NULL,
+                       .top_logprobs = top ? o->top_lp + (size_t)k * top : NULL,
+                       .mask = p->want_mask ? mask_buf : NULL };
     /* structured outputs: the one point where a grammar meets sampling */
     GrammarMatcher *gm = r->matchers ? r->matchers[q->index] : NULL;
-    uint64_t *allowed = e->grammar_bits[thread];
-    if (gm) {
+    *gmp = gm;
+    if (gm && fill) {
         if (grammar_matcher_fill_mask(gm, allowed, r->end_ids, r->n_end) <= 0) {
             o->grammar_end = 1;
             j->token = -1;
-            return;
+            return -1;
         }
-        w.allowed = allowed;
+        w->allowed = allowed;
     }
-    SampleResult res;
-    sampler_sample(e->samplers[thread], row, &p->sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index, q->n_tokens,
-                   &w, &res);
+    return 0;
+}
+
+/* Write j's record (not yet published) from its sampled result res; w, gm,
+ * allowed and mask_buf as sample_want set them. Touches only j->q's storage. */
+static void sample_record(Engine *e, SampleJob *j, const SampleWant *w, GrammarMatcher *gm, const uint64_t *allowed,
+                          int32_t *mask_buf, const SampleResult *rp) {
+    Seq *q = j->q;
+    const int32_t *expert_row = j->xrow;
+    EngineRequest *r = q->req;
+    SeqOut *o = &r->outs[q->index];
+    const EngineRequestParams *p = &r->p;
+    int k = q->n_tokens - q->n_prompt, top = p->top_logprobs;
+    uint64_t ver = atomic_load(&e->version);
+    SampleResult res = *rp;
     if (gm) {
         /* every allowed id banned (logit_bias, min_tokens): the sampler fell back
          * to an id outside the mask; the grammar cannot go on */
@@ -85,8 +96,8 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
     rec->value = res.value;
     rec->rank = res.rank;
     rec->n_top = top;
-    rec->top_ids = w.top_ids;
-    rec->top_logprobs = w.top_logprobs;
+    rec->top_ids = w->top_ids;
+    rec->top_logprobs = w->top_logprobs;
     rec->mask_n = res.n_kept;
     rec->grammar = gm != NULL;
     if (p->want_mask) {
@@ -110,6 +121,93 @@ static void sample_compute(Engine *e, SampleJob *j, int thread) {
         rec->experts = o->experts + (size_t)k * e->E;
     }
     j->token = res.token;
+}
+
+/* Phase 1, on any sampling thread: sample the next token of j->q on the host
+ * and write its record (not yet published). Touches only j->q's own storage. */
+static void sample_compute(Engine *e, SampleJob *j, int thread) {
+    Seq *q = j->q;
+    EngineRequest *r = q->req;
+    int32_t *mask_buf = e->mask_bufs[thread];
+    if (e->cfg.logits_tap)
+        e->cfg.logits_tap(e->cfg.logits_tap_ctx, r->id, q->index, q->n_tokens, j->row, e->mc.vocab);
+    SampleWant w;
+    GrammarMatcher *gm;
+    if (sample_want(e, j, mask_buf, e->grammar_bits[thread], 1, &w, &gm) < 0) return;
+    int k = q->n_tokens - q->n_prompt;
+    SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, k };
+    SampleResult res;
+    sampler_sample(e->samplers[thread], j->row, &r->p.sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index,
+                   q->n_tokens, &w, &res);
+    sample_record(e, j, &w, gm, w.allowed, mask_buf, &res);
+}
+
+/* Phase 1 of a device step, on any sampling thread: j's record from its row's
+ * result (the kept ids are in its own host buffer, the grammar's allowed set
+ * in the batch's copy). */
+static void sample_dev_task(void *ctx, int task, int thread) {
+    Engine *e = ctx;
+    SampleJob *j = &e->jobs[task];
+    if (j->dev_row < 0) return; /* the grammar allowed nothing: marked already */
+    EngineDevSample *d = e->dev;
+    const DevSampleBatch *bt = dev_sample_builder_batch(d->b);
+    const DevSampleRow *row = &bt->rows[j->dev_row];
+    SampleWant w;
+    GrammarMatcher *gm;
+    sample_want(e, j, d->masks[task], NULL, 0, &w, &gm);
+    const uint64_t *allowed = row->gram_off >= 0 ? bt->bits + row->gram_off : NULL;
+    SampleResult res;
+    dev_sample_result(&d->out[j->dev_row], &w, &res);
+    sample_record(e, j, &w, gm, allowed, d->masks[task], &res);
+}
+
+/* Whether this step's tokens can be sampled on the device: the backend can
+ * and nothing of the step needs its logits on the host (prompt log-probs, the
+ * logits tap). */
+static int step_on_device(const Engine *e, const Scheduler *s) {
+    if (!e->dev || e->cfg.logits_tap) return 0;
+    for (int i = 0; i < s->n_sched; i++) {
+        const Seq *q = s->sched[i];
+        if (q->rows_all && q->plan_rows > 0) return 0;
+    }
+    return 1;
+}
+
+/* Every job of the step on the device (logits rows [n_out] there): 1 when all
+ * were sampled and their records written; 0 when the batch did not fit the
+ * caps or the device failed (nothing written: sample them on the host). */
+static int sample_device(Engine *e, int n_out) {
+    EngineDevSample *d = e->dev;
+    dev_sample_builder_reset(d->b);
+    for (int i = 0; i < e->n_jobs; i++) {
+        SampleJob *j = &e->jobs[i];
+        Seq *q = j->q;
+        EngineRequest *r = q->req;
+        SampleWant w;
+        GrammarMatcher *gm;
+        j->dev_row = -1;
+        /* the grammar's set is computed here (engine thread) and copied into the batch */
+        if (sample_want(e, j, d->masks[i], e->grammar_bits[0], 1, &w, &gm) < 0) continue;
+        SampleHistory h = { q->tokens, q->n_prompt, q->tokens + q->n_prompt, q->n_tokens - q->n_prompt };
+        int lrow = (int)((j->row - e->logits) / e->mc.vocab);
+        int n = dev_sample_builder_add(d->b, lrow, &r->p.sampling, &h, e->mc.eos_ids, e->mc.n_eos, q->index,
+                                       q->n_tokens, &w);
+        if (n < 0) return 0;
+        j->dev_row = n;
+        d->mask_ptr[n] = w.mask;
+    }
+    const DevSampleBatch *bt = dev_sample_builder_batch(d->b);
+    if (bt->n_rows > 0) {
+        Err err = { 0 };
+        if (e->be.sample(e->be.ctx, n_out, bt, d->out, d->mask_ptr, &err) < 0) {
+            log_warn("engine: device sampling of %d rows failed (%s); sampling them on the host", bt->n_rows,
+                     err.msg);
+            return 0;
+        }
+    }
+    if (e->n_jobs == 1) sample_dev_task(e, 0, 0);
+    else threadpool_run(e->stp, e->n_jobs, sample_dev_task, e);
+    return 1;
 }
 
 static void sample_task(void *ctx, int task, int thread) {
@@ -251,8 +349,10 @@ int engine_step(Engine *e) {
     Err err = { 0 };
     int prefill = 0;
     for (int i = 0; i < s->n_sched; i++) prefill += s->sched[i]->plan_n > 1 ? s->sched[i]->plan_n : 0;
+    /* device sampling: the logits stay on the device unless a fallback fetches them */
+    int dev = step_on_device(e, s);
     double t_fwd = engine_now_s();
-    int fwd = e->be.forward(e->be.ctx, &b, e->logits, &err);
+    int fwd = e->be.forward(e->be.ctx, &b, dev ? NULL : e->logits, &err);
     double t_fwd_end = engine_now_s();
     if (fwd < 0) {
         /* a bug: the scheduler built a batch the backend refused */
@@ -285,25 +385,36 @@ int engine_step(Engine *e) {
                 if (sib->state != SEQ_PENDING) continue;
                 sib->started = 1;
                 if (scheduler_fork(s, q, sib, e->be.copy_block, e->be.ctx) == 0)
-                    e->jobs[e->n_jobs++] = (SampleJob){ sib, row, xrow, -1 };
+                    e->jobs[e->n_jobs++] = (SampleJob){ sib, row, xrow, -1, -1 };
                 else scheduler_enqueue(s, sib, 0);
             }
         }
-        e->jobs[e->n_jobs++] = (SampleJob){ q, row, xrow, -1 };
+        e->jobs[e->n_jobs++] = (SampleJob){ q, row, xrow, -1, -1 };
+    }
+    int on_dev = 0;
+    double t_dev = 0; /* device sampling's call or the fallback's logits copy: device work */
+    if (dev && e->n_jobs > 0) {
+        double t0 = engine_now_s();
+        on_dev = sample_device(e, b.n_out);
+        if (!on_dev) e->be.fetch_logits(e->be.ctx, e->logits, b.n_out);
+        t_dev = engine_now_s() - t0;
     }
     /* rows are independent: sample them in parallel, then commit in order */
-    if (e->n_jobs == 1) sample_compute(e, &e->jobs[0], 0);
-    else if (e->n_jobs > 1) threadpool_run(e->stp, e->n_jobs, sample_task, e);
+    if (!on_dev && e->n_jobs == 1) sample_compute(e, &e->jobs[0], 0);
+    else if (!on_dev && e->n_jobs > 1) threadpool_run(e->stp, e->n_jobs, sample_task, e);
     t = engine_now_s(); /* tokens exist from here: TTFT/ITL include sampling */
     for (int i = 0; i < e->n_jobs; i++) sample_commit(e, &e->jobs[i], t);
     double t_end = engine_now_s();
     e->st.step += t_end - t_plan;
     e->st.schedule += (t_fwd - t_plan) + (t_commit - t_fwd_end);
     e->st.forward += t_fwd_end - t_fwd;
-    e->st.sample += t - t_commit;
+    e->st.sample += t - t_commit - t_dev;
+    e->st.device += t_dev;
     e->st.publish += t_end - t;
     pthread_mutex_lock(&e->mmu);
     e->m.steps++;
+    if (on_dev) e->m.device_sampled_tokens += (uint64_t)e->n_jobs;
+    else if (dev && e->n_jobs > 0) e->m.device_sampling_fallbacks++;
     e->m.prefill_tokens_computed += (uint64_t)prefill;
     e->m.step_times = e->st; /* with steps, so a reader sees whole steps */
     pthread_mutex_unlock(&e->mmu);

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "dev_sample.h"
+#include "log.h"
+
 typedef struct RunnerBackend {
     Runner *r;
     KVCache *kv;
@@ -36,6 +39,14 @@ static void set_capture(void *ctx, int32_t *experts) { runner_set_expert_capture
 
 static void set_lora(void *ctx, const int32_t *lora) { runner_set_lora_tokens(((RunnerBackend *)ctx)->r, lora); }
 
+static int sample(void *ctx, int n_out, const DevSampleBatch *b, DevSampleOut *out, int32_t *const *masks, Err *err) {
+    return runner_sample(((RunnerBackend *)ctx)->r, n_out, b, out, masks, err);
+}
+
+static void fetch_logits(void *ctx, float *logits, int n_out) {
+    runner_fetch_logits(((RunnerBackend *)ctx)->r, logits, n_out);
+}
+
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls) {
     engine_config_resolve(c, &m->cfg);
     RunnerBackend *t = xcalloc(1, sizeof *t);
@@ -43,7 +54,19 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     t->kv = runner_kvcache_create(t->r, c->n_blocks, c->block_size);
     t->ns = ns;
     t->calls = calls;
-    return (EngineBackend){t, forward, copy_block, set_capture, set_lora};
+    EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL};
+    if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) { /* a device backend with the op: reserve its caps */
+        DevSampleCaps caps;
+        Err err = {0};
+        engine_devsample_caps(c, m->cfg.vocab, &caps);
+        if (runner_sample_reserve(t->r, &caps, &err) == 0) {
+            be.sample = sample;
+            be.fetch_logits = fetch_logits;
+        } else if (c->device_sampling == ENGINE_DEVSAMPLE_ON) {
+            log_error("device sampling: %s", err.msg);
+        }
+    }
+    return be;
 }
 
 Runner *runner_backend_runner(const EngineBackend *be) { return ((RunnerBackend *)be->ctx)->r; }

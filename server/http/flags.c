@@ -103,6 +103,8 @@ static const Choice LOGPROBS_MODES[] = {{"raw_logprobs", LOGPROBS_RAW, 0}, {"raw
                                         {"processed_logits", LOGPROBS_PROCESSED_LOGITS, 0},
                                         {"sampled", LOGPROBS_SAMPLED, 0}, {"raw", LOGPROBS_RAW, 1},
                                         {"processed", LOGPROBS_SAMPLED, 1}, {NULL, 0, 0}};
+static const Choice DEVICE_SAMPLING[] = {{"auto", ENGINE_DEVSAMPLE_AUTO, 0}, {"on", ENGINE_DEVSAMPLE_ON, 0},
+                                         {"off", ENGINE_DEVSAMPLE_OFF, 0}, {NULL, 0, 0}};
 static const Choice REASONING_PARSERS[] = {{"qwen3", 1, 0}, {"none", 0, 0}, {NULL, 0, 0}};
 static const Choice TOOL_PARSERS[] = {{"hermes", 1, 0}, {"qwen3", 1, 1}, {"none", 0, 0}, {NULL, 0, 0}};
 
@@ -235,6 +237,11 @@ static const Flag FLAGS[] = {
 
     {.name = "--max-running-seqs", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_running_seqs), .lo = 1, .hi = 1 << 20, .help = "sequences per step"},
+    {.name = "--device-sampling", .metavar = "M", .section = S_ENGINE, .kind = K_ENUM,
+     .off = AT(server.engine.device_sampling), .choices = DEVICE_SAMPLING,
+     .help = "sample every token on the device (GPU binaries; only compact results cross to the host): auto "
+             "(default): when the backend can, on: require it (start-up fails on the CPU), off: on the host "
+             "(sampling.c). Steps with prompt log-probs sample on the host"},
     {.name = "--max-batched-tokens", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_batched_tokens), .lo = 1, .hi = 1 << 24,
      .help = "tokens per step, prefill chunks + decodes"},

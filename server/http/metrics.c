@@ -89,12 +89,13 @@ int api_metrics(HttpReq *q, json_t *body) {
           (double)atomic_load(&s->metrics.forward_ns) / 1e9);
     counter(&b, "sampler_model_forward_calls_total", "Model forward calls.", atomic_load(&s->metrics.forward_calls));
     /* the engine thread's time by phase (EngineStepTimes): the host share of a step is
-     * 1 - forward / (step + control) */
+     * 1 - (forward + device) / (step + control) */
     const EngineStepTimes *st = &m.step_times;
-    counter_s(&b, "sampler_step_seconds_total", "Engine steps that computed something: schedule + forward + sample + publish.", st->step);
+    counter_s(&b, "sampler_step_seconds_total", "Engine steps that computed something: schedule + forward + sample + device sample + publish.", st->step);
     counter_s(&b, "sampler_step_schedule_seconds_total", "Engine steps: planning, batch building, scheduler commit.", st->schedule);
     counter_s(&b, "sampler_step_forward_seconds_total", "Engine steps: the backend's forward (GPU: launches, device work and wait, logits copy).", st->forward);
-    counter_s(&b, "sampler_step_sample_seconds_total", "Engine steps: prompt log-probs, forks and sampling of every row.", st->sample);
+    counter_s(&b, "sampler_step_sample_seconds_total", "Engine steps: prompt log-probs, forks and sampling of every row (host side).", st->sample);
+    counter_s(&b, "sampler_step_device_sample_seconds_total", "Engine steps: device sampling's call (kernels and wait) or a fallback's logits copy.", st->device);
     counter_s(&b, "sampler_step_publish_seconds_total", "Engine steps: stop checks and publishing the records.", st->publish);
     counter_s(&b, "sampler_step_control_seconds_total", "Engine thread between two busy steps: commands, gauges.", st->control);
     hist(&b, "sampler_time_to_first_token_seconds", "Time from submit to the first generated token.", &m.ttft);

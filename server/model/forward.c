@@ -575,6 +575,27 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     r->h_logits_out = logits;
     if (graph_eligible(r, b)) forward_graph(r, kv, &st, b->n_tokens);
     else forward_ops(r, kv, &st, b->n_tokens, b->n_out);
-    if (!be->host) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
+    ASSERT(logits || !be->host, "model_forward: a host backend needs a logits buffer");
+    if (!be->host && logits) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
     return 0;
+}
+
+/* ---- device sampling over the last step's logits (model.h) ---- */
+int runner_sample_reserve(Runner *r, const DevSampleCaps *caps, Err *err) {
+    Backend *be = r->b;
+    if (be->host || !be->sample || !be->sample_reserve)
+        return ERR(err, 500, "the %s backend does not sample on the device", be->name);
+    return be->sample_reserve(be, caps, err) ? -1 : 0;
+}
+
+int runner_sample(Runner *r, int n_out, const DevSampleBatch *b, DevSampleOut *out, int32_t *const *masks,
+                  Err *err) {
+    Backend *be = r->b;
+    if (be->host || !be->sample) return ERR(err, 500, "the %s backend does not sample on the device", be->name);
+    return be->sample(be, r->logits, n_out, r->m->cfg.vocab, b, out, masks, err) ? -1 : 0;
+}
+
+void runner_fetch_logits(Runner *r, float *logits, int n_out) {
+    Backend *be = r->b;
+    if (!be->host) be->download(be, logits, r->logits, sizeof(float) * (size_t)n_out * r->m->cfg.vocab);
 }

@@ -52,6 +52,8 @@
 
 #include "op_checks.h"
 #include "lora_checks.h"
+#include "sampling_checks.h"
+#include "engine_devsample_check.h"
 
 /* ---- part 2 bounds ----
  * The GPU is compared with transformers and with a CPU backend whose matmul
@@ -78,6 +80,8 @@ static void part_ops(void) {
     bc = backend_cpu_create(0, 4096);
     bg = backend_cuda_create_resident(0, 2048);
     op_checks_run(1);
+    printf("   device sampler vs sampler_sample (tests/gpu/sampling_checks.h)\n");
+    sampling_checks_run(1);
     bg->free(bg);
     bc->free(bc);
 }
@@ -295,6 +299,9 @@ static void part_models(void) {
     /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
     lora_model_check("qwen3_gqa2", 0, 0, NULL, NULL);
     lora_model_check("llama31", 1, 0, NULL, NULL);
+    /* the engine: device sampling on vs off over the same device forward */
+    engine_devsample_check("tests/fixtures/qwen2");
+    engine_devsample_check("models/tiny-qwen3");
 }
 
 /* ---- part 3: benchmark ---- */

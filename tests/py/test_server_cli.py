@@ -142,3 +142,12 @@ def test_help_defaults_are_the_defaults_used(sampler_bin, tmp_path):
     out = r.stdout.splitlines()
     gen = next(l for l in out if l.startswith("generated:")).split()[1:]
     assert "finish: length" in out and len(gen) == num("--max-tokens"), out  # greedy on the tiny model: no EOS
+
+
+def test_device_sampling_on_needs_a_device(sampler_bin):
+    """--device-sampling on is a start-up error on a backend that cannot sample
+    on the device (the CPU), naming the fix; auto and off start (auto falls
+    back to the host sampler: covered by every other server test)."""
+    r = subprocess.run([sampler_bin, "--device-sampling", "on", "--port", "0", "--kv-mem-mb", "64"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--device-sampling on" in r.stderr and "fix:" in r.stderr, r.stderr

@@ -28,6 +28,8 @@
 
 #include "../op_checks.h"
 #include "../lora_checks.h"
+#include "../sampling_checks.h"
+#include "../engine_devsample_check.h"
 #include "cuda_kernels.h"
 #include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
 #include "gemv_tile.cuh"
@@ -445,10 +447,21 @@ int main(void) {
     bc = backend_cpu_create(1, 4096);
     bg = backend_cuda_create_resident(0, 2048);
     printf("== CUDA kernels on the CPU emulation vs the CPU reference ops (tests/gpu/op_checks.h) ==\n");
-    t_decode();
-    op_checks_run(0);
+    /* EMU_SAMPLING_ONLY=1: the device sampler's checks alone (working on sampling.cu); =engine: and the engine's */
+    int only_sampling = getenv("EMU_SAMPLING_ONLY") != NULL;
+    if (!only_sampling) {
+        t_decode();
+        op_checks_run(0);
+    }
+    printf("== the device sampler on the emulation vs sampler_sample (tests/gpu/sampling_checks.h) ==\n");
+    sampling_checks_run(0);
     bg->free(bg);
     bc->free(bc);
+    if (only_sampling) {
+        if (!strcmp(getenv("EMU_SAMPLING_ONLY"), "engine")) engine_devsample_check("tests/fixtures/qwen2");
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
     printf("== fixture models through backend_cuda on the emulation ==\n");
     /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): one bf16 fixture, one decode step */
     int quick = getenv("EMU_QUICK") != NULL;
@@ -469,6 +482,8 @@ int main(void) {
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);
     if (!quick) lora_model_check("llama31", 1, 0, NULL, NULL);
+    printf("== the engine sampling on the device vs on the host (tests/gpu/engine_devsample_check.h) ==\n");
+    engine_devsample_check("tests/fixtures/qwen2");
     printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8);

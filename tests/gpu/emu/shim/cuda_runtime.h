@@ -77,6 +77,13 @@ template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+/* Pinned host memory: plain host memory here (fallible like cudaMalloc). */
+template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t n) {
+    EMU_FAULT(cudaErrorMemoryAllocation);
+    *p = (T *)malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemset(void *p, int v, size_t n) { EMU_FAULT(cudaErrorUnknown); memset(p, v, n); return cudaSuccess; }
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
     EMU_FAULT(cudaErrorUnknown);
@@ -126,6 +133,15 @@ void emu_syncthreads(void);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+/* Integer atomics (shared or global memory): the fibers of a block switch only
+ * at barriers, the OS threads of EMU_PTHREADS need the real thing; both are
+ * exact, so a sum is independent of the threads' order as on a device. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }

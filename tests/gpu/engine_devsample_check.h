@@ -1,0 +1,226 @@
+/*
+ * engine_devsample_check.h - the engine sampling on the device end to end
+ * (EngineConfig.device_sampling, engine_step.c, runner_backend.c), for both
+ * runners: tests/gpu/emu/emu_check.cpp (the CPU emulation of CUDA) and
+ * tests/gpu/gpu_check.c (a GPU). A fixture model on backend_cuda serves the
+ * same seeded requests twice, with device sampling on and off (submitted
+ * while paused, so both runs batch the same steps and get the same logits
+ * from the same device forward: the host path is the reference):
+ * every sequence must get the same tokens and kept sets, the log-probs, raw
+ * log-probs, values and top-N within 1e-5, the same ranks; the device run
+ * must have sampled on the device (EngineMetrics.device_sampled_tokens) with
+ * no fallback, the host run never. One request asks for prompt log-probs: its
+ * prefill step samples on the host by design (the logits are fetched), the
+ * decode steps after it on the device.
+ * The includer provides n_pass / n_fail (op_checks.h).
+ */
+#ifndef SAMPLER_ENGINE_DEVSAMPLE_CHECK_H
+#define SAMPLER_ENGINE_DEVSAMPLE_CHECK_H
+
+#ifdef __cplusplus
+extern "C" {
+#include "engine.h"
+/* runner_backend.h's counters are C11 atomics, which C++ does not spell the
+ * same way: the two functions as C declares them (pointers either way). */
+EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, void *ns, void *calls);
+void runner_backend_free(EngineBackend *be);
+}
+#else
+#include "engine.h"
+#include "runner_backend.h"
+#endif
+
+#define EDS_REQS 5
+#define EDS_MAX_TOK 8
+
+/* What one sequence produced, copied out before its request is released. */
+typedef struct EdsSeq {
+    int n;
+    int32_t tok[EDS_MAX_TOK], mask_n[EDS_MAX_TOK], mask_comp[EDS_MAX_TOK], mask_len[EDS_MAX_TOK];
+    float lp[EDS_MAX_TOK], raw[EDS_MAX_TOK], val[EDS_MAX_TOK], top_lp[EDS_MAX_TOK][5];
+    int32_t rank[EDS_MAX_TOK], top_ids[EDS_MAX_TOK][5];
+    uint64_t mask_hash[EDS_MAX_TOK];
+} EdsSeq;
+
+static void eds_params(EngineRequestParams *p, int k, const int32_t *prompt, int n_prompt) {
+    static int32_t bias_ids[2] = {7, 11};
+    static float bias[2] = {2.5f, -INFINITY};
+    static int32_t allowed[6] = {3, 5, 7, 11, 13, 17};
+    engine_request_params_default(p);
+    p->prompt = prompt;
+    p->n_prompt = n_prompt;
+    /* EMU_QUICK (sanitizers: one OS thread per emulated CUDA thread) generates half the tokens */
+    p->sampling.max_tokens = getenv("EMU_QUICK") ? EDS_MAX_TOK / 2 : EDS_MAX_TOK;
+    p->sampling.ignore_eos = 1;
+    p->sampling.has_seed = 1;
+    p->sampling.seed = 1000 + (uint64_t)k;
+    switch (k) {
+    case 0: /* greedy with every reported value */
+        p->sampling.temperature = 0;
+        p->top_logprobs = 5;
+        p->want_raw_logprob = 1;
+        p->want_logprob_value = 1;
+        p->want_mask = 1;
+        break;
+    case 1: /* n = 2, truncation and penalties, masks */
+        p->n = 2;
+        p->sampling.temperature = 0.8f;
+        p->sampling.top_p = 0.9f;
+        p->sampling.top_k = 40;
+        p->sampling.repetition_penalty = 1.2f;
+        p->sampling.frequency_penalty = 0.3f;
+        p->sampling.presence_penalty = 0.2f;
+        p->want_mask = 1;
+        p->want_raw_logprob = 1;
+        break;
+    case 2: /* min_p, logit_bias, min_tokens with stop ids, processed values */
+        p->sampling.temperature = 1.2f;
+        p->sampling.min_p = 0.05f;
+        p->sampling.n_logit_bias = 2;
+        p->sampling.logit_bias_ids = bias_ids;
+        p->sampling.logit_bias = bias;
+        p->sampling.min_tokens = 4;
+        p->sampling.n_stop_ids = 1;
+        p->sampling.stop_ids[0] = 9;
+        p->logprobs_mode = LOGPROBS_PROCESSED;
+        p->want_logprob_value = 1;
+        p->top_logprobs = 5;
+        p->want_mask = 1;
+        break;
+    case 3: /* allowed_token_ids, sampled mode */
+        p->sampling.temperature = 1.0f;
+        p->sampling.n_allowed = 6;
+        p->sampling.allowed_ids = allowed;
+        p->logprobs_mode = LOGPROBS_SAMPLED;
+        p->top_logprobs = 3;
+        p->want_mask = 1;
+        break;
+    default: /* prompt log-probs: its prefill step samples on the host */
+        p->sampling.temperature = 0.9f;
+        p->prompt_logprobs = 2;
+        p->want_raw_logprob = 1;
+        break;
+    }
+}
+
+static uint64_t eds_hash(const int32_t *ids, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)ids[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Serve the requests with device sampling `mode`; seqs [EDS_REQS][2]. */
+static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *met) {
+    Err err = {0};
+    Model *m = NULL;
+    if (model_load(&m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
+    EngineConfig c;
+    engine_config_default(&c);
+    c.max_running_seqs = 8;
+    c.max_batched_tokens = 64;
+    c.max_model_len = 64;
+    c.n_blocks = 64;
+    c.block_size = 4;
+    c.n_threads = 2;
+    c.verbose = 0;
+    c.device_sampling = mode;
+    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
+    Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
+    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL);
+    Engine *e = engine_create(&m->cfg, &be, &c);
+    static int32_t prompts[EDS_REQS][12];
+    EngineRequest *req[EDS_REQS];
+    int rc = 0;
+    /* submitted while paused, so both runs batch the same steps: the GPU path is
+     * not batch invariant (GEMV up to 8 tokens, GEMM beyond), the step
+     * composition must not depend on timing */
+    if (engine_pause(e, PAUSE_KEEP, &err)) { printf("  FAIL pause: %s\n", err.msg); rc = -1; }
+    for (int k = 0; k < EDS_REQS; k++) {
+        for (int i = 0; i < 12; i++) prompts[k][i] = (int32_t)(3 + (i * 37 + k * 101) % (m->cfg.vocab - 3));
+        EngineRequestParams p;
+        eds_params(&p, k, prompts[k], 6 + k);
+        if (engine_submit(e, &p, &req[k], &err)) { printf("  FAIL submit %d: %s\n", k, err.msg); rc = -1; req[k] = NULL; }
+    }
+    engine_resume(e);
+    for (int k = 0; k < EDS_REQS; k++) {
+        if (!req[k]) continue;
+        uint64_t seen = 0;
+        /* a generous deadline (30 min): the emulation under a sanitizer on a loaded machine is slow */
+        for (int i = 0; i < 18000 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
+        if (!engine_request_done(req[k]) || engine_request_failed(req[k], &err)) {
+            printf("  FAIL request %d did not finish cleanly\n", k);
+            rc = -1;
+        }
+        for (int q = 0; q < engine_request_n_seqs(req[k]) && q < 2; q++) {
+            EngineSeqView v;
+            engine_request_seq(req[k], q, &v);
+            EdsSeq *o = &seqs[k][q];
+            o->n = v.n_tokens < EDS_MAX_TOK ? v.n_tokens : EDS_MAX_TOK;
+            for (int t = 0; t < o->n; t++) {
+                const TokenRecord *rec = &v.tokens[t];
+                o->tok[t] = rec->token;
+                o->lp[t] = rec->logprob;
+                o->raw[t] = rec->logprob_raw;
+                o->val[t] = rec->value;
+                o->rank[t] = rec->rank;
+                o->mask_n[t] = rec->mask_n;
+                o->mask_comp[t] = rec->mask_complement;
+                o->mask_len[t] = rec->mask_len;
+                o->mask_hash[t] = rec->mask_ids ? eds_hash(rec->mask_ids, rec->mask_len) : 0;
+                for (int j = 0; j < rec->n_top && j < 5; j++) {
+                    o->top_ids[t][j] = rec->top_ids[j];
+                    o->top_lp[t][j] = rec->top_logprobs[j];
+                }
+            }
+        }
+        engine_request_release(req[k]);
+    }
+    engine_metrics(e, met);
+    engine_free(e);
+    runner_backend_free(&be);
+    model_free(m);
+    return rc;
+}
+
+static int eds_close(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabs((double)a - b) <= 1e-5 * (fabs((double)a) > 1 ? fabs((double)a) : 1);
+}
+
+static void engine_devsample_check(const char *dir) {
+    static EdsSeq on[EDS_REQS][2], off[EDS_REQS][2];
+    memset(on, 0, sizeof on);
+    memset(off, 0, sizeof off);
+    EngineMetrics mon, moff;
+    int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, on, &mon) | eds_run(dir, ENGINE_DEVSAMPLE_OFF, off, &moff);
+    int bad = 0, tokens = 0;
+    for (int k = 0; k < EDS_REQS; k++)
+        for (int q = 0; q < 2; q++) {
+            const EdsSeq *a = &on[k][q], *b = &off[k][q];
+            bad += a->n != b->n;
+            for (int t = 0; t < a->n && t < b->n; t++) {
+                tokens++;
+                int same = a->tok[t] == b->tok[t] && a->mask_n[t] == b->mask_n[t] && a->mask_comp[t] == b->mask_comp[t] &&
+                           a->mask_len[t] == b->mask_len[t] && a->mask_hash[t] == b->mask_hash[t] &&
+                           eds_close(a->lp[t], b->lp[t]) && eds_close(a->raw[t], b->raw[t]) &&
+                           eds_close(a->val[t], b->val[t]) && a->rank[t] == b->rank[t];
+                for (int j = 0; j < 5; j++)
+                    same &= a->top_ids[t][j] == b->top_ids[t][j] && eds_close(a->top_lp[t][j], b->top_lp[t][j]);
+                if (!same && bad++ < 4)
+                    printf("       request %d seq %d token %d: device %d lp %.7g raw %.7g value %.7g rank %d n_kept %d "
+                           "top %d %.7g, host %d lp %.7g raw %.7g value %.7g rank %d n_kept %d top %d %.7g\n",
+                           k, q, t, a->tok[t], a->lp[t], a->raw[t], a->val[t], a->rank[t], a->mask_n[t],
+                           a->top_ids[t][0], a->top_lp[t][0], b->tok[t], b->lp[t], b->raw[t], b->val[t], b->rank[t],
+                           b->mask_n[t], b->top_ids[t][0], b->top_lp[t][0]);
+            }
+        }
+    int ok = rc == 0 && bad == 0 && tokens >= (getenv("EMU_QUICK") ? 15 : 30) && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
+             moff.device_sampled_tokens == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %s engine, device sampling on vs off: %d tokens compared, %d differ; %llu sampled on the device, "
+           "%llu fallbacks\n", ok ? "ok" : "FAIL", dir, tokens, bad, (unsigned long long)mon.device_sampled_tokens,
+           (unsigned long long)mon.device_sampling_fallbacks);
+}
+
+#endif

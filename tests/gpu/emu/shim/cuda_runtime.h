@@ -143,7 +143,6 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

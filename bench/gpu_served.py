@@ -371,9 +371,9 @@ def server_cmd(a, concs, shapes, n_max):
         cmd += ["--precision", a.precision]
     big = max(concs)
     max_len = max(p + o for p, o in shapes)
-    # RL fields reserve a mask row of vocab / 2 ids (4 bytes each) per output token at
+    # RL fields reserve at most a mask bitmap of ceil(vocab / 32) words per output token at
     # submit (engine_request_output_bytes): size both output budgets for the largest case
-    mask_mb = (151936 // 2) * 4 * max(o for _, o in shapes) // (1 << 20) + 1
+    mask_mb = ((151936 + 31) // 32) * 4 * max(o for _, o in shapes) // (1 << 20) + 1
     per_req_mb = n_max * (mask_mb + 64)
     cmd += ["--max-running-seqs", str(big), "--max-step-rows", str(big), "--max-model-len", str(max_len),
             "--max-request-output-mb", str(per_req_mb), "--max-output-mem-mb", str(per_req_mb * (big // n_max + 1)),

@@ -674,7 +674,7 @@ static void test_outputs(void) {
         const TokenRecord *t = &v.tokens[k];
         double s = 0;
         int in = 0;
-        for (int j = 0; j < t->mask_n; j++) { in |= t->mask_ids[j] == t->token; }
+        in = engine_mask_has(t, t->token);
         for (int j = 0; j < t->n_top; j++) s += exp(t->top_logprobs[j]);
         bad += !in || t->mask_n < 20 || t->n_top != 5 || isnan(t->logprob_raw) || t->logprob > 0 ||
                t->top_logprobs == NULL || s > 1 + 1e-6;
@@ -684,8 +684,11 @@ static void test_outputs(void) {
     engine_request_mask_csr(r, 0, off, NULL);
     int32_t *ids = malloc(off[6] * sizeof(int32_t));
     engine_request_mask_csr(r, 0, off, ids);
-    T_ASSERT(off[0] == 0 && off[6] == off[5] + v.tokens[5].mask_n && ids[off[2]] == v.tokens[2].mask_ids[0],
-             "CSR masks");
+    int32_t *kept2 = malloc((size_t)V * sizeof(int32_t));
+    engine_mask_expand(&v.tokens[2], V, 0, kept2);
+    T_ASSERT(off[0] == 0 && off[6] == off[5] + v.tokens[5].mask_n && ids[off[2]] == kept2[0] &&
+             memcmp(ids + off[2], kept2, (size_t)v.tokens[2].mask_n * sizeof(int32_t)) == 0, "CSR masks");
+    free(kept2);
     free(ids);
     free(ref);
     engine_request_release(r);
@@ -1000,27 +1003,57 @@ static void test_control_concurrent(void) {
 /* ---- sampling masks: compact storage, the publish check, the output budget ---- */
 
 /* engine_mask_pack: the kept ids at most half the vocab, the complement
- * above; refuses a set without its token, out of order or too big. */
+ * above, a bitmap when both lists are longer than vocab / 32 words; refuses
+ * a set without its token, out of order or too big. V = 320: 10 words. */
 static void test_mask_pack(void) {
-    int32_t kept[10], dst[10];
+    enum { V = 320, W = MASK_BITMAP_WORDS(V) };
+    int32_t all[V], dst[V], some[8] = { 1, 5, 9, 33, 64, 100, 200, 319 };
     int comp = -1;
-    for (int i = 0; i < 10; i++) kept[i] = i;
+    for (int i = 0; i < V; i++) all[i] = i;
     /* all but {3, 7}: the complement */
-    int32_t most[8] = { 0, 1, 2, 4, 5, 6, 8, 9 };
-    int n = engine_mask_pack(most, 8, 10, 5, dst, 5, &comp);
-    T_ASSERT(n == 2 && comp == 1 && dst[0] == 3 && dst[1] == 7, "complement of 8 of 10: n=%d comp=%d", n, comp);
-    n = engine_mask_pack(kept, 10, 10, 0, dst, 5, &comp);
-    T_ASSERT(n == 0 && comp == 1, "the whole vocab stores no ids (n=%d comp=%d)", n, comp);
-    n = engine_mask_pack(kept, 5, 10, 4, dst, 5, &comp); /* exactly half: the kept ids */
-    T_ASSERT(n == 5 && comp == 0 && dst[4] == 4, "half the vocab: n=%d comp=%d", n, comp);
+    int32_t most[V - 2];
+    for (int i = 0, w = 0; i < V; i++) if (i != 3 && i != 7) most[w++] = i;
+    int n = engine_mask_pack(most, V - 2, V, 5, dst, W, &comp);
+    T_ASSERT(n == 2 && comp == MASK_FORM_COMPLEMENT && dst[0] == 3 && dst[1] == 7, "complement of 318 of 320: n=%d comp=%d", n, comp);
+    n = engine_mask_pack(all, V, V, 0, dst, W, &comp);
+    T_ASSERT(n == 0 && comp == MASK_FORM_COMPLEMENT, "the whole vocab stores no ids (n=%d comp=%d)", n, comp);
+    n = engine_mask_pack(some, 8, V, 64, dst, W, &comp); /* 8 ids <= 10 words: the kept ids */
+    T_ASSERT(n == 8 && comp == MASK_FORM_IDS && dst[7] == 319, "8 of 320: n=%d comp=%d", n, comp);
+    n = engine_mask_pack(all, V / 2, V, 4, dst, W, &comp); /* half the vocab: 160 ids > 10 words: a bitmap */
+    T_ASSERT(n == W && comp == MASK_FORM_BITMAP, "half the vocab: n=%d comp=%d", n, comp);
+    /* every form reads back as the same set, kept and excluded */
+    int32_t sizes[] = { 1, 8, 10, 11, 100, 160, 161, 309, 310, 311, 319, 320 };
+    int bad = 0;
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        int32_t kept[V], got[V];
+        int nk = 0;
+        for (int i = 0; i < V && nk < sizes[c]; i++) /* a spread-out set of sizes[c] ids */
+            if ((i * 7919) % V < sizes[c] * 1 || V - i <= sizes[c] - nk) kept[nk++] = i;
+        int len = engine_mask_pack(kept, nk, V, kept[0], dst, W, &comp);
+        TokenRecord t = { 0 };
+        t.mask_n = nk; t.mask_complement = comp; t.mask_len = len; t.mask_ids = dst;
+        bad += len < 0 || len > W;
+        bad += engine_mask_expand(&t, V, 0, got) != nk || memcmp(got, kept, (size_t)nk * sizeof(int32_t)) != 0;
+        int ne = engine_mask_expand(&t, V, 1, got), j = 0;
+        bad += ne != V - nk;
+        for (int i = 0, k = 0; i < V; i++) {
+            int in = k < nk && kept[k] == i;
+            k += in;
+            bad += engine_mask_has(&t, i) != in;
+            if (!in) bad += j >= ne || got[j++] != i;
+        }
+    }
+    T_ASSERT(bad == 0, "%d mismatches reading packed masks back", bad);
     /* a mask that does not contain its token is refused */
-    T_ASSERT(engine_mask_pack(most, 8, 10, 3, dst, 5, &comp) == -1, "a mask without its token was packed");
-    T_ASSERT(engine_mask_pack(kept, 5, 10, 7, dst, 5, &comp) == -1, "a mask without its token was packed");
-    T_ASSERT(engine_mask_pack(kept, 0, 10, 0, dst, 5, &comp) == -1, "an empty mask was packed");
-    int32_t bad[3] = { 2, 1, 5 }, out_of[2] = { 1, 10 };
-    T_ASSERT(engine_mask_pack(bad, 3, 10, 1, dst, 5, &comp) == -1, "an unordered mask was packed");
-    T_ASSERT(engine_mask_pack(out_of, 2, 10, 1, dst, 5, &comp) == -1, "an out-of-range mask was packed");
-    T_ASSERT(engine_mask_pack(kept, 3, 10, 1, dst, 2, &comp) == -1, "a mask over its room was packed");
+    T_ASSERT(engine_mask_pack(most, V - 2, V, 3, dst, W, &comp) == -1, "a mask without its token was packed");
+    T_ASSERT(engine_mask_pack(some, 8, V, 7, dst, W, &comp) == -1, "a mask without its token was packed");
+    T_ASSERT(engine_mask_pack(all, V / 2, V, 200, dst, W, &comp) == -1, "a bitmap mask without its token was packed");
+    T_ASSERT(engine_mask_pack(all, 0, V, 0, dst, W, &comp) == -1, "an empty mask was packed");
+    int32_t bad_order[3] = { 2, 1, 5 }, out_of[2] = { 1, V };
+    T_ASSERT(engine_mask_pack(bad_order, 3, V, 1, dst, W, &comp) == -1, "an unordered mask was packed");
+    T_ASSERT(engine_mask_pack(out_of, 2, V, 1, dst, W, &comp) == -1, "an out-of-range mask was packed");
+    T_ASSERT(engine_mask_pack(all, 3, V, 1, dst, 2, &comp) == -1, "a mask over its room was packed");
+    T_ASSERT(engine_mask_pack(all, 200, V, 1, dst, W - 1, &comp) == -1, "a bitmap over its room was packed");
 }
 
 /* The mask tap: records every kept set it sees (by token order of one
@@ -1091,7 +1124,7 @@ static void mask_params(EngineRequestParams *p, const int32_t *P, int np, int n,
 }
 
 /* Untruncated sampling stores the complement (no ids for the whole vocab);
- * top_k the kept ids; decoded CSR equals the kept set the sampler produced,
+ * top_k 400 of 512 a bitmap (112 excluded ids > 16 words); decoded CSR equals the kept set the sampler produced,
  * and every published mask contains its token. */
 static void test_mask_complement_storage(void) {
     int V = g_model->cfg.vocab;
@@ -1120,12 +1153,13 @@ static void test_mask_complement_storage(void) {
         int bad = 0, comp = 0, stored = 0;
         for (int k = 0; k < v.n_tokens; k++) {
             const TokenRecord *t = &v.tokens[k];
-            comp += t->mask_complement;
+            comp += t->mask_complement != MASK_FORM_IDS;
             stored += t->mask_len;
             int n = (int)(off[k + 1] - off[k]), in = 0;
             bad += n != g_mask_seen_n[k] || n != t->mask_n ||
                    memcmp(ids + off[k], g_mask_seen + (size_t)k * V, (size_t)n * sizeof(int32_t)) != 0;
-            bad += t->mask_len != (t->mask_complement ? V - t->mask_n : t->mask_n);
+            bad += t->mask_len != (t->mask_complement == MASK_FORM_BITMAP ? MASK_BITMAP_WORDS(V)
+                                   : t->mask_complement ? V - t->mask_n : t->mask_n);
             for (int j = 0; j < n; j++) in |= ids[off[k] + j] == t->token;
             bad += !in;
         }
@@ -1135,8 +1169,8 @@ static void test_mask_complement_storage(void) {
             T_ASSERT(comp == 20 && stored == 0, "untruncated: %d complemented, %d ids stored (want 20, 0)", comp,
                      stored);
         else
-            T_ASSERT(comp == 20 && stored == 20 * (V - 400), "top_k 400: %d complemented, %d ids stored", comp,
-                     stored);
+            T_ASSERT(comp == 20 && stored == 20 * MASK_BITMAP_WORDS(V), /* 112 excluded ids > 16 words */
+                     "top_k 400: %d not as ids, %d int32s stored (want 20 bitmaps)", comp, stored);
         free(ids);
         engine_request_release(r);
     }
@@ -1168,9 +1202,7 @@ static void test_mask_publish_check(void) {
     engine_request_seq(r, 0, &v);
     int bad = 0;
     for (int k = 0; k < v.n_tokens; k++) {
-        int in = 0;
-        for (int j = 0; j < v.tokens[k].mask_len; j++) in |= v.tokens[k].mask_ids[j] == v.tokens[k].token;
-        bad += !v.tokens[k].mask_ids || v.tokens[k].mask_complement || !in;
+        bad += !v.tokens[k].mask_ids || v.tokens[k].mask_n != 50 || !engine_mask_has(&v.tokens[k], v.tokens[k].token);
     }
     T_ASSERT(v.n_tokens == 5 && v.finish == FINISH_ABORT && bad == 0,
              "published %d records (want the 5 before the wrong one), finish %d, %d bad", v.n_tokens, v.finish, bad);
@@ -1196,19 +1228,21 @@ static void test_output_budget(void) {
     prompt_of(P, 12, 23);
     Engine *e = make_mask_engine(1, 2);
     EngineRequestParams p;
-    /* 16 x 200 tokens x 256 ids x 4 bytes = 3.3 MB of masks > 1 MB */
-    mask_params(&p, P, 12, 16, 200, 0);
+    /* 40 x 200 tokens x (a 16-word bitmap + the record) = 1.3 MB > 1 MB */
+    mask_params(&p, P, 12, 40, 200, 0);
     size_t want = engine_request_output_bytes(e, &p);
-    T_ASSERT(want >= (size_t)16 * 200 * (V / 2) * 4, "formula: %zu bytes for 16 x 200 masks", want);
+    T_ASSERT(want >= (size_t)40 * 200 * MASK_BITMAP_WORDS(V) * 4 && want > (1u << 20),
+             "formula: %zu bytes for 40 x 200 masks", want);
     EngineRequest *r = NULL;
     Err err = { 0 };
     T_ASSERT(engine_submit(e, &p, &r, &err) < 0 && err.code == 400 && r == NULL &&
-             strstr(err.msg, "--max-request-output-mb") && strstr(err.msg, "lower n (16), max_tokens (200)") &&
+             strstr(err.msg, "--max-request-output-mb") && strstr(err.msg, "lower n (40), max_tokens (200)") &&
              strstr(err.msg, "return_sampling_mask"),
              "over the per-request budget: code %d: %s", err.code, err.msg);
     /* greedy masks are one id: the same shape fits */
     p.sampling.temperature = 0;
-    T_ASSERT(engine_request_output_bytes(e, &p) <= want - (size_t)16 * 200 * (V / 2 - 1) * 4, "greedy masks are reserved as one id each");
+    T_ASSERT(engine_request_output_bytes(e, &p) <= want - (size_t)40 * 200 * (MASK_BITMAP_WORDS(V) - 1) * 4,
+             "greedy masks are reserved as one id each");
     /* prompt log-probs count too */
     mask_params(&p, P, 12, 1, 4, 0);
     p.want_mask = 0;
@@ -1220,7 +1254,7 @@ static void test_output_budget(void) {
     T_ASSERT(engine_submit(e, &p, &r, &err) < 0 && err.code == 400 && strstr(err.msg, "prompt_logprobs/echo (20)"),
              "rendering bytes over the budget: code %d: %s", err.code, err.msg);
     /* the global budget: two requests of ~0.8 MB each fit 2 MB, a third does not while they are held */
-    mask_params(&p, P, 12, 4, 200, 0);
+    mask_params(&p, P, 12, 24, 200, 0);
     size_t one = engine_request_output_bytes(e, &p);
     T_ASSERT(one > (3u << 20) / 4 && one < (1u << 20), "test setup: %zu bytes", one);
     T_ASSERT(engine_pause(e, PAUSE_KEEP, &err) == 0, "%s", err.msg);

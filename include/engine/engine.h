@@ -189,11 +189,12 @@ void engine_request_params_default(EngineRequestParams *p);
  *                        + [want_experts] * 4 * E * (P - 1)      prompt experts
  *                        + extra_output_bytes                    the caller's rendering
  *
- * mask_ids = engine_mask_ids_bound: 1 for greedy sampling, else floor(V / 2)
- * (a mask is stored as its kept ids, or as the ids NOT kept when more than
- * half the vocabulary is kept, so never more than half the vocabulary). The
- * pages of the reservation are touched only as outputs are written; a token
- * of untruncated sampling stores no ids at all.
+ * mask_ids = engine_mask_ids_bound: 1 for greedy sampling, else ceil(V / 32)
+ * (a mask is stored in the smallest of three forms, engine_mask_pack: its
+ * kept ids, the ids NOT kept, or a bitmap of ceil(V / 32) words, so never more
+ * than the bitmap: 19 KB per token at V = 151,936). The pages of the
+ * reservation are touched only as outputs are written; a token of
+ * untruncated sampling stores no ids at all.
  *
  * engine_submit refuses with 400 a request whose bytes exceed
  * max_request_output_mb (the message names n, max_tokens, the prompt, the
@@ -203,12 +204,19 @@ void engine_request_params_default(EngineRequestParams *p);
 size_t engine_request_output_bytes(const Engine *e, const EngineRequestParams *p);
 int engine_mask_ids_bound(int vocab, const SamplingParams *sp);
 
-/* Pack a kept set kept[0..n_kept) (ascending, distinct) for storage: the kept
- * ids when 2 * n_kept <= vocab (*complement = 0), else the ids of [0, vocab)
- * not in it (*complement = 1), into dst (room for cap ids). Returns the
- * number of ids written, or -1 when the set does not contain token, is not
- * ascending inside [0, vocab), or does not fit cap: such a mask is never
- * published (the engine fails the request instead). */
+/* The stored forms of a mask (TokenRecord.mask_complement). */
+#define MASK_FORM_IDS 0        /* mask_ids: the kept ids, ascending */
+#define MASK_FORM_COMPLEMENT 1 /* mask_ids: the ids NOT kept, ascending */
+#define MASK_FORM_BITMAP 2     /* mask_ids: MASK_BITMAP_WORDS(vocab) words, bit (id & 31) of word id >> 5 = kept */
+#define MASK_BITMAP_WORDS(vocab) (((vocab) + 31) / 32)
+
+/* Pack a kept set kept[0..n_kept) (ascending, distinct) for storage, into dst
+ * (room for cap int32s), in the smallest form: the kept ids when 2 * n_kept <=
+ * vocab, else the ids of [0, vocab) not in it, unless that list is longer
+ * than the bitmap (MASK_BITMAP_WORDS), then the bitmap; *complement gets the
+ * form. Returns the int32s written, or -1 when the set does not contain token,
+ * is not ascending inside [0, vocab), or does not fit cap: such a mask is
+ * never published (the engine fails the request instead). */
 int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
                      int *complement);
 
@@ -232,15 +240,24 @@ typedef struct TokenRecord {
     const float *top_logprobs;/* [n_top] their values in logprobs_mode */
     int32_t mask_n;           /* size of the kept set (always filled) */
     /* want_mask: the kept set in its compact form (engine_mask_pack): when
-     * mask_complement is 0, mask_ids lists the kept ids; when 1 (more than half
-     * the vocabulary kept) it lists the ids NOT kept. Checked at publish to
-     * contain token. NULL unless want_mask. */
+     * mask_complement is MASK_FORM_IDS, mask_ids lists the kept ids; when
+     * MASK_FORM_COMPLEMENT (more than half the vocabulary kept) the ids NOT
+     * kept; when MASK_FORM_BITMAP (both lists longer than vocab / 32) a bitmap.
+     * Read it through engine_mask_has / engine_mask_expand. Checked at publish
+     * to contain token. NULL unless want_mask. */
     int32_t mask_complement;
-    int32_t mask_len;         /* ids in mask_ids: mask_n, or vocab - mask_n when complemented */
-    const int32_t *mask_ids;  /* [mask_len] ascending */
+    int32_t mask_len;         /* int32s in mask_ids: mask_n, vocab - mask_n, or MASK_BITMAP_WORDS(vocab) */
+    const int32_t *mask_ids;  /* [mask_len] ascending ids, or the bitmap's words */
     const int32_t *experts;   /* [n_moe_layers, top_k] or NULL unless want_experts */
     int32_t grammar;          /* 1: drawn under the request's grammar mask (EngineRequestParams.grammar) */
 } TokenRecord;
+
+/* 1 when id is in t's kept set (t has a mask). */
+int engine_mask_has(const TokenRecord *t, int32_t id);
+/* The ids of t's kept set (excluded = 0: mask_n of them) or of the ids not in
+ * it (excluded = 1: vocab - mask_n), ascending, into out (NULL: only count);
+ * returns the count. */
+int engine_mask_expand(const TokenRecord *t, int vocab, int excluded, int32_t *out);
 
 /* A consistent snapshot of one sequence of a request. */
 typedef struct EngineSeqView {

@@ -70,7 +70,7 @@ static void *tryalloc(size_t n, int *fail) {
 /* ---- output memory (engine.h: the formula) ---- */
 int engine_mask_ids_bound(int vocab, const SamplingParams *sp) {
     if (sp->temperature == 0.0f) return 1; /* greedy: a point mass */
-    return vocab / 2 > 1 ? vocab / 2 : 1;
+    return MASK_BITMAP_WORDS(vocab); /* the bitmap: the largest form engine_mask_pack stores */
 }
 
 static int request_max_new(const Engine *e, const EngineRequestParams *p) {
@@ -347,14 +347,7 @@ int engine_request_mask_csr_n(EngineRequest *r, int i, int n, int64_t *offsets, 
         const TokenRecord *t = &v.tokens[k];
         if (offsets) offsets[k] = off;
         if (!t->mask_ids) continue;
-        if (ids && !t->mask_complement) memcpy(ids + off, t->mask_ids, (size_t)t->mask_n * sizeof(int32_t));
-        else if (ids) {
-            int64_t w = off;
-            for (int32_t id = 0, j = 0; id < V; id++) {
-                if (j < t->mask_len && t->mask_ids[j] == id) j++;
-                else ids[w++] = id;
-            }
-        }
+        if (ids) engine_mask_expand(t, V, 0, ids + off);
         off += t->mask_n;
     }
     if (offsets) offsets[v.n_tokens] = off;
@@ -456,6 +449,14 @@ int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, 
     }
     if (!has) return -1;
     int comp = 2 * (int64_t)n_kept > vocab, len = comp ? vocab - n_kept : n_kept;
+    int words = MASK_BITMAP_WORDS(vocab);
+    if (len > words) { /* a bitmap is smaller than either id list */
+        if (words > cap) return -1;
+        memset(dst, 0, (size_t)words * sizeof(int32_t));
+        for (int i = 0; i < n_kept; i++) dst[kept[i] >> 5] |= (int32_t)(1u << (kept[i] & 31));
+        *complement = MASK_FORM_BITMAP;
+        return words;
+    }
     if (len > cap) return -1;
     if (!comp) memcpy(dst, kept, (size_t)n_kept * sizeof(int32_t));
     else
@@ -463,8 +464,44 @@ int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, 
             if (j < n_kept && kept[j] == id) j++;
             else dst[w++] = id;
         }
-    *complement = comp;
+    *complement = comp ? MASK_FORM_COMPLEMENT : MASK_FORM_IDS;
     return len;
+}
+
+int engine_mask_has(const TokenRecord *t, int32_t id) {
+    if (!t->mask_ids || id < 0) return 0;
+    if (t->mask_complement == MASK_FORM_BITMAP)
+        return (id >> 5) < t->mask_len && ((uint32_t)t->mask_ids[id >> 5] >> (id & 31)) & 1u;
+    int in = 0; /* ascending ids: a binary search */
+    for (int lo = 0, hi = t->mask_len; lo < hi && !in;) {
+        int mid = lo + (hi - lo) / 2;
+        if (t->mask_ids[mid] == id) in = 1;
+        else if (t->mask_ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return t->mask_complement == MASK_FORM_COMPLEMENT ? !in : in;
+}
+
+int engine_mask_expand(const TokenRecord *t, int vocab, int excluded, int32_t *out) {
+    if (!t->mask_ids) return 0;
+    int want_n = excluded ? vocab - t->mask_n : t->mask_n;
+    if (t->mask_complement == (excluded ? MASK_FORM_COMPLEMENT : MASK_FORM_IDS)) {
+        if (out) memcpy(out, t->mask_ids, (size_t)t->mask_len * sizeof(int32_t));
+        return t->mask_len;
+    }
+    if (!out) return want_n;
+    int w = 0;
+    if (t->mask_complement == MASK_FORM_BITMAP) {
+        for (int32_t id = 0; id < vocab; id++)
+            if ((((uint32_t)t->mask_ids[id >> 5] >> (id & 31)) & 1u) != (uint32_t)excluded) out[w++] = id;
+    } else { /* the other id list: walk the gaps */
+        for (int32_t id = 0, j = 0; id < vocab; id++) {
+            if (j < t->mask_len && t->mask_ids[j] == id) j++;
+            else out[w++] = id;
+        }
+    }
+    ASSERT(w == want_n, "mask of %d ids expanded to %d", want_n, w);
+    return w;
 }
 
 int engine_request_failed(EngineRequest *r, Err *err) {

@@ -563,18 +563,21 @@ json_t *gen_logprobs_chat(Gen *g, Choice *c, int from, int to) {
     return content;
 }
 
-/* Sampling masks of records [from, to): CSR over per-token id lists, sent as
- * the engine stores them (TokenRecord.mask_complement): a token whose kept set
- * is larger than half the vocab lists the excluded ids instead (complement
- * flag 1). Binary (base64, little-endian) above a size limit. A record without
- * a mask cannot be published (engine_mask_pack), so every list here is the
- * exact set its token was drawn from. */
+/* Sampling masks of records [from, to): CSR over per-token id lists: a token
+ * whose kept set is larger than half the vocab lists the excluded ids instead
+ * (complement flag 1), whatever form the engine stores it in (ids, excluded
+ * ids or a bitmap: engine_mask_expand). Binary (base64, little-endian) above
+ * a size limit. A record without a mask cannot be published (engine_mask_pack),
+ * so every list here is the exact set its token was drawn from. */
 static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
     int vocab = g->s->vocab, T = to - from;
     int64_t *off = malloc(sizeof(int64_t) * (size_t)(T + 1));
     uint8_t *comp = malloc((size_t)(T ? T : 1));
     int64_t total = 0;
-    for (int k = 0; k < T; k++) total += recs[from + k].mask_ids ? recs[from + k].mask_len : 0;
+    for (int k = 0; k < T; k++) {
+        const TokenRecord *r = &recs[from + k];
+        total += r->mask_ids ? engine_mask_expand(r, vocab, 2 * (int64_t)r->mask_n > vocab, NULL) : 0;
+    }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
     if (!off || !comp || !ids) {
         free(off); free(comp); free(ids);
@@ -583,11 +586,10 @@ static json_t *mask_json(Gen *g, const TokenRecord *recs, int from, int to) {
     int64_t w = 0;
     for (int k = 0; k < T; k++) {
         const TokenRecord *r = &recs[from + k];
-        int n = r->mask_ids ? r->mask_len : 0;
+        int ex = 2 * (int64_t)r->mask_n > vocab;
         off[k] = w;
-        comp[k] = (uint8_t)(r->mask_ids && r->mask_complement);
-        if (n) memcpy(ids + w, r->mask_ids, sizeof(int32_t) * (size_t)n);
-        w += n;
+        comp[k] = (uint8_t)(r->mask_ids && ex);
+        if (r->mask_ids) w += engine_mask_expand(r, vocab, ex, ids + w);
     }
     off[T] = w;
     json_t *o = json_object();

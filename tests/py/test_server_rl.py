@@ -245,7 +245,7 @@ def test_untruncated_masks_cost_little_memory():
 def test_output_budget_refusals_name_what_to_lower():
     s = Server("--max-request-output-mb", "64", "--max-output-mem-mb", "128")
     try:
-        # masks: 16 x 400 x (VOCAB / 2) x 4 B reserved = 1.9 GB > 64 MB
+        # masks: 16 x 400 x (a bitmap of VOCAB / 32 words, 19 KB) reserved = 122 MB > 64 MB
         st, r = s.post("/v1/completions", dict(prompt=PROMPT, n=16, max_tokens=400, return_sampling_mask=True))
         assert st == 400, r
         msg = r["error"]["message"]
@@ -256,8 +256,8 @@ def test_output_budget_refusals_name_what_to_lower():
         st, r = s.post("/v1/completions", dict(prompt=ids, max_tokens=1, echo=True, logprobs=0, prompt_logprobs=20))
         assert st == 400, r
         assert "prompt_logprobs/echo (20)" in r["error"]["message"], r
-        # the budget is for the whole request: 8 prompts of ~20 MB of masks each
-        st, r = s.post("/v1/completions", dict(prompt=[PROMPT] * 8, max_tokens=64, return_sampling_mask=True))
+        # the budget is for the whole request: 8 prompts of ~10 MB of masks each
+        st, r = s.post("/v1/completions", dict(prompt=[PROMPT] * 8, max_tokens=512, return_sampling_mask=True))
         assert st == 400, r
         assert "for 8 prompts" in r["error"]["message"] and "number of prompts" in r["error"]["message"], r
         # still serving, and what fits is answered with masks containing every sampled token

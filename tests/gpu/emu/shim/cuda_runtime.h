@@ -126,6 +126,7 @@ void emu_syncthreads(void);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -173,6 +173,19 @@ typedef struct AttnJob {
  * then the weighted V sum in position order (cpu_axpy_rows: cpu_axpy's bits);
  * only the interleaving between queries changes, so the result is the same
  * for any tile, batch or thread count. */
+/* Blocks of one head are n_kv_heads * block_size rows apart (and scattered by
+ * the block table), so the hardware prefetcher stops at each one: prefetch
+ * block bi + 1's rows of this head (and its FP8 scales) while block bi runs. */
+static void attn_prefetch(const AttnArgs *a, const void *cache, const float *scale, const int32_t *bt, int bi,
+                          int nblk, int kvh) {
+    if (bi + 1 >= nblk) return;
+    size_t row0 = ((size_t)bt[bi + 1] * a->n_kv_heads + kvh) * a->block_size;
+    size_t elem = kv_dtype_elem(a->kv_dtype), bytes = (size_t)a->block_size * a->head_dim * elem;
+    const char *p = (const char *)cache + row0 * a->head_dim * elem;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    if (scale) __builtin_prefetch(scale + row0, 0, 3);
+}
+
 static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int t1, int kvh, int g0, int g1) {
     int G = a->n_heads / a->n_kv_heads, hd = a->head_dim, bs = a->block_size;
     const int32_t *bt = a->block_table + (size_t)a->seq[t0] * a->bt_stride;
@@ -187,9 +200,11 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
 #define Q(t, g) (a->q + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
 #define OUT(t, g) (a->out + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
 #define S(t, g) (scores + ((size_t)((t) - t0) * (g1 - g0) + (g) - g0) * max_ctx)
+    int nblk = (nmax + bs - 1) / bs;
     for (int i0 = 0; i0 < nmax; i0 += bs) {
         size_t row0 = ((size_t)bt[i0 / bs] * a->n_kv_heads + kvh) * bs;
         int mb = nmax - i0 < bs ? nmax - i0 : bs;
+        attn_prefetch(a, a->k_cache, a->k_scale, bt, i0 / bs, nblk, kvh);
         for (int c0 = 0; c0 < mb; c0 += chunk) {
             int mc = mb - c0 < chunk ? mb - c0 : chunk;
             const float *k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
@@ -222,6 +237,7 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
     for (int i0 = 0; i0 < nmax; i0 += bs) {
         size_t row0 = ((size_t)bt[i0 / bs] * a->n_kv_heads + kvh) * bs;
         int mb = nmax - i0 < bs ? nmax - i0 : bs;
+        attn_prefetch(a, a->v_cache, a->v_scale, bt, i0 / bs, nblk, kvh);
         for (int c0 = 0; c0 < mb; c0 += chunk) {
             int mc = mb - c0 < chunk ? mb - c0 : chunk;
             const float *v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);

@@ -19,7 +19,10 @@
  * (medians, ratios to the first). The cache is filled with random rows through
  * the reference store (no prefill: the decode's speed does not depend on the
  * values) and every repetition decodes the same positions again. PATH "-": the
- * default matmul path. The roofline adds the KV bytes read per token.
+ * default matmul path. The roofline adds the KV bytes read per token. Also
+ * printed: the process CPU time per token (median), which a loaded shared
+ * machine's preemptions inflate less than the wall time (with 1 thread it is
+ * the forward pass's own time: a one-thread pool runs every task on the caller).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,12 @@
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -127,16 +136,17 @@ static int bench_kv(Model *m, int threads, int ctx, int D, int reps, const char 
         Batch b = {1, tok + ctx, pos + ctx, seq, 1, tables, 1, &zero};
         if (model_forward(r, kv[d], &b, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     }
-    double t[KV_DTYPE_COUNT][32];
+    double t[KV_DTYPE_COUNT][32], tc[KV_DTYPE_COUNT][32];
     for (int rep = 0; rep < reps; rep++)
         for (int k = 0; k < nd; k++) {
             int d = (k + rep) % nd;
-            double t0 = now_s();
+            double t0 = now_s(), c0 = cpu_s();
             for (int i = 0; i < D; i++) {
                 Batch b = {1, tok + ctx + i, pos + ctx + i, seq, 1, tables, 1, &zero};
                 model_forward(r, kv[d], &b, logits, &err);
             }
             t[d][rep] = now_s() - t0;
+            tc[d][rep] = cpu_s() - c0;
         }
     double bw = copy_bandwidth(threads);
     printf("model: %.3fB params, %.2f GB bf16 weights per token, %d threads, path %s, context %d, %d tokens x %d reps\n",
@@ -147,9 +157,11 @@ static int bench_kv(Model *m, int threads, int ctx, int D, int reps, const char 
         double tps = D / median(t[d], reps);
         double kvb = (double)c->n_layers * (ctx + D / 2.0) * kv_dtype_bytes_per_pos(dts[d], c->n_kv_heads, c->head_dim);
         if (!d) tps0 = tps;
-        printf("kv %-9s decode %8.2f tok/s (%.1f ms/token)  %.2fx %s  KV read %.1f MB/token  roofline %.2f tok/s "
-               "(%.0f %%)\n", kv_dtype_name(dts[d]), tps, 1e3 / tps, tps / tps0, kv_dtype_name(dts[0]), kvb / 1e6,
-               bw / (m->weight_bytes + kvb), 100.0 * tps / (bw / (m->weight_bytes + kvb)));
+        double cms = 1e3 * median(tc[d], reps) / D, cms0 = 1e3 * median(tc[0], reps) / D;
+        printf("kv %-9s decode %8.2f tok/s (%.1f ms/token)  %.2fx %s  cpu %.1f ms/token (%.2fx)  KV read %.1f "
+               "MB/token  roofline %.2f tok/s (%.0f %%)\n", kv_dtype_name(dts[d]), tps, 1e3 / tps, tps / tps0,
+               kv_dtype_name(dts[0]), cms, cms0 / cms, kvb / 1e6, bw / (m->weight_bytes + kvb),
+               100.0 * tps / (bw / (m->weight_bytes + kvb)));
     }
     for (int d = 0; d < nd; d++) kvcache_free(kv[d]);
     free(bt); free(tok); free(pos); free(seq); free(logits);

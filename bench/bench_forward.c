@@ -15,6 +15,18 @@
  * order rotates each repetition) so a shared machine's load falls on all of
  * them alike, and prints the medians with each path's ratio to the first, and
  * the decode logits' agreement between paths (all paths give the same bits).
+ *
+ * KV dtypes (issue #18 / #23): bench_forward MODEL_DIR threads ctx decode_tokens
+ * PATH reps precision KV_DTYPES, e.g. `... 2 4096 16 - 5 bf16 float32,bfloat16`: batch-1
+ * decode of decode_tokens tokens at context ctx with the KV cache in each
+ * listed dtype (float32, bfloat16, fp8), alternating the dtypes per repetition
+ * (medians, ratios to the first). The cache is filled with random rows through
+ * the reference store (no prefill: the decode's speed does not depend on the
+ * values) and every repetition decodes the same positions again. PATH "-": the
+ * default matmul path. The roofline adds the KV bytes read per token. Also
+ * printed: the process CPU time per token (median), which a loaded shared
+ * machine's preemptions inflate less than the wall time (with 1 thread it is
+ * the forward pass's own time: a one-thread pool runs every task on the caller).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,12 +35,19 @@
 #include <unistd.h>
 
 #include "cpu_ops.h"
+#include "kv_cpu.h"
 #include "model.h"
 #include "threadpool.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -72,6 +91,88 @@ static double median(double *v, int n) {
     return n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
 }
 
+static int kv_parse(const char *t, KvDtype *out) {
+    for (int d = 0; d < KV_DTYPE_COUNT; d++)
+        if (!strcmp(t, kv_dtype_name((KvDtype)d)) || (d == KV_FP8 && !strcmp(t, "fp8"))) {
+            *out = (KvDtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+/* Decode at context ctx per KV dtype (the header comment). */
+static int bench_kv(Model *m, int threads, int ctx, int D, int reps, const char *list) {
+    const ModelConfig *c = &m->cfg;
+    KvDtype dts[KV_DTYPE_COUNT];
+    int nd = 0;
+    char *l = strdup(list);
+    for (char *t = strtok(l, ","); t && nd < KV_DTYPE_COUNT; t = strtok(NULL, ","))
+        if (kv_parse(t, &dts[nd]) == 0) nd++;
+        else { fprintf(stderr, "unknown KV dtype %s (float32, bfloat16, fp8)\n", t); return 2; }
+    free(l);
+    if (!nd) return 2;
+    int total = ctx + D, bs = 16, nb = (total + bs - 1) / bs;
+    Runner *r = runner_create(m, 1, total, threads);
+    KVCache *kv[KV_DTYPE_COUNT];
+    size_t rows = (size_t)c->n_layers * nb * bs * c->n_kv_heads;
+    float *row = malloc(sizeof(float) * c->head_dim);
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (int d = 0; d < nd; d++) {
+        kv[d] = kvcache_create_dtype(c, nb, bs, dts[d]);
+        for (size_t i = 0; i < rows; i++) {
+            for (int j = 0; j < c->head_dim; j++) {
+                z = z * 6364136223846793005ull + 1442695040888963407ull;
+                row[j] = (float)((double)(z >> 40) / (double)(1 << 24) - 0.5);
+            }
+            cpu_kv_store_row(kv[d]->k, kv[d]->k_scale, dts[d], i, row, c->head_dim);
+            cpu_kv_store_row(kv[d]->v, kv[d]->v_scale, dts[d], i, row, c->head_dim);
+        }
+    }
+    free(row);
+    int32_t *bt = malloc(sizeof(int32_t) * nb), *tok = malloc(sizeof(int32_t) * total);
+    int32_t *pos = malloc(sizeof(int32_t) * total), *seq = calloc(total, sizeof(int32_t)), zero = 0;
+    for (int i = 0; i < nb; i++) bt[i] = i;
+    for (int i = 0; i < total; i++) { pos[i] = i; tok[i] = (i * 7919) % c->vocab; }
+    const int32_t *tables[1] = {bt};
+    float *logits = malloc(sizeof(float) * c->vocab);
+    Err err = {0};
+    for (int d = 0; d < nd; d++) { /* warm: weights and this cache paged in */
+        Batch b = {1, tok + ctx, pos + ctx, seq, 1, tables, 1, &zero};
+        if (model_forward(r, kv[d], &b, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    }
+    double t[KV_DTYPE_COUNT][32], tc[KV_DTYPE_COUNT][32];
+    for (int rep = 0; rep < reps; rep++)
+        for (int k = 0; k < nd; k++) {
+            int d = (k + rep) % nd;
+            double t0 = now_s(), c0 = cpu_s();
+            for (int i = 0; i < D; i++) {
+                Batch b = {1, tok + ctx + i, pos + ctx + i, seq, 1, tables, 1, &zero};
+                model_forward(r, kv[d], &b, logits, &err);
+            }
+            t[d][rep] = now_s() - t0;
+            tc[d][rep] = cpu_s() - c0;
+        }
+    double bw = copy_bandwidth(threads);
+    printf("model: %.3fB params, %.2f GB bf16 weights per token, %d threads, path %s, context %d, %d tokens x %d reps\n",
+           m->n_params / 1e9, m->weight_bytes / 1e9, threads, cpu_ops_path_name(cpu_ops_path()), ctx, D, reps);
+    printf("copy bandwidth (read+write)  %8.2f GB/s\n", bw / 1e9);
+    double tps0 = 0;
+    for (int d = 0; d < nd; d++) {
+        double tps = D / median(t[d], reps);
+        double kvb = (double)c->n_layers * (ctx + D / 2.0) * kv_dtype_bytes_per_pos(dts[d], c->n_kv_heads, c->head_dim);
+        if (!d) tps0 = tps;
+        double cms = 1e3 * median(tc[d], reps) / D, cms0 = 1e3 * median(tc[0], reps) / D;
+        printf("kv %-9s decode %8.2f tok/s (%.1f ms/token)  %.2fx %s  cpu %.1f ms/token (%.2fx)  KV read %.1f "
+               "MB/token  roofline %.2f tok/s (%.0f %%)\n", kv_dtype_name(dts[d]), tps, 1e3 / tps, tps / tps0,
+               kv_dtype_name(dts[0]), cms, cms0 / cms, kvb / 1e6, bw / (m->weight_bytes + kvb),
+               100.0 * tps / (bw / (m->weight_bytes + kvb)));
+    }
+    for (int d = 0; d < nd; d++) kvcache_free(kv[d]);
+    free(bt); free(tok); free(pos); free(seq); free(logits);
+    runner_free(r);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL_DIR [threads] [prompt_len] [decode_tokens]\n", argv[0]);
@@ -95,6 +196,21 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (model_load_opts(&m, argv[1], &lo, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    if (argc > 8) { /* the KV dtype mode: argv[8] lists the dtypes */
+        if (strcmp(argv[5], "-")) {
+            int ok = 0;
+            for (int p = 0; p < CPU_PATH_COUNT; p++)
+                if (!strcmp(argv[5], cpu_ops_path_name((CpuPath)p)) && cpu_ops_path_available((CpuPath)p)) {
+                    cpu_ops_force_path((CpuPath)p);
+                    ok = 1;
+                }
+            if (!ok) { fprintf(stderr, "path %s not available\n", argv[5]); return 2; }
+        }
+        int reps = atoi(argv[6]);
+        int rc = bench_kv(m, threads, P, D, reps < 1 ? 1 : reps > 32 ? 32 : reps, argv[8]);
+        model_free(m);
+        return rc;
+    }
     int ctx = P + D, bs = 16, nb = (ctx + bs - 1) / bs;
     Runner *r = runner_create(m, P, ctx, threads);
     KVCache *kv = kvcache_create(&m->cfg, nb, bs);

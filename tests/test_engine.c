@@ -8,6 +8,9 @@
  * whatever the batch, chunking, paging, prefix-cache hits, forks and
  * preemptions did. Token streams are compared across engine configurations
  * (tiny pool vs big pool, alone vs crowded) for greedy and seeded sampling.
+ * The reference's KV cache has the engine's dtype (g_kv): every test runs at
+ * the default (auto = BF16), and the batch-invariance, prefix-cache and
+ * preemption tests again at float32 and fp8 (--kv-cache-dtype).
  */
 #include <errno.h>
 #include <math.h>
@@ -96,11 +99,12 @@ static const float *tap_get(uint64_t rid, int seq, int pos) {
 
 /* ---- reference: one sequence alone, one step ---- */
 static Model *g_model;
+static KvDtype g_kv = KV_BF16; /* the engines' and the reference's KV dtype (auto resolves to BF16) */
 
 static void ref_forward(Model *m, const int32_t *tok, int n, float *logits /* [n, V] */) {
     int bs = 16, nb = (n + bs - 1) / bs;
     Runner *r = runner_create(m, n, n, 2);
-    KVCache *kv = kvcache_create(&m->cfg, nb, bs);
+    KVCache *kv = kvcache_create_dtype(&m->cfg, nb, bs, g_kv);
     int32_t *pos = malloc(n * sizeof(int32_t)), *seq = calloc(n, sizeof(int32_t));
     int32_t *rows = malloc(n * sizeof(int32_t)), *bt = malloc(nb * sizeof(int32_t));
     for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
@@ -149,6 +153,7 @@ static Engine *make_engine(Model *m, int n_blocks, int block_size, int max_batch
     c.n_threads = 2;
     c.verbose = 0;
     c.logits_tap = tap;
+    c.kv_cache_dtype = g_kv;
     return engine_cpu(m, &c);
 }
 
@@ -774,7 +779,7 @@ static void test_experts(void) {
     int T = 21 + v.n_tokens - 1;
     /* reference capture over the whole history */
     Runner *rr = runner_create(m, T, T, 2);
-    KVCache *kv = kvcache_create(&m->cfg, 16, 4);
+    KVCache *kv = kvcache_create_dtype(&m->cfg, 16, 4, g_kv);
     int32_t pos[32], seq[32] = { 0 }, rows[1] = { T - 1 }, bt[16];
     for (int i = 0; i < T; i++) pos[i] = i;
     for (int i = 0; i < 16; i++) bt[i] = i;
@@ -1395,12 +1400,32 @@ static void test_step_times(void) {
     engine_cpu_free(e);
 }
 
+/* --kv-mem-mb -> blocks at each KV dtype: K and V of every layer at the
+ * element size, plus FP8's f32 scale per (position, kv head); auto is BF16. */
+static void test_kv_pool_sizing(void) {
+    const ModelConfig *mc = &g_model->cfg;
+    int dts[] = { ENGINE_KV_AUTO, KV_F32, KV_BF16, KV_FP8 };
+    size_t elem[] = { 2, 4, 2, 1 };
+    for (int i = 0; i < 4; i++) {
+        EngineConfig c;
+        engine_config_default(&c);
+        c.kv_mem_mb = 3;
+        c.kv_cache_dtype = dts[i];
+        engine_config_resolve(&c, mc);
+        size_t per_pos = 2 * (size_t)mc->n_kv_heads * (elem[i] * mc->head_dim + (dts[i] == KV_FP8 ? 4 : 0));
+        size_t want = (3u << 20) / ((size_t)mc->n_layers * c.block_size * per_pos);
+        T_ASSERT(c.n_blocks == (int)want && c.kv_cache_dtype == (dts[i] == ENGINE_KV_AUTO ? KV_BF16 : dts[i]),
+                 "dtype %d: %d blocks, want %zu", dts[i], c.n_blocks, want);
+    }
+}
+
 int main(void) {
     Err err = { 0 };
     if (model_load(&g_model, FIX, &err) < 0) {
         fprintf(stderr, "cannot load %s: %s\n", FIX, err.msg);
         return 1;
     }
+    test_kv_pool_sizing();
     test_batch_invariance();
     test_prefix_cache();
     test_cache_salt();
@@ -1420,6 +1445,16 @@ int main(void) {
     test_output_budget();
     test_row_shares();
     test_step_times();
+    /* batch invariance, prefix-cache hits (block copies) and preemption at the other KV dtypes */
+    KvDtype others[] = { KV_F32, KV_FP8 };
+    for (int i = 0; i < 2; i++) {
+        g_kv = others[i];
+        fprintf(stderr, "-- KV cache dtype %s\n", kv_dtype_name(g_kv));
+        test_batch_invariance();
+        test_prefix_cache();
+        test_preemption();
+        test_experts();
+    }
     model_free(g_model);
     for (int i = 0; i < g_n_rows; i++) free(g_rows[i].row);
     free(g_rows);

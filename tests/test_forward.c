@@ -13,7 +13,11 @@
  * logits of std ~1-4 these stay near 1e-5 (measured: <= 8.2e-6, KL <= 3e-12).
  * MAX_ABS = 1e-4 on logits and MAX_KL = 1e-9 (nats) leave 10x room for order
  * effects while any real bug (wrong rope pair, missing bias, wrong norm)
- * moves logits by > 1e-2.
+ * moves logits by > 1e-2. That is the KV cache in float32; every fixture runs
+ * again with the KV cache in BF16 (the server's default, --kv-cache-dtype
+ * auto) and FP8 e4m3 (kv_dtype.h), against the same f32 transformers
+ * reference, with the bounds of KV_TOL below, and must be batch invariant
+ * (bit-identical rows) at every dtype.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,6 +31,20 @@
 #define BLOCK 4
 
 typedef struct { double max_abs, max_kl; } Cmp;
+
+/* Bounds per KV dtype (max |logit difference|, KL nats) against transformers'
+ * f32 forward. BF16 KV rounds K and V to 8 mantissa bits (2^-9 relative per
+ * element); FP8 e4m3 to 4 bits with one scale per (position, kv head) (2^-5).
+ * Measured over these fixtures (worst of prefill and decode): bf16 4.06e-2 /
+ * 6.91e-5 (qwen3_gqa2), fp8 6.65e-1 (tiny-qwen3) / 1.66e-2 (qwen2); the bounds
+ * leave ~2x room. Dropping the FP8 scales on read, or reading K of the
+ * neighbouring kv head, fails them by far (KL > 1; measured once by hand). */
+typedef struct { const char *name; double max_abs, max_kl; } KvTol;
+static const KvTol KV_TOL[KV_DTYPE_COUNT] = {
+    [KV_F32] = {"float32", MAX_ABS, MAX_KL},
+    [KV_BF16] = {"bfloat16", 8e-2, 1.5e-4},
+    [KV_FP8] = {"fp8_e4m3", 1.3, 3.5e-2},
+};
 
 static void compare(Cmp *c, const float *ref, const float *ours, int rows, int vocab) {
     LogitStats s = logit_stats(ref, ours, rows, vocab);
@@ -43,7 +61,8 @@ static void make_table(int32_t *bt, int n, int base) {
  * ref.safetensors is empty or truncated fails instead of comparing nothing. */
 typedef struct { const char *dir; int n_seqs, has_decode; } Fixture;
 
-static void run_fixture(const char *dir, int want_seqs, int want_decode) {
+static void run_fixture(const char *dir, int want_seqs, int want_decode, KvDtype kvt) {
+    double max_abs = KV_TOL[kvt].max_abs, max_kl = KV_TOL[kvt].max_kl;
     Err err = {0};
     Model *m = NULL;
     int rc = model_load(&m, dir, &err);
@@ -57,7 +76,7 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode) {
     if (rc) { model_free(m); return; }
     int V = m->cfg.vocab, max_ctx = 128;
     Runner *r = runner_create(m, 128, max_ctx, 2);
-    KVCache *kv = kvcache_create(&m->cfg, 128, BLOCK);
+    KVCache *kv = kvcache_create_dtype(&m->cfg, 128, BLOCK, kvt);
     Cmp pre = {0}, dec = {0};
     int identical = 1, have_dec = 0;
     int n_pre = 0, n_dec = 0; /* sequences compared (prefill, decode) */
@@ -127,11 +146,13 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode) {
     }
     char dec_s[64] = "decode: no reference";
     if (have_dec) snprintf(dec_s, sizeof dec_s, "decode max|dlogit| %.2e KL %.2e", dec.max_abs, dec.max_kl);
-    printf("%-33s prefill max|dlogit| %.2e KL %.2e   %s   batched==alone %s\n", dir, pre.max_abs,
-           pre.max_kl, dec_s, identical ? "yes" : "NO");
-    T_ASSERT(pre.max_abs <= MAX_ABS && pre.max_kl <= MAX_KL, "%s prefill off: %.3e / %.3e", dir, pre.max_abs, pre.max_kl);
-    T_ASSERT(dec.max_abs <= MAX_ABS && dec.max_kl <= MAX_KL, "%s decode off: %.3e / %.3e", dir, dec.max_abs, dec.max_kl);
-    T_ASSERT(identical, "%s: batched logits differ from single-sequence logits", dir);
+    printf("%-33s kv %-8s prefill max|dlogit| %.2e KL %.2e   %s   batched==alone %s\n", dir, KV_TOL[kvt].name,
+           pre.max_abs, pre.max_kl, dec_s, identical ? "yes" : "NO");
+    T_ASSERT(pre.max_abs <= max_abs && pre.max_kl <= max_kl, "%s kv %s prefill off: %.3e / %.3e", dir,
+             KV_TOL[kvt].name, pre.max_abs, pre.max_kl);
+    T_ASSERT(dec.max_abs <= max_abs && dec.max_kl <= max_kl, "%s kv %s decode off: %.3e / %.3e", dir,
+             KV_TOL[kvt].name, dec.max_abs, dec.max_kl);
+    T_ASSERT(identical, "%s kv %s: batched logits differ from single-sequence logits", dir, KV_TOL[kvt].name);
     T_ASSERT(n_pre == want_seqs && n_dec == (want_decode ? want_seqs : 0) && (want_seqs < 2 || (solo[0] && solo[1])),
              "%s: compared %d prefill and %d decode sequences, the reference has to hold %d%s", dir, n_pre, n_dec,
              want_seqs, want_decode ? " of each" : " prefills");
@@ -143,6 +164,44 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode) {
     model_free(m);
 }
 
+/* runner_kv_copy_block (copy-on-write, preemption) at dtype kvt: a prefill
+ * into blocks A, every block copied to blocks B, then the next token decoded
+ * through A and through B must give the same bits (FP8: the scales travel
+ * with the codes). The source blocks are then overwritten (a fresh prefill
+ * of other tokens) so that B reads only its own copy. */
+static void check_copy_block(const char *dir, KvDtype kvt) {
+    Err err = {0};
+    Model *m = NULL;
+    T_ASSERT(model_load(&m, dir, &err) == 0, "%s: %s", dir, err.msg);
+    if (!m) return;
+    int V = m->cfg.vocab, T = 21, nb = (T + 1 + BLOCK - 1) / BLOCK;
+    Runner *r = runner_create(m, 32, 64, 2);
+    KVCache *kv = kvcache_create_dtype(&m->cfg, 32, BLOCK, kvt);
+    int32_t tok[32], pos[32], seq[32] = {0}, last = T - 1, ba[8], bb[8];
+    for (int i = 0; i < 32; i++) { tok[i] = 3 + (i * 37) % (V - 3); pos[i] = i; }
+    for (int i = 0; i < nb; i++) { ba[i] = 2 * i; bb[i] = 2 * i + 1; }
+    const int32_t *ta[1] = {ba}, *tb[1] = {bb};
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    Batch pre = {T, tok, pos, seq, 1, ta, 1, &last};
+    T_ASSERT(model_forward(r, kv, &pre, la, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < nb; i++) runner_kv_copy_block(r, kv, ba[i], bb[i]);
+    int32_t zero = 0;
+    Batch da = {1, tok + T, pos + T, seq, 1, ta, 1, &zero}, db = {1, tok + T, pos + T, seq, 1, tb, 1, &zero};
+    T_ASSERT(model_forward(r, kv, &da, la, &err) == 0, "%s", err.msg);
+    int32_t other[32];
+    for (int i = 0; i < T; i++) other[i] = tok[T - 1 - i];
+    Batch clobber = {T, other, pos, seq, 1, ta, 1, &last};
+    T_ASSERT(model_forward(r, kv, &clobber, lb, &err) == 0, "%s", err.msg);
+    T_ASSERT(model_forward(r, kv, &db, lb, &err) == 0, "%s", err.msg);
+    T_ASSERT(memcmp(la, lb, sizeof(float) * V) == 0, "%s kv %s: decode through copied blocks differs", dir,
+             KV_TOL[kvt].name);
+    free(la);
+    free(lb);
+    kvcache_free(kv);
+    runner_free(r);
+    model_free(m);
+}
+
 int main(void) {
     const Fixture fx[] = {
         {"tests/fixtures/qwen3_gqa2", 3, 1}, {"tests/fixtures/qwen3_mha_sharded", 3, 1},
@@ -150,6 +209,9 @@ int main(void) {
         {"tests/fixtures/llama31", 3, 1},    {"tests/fixtures/qwen2", 3, 1},
         {"models/tiny-qwen3", 2, 0}, /* prefill reference only */
     };
-    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) run_fixture(fx[i].dir, fx[i].n_seqs, fx[i].has_decode);
+    for (int t = 0; t < KV_DTYPE_COUNT; t++)
+        for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++)
+            run_fixture(fx[i].dir, fx[i].n_seqs, fx[i].has_decode, (KvDtype)t);
+    for (int t = 0; t < KV_DTYPE_COUNT; t++) check_copy_block("tests/fixtures/qwen3_gqa2", (KvDtype)t);
     return T_DONE();
 }

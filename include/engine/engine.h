@@ -54,6 +54,8 @@ typedef struct EngineConfig {
     int block_size;         /* tokens per KV block; default 16 */
     int n_blocks;           /* KV pool size in blocks; 0 -> from kv_mem_mb */
     size_t kv_mem_mb;       /* used when n_blocks == 0; default 1024 */
+    int kv_cache_dtype;     /* KvDtype (kv_dtype.h) or ENGINE_KV_AUTO (default): the model's dtype, which
+                             * is BF16 for every checkpoint we load (--kv-cache-dtype) */
     int enable_prefix_cache;/* default 1 */
     int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 64 */
     int max_step_rows;      /* logits rows per step (sampled tokens + prompt log-prob rows), shared
@@ -80,6 +82,8 @@ typedef struct EngineConfig {
     void *logits_tap_ctx;
 } EngineConfig;
 
+#define ENGINE_KV_AUTO (-1)
+
 void engine_config_default(EngineConfig *c);
 /* The capacities of device sampling for c (resolved) and a vocab: max_running_seqs
  * rows, list room for each row's logit_bias, bans and a penalty history of
@@ -87,8 +91,10 @@ void engine_config_default(EngineConfig *c);
  * (runner_backend.c) and the engine builds rows within them. */
 struct DevSampleCaps;
 void engine_devsample_caps(const EngineConfig *c, int vocab, struct DevSampleCaps *caps);
-/* Fill n_blocks from kv_mem_mb (f32 K and V of every layer per block) and
- * max_model_len (min(model max, 4096, pool)) where they are unset. */
+/* Resolve kv_cache_dtype (auto -> BF16), fill n_blocks from kv_mem_mb (K and
+ * V of every layer per block at that dtype, FP8 scales included:
+ * kv_dtype_bytes_per_pos) and max_model_len (min(model max, 4096, pool))
+ * where they are unset. Idempotent. */
 void engine_config_resolve(EngineConfig *c, const ModelConfig *mc);
 
 /* The backend the engine drives: the engine's only view of a model and its KV

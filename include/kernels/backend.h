@@ -14,25 +14,41 @@
 #include <stdint.h>
 
 #include "dev_sample.h"
+#include "kv_dtype.h"
 #include "weights.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Paged attention of one layer for a batch. All pointers are backend memory. */
+/* Paged attention of one layer for a batch. All pointers are backend memory.
+ * The cache layout and element types: kv_dtype.h. */
 typedef struct AttnArgs {
     float *out;              /* [n_tokens, n_heads * head_dim] f32 */
     const float *q;          /* [n_tokens, n_heads * head_dim] f32, RoPE applied */
-    const float *k_cache;    /* [n_blocks, block_size, n_kv_heads, head_dim] f32, this layer */
-    const float *v_cache;    /* same */
+    const void *k_cache;     /* [n_blocks, n_kv_heads, block_size, head_dim] kv_dtype, this layer */
+    const void *v_cache;     /* same */
     const int32_t *pos;      /* [n_tokens] */
     const int32_t *seq;      /* [n_tokens] */
     const int32_t *block_table; /* [n_seqs, bt_stride] physical block ids */
     int bt_stride;
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size;
     float scale;             /* 1/sqrt(head_dim) */
+    KvDtype kv_dtype;        /* element type of k_cache / v_cache */
+    const float *k_scale;    /* [n_blocks, n_kv_heads, block_size] f32 when KV_FP8, else NULL */
+    const float *v_scale;    /* same */
 } AttnArgs;
+
+/* One layer's K/V write for a step (kv_dtype.h: layout and the rounding
+ * contract every backend implements bit for bit). */
+typedef struct KvWriteArgs {
+    void *k_cache, *v_cache; /* [n_blocks, n_kv_heads, block_size, head_dim] dtype, this layer */
+    float *k_scale, *v_scale; /* [n_blocks, n_kv_heads, block_size] f32 when KV_FP8, else NULL */
+    const float *k, *v;      /* [n, n_kv_heads * head_dim] f32 */
+    const int32_t *slots;    /* [n] block id * block_size + offset in the block */
+    int n, n_kv_heads, head_dim, block_size;
+    KvDtype dtype;
+} KvWriteArgs;
 
 /* One LoRA adapter's pair on one linear (lora.h builds them): the update of
  * that linear's output is B (scale * A x). B is kept transposed so the
@@ -95,9 +111,8 @@ struct Backend {
     void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
     /* x[n] += y[n] */
     void (*add)(Backend *b, float *x, const float *y, int n);
-    /* cache[slots[i]] = src[i] for k and v; rows of slot_elems f32 */
-    void (*kv_write)(Backend *b, float *k_cache, float *v_cache, const float *k, const float *v,
-                     const int32_t *slots, int n, int slot_elems);
+    /* store token i's k/v rows at slot slots[i] of the caches, converted to their dtype */
+    void (*kv_write)(Backend *b, const KvWriteArgs *a);
     /* dst[i] = src[rows[i]], i < n; rows of dim f32 */
     void (*gather_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim);
     /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */

@@ -99,9 +99,8 @@ int cuda_f32_to_bf16(uint16_t *out, const float *x, size_t n, void *stream);
 /* out[n, rows] f32 += bias[rows] bf16. */
 int cuda_add_bias(float *out, const uint16_t *bias, int n, int rows, void *stream);
 
-/* k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i]: rows of slot_elems f32, slots: [n] int32. */
-int cuda_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
-                  const int32_t *slots, int n, int slot_elems, void *stream);
+/* The KV write of one layer (KvWriteArgs in backend.h, device pointers; kv_write.cu). */
+int cuda_kv_write(const KvWriteArgs *a, void *stream);
 /* dst[i] = src[rows[i]] for i < n; rows of dim f32. */
 int cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int dim, void *stream);
 /* dst[rows[i]] += w[i] * src[i] for i < n, in order of i (rows may repeat). */

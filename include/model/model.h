@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "kv_dtype.h"
 #include "safetensors.h"
 #include "weights.h"
 
@@ -135,14 +136,20 @@ void model_free(Model *m);
  * returns the bf16 storage the forward pass reads, or NULL. */
 uint16_t *model_tensor(Model *m, const char *name, int64_t *numel);
 
-/* ---- paged KV cache ---- */
+/* ---- paged KV cache (element types and layout: kv_dtype.h) ---- */
 typedef struct KVCache {
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
-    float *k; /* [n_layers, n_blocks, block_size, n_kv_heads, head_dim] f32 */
-    float *v; /* same layout */
+    KvDtype dtype;
+    void *k;        /* [n_layers, n_blocks, n_kv_heads, block_size, head_dim] dtype */
+    void *v;        /* same layout */
+    float *k_scale; /* [n_layers, n_blocks, n_kv_heads, block_size] f32 when KV_FP8, else NULL */
+    float *v_scale; /* same */
 } KVCache;
 
+/* Host caches for the CPU backend. kvcache_create is f32 (the exact
+ * comparisons of the tests); kvcache_create_dtype takes the element type. */
 KVCache *kvcache_create(const ModelConfig *cfg, int n_blocks, int block_size);
+KVCache *kvcache_create_dtype(const ModelConfig *cfg, int n_blocks, int block_size, KvDtype dtype);
 void kvcache_free(KVCache *kv);
 
 /* One forward step: n_tokens tokens from n_seqs sequences. Token i belongs to
@@ -172,7 +179,8 @@ Runner *runner_create_with(Model *m, struct Backend *b, int max_tokens, int max_
 /* A KV cache in the runner's backend memory (device memory on a GPU); free it
  * with runner_kvcache_free before runner_free. kvcache_create is the host-only
  * equivalent for the CPU backend. */
-KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size);
+KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size); /* f32 */
+KVCache *runner_kvcache_create_dtype(Runner *r, int n_blocks, int block_size, KvDtype dtype);
 /* A delta changed host weights [host, host + bytes): refresh the backend's
  * copy (no-op on the CPU backend, which reads the host weights). idx: the
  * touched element indices [n_idx] of elem bytes, or NULL for "any". Returns 0,

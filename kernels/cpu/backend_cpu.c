@@ -13,6 +13,7 @@
 #include "check.h"
 #include "cpu_ops.h"
 #include "dtype.h"
+#include "kv_cpu.h"
 #include "quant.h"
 #include "threadpool.h"
 
@@ -171,22 +172,47 @@ typedef struct AttnJob {
  * then the weighted V sum in position order (cpu_axpy_rows: cpu_axpy's bits);
  * only the interleaving between queries changes, so the result is the same
  * for any tile, batch or thread count. */
+/* Blocks of one head are n_kv_heads * block_size rows apart (and scattered by
+ * the block table), so the hardware prefetcher stops at each one: prefetch
+ * block bi + 1's rows of this head (and its FP8 scales) while block bi runs. */
+static void attn_prefetch(const AttnArgs *a, const void *cache, const float *scale, const int32_t *bt, int bi,
+                          int nblk, int kvh) {
+    if (bi + 1 >= nblk) return;
+    size_t row0 = ((size_t)bt[bi + 1] * a->n_kv_heads + kvh) * a->block_size;
+    size_t elem = kv_dtype_elem(a->kv_dtype), bytes = (size_t)a->block_size * a->head_dim * elem;
+    const char *p = (const char *)cache + row0 * a->head_dim * elem;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    if (scale) __builtin_prefetch(scale + row0, 0, 3);
+}
+
 static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int t1, int kvh, int g0, int g1) {
     int G = a->n_heads / a->n_kv_heads, hd = a->head_dim, bs = a->block_size;
-    size_t slot_stride = (size_t)a->n_kv_heads * hd;
     const int32_t *bt = a->block_table + (size_t)a->seq[t0] * a->bt_stride;
+    /* f32 caches are read in place (a whole block); other types are decoded
+     * chunk rows at a time into buf. Per row the dot and axpy are the same
+     * operations either way, so the chunking changes no bit. */
+    float buf[KV_CPU_CHUNK];
+    ASSERT(hd <= KV_CPU_CHUNK, "head_dim %d > %d", hd, KV_CPU_CHUNK);
+    int chunk = a->kv_dtype == KV_F32 ? bs : KV_CPU_CHUNK / hd;
     int nmax = 0;
     for (int t = t0; t < t1; t++) nmax = a->pos[t] + 1 > nmax ? a->pos[t] + 1 : nmax;
 #define Q(t, g) (a->q + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
 #define OUT(t, g) (a->out + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
 #define S(t, g) (scores + ((size_t)((t) - t0) * (g1 - g0) + (g) - g0) * max_ctx)
+    int nblk = (nmax + bs - 1) / bs;
     for (int i0 = 0; i0 < nmax; i0 += bs) {
-        const float *k = a->k_cache + (size_t)bt[i0 / bs] * bs * slot_stride + (size_t)kvh * hd;
-        for (int t = t0; t < t1; t++) {
-            int n = a->pos[t] + 1;
-            if (n <= i0) continue;
-            int m = n - i0 < bs ? n - i0 : bs;
-            for (int g = g0; g < g1; g++) cpu_dot_rows(S(t, g) + i0, Q(t, g), k, slot_stride, m, hd);
+        size_t row0 = ((size_t)bt[i0 / bs] * a->n_kv_heads + kvh) * bs;
+        int mb = nmax - i0 < bs ? nmax - i0 : bs;
+        attn_prefetch(a, a->k_cache, a->k_scale, bt, i0 / bs, nblk, kvh);
+        for (int c0 = 0; c0 < mb; c0 += chunk) {
+            int mc = mb - c0 < chunk ? mb - c0 : chunk;
+            const float *k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
+            for (int t = t0; t < t1; t++) {
+                int n = a->pos[t] + 1;
+                if (n <= i0 + c0) continue;
+                int m = n - i0 - c0 < mc ? n - i0 - c0 : mc;
+                for (int g = g0; g < g1; g++) cpu_dot_rows(S(t, g) + i0 + c0, Q(t, g), k, hd, m, hd);
+            }
         }
     }
     for (int t = t0; t < t1; t++)
@@ -208,12 +234,18 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
             for (int d = 0; d < hd; d++) out[d] = 0.f;
         }
     for (int i0 = 0; i0 < nmax; i0 += bs) {
-        const float *v = a->v_cache + (size_t)bt[i0 / bs] * bs * slot_stride + (size_t)kvh * hd;
-        for (int t = t0; t < t1; t++) {
-            int n = a->pos[t] + 1;
-            if (n <= i0) continue;
-            int m = n - i0 < bs ? n - i0 : bs;
-            for (int g = g0; g < g1; g++) cpu_axpy_rows(OUT(t, g), S(t, g) + i0, v, slot_stride, m, hd);
+        size_t row0 = ((size_t)bt[i0 / bs] * a->n_kv_heads + kvh) * bs;
+        int mb = nmax - i0 < bs ? nmax - i0 : bs;
+        attn_prefetch(a, a->v_cache, a->v_scale, bt, i0 / bs, nblk, kvh);
+        for (int c0 = 0; c0 < mb; c0 += chunk) {
+            int mc = mb - c0 < chunk ? mb - c0 : chunk;
+            const float *v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);
+            for (int t = t0; t < t1; t++) {
+                int n = a->pos[t] + 1;
+                if (n <= i0 + c0) continue;
+                int m = n - i0 - c0 < mc ? n - i0 - c0 : mc;
+                for (int g = g0; g < g1; g++) cpu_axpy_rows(OUT(t, g), S(t, g) + i0 + c0, v, hd, m, hd);
+            }
         }
     }
 #undef Q
@@ -234,10 +266,12 @@ static void attn_task_v0(void *p, int task, int thread) {
     float *s = j->c->scores + (size_t)thread * j->c->max_ctx;
     const int32_t *bt = a->block_table + (size_t)a->seq[t] * a->bt_stride;
     int n = a->pos[t] + 1;
-    size_t slot_stride = (size_t)a->n_kv_heads * hd;
+    float buf[KV_CPU_CHUNK];
+    ASSERT(hd <= KV_CPU_CHUNK, "head_dim %d > %d", hd, KV_CPU_CHUNK);
+#define ROW(i) (((size_t)bt[(i) / bs] * a->n_kv_heads + kvh) * bs + (i) % bs)
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) {
-        const float *k = a->k_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        const float *k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, ROW(i), 1, hd);
         s[i] = cpu_dot(q, k, hd) * a->scale;
         if (s[i] > mx) mx = s[i];
     }
@@ -249,9 +283,10 @@ static void attn_task_v0(void *p, int task, int thread) {
     float inv = 1.0f / sum;
     for (int d = 0; d < hd; d++) out[d] = 0.f;
     for (int i = 0; i < n; i++) {
-        const float *v = a->v_cache + ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+        const float *v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, ROW(i), 1, hd);
         cpu_axpy(out, s[i] * inv, v, hd);
     }
+#undef ROW
 }
 
 /* One task: a tile of tokens x one kv head, split into runs of one sequence. */
@@ -292,11 +327,15 @@ static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u
 
 static void cpu_add_op(Backend *b, float *x, const float *y, int n) { cpu_add(x, y, n); }
 
-static void cpu_kv_write(Backend *b, float *kc, float *vc, const float *k, const float *v,
-                         const int32_t *slots, int n, int se) {
-    for (int i = 0; i < n; i++) {
-        memcpy(kc + (size_t)slots[i] * se, k + (size_t)i * se, sizeof(float) * (size_t)se);
-        memcpy(vc + (size_t)slots[i] * se, v + (size_t)i * se, sizeof(float) * (size_t)se);
+static void cpu_kv_write(Backend *b, const KvWriteArgs *a) {
+    int nkv = a->n_kv_heads, hd = a->head_dim, bs = a->block_size;
+    for (int i = 0; i < a->n; i++) {
+        size_t blk = (size_t)(a->slots[i] / bs), off = (size_t)(a->slots[i] % bs);
+        for (int h = 0; h < nkv; h++) {
+            size_t row = (blk * nkv + h) * bs + off, src = ((size_t)i * nkv + h) * hd;
+            cpu_kv_store_row(a->k_cache, a->k_scale, a->dtype, row, a->k + src, hd);
+            cpu_kv_store_row(a->v_cache, a->v_scale, a->dtype, row, a->v + src, hd);
+        }
     }
 }
 

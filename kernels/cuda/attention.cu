@@ -1,7 +1,9 @@
 /*
  * attention.cu - paged attention for prefill and decode: each token attends
  * to positions 0..pos[t] of its sequence, read through the flattened block
- * table (KV cache layout [n_blocks, block_size, n_kv_heads, head_dim] f32).
+ * table (KV cache layout [n_blocks, n_kv_heads, block_size, head_dim] of
+ * f32, bf16 or fp8 e4m3 with per-row scales: kv_dtype.h; a warp's K/V row is
+ * contiguous, and so are the positions of one block and head).
  *
  * One block per (token, KV head, group of up to CUDA_ATTN_GROUP query heads):
  * a K/V row is loaded once for all query heads that share it (GQA). The four
@@ -18,6 +20,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "kv_device.cuh"
 
 #define ATT_WARPS 4
 #define GROUP CUDA_ATTN_GROUP
@@ -28,17 +31,19 @@ static __device__ __forceinline__ float rescale(float m, float M) {
     return m == -INFINITY ? 0.f : expf(m - M);
 }
 
-/* J: dims per lane (head_dim <= 32 * J); lane owns dims lane + 32 * j.
+/* JD = 4 * J + DT (one template argument: the emulation's launch macro splits on commas).
+ * J: dims per lane (head_dim <= 32 * J); lane owns dims lane + 32 * j. DT: a.kv_dtype.
  * part: [n_splits, n_tokens * n_heads, head_dim + 2] (acc..., max, sum) when n_splits > 1. */
-template <int J>
+template <int JD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float *part, int n_splits) {
+    constexpr int J = JD / 4, DT = JD % 4;
     int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
     int G = a.n_heads / a.n_kv_heads, g0 = blockIdx.y * GROUP;
     int gn = G - g0 < GROUP ? G - g0 : GROUP;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, bs = a.block_size;
     int n = a.pos[t] + 1;
     const int32_t *bt = a.block_table + (size_t)a.seq[t] * a.bt_stride;
-    size_t slot_stride = (size_t)a.n_kv_heads * hd, head0 = (size_t)t * a.n_heads + (size_t)kvh * G + g0;
+    size_t head0 = (size_t)t * a.n_heads + (size_t)kvh * G + g0;
 
     float q[GROUP][J], acc[GROUP][J], m[GROUP], l[GROUP];
 #pragma unroll
@@ -55,13 +60,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float 
     for (int c = blockIdx.z; c * CHUNK < n; c += n_splits) {
         int end = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
         for (int i = c * CHUNK + warp; i < end; i += ATT_WARPS) {
-            size_t off = ((size_t)bt[i / bs] * bs + i % bs) * slot_stride + (size_t)kvh * hd;
+            size_t row = ((size_t)bt[i / bs] * a.n_kv_heads + kvh) * bs + i % bs, off = row * hd;
+            float ks = DT == KV_FP8 ? a.k_scale[row] : 1.f, vs = DT == KV_FP8 ? a.v_scale[row] : 1.f;
             float k[J], v[J];
 #pragma unroll
             for (int j = 0; j < J; j++) {
                 int d = lane + 32 * j;
-                k[j] = d < hd ? a.k_cache[off + d] : 0.f;
-                v[j] = d < hd ? a.v_cache[off + d] : 0.f;
+                k[j] = d < hd ? kv_load<DT>(a.k_cache, off + d, ks) : 0.f;
+                v[j] = d < hd ? kv_load<DT>(a.v_cache, off + d, vs) : 0.f;
             }
 #pragma unroll
             for (int g = 0; g < GROUP; g++) {
@@ -129,6 +135,14 @@ __global__ void attn_merge_kernel(float *out, const float *part, int rows, int h
     }
 }
 
+template <int DT>
+static void attn_launch(int J, dim3 grid, cudaStream_t s, const AttnArgs *a, float *part, int n_splits) {
+    if (J == 1) attn_kernel<4 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (J == 2) attn_kernel<8 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (J <= 4) attn_kernel<16 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else attn_kernel<32 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+}
+
 extern "C" int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count) {
     if (n_tokens <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || sm_count <= 0) return 1;
     long groups = (n_heads / n_kv_heads + GROUP - 1) / GROUP;
@@ -144,17 +158,17 @@ extern "C" int cuda_attention(const AttnArgs *a, float *part, int n_splits, void
     if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
         a->head_dim <= 0 || a->head_dim > CUDA_ATTN_MAX_HEAD_DIM || a->block_size <= 0 || a->bt_stride <= 0 ||
         n_splits < 1 || (n_splits > 1 && !part) || !a->out || !a->q || !a->k_cache || !a->v_cache || !a->pos ||
-        !a->seq || !a->block_table)
+        !a->seq || !a->block_table || a->kv_dtype < KV_F32 || a->kv_dtype >= KV_DTYPE_COUNT ||
+        (a->kv_dtype == KV_FP8 && (!a->k_scale || !a->v_scale)))
         return -1;
     if (a->n_tokens == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     int G = a->n_heads / a->n_kv_heads, hd = a->head_dim;
     dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), (unsigned)((G + GROUP - 1) / GROUP), (unsigned)n_splits);
     int J = (hd + 31) / 32;
-    if (J == 1) attn_kernel<1><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (J == 2) attn_kernel<2><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (J <= 4) attn_kernel<4><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else attn_kernel<8><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    if (a->kv_dtype == KV_F32) attn_launch<KV_F32>(J, grid, s, a, part, n_splits);
+    else if (a->kv_dtype == KV_BF16) attn_launch<KV_BF16>(J, grid, s, a, part, n_splits);
+    else attn_launch<KV_FP8>(J, grid, s, a, part, n_splits);
     CUDA_CHECK_LAUNCH();
     if (n_splits > 1) {
         int rows = a->n_tokens * a->n_heads;

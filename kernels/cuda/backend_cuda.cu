@@ -370,10 +370,7 @@ static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, in
     LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
 }
 static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
-static void cu_kv_write(Backend *b, float *kc, float *vc, const float *k, const float *v, const int32_t *slots,
-                        int n, int se) {
-    LAUNCH_OK(cuda_kv_write(kc, vc, k, v, slots, n, se, st(b)));
-}
+static void cu_kv_write(Backend *b, const KvWriteArgs *a) { LAUNCH_OK(cuda_kv_write(a, st(b))); }
 static void cu_gather_rows(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim) {
     LAUNCH_OK(cuda_gather_rows(dst, src, rows, n, dim, st(b)));
 }

@@ -1,7 +1,7 @@
 /*
  * elementwise.cu - the memory-bound element and row ops of the forward pass:
  * embedding lookup, SwiGLU, residual add, bias add, f32 -> bf16 rounding,
- * KV-cache slot writes, row gather and weighted row scatter-add (MoE), and
+ * row gather and weighted row scatter-add (MoE), and
  * the random fill used to build benchmark models in device memory.
  * References: cpu_embed, cpu_swiglu, cpu_add and the row ops of backend_cpu.c.
  */
@@ -87,25 +87,6 @@ extern "C" int cuda_add_bias(float *out, const uint16_t *bias, int n, int rows, 
     size_t total = (size_t)n * rows;
     if (total == 0) return 0;
     add_bias_kernel<<<ew_blocks(total), EW_THREADS, 0, (cudaStream_t)stream>>>(out, bias, total, rows);
-    CUDA_CHECK_LAUNCH();
-    return 0;
-}
-
-/* caches: [slots, se] f32; k, v: [n, se] f32; slots: [n]. One block per token. */
-__global__ void kv_write_kernel(float *kc, float *vc, const float *k, const float *v, const int32_t *slots,
-                                int se) {
-    size_t dst = (size_t)slots[blockIdx.x] * se, src = (size_t)blockIdx.x * se;
-    for (int i = threadIdx.x; i < se; i += blockDim.x) {
-        kc[dst + i] = k[src + i];
-        vc[dst + i] = v[src + i];
-    }
-}
-
-extern "C" int cuda_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
-                             const int32_t *slots, int n, int slot_elems, void *stream) {
-    if (n < 0 || slot_elems <= 0 || !k_cache || !v_cache || !k || !v || !slots) return -1;
-    if (n == 0) return 0;
-    kv_write_kernel<<<n, EW_THREADS, 0, (cudaStream_t)stream>>>(k_cache, v_cache, k, v, slots, slot_elems);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

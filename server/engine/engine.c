@@ -64,6 +64,7 @@ void engine_config_default(EngineConfig *c) {
     c->block_size = 16;
     c->n_blocks = 0;
     c->kv_mem_mb = 1024;
+    c->kv_cache_dtype = ENGINE_KV_AUTO;
     c->enable_prefix_cache = 1;
     c->max_prompt_logprob_rows = 64;
     c->max_request_output_mb = 2048;
@@ -73,7 +74,13 @@ void engine_config_default(EngineConfig *c) {
 }
 
 void engine_config_resolve(EngineConfig *c, const ModelConfig *mc) {
-    size_t per_block = 2ull * mc->n_layers * c->block_size * mc->n_kv_heads * mc->head_dim * sizeof(float);
+    /* auto: the model's dtype. Every checkpoint we load computes from BF16 weights (FP8 / NVFP4
+     * precisions keep BF16 masters and activations), so auto is BF16, as vLLM's auto is for them. */
+    if (c->kv_cache_dtype == ENGINE_KV_AUTO) c->kv_cache_dtype = KV_BF16;
+    CHECK(c->kv_cache_dtype >= 0 && c->kv_cache_dtype < KV_DTYPE_COUNT, "KV cache dtype %d unknown",
+          c->kv_cache_dtype);
+    size_t per_block = (size_t)mc->n_layers * c->block_size *
+                       kv_dtype_bytes_per_pos((KvDtype)c->kv_cache_dtype, mc->n_kv_heads, mc->head_dim);
     if (c->n_blocks <= 0) c->n_blocks = (int)((c->kv_mem_mb << 20) / per_block);
     CHECK(c->n_blocks > 0, "--kv-mem-mb %zu is less than one KV block (%zu bytes)", c->kv_mem_mb, per_block);
     int pool_tokens = c->n_blocks * c->block_size;
@@ -218,11 +225,12 @@ static void engine_start(Engine *e) {
     update_gauges(e);
     if (c->verbose)
         log_info("engine: max_running_seqs=%d max_batched_tokens=%d max_step_rows=%d max_model_len=%d "
-                 "max_waiting=%d kv_blocks=%d block_size=%d (%d tokens) prefix_cache=%s threads=%d "
+                 "max_waiting=%d kv_blocks=%d block_size=%d (%d tokens) kv_cache_dtype=%s prefix_cache=%s threads=%d "
                  "output_mb=%zu/request %zu/all",
                  c->max_running_seqs, c->max_batched_tokens, c->max_step_rows, c->max_model_len, c->max_waiting,
                  c->n_blocks,
-                 c->block_size, pool_tokens, c->enable_prefix_cache ? "on" : "off", c->n_threads,
+                 c->block_size, pool_tokens, kv_dtype_name((KvDtype)c->kv_cache_dtype),
+                 c->enable_prefix_cache ? "on" : "off", c->n_threads,
                  c->max_request_output_mb, c->max_output_mem_mb);
     CHECK(pthread_create(&e->thr, NULL, engine_main, e) == 0, "cannot start the engine thread");
 }

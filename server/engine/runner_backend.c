@@ -51,7 +51,7 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     engine_config_resolve(c, &m->cfg);
     RunnerBackend *t = xcalloc(1, sizeof *t);
     t->r = r ? r : runner_create(m, c->max_batched_tokens, c->max_model_len, c->n_threads);
-    t->kv = runner_kvcache_create(t->r, c->n_blocks, c->block_size);
+    t->kv = runner_kvcache_create_dtype(t->r, c->n_blocks, c->block_size, (KvDtype)c->kv_cache_dtype);
     t->ns = ns;
     t->calls = calls;
     EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL};

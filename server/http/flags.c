@@ -74,6 +74,25 @@ static void show_precision(const CliConfig *d, char *out, size_t cap) {
     snprintf(out, cap, "%s", precision_name(d->server.load.precision));
 }
 
+/* vLLM's CacheConfig.cache_dtype names; float32 is ours (exact comparisons).
+ * vLLM's other values are refused by name rather than as unknown. */
+static void parse_kv_cache_dtype(CliConfig *c, const char *flag, const char *v) {
+    int *d = &c->server.engine.kv_cache_dtype;
+    if (!strcmp(v, "auto")) *d = ENGINE_KV_AUTO;
+    else if (!strcmp(v, "bfloat16")) *d = KV_BF16;
+    else if (!strcmp(v, "fp8") || !strcmp(v, "fp8_e4m3")) *d = KV_FP8;
+    else if (!strcmp(v, "float32")) *d = KV_F32;
+    else if (!strcmp(v, "fp8_e5m2") || !strcmp(v, "fp8_inc") || !strcmp(v, "fp8_ds_mla") || !strcmp(v, "int8") ||
+             !strcmp(v, "float16") || !strcmp(v, "nvfp4"))
+        CHECK(0, "%s %s is a vLLM value this server does not implement: use auto (bfloat16), bfloat16, "
+              "fp8 / fp8_e4m3 or float32", flag, v);
+    else CHECK(0, "%s: auto, bfloat16, fp8, fp8_e4m3 or float32, got '%s'", flag, v);
+}
+static void show_kv_cache_dtype(const CliConfig *d, char *out, size_t cap) {
+    int t = d->server.engine.kv_cache_dtype;
+    snprintf(out, cap, "%s", t == ENGINE_KV_AUTO ? "auto" : kv_dtype_name((KvDtype)t));
+}
+
 static void parse_log_level(CliConfig *c, const char *flag, const char *v) {
     CHECK(log_parse_level(v, &c->log_level) == 0, "%s: debug, info, warn or error, got '%s'", flag, v);
     log_set_level(c->log_level);
@@ -258,6 +277,11 @@ static const Flag FLAGS[] = {
      .lo = 1, .hi = 1 << 30, .unset = "from --kv-mem-mb", .help = "KV pool size in blocks"},
     {.name = "--kv-mem-mb", .metavar = "N", .section = S_ENGINE, .kind = K_SIZE, .off = AT(server.engine.kv_mem_mb),
      .lo = 1, .hi = 1ll << 30, .help = "KV pool size in MiB"},
+    {.name = "--kv-cache-dtype", .metavar = "T", .section = S_ENGINE, .kind = K_CUSTOM,
+     .off = AT(server.engine.kv_cache_dtype), .parse = parse_kv_cache_dtype, .show = show_kv_cache_dtype,
+     .help = "KV cache element type (vLLM's flag): auto = the model's dtype (bfloat16 for our checkpoints), "
+             "bfloat16, fp8 / fp8_e4m3 (e4m3 with one f32 scale per position and KV head), or float32 (ours: "
+             "exact comparisons)"},
     {.name = "--no-prefix-cache", .section = S_ENGINE, .kind = K_SWITCH, .off = AT(server.engine.enable_prefix_cache),
      .lo = 0, .help = "disable prefix caching"},
     {.name = "--max-prompt-logprob-rows", .metavar = "N", .section = S_ENGINE, .kind = K_INT,

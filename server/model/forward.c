@@ -85,28 +85,45 @@ static void graphs_reset(Runner *r) {
     r->graph_kv = NULL;
 }
 
-static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, Backend *b) {
+static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, KvDtype dtype, Backend *b) {
+    CHECK(dtype >= KV_F32 && dtype < KV_DTYPE_COUNT, "KV cache dtype %d unknown", (int)dtype);
     KVCache *kv = xcalloc(1, sizeof *kv);
-    *kv = (KVCache){c->n_layers, n_blocks, block_size, c->n_kv_heads, c->head_dim, NULL, NULL};
-    size_t n = (size_t)c->n_layers * n_blocks * block_size * c->n_kv_heads * c->head_dim * sizeof(float);
+    *kv = (KVCache){.n_layers = c->n_layers, .n_blocks = n_blocks, .block_size = block_size,
+                    .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = dtype};
+    size_t rows = (size_t)c->n_layers * n_blocks * block_size * c->n_kv_heads;
+    size_t n = rows * c->head_dim * kv_dtype_elem(dtype);
     kv->k = b ? b->alloc(b, n) : xcalloc(1, n);
     kv->v = b ? b->alloc(b, n) : xcalloc(1, n);
+    if (dtype == KV_FP8) {
+        kv->k_scale = b ? b->alloc(b, rows * sizeof(float)) : xcalloc(rows, sizeof(float));
+        kv->v_scale = b ? b->alloc(b, rows * sizeof(float)) : xcalloc(rows, sizeof(float));
+    }
     return kv;
 }
 
 KVCache *kvcache_create(const ModelConfig *c, int n_blocks, int block_size) {
-    return kv_alloc(c, n_blocks, block_size, NULL);
+    return kv_alloc(c, n_blocks, block_size, KV_F32, NULL);
+}
+
+KVCache *kvcache_create_dtype(const ModelConfig *c, int n_blocks, int block_size, KvDtype dtype) {
+    return kv_alloc(c, n_blocks, block_size, dtype, NULL);
 }
 
 void kvcache_free(KVCache *kv) {
     if (!kv) return;
     free(kv->k);
     free(kv->v);
+    free(kv->k_scale);
+    free(kv->v_scale);
     free(kv);
 }
 
 KVCache *runner_kvcache_create(Runner *r, int n_blocks, int block_size) {
-    return kv_alloc(&r->m->cfg, n_blocks, block_size, r->b);
+    return kv_alloc(&r->m->cfg, n_blocks, block_size, KV_F32, r->b);
+}
+
+KVCache *runner_kvcache_create_dtype(Runner *r, int n_blocks, int block_size, KvDtype dtype) {
+    return kv_alloc(&r->m->cfg, n_blocks, block_size, dtype, r->b);
 }
 
 int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
@@ -120,12 +137,20 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
                t->name, bytes, be.file ? be.file : "?", be.line, be.msg);
 }
 
+/* A block of one layer is contiguous in each of K, V and (FP8) their scales. */
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {
-    size_t blk = (size_t)kv->block_size * kv->n_kv_heads * kv->head_dim;
-    size_t layer = blk * (size_t)kv->n_blocks;
+    size_t rows = (size_t)kv->n_kv_heads * kv->block_size; /* rows of one block */
+    size_t blk = rows * kv->head_dim * kv_dtype_elem(kv->dtype), layer = blk * (size_t)kv->n_blocks;
     for (int l = 0; l < kv->n_layers; l++) {
-        r->b->copy(r->b, kv->k + l * layer + (size_t)dst * blk, kv->k + l * layer + (size_t)src * blk, blk * sizeof(float));
-        r->b->copy(r->b, kv->v + l * layer + (size_t)dst * blk, kv->v + l * layer + (size_t)src * blk, blk * sizeof(float));
+        char *k = (char *)kv->k + l * layer, *v = (char *)kv->v + l * layer;
+        r->b->copy(r->b, k + (size_t)dst * blk, k + (size_t)src * blk, blk);
+        r->b->copy(r->b, v + (size_t)dst * blk, v + (size_t)src * blk, blk);
+        if (kv->dtype != KV_FP8) continue;
+        size_t so = (size_t)l * kv->n_blocks * rows;
+        r->b->copy(r->b, kv->k_scale + so + (size_t)dst * rows, kv->k_scale + so + (size_t)src * rows,
+                   rows * sizeof(float));
+        r->b->copy(r->b, kv->v_scale + so + (size_t)dst * rows, kv->v_scale + so + (size_t)src * rows,
+                   rows * sizeof(float));
     }
 }
 
@@ -134,6 +159,8 @@ void runner_kvcache_free(Runner *r, KVCache *kv) {
     if (!kv) return;
     r->b->release(r->b, kv->k);
     r->b->release(r->b, kv->v);
+    if (kv->k_scale) r->b->release(r->b, kv->k_scale);
+    if (kv->v_scale) r->b->release(r->b, kv->v_scale);
     free(kv);
 }
 
@@ -401,11 +428,19 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
     lora_apply(r, r->v, r->xn, n, l, LT_V);
     be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
     be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
-    int slot = kv->n_kv_heads * kv->head_dim;
-    size_t layer_off = (size_t)l * kv->n_blocks * kv->block_size * slot;
-    be->kv_write(be, kv->k + layer_off, kv->v + layer_off, r->k, r->v, st->slots, n, slot);
-    AttnArgs a = {r->att, r->q, kv->k + layer_off, kv->v + layer_off, st->pos, st->seq, st->bt, r->bt_stride,
-                  n, c->n_heads, c->n_kv_heads, c->head_dim, kv->block_size, 1.0f / sqrtf((float)c->head_dim)};
+    size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
+    size_t byte_off = rows_off * kv->head_dim * kv_dtype_elem(kv->dtype);
+    float *ks = kv->k_scale ? kv->k_scale + rows_off : NULL, *vs = kv->v_scale ? kv->v_scale + rows_off : NULL;
+    KvWriteArgs w_kv = {.k_cache = (char *)kv->k + byte_off, .v_cache = (char *)kv->v + byte_off,
+                        .k_scale = ks, .v_scale = vs, .k = r->k, .v = r->v, .slots = st->slots, .n = n,
+                        .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim, .block_size = kv->block_size,
+                        .dtype = kv->dtype};
+    be->kv_write(be, &w_kv);
+    AttnArgs a = {.out = r->att, .q = r->q, .k_cache = w_kv.k_cache, .v_cache = w_kv.v_cache, .pos = st->pos,
+                  .seq = st->seq, .block_table = st->bt, .bt_stride = r->bt_stride, .n_tokens = n,
+                  .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                  .block_size = kv->block_size, .scale = 1.0f / sqrtf((float)c->head_dim),
+                  .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs};
     be->attention(be, &a);
     be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
     lora_apply(r, r->tmp, r->att, n, l, LT_O);

@@ -9,8 +9,8 @@
  * and on the CUDA backend (bg, device-resident weights: every pointer handed to
  * it is a device pointer) or its launcher, with GPU outputs poisoned with NaN
  * so an unwritten element fails, and compares with a tolerance class:
- *   exact   copies (embed, gather_rows, kv_write, add, add_bias, f32_to_bf16
- *           against dtype.h): bitwise equal
+ *   exact   copies (embed, gather_rows, kv_write at every KV dtype, add,
+ *           add_bias, f32_to_bf16 against dtype.h): bitwise equal
  *   f32     f32 math in another order / libm (rmsnorm, norm_rope, swiglu,
  *           scale_add_rows, attention, the GEMVs, and the cuBLAS GEMM fed the
  *           same bf16-rounded activations as the CPU): NMSE <= 1e-10 and
@@ -37,6 +37,7 @@ extern "C" {
 #endif
 #include "backend.h"
 #include "dtype.h"
+#include "kv_cpu.h"
 #include "quant.h"
 #ifdef __cplusplus
 }
@@ -437,6 +438,7 @@ static void check_norm_rope(const int *a) {
  * device of that many SMs gets (1: unsplit, large: prefill tokens split). */
 static void check_attention(const int *a) {
     int n_seqs = a[0], nh = a[1], nkv = a[2], hd = a[3], bs = a[4], sms = a[5];
+    KvDtype kvt = (KvDtype)a[14];
     const int *toks = a + 6, *last = a + 10;
     int max_pos = 0, n = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -444,8 +446,18 @@ static void check_attention(const int *a) {
         n += toks[s];
     }
     int stride = max_pos / bs + 1, n_blocks = n_seqs * stride + 3;
-    size_t slot = (size_t)nkv * hd, cache = (size_t)n_blocks * bs * slot;
-    float *kc = rand_f32(cache, 1), *vc = rand_f32(cache, 1), *q = rand_f32((size_t)n * nh * hd, 1);
+    size_t slot = (size_t)nkv * hd, cache = (size_t)n_blocks * bs * slot, n_rows = cache / hd;
+    size_t cache_bytes = cache * kv_dtype_elem(kvt);
+    float *kf = rand_f32(cache, 1), *vf = rand_f32(cache, 1), *q = rand_f32((size_t)n * nh * hd, 1);
+    /* the caches in kvt, stored by the reference (kv_cpu.h); FP8 rows of mixed magnitudes */
+    void *kc = xmalloc(cache_bytes), *vc = xmalloc(cache_bytes);
+    float *ks = (float *)xmalloc(sizeof(float) * n_rows), *vs = (float *)xmalloc(sizeof(float) * n_rows);
+    for (size_t r = 0; r < n_rows; r++) {
+        float mag = kvt == KV_FP8 ? (float)(1 + r % 7) * 0.3f : 1.f;
+        for (int d = 0; d < hd; d++) { kf[r * hd + d] *= mag; vf[r * hd + d] *= mag; }
+        cpu_kv_store_row(kc, ks, kvt, r, kf + r * hd, hd);
+        cpu_kv_store_row(vc, vs, kvt, r, vf + r * hd, hd);
+    }
     /* every block id used once, shuffled */
     int32_t *perm = (int32_t *)xmalloc(sizeof(int32_t) * n_blocks), *bt = (int32_t *)xmalloc(sizeof(int32_t) * n_seqs * stride);
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
@@ -463,13 +475,18 @@ static void check_attention(const int *a) {
         }
     size_t N = (size_t)n * nh * hd;
     float *ref = (float *)xmalloc(sizeof(float) * N);
-    AttnArgs h = {ref, q, kc, vc, pos, seq, bt, stride, n, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)};
+    AttnArgs h = {ref, q, kc, vc, pos, seq, bt, stride, n, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd), kvt,
+                  kvt == KV_FP8 ? ks : NULL, kvt == KV_FP8 ? vs : NULL};
     bc->attention(bc, &h);
     AttnArgs d = h;
     d.out = (float *)dev_poisoned(sizeof(float) * N);
     d.q = (float *)dev_copy(q, sizeof(float) * N);
-    d.k_cache = (float *)dev_copy(kc, sizeof(float) * cache);
-    d.v_cache = (float *)dev_copy(vc, sizeof(float) * cache);
+    d.k_cache = dev_copy(kc, cache_bytes);
+    d.v_cache = dev_copy(vc, cache_bytes);
+    if (kvt == KV_FP8) {
+        d.k_scale = (float *)dev_copy(ks, sizeof(float) * n_rows);
+        d.v_scale = (float *)dev_copy(vs, sizeof(float) * n_rows);
+    }
     d.pos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n);
     d.seq = (int32_t *)dev_copy(seq, sizeof(int32_t) * n);
     d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
@@ -487,12 +504,14 @@ static void check_attention(const int *a) {
     }
     float *got = dev_result(d.out, N);
     char what[128];
-    snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d%s", n_seqs, n,
-             max_pos, nh, nkv, hd, bs, splits, rc ? " LAUNCH REFUSED" : "");
+    snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d kv %s%s", n_seqs,
+             n, max_pos, nh, nkv, hd, bs, splits, kv_dtype_name(kvt), rc ? " LAUNCH REFUSED" : "");
     compare_op(what, TOL_F32, ref, got, N);
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
     cudaFree((void *)d.pos); cudaFree((void *)d.seq); cudaFree((void *)d.block_table); cudaFree(part);
-    free(kc); free(vc); free(q); free(perm); free(bt); free(pos); free(seq); free(ref); free(got);
+    if (kvt == KV_FP8) { cudaFree((void *)d.k_scale); cudaFree((void *)d.v_scale); }
+    free(kc); free(vc); free(kf); free(vf); free(ks); free(vs);
+    free(q); free(perm); free(bt); free(pos); free(seq); free(ref); free(got);
 }
 
 static void check_elementwise(const int *a) {
@@ -575,25 +594,71 @@ static void check_rows(const int *a) {
     got = dev_result(dsrc, S);
     snprintf(what, sizeof what, "scale_add_rows n %d dim %d (repeats)", n, dim);
     compare_op(what, TOL_F32, ref, got, S);
-    free(got);
-    /* kv_write over random caches: written slots take k/v, the rest stay */
-    float *kc = rand_f32(S, 1), *vc = rand_f32(S, 1), *vref = (float *)xmalloc(sizeof(float) * S);
-    memcpy(ref, kc, sizeof(float) * S);
-    memcpy(vref, vc, sizeof(float) * S);
-    float *dkc = (float *)dev_copy(kc, sizeof(float) * S), *dvc = (float *)dev_copy(vc, sizeof(float) * S),
-          *dv = (float *)dev_copy(v, sizeof(float) * N);
-    bc->kv_write(bc, ref, vref, k, v, slots, n, dim);
-    bg->kv_write(bg, dkc, dvc, dk, dv, dslots, n, dim);
-    got = dev_result(dkc, S);
-    float *gotv = dev_result(dvc, S);
-    snprintf(what, sizeof what, "kv_write n %d slot %d (k)", n, dim);
-    compare_op(what, TOL_EXACT, ref, got, S);
-    snprintf(what, sizeof what, "kv_write n %d slot %d (v)", n, dim);
-    compare_op(what, TOL_EXACT, vref, gotv, S);
     cudaFree(dsrc); cudaFree(dout); cudaFree(drows); cudaFree(dslots); cudaFree(dk); cudaFree(dw);
-    cudaFree(dkc); cudaFree(dvc); cudaFree(dv);
-    free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got); free(kc); free(vc);
-    free(vref); free(gotv);
+    free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got);
+}
+
+/* Bytes equal, for caches whose elements are not f32 (bf16, e4m3 codes). */
+static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += ((const unsigned char *)ref)[i] != ((const unsigned char *)got)[i];
+    int ok = diff == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-60s %-7s bytes differing %zu of %zu\n", ok ? "ok" : "FAIL", what, "exact", diff, n);
+}
+
+/* kv_write of n tokens into random caches of n_blocks blocks at dtype kvt:
+ * written rows (and FP8 scales) bit for bit as the CPU's, the rest untouched.
+ * Inputs of mixed magnitudes (FP8: tiny rows hit subnormals, big ones the
+ * saturation bound), one all-zero row (FP8 scale 1.0), one NaN. */
+static void check_kv_write(const int *a) {
+    int n = a[0], nkv = a[1], hd = a[2], bs = a[3], n_blocks = a[4];
+    KvDtype kvt = (KvDtype)a[5];
+    size_t rows = (size_t)n_blocks * nkv * bs, elems = rows * hd, bytes = elems * kv_dtype_elem(kvt);
+    size_t N = (size_t)n * nkv * hd;
+    float *k = rand_f32(N, 1), *v = rand_f32(N, 1);
+    for (size_t i = 0; i < N; i++) {
+        float mag = ldexpf(1.f, (int)(i / hd % 13) - 6); /* 2^-6 .. 2^6 per row */
+        k[i] *= mag;
+        v[i] *= mag * 3.f;
+    }
+    if (N >= (size_t)hd) memset(k, 0, sizeof(float) * hd);
+    if (N > 2) v[N - 2] = NAN;
+    int32_t *slots = (int32_t *)xmalloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) slots[i] = (int32_t)(((size_t)i * 7 + 3) % ((size_t)n_blocks * bs)); /* distinct */
+    unsigned char *kc = (unsigned char *)xmalloc(bytes), *vc = (unsigned char *)xmalloc(bytes);
+    float *ksc = rand_f32(rows, 1), *vsc = rand_f32(rows, 1);
+    for (size_t i = 0; i < bytes; i++) { kc[i] = (unsigned char)rng_u64(); vc[i] = (unsigned char)rng_u64(); }
+    void *dkc = dev_copy(kc, bytes), *dvc = dev_copy(vc, bytes);
+    float *dks = (float *)dev_copy(ksc, sizeof(float) * rows), *dvs = (float *)dev_copy(vsc, sizeof(float) * rows);
+    float *dk = (float *)dev_copy(k, sizeof(float) * N), *dv = (float *)dev_copy(v, sizeof(float) * N);
+    int32_t *dslots = (int32_t *)dev_copy(slots, sizeof(int32_t) * n);
+    int fp8 = kvt == KV_FP8;
+    KvWriteArgs h = {kc, vc, fp8 ? ksc : NULL, fp8 ? vsc : NULL, k, v, slots, n, nkv, hd, bs, kvt};
+    KvWriteArgs d = {dkc, dvc, fp8 ? dks : NULL, fp8 ? dvs : NULL, dk, dv, dslots, n, nkv, hd, bs, kvt};
+    bc->kv_write(bc, &h);
+    bg->kv_write(bg, &d);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    unsigned char *got = (unsigned char *)xmalloc(bytes);
+    char what[128];
+    for (int c = 0; c < 2; c++) {
+        CUDA_CHECK(cudaMemcpy(got, c ? dvc : dkc, bytes, cudaMemcpyDeviceToHost));
+        snprintf(what, sizeof what, "kv_write n %d kv heads %d hd %d bs %d kv %s (%s)", n, nkv, hd, bs,
+                 kv_dtype_name(kvt), c ? "v" : "k");
+        compare_bytes(what, c ? vc : kc, got, bytes);
+    }
+    if (fp8) {
+        float *gs = dev_result(dks, rows);
+        snprintf(what, sizeof what, "kv_write n %d kv heads %d hd %d scales (k)", n, nkv, hd);
+        compare_bytes(what, ksc, gs, sizeof(float) * rows);
+        free(gs);
+        gs = dev_result(dvs, rows);
+        snprintf(what, sizeof what, "kv_write n %d kv heads %d hd %d scales (v)", n, nkv, hd);
+        compare_bytes(what, vsc, gs, sizeof(float) * rows);
+        free(gs);
+    }
+    cudaFree(dkc); cudaFree(dvc); cudaFree(dks); cudaFree(dvs); cudaFree(dk); cudaFree(dv); cudaFree(dslots);
+    free(k); free(v); free(slots); free(kc); free(vc); free(ksc); free(vsc); free(got);
 }
 
 /* The batched LoRA (backend.h lora; lora.cu): rows of up to three adapters and
@@ -673,7 +738,7 @@ enum { OC_ALL = 0, OC_GPU = 1 /* too big for the emulation */ };
 typedef struct OpCheck {
     void (*fn)(const int *a);
     int where; /* OC_ALL or OC_GPU */
-    int a[14];
+    int a[15];
 } OpCheck;
 
 #define FP8B QUANT_FP8_BLOCK128
@@ -777,6 +842,24 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {1, 16, 1, 32, 4, 1, 3, 0, 0, 0, 20}},      /* G = 16 */
     {check_attention, OC_ALL, {1, 4, 1, 256, 8, 2, 1, 0, 0, 0, 33}},
     {check_attention, OC_ALL, {1, 4, 2, 16, 4, 1000, 40, 0, 0, 0, 39}},   /* prefill tokens on the split path */
+    /* the same arguments, a[14] the KV dtype (kv_dtype.h; 0 above: f32) */
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 1, 0, 0, 0, 700, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 300, 0, 0, 0, 299, 0, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 8, 2, 128, 16, 2, 1, 0, 0, 0, 70, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {1, 8, 2, 128, 16, 2, 1, 0, 0, 0, 70, 0, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {4, 4, 1, 16, 4, 2, 1, 1, 1, 1, 0, 5, 40, 95, KV_BF16}},
+    {check_attention, OC_ALL, {2, 3, 3, 24, 4, 0, 20, 12, 0, 0, 19, 60, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 4, 1, 256, 8, 2, 1, 0, 0, 0, 33, 0, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 4, 2, 16, 4, 1000, 40, 0, 0, 0, 39, 0, 0, 0, KV_BF16}},
+    /* n, kv heads, head_dim, block size, n_blocks, KV dtype */
+    {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_F32}},
+    {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_BF16}},
+    {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_FP8}},
+    {check_kv_write, OC_ALL, {20, 2, 72, 4, 6, KV_F32}},
+    {check_kv_write, OC_ALL, {20, 2, 72, 4, 6, KV_BF16}},
+    {check_kv_write, OC_ALL, {20, 2, 72, 4, 6, KV_FP8}},
+    {check_kv_write, OC_ALL, {13, 5, 24, 4, 4, KV_FP8}}, /* more kv heads than warps */
+    {check_kv_write, OC_ALL, {3, 1, 256, 16, 2, KV_BF16}},
     /* n (swiglu, add) */
     {check_elementwise, OC_ALL, {10001}},
     {check_elementwise, OC_ALL, {1000}},

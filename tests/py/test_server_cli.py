@@ -105,7 +105,9 @@ def test_help_defaults_are_the_defaults_used(sampler_bin, tmp_path):
     assert eng["prefix_cache"] == "on" and "--no-prefix-cache" in rows
     assert eng["threads"] == "0" and default["--threads"] == "all cores" and "0: all cores" in rows["--threads"][1]
     cfg = json.load(open(os.path.join(ROOT, "models/tiny-qwen3/config.json")))
-    per_block = 2 * cfg["num_hidden_layers"] * num("--block-size") * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    # --kv-cache-dtype auto is the model's dtype, BF16 here (2 bytes an element), named in the engine line
+    assert default["--kv-cache-dtype"] == "auto" and eng["kv_cache_dtype"] == "bfloat16"
+    per_block = 2 * cfg["num_hidden_layers"] * num("--block-size") * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
     assert default["--kv-blocks"] == "from --kv-mem-mb"
     assert int(eng["kv_blocks"]) == (num("--kv-mem-mb") << 20) // per_block
     cap = int(re.search(r"(\d+)", default["--max-model-len"]).group(1))  # "the least of ..., 4096 and the KV pool"

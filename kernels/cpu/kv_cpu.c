@@ -1,0 +1,100 @@
+/*
+ * kv_cpu.c - the KV cache element types on the CPU (kv_cpu.h): the rounding
+ * contract of kv_dtype.h, in plain C. It is the reference the CUDA kv_write is
+ * compared with bit for bit; it is not the layout or the attention.
+ */
+#include "kv_cpu.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KV_X86 1
+#endif
+
+void cpu_kv_store_row(void *cache, float *scale, KvDtype t, size_t row, const float *x, int hd) {
+    size_t o = row * (size_t)hd;
+    if (t == KV_F32) {
+        memcpy((float *)cache + o, x, sizeof(float) * (size_t)hd);
+    } else if (t == KV_BF16) {
+        uint16_t *d = (uint16_t *)cache + o;
+        for (int i = 0; i < hd; i++) d[i] = f32_to_bf16(x[i]);
+    } else {
+        uint8_t *d = (uint8_t *)cache + o;
+        float amax = 0.f;
+        for (int i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float s = amax > 0.f ? amax / KV_FP8_MAX : 1.0f;
+        for (int i = 0; i < hd; i++) d[i] = quant_f32_to_e4m3(x[i] / s);
+        scale[row] = s;
+    }
+}
+
+/* quant_e4m3_to_f32 of every byte: the same values, one load instead of the branches. */
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_lut_init(void) {
+    for (int b = 0; b < 256; b++) e4m3_lut[b] = quant_e4m3_to_f32((uint8_t)b);
+}
+
+#ifdef KV_X86
+/* The decodes of cpu_kv_rows, 8 elements a step (the same values: a shift, a table load and
+ * one f32 multiply per element). */
+__attribute__((target("avx2"))) static void bf16_rows_avx2(float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
+__attribute__((target("avx2"))) static void e4m3_row_avx2(float *dst, const uint8_t *src, float sc, int n) {
+    __m256 s = _mm256_set1_ps(sc);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(e4m3_lut, idx, 4), s));
+    }
+    for (; i < n; i++) dst[i] = e4m3_lut[src[i]] * sc;
+}
+
+static int kv_avx2(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx2") ? 1 : 0; /* a benign race: every thread stores the same */
+    return v;
+}
+#endif
+
+const float *cpu_kv_rows(float *buf, const void *cache, const float *scale, KvDtype t, size_t row0, int m, int hd) {
+    size_t o = row0 * (size_t)hd, n = (size_t)m * hd;
+    if (t == KV_F32) return (const float *)cache + o;
+    if (t == KV_BF16) {
+        const uint16_t *s = (const uint16_t *)cache + o;
+#ifdef KV_X86
+        if (kv_avx2()) {
+            bf16_rows_avx2(buf, s, n);
+            return buf;
+        }
+#endif
+        for (size_t i = 0; i < n; i++) buf[i] = bf16_to_f32(s[i]);
+        return buf;
+    }
+    pthread_once(&e4m3_once, e4m3_lut_init);
+    const uint8_t *s = (const uint8_t *)cache + o;
+    for (int r = 0; r < m; r++) {
+        float sc = scale[row0 + (size_t)r];
+#ifdef KV_X86
+        if (kv_avx2()) {
+            e4m3_row_avx2(buf + (size_t)r * hd, s + (size_t)r * hd, sc, hd);
+            continue;
+        }
+#endif
+        for (int i = 0; i < hd; i++) buf[(size_t)r * hd + i] = e4m3_lut[s[(size_t)r * hd + i]] * sc;
+    }
+    return buf;
+}

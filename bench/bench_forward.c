@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
     int P = argc > 3 ? atoi(argv[3]) : 128, D = argc > 4 ? atoi(argv[4]) : 32;
     Err err = {0};
     Model *m = NULL;
-    LoadOptions lo = {PREC_BF16, 0};
+    LoadOptions lo = {PREC_BF16, 0, 0};
     const char *prec = argc > 7 ? argv[7] : "bf16";
     char pname[16];
     snprintf(pname, sizeof pname, "%s", prec);

@@ -349,7 +349,7 @@ static void check_forward_paths(void) {
         {"tests/fixtures/llama31_fp8", PREC_FP8, 1}};
     CpuPath def = cpu_ops_path();
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
-        LoadOptions lo = {fx[i].prec, fx[i].weight_only};
+        LoadOptions lo = {fx[i].prec, fx[i].weight_only, 0};
         cpu_ops_force_path(CPU_PATH_PORTABLE);
         int n0 = 0, n = 0;
         float *ref = forward_logits(fx[i].dir, &lo, &n0);

@@ -598,13 +598,20 @@ static void check_rows(const int *a) {
     free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got);
 }
 
-/* Bytes equal, for caches whose elements are not f32 (bf16, e4m3 codes). */
+/* Bytes equal, for caches and codes whose elements are not f32 (bf16, e4m3, e2m1 codes, scales);
+ * also used by op_checks_native.h. */
 static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff += ((const unsigned char *)ref)[i] != ((const unsigned char *)got)[i];
-    int ok = diff == 0;
-    ok ? n_pass++ : n_fail++;
-    printf("  %-4s %-60s %-7s bytes differing %zu of %zu\n", ok ? "ok" : "FAIL", what, "exact", diff, n);
+    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            if (!diff) first = i;
+            diff++;
+        }
+    diff ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
+    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
+    printf("\n");
 }
 
 /* kv_write of n tokens into random caches of n_blocks blocks at dtype kvt:

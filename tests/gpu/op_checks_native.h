@@ -27,20 +27,6 @@
 
 static const Tol TOL_NATIVE = {"native", 1e-6, 1e-2};
 
-static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
-    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
-    size_t diff = 0, first = n;
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            if (!diff) first = i;
-            diff++;
-        }
-    diff ? n_fail++ : n_pass++;
-    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
-    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
-    printf("\n");
-}
-
 /* Activations over many magnitudes (token t scaled by 2^(t*7 % 40 - 24): e4m3
  * subnormals and saturation-free rounding everywhere), one all-zero group. */
 static float *native_act(int n, int cols) {

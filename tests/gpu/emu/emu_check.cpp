@@ -338,7 +338,7 @@ static int fault_bufs_device_is_host(Backend *gb, FaultBuf *b, int n) {
 static void t_delta_fault(const char *dir, Precision prec) {
     Err err = {};
     Model *m = NULL;
-    LoadOptions o = {prec, 1};
+    LoadOptions o = {prec, 1, 0};
     const char *pn = precision_name(prec);
     if (model_load_opts(&m, dir, &o, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);

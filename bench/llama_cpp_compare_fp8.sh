@@ -28,8 +28,11 @@ PRECS=${PRECS:-"bf16 fp8 fp8-wo"}
 
 BF16_GGUF="$WORK/$(basename "$MODEL")-bf16.gguf"
 Q8_GGUF="$WORK/$(basename "$MODEL")-q8_0.gguf"
+# llama.cpp's build and the GGUF BF16: bench/llama_cpp_compare.sh's (one place that knows how)
 [ -x "$WORK/build/bin/llama-bench" ] && [ -f "$BF16_GGUF" ] ||
-  { echo "run bench/llama_cpp_compare.sh first (it builds llama.cpp and the GGUF BF16 into $WORK)"; exit 1; }
+  WORK="$WORK" PREPARE_ONLY=1 "$REPO/bench/llama_cpp_compare.sh" "$MODEL"
+[ -x "$WORK/build/bin/llama-bench" ] && [ -f "$BF16_GGUF" ] ||
+  { echo "bench/llama_cpp_compare.sh did not build llama.cpp and the GGUF BF16 into $WORK"; exit 1; }
 if [ ! -x "$WORK/build/bin/llama-quantize" ]; then
   cmake --build "$WORK/build" -j"$(nproc)" --target llama-quantize >"$WORK/build-quantize.log" 2>&1
 fi

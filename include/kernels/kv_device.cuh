@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "cuda_device.cuh" /* dev_f32_to_e4m3 */
 #include "kv_dtype.h"
 
 /* dtype.h f32_to_bf16: round to nearest even, NaN quieted. */
@@ -18,24 +19,6 @@ static __device__ __forceinline__ uint16_t kv_f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
-}
-
-/* quant.h quant_f32_to_e4m3: OCP e4m3fn, round to nearest even, saturating at 448, NaN -> 0x7f. */
-static __device__ __forceinline__ uint8_t kv_f32_to_e4m3(float f) {
-    uint32_t u = __float_as_uint(f), sign = u & 0x80000000u, r;
-    u ^= sign;
-    if (u >= (1087u << 20)) {
-        r = u > 0x7f800000u ? 0x7f : 0x7e;
-    } else if (u < (121u << 23)) {
-        uint32_t magic = 141u << 23;
-        r = __float_as_uint(__fadd_rn(__uint_as_float(u), __uint_as_float(magic))) - magic;
-    } else {
-        uint32_t odd = (u >> 20) & 1;
-        u += ((uint32_t)(7 - 127) << 23) + 0x7ffff + odd;
-        r = u >> 20;
-        if (r == 0x7f) r = 0x7e;
-    }
-    return (uint8_t)(r | (sign >> 24));
 }
 
 /* quant.h quant_e4m3_to_f32, exact (NaN with torch's payload). */

@@ -31,7 +31,7 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
                 for (int d = lane; d < hd; d += 32) amax = fmaxf(amax, fabsf(x[d]));
                 amax = warp_max(amax);
                 float s = amax > 0.f ? amax / KV_FP8_MAX : 1.0f;
-                for (int d = lane; d < hd; d += 32) ((uint8_t *)cache)[row * hd + d] = kv_f32_to_e4m3(x[d] / s);
+                for (int d = lane; d < hd; d += 32) ((uint8_t *)cache)[row * hd + d] = dev_f32_to_e4m3(x[d] / s);
                 if (lane == 0) (kv ? a.v_scale : a.k_scale)[row] = s;
             }
         }

@@ -20,24 +20,6 @@
 #define QA_WARPS 4      /* FP8: groups per block */
 #define QA_NV_THREADS 128
 
-/* quant_f32_to_e4m3 (c10's fp8e4m3fn_from_fp32_value): saturating, RNE. */
-static __device__ __forceinline__ uint32_t dev_f32_to_e4m3(float f) {
-    uint32_t u = __float_as_uint(f), sign = u & 0x80000000u, r;
-    u ^= sign;
-    if (u >= (1087u << 20)) {
-        r = u > 0x7f800000u ? 0x7f : 0x7e;
-    } else if (u < (121u << 23)) {
-        uint32_t magic = 141u << 23;
-        r = __float_as_uint(__fadd_rn(__uint_as_float(u), __uint_as_float(magic))) - magic;
-    } else {
-        uint32_t odd = (u >> 20) & 1;
-        u += ((uint32_t)(7 - 127) << 23) + 0x7ffff + odd;
-        r = u >> 20;
-        if (r == 0x7f) r = 0x7e;
-    }
-    return r | (sign >> 24);
-}
-
 /* quant_f32_to_e2m1 (Model Optimizer's _cast_fp4). */
 static __device__ __forceinline__ uint32_t dev_f32_to_e2m1(float f) {
     float a = fabsf(f);

@@ -1026,28 +1026,33 @@ static void test_mask_pack(void) {
     T_ASSERT(n == 8 && comp == MASK_FORM_IDS && dst[7] == 319, "8 of 320: n=%d comp=%d", n, comp);
     n = engine_mask_pack(all, V / 2, V, 4, dst, W, &comp); /* half the vocab: 160 ids > 10 words: a bitmap */
     T_ASSERT(n == W && comp == MASK_FORM_BITMAP, "half the vocab: n=%d comp=%d", n, comp);
-    /* every form reads back as the same set, kept and excluded */
-    int32_t sizes[] = { 1, 8, 10, 11, 100, 160, 161, 309, 310, 311, 319, 320 };
-    int bad = 0;
+    /* every form reads back as the same set, kept and excluded; vocab 301: a bitmap's last word is partial */
+    int32_t sizes[] = { 1, 8, 10, 11, 100, 150, 151, 160, 161, 290, 291, 300, 301, 309, 310, 311, 319, 320 };
+    int bad = 0, forms[3] = { 0 };
+    for (int Vr = V; Vr >= V - 19; Vr -= 19)
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        if (sizes[c] > Vr) continue;
         int32_t kept[V], got[V];
-        int nk = 0;
-        for (int i = 0; i < V && nk < sizes[c]; i++) /* a spread-out set of sizes[c] ids */
-            if ((i * 7919) % V < sizes[c] * 1 || V - i <= sizes[c] - nk) kept[nk++] = i;
-        int len = engine_mask_pack(kept, nk, V, kept[0], dst, W, &comp);
+        int nk = 0, Wr = MASK_BITMAP_WORDS(Vr);
+        for (int i = 0; i < Vr && nk < sizes[c]; i++) /* a spread-out set of sizes[c] ids */
+            if ((i * 7919) % Vr < sizes[c] || Vr - i <= sizes[c] - nk) kept[nk++] = i;
+        int len = engine_mask_pack(kept, nk, Vr, kept[0], dst, Wr, &comp);
         TokenRecord t = { 0 };
         t.mask_n = nk; t.mask_complement = comp; t.mask_len = len; t.mask_ids = dst;
-        bad += len < 0 || len > W;
-        bad += engine_mask_expand(&t, V, 0, got) != nk || memcmp(got, kept, (size_t)nk * sizeof(int32_t)) != 0;
-        int ne = engine_mask_expand(&t, V, 1, got), j = 0;
-        bad += ne != V - nk;
-        for (int i = 0, k = 0; i < V; i++) {
+        bad += len < 0 || len > Wr || comp < 0 || comp > 2;
+        if (comp >= 0 && comp <= 2) forms[comp]++;
+        bad += engine_mask_expand(&t, Vr, 0, got) != nk || memcmp(got, kept, (size_t)nk * sizeof(int32_t)) != 0;
+        int ne = engine_mask_expand(&t, Vr, 1, got), j = 0;
+        bad += ne != Vr - nk;
+        for (int i = 0, k = 0; i < Vr; i++) {
             int in = k < nk && kept[k] == i;
             k += in;
             bad += engine_mask_has(&t, i) != in;
             if (!in) bad += j >= ne || got[j++] != i;
         }
     }
+    T_ASSERT(forms[0] && forms[1] && forms[2], "forms seen: ids %d, complement %d, bitmap %d", forms[0], forms[1],
+             forms[2]);
     T_ASSERT(bad == 0, "%d mismatches reading packed masks back", bad);
     /* a mask that does not contain its token is refused */
     T_ASSERT(engine_mask_pack(most, V - 2, V, 3, dst, W, &comp) == -1, "a mask without its token was packed");

@@ -491,9 +491,12 @@ int engine_mask_expand(const TokenRecord *t, int vocab, int excluded, int32_t *o
     }
     if (!out) return want_n;
     int w = 0;
-    if (t->mask_complement == MASK_FORM_BITMAP) {
-        for (int32_t id = 0; id < vocab; id++)
-            if ((((uint32_t)t->mask_ids[id >> 5] >> (id & 31)) & 1u) != (uint32_t)excluded) out[w++] = id;
+    if (t->mask_complement == MASK_FORM_BITMAP) { /* a word at a time, set bits by ctz */
+        for (int k = 0; k < t->mask_len; k++) {
+            uint32_t bits = (uint32_t)t->mask_ids[k] ^ (excluded ? 0xffffffffu : 0u);
+            if (excluded && k == t->mask_len - 1 && (vocab & 31)) bits &= (1u << (vocab & 31)) - 1u; /* past vocab */
+            for (; bits; bits &= bits - 1) out[w++] = k * 32 + __builtin_ctz(bits);
+        }
     } else { /* the other id list: walk the gaps */
         for (int32_t id = 0, j = 0; id < vocab; id++) {
             if (j < t->mask_len && t->mask_ids[j] == id) j++;

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "dtype.h"
@@ -63,10 +64,16 @@ __attribute__((target("avx2"))) static void e4m3_row_avx2(float *dst, const uint
     for (; i < n; i++) dst[i] = e4m3_lut[src[i]] * sc;
 }
 
+/* Attention tasks call this from every pool thread: the cached answer is an
+ * atomic (relaxed: every thread computes and stores the same value). */
 static int kv_avx2(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx2") ? 1 : 0; /* a benign race: every thread stores the same */
-    return v;
+    static _Atomic int v = -1;
+    int x = atomic_load_explicit(&v, memory_order_relaxed);
+    if (x < 0) {
+        x = __builtin_cpu_supports("avx2") ? 1 : 0;
+        atomic_store_explicit(&v, x, memory_order_relaxed);
+    }
+    return x;
 }
 #endif
 

@@ -20,6 +20,20 @@ the logits far more than the test's tolerance (printed: max |logit(adapter) - lo
 Tolerance (tests/test_lora.c): both sides accumulate in f32 from identical values; measured
 max |dlogit| is ~1e-5, the test allows 1e-4 and KL 1e-9, as test_forward.c does for the base.
 
+The MoE fixture (qwen3_moe: layer 0 dense, layers 1-2 eight routed experts) gets two adapters in
+the two layouts vLLM reads for routed experts (make_moe below):
+  qwen3_moe-a1  peft's own "3-D" layout: target_parameters = the experts' fused gate_up_proj and
+                down_proj (ParamWrapper, transformers 5) plus every target_module; saved and
+                reloaded by peft, the reference as above;
+  qwen3_moe-a2  the "2-D" per-expert layout (mlp.experts.<e>.<gate|up|down>_proj.lora_A/B, what
+                peft wrote on transformers 4's expert modules and vLLM's default), rank 2, written
+                here; the reference is peft loading that directory (PeftModel.from_pretrained
+                converts it to the fused layout: gate_up at rank 4 with A = [A_gate; A_up] and B
+                block-diagonal, alpha doubled). Cross-checked once against the same update built
+                by hand in the fused layout at rank 4 (zero-padded): max |dlogit| 6e-6.
+                Layer 0's dense MLP is not adapted in either: peft on transformers 5 maps
+                gate/up/down_proj in target_modules to the experts' fused parameters only.
+
 What it is not: a test; CI never runs it (torch, transformers and peft are not installed there).
 Made with torch 2.15.0 (CPU), transformers 5.24.0, peft 0.21.2.
 
@@ -137,6 +151,84 @@ def make_tiny():
     print("tiny-qwen3:", out)
 
 
+MOE = "qwen3_moe"
+MOE_SEQ_LENS = [9, 21]
+
+
+def moe_record(name, model, gen, refs, plain_model):
+    r = refs.setdefault(MOE, {})
+    moved = 0.0
+    vocab = model.config.vocab_size if hasattr(model, "config") else plain_model.config.vocab_size
+    for i, n in enumerate(MOE_SEQ_LENS):
+        x = torch.randint(0, vocab, (n,), generator=gen, dtype=torch.int64)
+        lg = logits(model, x)
+        moved = max(moved, (lg - logits(plain_model, x)).abs().max().item())
+        r[f"{name}.seq{i}.tokens"] = x.to(torch.int32)
+        r[f"{name}.seq{i}.logits"] = lg.contiguous()
+    print(f"{MOE}-{name}: adapter moves logits by up to {moved:.3f}")
+
+
+def make_moe(refs):
+    fused = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    # a1: peft's 3-D layout, saved and reloaded by peft
+    gen = torch.Generator().manual_seed(5)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=ALL, target_parameters=fused, lora_dropout=0.0,
+                          bias="none")
+    pm = peft.get_peft_model(base_model(MOE), cfg)
+    randomize(pm, gen)
+    d = os.path.join(OUT, f"{MOE}-a1")
+    save_adapter(pm, d, f"tests/fixtures/{MOE}")
+    ref = peft.PeftModel.from_pretrained(base_model(MOE), d).eval()
+    moe_record("a1", ref, gen, refs, base_model(MOE))
+
+    # a2: the per-expert 2-D layout at rank 2, written here; its reference the same update in 3-D at rank 4
+    gen = torch.Generator().manual_seed(6)
+    base = base_model(MOE)
+    c = base.config
+    r, E, H, I = 2, c.num_experts, c.hidden_size, c.moe_intermediate_size
+    alpha = 4
+    # the dense layer's MLP is left out: peft on transformers 5 maps gate/up/down_proj to the experts'
+    # fused parameters only, so no peft reference could adapt layer 0's mlp next to the experts
+    dense_t = {"q_proj": ("self_attn", H, c.num_attention_heads * c.head_dim),
+               "v_proj": ("self_attn", H, c.num_key_value_heads * c.head_dim)}
+
+    def rnd(*shape):
+        return (torch.randn(shape, generator=gen) / shape[-1] ** 0.5).bfloat16().float()
+
+    tensors = {}
+    pre = "base_model.model.model.layers"
+    for l in range(c.num_hidden_layers):
+        moe = l not in c.mlp_only_layers
+        for t, (blk, fin, fout) in dense_t.items():
+            A, B = rnd(r, fin), rnd(fout, r) * 0.5
+            tensors[f"{pre}.{l}.{blk}.{t}.lora_A.weight"] = A
+            tensors[f"{pre}.{l}.{blk}.{t}.lora_B.weight"] = B
+        if not moe:
+            continue
+        for e in range(E):
+            for t, (fin, fout) in {"gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}.items():
+                A, B = rnd(r, fin), rnd(fout, r) * 0.5
+                tensors[f"{pre}.{l}.mlp.experts.{e}.{t}.lora_A.weight"] = A
+                tensors[f"{pre}.{l}.mlp.experts.{e}.{t}.lora_B.weight"] = B
+    d = os.path.join(OUT, f"{MOE}-a2")
+    os.makedirs(d, exist_ok=True)
+    save_file({k: v.bfloat16().contiguous() for k, v in sorted(tensors.items())},
+              os.path.join(d, "adapter_model.safetensors"))
+    cfg2 = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=sorted(dense_t) + ["down_proj", "gate_proj", "up_proj"],
+                           lora_dropout=0.0, bias="none")
+    cfg2.save_pretrained(d)
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        ac = json.load(f)
+    ac["base_model_name_or_path"] = f"tests/fixtures/{MOE}"
+    ac["target_modules"] = sorted(ac["target_modules"])
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump(ac, f, indent=2, sort_keys=True)
+    # the reference: peft reading this 2-D file itself (its transformers-5 conversion fuses each expert's
+    # gate/up pairs into gate_up_proj at rank 2r, A concatenated, B block-diagonal, alpha doubled)
+    pm = peft.PeftModel.from_pretrained(base_model(MOE), d).eval()
+    moe_record("a2", pm, gen, refs, base_model(MOE))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     make_tiny()
@@ -164,6 +256,7 @@ def main():
             r[f"{name}.seq{i}.logits"] = lg.contiguous()
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         print(f"{fixture}-{name}: {size} bytes, adapter moves logits by up to {moved:.3f}")
+    make_moe(refs)
     for fixture, r in refs.items():
         save_file(r, os.path.join(OUT, f"{fixture}.ref.safetensors"))
     print("versions:", torch.__version__, transformers.__version__, peft.__version__)

@@ -18,6 +18,12 @@
  *     half the bytes, logits bit-identical to f32 storage of the same values
  *     and within the same bound of transformers + peft; the BF16 op equals the
  *     f32 op on the widened values (bf16_storage below).
+ *   - the MoE fixture (qwen3_moe) in both expert layouts (lora.h): a1 is peft's
+ *     own (target_parameters on the fused experts, gate_up at rank 2r by its
+ *     rank_pattern), a2 the per-expert one, whose golden is peft running the
+ *     same update in the fused layout (make_lora_golden.py): parity and the
+ *     mixed batch as above (tokens of different adapters meet in one expert),
+ *     the pairs each holds, and MoE-only refusals.
  *   - refusals: DoRA, modules_to_save, a trained bias, a rank above the
  *     limit, another model's adapter, a LoRA-less backend slot: a clear
  *     error and nothing loaded.
@@ -211,14 +217,14 @@ static void refusals(void) {
     snprintf(dst, sizeof dst, "/tmp/test_lora_%d", (int)getpid());
     struct { const char *key, *value, *want; } cases[] = {
         {"use_dora", "true", "use_dora"},
-        {"target_parameters", "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]", "MoE expert parameters"},
+        {"target_parameters", "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]", "the model is dense"},
         {"modules_to_save", "[\"lm_head\"]", "modules_to_save"},
         {"bias", "\"all\"", "bias"},
         {"r", "128", "--max-lora-rank"},
         {"r", "4", "shape"},             /* the tensors are rank 8 */
         {"peft_type", "\"IA3\"", "peft_type"},
         {"target_modules", "[\"q_proj\", \"embed_tokens\"]", "embed_tokens"},
-        {"rank_pattern", "{\"q_proj\": 4}", "rank_pattern"},
+        {"rank_pattern", "{\"q_proj\": 4}", "the model needs [4, 64]"}, /* applied: q_proj's tensors are rank 8 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_variant(dst, src, cases[i].key, cases[i].value);
@@ -248,6 +254,64 @@ static void refusals(void) {
     lora_free(full);
     model_free(m);
     model_free(llama);
+}
+
+/* The routed experts in both layouts (lora.h): what each committed qwen3_moe adapter holds, and the
+ * refusals that only a MoE model can reach. The logits themselves: parity_and_mix("qwen3_moe"). */
+static void moe_layouts(void) {
+    Err e = {0};
+    Model *m = NULL;
+    if (model_load(&m, "tests/fixtures/qwen3_moe", &e)) { T_ASSERT(0, "%s", e.msg); return; }
+    const ModelConfig *c = &m->cfg;
+    LoraAdapter *a1 = NULL, *a2 = NULL;
+    T_ASSERT(lora_load(&a1, c, "tests/fixtures/lora/qwen3_moe-a1", 64, NULL, "a1", &e) == 0, "%s", e.msg);
+    T_ASSERT(lora_load(&a2, c, "tests/fixtures/lora/qwen3_moe-a2", 64, NULL, "a2", &e) == 0, "%s", e.msg);
+    if (a1) {
+        /* peft (transformers 5) moved gate/up/down into target_parameters and gave the fused gate_up_proj
+         * rank 2r = 8 and alpha 16 by rank_pattern / alpha_pattern: 3 layers x 4 attention pairs, and per MoE
+         * layer 8 experts x (gate + up from gate_up_proj, down) */
+        const LoraPair *g = lora_expert_pair(a1, 1, 3, LT_GATE), *u = lora_expert_pair(a1, 2, 7, LT_UP),
+                       *d = lora_expert_pair(a1, 1, 0, LT_DOWN);
+        T_ASSERT(a1->n_targets == 3 * 4 + 2 * 8 * 3, "a1: %d pairs", a1->n_targets);
+        T_ASSERT(g && u && d && g->rank == 8 && u->rank == 8 && d->rank == 4 && g->in == c->hidden &&
+                 g->out == c->moe_intermediate && d->in == c->moe_intermediate && d->out == c->hidden &&
+                 g->scale == 2.0f && d->scale == 2.0f && a1->rank == 8,
+                 "a1's expert pairs: gate rank %d scale %g, down rank %d scale %g", g ? g->rank : 0,
+                 g ? g->scale : 0, d ? d->rank : 0, d ? d->scale : 0);
+        T_ASSERT(!lora_pair(a1, 0, LT_GATE) && lora_pair(a1, 0, LT_Q) && !lora_expert_pair(a1, 0, 0, LT_GATE),
+                 "a1: layer 0 (dense) has only its attention adapted");
+        T_ASSERT(a1->bytes <= lora_bytes(c, 8), "a1 holds %zu bytes, above the rank-8 budget %zu", a1->bytes,
+                 lora_bytes(c, 8));
+    }
+    if (a2) {
+        const LoraPair *g = lora_expert_pair(a2, 2, 5, LT_GATE);
+        T_ASSERT(a2->n_targets == 3 * 2 + 2 * 8 * 3 && g && g->rank == 2 && g->scale == 2.0f &&
+                     lora_pair(a2, 0, LT_V) && !lora_pair(a2, 0, LT_DOWN) && lora_expert_pair(a2, 1, 7, LT_DOWN),
+                 "a2: %d pairs", a2->n_targets);
+    }
+    lora_free(a1);
+    lora_free(a2);
+    char dst[128];
+    snprintf(dst, sizeof dst, "/tmp/test_lora_moe_%d", (int)getpid());
+    struct { const char *key, *value, *want; } cases[] = {
+        {"target_parameters", "[\"mlp.gate.weight\"]", "not supported"},
+        {"rank_pattern", "{}", "fused expert pair"},             /* the tensors are gate_up rank 8 */
+        {"rank_pattern", "{\".*\\\\.gate_up_proj\": 128}", "--max-lora-rank"},
+        {"rank_pattern", "{\"layers\\\\.\\\\d+\\\\.mlp\": 8}", "regex syntax"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_variant(dst, "tests/fixtures/lora/qwen3_moe-a1", cases[i].key, cases[i].value);
+        LoraAdapter *a = (LoraAdapter *)1;
+        Err e2 = {0};
+        int rc = lora_load(&a, c, dst, 64, NULL, "adapter", &e2);
+        T_ASSERT(rc < 0 && e2.code == 400 && a == NULL && strstr(e2.msg, cases[i].want),
+                 "moe %s = %s: rc %d, message '%s' (want it to name %s)", cases[i].key, cases[i].value, rc, e2.msg,
+                 cases[i].want);
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    T_ASSERT(system(cmd) == 0, "cleanup");
+    model_free(m);
 }
 
 static void grouped_op_is_the_reference(void) {
@@ -396,6 +460,8 @@ int main(void) {
     grouped_op_is_the_reference();
     parity_and_mix("qwen3_gqa2");
     parity_and_mix("llama31");
+    parity_and_mix("qwen3_moe");
+    moe_layouts();
     refusals();
     bf16_op_is_widened_f32();
     bf16_storage("qwen3_gqa2");

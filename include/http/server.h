@@ -101,6 +101,7 @@ typedef struct ServerConfig {
     /* ---- LoRA adapters (api_lora.c); engine.max_loras is --max-loras (default 8) ---- */
     const char *loras[SERVER_MAX_LORAS]; /* --lora NAME=DIR, loaded at start-up */
     int n_loras;
+    int enable_lora;               /* --enable-lora: device backends reserve the adapter pool (implied by --lora) */
     int max_lora_rank;             /* largest adapter rank accepted; default 64 */
     int lora_dtype;                /* --lora-dtype: LoraDtype (lora.h), 0 = float32 (default), 1 = bfloat16 */
 } ServerConfig;

@@ -5,20 +5,34 @@
  * forward pass's batched LoRA (backend.h, Backend.lora).
  *
  * Supported: peft_type LORA; r, lora_alpha, use_rslora (scale alpha/sqrt(r)
- * instead of alpha/r); target_modules among q_proj, k_proj, v_proj, o_proj,
+ * instead of alpha/r); rank_pattern / alpha_pattern (a rank and alpha per
+ * pair, peft's regex keys: lora.c); target_modules among q_proj, k_proj, v_proj, o_proj,
  * gate_proj, up_proj, down_proj of the dense layers (a Qwen3-MoE model's
  * mlp_only layers included); layers_to_transform (tensors decide which
  * layers are adapted); F32/BF16/F16 tensors, stored as f32 or bf16
- * (LoraLoadOpts.dtype). Refused with a message naming
+ * (LoraLoadOpts.dtype). The routed experts of MoE layers in both layouts
+ * vLLM reads:
+ *   - per expert ("2-D", what peft writes on transformers 4's expert
+ *     modules, vLLM's default): mlp.experts.<e>.<gate|up|down>_proj.
+ *     lora_<A|B>.weight, [r, in] / [out, r], any subset of experts;
+ *   - fused ("3-D", peft's target_parameters on transformers 5's
+ *     Qwen3MoeExperts, ParamWrapper): mlp.experts[.base_layer]*.lora_<A|B>.
+ *     weight, one pair per 3-D parameter (gate_up_proj [E, 2I, H], down_proj
+ *     [E, H, I]; the nesting depth is peft's wrapping order, so the pair is
+ *     told apart by its shapes): A [r*E, in] (expert e's rows e*r..), B
+ *     [out, r*E] (expert e's rank k in column k*E + e); gate_up's B rows
+ *     [0, I) adapt gate_proj and [I, 2I) up_proj with one shared A.
+ * Each expert's linears are held as ordinary pairs (lora_expert_pair), so
+ * the 3-D layout costs the A it shares twice. Refused with a message naming
  * the field: DoRA (use_dora), modules_to_save, bias other than "none",
- * fan_in_fan_out, rank_pattern / alpha_pattern, target_parameters (MoE
- * experts as 3-D parameters), embedding or lm_head targets, MoE expert
- * projections, a rank above max_rank, and any tensor whose name or shape does
- * not match the model.
+ * fan_in_fan_out, target_parameters other than
+ * the experts' gate_up_proj / down_proj, embedding or lm_head targets, the
+ * router (mlp.gate), a rank above max_rank, and any tensor whose name or
+ * shape does not match the model.
  *
  * Memory (the budget): lora_bytes(cfg, rank) = 4 * rank * sum over layers
- * and targets of (in + out) (2 * ... stored as bf16); the adapter holds
- * exactly its own tensors.
+ * and adaptable linears (each routed expert's three included) of (in + out)
+ * (2 * ... stored as bf16); the adapter holds exactly its own pairs.
  *
  * A request path (runtime loads): errors come back as Err (400, or the
  * opener's 403), nothing is kept on failure. Not here: which adapter a
@@ -47,7 +61,9 @@ typedef struct LoraAdapter {
     float alpha;        /* lora_alpha */
     int rslora;         /* use_rslora */
     int n_layers;
-    LoraPair *pairs;    /* [n_layers * LT_COUNT]; a == NULL where that linear is not adapted (B transposed) */
+    int n_experts;      /* the model's routed experts (0: a dense model) */
+    LoraPair *pairs;    /* [lora_n_slots]: the dense linears [n_layers * LT_COUNT], then the experts'
+                           [n_layers * n_experts * 3] (gate, up, down); a == NULL where not adapted */
     void *arena;        /* every A and B, f32 or bf16 (dtype) */
     size_t bytes;       /* of arena */
     LoraDtype dtype;
@@ -77,9 +93,24 @@ int lora_load_opts(LoraAdapter **out, const ModelConfig *cfg, const char *dir, c
 int lora_from_memory_opts(LoraAdapter **out, const ModelConfig *cfg, const char *config, size_t config_len,
                           const uint8_t *st_bytes, size_t st_len, const LoraLoadOpts *o, const char *label, Err *err);
 void lora_free(LoraAdapter *a);
+/* Pair slots of a model: the dense linears of every layer, then three per
+ * routed expert of every layer (MoE layers use theirs). */
+static inline size_t lora_n_slots(int n_layers, int n_experts) {
+    return (size_t)n_layers * LT_COUNT + (size_t)n_layers * (size_t)n_experts * 3;
+}
+/* Slot of layer l's linear t; e >= 0: of routed expert e (t among gate, up, down). */
+static inline size_t lora_slot(int n_layers, int n_experts, int l, int e, LoraTarget t) {
+    if (e < 0) return (size_t)l * LT_COUNT + t;
+    return (size_t)n_layers * LT_COUNT + ((size_t)l * n_experts + e) * 3 + (size_t)(t - LT_GATE);
+}
 /* The pair of layer l's linear t, or NULL. */
 static inline const LoraPair *lora_pair(const LoraAdapter *a, int l, LoraTarget t) {
     const LoraPair *p = &a->pairs[(size_t)l * LT_COUNT + t];
+    return p->a ? p : NULL;
+}
+/* The pair of layer l's expert e, linear t (LT_GATE, LT_UP or LT_DOWN), or NULL. */
+static inline const LoraPair *lora_expert_pair(const LoraAdapter *a, int l, int e, LoraTarget t) {
+    const LoraPair *p = &a->pairs[lora_slot(a->n_layers, a->n_experts, l, e, t)];
     return p->a ? p : NULL;
 }
 

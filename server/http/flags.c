@@ -161,6 +161,9 @@ static const Flag FLAGS[] = {
      .hi = SERVER_MAX_LORAS, .count_off = AT(server.n_loras), .unset = "none",
      .help = "NAME=DIR: serve the PEFT LoRA adapter in DIR (adapter_config.json + adapter_model.safetensors) as model NAME "
              "(repeatable; more at run time with POST /v1/load_lora_adapter)"},
+    {.name = "--enable-lora", .section = S_MODEL, .kind = K_SWITCH, .off = AT(server.enable_lora), .lo = 1,
+     .help = "GPU binaries: reserve device memory for --max-loras adapters at --max-lora-rank at start-up (implied "
+             "by --lora); without it a GPU server refuses adapters. The CPU backend serves adapters either way"},
     {.name = "--max-loras", .metavar = "N", .section = S_MODEL, .kind = K_INT, .off = AT(server.engine.max_loras),
      .lo = 0, .hi = ENGINE_MAX_LORAS, .show_range = 1,
      .help = "LoRA adapter slots: adapters resident at once, all of which may share one batch"},

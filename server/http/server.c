@@ -111,7 +111,10 @@ Server *server_create(const ServerConfig *c) {
           "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);
     engine_config_resolve(ec, &s->model->cfg);
     s->runner = device_runner_create(&dev, s->model, ec->max_batched_tokens, ec->max_model_len, ec->n_threads);
-    runner_reserve_lora(s->runner, ec->max_loras, c->max_lora_rank, (LoraDtype)c->lora_dtype); /* device backends: before the KV cache */
+    /* device backends, before the KV cache: the adapter pool, only when LoRA was asked for (vLLM's
+     * --enable-lora): at --max-lora-rank on every linear a MoE model's experts make it large */
+    if (c->enable_lora || c->n_loras > 0)
+        runner_reserve_lora(s->runner, ec->max_loras, c->max_lora_rank, (LoraDtype)c->lora_dtype);
     s->be = runner_backend_create(s->model, s->runner, ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
     s->vocab = s->model->cfg.vocab;
     if (c->engine_only) {

@@ -68,12 +68,13 @@ struct Runner {
     const LoraPair **lrows;  /* [T] host */
     /* device backends: the adapter pool (runner_reserve_lora), lora_nreg regions of lora_region
      * bytes; slot s's adapter is a copy in region lora_reg[s] (-1: none), whose pairs (device
-     * pointers) are lora_dpairs[region * n_layers * LT_COUNT ...] */
+     * pointers) are lora_dpairs[region * lora_nslots ...] */
     void *lora_pool;
     size_t lora_region;
     int lora_nreg, lora_max_rank;
     int lora_reg[RUNNER_MAX_LORAS];
-    LoraPair *lora_dpairs;   /* [lora_nreg * n_layers * LT_COUNT] host */
+    LoraPair *lora_dpairs;   /* [lora_nreg * lora_nslots] host */
+    size_t lora_nslots;      /* lora_n_slots of the model */
 };
 
 static void graphs_reset(Runner *r) {
@@ -264,19 +265,23 @@ void runner_reserve_lora(Runner *r, int max_loras, int max_rank, LoraDtype dtype
     r->lora_region = (lora_bytes_as(&r->m->cfg, max_rank, dtype) + 255) / 256 * 256;
     r->lora_nreg = max_loras + 1;
     r->lora_max_rank = max_rank;
-    r->lora_pool = b->alloc(b, r->lora_region * (size_t)r->lora_nreg);
-    r->lora_dpairs = xcalloc((size_t)r->lora_nreg * r->m->cfg.n_layers * LT_COUNT, sizeof *r->lora_dpairs);
+    /* logged before the allocation: if it does not fit, the fatal error follows this line */
     log_info("lora: %s adapter pool of %d regions x %.1f MiB (--max-loras %d + 1 for in-place replacement, "
-             "rank <= %d) + %.1f MiB scratch", b->name, r->lora_nreg, r->lora_region / 1048576.0, max_loras, max_rank,
+             "rank <= %d%s) + %.1f MiB scratch; too large: lower --max-loras / --max-lora-rank or use --lora-dtype "
+             "bfloat16", b->name, max_loras + 1, r->lora_region / 1048576.0, max_loras, max_rank,
+             r->m->cfg.n_experts ? ", every routed expert's linears included" : "",
              4.0 * r->max_tokens * (max_rank + 1) / 1048576.0);
+    r->lora_pool = b->alloc(b, r->lora_region * (size_t)r->lora_nreg);
+    r->lora_nslots = lora_n_slots(r->m->cfg.n_layers, r->m->cfg.n_experts);
+    r->lora_dpairs = xcalloc((size_t)r->lora_nreg * r->lora_nslots, sizeof *r->lora_dpairs);
 }
 
 /* Device backends: copy adapter a into a free region of the pool and rebase its
  * pairs there. 0 and *reg, or <0 with err (the pool, the slots and every other
  * region unchanged). */
 static int lora_upload(Runner *r, const LoraAdapter *a, int *reg, Err *err) {
-    ENSURE(err, r->lora_pool, 400, "the %s backend needs its LoRA memory reserved at start-up (--max-loras >= 1)",
-           r->b->name);
+    ENSURE(err, r->lora_pool, 400, "the %s backend needs its LoRA memory reserved at start-up (start the server "
+           "with --enable-lora and --max-loras >= 1)", r->b->name);
     ENSURE(err, a->bytes <= r->lora_region && a->rank <= r->lora_max_rank, 400, "the adapter (%zu bytes, rank %d) "
            "exceeds a pool region (%zu bytes, rank %d)", a->bytes, a->rank, r->lora_region, r->lora_max_rank);
     int g = -1;
@@ -288,7 +293,8 @@ static int lora_upload(Runner *r, const LoraAdapter *a, int *reg, Err *err) {
     ENSURE(err, g >= 0, 503, "the LoRA pool's %d regions are all in use (more slots than --max-loras)", r->lora_nreg);
     char *dev = (char *)r->lora_pool + (size_t)g * r->lora_region;
     if (r->b->upload_try(r->b, dev, a->arena, a->bytes, err)) return -1;
-    size_t np = (size_t)a->n_layers * LT_COUNT;
+    size_t np = r->lora_nslots;
+    ASSERT(np == lora_n_slots(a->n_layers, a->n_experts), "lora_upload: the adapter's slots are another model's");
     LoraPair *dp = r->lora_dpairs + (size_t)g * np;
     for (size_t i = 0; i < np; i++) {
         dp[i] = a->pairs[i];
@@ -304,8 +310,9 @@ int runner_set_lora(Runner *r, int slot, const LoraAdapter *a, Err *err) {
     ENSURE(err, slot >= 0 && slot < RUNNER_MAX_LORAS, 400, "LoRA slot %d outside [0, %d)", slot, RUNNER_MAX_LORAS);
     ENSURE(err, !a || r->b->lora, 400, "the %s backend does not serve LoRA adapters (use the CPU backend)",
            r->b->name);
-    ENSURE(err, !a || a->n_layers == r->m->cfg.n_layers, 400, "the adapter has %d layers, the model %d",
-           a ? a->n_layers : 0, r->m->cfg.n_layers);
+    ENSURE(err, !a || (a->n_layers == r->m->cfg.n_layers && a->n_experts == r->m->cfg.n_experts), 400,
+           "the adapter has %d layers and %d experts, the model %d and %d", a ? a->n_layers : 0,
+           a ? a->n_experts : 0, r->m->cfg.n_layers, r->m->cfg.n_experts);
     int reg = -1;
     if (a && !r->b->host && lora_upload(r, a, &reg, err)) return -1; /* the slot keeps its adapter */
     r->lora[slot] = a;
@@ -313,16 +320,26 @@ int runner_set_lora(Runner *r, int slot, const LoraAdapter *a, Err *err) {
     return 0;
 }
 
-/* out[i] += the LoRA of linear t of layer l for token i's adapter. No-op on
+/* Which linears an MLP's LoRA pairs are: layer l's own (e < 0) or its
+ * routed expert e's, whose rows are the gathered tokens map[0..n) (host). */
+typedef struct LoraAt {
+    int l, e;
+    const int32_t *map; /* [n] row -> the step's token; NULL: the identity */
+} LoraAt;
+
+/* out[i] += the LoRA of linear t at `at` for row i's token's adapter. No-op on
  * steps without adapters (the base path keeps its exact bits). */
-static void lora_apply(Runner *r, float *out, const float *x, int n, int l, LoraTarget t) {
-    if (!r->tok_lora || l < 0) return;
+static void lora_apply(Runner *r, float *out, const float *x, int n, LoraAt at, LoraTarget t) {
+    if (!r->tok_lora) return;
+    const ModelConfig *c = &r->m->cfg;
+    size_t slot = lora_slot(c->n_layers, c->n_experts, at.l, at.e, t);
     int any = 0;
     for (int i = 0; i < n; i++) {
-        int s = r->tok_lora[i];
-        const LoraPair *p = s >= 0 ? lora_pair(r->lora[s], l, t) : NULL;
+        int s = r->tok_lora[at.map ? at.map[i] : i];
+        const LoraPair *p = s >= 0 ? &r->lora[s]->pairs[slot] : NULL;
+        if (p && !p->a) p = NULL;
         if (p && r->lora_reg[s] >= 0) /* a device backend: the same pair in the adapter's pool region */
-            p = &r->lora_dpairs[((size_t)r->lora_reg[s] * r->m->cfg.n_layers + l) * LT_COUNT + t];
+            p = &r->lora_dpairs[(size_t)r->lora_reg[s] * r->lora_nslots + slot];
         r->lrows[i] = p;
         any |= r->lrows[i] != NULL;
     }
@@ -423,9 +440,10 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
         be->matmul(be, r->k, r->xn, n, &w->k, VEC(r, w->k_bias));
         be->matmul(be, r->v, r->xn, n, &w->v, VEC(r, w->v_bias));
     }
-    lora_apply(r, r->q, r->xn, n, l, LT_Q);
-    lora_apply(r, r->k, r->xn, n, l, LT_K);
-    lora_apply(r, r->v, r->xn, n, l, LT_V);
+    LoraAt at = {l, -1, NULL};
+    lora_apply(r, r->q, r->xn, n, at, LT_Q);
+    lora_apply(r, r->k, r->xn, n, at, LT_K);
+    lora_apply(r, r->v, r->xn, n, at, LT_V);
     be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
     be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
     size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
@@ -443,7 +461,7 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
                   .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs};
     be->attention(be, &a);
     be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
-    lora_apply(r, r->tmp, r->att, n, l, LT_O);
+    lora_apply(r, r->tmp, r->att, n, at, LT_O);
 }
 
 /* The residual add of a block's output (tmp) and the norm of the next block's input. */
@@ -458,9 +476,9 @@ static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
     be->rmsnorm(be, r->xn, r->x, norm_w, n, c->hidden, c->rms_eps);
 }
 
-/* l: the layer whose LoRA pairs apply (-1: none, MoE experts). */
+/* at: whose LoRA pairs apply (a layer's MLP or one of its routed experts). */
 static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
-                      const float *in, float *out, int n, int l) {
+                      const float *in, float *out, int n, LoraAt at) {
     Backend *be = r->b;
     if (be->matmul_multi) {
         float *outs[2] = {r->g, r->u};
@@ -471,11 +489,11 @@ static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, con
         be->matmul(be, r->g, in, n, gate, NULL);
         be->matmul(be, r->u, in, n, up, NULL);
     }
-    lora_apply(r, r->g, in, n, l, LT_GATE);
-    lora_apply(r, r->u, in, n, l, LT_UP);
+    lora_apply(r, r->g, in, n, at, LT_GATE);
+    lora_apply(r, r->u, in, n, at, LT_UP);
     be->swiglu(be, r->g, r->g, r->u, n * gate->rows);
     be->matmul(be, out, r->g, n, down, NULL);
-    lora_apply(r, out, r->g, n, l, LT_DOWN);
+    lora_apply(r, out, r->g, n, at, LT_DOWN);
 }
 
 /* HF Qwen3MoE routing: softmax over all experts in f32, top-k (ties: lower
@@ -534,7 +552,8 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
         const int32_t *rows = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)cnt);
         const float *wts = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)cnt);
         be->gather_rows(be, r->xg, r->xn, rows, cnt, H);
-        dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, -1);
+        LoraAt at = {l, e, r->ex_tok}; /* expert e's pairs, rows = its gathered tokens */
+        dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, at);
         be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
     }
 }
@@ -552,7 +571,8 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
         attention_block(r, kv, l, st, n);
         add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
         if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
-        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n, l);
+        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n,
+                       (LoraAt){l, -1, NULL});
         if (l + 1 < c->n_layers) add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
         else be->add(be, r->x, r->tmp, n * H);
     }

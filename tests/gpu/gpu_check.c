@@ -307,6 +307,7 @@ static void part_models(void) {
     /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
     lora_model_check("qwen3_gqa2", 0, 0, NULL, NULL);
     lora_model_check("llama31", 1, 0, NULL, NULL);
+    lora_model_check("qwen3_moe", 0, 0, NULL, NULL); /* the routed experts' pairs (both layouts) */
     /* the engine: device sampling on vs off over the same device forward */
     engine_devsample_check("tests/fixtures/qwen2");
     engine_devsample_check("models/tiny-qwen3");

@@ -9,14 +9,17 @@ the way is 5e-3, far above f32 summation-order noise, so greedy ids must match e
 parity itself is tests/test_lora.c.
 """
 import json
+import math
 import os
 import shutil
+import struct
 import threading
 
 import pytest
 
 from conftest import ROOT
 from server_fixture import ADMIN, Server, metrics, wait_until
+from st_file import read_st
 
 GOLDEN = json.load(open(os.path.join(ROOT, "tests", "data", "lora_server_golden.json")))
 T1 = "tests/fixtures/lora/tiny-qwen3-t1"
@@ -277,5 +280,69 @@ def test_lora_routes_with_an_api_key(tmp_path):
         assert st == 200 and r["choices"][0]["token_ids"] == GOLDEN["t2"]
         assert s.post("/v1/unload_lora_adapter", {"lora_name": "t2"}, headers=user)[0] == 401
         assert s.post("/v1/unload_lora_adapter", {"lora_name": "t2"}, headers=ADM)[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def _moe_golden():
+    """{(adapter, seq): (tokens, logits rows)} of tests/fixtures/lora/qwen3_moe.ref.safetensors."""
+    t = read_st(os.path.join(ROOT, "tests", "fixtures", "lora", "qwen3_moe.ref.safetensors"))
+    out = {}
+    for ad in ("a1", "a2"):
+        for s in (0, 1):
+            dt, shape, raw = t[f"{ad}.seq{s}.tokens"]
+            toks = list(struct.unpack(f"<{shape[0]}i", raw))
+            dt, (T, V), raw = t[f"{ad}.seq{s}.logits"]
+            flat = struct.unpack(f"<{T * V}f", raw)
+            out[ad, s] = toks, [flat[i * V:(i + 1) * V] for i in range(T)]
+    return out
+
+
+def _log_softmax_at(row, i):
+    m = max(row)
+    return row[i] - m - math.log(sum(math.exp(x - m) for x in row))
+
+
+def test_moe_expert_adapters_match_peft_through_the_server(tmp_path):
+    """The routed experts' LoRA (both layouts, docs/lora.md) served: qwen3_moe-a1 (peft's fused
+    target_parameters layout) at start-up, qwen3_moe-a2 (per-expert layout) loaded at run time; every
+    prompt position's log-prob of its token against transformers + peft's logits (f32 both sides:
+    1e-4, as tests/test_lora.c, with an f32 KV cache), then the three (a1, a2, base) at once give what each gave alone."""
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "lora", "qwen3_moe-a2"), tmp_path / "a2")
+    s = Server("--lora", f"e1={os.path.join(ROOT, 'tests/fixtures/lora/qwen3_moe-a1')}", "--reload-root",
+               str(tmp_path), "--tokenizer", os.path.join(ROOT, "models/tiny-qwen3"),
+               "--kv-cache-dtype", "float32",  # the golden's K/V are f32 (the default BF16 cache rounds them)
+               model=os.path.join(ROOT, "tests/fixtures/qwen3_moe"))
+    try:
+        assert load(s, "e2", tmp_path / "a2")[0] == 200
+        gold = _moe_golden()
+
+        def plp(model, toks):
+            c = complete(s, model, toks, 1, prompt_logprobs=0)["choices"][0]
+            return [None] + [c["prompt_logprobs"][p][str(toks[p])]["logprob"] for p in range(1, len(toks))]
+
+        worst = 0.0
+        for (ad, seq), (toks, rows) in gold.items():
+            got = plp({"a1": "e1", "a2": "e2"}[ad], toks)
+            base = plp("qwen3_moe", toks)
+            for p in range(1, len(toks)):
+                want = _log_softmax_at(rows[p - 1], toks[p])
+                worst = max(worst, abs(got[p] - want))
+            # the adapter moved them far beyond the tolerance
+            assert max(abs(got[p] - base[p]) for p in range(1, len(toks))) > 0.5, (ad, seq)
+        assert worst <= 1e-4, worst
+        jobs = [("e1", gold["a1", 1][0]), ("qwen3_moe", gold["a1", 1][0]), ("e2", gold["a2", 1][0]),
+                ("e1", gold["a1", 0][0])]
+        alone = [plp(m, t) for m, t in jobs]
+        together = [None] * len(jobs)
+
+        def run(i):
+            together[i] = plp(*jobs[i])
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert together == alone
     finally:
         assert s.stop() == 0

@@ -491,6 +491,7 @@ int main(void) {
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);
     if (!quick) lora_model_check("llama31", 1, 0, NULL, NULL);
+    if (!quick) lora_model_check("qwen3_moe", 0, 0, NULL, NULL); /* the routed experts' pairs (both layouts) */
     /* not under EMU_QUICK: an engine step samples every row through a 512-thread block, 512 OS threads
      * in the sanitizer builds, for ~40 steps (tens of minutes); the sampler kernel itself is checked above
      * in the quick subset too, and this engine check runs in the release emulation and on the GPU */

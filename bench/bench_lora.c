@@ -49,7 +49,8 @@ static float frand(void) {
     return (float)((rng >> 11) * 0x1.0p-53) - 0.5f;
 }
 
-/* A random PEFT adapter directory for model c: rank r on every supported linear. */
+/* A random PEFT adapter directory for model c: rank r on every supported linear (on a MoE layer its
+ * attention and each routed expert's three, in the per-expert layout). */
 static void write_adapter(const char *dir, const ModelConfig *c, int r) {
     mkdir(dir, 0755);
     char path[512];
@@ -59,23 +60,32 @@ static void write_adapter(const char *dir, const ModelConfig *c, int r) {
             "\"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]}\n", r, 2 * r);
     fclose(f);
     static const char *blk[LT_COUNT] = {"self_attn", "self_attn", "self_attn", "self_attn", "mlp", "mlp", "mlp"};
-    int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim, I = c->moe_intermediate;
     int dims[LT_COUNT][2] = {{c->hidden, q}, {c->hidden, kv}, {c->hidden, kv}, {q, c->hidden},
                              {c->hidden, c->intermediate}, {c->hidden, c->intermediate}, {c->intermediate, c->hidden}};
-    size_t hcap = 1 << 20, hn = 0, off = 0;
+    int edims[3][2] = {{c->hidden, I}, {c->hidden, I}, {I, c->hidden}};
+    size_t hcap = (size_t)64 << 20, hn = 0, off = 0;
     char *hdr = malloc(hcap);
     hn += (size_t)snprintf(hdr + hn, hcap - hn, "{");
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers; l++) {
+        int moe = model_layer_is_moe(c, l);
         for (int t = 0; t < LT_COUNT; t++)
-            for (int ab = 0; ab < 2; ab++) {
-                int d0 = ab ? dims[t][1] : r, d1 = ab ? r : dims[t][0];
-                size_t bytes = (size_t)d0 * d1 * 2;
-                hn += (size_t)snprintf(hdr + hn, hcap - hn, "%s\"base_model.model.model.layers.%d.%s.%s.lora_%c.weight\":"
-                                       "{\"dtype\":\"BF16\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
-                                       hn > 1 ? "," : "", l, blk[t], lora_target_name((LoraTarget)t), ab ? 'B' : 'A',
-                                       d0, d1, off, off + bytes);
-                off += bytes;
-            }
+            for (int e = 0; e < (moe && t >= LT_GATE ? c->n_experts : 1); e++)
+                for (int ab = 0; ab < 2; ab++) {
+                    int in = moe && t >= LT_GATE ? edims[t - LT_GATE][0] : dims[t][0];
+                    int out = moe && t >= LT_GATE ? edims[t - LT_GATE][1] : dims[t][1];
+                    int d0 = ab ? out : r, d1 = ab ? r : in;
+                    char mod[64];
+                    if (moe && t >= LT_GATE) snprintf(mod, sizeof mod, "mlp.experts.%d", e);
+                    else snprintf(mod, sizeof mod, "%s", blk[t]);
+                    size_t bytes = (size_t)d0 * d1 * 2;
+                    hn += (size_t)snprintf(hdr + hn, hcap - hn, "%s\"base_model.model.model.layers.%d.%s.%s.lora_%c."
+                                           "weight\":{\"dtype\":\"BF16\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                                           hn > 1 ? "," : "", l, mod, lora_target_name((LoraTarget)t), ab ? 'B' : 'A',
+                                           d0, d1, off, off + bytes);
+                    off += bytes;
+                }
+    }
     hn += (size_t)snprintf(hdr + hn, hcap - hn, "}");
     while (hn % 8) hdr[hn++] = ' ';
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);

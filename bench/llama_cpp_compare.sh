@@ -4,7 +4,8 @@
 # What it does: builds llama.cpp's llama-bench, llama-server and llama-quantize from the llama-cpp-python sdist (PyPI; the sdist
 # vendors llama.cpp), converts the random Qwen3-0.6B-shaped model of scripts/make_bench_model.py to
 # GGUF BF16 with the sdist's convert_hf_to_gguf.py, then alternates runs of llama-bench and
-# bench_forward (prefill of P tokens, batch-1 decode of D tokens) REPS times per thread count and
+# bench_forward (prefill of P tokens, batch-1 decode of D tokens after it, i.e. at context P .. P + D;
+# llama-bench's decode runs at the same depth, -d P) REPS times per thread count and
 # prints the medians and the ratios sampler / llama.cpp. The machine's load average is printed
 # before and after: on a shared machine say it next to the numbers.
 #
@@ -69,14 +70,17 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 for T in $THREADS; do
   : >"$WORK/l_pp.$T"; : >"$WORK/l_tg.$T"; : >"$WORK/s.$T"
   for rep in $(seq "$REPS"); do
-    # llama-bench: one repetition of pp P and tg D; its JSON gives avg_ts per test.
-    "$WORK/build/bin/llama-bench" -m "$GGUF" -t "$T" -p "$P" -n "$D" -r 1 -o json 2>/dev/null >"$WORK/l.json"
-    python3 - "$WORK/l.json" "$WORK/l_pp.$T" "$WORK/l_tg.$T" <<'EOF'
+    # llama-bench: one repetition of pp P (from an empty cache) and of tg D at depth P (-d: the decode
+    # runs with P positions already in its KV cache, as bench_forward's decode does after its prefill;
+    # llama-bench's tg without -d starts from an empty cache). Its JSON gives avg_ts per test.
+    "$WORK/build/bin/llama-bench" -m "$GGUF" -t "$T" -p "$P" -n 0 -r 1 -o json 2>/dev/null >"$WORK/l.json"
+    "$WORK/build/bin/llama-bench" -m "$GGUF" -t "$T" -p 0 -n "$D" -d "$P" -r 1 -o json 2>/dev/null >"$WORK/l2.json"
+    python3 - "$WORK/l.json" "$WORK/l2.json" "$WORK/l_pp.$T" "$WORK/l_tg.$T" <<'EOF'
 import json, sys
-rows = json.load(open(sys.argv[1]))
-for r in rows:
-    f = sys.argv[2] if r["n_prompt"] > 0 else sys.argv[3]
-    open(f, "a").write(f"{r['avg_ts']}\n")
+for path in sys.argv[1:3]:
+    for r in json.load(open(path)):
+        f = sys.argv[3] if r["n_prompt"] > 0 else sys.argv[4]
+        open(f, "a").write(f"{r['avg_ts']}\n")
 EOF
     "$BUILD_DIR/bench_forward" "$MODEL" "$T" "$P" "$D" "$PATHS" 1 2>/dev/null >>"$WORK/s.$T"
   done

@@ -52,12 +52,15 @@ for T in $THREADS; do
   : >"$WORK/q8_pp.$T"; : >"$WORK/q8_tg.$T"
   for pr in $PRECS; do : >"$WORK/s_$pr.$T"; done
   for rep in $(seq "$REPS"); do
-    "$WORK/build/bin/llama-bench" -m "$Q8_GGUF" -t "$T" -p "$P" -n "$D" -r 1 -o json 2>/dev/null >"$WORK/q8.json"
-    python3 - "$WORK/q8.json" "$WORK/q8_pp.$T" "$WORK/q8_tg.$T" <<'EOF'
+    # pp P from an empty cache, tg D at depth P (-d): the context bench_forward decodes at
+    "$WORK/build/bin/llama-bench" -m "$Q8_GGUF" -t "$T" -p "$P" -n 0 -r 1 -o json 2>/dev/null >"$WORK/q8.json"
+    "$WORK/build/bin/llama-bench" -m "$Q8_GGUF" -t "$T" -p 0 -n "$D" -d "$P" -r 1 -o json 2>/dev/null >"$WORK/q8b.json"
+    python3 - "$WORK/q8.json" "$WORK/q8b.json" "$WORK/q8_pp.$T" "$WORK/q8_tg.$T" <<'EOF'
 import json, sys
-for r in json.load(open(sys.argv[1])):
-    f = sys.argv[2] if r["n_prompt"] > 0 else sys.argv[3]
-    open(f, "a").write(f"{r['avg_ts']}\n")
+for path in sys.argv[1:3]:
+    for r in json.load(open(path)):
+        f = sys.argv[3] if r["n_prompt"] > 0 else sys.argv[4]
+        open(f, "a").write(f"{r['avg_ts']}\n")
 EOF
     for pr in $PRECS; do
       "$BUILD_DIR/bench_forward" "$MODEL" "$T" "$P" "$D" "$PATH_NAME" 1 "$pr" 2>/dev/null >>"$WORK/s_$pr.$T"

@@ -14,7 +14,8 @@ buys nothing for a bandwidth benchmark); norm weights are 1. Its output is not c
 
 Usage: python3 scripts/make_bench_model.py NAME OUTDIR [--shard-size BYTES] [--layers N]
        [--seed S] [--jobs J] [--no-verify]
-NAME: qwen3-0.6b | qwen3-8b. --layers overrides the layer count (quick tests only). --jobs writes
+NAME: qwen3-0.6b | qwen3-8b | qwen3-30b-a3b (the MoE; per-expert tensor names, as the published
+checkpoint). --layers overrides the layer count (quick tests only). --jobs writes
 J shards at once (processes; each shard draws its offsets from its own generator seeded (S, shard),
 so the bytes do not depend on J). Qwen3-8B (16.4 GB, 9 shards) took 9 s per 3.3 GB on a 2-core VM
 with one job; tests/gpu/check.sh writes it on the GPU machine with --jobs 9 into /dev/shm.
@@ -60,6 +61,13 @@ CONFIGS = {
     "qwen3-8b": dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288,
                      max_window_layers=36, num_attention_heads=32, num_hidden_layers=36,
                      tie_word_embeddings=False),
+    # Qwen3-30B-A3B (a mixture of experts: 128 routed experts, 8 per token); use --layers on small machines
+    "qwen3-30b-a3b": dict(_QWEN3_COMMON, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                          hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          max_window_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                          num_hidden_layers=48, tie_word_embeddings=False, output_router_logits=False,
+                          router_aux_loss_coef=0.001),
 }
 GENERATION_CONFIG = {
     "bos_token_id": 151643,
@@ -90,9 +98,19 @@ def tensor_specs(c):
             (p + "self_attn.o_proj.weight", (h, q), "w"),
             (p + "self_attn.q_norm.weight", (hd,), "norm"),
             (p + "self_attn.k_norm.weight", (hd,), "norm"),
-            (p + "mlp.gate_proj.weight", (inter, h), "w"),
-            (p + "mlp.up_proj.weight", (inter, h), "w"),
-            (p + "mlp.down_proj.weight", (h, inter), "w"),
+        ]
+        if c.get("num_experts"):  # every layer a MoE layer (decoder_sparse_step 1, no mlp_only_layers)
+            mi = c["moe_intermediate_size"]
+            specs.append((p + "mlp.gate.weight", (c["num_experts"], h), "w"))
+            for e in range(c["num_experts"]):
+                specs += [(p + f"mlp.experts.{e}.gate_proj.weight", (mi, h), "w"),
+                          (p + f"mlp.experts.{e}.up_proj.weight", (mi, h), "w"),
+                          (p + f"mlp.experts.{e}.down_proj.weight", (h, mi), "w")]
+        else:
+            specs += [(p + "mlp.gate_proj.weight", (inter, h), "w"),
+                      (p + "mlp.up_proj.weight", (inter, h), "w"),
+                      (p + "mlp.down_proj.weight", (h, inter), "w")]
+        specs += [
             (p + "input_layernorm.weight", (h,), "norm"),
             (p + "post_attention_layernorm.weight", (h,), "norm"),
         ]

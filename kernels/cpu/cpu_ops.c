@@ -288,6 +288,20 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
                 acc[p] = _mm512_fmadd_ps(qv, kv, acc[p]);
             }
         }
+        if (j == n) { /* no tail: the eight hsum8 trees at once, the same adds (x + y == y + x) */
+            __m512 t[4];
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) /* 128-bit blocks [A0-3 A4-7 B0-3 B4-7]: b = a[0..3] + a[4..7] */
+                t[p] = _mm512_add_ps(acc[p], _mm512_shuffle_f32x4(acc[p], acc[p], _MM_SHUFFLE(2, 3, 0, 1)));
+            #pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) { /* the b of rows 4h .. 4h+3, one per block */
+                __m512 u = _mm512_shuffle_f32x4(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(2, 0, 2, 0));
+                u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2))); /* b0 + b2, b1 + b3 */
+                u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1))); /* (b0 + b2) + (b1 + b3) */
+                _mm512_mask_compressstoreu_ps(out + i + 4 * h, 0x1111, u);
+            }
+            continue;
+        }
         #pragma GCC unroll 8
         for (int p = 0; p < 4; p++) {
             float s[2] = {hsum8(_mm512_castps512_ps256(acc[p])),

@@ -170,8 +170,9 @@ int main(int argc, char **argv) {
         t_load += t1 - t0;
         t_load_bf += now_s() - t1;
     }
-    printf("model %s: %.3fB params, %d threads; adapters rank %d on all 7 linears, %.1f MiB each\n", argv[1],
-           m->n_params / 1e9, threads, R, ad[0]->bytes / 1048576.0);
+    printf("model %s: %.3fB params, %d threads; adapters rank %d on all 7 linears%s, %.1f MiB each\n", argv[1],
+           m->n_params / 1e9, threads, R, m->cfg.n_experts ? " (MoE layers: attention and each routed expert's three)" : "",
+           ad[0]->bytes / 1048576.0);
     printf("read + check one adapter directory (lora_load, while serving): %.1f ms (stored bf16: %.1f ms, %.1f MiB)\n",
            1e3 * t_load / (NA + 1), 1e3 * t_load_bf / (NA + 1), adb[0]->bytes / 1048576.0);
 
@@ -247,7 +248,8 @@ int main(int argc, char **argv) {
         printf("  %-22s %8.2f tok/s (%.2f..%.2f)  %6.3fx the base", c == 0 ? "base only" : c == 1 ? "1 adapter" :
                c == 2 ? "4 distinct adapters" : "16 distinct adapters", med[c], tps[c][0], tps[c][ROUNDS - 1],
                med[c] / med[0]);
-        if (c) printf("   LoRA op alone %.1f ms/step = %.1f %% of a base step; adapters stored bf16: %.1f ms (%.2fx)",
+        if (c) printf("   LoRA op alone%s %.1f ms/step = %.1f %% of a base step; adapters stored bf16: %.1f ms (%.2fx)",
+                      m->cfg.n_experts ? " (dense pairs only: the experts' run inside the MoE path)" : "",
                       op_ms[c], 100.0 * op_ms[c] / (1e3 * B / med[0]), op_ms_bf[c], op_ms_bf[c] / op_ms[c]);
         printf("\n");
     }

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "backend.h"
@@ -40,8 +41,9 @@ struct Runner {
     float *xg, *yg;          /* [T, hidden] gathered inputs / expert outputs */
     float *hout;             /* [T, hidden] final hidden states of output rows */
     float *logits;           /* [T, vocab] (device backends only) */
-    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows, *d_ex_tok; /* [T] */
-    float *d_ex_w;           /* [T] */
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows; /* [T] */
+    int32_t *d_ex_tok;       /* [T * top_k] device copy of ex_tok */
+    float *d_ex_w;           /* [T * top_k] device copy of ex_w */
     int32_t *d_bt;           /* [T, bt_stride] */
     /* host memory */
     float *inv_freq;         /* [head_dim / 2] */
@@ -49,8 +51,10 @@ struct Runner {
     float *h_router;         /* [T, n_experts] */
     int32_t *topk_idx;       /* [T, top_k] */
     float *topk_w;           /* [T, top_k] */
-    int32_t *ex_tok;         /* [T] tokens routed to the current expert */
-    float *ex_w;             /* [T] their routing weights */
+    int32_t *ex_tok;         /* [T * top_k] the (token, k) pairs by expert: expert e's tokens (ascending)
+                              * at [ex_off[e], ex_off[e + 1]) */
+    float *ex_w;             /* [T * top_k] their routing weights */
+    int32_t *ex_off;         /* [n_experts + 1] */
     int32_t *h_slots;        /* [T] cache slot of each token */
     int32_t *h_bt;           /* [T, bt_stride] */
     int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
@@ -229,16 +233,17 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
         r->d_seq = BALLOC(T, int32_t);
         r->d_slots = BALLOC(T, int32_t);
         r->d_rows = BALLOC(T, int32_t);
-        r->d_ex_tok = BALLOC(T, int32_t);
-        r->d_ex_w = BALLOC(T, float);
+        r->d_ex_tok = BALLOC(T * (c->top_k > 0 ? c->top_k : 1), int32_t);
+        r->d_ex_w = BALLOC(T * (c->top_k > 0 ? c->top_k : 1), float);
     }
     if (c->n_experts) {
         r->router = BALLOC(T * c->n_experts, float);
         r->h_router = b->host ? r->router : xcalloc(T * c->n_experts, sizeof(float));
         r->topk_idx = xcalloc(T * c->top_k, sizeof(int32_t));
         r->topk_w = xcalloc(T * c->top_k, sizeof(float));
-        r->ex_tok = xcalloc(T, sizeof(int32_t));
-        r->ex_w = xcalloc(T, sizeof(float));
+        r->ex_tok = xcalloc(T * c->top_k, sizeof(int32_t));
+        r->ex_w = xcalloc(T * c->top_k, sizeof(float));
+        r->ex_off = xcalloc(c->n_experts + 1, sizeof(int32_t));
         r->xg = BALLOC(T * H, float);
         r->yg = BALLOC(T * H, float);
     }
@@ -255,7 +260,7 @@ void runner_free(Runner *r) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->release(b, dev[i]);
     if (!b->host) free(r->h_router);
-    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w,
+    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w, r->ex_off,
                     r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (r->lora_pool) b->release(b, r->lora_pool);
@@ -544,29 +549,40 @@ static void route(Runner *r, int n, int moe_layer) {
 
 /* Experts run in index order over the tokens routed to them, so a token's
  * sum over its experts has the same order whatever else is in the batch.
- * Routing runs on the host (top-k over a few dozen experts). */
+ * Routing runs on the host (top-k over a few dozen experts); the (token, k)
+ * pairs are counting-sorted by expert and go to the device in one upload of
+ * each list per layer, not two per expert (each a synchronous copy). */
 static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
-    int H = c->hidden, K = c->top_k;
+    int H = c->hidden, K = c->top_k, E = c->n_experts, NK = n * K;
     be->matmul(be, r->router, r->xn, n, &w->router, NULL);
     if (!be->host) be->download(be, r->h_router, r->router, sizeof(float) * (size_t)n * c->n_experts);
     route(r, n, moe_layer);
+    int32_t *off = r->ex_off;
+    memset(off, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int i = 0; i < NK; i++) off[r->topk_idx[i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    for (int t = 0; t < n; t++) /* tokens ascending within each expert: the order of the reference */
+        for (int k = 0; k < K; k++) {
+            int e = r->topk_idx[(size_t)t * K + k], p = off[e]++;
+            r->ex_tok[p] = t;
+            r->ex_w[p] = r->topk_w[(size_t)t * K + k];
+        }
+    for (int e = E; e > 0; e--) off[e] = off[e - 1]; /* back to starts */
+    off[0] = 0;
+    ASSERT(off[E] == NK, "moe: %d routed pairs, want %d", off[E], NK);
+    const int32_t *rows_all = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)NK);
+    const float *wts_all = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)NK);
     be->zero(be, r->tmp, sizeof(float) * (size_t)n * H);
-    for (int e = 0; e < c->n_experts; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++)
-                if (r->topk_idx[(size_t)t * K + k] == e) {
-                    r->ex_tok[cnt] = t;
-                    r->ex_w[cnt++] = r->topk_w[(size_t)t * K + k];
-                }
+    for (int e = 0; e < E; e++) {
+        int cnt = off[e + 1] - off[e];
         if (!cnt) continue;
-        const int32_t *rows = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)cnt);
-        const float *wts = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)cnt);
+        const int32_t *rows = rows_all + off[e];
+        const float *wts = wts_all + off[e];
         be->gather_rows(be, r->xg, r->xn, rows, cnt, H);
-        LoraAt at = {l, e, r->ex_tok}; /* expert e's pairs, rows = its gathered tokens */
+        LoraAt at = {l, e, r->ex_tok + off[e]}; /* expert e's pairs, rows = its gathered tokens */
         dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, at);
         be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
     }

@@ -60,7 +60,8 @@ typedef struct EngineConfig {
     int max_prompt_logprob_rows; /* logits rows per step for prompt log-probs; default 64 */
     int max_step_rows;      /* logits rows per step (sampled tokens + prompt log-prob rows), shared
                              * max-min fairly between requests (scheduler.h); 0 (default) -> 4 per
-                             * sampling thread, at least 16, at most max_running_seqs + the prompt rows */
+                             * sampling thread, at least 16, at most max_running_seqs + the prompt rows;
+                             * with device sampling (engine_create) max_running_seqs + the prompt rows */
     size_t max_request_output_mb; /* per-request output budget (engine_request_output_bytes); default 2048 */
     size_t max_output_mem_mb;     /* outputs of all requests in flight together; default 8192 */
     int n_threads;          /* forward-pass threads; 0 -> all cores */

@@ -128,6 +128,15 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
     Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
     EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL);
     Engine *e = engine_create(&m->cfg, &be, &c);
+    {   /* the automatic row budget: every running sequence under device sampling, the host's otherwise */
+        const EngineConfig *ec = engine_config(e);
+        int all = c.max_running_seqs + ec->max_prompt_logprob_rows, host = 16 < all ? 16 : all;
+        int want = mode == ENGINE_DEVSAMPLE_OFF ? host : all, ok = ec->max_step_rows == want;
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s engine %s: automatic max_step_rows %d (want %d)\n", ok ? "ok" : "FAIL",
+               mode == ENGINE_DEVSAMPLE_OFF ? "sampling on the host" : "sampling on the device", ec->max_step_rows,
+               want);
+    }
     static int32_t prompts[EDS_REQS][12];
     EngineRequest *req[EDS_REQS];
     int rc = 0;

@@ -89,31 +89,12 @@ static void part_ops(void) {
 /* ---- part 2: fixture models ---- */
 typedef struct Cmp { double max_abs, max_kl; int rows; } Cmp;
 
+/* Folds one comparison into c (the maxima over calls; NaN propagates). */
 static void logit_cmp(Cmp *c, const float *ref, const float *ours, int rows, int vocab) {
+    LogitStats st = logit_stats(ref, ours, rows, vocab);
     c->rows += rows;
-    double *lr = xmalloc(sizeof(double) * vocab), *lo = xmalloc(sizeof(double) * vocab);
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * vocab, *b = ours + (size_t)r * vocab;
-        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
-        for (int i = 0; i < vocab; i++) {
-            double d = fabs((double)a[i] - b[i]);
-            if (!(d <= c->max_abs)) c->max_abs = d; /* NaN propagates */
-            ma = a[i] > ma ? a[i] : ma;
-            mb = b[i] > mb ? b[i] : mb;
-        }
-        for (int i = 0; i < vocab; i++) {
-            sa += exp(a[i] - ma);
-            sb += exp(b[i] - mb);
-        }
-        for (int i = 0; i < vocab; i++) {
-            lr[i] = a[i] - ma - log(sa);
-            lo[i] = b[i] - mb - log(sb);
-        }
-        for (int i = 0; i < vocab; i++) kl += exp(lr[i]) * (lr[i] - lo[i]);
-        if (!(kl <= c->max_kl)) c->max_kl = kl;
-    }
-    free(lr);
-    free(lo);
+    if (!(st.max_abs <= c->max_abs)) c->max_abs = st.max_abs;
+    if (!(st.max_kl <= c->max_kl)) c->max_kl = st.max_kl;
 }
 
 static void bound(const char *dir, const char *what, Cmp c, double max_abs, double max_kl) {

@@ -30,6 +30,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "logit_stats.h"
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
@@ -37,31 +38,11 @@ extern "C" {
 }
 #endif
 
-static double lc_max_abs, lc_max_kl; /* of the last lc_logits call */
-static void lc_logits(const float *ref, const float *got, int rows, int V) {
-    lc_max_abs = lc_max_kl = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
-        double xa = -INFINITY, xb = -INFINITY, sa = 0, sb = 0, kl = 0;
-        for (int i = 0; i < V; i++) {
-            double d = fabs((double)a[i] - b[i]);
-            if (!(d <= lc_max_abs)) lc_max_abs = d;
-            xa = a[i] > xa ? a[i] : xa;
-            xb = b[i] > xb ? b[i] : xb;
-        }
-        for (int i = 0; i < V; i++) { sa += exp(a[i] - xa); sb += exp(b[i] - xb); }
-        for (int i = 0; i < V; i++) {
-            double la = a[i] - xa - log(sa), lb = b[i] - xb - log(sb);
-            kl += exp(la) * (la - lb);
-        }
-        if (!(kl <= lc_max_kl)) lc_max_kl = kl;
-    }
-}
 static void lc_report(const char *what, const float *ref, const float *got, int rows, int V) {
-    lc_logits(ref, got, rows, V);
-    int ok = lc_max_abs <= 1e-3 && lc_max_kl <= 1e-7;
+    LogitStats st = logit_stats(ref, got, rows, V);
+    int ok = st.max_abs <= 1e-3 && st.max_kl <= 1e-7;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %-58s max|dlogit| %.2e KL %.2e\n", ok ? "ok" : "FAIL", what, lc_max_abs, lc_max_kl);
+    printf("  %-4s %-58s max|dlogit| %.2e KL %.2e\n", ok ? "ok" : "FAIL", what, st.max_abs, st.max_kl);
 }
 static void lc_verdict(int ok, const char *what) {
     ok ? n_pass++ : n_fail++;

@@ -73,6 +73,8 @@ void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, 
  * in the batch. */
 struct LoraPair;
 void cpu_lora_row(float *out, const float *x, const struct LoraPair *p);
+/* dst[i] = the f32 value of bf16 src[i], i < n (exact; AVX2 where the CPU has it). */
+void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 /* cpu_lora_row on rows[0..n) of out [., p->out] and x [., p->in] (n <= CPU_LORA_ROWS_MAX), the same bits
  * per row; BF16 pairs widen each row of A and chunk of B once for the n rows. */
 #define CPU_LORA_ROWS_MAX 8

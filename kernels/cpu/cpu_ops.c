@@ -469,8 +469,8 @@ void cpu_embed(float *out, const uint16_t *emb, int token, int dim) {
  * takes the same elements on its vector and scalar paths as unchunked). */
 #define LORA_WIDEN 1024
 #ifdef CPU_OPS_X86
-AVX2 static void widen_avx2(float *w, const uint16_t *h, int n) {
-    int i = 0;
+AVX2 static void widen_avx2(float *w, const uint16_t *h, size_t n) {
+    size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
         _mm256_storeu_ps(w + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
@@ -478,15 +478,17 @@ AVX2 static void widen_avx2(float *w, const uint16_t *h, int n) {
     for (; i < n; i++) w[i] = bf16_to_f32(h[i]);
 }
 #endif
-static const float *lora_widen(float *w, const void *src, size_t off, int n) {
-    const uint16_t *h = (const uint16_t *)src + off;
+void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
 #ifdef CPU_OPS_X86
     if (use_avx2()) {
-        widen_avx2(w, h, n);
-        return w;
+        widen_avx2(dst, src, n);
+        return;
     }
 #endif
-    for (int i = 0; i < n; i++) w[i] = bf16_to_f32(h[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+static const float *lora_widen(float *w, const void *src, size_t off, int n) {
+    cpu_bf16_to_f32(w, (const uint16_t *)src + off, (size_t)n);
     return w;
 }
 

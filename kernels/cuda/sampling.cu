@@ -115,7 +115,8 @@ static __device__ __forceinline__ float raw_at(const float *l, const uint64_t *b
 }
 
 /* ---- block-wide reductions through shared memory (fixed trees: deterministic) ---- */
-static __device__ double bsum_d(double v, double *sh) {
+/* T: double (log-sum-exp sums) or long long (counts); sh [blockDim.x] of T */
+template <typename T> static __device__ T bsum(T v, T *sh) {
     int t = threadIdx.x;
     sh[t] = v;
     __syncthreads();
@@ -123,19 +124,7 @@ static __device__ double bsum_d(double v, double *sh) {
         if (t < s) sh[t] += sh[t + s];
         __syncthreads();
     }
-    double r = sh[0];
-    __syncthreads();
-    return r;
-}
-static __device__ long long bsum_i(long long v, long long *sh) {
-    int t = threadIdx.x;
-    sh[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] += sh[t + s];
-        __syncthreads();
-    }
-    long long r = sh[0];
+    T r = sh[0];
     __syncthreads();
     return r;
 }
@@ -481,7 +470,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
             float r = raw_at(l, d.bits, P.gram_off, i);
             if (r > -INFINITY) s += (double)expf(r - c.rawmax);
         }
-        c.raw_log_s = log(bsum_d(s, shd));
+        c.raw_log_s = log(bsum(s, shd));
     }
     if (report && P.mode == 2 && c.greedy) {
         double s = 0;
@@ -489,7 +478,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
             float zi = z[i];
             if (zi > -INFINITY) s += (double)expf(zi - zmax);
         }
-        c.z_log_s = log(bsum_d(s, shd));
+        c.z_log_s = log(bsum(s, shd));
     }
     float value = NAN;
     int rank = 0;
@@ -497,7 +486,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
         value = mode_value(c, P.mode, z[c.token], raw_at(l, d.bits, P.gram_off, c.token), c.token);
         long long n = 0;
         for (int i = t; i < V; i += nt) n += mode_value(c, P.mode, z[i], raw_at(l, d.bits, P.gram_off, i), i) >= value;
-        rank = (int)bsum_i(n, shi);
+        rank = (int)bsum(n, shi);
     }
     int top_n = P.top_n < V ? P.top_n : V;
     if (top_n > 0) {

@@ -201,12 +201,11 @@ static void engine_start(Engine *e) {
     /* Rows are sampled on the host's sampling threads; a row of a 152k vocabulary
      * is ~0.5 ms of one core, so 4 per thread keeps a step short. */
     int rows_max = c->max_running_seqs + c->max_prompt_logprob_rows;
-    e->step_rows_auto = c->max_step_rows == 0;
-    if (c->max_step_rows == 0) c->max_step_rows = 4 * e->n_sample_threads < 16 ? 16 : 4 * e->n_sample_threads;
     /* Sampling on the device (engine_devsample_init ran before this) costs the host's sampling
      * threads nothing per row, so that budget would only cut a GPU batch: every running sequence
      * gets its row each step (prompt log-prob steps sample on the host and keep their own cap). */
-    if (e->dev && e->step_rows_auto) c->max_step_rows = rows_max;
+    if (c->max_step_rows == 0)
+        c->max_step_rows = e->dev ? rows_max : 4 * e->n_sample_threads < 16 ? 16 : 4 * e->n_sample_threads;
     if (c->max_step_rows > rows_max) c->max_step_rows = rows_max;
     e->sch = scheduler_create(e->bm, c->max_running_seqs, c->max_batched_tokens, c->max_model_len,
                               c->max_prompt_logprob_rows, c->max_step_rows);

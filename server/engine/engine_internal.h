@@ -136,7 +136,6 @@ struct Engine {
     int32_t **mask_bufs;      /* [n_sample_threads][vocab] */
     uint64_t **grammar_bits;  /* [n_sample_threads][ceil(vocab / 64)] allowed-id bitsets */
     int n_sample_threads;
-    int step_rows_auto;    /* --max-step-rows was 0 (automatic): engine_create raises it under device sampling */
     ThreadPool *stp;          /* sampling threads (rows in parallel) */
     SampleJob *jobs;          /* [max_running_seqs] this step's rows to sample */
     int n_jobs;

@@ -349,7 +349,10 @@ static void cpu_scale_add_rows(Backend *b, float *dst, const float *src, const i
     for (int i = 0; i < n; i++) cpu_axpy(dst + (size_t)rows[i] * dim, w[i], src + (size_t)i * dim, dim);
 }
 
-static void *cpu_alloc(Backend *b, size_t bytes) { return xcalloc(1, bytes); }
+/* Large buffers (the KV cache above all: attention walks its scattered 4 KiB runs) on huge pages. */
+static void *cpu_alloc(Backend *b, size_t bytes) {
+    return bytes >= ((size_t)2 << 20) ? xcalloc_huge(bytes) : xcalloc(1, bytes);
+}
 static void cpu_release(Backend *b, void *p) { free(p); }
 static void cpu_copy(Backend *b, void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 static void cpu_zero(Backend *b, void *p, size_t n) { memset(p, 0, n); }

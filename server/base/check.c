@@ -6,7 +6,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 void check_fail(const char *file, int line, const char *expr, int with_errno, const char *fmt, ...) {
     int saved = errno;
@@ -65,6 +67,16 @@ void *xmalloc(size_t n) {
 void *xcalloc(size_t n, size_t sz) {
     void *p = calloc(n ? n : 1, sz ? sz : 1);
     CHECK(p != NULL, "out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+
+void *xcalloc_huge(size_t bytes) {
+    void *p = xcalloc(1, bytes);
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#endif
     return p;
 }
 

@@ -9,10 +9,8 @@
  * Not here: sampling, scheduling, block allocation (engine).
  */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backend.h"
 #include "cpu_ops.h"
@@ -92,18 +90,6 @@ static void graphs_reset(Runner *r) {
     r->graph_kv = NULL;
 }
 
-/* Host K/V arrays: zeroed, and asked for transparent huge pages (MADV_HUGEPAGE on the 2 MiB-aligned
- * interior; a hint, ignored where THP is off). Attention walks a sequence's blocks, one 4 KiB
- * (block, kv head) run each, scattered over the pool: with 4 KiB pages every run is a TLB miss. */
-static void *kv_host_alloc(size_t n) {
-    void *p = xcalloc(1, n);
-#ifdef MADV_HUGEPAGE
-    uintptr_t a = ((uintptr_t)p + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1), e = ((uintptr_t)p + n) & ~(uintptr_t)((2u << 20) - 1);
-    if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, KvDtype dtype, Backend *b) {
     CHECK(dtype >= KV_F32 && dtype < KV_DTYPE_COUNT, "KV cache dtype %d unknown", (int)dtype);
     KVCache *kv = xcalloc(1, sizeof *kv);
@@ -111,8 +97,8 @@ static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, KvD
                     .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = dtype};
     size_t rows = (size_t)c->n_layers * n_blocks * block_size * c->n_kv_heads;
     size_t n = rows * c->head_dim * kv_dtype_elem(dtype);
-    kv->k = b && !b->host ? b->alloc(b, n) : kv_host_alloc(n);
-    kv->v = b && !b->host ? b->alloc(b, n) : kv_host_alloc(n);
+    kv->k = b ? b->alloc(b, n) : xcalloc_huge(n);
+    kv->v = b ? b->alloc(b, n) : xcalloc_huge(n);
     if (dtype == KV_FP8) {
         kv->k_scale = b ? b->alloc(b, rows * sizeof(float)) : xcalloc(rows, sizeof(float));
         kv->v_scale = b ? b->alloc(b, rows * sizeof(float)) : xcalloc(rows, sizeof(float));
@@ -355,8 +341,7 @@ static void lora_apply(Runner *r, float *out, const float *x, int n, LoraAt at, 
     int any = 0;
     for (int i = 0; i < n; i++) {
         int s = r->tok_lora[at.map ? at.map[i] : i];
-        const LoraPair *p = s >= 0 ? &r->lora[s]->pairs[slot] : NULL;
-        if (p && !p->a) p = NULL;
+        const LoraPair *p = s >= 0 ? lora_slot_pair(r->lora[s], slot) : NULL;
         if (p && r->lora_reg[s] >= 0) /* a device backend: the same pair in the adapter's pool region */
             p = &r->lora_dpairs[(size_t)r->lora_reg[s] * r->lora_nslots + slot];
         r->lrows[i] = p;

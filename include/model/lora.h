@@ -103,15 +103,25 @@ static inline size_t lora_slot(int n_layers, int n_experts, int l, int e, LoraTa
     if (e < 0) return (size_t)l * LT_COUNT + t;
     return (size_t)n_layers * LT_COUNT + ((size_t)l * n_experts + e) * 3 + (size_t)(t - LT_GATE);
 }
+/* lora_slot's inverse: the layer, expert (-1: the layer's own linear) and target of a slot. */
+static inline void lora_slot_target(int n_layers, int n_experts, size_t slot, int *l, int *e, LoraTarget *t) {
+    size_t dense = (size_t)n_layers * LT_COUNT;
+    *l = slot < dense ? (int)(slot / LT_COUNT) : (int)((slot - dense) / 3 / (size_t)n_experts);
+    *e = slot < dense ? -1 : (int)((slot - dense) / 3 % (size_t)n_experts);
+    *t = slot < dense ? (LoraTarget)(slot % LT_COUNT) : (LoraTarget)(LT_GATE + (slot - dense) % 3);
+}
+/* The pair in a slot, or NULL where that linear is not adapted. */
+static inline const LoraPair *lora_slot_pair(const LoraAdapter *a, size_t slot) {
+    const LoraPair *p = &a->pairs[slot];
+    return p->a ? p : NULL;
+}
 /* The pair of layer l's linear t, or NULL. */
 static inline const LoraPair *lora_pair(const LoraAdapter *a, int l, LoraTarget t) {
-    const LoraPair *p = &a->pairs[(size_t)l * LT_COUNT + t];
-    return p->a ? p : NULL;
+    return lora_slot_pair(a, lora_slot(a->n_layers, a->n_experts, l, -1, t));
 }
 /* The pair of layer l's expert e, linear t (LT_GATE, LT_UP or LT_DOWN), or NULL. */
 static inline const LoraPair *lora_expert_pair(const LoraAdapter *a, int l, int e, LoraTarget t) {
-    const LoraPair *p = &a->pairs[lora_slot(a->n_layers, a->n_experts, l, e, t)];
-    return p->a ? p : NULL;
+    return lora_slot_pair(a, lora_slot(a->n_layers, a->n_experts, l, e, t));
 }
 
 /* ---- the runner's adapter slots (forward.c) ----

@@ -470,9 +470,8 @@ static int check_tensors(const SafeTensors *st, const ModelConfig *cfg, const Co
             fused[(size_t)l * 2 + which] = *f;
             *n_pairs += E * (which == FU_GATE_UP ? 2 : 1);
         }
-        for (size_t k = 0; k < lora_n_slots(1, E); k++) {
-            /* slot k of layer l: the dense ones, then expert k - LT_COUNT's three */
-            int e = k < LT_COUNT ? -1 : (int)(k - LT_COUNT) / 3;
+        for (int k = 0; k < LT_COUNT + 3 * E; k++) { /* layer l's own linears, then expert e's three */
+            int e = k < LT_COUNT ? -1 : (k - LT_COUNT) / 3;
             LoraTarget t = k < LT_COUNT ? (LoraTarget)k : (LoraTarget)(LT_GATE + (k - LT_COUNT) % 3);
             size_t s = lora_slot(L, E, l, e, t);
             const StTensor *ta = found[s * 2], *tb = found[s * 2 + 1];
@@ -561,12 +560,9 @@ static int build(LoraAdapter **out, const ModelConfig *cfg, const SafeTensors *s
         const StTensor *ta = found[2 * i], *tb = found[2 * i + 1];
         if (!ta) continue;
         LoraPair *lp = &a->pairs[i];
-        /* slot i back to (layer, expert, target) for its module name */
-        size_t dense = (size_t)L * LT_COUNT;
-        int l = i < dense ? (int)(i / LT_COUNT) : (int)((i - dense) / 3 / (size_t)E);
-        int e = i < dense ? -1 : (int)((i - dense) / 3 % (size_t)E);
-        LoraTarget t = i < dense ? (LoraTarget)(i % LT_COUNT) : (LoraTarget)(LT_GATE + (i - dense) % 3);
-        ASSERT(lora_slot(L, E, l, e, t) == i, "lora: slot %zu does not round-trip", i);
+        int l, e;
+        LoraTarget t;
+        lora_slot_target(L, E, i, &l, &e, &t); /* for the module name of its scale */
         store(p, ta, dtype);
         lp->a = p;
         p += (size_t)ta->numel * es;

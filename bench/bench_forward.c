@@ -15,6 +15,8 @@
  * order rotates each repetition) so a shared machine's load falls on all of
  * them alike, and prints the medians with each path's ratio to the first, and
  * the decode logits' agreement between paths (all paths give the same bits).
+ * A path named with "+bf16" (e.g. avx512+bf16) runs with BF16 matmul
+ * activations (--dtype bfloat16, runner_set_act_bf16).
  *
  * KV dtypes (issue #18 / #23): bench_forward MODEL_DIR threads ctx decode_tokens
  * PATH reps precision KV_DTYPES, e.g. `... 2 4096 16 - 5 bf16 float32,bfloat16`: batch-1
@@ -227,64 +229,78 @@ int main(int argc, char **argv) {
     model_forward(r, kv, &warm, logits, &err);
 
     Batch pre = {P, tok, pos, seq, 1, tables, 1, &last};
-    int paths[CPU_PATH_COUNT], np = 0, reps = argc > 6 ? atoi(argv[6]) : 5;
+    /* a run: a path and the activation dtype ("avx512+bf16": --dtype bfloat16) */
+    enum { MAX_RUNS = 2 * CPU_PATH_COUNT };
+    int paths[MAX_RUNS], acts[MAX_RUNS], np = 0, reps = argc > 6 ? atoi(argv[6]) : 5;
     if (argc > 5) {
         char *list = strdup(argv[5]);
-        for (char *t = strtok(list, ","); t; t = strtok(NULL, ","))
+        for (char *t = strtok(list, ","); t && np < MAX_RUNS; t = strtok(NULL, ",")) {
+            char *plus = strchr(t, '+');
+            int act = plus && !strcmp(plus, "+bf16");
+            if (plus) *plus = 0;
             for (int p = 0; p < CPU_PATH_COUNT; p++)
                 if (!strcmp(t, cpu_ops_path_name((CpuPath)p))) {
-                    if (cpu_ops_path_available((CpuPath)p)) paths[np++] = p;
+                    if (cpu_ops_path_available((CpuPath)p)) { paths[np] = p; acts[np++] = act; }
                     else fprintf(stderr, "path %s: not available on this CPU, skipped\n", t);
                 }
+        }
         free(list);
         if (!np) { fprintf(stderr, "no runnable path in %s\n", argv[5]); return 2; }
     } else {
-        paths[np++] = cpu_ops_path();
+        paths[np] = cpu_ops_path();
+        acts[np++] = 0;
         reps = 1;
     }
     if (reps < 1) reps = 1;
     if (reps > 32) reps = 32;
-    double t_pre[CPU_PATH_COUNT][32], t_dec[CPU_PATH_COUNT][32];
-    float *first = malloc(sizeof(float) * m->cfg.vocab);
-    int same = 1;
+    double t_pre[MAX_RUNS][32], t_dec[MAX_RUNS][32];
+    float *first[2] = {malloc(sizeof(float) * m->cfg.vocab), malloc(sizeof(float) * m->cfg.vocab)};
+    int same = 1, have[2] = {0, 0};
     for (int rep = 0; rep < reps; rep++)
-        for (int pi = 0; pi < np; pi++) {
-            int p = paths[(pi + rep) % np];
+        for (int k = 0; k < np; k++) {
+            int pi = (k + rep) % np, p = paths[pi], a = acts[pi];
             cpu_ops_force_path((CpuPath)p);
+            runner_set_act_bf16(r, a);
             double t0 = now_s();
             if (model_forward(r, kv, &pre, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
-            t_pre[p][rep] = now_s() - t0;
+            t_pre[pi][rep] = now_s() - t0;
             t0 = now_s();
             for (int i = 0; i < D; i++) {
                 Batch b = {1, tok + P + i, pos + P + i, seq, 1, tables, 1, &zero};
                 model_forward(r, kv, &b, logits, &err);
             }
-            t_dec[p][rep] = now_s() - t0;
-            if (rep == 0 && pi == 0) memcpy(first, logits, sizeof(float) * m->cfg.vocab);
-            else same &= !memcmp(first, logits, sizeof(float) * m->cfg.vocab);
+            t_dec[pi][rep] = now_s() - t0;
+            /* bit-identical across paths and repetitions, per activation dtype */
+            if (!have[a]) memcpy(first[a], logits, sizeof(float) * m->cfg.vocab);
+            else same &= !memcmp(first[a], logits, sizeof(float) * m->cfg.vocab);
+            have[a] = 1;
         }
     double bw = copy_bandwidth(threads);
-    double pre_tps[CPU_PATH_COUNT], dec_tps[CPU_PATH_COUNT], roof = bw / (double)m->compute_bytes;
+    double pre_tps[MAX_RUNS], dec_tps[MAX_RUNS], roof = bw / (double)m->compute_bytes;
     for (int pi = 0; pi < np; pi++) {
-        int p = paths[pi];
-        pre_tps[p] = P / median(t_pre[p], reps);
-        dec_tps[p] = D / median(t_dec[p], reps);
+        pre_tps[pi] = P / median(t_pre[pi], reps);
+        dec_tps[pi] = D / median(t_dec[pi], reps);
     }
     printf("model %s (%s): %.3fB params, %.2f GB of weights read per decode token, %d threads\n", argv[1], prec,
            m->n_params / 1e9, m->compute_bytes / 1e9, threads);
     printf("copy bandwidth (read+write)  %8.2f GB/s\n", bw / 1e9);
+    char name[MAX_RUNS][40];
+    for (int pi = 0; pi < np; pi++)
+        snprintf(name[pi], sizeof name[pi], "%s%s", cpu_ops_path_name((CpuPath)paths[pi]), acts[pi] ? "+bf16" : "");
     for (int pi = 0; pi < np; pi++) {
-        int p = paths[pi], p0 = paths[0];
-        printf("[%s]%s\n", cpu_ops_path_name((CpuPath)p), reps > 1 ? " (medians)" : "");
-        printf("prefill %4d tokens          %8.1f tok/s", P, pre_tps[p]);
-        if (pi) printf("   %.2fx %s", pre_tps[p] / pre_tps[p0], cpu_ops_path_name((CpuPath)p0));
-        printf("\ndecode batch 1 (%d tokens)   %8.2f tok/s  (%.1f ms/token)", D, dec_tps[p], 1e3 / dec_tps[p]);
-        if (pi) printf("   %.2fx %s", dec_tps[p] / dec_tps[p0], cpu_ops_path_name((CpuPath)p0));
+        printf("[%s]%s\n", name[pi], reps > 1 ? " (medians)" : "");
+        printf("prefill %4d tokens          %8.1f tok/s", P, pre_tps[pi]);
+        if (pi) printf("   %.2fx %s", pre_tps[pi] / pre_tps[0], name[0]);
+        printf("\ndecode batch 1 (%d tokens)   %8.2f tok/s  (%.1f ms/token)", D, dec_tps[pi], 1e3 / dec_tps[pi]);
+        if (pi) printf("   %.2fx %s", dec_tps[pi] / dec_tps[0], name[0]);
         printf("\nroofline (bw / weight bytes) %8.2f tok/s\n", roof);
-        printf("decode / roofline            %8.1f %%\n", 100.0 * dec_tps[p] / roof);
+        printf("decode / roofline            %8.1f %%\n", 100.0 * dec_tps[pi] / roof);
     }
-    if (np > 1 || reps > 1) printf("last decode logits bit-identical across paths and repetitions: %s\n", same ? "yes" : "NO");
-    free(first);
+    if (np > 1 || reps > 1)
+        printf("last decode logits bit-identical across paths and repetitions (per activation dtype): %s\n",
+               same ? "yes" : "NO");
+    free(first[0]);
+    free(first[1]);
     free(logits); free(bt); free(tok); free(pos); free(seq);
     kvcache_free(kv);
     runner_free(r);

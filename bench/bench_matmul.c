@@ -10,6 +10,7 @@
  * them alike; the medians are printed with ratios to the first path given.
  *
  * usage: bench_matmul [threads] [reps] [paths, comma-separated; default avx2-v0 and the others available] [format]
+ * A path named with "+bf16" (avx512+bf16) runs with BF16 activations (--dtype bfloat16).
  * format: bf16 (default), fp8 (weights quantized to FP8 128x128 blocks, activations quantized
  * too: --precision fp8) or fp8-wo (weight-only); decode GB/s then counts the FP8 bytes. The FP8
  * kernels follow the path (quant.h QuantPath).
@@ -71,16 +72,23 @@ static double read_bw(ThreadPool *tp, const void *buf, size_t bytes) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1, reps = argc > 2 ? atoi(argv[2]) : 5;
-    int paths[CPU_PATH_COUNT], np = 0;
+    int paths[2 * CPU_PATH_COUNT], acts[2 * CPU_PATH_COUNT] = {0}, np = 0; /* "avx512+bf16": BF16 activations */
     cpu_ops_init();
     CpuPath def = cpu_ops_path();
     const char *fmt = argc > 4 ? argv[4] : "bf16";
     int fp8 = !strncmp(fmt, "fp8", 3), act_quant = fp8 && strcmp(fmt, "fp8-wo") != 0;
     if (argc > 3 && strcmp(argv[3], "-")) {
         char *list = strdup(argv[3]);
-        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
+        for (char *tok = strtok(list, ","); tok && np < 2 * CPU_PATH_COUNT; tok = strtok(NULL, ",")) {
+            char *plus = strchr(tok, '+');
+            int act = plus && !strcmp(plus, "+bf16");
+            if (plus) *plus = 0;
             for (int p = 0; p < CPU_PATH_COUNT; p++)
-                if (!strcmp(tok, cpu_ops_path_name((CpuPath)p)) && cpu_ops_path_available((CpuPath)p)) paths[np++] = p;
+                if (!strcmp(tok, cpu_ops_path_name((CpuPath)p)) && cpu_ops_path_available((CpuPath)p)) {
+                    acts[np] = act;
+                    paths[np++] = p;
+                }
+        }
         free(list);
     } else {
         paths[np++] = CPU_PATH_AVX2_V0;
@@ -101,7 +109,7 @@ int main(int argc, char **argv) {
         for (int m = 0; m < NMAT; m++) {
             size_t numel = (size_t)shape[m][0] * shape[m][1];
             w[l][m] = (WeightMat){.fmt = WF_BF16, .rows = shape[m][0], .cols = shape[m][1]};
-            w[l][m].bf16 = malloc(numel * 2);
+            w[l][m].bf16 = aligned_alloc(64, (numel * 2 + 63) / 64 * 64);
             for (size_t i = 0; i < numel; i++) {
                 rng = rng * 1664525u + 1013904223u;
                 w[l][m].bf16[i] = f32_to_bf16(((float)(rng >> 9) / 8388608.0f - 1.0f) * 0.02f);
@@ -122,7 +130,7 @@ int main(int argc, char **argv) {
     float *x = malloc(sizeof(float) * (size_t)P * maxc), *out = malloc(sizeof(float) * (size_t)P * maxc);
     for (size_t i = 0; i < (size_t)P * maxc; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
     Backend *b = backend_cpu_create(threads, 16);
-    if (fp8) b->reserve(b, P, maxc);
+    b->reserve(b, P, maxc);
     ThreadPool *tp = threadpool_create(threads);
     void *rbuf = malloc(wbytes);
     memset(rbuf, 1, wbytes);
@@ -130,20 +138,21 @@ int main(int argc, char **argv) {
     static const char *const mname[NM] = {"decode n=1 GB/s", "batch n=2 tok/s", "batch n=4 tok/s",
                                           "batch n=8 tok/s", "batch n=16 tok/s", "prefill n=512 GFLOP/s"};
     static const int mn[NM] = {1, 2, 4, 8, 16, 512};
-    double (*res)[NM][64] = calloc(CPU_PATH_COUNT, sizeof *res), rd[64];
+    double (*res)[NM][64] = calloc(2 * CPU_PATH_COUNT, sizeof *res), rd[64];
     if (reps > 64) reps = 64;
     for (int rep = 0; rep < reps; rep++) {
         rd[rep] = read_bw(tp, rbuf, wbytes);
         for (int pi = 0; pi < np; pi++) {
-            int p = paths[(pi + rep) % np]; /* rotate the order too */
+            int ri = (pi + rep) % np, p = paths[ri]; /* rotate the order too */
             cpu_ops_force_path((CpuPath)p);
+            b->set_act_bf16(b, acts[ri]);
             for (int mi = 0; mi < NM; mi++) {
                 int n = mn[mi], L = mi == PRE ? 1 : LAYERS;
                 double t0 = now_s();
                 for (int l = 0; l < L; l++)
                     for (int m = 0; m < NMAT; m++) b->matmul(b, out, x, n, &w[l][m], NULL);
                 double dt = now_s() - t0;
-                res[p][mi][rep] = mi == DEC ? wbytes / dt / 1e9 : mi == PRE ? layer_flops * (double)n / dt / 1e9 : n / dt;
+                res[ri][mi][rep] = mi == DEC ? wbytes / dt / 1e9 : mi == PRE ? layer_flops * (double)n / dt / 1e9 : n / dt;
             }
         }
     }
@@ -151,13 +160,16 @@ int main(int argc, char **argv) {
     printf("threads %d, reps %d (medians), %s weights, plain read %.2f GB/s over %.0f MB; default path %s\n", threads,
            reps, fmt, rdm, wbytes / 1e6, cpu_ops_path_name(def));
     printf("%-22s", "measure");
-    for (int pi = 0; pi < np; pi++) printf(" %12s", cpu_ops_path_name((CpuPath)paths[pi]));
-    for (int pi = 1; pi < np; pi++) printf(" %9s/%s", cpu_ops_path_name((CpuPath)paths[pi]), "ref");
+    char nm[2 * CPU_PATH_COUNT][24];
+    for (int pi = 0; pi < np; pi++)
+        snprintf(nm[pi], sizeof nm[pi], "%s%s", cpu_ops_path_name((CpuPath)paths[pi]), acts[pi] ? "+bf16" : "");
+    for (int pi = 0; pi < np; pi++) printf(" %12s", nm[pi]);
+    for (int pi = 1; pi < np; pi++) printf(" %9s/%s", nm[pi], "ref");
     printf("\n");
     for (int mi = 0; mi < NM; mi++) {
-        double med[CPU_PATH_COUNT];
+        double med[2 * CPU_PATH_COUNT];
         printf("%-22s", mname[mi]);
-        for (int pi = 0; pi < np; pi++) printf(" %12.2f", med[pi] = median(res[paths[pi]][mi], reps));
+        for (int pi = 0; pi < np; pi++) printf(" %12.2f", med[pi] = median(res[pi][mi], reps));
         for (int pi = 1; pi < np; pi++) printf(" %13.2fx", med[pi] / med[0]);
         if (mi == DEC) printf("   (%.0f%% of read for the last path)", 100.0 * med[np - 1] / rdm);
         printf("\n");

@@ -104,7 +104,12 @@ typedef struct ServerConfig {
     int enable_lora;               /* --enable-lora: device backends reserve the adapter pool (implied by --lora) */
     int max_lora_rank;             /* largest adapter rank accepted; default 64 */
     int lora_dtype;                /* --lora-dtype: LoraDtype (lora.h), 0 = float32 (default), 1 = bfloat16 */
+    int act_dtype;                 /* --dtype: SERVER_DTYPE_* (the activations of the BF16 matmuls) */
 } ServerConfig;
+
+/* --dtype (vLLM's flag): auto = bfloat16 where the backend implements BF16
+ * activations (the CPU backend), else float32 (the CUDA backend today). */
+enum { SERVER_DTYPE_AUTO, SERVER_DTYPE_BF16, SERVER_DTYPE_F32 };
 
 /* Every default above (the engine's from engine_config_default); no environment is read. */
 void server_config_default(ServerConfig *c);
@@ -136,6 +141,7 @@ typedef struct Server {
     Engine *eng;
     EngineBackend be;              /* the engine's backend over runner (runner_backend.h); owns runner */
     Runner *runner;                /* the engine backend's runner (weights live on its device) */
+    int act_bf16;                  /* --dtype resolved: 1 = BF16 matmul activations */
     int vocab;                     /* the model's vocab (token ids must be below it) */
     int max_model_len;
     WeightVersion *wv;             /* per-tensor hashes and lineage; under admin_mu */

@@ -138,6 +138,12 @@ struct Backend {
     /* Size per-step scratch (e.g. quantized activations) for up to max_tokens
      * rows of up to max_cols; called once at runner creation. */
     void (*reserve)(Backend *b, int max_tokens, int max_cols);
+    /* Optional (NULL: f32 activations only): on = 1 makes every matmul of BF16
+     * weights round its activations to bf16 first and run in the order of
+     * cpu_ops.h's cpu_matmul_rows_bf16 (--dtype bfloat16), 0 restores f32
+     * activations (the default). Between steps only. */
+    void (*set_act_bf16)(Backend *b, int on);
+    int act_bf16_fast; /* 1: BF16 activations are the faster choice here (--dtype auto takes them) */
     /* Optional (NULL on the CPU): record the ops issued between graph_begin and
      * graph_end instead of running them, and replay the recording. graph_begin
      * returns 0 or -1 (nothing recorded); graph_end returns the replayable graph

@@ -58,6 +58,25 @@ void cpu_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, 
 void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
                      const uint16_t *bias, int r0, int r1);
 
+/* BF16 activations (--dtype bfloat16): dst[i] = src[i] rounded to bf16, to
+ * nearest even, a subnormal to a zero of its sign, NaN to a quiet NaN (what
+ * AVX512_BF16's vcvtneps2bf16 gives, checked over all 2^32 inputs). */
+void cpu_act_to_bf16(uint16_t *dst, const float *src, size_t n);
+/* cpu_matmul_rows with x already bf16 (cpu_act_to_bf16) [n, w->cols], row
+ * stride ldx. Reference order (vdpbf16ps' own, so a CPU with AVX512_BF16 runs
+ * it natively and every other path emulates it bit for bit; tests/test_cpu_paths.c):
+ *   acc[j], j < 16; per 32-wide step k0 < K & ~31:
+ *     acc[j] = F(W[r, k0+2j+1] x[t, k0+2j+1] + acc[j]), then the same with k0+2j,
+ *   v[j] = F(acc[j] + acc[j+8]) (j < 8), s = the f32 path's tree over v (each add F),
+ *   s = F(W[r, k] x[t, k] + s) for the K % 32 tail, then + bias[r];
+ * F: one FMA or add rounded to nearest even, a subnormal result flushed to a
+ * zero of its sign; a subnormal bf16 input reads as a zero of its sign. */
+void cpu_matmul_rows_bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const WeightMat *w,
+                          const uint16_t *bias, int r0, int r1);
+/* 1 when cpu_matmul_rows_bf16 runs on vdpbf16ps (the AVX-512 path on a CPU
+ * with AVX512_BF16 whose instruction passed the start-up check). */
+int cpu_ops_bf16_native(void);
+
 /* dot of two f32 vectors of length n, fixed order. */
 float cpu_dot(const float *a, const float *b, int n);
 /* y[n] += a * x[n] */

@@ -187,6 +187,13 @@ KVCache *runner_kvcache_create_dtype(Runner *r, int n_blocks, int block_size, Kv
  * or -1 with err (500) when the device copy could not be updated. */
 int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int64_t *idx, int64_t n_idx, int elem,
                            Err *err);
+/* --dtype: on = 1 rounds the activations of every BF16 matmul to bf16 (the
+ * CPU backend's cpu_matmul_rows_bf16), 0 keeps them f32. Returns -1 when the
+ * backend has only f32 activations (the CUDA backend today). Between steps. */
+int runner_set_act_bf16(Runner *r, int on);
+/* 1 when BF16 activations are the faster choice on r's backend (the CPU
+ * backend on a CPU whose vdpbf16ps runs the order natively): --dtype auto. */
+int runner_act_bf16_fast(const Runner *r);
 /* Copy all layers' K/V of block src into block dst (backend memory). */
 void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst);
 void runner_kvcache_free(Runner *r, KVCache *kv);

@@ -23,7 +23,9 @@ typedef struct CpuCtx {
     float *scores; /* [n_threads, ATTN_TILE, max_ctx] attention scratch */
     float *xq;     /* [max_tokens, max_cols] quantized activations */
     float *xs;     /* [max_tokens, max_cols / 16 + 1] their scales */
-    int max_tokens;
+    uint16_t *xb;  /* [max_tokens, max_cols] bf16 activations (act_bf16) */
+    int act_bf16;  /* 1: BF16 matmuls round x to bf16 first (--dtype bfloat16) */
+    int max_tokens, max_cols;
     /* batched LoRA scratch (cpu_lora), [max_tokens] each unless noted */
     const LoraPair **lora_seg; /* the segments' pairs */
     int *lora_rows;            /* batch row of each segment row */
@@ -38,6 +40,7 @@ typedef struct MatmulJob {
     float *out;
     const float *x;
     const float *xs; /* activation scales when x was quantized, else NULL */
+    const uint16_t *xb; /* x rounded to bf16 [n, cols] when the activations are BF16, else NULL */
     int n;
     const WeightMat *w;
     const uint16_t *bias;
@@ -50,7 +53,8 @@ static void matmul_task(void *p, int task, int thread) {
     int r0 = task * j->task_rows, r1 = r0 + j->task_rows;
     if (r1 > w->rows) r1 = w->rows;
     if (w->fmt == WF_BF16) {
-        cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
+        if (j->xb) cpu_matmul_rows_bf16(j->out, w->rows, j->xb, w->cols, j->n, w, j->bias, r0, r1);
+        else cpu_matmul_rows(j->out, w->rows, j->x, w->cols, j->n, w, j->bias, r0, r1);
         return;
     }
     if (w->fmt == WF_FP8) quant_matmul_fp8_rows(j->out, j->x, j->xs, w->q, j->n, r0, r1);
@@ -65,7 +69,14 @@ static void matmul_task(void *p, int task, int thread) {
 static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CpuCtx *c = b->ctx;
     /* bf16: tasks of ~64 KB of weights (work split by bytes, whole output lines). */
-    MatmulJob j = {out, x, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : ROWS_PER_TASK};
+    MatmulJob j = {out, x, NULL, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : ROWS_PER_TASK};
+    if (w->fmt == WF_BF16 && c->act_bf16) {
+        /* once per call, on the calling thread (vcvtneps2bf16: ~0.1 ms for 512 x 1024) */
+        ASSERT(n <= c->max_tokens && w->cols <= c->max_cols, "bf16 activations [%d, %d], reserved [%d, %d]", n,
+               w->cols, c->max_tokens, c->max_cols);
+        cpu_act_to_bf16(c->xb, x, (size_t)n * w->cols);
+        j.xb = c->xb;
+    }
     if (w->fmt != WF_BF16 && w->act_quant) {
         const QuantFp8 *q8 = w->fmt == WF_FP8 ? (const QuantFp8 *)w->q : NULL;
         if (q8 && q8->block_cols >= q8->cols) quant_act_fp8_token(c->xq, c->xs, x, n, w->cols); /* per-channel weights */
@@ -363,6 +374,9 @@ static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
     free(c->xs);
     c->xq = xcalloc((size_t)max_tokens * max_cols, sizeof(float));
     c->xs = xcalloc((size_t)max_tokens * (max_cols / 16 + 1), sizeof(float));
+    free(c->xb);
+    c->xb = xcalloc((size_t)max_tokens * max_cols, sizeof(uint16_t));
+    c->max_cols = max_cols;
     void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
     for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) free(lora[i]);
     size_t T = (size_t)max_tokens;
@@ -374,8 +388,11 @@ static void cpu_reserve(Backend *b, int max_tokens, int max_cols) {
     c->lora_taken = xcalloc(T, 1);
 }
 
+static void cpu_set_act_bf16(Backend *b, int on) { ((CpuCtx *)b->ctx)->act_bf16 = on; }
+
 static void cpu_free(Backend *b) {
     CpuCtx *c = b->ctx;
+    free(c->xb);
     free(c->xq);
     free(c->xs);
     void *lora[] = {(void *)c->lora_seg, c->lora_rows, c->lora_row0, c->lora_task0, c->lora_taken};
@@ -401,6 +418,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
                    .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve, .lora = cpu_lora,
+                   .set_act_bf16 = cpu_set_act_bf16, .act_bf16_fast = cpu_ops_bf16_native(),
                    .free = cpu_free};
     return b;
 }

@@ -7,6 +7,7 @@
 #ifndef SAMPLER_CPU_MATMUL_H
 #define SAMPLER_CPU_MATMUL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* out[t, r] = sum_k x[t, k] * w[r, k] for t < n, r0 <= r < r1; w: bf16 [rows, K]. */
@@ -18,6 +19,21 @@ void cpu_matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const 
                      int r1);
 void cpu_matmul_avx512(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                        int r1);
+void cpu_matmul_bf16_avx2(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K, int r0,
+                          int r1);
+void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
+                                int r0, int r1);
+void cpu_act_to_bf16_avx2(uint16_t *dst, const float *src, size_t n);
+void cpu_act_to_bf16_avx512bf16(uint16_t *dst, const float *src, size_t n);
 #endif
+
+/* The BF16-activation matmul (cpu_matmul_bf16.c): the same contract with x
+ * bf16 [n, ldx] (cpu_act_to_bf16), in the reference order of cpu_ops.h's
+ * cpu_matmul_rows_bf16. */
+typedef void (*CpuMatmulBf16Fn)(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
+                                int r0, int r1);
+void cpu_matmul_bf16_portable(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
+                              int r0, int r1);
+void cpu_act_to_bf16_portable(uint16_t *dst, const float *src, size_t n);
 
 #endif

@@ -31,6 +31,7 @@ static int g_init;
 static int g_avx2;   /* the CPU has AVX2 and FMA: the vector path of dot/axpy */
 static int g_has[CPU_PATH_COUNT];
 static CpuPath g_path = CPU_PATH_PORTABLE;
+static int g_bf16dot; /* vdpbf16ps runs here and gives the reference bits (bf16_dot_check) */
 
 static const char *const g_names[CPU_PATH_COUNT] = {"portable", "avx2-v0", "avx2", "avx512"};
 
@@ -43,6 +44,32 @@ static void sync_quant_path(void) {
     if (quant_force_path(q[g_path]) && g_path != CPU_PATH_PORTABLE) quant_force_path(QUANT_PATH_AVX2);
 }
 
+#ifdef CPU_OPS_X86
+/* vdpbf16ps against the portable reference of cpu_matmul_bf16.c on inputs
+ * that exercise its rounding, flushing and cancellation: 1 when every bit
+ * agrees (a CPU whose instruction rounds otherwise gets the emulation). */
+static int bf16_dot_check(void) {
+    enum { K = 64 + 7, N = 3, R = 5 };
+    uint16_t w[R * K], x[N * K];
+    uint32_t st = 12345;
+    for (int i = 0; i < R * K + N * K; i++) {
+        st = st * 1103515245u + 12345u;
+        uint16_t m = (uint16_t)((st >> 8) & 0x807f), e = (uint16_t)(i % 5 == 0 ? (st >> 20) % 3 : 100 + (st >> 20) % 50);
+        uint16_t v = (uint16_t)(m | e << 7);
+        if (i < R * K) w[i] = v;
+        else x[i - R * K] = i % 7 ? v : (uint16_t)(w[(i - R * K) % (R * K)] ^ 0x8000); /* cancellations */
+    }
+    float a[N * R], b[N * R];
+    cpu_matmul_bf16_portable(a, R, x, K, N, w, K, 0, R);
+    cpu_matmul_bf16_avx512bf16(b, R, x, K, N, w, K, 0, R);
+    if (memcmp(a, b, sizeof a)) {
+        log_warn("this CPU's vdpbf16ps does not give the reference bits of --dtype bfloat16: emulating it");
+        return 0;
+    }
+    return 1;
+}
+#endif
+
 const char *cpu_ops_init(void) {
     if (!g_init) {
         g_init = 1;
@@ -52,6 +79,8 @@ const char *cpu_ops_init(void) {
         g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
         g_has[CPU_PATH_AVX2_V0] = g_has[CPU_PATH_AVX2] = g_avx2;
         g_has[CPU_PATH_AVX512] = g_avx2 && __builtin_cpu_supports("avx512f");
+        g_bf16dot = g_has[CPU_PATH_AVX512] && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") && bf16_dot_check();
 #endif
         for (int p = CPU_PATH_PORTABLE; p < CPU_PATH_COUNT; p++)
             if (g_has[p] && p != CPU_PATH_AVX2_V0) g_path = (CpuPath)p;
@@ -365,6 +394,35 @@ void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const 
     if (g_path == CPU_PATH_AVX2_V0) fn = matmul_avx2_v0;
     else if (g_path == CPU_PATH_AVX2) fn = cpu_matmul_avx2;
     else if (g_path == CPU_PATH_AVX512) fn = cpu_matmul_avx512;
+#endif
+    fn(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
+    if (bias)
+        for (int t = 0; t < n; t++)
+            for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);
+}
+
+int cpu_ops_bf16_native(void) {
+    cpu_ops_init();
+    return g_path == CPU_PATH_AVX512 && g_bf16dot;
+}
+
+void cpu_act_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    if (!g_init) cpu_ops_init();
+#ifdef CPU_OPS_X86
+    if (g_bf16dot && g_path == CPU_PATH_AVX512) cpu_act_to_bf16_avx512bf16(dst, src, n);
+    else if (g_path != CPU_PATH_PORTABLE) cpu_act_to_bf16_avx2(dst, src, n);
+    else
+#endif
+        cpu_act_to_bf16_portable(dst, src, n);
+}
+
+void cpu_matmul_rows_bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const WeightMat *w,
+                          const uint16_t *bias, int r0, int r1) {
+    if (!g_init) cpu_ops_init();
+    CpuMatmulBf16Fn fn = cpu_matmul_bf16_portable;
+#ifdef CPU_OPS_X86
+    if (g_path == CPU_PATH_AVX512 && g_bf16dot) fn = cpu_matmul_bf16_avx512bf16;
+    else if (g_path != CPU_PATH_PORTABLE) fn = cpu_matmul_bf16_avx2;
 #endif
     fn(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);
     if (bias)

@@ -74,6 +74,22 @@ static void show_precision(const CliConfig *d, char *out, size_t cap) {
     snprintf(out, cap, "%s", precision_name(d->server.load.precision));
 }
 
+/* vLLM's ModelConfig.dtype names; half / float16 are refused by name. */
+static void parse_dtype(CliConfig *c, const char *flag, const char *v) {
+    int *d = &c->server.act_dtype;
+    if (!strcmp(v, "auto")) *d = SERVER_DTYPE_AUTO;
+    else if (!strcmp(v, "bfloat16")) *d = SERVER_DTYPE_BF16;
+    else if (!strcmp(v, "float32") || !strcmp(v, "float")) *d = SERVER_DTYPE_F32;
+    else if (!strcmp(v, "half") || !strcmp(v, "float16"))
+        CHECK(0, "%s %s is a vLLM value this server does not implement: use auto (bfloat16 on the CPU backend), "
+              "bfloat16 or float32", flag, v);
+    else CHECK(0, "%s: auto, bfloat16, float32 or float, got '%s'", flag, v);
+}
+static void show_dtype(const CliConfig *d, char *out, size_t cap) {
+    static const char *const names[] = {"auto", "bfloat16", "float32"};
+    snprintf(out, cap, "%s", names[d->server.act_dtype]);
+}
+
 /* vLLM's CacheConfig.cache_dtype names; float32 is ours (exact comparisons).
  * vLLM's other values are refused by name rather than as unknown. */
 static void parse_kv_cache_dtype(CliConfig *c, const char *flag, const char *v) {
@@ -170,6 +186,12 @@ static const Flag FLAGS[] = {
     {.name = "--max-lora-rank", .metavar = "R", .section = S_MODEL, .kind = K_INT, .off = AT(server.max_lora_rank),
      .lo = 1, .hi = LORA_MAX_RANK, .show_range = 1,
      .help = "largest adapter rank accepted; adapters take at most max-loras x 4 x R x sum(in + out) bytes"},
+    {.name = "--dtype", .metavar = "T", .section = S_MODEL, .kind = K_CUSTOM, .off = AT(server.act_dtype),
+     .parse = parse_dtype, .show = show_dtype,
+     .help = "activations of the BF16 matmuls (vLLM's flag): bfloat16 (inputs rounded to bf16, vdpbf16ps order; "
+             "the CPU backend), float32 / float (f32 inputs: the exact comparisons with transformers), auto = "
+             "bfloat16 where it is the faster choice (the CPU backend on a CPU with AVX512_BF16), else float32. "
+             "Norms, attention, the residual stream and the logits stay f32 either way"},
     {.name = "--lora-dtype", .metavar = "T", .section = S_MODEL, .kind = K_ENUM, .off = AT(server.lora_dtype),
      .choices = LORA_DTYPES,
      .help = "how adapters are stored: float32 (default) or bfloat16 (auto: the base weights' dtype, bfloat16): "

@@ -651,6 +651,14 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
 }
 
 /* ---- device sampling over the last step's logits (model.h) ---- */
+int runner_set_act_bf16(Runner *r, int on) {
+    if (!r->b->set_act_bf16) return on ? -1 : 0;
+    r->b->set_act_bf16(r->b, on);
+    return 0;
+}
+
+int runner_act_bf16_fast(const Runner *r) { return r->b->set_act_bf16 && r->b->act_bf16_fast; }
+
 int runner_sample_reserve(Runner *r, const DevSampleCaps *caps, Err *err) {
     Backend *be = r->b;
     if (be->host || !be->sample || !be->sample_reserve)

@@ -28,7 +28,9 @@ def log_softmax(x):
 
 @pytest.fixture(scope="module")
 def servers():
-    out = {"auto": Server("--log-level", "info"), "fp8": Server("--kv-cache-dtype", "fp8", "--log-level", "info")}
+    # f32 activations: the bounds are the KV dtype's alone (BF16 activations: test_dtype.py)
+    out = {"auto": Server("--log-level", "info", "--dtype", "float32"),
+           "fp8": Server("--kv-cache-dtype", "fp8", "--log-level", "info", "--dtype", "float32")}
     yield out
     for s in out.values():
         assert s.stop() == 0

@@ -312,6 +312,7 @@ def test_moe_expert_adapters_match_peft_through_the_server(tmp_path):
     s = Server("--lora", f"e1={os.path.join(ROOT, 'tests/fixtures/lora/qwen3_moe-a1')}", "--reload-root",
                str(tmp_path), "--tokenizer", os.path.join(ROOT, "models/tiny-qwen3"),
                "--kv-cache-dtype", "float32",  # the golden's K/V are f32 (the default BF16 cache rounds them)
+               "--dtype", "float32",  # and its activations (auto rounds them to BF16 on AVX512_BF16 CPUs)
                model=os.path.join(ROOT, "tests/fixtures/qwen3_moe"))
     try:
         assert load(s, "e2", tmp_path / "a2")[0] == 200

@@ -140,6 +140,43 @@ static void check_rows_ops(CpuPath p) {
         }
     T_ASSERT(bad_dot == 0, "%s: %d cpu_dot_rows results differ from cpu_dot", cpu_ops_path_name(p), bad_dot);
     T_ASSERT(bad_axpy == 0, "%s: %d cpu_axpy_rows results differ from cpu_axpy", cpu_ops_path_name(p), bad_axpy);
+    /* the multi-query forms (attention tiles): 1-7 queries over the same rows, each query's results the
+     * bits of cpu_dot / cpu_axpy alone */
+    int bad_mdot = 0, bad_maxpy = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++)
+            for (int nq = 1; nq <= 7; nq += 2) {
+                int n = ns[a], m = ms[b];
+                size_t ld = (size_t)n + 3;
+                float *k = malloc(sizeof(float) * m * ld), *qv = malloc(sizeof(float) * nq * n);
+                float *dv = malloc(sizeof(float) * nq * m), *cv = malloc(sizeof(float) * nq * m);
+                float *y1 = malloc(sizeof(float) * nq * n), *y2 = malloc(sizeof(float) * nq * n);
+                float *outs[8], *ys[8];
+                const float *qs[8], *cs[8];
+                for (size_t i = 0; i < m * ld; i++) k[i] = rnd() * (1 + (int)(i % 3) * 5);
+                for (int i = 0; i < nq * n; i++) { qv[i] = rnd() * 3; y1[i] = y2[i] = rnd(); }
+                for (int i = 0; i < nq * m; i++) cv[i] = rnd();
+                for (int e = 0; e < nq; e++) {
+                    outs[e] = dv + (size_t)e * m;
+                    qs[e] = qv + (size_t)e * n;
+                    ys[e] = y1 + (size_t)e * n;
+                    cs[e] = cv + (size_t)e * m;
+                }
+                cpu_dot_rows_multi(outs, qs, nq, k, ld, m, n);
+                cpu_axpy_rows_multi(ys, cs, nq, k, ld, m, n);
+                for (int e = 0; e < nq; e++) {
+                    for (int i = 0; i < m; i++) {
+                        float x = cpu_dot(qs[e], k + (size_t)i * ld, n);
+                        bad_mdot += memcmp(&x, &outs[e][i], sizeof x) != 0;
+                        cpu_axpy(y2 + (size_t)e * n, cs[e][i], k + (size_t)i * ld, n);
+                    }
+                }
+                bad_maxpy += memcmp(y1, y2, sizeof(float) * nq * n) != 0;
+                free(k); free(qv); free(dv); free(cv); free(y1); free(y2);
+            }
+    T_ASSERT(bad_mdot == 0, "%s: %d cpu_dot_rows_multi results differ from cpu_dot", cpu_ops_path_name(p), bad_mdot);
+    T_ASSERT(bad_maxpy == 0, "%s: %d cpu_axpy_rows_multi results differ from cpu_axpy", cpu_ops_path_name(p),
+             bad_maxpy);
 }
 
 /* ---- FP8 (quant.h) ---- */

@@ -17,7 +17,11 @@
  * again with the KV cache in BF16 (the server's default, --kv-cache-dtype
  * auto) and FP8 e4m3 (kv_dtype.h), against the same f32 transformers
  * reference, with the bounds of KV_TOL below, and must be batch invariant
- * (bit-identical rows) at every dtype.
+ * (bit-identical rows) at every dtype. Then with BF16 matmul activations
+ * (--dtype bfloat16, runner_set_act_bf16) and the f32 and BF16 KV caches:
+ * against ref_act_bf16.safetensors (transformers with every linear's input
+ * rounded to bf16) where the fixture has one, else against the f32 run, with
+ * the bounds of ACT_BF16_*_TOL, batch invariant too.
  */
 #include <math.h>
 #include <stdlib.h>

@@ -85,6 +85,11 @@ void cpu_axpy(float *y, float a, const float *x, int n);
 void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m, int n);
 /* cpu_axpy(y, a[i], x + i * ldx, n) for i = 0 .. m-1 in order, the same bits, y kept in registers. */
 void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n);
+/* cpu_dot_rows(out[e], q[e], k, ldk, m, n) for e < nq, the same bits, each chunk of k loaded once for
+ * several queries (attention: the queries of a tile that see the same rows). */
+void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const float *k, size_t ldk, int m, int n);
+/* cpu_axpy_rows(y[e], a[e], x, ldx, m, n) for e < nq, the same bits, each row of x loaded once for two. */
+void cpu_axpy_rows_multi(float *const *y, const float *const *a, int nq, const float *x, size_t ldx, int m, int n);
 
 /* One row of the batched LoRA (backend.h, Backend.lora): h[j] = scale *
  * (A[j] . x) (cpu_dot over in), then out += h[j] * B^T[j] for j in order

@@ -54,7 +54,7 @@ static float finish_ref(const float *acc, const uint16_t *wr, const uint16_t *xt
     return s;
 }
 
-static float tail_ref(float s, const uint16_t *wr, const uint16_t *xt, int k, int K) {
+static inline float tail_ref(float s, const uint16_t *wr, const uint16_t *xt, int k, int K) {
     for (; k < K; k++) s = ftz(fmaf(daz(wr[k]), daz(xt[k]), s));
     return s;
 }
@@ -266,18 +266,17 @@ BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, 
         _mm_setcsr(csr);
         return;
     }
-    for (int t0 = 0; t0 < n; t0 += TOKEN_BLOCK) {
-        int t1 = t0 + TOKEN_BLOCK < n ? t0 + TOKEN_BLOCK : n;
+    if (n < 64) {
         for (int r = r0; r < r1; r += 4) {
             int R = r1 - r < 4 ? r1 - r : 4;
             const uint16_t *wr = w + (size_t)r * K;
-            /* decode: the next block of rows (also past the task's end, as the f32 path) */
-            const char *pf = n < 64 ? (const char *)(wr + (size_t)4 * K) : NULL;
-            for (int t = t0; t < t1; t += 6, pf = NULL) {
+            /* the next block of rows (also past the task's end, as the f32 path) */
+            const char *pf = (const char *)(wr + (size_t)4 * K);
+            for (int t = 0; t < n; t += 6, pf = NULL) {
                 float *o = out + (size_t)t * ldo + r;
                 const uint16_t *xt = x + (size_t)t * ldx;
 #define TN(RR, TT) tile_n(RR, TT, o, ldo, xt, ldx, wr, K, pf)
-#define TN_ALL(RR) switch (t1 - t < 6 ? t1 - t : 6) { case 6: TN(RR, 6); break; case 5: TN(RR, 5); break; \
+#define TN_ALL(RR) switch (n - t < 6 ? n - t : 6) { case 6: TN(RR, 6); break; case 5: TN(RR, 5); break; \
                    case 4: TN(RR, 4); break; case 3: TN(RR, 3); break; case 2: TN(RR, 2); break; default: TN(RR, 1); break; }
                 switch (R) {
                 case 4: TN_ALL(4) break;
@@ -285,11 +284,29 @@ BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, 
                 case 2: TN_ALL(2) break;
                 default: TN_ALL(1) break;
                 }
-#undef TN_ALL
-#undef TN
+            }
+        }
+        _mm_setcsr(csr);
+        return;
+    }
+    /* prefill: each 6-token tile (its x rows in L1) against every 4-row block of the task (from L2) */
+    for (int t = 0; t < n; t += 6) {
+        for (int r = r0; r < r1; r += 4) {
+            int R = r1 - r < 4 ? r1 - r : 4;
+            const uint16_t *wr = w + (size_t)r * K;
+            const char *pf = NULL;
+            float *o = out + (size_t)t * ldo + r;
+            const uint16_t *xt = x + (size_t)t * ldx;
+            switch (R) {
+            case 4: TN_ALL(4) break;
+            case 3: TN_ALL(3) break;
+            case 2: TN_ALL(2) break;
+            default: TN_ALL(1) break;
             }
         }
     }
+#undef TN_ALL
+#undef TN
     _mm_setcsr(csr);
 }
 

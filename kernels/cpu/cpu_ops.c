@@ -296,6 +296,7 @@ AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t
 }
 
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
 
 /* As dot_rows_avx2, eight rows at once, two to a zmm (lanes 0-7 one row,
  * 8-15 the next) against q broadcast to both halves. */
@@ -344,6 +345,98 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
         }
     }
     if (i < m) dot_rows_avx2(out + i, q, k + (size_t)i * ldk, ldk, m - i, n);
+}
+
+/* dot_rows_avx512 for Q <= 4 queries against the same m rows: each 8-row
+ * block's K chunks are loaded once for the Q queries (16 accumulators), and
+ * every (query, row) dot is dot_rows_avx512's chain and reduction, so the
+ * same bits. n % 8 == 0 (the caller sends the rest to the one-query kernel). */
+AVX512_INLINE void dot_rows_q_avx512(int Q, float *const *out, const float *const *q, const float *k, size_t ldk,
+                                     int m, int n) {
+    int i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m512 acc[4][4];
+        #pragma GCC unroll 4
+        for (int e = 0; e < Q; e++)
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) acc[e][p] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 8) {
+            __m512 kv[4];
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                kv[p] = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p) * ldk + j))),
+                    _mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p + 1) * ldk + j)), 1));
+            #pragma GCC unroll 4
+            for (int e = 0; e < Q; e++) {
+                __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[e] + j))));
+                #pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) acc[e][p] = _mm512_fmadd_ps(qv, kv[p], acc[e][p]);
+            }
+        }
+        #pragma GCC unroll 4
+        for (int e = 0; e < Q; e++) {
+            __m512 t[4];
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                t[p] = _mm512_add_ps(acc[e][p], _mm512_shuffle_f32x4(acc[e][p], acc[e][p], _MM_SHUFFLE(2, 3, 0, 1)));
+            #pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512 u = _mm512_shuffle_f32x4(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(2, 0, 2, 0));
+                u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+                u = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+                _mm512_mask_compressstoreu_ps(out[e] + i + 4 * h, 0x1111, u);
+            }
+        }
+    }
+    for (int e = 0; i < m && e < Q; e++) dot_rows_avx2(out[e] + i, q[e], k + (size_t)i * ldk, ldk, m - i, n);
+}
+
+/* axpy_rows_avx512 for Q <= 2 outputs over the same m rows of x: each row
+ * chunk is loaded once for both; per output the same FMAs in the same order. */
+AVX512_INLINE void axpy_rows_q_avx512(int Q, float *const *y, const float *const *a, const float *x, size_t ldx,
+                                      int m, int n) {
+    for (int d = 0; d < n; d += 128) {
+        __m512 acc[2][8];
+        #pragma GCC unroll 2
+        for (int e = 0; e < Q; e++)
+            #pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc[e][c] = _mm512_loadu_ps(y[e] + d + 16 * c);
+        for (int i = 0; i < m; i++) {
+            const float *xi = x + (size_t)i * ldx + d;
+            __m512 av[2];
+            #pragma GCC unroll 2
+            for (int e = 0; e < Q; e++) av[e] = _mm512_set1_ps(a[e][i]);
+            #pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m512 xv = _mm512_loadu_ps(xi + 16 * c);
+                #pragma GCC unroll 2
+                for (int e = 0; e < Q; e++) acc[e][c] = _mm512_fmadd_ps(av[e], xv, acc[e][c]);
+            }
+        }
+        #pragma GCC unroll 2
+        for (int e = 0; e < Q; e++)
+            #pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) _mm512_storeu_ps(y[e] + d + 16 * c, acc[e][c]);
+    }
+}
+
+AVX512 static void dot_rows_multi_avx512(float *const *out, const float *const *q, int nq, const float *k,
+                                         size_t ldk, int m, int n) {
+    for (int e = 0; e < nq; e += 4) switch (nq - e < 4 ? nq - e : 4) {
+        case 4: dot_rows_q_avx512(4, out + e, q + e, k, ldk, m, n); break;
+        case 3: dot_rows_q_avx512(3, out + e, q + e, k, ldk, m, n); break;
+        case 2: dot_rows_q_avx512(2, out + e, q + e, k, ldk, m, n); break;
+        default: dot_rows_q_avx512(1, out + e, q + e, k, ldk, m, n); break;
+        }
+}
+
+AVX512 static void axpy_rows_multi_avx512(float *const *y, const float *const *a, int nq, const float *x,
+                                          size_t ldx, int m, int n) {
+    int e = 0;
+    for (; e + 2 <= nq; e += 2) axpy_rows_q_avx512(2, y + e, a + e, x, ldx, m, n);
+    if (e < nq) axpy_rows_q_avx512(1, y + e, a + e, x, ldx, m, n);
 }
 
 /* As axpy_rows_avx2 with 128 floats of y in eight zmm. */
@@ -455,6 +548,26 @@ void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m,
     }
 #endif
     for (int i = 0; i < m; i++) out[i] = cpu_dot(q, k + (size_t)i * ldk, n);
+}
+
+void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const float *k, size_t ldk, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2() && g_path == CPU_PATH_AVX512 && n % 8 == 0 && m >= 8) {
+        dot_rows_multi_avx512(out, q, nq, k, ldk, m, n);
+        return;
+    }
+#endif
+    for (int e = 0; e < nq; e++) cpu_dot_rows(out[e], q[e], k, ldk, m, n);
+}
+
+void cpu_axpy_rows_multi(float *const *y, const float *const *a, int nq, const float *x, size_t ldx, int m, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2() && g_path == CPU_PATH_AVX512 && n % 128 == 0) {
+        axpy_rows_multi_avx512(y, a, nq, x, ldx, m, n);
+        return;
+    }
+#endif
+    for (int e = 0; e < nq; e++) cpu_axpy_rows(y[e], a[e], x, ldx, m, n);
 }
 
 void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n) {

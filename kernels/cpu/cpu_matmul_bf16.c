@@ -203,6 +203,32 @@ AVX2_FN void cpu_act_to_bf16_avx2(uint16_t *dst, const float *src, size_t n) {
 
 /* ---------------- AVX512_BF16 (vdpbf16ps) ---------------- */
 
+/* v[j] = acc[j] + acc[j + 8]: the fold of the 16 lanes. */
+BF16_INL __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* hsum8_e of eight vectors at once, the same adds on the same operands:
+ * v[2r] is (row r, token t), v[2r + 1] (row r, token t + 1); o0[0..3] and
+ * o1[0..3] get rows 0-3 of tokens t and t + 1. Level 1 pairs lanes j and
+ * j + 4, level 2 (p0 + p2, p1 + p3), level 3 their sum, as hsum8. */
+BF16_INL void hsum8x8_store(const __m256 *v, float *o0, float *o1) {
+    __m256 p[4], q[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* [A.lo + A.hi | B.lo + B.hi], A = v[2i], B = v[2i + 1] */
+        p[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* [pA0+pA2, pA1+pA3, pC0+pC2, pC1+pC3 | B, D alike] */
+        q[i] = _mm256_add_ps(_mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* [rows 0, 1, 2, 3 of token t | of token t + 1] */
+    __m256 s = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm_storeu_ps(o0, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(o1, _mm256_extractf128_ps(s, 1));
+}
+
 /* R rows x T tokens, R <= 4 and T <= 6 (prefill, batches: 24 accumulators,
  * 4 weight vectors and one x vector of the 32 zmm, 10 loads per 24
  * vdpbf16ps) or R <= 8 and T <= 2 (decode). pf: the next block of R rows,
@@ -230,15 +256,24 @@ BF16_INL void tile_n(int R, int T, float *out, int ldo, const uint16_t *x, int l
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], xv);
         }
     }
+    int t = 0;
+    if (R == 4 && S * 32 == K)
+#pragma GCC unroll 3
+        for (; t + 2 <= T; t += 2) {
+            __m256 v[8];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                v[2 * r] = fold16(acc[r][t]);
+                v[2 * r + 1] = fold16(acc[r][t + 1]);
+            }
+            hsum8x8_store(v, out + (size_t)t * ldo, out + (size_t)(t + 1) * ldo);
+        }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m256 lo = _mm512_castps512_ps256(acc[r][t]),
-                   hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1));
-            out[(size_t)t * ldo + r] = tail_ref(hsum8_e(_mm256_add_ps(lo, hi)), w + (size_t)r * K,
-                                                x + (size_t)t * ldx, S * 32, K);
-        }
+        for (int tt = t; tt < T; tt++)
+            out[(size_t)tt * ldo + r] = tail_ref(hsum8_e(fold16(acc[r][tt])), w + (size_t)r * K,
+                                                 x + (size_t)tt * ldx, S * 32, K);
 }
 
 BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w,

@@ -50,6 +50,61 @@ typedef struct MatmulJob {
     int row_tasks;   /* tasks per token block */
 } MatmulJob;
 
+/* Parallel-for over [0, n) in chunks of grain (elementwise and per-row ops
+ * of big steps; a step under two chunks runs on the calling thread: no
+ * wake-up for decode). Each index is computed by the same code whatever
+ * the chunking, so results do not depend on it. */
+typedef void (*RangeFn)(const void *ctx, size_t i0, size_t i1);
+typedef struct RangeJob {
+    RangeFn fn;
+    const void *ctx;
+    size_t n, grain;
+} RangeJob;
+
+static void range_task(void *p, int task, int thread) {
+    (void)thread;
+    const RangeJob *j = p;
+    size_t i0 = (size_t)task * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n;
+    j->fn(j->ctx, i0, i1);
+}
+
+static void par_for(CpuCtx *c, size_t n, size_t grain, RangeFn fn, const void *ctx) {
+    if (n < 2 * grain) {
+        fn(ctx, 0, n);
+        return;
+    }
+    RangeJob j = {fn, ctx, n, grain};
+    threadpool_run(c->tp, (int)((n + grain - 1) / grain), range_task, &j);
+}
+
+typedef struct ElemArgs {
+    float *out;
+    const float *a, *b;
+    uint16_t *ob;
+    const uint16_t *w;
+    int dim;
+    float eps;
+} ElemArgs;
+
+static void act_bf16_range(const void *p, size_t i0, size_t i1) {
+    const ElemArgs *e = p;
+    cpu_act_to_bf16(e->ob + i0, e->a + i0, i1 - i0);
+}
+static void swiglu_range(const void *p, size_t i0, size_t i1) {
+    const ElemArgs *e = p;
+    cpu_swiglu(e->out + i0, e->a + i0, e->b + i0, (int)(i1 - i0));
+}
+static void add_range(const void *p, size_t i0, size_t i1) {
+    const ElemArgs *e = p;
+    cpu_add(e->out + i0, e->a + i0, (int)(i1 - i0));
+}
+static void rmsnorm_range(const void *p, size_t i0, size_t i1) { /* rows */
+    const ElemArgs *e = p;
+    cpu_rmsnorm(e->out + i0 * e->dim, e->a + i0 * e->dim, e->w, (int)(i1 - i0), e->dim, e->eps);
+}
+
+#define ELEM_GRAIN ((size_t)1 << 15) /* elements per chunk: ~10-30 us of work */
+
 static void matmul_task(void *p, int task, int thread) {
     MatmulJob *j = p;
     const WeightMat *w = j->w;
@@ -84,7 +139,8 @@ static void cpu_matmul(Backend *b, float *out, const float *x, int n, const Weig
         /* once per call, on the calling thread (vcvtneps2bf16: ~0.1 ms for 512 x 1024) */
         ASSERT(n <= c->max_tokens && w->cols <= c->max_cols, "bf16 activations [%d, %d], reserved [%d, %d]", n,
                w->cols, c->max_tokens, c->max_cols);
-        cpu_act_to_bf16(c->xb, x, (size_t)n * w->cols);
+        ElemArgs e = {.a = x, .ob = c->xb};
+        par_for(c, (size_t)n * w->cols, ELEM_GRAIN, act_bf16_range, &e);
         j.xb = c->xb;
         if (n >= PREFILL_TASK_MIN) {
             /* prefill: tasks of B tokens x B rows (B x K bf16 ~256 KB of each, both stay in L2; a task
@@ -171,18 +227,34 @@ static void cpu_embed_op(Backend *b, float *x, const uint16_t *emb, const int32_
 }
 
 static void cpu_rmsnorm_op(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
-    cpu_rmsnorm(out, x, w, n, dim, eps);
+    ElemArgs e = {.out = out, .a = x, .w = w, .dim = dim, .eps = eps};
+    par_for(b->ctx, (size_t)n, ELEM_GRAIN / (size_t)(dim > 0 ? dim : 1) + 1, rmsnorm_range, &e);
+}
+
+typedef struct NormRopeArgs {
+    float *x;
+    int n_heads, head_dim;
+    const uint16_t *norm_w;
+    float eps;
+    const float *cs, *sn;
+} NormRopeArgs;
+
+static void norm_rope_range(const void *p, size_t t0, size_t t1) { /* tokens */
+    const NormRopeArgs *a = p;
+    int h2 = a->head_dim / 2;
+    for (size_t t = t0; t < t1; t++)
+        for (int h = 0; h < a->n_heads; h++) {
+            float *v = a->x + (t * a->n_heads + h) * a->head_dim;
+            if (a->norm_w) cpu_rmsnorm(v, v, a->norm_w, 1, a->head_dim, a->eps);
+            cpu_rope(v, a->cs + t * h2, a->sn + t * h2, a->head_dim);
+        }
 }
 
 static void cpu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
                           float eps, const float *cs, const float *sn) {
-    int h2 = head_dim / 2;
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)t * n_heads + h) * head_dim;
-            if (norm_w) cpu_rmsnorm(v, v, norm_w, 1, head_dim, eps);
-            cpu_rope(v, cs + (size_t)t * h2, sn + (size_t)t * h2, head_dim);
-        }
+    NormRopeArgs a = {x, n_heads, head_dim, norm_w, eps, cs, sn};
+    par_for(b->ctx, (size_t)n, ELEM_GRAIN / (size_t)(n_heads * head_dim > 0 ? n_heads * head_dim : 1) + 1,
+            norm_rope_range, &a);
 }
 
 /* (token, head) pairs of one attention task: the query heads of one kv head
@@ -374,10 +446,14 @@ static void cpu_attention(Backend *b, const AttnArgs *a) {
 }
 
 static void cpu_swiglu_op(Backend *b, float *out, const float *g, const float *u, int n) {
-    cpu_swiglu(out, g, u, n);
+    ElemArgs e = {.out = out, .a = g, .b = u};
+    par_for(b->ctx, (size_t)n, ELEM_GRAIN, swiglu_range, &e);
 }
 
-static void cpu_add_op(Backend *b, float *x, const float *y, int n) { cpu_add(x, y, n); }
+static void cpu_add_op(Backend *b, float *x, const float *y, int n) {
+    ElemArgs e = {.out = x, .a = y};
+    par_for(b->ctx, (size_t)n, ELEM_GRAIN, add_range, &e);
+}
 
 static void cpu_kv_write(Backend *b, const KvWriteArgs *a) {
     int nkv = a->n_kv_heads, hd = a->head_dim, bs = a->block_size;

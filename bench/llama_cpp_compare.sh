@@ -15,8 +15,10 @@
 #   PREPARE_ONLY=1 stops after the build and the GGUF (bench/llama_server_compare.py uses them) and
 #   touches $WORK/READY.
 #   env: WORK (default /tmp/llama_cpp_compare) holds the sdist, the build and the GGUF;
-#        BUILD_DIR (default ./build) holds bench_forward; PATHS (default avx2-v0,<default path>):
-#        the sampler's CPU matmul paths to run (cpu_ops.h), the first one is the old kernel.
+#        BUILD_DIR (default ./build) holds bench_forward; PATHS (default avx2-v0,<default path>,<default
+#        path>+bf16): the sampler's CPU matmul paths to run (cpu_ops.h), the first one is the old kernel;
+#        "+bf16" runs the path with BF16 matmul activations (--dtype bfloat16, what --dtype auto picks on
+#        a CPU with AVX512_BF16; llama.cpp rounds its activations to BF16 for a BF16 GGUF too).
 # needs: python3 with torch, numpy, transformers, sentencepiece (the converter), cmake, a C++ compiler.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,7 +63,7 @@ fi
 if [ "${PREPARE_ONLY:-0}" = 1 ]; then touch "$WORK/READY"; echo "ready: $GGUF"; exit 0; fi
 [ -x "$BUILD_DIR/bench_forward" ] || { echo "build bench_forward first (cmake --build build)"; exit 1; }
 DEFAULT_PATH=$(SAMPLER_CPU_PATH= "$BUILD_DIR/test_cpu_paths" 2>/dev/null | sed -n 's/^default path: //p' || true)
-PATHS=${PATHS:-avx2-v0,${DEFAULT_PATH:-avx2}}
+PATHS=${PATHS:-avx2-v0,${DEFAULT_PATH:-avx2},${DEFAULT_PATH:-avx2}+bf16}
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 

@@ -314,7 +314,7 @@ static const Flag FLAGS[] = {
      .help = "logits rows per step for prompt log-probs"},
     {.name = "--max-step-rows", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_step_rows), .lo = 0, .hi = 1 << 20,
-     .unset = "4 per sampling thread, at least 16; with device sampling: every running sequence",
+     .unset = "4 per sampling thread, at least 32; with device sampling: every running sequence",
      .help = "logits rows per step (sampled tokens + prompt log-prob rows), shared fairly between requests "
              "so a heavy request (n, masks, prompt_logprobs) cannot slow the others' steps"},
     {.name = "--max-request-output-mb", .metavar = "N", .section = S_ENGINE, .kind = K_SIZE,

@@ -174,6 +174,39 @@ static void check_rows_ops(CpuPath p) {
                 bad_maxpy += memcmp(y1, y2, sizeof(float) * nq * n) != 0;
                 free(k); free(qv); free(dv); free(cv); free(y1); free(y2);
             }
+    /* BF16 rows read in place (a BF16 KV cache) where the path has it: the bits of the widened rows */
+    int ran_b = 0, bad_b = 0;
+    for (int n = 128; n <= 256; n += 128)
+        for (size_t b = 0; b < sizeof ms / sizeof ms[0] && cpu_kv_bf16_direct(n); b++)
+            for (int nq = 1; nq <= 7; nq += 3) {
+                int m = ms[b] + 8;
+                size_t ld = (size_t)n;
+                uint16_t *kb = malloc(sizeof(uint16_t) * m * ld);
+                float *kf = malloc(sizeof(float) * m * ld), *qv = malloc(sizeof(float) * nq * n);
+                float *d1 = malloc(sizeof(float) * nq * m), *d2 = malloc(sizeof(float) * nq * m);
+                float *cv = malloc(sizeof(float) * nq * m), *y1 = malloc(sizeof(float) * nq * n);
+                float *y2 = malloc(sizeof(float) * nq * n);
+                float *o1[8], *o2[8], *ys1[8], *ys2[8];
+                const float *qs[8], *cs[8];
+                for (size_t i = 0; i < m * ld; i++) kf[i] = bf16_to_f32(kb[i] = f32_to_bf16(rnd() * 4));
+                for (int i = 0; i < nq * n; i++) { qv[i] = rnd(); y1[i] = y2[i] = rnd(); }
+                for (int i = 0; i < nq * m; i++) cv[i] = rnd();
+                for (int e = 0; e < nq; e++) {
+                    o1[e] = d1 + (size_t)e * m; o2[e] = d2 + (size_t)e * m;
+                    ys1[e] = y1 + (size_t)e * n; ys2[e] = y2 + (size_t)e * n;
+                    qs[e] = qv + (size_t)e * n; cs[e] = cv + (size_t)e * m;
+                }
+                cpu_dot_rows_multi_bf16(o1, qs, nq, kb, ld, m, n);
+                cpu_dot_rows_multi(o2, qs, nq, kf, ld, m, n);
+                cpu_axpy_rows_multi_bf16(ys1, cs, nq, kb, ld, m, n);
+                cpu_axpy_rows_multi(ys2, cs, nq, kf, ld, m, n);
+                bad_b += memcmp(d1, d2, sizeof(float) * nq * m) != 0 || memcmp(y1, y2, sizeof(float) * nq * n) != 0;
+                ran_b++;
+                free(kb); free(kf); free(qv); free(d1); free(d2); free(cv); free(y1); free(y2);
+            }
+    T_ASSERT(bad_b == 0, "%s: %d of %d BF16-row multi-query results differ from the widened rows'", cpu_ops_path_name(p),
+             bad_b, ran_b);
+    if (ran_b) printf("path %s: BF16 K/V rows in place checked (%d shapes)\n", cpu_ops_path_name(p), ran_b);
     T_ASSERT(bad_mdot == 0, "%s: %d cpu_dot_rows_multi results differ from cpu_dot", cpu_ops_path_name(p), bad_mdot);
     T_ASSERT(bad_maxpy == 0, "%s: %d cpu_axpy_rows_multi results differ from cpu_axpy", cpu_ops_path_name(p),
              bad_maxpy);

@@ -90,6 +90,13 @@ void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, 
 void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const float *k, size_t ldk, int m, int n);
 /* cpu_axpy_rows(y[e], a[e], x, ldx, m, n) for e < nq, the same bits, each row of x loaded once for two. */
 void cpu_axpy_rows_multi(float *const *y, const float *const *a, int nq, const float *x, size_t ldx, int m, int n);
+/* The two above on BF16 rows read in place (BF16 KV cache), widened exactly in registers: the bits of
+ * widening the rows to f32 first. Only where cpu_kv_bf16_direct(n) (the avx512 path, n = 128 or 256). */
+int cpu_kv_bf16_direct(int n);
+void cpu_dot_rows_multi_bf16(float *const *out, const float *const *q, int nq, const uint16_t *k, size_t ldk, int m,
+                             int n);
+void cpu_axpy_rows_multi_bf16(float *const *y, const float *const *a, int nq, const uint16_t *x, size_t ldx, int m,
+                              int n);
 
 /* One row of the batched LoRA (backend.h, Backend.lora): h[j] = scale *
  * (A[j] . x) (cpu_dot over in), then out += h[j] * B^T[j] for j in order

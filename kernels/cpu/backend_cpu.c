@@ -302,6 +302,8 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
     for (int t = t0; t < t1; t++) nmax = a->pos[t] + 1 > nmax ? a->pos[t] + 1 : nmax;
     const float *qs[ATTN_TILE], *cs[ATTN_TILE]; /* the tile's (token, head) rows: (t1 - t0) * (g1 - g0) <= ATTN_TILE */
     float *ss[ATTN_TILE], *os[ATTN_TILE];
+    /* BF16 caches: rows read in place and widened in registers where the path can (the same values) */
+    int bf16_direct = a->kv_dtype == KV_BF16 && cpu_kv_bf16_direct(hd);
     ASSERT((t1 - t0) * (g1 - g0) <= ATTN_TILE, "attention tile %d x %d", t1 - t0, g1 - g0);
 #define Q(t, g) (a->q + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
 #define OUT(t, g) (a->out + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
@@ -313,7 +315,7 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
         attn_prefetch(a, a->k_cache, a->k_scale, bt, i0 / bs, nblk, kvh);
         for (int c0 = 0; c0 < mb; c0 += chunk) {
             int mc = mb - c0 < chunk ? mb - c0 : chunk;
-            const float *k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
+            const float *k = NULL;
             /* the queries that see all mc rows share their loads; the others (the diagonal) alone */
             int nq = 0;
             for (int t = t0; t < t1; t++) {
@@ -321,14 +323,21 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
                 if (n <= i0 + c0) continue;
                 int m = n - i0 - c0 < mc ? n - i0 - c0 : mc;
                 for (int g = g0; g < g1; g++) {
-                    if (m < mc) cpu_dot_rows(S(t, g) + i0 + c0, Q(t, g), k, hd, m, hd);
-                    else {
+                    if (m < mc) {
+                        if (!k) k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
+                        cpu_dot_rows(S(t, g) + i0 + c0, Q(t, g), k, hd, m, hd);
+                    } else {
                         qs[nq] = Q(t, g);
                         ss[nq++] = S(t, g) + i0 + c0;
                     }
                 }
             }
-            cpu_dot_rows_multi(ss, qs, nq, k, hd, mc, hd);
+            if (!nq) continue;
+            if (bf16_direct) cpu_dot_rows_multi_bf16(ss, qs, nq, (const uint16_t *)a->k_cache + (row0 + c0) * hd, hd, mc, hd);
+            else {
+                if (!k) k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
+                cpu_dot_rows_multi(ss, qs, nq, k, hd, mc, hd);
+            }
         }
     }
     for (int t = t0; t < t1; t++)
@@ -355,21 +364,28 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
         attn_prefetch(a, a->v_cache, a->v_scale, bt, i0 / bs, nblk, kvh);
         for (int c0 = 0; c0 < mb; c0 += chunk) {
             int mc = mb - c0 < chunk ? mb - c0 : chunk;
-            const float *v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);
+            const float *v = NULL;
             int nq = 0;
             for (int t = t0; t < t1; t++) {
                 int n = a->pos[t] + 1;
                 if (n <= i0 + c0) continue;
                 int m = n - i0 - c0 < mc ? n - i0 - c0 : mc;
                 for (int g = g0; g < g1; g++) {
-                    if (m < mc) cpu_axpy_rows(OUT(t, g), S(t, g) + i0 + c0, v, hd, m, hd);
-                    else {
+                    if (m < mc) {
+                        if (!v) v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);
+                        cpu_axpy_rows(OUT(t, g), S(t, g) + i0 + c0, v, hd, m, hd);
+                    } else {
                         os[nq] = OUT(t, g);
                         cs[nq++] = S(t, g) + i0 + c0;
                     }
                 }
             }
-            cpu_axpy_rows_multi(os, cs, nq, v, hd, mc, hd);
+            if (!nq) continue;
+            if (bf16_direct) cpu_axpy_rows_multi_bf16(os, cs, nq, (const uint16_t *)a->v_cache + (row0 + c0) * hd, hd, mc, hd);
+            else {
+                if (!v) v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);
+                cpu_axpy_rows_multi(os, cs, nq, v, hd, mc, hd);
+            }
         }
     }
 #undef Q

@@ -351,11 +351,25 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
  * block's K chunks are loaded once for the Q queries (16 accumulators), and
  * every (query, row) dot is dot_rows_avx512's chain and reduction, so the
  * same bits. n % 8 == 0 (the caller sends the rest to the one-query kernel). */
-AVX512_INLINE void dot_rows_q_avx512(int Q, float *const *out, const float *const *q, const float *k, size_t ldk,
-                                     int m, int n) {
+AVX2 static void widen_avx2(float *w, const uint16_t *h, size_t n);
+
+AVX512_INLINE __m512 kpair_avx512(const void *k, int kb, size_t a, size_t b) {
+    if (kb) { /* two rows' 8 bf16 widened exactly, as cpu_kv_rows would */
+        const uint16_t *h = k;
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(h + a))),
+                                            _mm_loadu_si128((const __m128i *)(h + b)), 1);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    }
+    const float *f = k;
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(f + a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(f + b)), 1));
+}
+
+AVX512_INLINE void dot_rows_q_avx512(int Q, int kb, float *const *out, const float *const *q, const void *k,
+                                     size_t ldk, int m, int n) {
     int i = 0;
     for (; i + 8 <= m; i += 8) {
-        const float *k0 = k + (size_t)i * ldk;
+        size_t k0 = (size_t)i * ldk;
         __m512 acc[4][4];
         #pragma GCC unroll 4
         for (int e = 0; e < Q; e++)
@@ -364,10 +378,7 @@ AVX512_INLINE void dot_rows_q_avx512(int Q, float *const *out, const float *cons
         for (int j = 0; j < n; j += 8) {
             __m512 kv[4];
             #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++)
-                kv[p] = _mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p) * ldk + j))),
-                    _mm256_castps_pd(_mm256_loadu_ps(k0 + (size_t)(2 * p + 1) * ldk + j)), 1));
+            for (int p = 0; p < 4; p++) kv[p] = kpair_avx512(k, kb, k0 + (size_t)(2 * p) * ldk + j, k0 + (size_t)(2 * p + 1) * ldk + j);
             #pragma GCC unroll 4
             for (int e = 0; e < Q; e++) {
                 __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[e] + j))));
@@ -390,13 +401,26 @@ AVX512_INLINE void dot_rows_q_avx512(int Q, float *const *out, const float *cons
             }
         }
     }
-    for (int e = 0; i < m && e < Q; e++) dot_rows_avx2(out[e] + i, q[e], k + (size_t)i * ldk, ldk, m - i, n);
+    if (i == m) return;
+    if (!kb) {
+        for (int e = 0; e < Q; e++) dot_rows_avx2(out[e] + i, q[e], (const float *)k + (size_t)i * ldk, ldk, m - i, n);
+        return;
+    }
+    float w[7 * 256]; /* the last m - i < 8 rows widened (n <= 256: the caller checks) */
+    for (int r = i; r < m; r++) widen_avx2(w + (size_t)(r - i) * n, (const uint16_t *)k + (size_t)r * ldk, (size_t)n);
+    for (int e = 0; e < Q; e++) dot_rows_avx2(out[e] + i, q[e], w, (size_t)n, m - i, n);
 }
 
 /* axpy_rows_avx512 for Q <= 2 outputs over the same m rows of x: each row
  * chunk is loaded once for both; per output the same FMAs in the same order. */
-AVX512_INLINE void axpy_rows_q_avx512(int Q, float *const *y, const float *const *a, const float *x, size_t ldx,
-                                      int m, int n) {
+AVX512_INLINE __m512 x16_avx512(const void *x, int kb, size_t o) {
+    if (kb) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                   (const __m256i *)((const uint16_t *)x + o))), 16));
+    return _mm512_loadu_ps((const float *)x + o);
+}
+
+AVX512_INLINE void axpy_rows_q_avx512(int Q, int kb, float *const *y, const float *const *a, const void *x,
+                                      size_t ldx, int m, int n) {
     for (int d = 0; d < n; d += 128) {
         __m512 acc[2][8];
         #pragma GCC unroll 2
@@ -404,13 +428,13 @@ AVX512_INLINE void axpy_rows_q_avx512(int Q, float *const *y, const float *const
             #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) acc[e][c] = _mm512_loadu_ps(y[e] + d + 16 * c);
         for (int i = 0; i < m; i++) {
-            const float *xi = x + (size_t)i * ldx + d;
+            size_t xi = (size_t)i * ldx + d;
             __m512 av[2];
             #pragma GCC unroll 2
             for (int e = 0; e < Q; e++) av[e] = _mm512_set1_ps(a[e][i]);
             #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                __m512 xv = _mm512_loadu_ps(xi + 16 * c);
+                __m512 xv = x16_avx512(x, kb, xi + 16 * (size_t)c);
                 #pragma GCC unroll 2
                 for (int e = 0; e < Q; e++) acc[e][c] = _mm512_fmadd_ps(av[e], xv, acc[e][c]);
             }
@@ -422,21 +446,28 @@ AVX512_INLINE void axpy_rows_q_avx512(int Q, float *const *y, const float *const
     }
 }
 
-AVX512 static void dot_rows_multi_avx512(float *const *out, const float *const *q, int nq, const float *k,
+AVX512 static void dot_rows_multi_avx512(float *const *out, const float *const *q, int nq, const void *k, int kb,
                                          size_t ldk, int m, int n) {
+#define DQ(QQ) kb ? dot_rows_q_avx512(QQ, 1, out + e, q + e, k, ldk, m, n) : dot_rows_q_avx512(QQ, 0, out + e, q + e, k, ldk, m, n)
     for (int e = 0; e < nq; e += 4) switch (nq - e < 4 ? nq - e : 4) {
-        case 4: dot_rows_q_avx512(4, out + e, q + e, k, ldk, m, n); break;
-        case 3: dot_rows_q_avx512(3, out + e, q + e, k, ldk, m, n); break;
-        case 2: dot_rows_q_avx512(2, out + e, q + e, k, ldk, m, n); break;
-        default: dot_rows_q_avx512(1, out + e, q + e, k, ldk, m, n); break;
+        case 4: DQ(4); break;
+        case 3: DQ(3); break;
+        case 2: DQ(2); break;
+        default: DQ(1); break;
         }
+#undef DQ
 }
 
-AVX512 static void axpy_rows_multi_avx512(float *const *y, const float *const *a, int nq, const float *x,
+AVX512 static void axpy_rows_multi_avx512(float *const *y, const float *const *a, int nq, const void *x, int kb,
                                           size_t ldx, int m, int n) {
     int e = 0;
-    for (; e + 2 <= nq; e += 2) axpy_rows_q_avx512(2, y + e, a + e, x, ldx, m, n);
-    if (e < nq) axpy_rows_q_avx512(1, y + e, a + e, x, ldx, m, n);
+    for (; e + 2 <= nq; e += 2)
+        if (kb) axpy_rows_q_avx512(2, 1, y + e, a + e, x, ldx, m, n);
+        else axpy_rows_q_avx512(2, 0, y + e, a + e, x, ldx, m, n);
+    if (e < nq) {
+        if (kb) axpy_rows_q_avx512(1, 1, y + e, a + e, x, ldx, m, n);
+        else axpy_rows_q_avx512(1, 0, y + e, a + e, x, ldx, m, n);
+    }
 }
 
 /* As axpy_rows_avx2 with 128 floats of y in eight zmm. */
@@ -553,7 +584,7 @@ void cpu_dot_rows(float *out, const float *q, const float *k, size_t ldk, int m,
 void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const float *k, size_t ldk, int m, int n) {
 #ifdef CPU_OPS_X86
     if (use_avx2() && g_path == CPU_PATH_AVX512 && n % 8 == 0 && m >= 8) {
-        dot_rows_multi_avx512(out, q, nq, k, ldk, m, n);
+        dot_rows_multi_avx512(out, q, nq, k, 0, ldk, m, n);
         return;
     }
 #endif
@@ -563,11 +594,41 @@ void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const 
 void cpu_axpy_rows_multi(float *const *y, const float *const *a, int nq, const float *x, size_t ldx, int m, int n) {
 #ifdef CPU_OPS_X86
     if (use_avx2() && g_path == CPU_PATH_AVX512 && n % 128 == 0) {
-        axpy_rows_multi_avx512(y, a, nq, x, ldx, m, n);
+        axpy_rows_multi_avx512(y, a, nq, x, 0, ldx, m, n);
         return;
     }
 #endif
     for (int e = 0; e < nq; e++) cpu_axpy_rows(y[e], a[e], x, ldx, m, n);
+}
+
+int cpu_kv_bf16_direct(int n) {
+    if (!g_init) cpu_ops_init();
+#ifdef CPU_OPS_X86
+    return use_avx2() && g_path == CPU_PATH_AVX512 && n % 128 == 0 && n <= 256;
+#else
+    (void)n;
+    return 0;
+#endif
+}
+
+void cpu_dot_rows_multi_bf16(float *const *out, const float *const *q, int nq, const uint16_t *k, size_t ldk, int m,
+                             int n) {
+    ASSERT(cpu_kv_bf16_direct(n), "cpu_dot_rows_multi_bf16 on a path without it (n %d)", n);
+#ifdef CPU_OPS_X86
+    dot_rows_multi_avx512(out, q, nq, k, 1, ldk, m, n);
+#else
+    (void)out, (void)q, (void)nq, (void)k, (void)ldk, (void)m;
+#endif
+}
+
+void cpu_axpy_rows_multi_bf16(float *const *y, const float *const *a, int nq, const uint16_t *x, size_t ldx, int m,
+                              int n) {
+    ASSERT(cpu_kv_bf16_direct(n), "cpu_axpy_rows_multi_bf16 on a path without it (n %d)", n);
+#ifdef CPU_OPS_X86
+    axpy_rows_multi_avx512(y, a, nq, x, 1, ldx, m, n);
+#else
+    (void)y, (void)a, (void)nq, (void)x, (void)ldx, (void)m;
+#endif
 }
 
 void cpu_axpy_rows(float *y, const float *a, const float *x, size_t ldx, int m, int n) {

@@ -302,7 +302,9 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
     for (int t = t0; t < t1; t++) nmax = a->pos[t] + 1 > nmax ? a->pos[t] + 1 : nmax;
     const float *qs[ATTN_TILE], *cs[ATTN_TILE]; /* the tile's (token, head) rows: (t1 - t0) * (g1 - g0) <= ATTN_TILE */
     float *ss[ATTN_TILE], *os[ATTN_TILE];
-    /* BF16 caches: rows read in place and widened in registers where the path can (the same values) */
+    /* BF16 caches: rows read in place and widened in registers where the path can (the same values),
+     * for one group of queries (decode); a larger tile decodes the chunk once into buf instead of
+     * widening it again for every group of four (scores) or two (values) */
     int bf16_direct = a->kv_dtype == KV_BF16 && cpu_kv_bf16_direct(hd);
     ASSERT((t1 - t0) * (g1 - g0) <= ATTN_TILE, "attention tile %d x %d", t1 - t0, g1 - g0);
 #define Q(t, g) (a->q + ((size_t)(t) * a->n_heads + (size_t)kvh * G + (g)) * hd)
@@ -333,7 +335,7 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
                 }
             }
             if (!nq) continue;
-            if (bf16_direct) cpu_dot_rows_multi_bf16(ss, qs, nq, (const uint16_t *)a->k_cache + (row0 + c0) * hd, hd, mc, hd);
+            if (bf16_direct && nq <= 4) cpu_dot_rows_multi_bf16(ss, qs, nq, (const uint16_t *)a->k_cache + (row0 + c0) * hd, hd, mc, hd);
             else {
                 if (!k) k = cpu_kv_rows(buf, a->k_cache, a->k_scale, a->kv_dtype, row0 + c0, mc, hd);
                 cpu_dot_rows_multi(ss, qs, nq, k, hd, mc, hd);
@@ -381,7 +383,7 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
                 }
             }
             if (!nq) continue;
-            if (bf16_direct) cpu_axpy_rows_multi_bf16(os, cs, nq, (const uint16_t *)a->v_cache + (row0 + c0) * hd, hd, mc, hd);
+            if (bf16_direct && nq <= 2) cpu_axpy_rows_multi_bf16(os, cs, nq, (const uint16_t *)a->v_cache + (row0 + c0) * hd, hd, mc, hd);
             else {
                 if (!v) v = cpu_kv_rows(buf, a->v_cache, a->v_scale, a->kv_dtype, row0 + c0, mc, hd);
                 cpu_axpy_rows_multi(os, cs, nq, v, hd, mc, hd);

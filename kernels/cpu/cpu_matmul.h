@@ -15,6 +15,18 @@ typedef void (*CpuMatmulFn)(float *out, int ldo, const float *x, int ldx, int n,
                             int r0, int r1);
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+/* The reference horizontal sum of every x86 path (f32 matmul, dot, the BF16
+ * order's tree): ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). */
+__attribute__((target("avx2,fma"), always_inline)) static inline float cpu_hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
 void cpu_matmul_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                      int r1);
 void cpu_matmul_avx512(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,

@@ -90,15 +90,6 @@ void cpu_act_to_bf16_portable(uint16_t *dst, const float *src, size_t n) {
 #define MXCSR_FTZ_DAZ 0x8040u
 #define TOKEN_BLOCK 48 /* tokens whose x rows (48 x K bf16, <= 288 KB at K = 3072) stay in L2 across a task's rows */
 
-/* The f32 path's horizontal tree (cpu_matmul_x86.c hsum8), under FTZ. */
-AVX2_INL float hsum8_e(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
 AVX2_INL __m256 odd8(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
 AVX2_INL __m256 even8(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 AVX2_INL __m256i ld256(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -152,7 +143,7 @@ AVX2_INL void tile_e(int R, int T, float *out, int ldo, const uint16_t *x, int l
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
-            out[(size_t)t * ldo + r] = tail_ref(hsum8_e(_mm256_add_ps(part[r][t], acc[r][t])), w + (size_t)r * K,
+            out[(size_t)t * ldo + r] = tail_ref(cpu_hsum8(_mm256_add_ps(part[r][t], acc[r][t])), w + (size_t)r * K,
                                                 x + (size_t)t * ldx, S * 32, K);
 }
 
@@ -208,7 +199,7 @@ BF16_INL __m256 fold16(__m512 a) {
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-/* hsum8_e of eight vectors at once, the same adds on the same operands:
+/* cpu_hsum8 of eight vectors at once (under FTZ), the same adds on the same operands:
  * v[2r] is (row r, token t), v[2r + 1] (row r, token t + 1); o0[0..3] and
  * o1[0..3] get rows 0-3 of tokens t and t + 1. Level 1 pairs lanes j and
  * j + 4, level 2 (p0 + p2, p1 + p3), level 3 their sum, as hsum8. */
@@ -272,7 +263,7 @@ BF16_INL void tile_n(int R, int T, float *out, int ldo, const uint16_t *x, int l
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int tt = t; tt < T; tt++)
-            out[(size_t)tt * ldo + r] = tail_ref(hsum8_e(fold16(acc[r][tt])), w + (size_t)r * K,
+            out[(size_t)tt * ldo + r] = tail_ref(cpu_hsum8(fold16(acc[r][tt])), w + (size_t)r * K,
                                                  x + (size_t)tt * ldx, S * 32, K);
 }
 

@@ -62,15 +62,6 @@ AVX2_INL __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* The reference horizontal sum: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). */
-AVX2_INL float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
 /* The K % 8 tail of one (row, token) pair, after the lanes are summed. */
 AVX2_INL float tail(float s, const uint16_t *wr, const float *xt, int k, int K) {
     for (; k < K; k++) s = fmaf(bf16_to_f32(wr[k]), xt[k], s);
@@ -107,7 +98,7 @@ AVX2_INL void tile_avx2(int R, int T, float *out, int ldo, const float *x, int l
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++)
-            out[(size_t)t * ldo + r] = tail(hsum8(acc[r][t]), w + (size_t)r * K, x + (size_t)t * ldx, S * 8, K);
+            out[(size_t)t * ldo + r] = tail(cpu_hsum8(acc[r][t]), w + (size_t)r * K, x + (size_t)t * ldx, S * 8, K);
 }
 
 /* Widens R rows of bf16 into the panel layout tile_avx2 reads. */
@@ -244,8 +235,8 @@ AVX512_INL void tile_avx512(int P, int T, float *out, int ldo, const float *x, i
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * ldx;
-            out[(size_t)t * ldo + 2 * p] = tail(hsum8(lo256(acc[p][t])), w + (size_t)(2 * p) * K, xt, S * 8, K);
-            out[(size_t)t * ldo + 2 * p + 1] = tail(hsum8(hi256(acc[p][t])), w + (size_t)(2 * p + 1) * K, xt, S * 8, K);
+            out[(size_t)t * ldo + 2 * p] = tail(cpu_hsum8(lo256(acc[p][t])), w + (size_t)(2 * p) * K, xt, S * 8, K);
+            out[(size_t)t * ldo + 2 * p + 1] = tail(cpu_hsum8(hi256(acc[p][t])), w + (size_t)(2 * p + 1) * K, xt, S * 8, K);
         }
 }
 

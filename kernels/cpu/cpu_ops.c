@@ -136,15 +136,6 @@ AVX2_INLINE __m256 load_bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Horizontal sum in a fixed order. */
-AVX2_INLINE float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
 /* Weights as f32 (a converted panel) or bf16 (read in place); the conversion
  * is exact, so both give the same bits. */
 AVX2_INLINE __m256 load_w8(const void *w, int f32, size_t i) {
@@ -180,7 +171,7 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            float s = hsum8(acc[r][t]);
+            float s = cpu_hsum8(acc[r][t]);
             for (int kk = k; kk < K; kk++) {
                 size_t i = (size_t)r * ldw + kk;
                 float wv = wf32 ? ((const float *)w)[i] : bf16_to_f32(((const uint16_t *)w)[i]);
@@ -236,7 +227,7 @@ AVX2 static float dot_avx2(const float *a, const float *b, int n) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
+    float s = cpu_hsum8(acc);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
@@ -264,7 +255,7 @@ AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_
             a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ldk + j), a2);
             a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ldk + j), a3);
         }
-        float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        float s[4] = {cpu_hsum8(a0), cpu_hsum8(a1), cpu_hsum8(a2), cpu_hsum8(a3)};
         #pragma GCC unroll 8
         for (int r = 0; r < 4; r++) {
             for (int jj = j; jj < n; jj++) s[r] += q[jj] * k0[(size_t)r * ldk + jj];
@@ -334,8 +325,8 @@ AVX512 static void dot_rows_avx512(float *out, const float *q, const float *k, s
         }
         #pragma GCC unroll 8
         for (int p = 0; p < 4; p++) {
-            float s[2] = {hsum8(_mm512_castps512_ps256(acc[p])),
-                          hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)))};
+            float s[2] = {cpu_hsum8(_mm512_castps512_ps256(acc[p])),
+                          cpu_hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)))};
             #pragma GCC unroll 8
             for (int h = 0; h < 2; h++) {
                 const float *kr = k0 + (size_t)(2 * p + h) * ldk;

@@ -130,7 +130,7 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
     Engine *e = engine_create(&m->cfg, &be, &c);
     {   /* the automatic row budget: every running sequence under device sampling, the host's otherwise */
         const EngineConfig *ec = engine_config(e);
-        int all = c.max_running_seqs + ec->max_prompt_logprob_rows, host = 16 < all ? 16 : all;
+        int all = c.max_running_seqs + ec->max_prompt_logprob_rows, host = 32 < all ? 32 : all; /* 4 a thread, at least 32 */
         int want = mode == ENGINE_DEVSAMPLE_OFF ? host : all, ok = ec->max_step_rows == want;
         ok ? n_pass++ : n_fail++;
         printf("  %-4s engine %s: automatic max_step_rows %d (want %d)\n", ok ? "ok" : "FAIL",

@@ -23,8 +23,9 @@
  * output lands in changes which registers hold its lanes, never the operations.
  *
  * What it is not: the f32-activation reference (cpu_ops.c, cpu_matmul_x86.c),
- * which stays the default-exact path (--dtype float32) that the transformers
- * parity bounds of 1e-4 are measured on; nor an AMX kernel.
+ * which stays the exact path (--dtype float32, and auto on CPUs without
+ * AVX512_BF16) that the transformers parity bounds of 1e-4 are measured on;
+ * nor an AMX kernel.
  */
 #include <float.h>
 #include <math.h>

@@ -516,15 +516,18 @@ void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const 
             for (int r = r0; r < r1; r++) out[(size_t)t * ldo + r] += bf16_to_f32(bias[r]);
 }
 
+/* The one test of "vdpbf16ps runs cpu_matmul_rows_bf16 here". */
+static inline int bf16_native(void) { return g_path == CPU_PATH_AVX512 && g_bf16dot; }
+
 int cpu_ops_bf16_native(void) {
     cpu_ops_init();
-    return g_path == CPU_PATH_AVX512 && g_bf16dot;
+    return bf16_native();
 }
 
 void cpu_act_to_bf16(uint16_t *dst, const float *src, size_t n) {
     if (!g_init) cpu_ops_init();
 #ifdef CPU_OPS_X86
-    if (g_bf16dot && g_path == CPU_PATH_AVX512) cpu_act_to_bf16_avx512bf16(dst, src, n);
+    if (bf16_native()) cpu_act_to_bf16_avx512bf16(dst, src, n);
     else if (g_path != CPU_PATH_PORTABLE) cpu_act_to_bf16_avx2(dst, src, n);
     else
 #endif
@@ -536,7 +539,7 @@ void cpu_matmul_rows_bf16(float *out, int ldo, const uint16_t *x, int ldx, int n
     if (!g_init) cpu_ops_init();
     CpuMatmulBf16Fn fn = cpu_matmul_bf16_portable;
 #ifdef CPU_OPS_X86
-    if (g_path == CPU_PATH_AVX512 && g_bf16dot) fn = cpu_matmul_bf16_avx512bf16;
+    if (bf16_native()) fn = cpu_matmul_bf16_avx512bf16;
     else if (g_path != CPU_PATH_PORTABLE) fn = cpu_matmul_bf16_avx2;
 #endif
     fn(out, ldo, x, ldx, n, w->bf16, w->cols, r0, r1);

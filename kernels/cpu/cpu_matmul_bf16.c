@@ -46,18 +46,18 @@ static inline uint16_t act_bf16(float f) {
     return f32_to_bf16(f);                                          /* RNE; NaN stays a quiet NaN */
 }
 
-/* The 16 lanes folded and summed, then the tail: shared by every path. */
-static float finish_ref(const float *acc, const uint16_t *wr, const uint16_t *xt, int k, int K) {
-    float v[8];
-    for (int j = 0; j < 8; j++) v[j] = ftz(acc[j] + acc[j + 8]);
-    float s = ftz(ftz(ftz(v[0] + v[4]) + ftz(v[2] + v[6])) + ftz(ftz(v[1] + v[5]) + ftz(v[3] + v[7])));
+/* The K % 32 tail: one F per element in k order. */
+static inline float tail_ref(float s, const uint16_t *wr, const uint16_t *xt, int k, int K) {
     for (; k < K; k++) s = ftz(fmaf(daz(wr[k]), daz(xt[k]), s));
     return s;
 }
 
-static inline float tail_ref(float s, const uint16_t *wr, const uint16_t *xt, int k, int K) {
-    for (; k < K; k++) s = ftz(fmaf(daz(wr[k]), daz(xt[k]), s));
-    return s;
+/* The 16 lanes folded and summed, then the tail. */
+static float finish_ref(const float *acc, const uint16_t *wr, const uint16_t *xt, int k, int K) {
+    float v[8];
+    for (int j = 0; j < 8; j++) v[j] = ftz(acc[j] + acc[j + 8]);
+    float s = ftz(ftz(ftz(v[0] + v[4]) + ftz(v[2] + v[6])) + ftz(ftz(v[1] + v[5]) + ftz(v[3] + v[7])));
+    return tail_ref(s, wr, xt, k, K);
 }
 
 void cpu_matmul_bf16_portable(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
@@ -94,6 +94,36 @@ void cpu_act_to_bf16_portable(uint16_t *dst, const float *src, size_t n) {
 AVX2_INL __m256 odd8(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
 AVX2_INL __m256 even8(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 AVX2_INL __m256i ld256(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* The K % 32 tail of a tile (k0 = K & ~31) for every path below, vectorised
+ * over the tile's T <= 8 tokens: lane t of row r's vector is output (r, t),
+ * and each k is one FMA per row in k order under the caller's FTZ + DAZ, the
+ * operations of tail_ref. hs[r][t]: the tile's folded and summed lanes (lanes
+ * t >= T zero). Only odd widths (K % 32 != 0, e.g. the bundled model's 48)
+ * come here: a scalar tail per output made their lm_head ~3x slower than f32. */
+AVX2_INL void tail_tile(int R, int T, const float hs[][8], float *out, int ldo, const uint16_t *x, int ldx,
+                        const uint16_t *w, int K, int k0) {
+    float xt[32][8]; /* [k - k0][t]: the tokens' tail columns, widened */
+    int m = K - k0;
+    if (T < 8) memset(xt, 0, sizeof xt[0] * (size_t)m);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < m; k++) xt[k][t] = bf16_to_f32(x[(size_t)t * ldx + k0 + k]);
+    __m256 s[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) s[r] = _mm256_loadu_ps(hs[r]);
+    for (int k = 0; k < m; k++) { /* the rows' chains side by side */
+        __m256 xv = _mm256_loadu_ps(xt[k]);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            s[r] = _mm256_fmadd_ps(_mm256_set1_ps(bf16_to_f32(w[(size_t)r * K + k0 + k])), xv, s[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        float o[8];
+        _mm256_storeu_ps(o, s[r]);
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = o[t];
+    }
+}
 
 /* ---------------- AVX2 emulation ---------------- */
 
@@ -140,12 +170,17 @@ AVX2_INL void tile_e(int R, int T, float *out, int ldo, const uint16_t *x, int l
                 for (int t = 0; t < T; t++) part[r][t] = acc[r][t];
         }
     }
+    if (S * 32 != K) {
+        float hs[2][8] = {{0}};
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) hs[r][t] = cpu_hsum8(_mm256_add_ps(part[r][t], acc[r][t]));
+        tail_tile(R, T, hs, out, ldo, x, ldx, w, K, S * 32);
+        return;
+    }
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            out[(size_t)t * ldo + r] = tail_ref(cpu_hsum8(_mm256_add_ps(part[r][t], acc[r][t])), w + (size_t)r * K,
-                                                x + (size_t)t * ldx, S * 32, K);
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = cpu_hsum8(_mm256_add_ps(part[r][t], acc[r][t]));
 }
 
 AVX2_FN void cpu_matmul_bf16_avx2(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
@@ -248,8 +283,30 @@ BF16_INL void tile_n(int R, int T, float *out, int ldo, const uint16_t *x, int l
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], xv);
         }
     }
+    if (S * 32 != K) {
+        float hs[8][8] = {{0}};
+        int t = 0;
+        if (R == 4) { /* eight sums at once into [t][r], then transposed */
+            float ts[6][4];
+            for (; t + 2 <= T; t += 2) {
+                __m256 v[8];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    v[2 * r] = fold16(acc[r][t]);
+                    v[2 * r + 1] = fold16(acc[r][t + 1]);
+                }
+                hsum8x8_store(v, ts[t], ts[t + 1]);
+            }
+            for (int tt = 0; tt < t; tt++)
+                for (int r = 0; r < 4; r++) hs[r][tt] = ts[tt][r];
+        }
+        for (int r = 0; r < R; r++)
+            for (int tt = t; tt < T; tt++) hs[r][tt] = cpu_hsum8(fold16(acc[r][tt]));
+        tail_tile(R, T, hs, out, ldo, x, ldx, w, K, S * 32);
+        return;
+    }
     int t = 0;
-    if (R == 4 && S * 32 == K)
+    if (R == 4)
 #pragma GCC unroll 3
         for (; t + 2 <= T; t += 2) {
             __m256 v[8];
@@ -264,8 +321,7 @@ BF16_INL void tile_n(int R, int T, float *out, int ldo, const uint16_t *x, int l
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int tt = t; tt < T; tt++)
-            out[(size_t)tt * ldo + r] = tail_ref(cpu_hsum8(fold16(acc[r][tt])), w + (size_t)r * K,
-                                                 x + (size_t)tt * ldx, S * 32, K);
+            out[(size_t)tt * ldo + r] = cpu_hsum8(fold16(acc[r][tt]));
 }
 
 BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w,

@@ -282,7 +282,7 @@ def test_out_of_memory_rendering_prompt_logprobs_is_an_error_not_an_exit(monkeyp
     if os.path.exists(binary) and b"__asan_init" in open(binary, "rb").read():
         pytest.skip("under ASan the sanitizer's own mmaps fail first when the address space is capped")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # address space of malloc arenas stays small
-    s = Server()
+    s = Server("--threads", "2")  # the 30,000 prompt-log-prob rows on both cores
     try:
         ids = [(i * 7919) % 150000 + 10 for i in range(3000)]
         st, r = s.post("/v1/completions", dict(prompt=ids[:50], max_tokens=1, echo=True, logprobs=5))

@@ -70,7 +70,9 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t sz);
 /* xcalloc(1, bytes) for a large buffer that is streamed or walked at random (weights, KV
  * caches): the 2 MiB-aligned interior is asked for transparent huge pages (a hint, ignored
- * where THP is off), so a walk over scattered 4 KiB runs is not a TLB miss each. free() it. */
+ * where THP is off), so a walk over scattered 4 KiB runs is not a TLB miss each, and every
+ * page is touched here, at load time: otherwise the first steps that reach a KV block fault
+ * its pages in (and the kernel zeroes a 2 MiB page) inside the forward pass. free() it. */
 void *xcalloc_huge(size_t bytes);
 char *xstrdup(const char *s);
 

@@ -77,6 +77,7 @@ void *xcalloc_huge(size_t bytes) {
     uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
     if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 #endif
+    for (size_t i = 0; i < bytes; i += 4096) ((volatile char *)p)[i] = 0; /* fault in now (calloc's zeros stay) */
     return p;
 }
 

@@ -5,27 +5,29 @@
 # undefined behaviour fails, then a ThreadSanitizer build (build-tsan/) of the
 # tests where threads meet (engine, block manager, sampling, the server tests),
 # then every libFuzzer target for FUZZ_SECONDS (default 30) each when clang is
-# installed. QUICK=1 runs the release pass only.
+# installed. Each ctest pass runs nproc tests at a time (pytest and the CUDA
+# emulation, the long ones, start first: their COST in CMakeLists.txt), the
+# fuzzers nproc at a time. QUICK=1 runs the release pass only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 cmake -S . -B build -DSAMPLER_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure
+ctest --test-dir build -j"$jobs" --output-on-failure
 
 if [ "${QUICK:-0}" != 1 ]; then
   cmake -S . -B build-asan -DSAMPLER_WERROR=ON -DSAMPLER_SANITIZE=ON -DSAMPLER_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure
+    ctest --test-dir build-asan -j"$jobs" --output-on-failure
 
   cmake -S . -B build-tsan -DSAMPLER_WERROR=ON -DSAMPLER_TSAN=ON -DSAMPLER_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-tsan -j"$jobs"
   TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
-    ctest --test-dir build-tsan --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|test_grammar|test_scheduler|test_lora|pytest)$'
+    ctest --test-dir build-tsan -j"$jobs" --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|test_grammar|test_scheduler|test_lora|pytest)$'
 
   if command -v clang >/dev/null; then
     FUZZ_SECONDS=${FUZZ_SECONDS:-30} ./tests/fuzz/run.sh

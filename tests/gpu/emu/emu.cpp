@@ -4,9 +4,12 @@
  * thread, switching only at barriers: __syncthreads waits for the block,
  * __shfl_xor_sync for the warp. A fiber is entered once with setcontext (its
  * own stack), after that it and the scheduler switch with _setjmp/_longjmp,
- * which, unlike swapcontext, makes no system call. Built with -DEMU_PTHREADS (sanitizer builds:
- * ASan does not follow swapcontext) every CUDA thread of a block is an OS
- * thread of a persistent pool instead, with pthread barriers.
+ * which, unlike swapcontext, makes no system call. Under ASan every switch is
+ * announced (__sanitizer_start_switch_fiber before, _finish_ after), so the
+ * sanitizer knows which stack is live and checks the kernels as in any other
+ * code. Built with -DEMU_PTHREADS (the ThreadSanitizer build, whose fiber API
+ * this does not speak) every CUDA thread of a block is an OS thread of a
+ * persistent pool instead, with pthread barriers (~5x slower than fibers).
  */
 #include <semaphore.h>
 #include <setjmp.h>
@@ -50,6 +53,14 @@ static struct {
 
 #ifndef EMU_PTHREADS
 /* ---- fibers ---- */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define FIB_START(save, bottom, size) __sanitizer_start_switch_fiber((save), (bottom), (size))
+#define FIB_FINISH(save, bottom, size) __sanitizer_finish_switch_fiber((save), (bottom), (size))
+#else
+#define FIB_START(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define FIB_FINISH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#endif
 struct EmuBlock {
     unsigned arrived[33], gen[33]; /* [0..31] per warp, [32] the block */
     float slots[32][32];
@@ -61,9 +72,18 @@ static jmp_buf sched_jb, fib_jb[EMU_MAX_THREADS];
 static char *stacks;
 static int fib_done[EMU_MAX_THREADS], fib_started[EMU_MAX_THREADS];
 static unsigned cur, cur_nt;
+/* ASan's bookkeeping of the switches: the scheduler's stack (learnt at the
+ * first switch into a fiber) and each side's fake-stack handle. */
+static const void *sched_bottom;
+static size_t sched_size;
+static void *sched_fake, *fib_fake[EMU_MAX_THREADS];
 
 static void emu_yield(void) {
-    if (!_setjmp(fib_jb[cur])) _longjmp(sched_jb, 1);
+    if (!_setjmp(fib_jb[cur])) {
+        FIB_START(&fib_fake[cur], sched_bottom, sched_size);
+        _longjmp(sched_jb, 1);
+    }
+    FIB_FINISH(fib_fake[cur], NULL, NULL);
 }
 
 /* Barrier k (a warp, or 32 for the block) of n fibers. */
@@ -90,8 +110,10 @@ float emu_shfl_xor(float v, int off) {
 void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
 
 static void fiber_main(void) {
+    FIB_FINISH(NULL, &sched_bottom, &sched_size);
     (*job.fn)();
     fib_done[cur] = 1;
+    FIB_START(NULL, sched_bottom, sched_size); /* NULL: this fiber's stack is done */
     _longjmp(sched_jb, 1);
 }
 
@@ -125,12 +147,14 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                         emu_block = &blk;
                         cur = i;
                         if (!_setjmp(sched_jb)) {
+                            FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
                             if (!fib_started[i]) {
                                 fib_started[i] = 1;
                                 setcontext(&fib_ctx[i]);
                             }
                             _longjmp(fib_jb[i], 1);
                         }
+                        FIB_FINISH(sched_fake, NULL, NULL);
                         left += !fib_done[i];
                     }
                 }

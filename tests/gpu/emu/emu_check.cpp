@@ -140,9 +140,8 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
     double dec_abs = exact_kv ? 1e-3 : 0.1, dec_kl = exact_kv ? 1e-7 : 3e-4;
     const StTensor *t0 = safetensors_get(ref, act ? "seq1.tokens" : "seq0.tokens"), *t1 = safetensors_get(ref, "seq1.tokens");
     const StTensor *lp = safetensors_get(ref, "seq0.prefill_logits"), *ld = safetensors_get(ref, "seq0.decode_logits");
-    /* EMU_QUICK (sanitizers: one OS thread per CUDA thread, every warp shuffle a
-     * pthread barrier): the first 3 positions only (causal, so the reference rows
-     * still apply) and no mixed step */
+    /* EMU_QUICK (the sanitizer builds, several times slower): the first 3
+     * positions only (causal, so the reference rows still apply) and no mixed step */
     int quick = getenv("EMU_QUICK") != NULL;
     int T0 = (int)t0->numel, T1 = t1 && !quick ? (int)t1->numel : 0;
     if (quick && T0 > 3) T0 = 3;
@@ -456,7 +455,7 @@ int main(void) {
         return n_fail ? 1 : 0;
     }
     printf("== fixture models through backend_cuda on the emulation ==\n");
-    /* EMU_QUICK (sanitizer builds, where every CUDA thread is an OS thread): one bf16 fixture, one decode step */
+    /* EMU_QUICK (sanitizer builds): one bf16 fixture, one decode step */
     int quick = getenv("EMU_QUICK") != NULL;
     const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
                           "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
@@ -476,9 +475,9 @@ int main(void) {
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);
     if (!quick) lora_model_check("llama31", 1, 0, NULL, NULL);
     if (!quick) lora_model_check("qwen3_moe", 0, 0, NULL, NULL); /* the routed experts' pairs (both layouts) */
-    /* not under EMU_QUICK: an engine step samples every row through a 512-thread block, 512 OS threads
-     * in the sanitizer builds, for ~40 steps (tens of minutes); the sampler kernel itself is checked above
-     * in the quick subset too, and this engine check runs in the release emulation and on the GPU */
+    /* not under EMU_QUICK: an engine step samples every row through a 512-thread block for ~40 steps
+     * (the longest part under ASan); the sampler kernel itself is checked above in the quick subset
+     * too, and this engine check runs in the release emulation and on the GPU */
     if (!quick) {
         printf("== the engine sampling on the device vs on the host (tests/gpu/engine_devsample_check.h) ==\n");
         engine_devsample_check("tests/fixtures/qwen2");

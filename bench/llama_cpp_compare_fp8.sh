@@ -14,7 +14,8 @@
 #
 # usage: bench/llama_cpp_compare_fp8.sh [MODEL_DIR] [THREADS="1 2"] [P=512] [D=32] [REPS=5]
 #   env: WORK (default /tmp/llama_cpp_compare): llama.cpp's build and the GGUFs;
-#        BUILD_DIR (default ./build) holds bench_forward; PRECS (default "bf16 fp8 fp8-wo").
+#        BUILD_DIR (default ./build) holds bench_forward; PRECS (default "bf16 fp8 fp8-wo");
+#        PATH_NAME (default: the path `sampler-cpu --dtype auto` runs, e.g. avx512+bf16).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=${1:-/tmp/bench/qwen3-0.6b}
@@ -41,8 +42,13 @@ if [ ! -f "$Q8_GGUF" ]; then
 fi
 [ -x "$BUILD_DIR/bench_forward" ] || { echo "build bench_forward first (cmake --build build)"; exit 1; }
 LLAMA_VERSION=$(basename "$(dirname "$(dirname "$(readlink -f "$WORK/llama.cpp")")")")
-PATH_NAME=$(SAMPLER_CPU_PATH= "$BUILD_DIR/test_cpu_paths" 2>/dev/null | sed -n 's/^default path: //p' || true)
-PATH_NAME=${PATH_NAME:-avx2}
+# the matmul path the server takes by default: the default path, with BF16 activations (+bf16) where
+# --dtype auto picks them (a CPU with AVX512_BF16); they change only the BF16 lm_head of an FP8 model
+if [ -z "${PATH_NAME:-}" ]; then
+  PATH_NAME=$(SAMPLER_CPU_PATH= "$BUILD_DIR/test_cpu_paths" 2>/dev/null | sed -n 's/^default path: //p' || true)
+  PATH_NAME=${PATH_NAME:-avx2}
+  grep -qw avx512_bf16 /proc/cpuinfo && PATH_NAME=$PATH_NAME+bf16
+fi
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 

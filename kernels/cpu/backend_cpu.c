@@ -35,7 +35,8 @@ typedef struct CpuCtx {
     unsigned char *lora_taken;
 } CpuCtx;
 
-#define QUANT_TASK_BYTES ((size_t)256 << 10) /* quantized formats; bf16 tasks: cpu_matmul_task_rows */
+#define STREAM_TASK_BYTES ((size_t)256 << 10) /* decode steps and quantized formats; else cpu_matmul_task_rows */
+#define STREAM_MAX_TOKENS 4 /* up to this many tokens a BF16 matmul streams its weights once, task by task */
 #define PREFILL_TASK_MIN 64 /* tokens from which BF16-activation matmuls split by tokens too */
 
 typedef struct MatmulJob {
@@ -128,15 +129,16 @@ static void matmul_task(void *p, int task, int thread) {
             for (int r = r0; r < r1; r++) j->out[(size_t)t * w->rows + r] += bf16_to_f32(j->bias[r]);
 }
 
-/* Rows of a quantized (FP8, NVFP4) matmul task: ~256 KB of weights, but at
- * least two tasks per thread, in 8-row blocks. 32-row tasks (32 KB of FP8 at
- * K = 1024) restarted each thread's stream every ~2 us and interleaved the two
- * threads' streams: Qwen3-0.6B FP8 decode on 2 threads 28-35 tok/s against
- * 38-45 with 256 rows (bench_forward, alternating builds). Which task a row
- * lands in changes no bit. */
-static int quant_task_rows(const CpuCtx *c, const WeightMat *w) {
-    size_t row_bytes = w->fmt == WF_FP8 ? (size_t)w->cols : (size_t)w->cols / 2;
-    size_t rows = QUANT_TASK_BYTES / (row_bytes ? row_bytes : 1);
+/* Rows of a matmul task that streams its weights (a decode step's BF16
+ * matmuls, every quantized one): ~256 KB of weights, but at least two tasks
+ * per thread, in 8-row blocks. Small tasks (32 rows, 32 KB of FP8 at K = 1024;
+ * 64 KB of BF16) restarted each thread's stream every few microseconds and
+ * interleaved the two threads' streams: Qwen3-0.6B decode on 2 threads, FP8
+ * 28-35 -> 38-45 tok/s, BF16 26-31 -> 30-35 (bench_forward, alternating
+ * builds). Which task a row lands in changes no bit. */
+static int stream_task_rows(const CpuCtx *c, const WeightMat *w) {
+    size_t row_bytes = w->fmt == WF_FP8 ? (size_t)w->cols : w->fmt == WF_BF16 ? 2 * (size_t)w->cols : (size_t)w->cols / 2;
+    size_t rows = STREAM_TASK_BYTES / (row_bytes ? row_bytes : 1);
     size_t fair = ((size_t)w->rows + 2 * (size_t)c->n_threads - 1) / (2 * (size_t)c->n_threads);
     if (rows > fair) rows = fair;
     rows = (rows + 7) / 8 * 8;
@@ -147,8 +149,8 @@ static int quant_task_rows(const CpuCtx *c, const WeightMat *w) {
  * quantized once per call into scratch, then every row task reads it. */
 static void cpu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CpuCtx *c = b->ctx;
-    /* bf16: tasks of ~64 KB of weights (work split by bytes, whole output lines). */
-    MatmulJob j = {out, x, NULL, NULL, n, w, bias, w->fmt == WF_BF16 ? cpu_matmul_task_rows(w->cols) : quant_task_rows(c, w),
+    /* bf16 prefill and batches: tasks of ~64 KB of weights (work split by bytes, whole output lines) */
+    MatmulJob j = {out, x, NULL, NULL, n, w, bias, w->fmt == WF_BF16 && n > STREAM_MAX_TOKENS ? cpu_matmul_task_rows(w->cols) : stream_task_rows(c, w),
                    0, 0};
     int tasks = (w->rows + j.task_rows - 1) / j.task_rows;
     if (w->fmt == WF_BF16 && c->act_bf16) {

@@ -11,25 +11,37 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+# phase NAME: how long the previous phase took (the CI log shows where the time goes)
+t0=$SECONDS; last=$SECONDS
+phase() { echo "== run.sh: $1 (previous phase $((SECONDS - last)) s, total $((SECONDS - t0)) s)"; last=$SECONDS; }
+trap 'phase "exit $?"' EXIT
+
+phase "release build"
 
 cmake -S . -B build -DSAMPLER_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
+phase "release tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
 if [ "${QUICK:-0}" != 1 ]; then
+  phase "ASan build"
   cmake -S . -B build-asan -DSAMPLER_WERROR=ON -DSAMPLER_SANITIZE=ON -DSAMPLER_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-asan -j"$jobs"
+  phase "ASan tests"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -j"$jobs" --output-on-failure
 
+  phase "TSan build"
   cmake -S . -B build-tsan -DSAMPLER_WERROR=ON -DSAMPLER_TSAN=ON -DSAMPLER_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-tsan -j"$jobs"
+  phase "TSan tests"
   TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
     ctest --test-dir build-tsan -j"$jobs" --output-on-failure -R '^(test_engine|test_block_manager|test_sampling|test_grammar|test_scheduler|test_lora|pytest)$'
 
   if command -v clang >/dev/null; then
+    phase "fuzz"
     FUZZ_SECONDS=${FUZZ_SECONDS:-30} ./tests/fuzz/run.sh
   fi
 fi

@@ -437,6 +437,60 @@ static void check_forward_paths(void) {
     cpu_ops_force_path(def);
 }
 
+/* cpu_expf (cpu_ops.h) against double exp: every 97th float of [-87, 88]
+ * (about 21M values across the whole range of exponents), within 2 ulp of the
+ * float nearest to exp; and its clamps. */
+static void check_expf_accuracy(void) {
+    double worst = 0;
+    float worst_x = 0;
+    uint32_t lim[2] = {0x42b00000u /* 88 */, 0xc2ae0000u /* -87 */};
+    for (int sgn = 0; sgn < 2; sgn++)
+        for (uint32_t u = sgn ? 0x80000000u : 0; u <= lim[sgn]; u += 97) {
+            float x;
+            memcpy(&x, &u, 4);
+            double e = exp((double)x);
+            float f = cpu_expf(x), ef = (float)e;
+            double ulp = nextafterf(ef, INFINITY) - ef;
+            double err = fabs((double)f - e) / ulp;
+            if (err > worst) worst = err, worst_x = x;
+        }
+    printf("cpu_expf: max error %.3f ulp (at x = %.9g)\n", worst, worst_x);
+    T_ASSERT(worst <= 2.0, "cpu_expf within 2 ulp of exp (worst %.3f at %.9g)", worst, worst_x);
+    T_ASSERT(cpu_expf(0.f) == 1.0f && cpu_expf(-0.f) == 1.0f, "exp(0) = 1");
+    T_ASSERT(cpu_expf(-INFINITY) == 0.f && cpu_expf(-87.01f) == 0.f && cpu_expf(-1e30f) == 0.f, "below -87: 0");
+    T_ASSERT(cpu_expf(INFINITY) == INFINITY && cpu_expf(88.01f) == INFINITY, "above 88: +inf");
+    T_ASSERT(isnan(cpu_expf(NAN)), "exp(NaN) is NaN");
+    T_ASSERT(cpu_expf(-87.f) > 0.f && isnormal(cpu_expf(-87.f)) && isfinite(cpu_expf(88.f)), "the range ends are normal");
+}
+
+/* cpu_exp_shift and cpu_swiglu on path p: the bits of the scalar definition
+ * for every element, lengths 1..70 (every vector tail), random values across
+ * the clamps, infinities and NaNs. */
+static void check_exp_ops(CpuPath p) {
+    enum { N = 70 };
+    float in[N], s[N], g[N], u[N], o[N];
+    int bad_exp = 0, bad_swiglu = 0;
+    for (int n = 1; n <= N; n++) {
+        for (int i = 0; i < n; i++) {
+            in[i] = rnd() * (i % 3 == 0 ? 120.f : 8.f);
+            g[i] = rnd() * (i % 4 == 0 ? 100.f : 6.f);
+            u[i] = rnd() * 2;
+        }
+        if (n > 5) in[1] = -INFINITY, in[4] = NAN, g[2] = INFINITY, g[3] = -INFINITY, g[5] = NAN;
+        float mx = n % 2 ? 3.5f : -1.25f;
+        memcpy(s, in, sizeof(float) * n);
+        cpu_exp_shift(s, n, mx);
+        cpu_swiglu(o, g, u, n);
+        for (int i = 0; i < n; i++) {
+            float e = cpu_expf(in[i] - mx), w = (g[i] / (1.0f + cpu_expf(-g[i]))) * u[i];
+            bad_exp += memcmp(&e, &s[i], 4) != 0;
+            bad_swiglu += memcmp(&w, &o[i], 4) != 0;
+        }
+    }
+    T_ASSERT(bad_exp == 0, "path %s: cpu_exp_shift gives cpu_expf's bits (%d differ)", cpu_ops_path_name(p), bad_exp);
+    T_ASSERT(bad_swiglu == 0, "path %s: cpu_swiglu gives the scalar bits (%d differ)", cpu_ops_path_name(p), bad_swiglu);
+}
+
 int main(void) {
     log_set_level(LOG_WARN);
     printf("default path: %s\n", cpu_ops_init());
@@ -462,10 +516,12 @@ int main(void) {
                 if (n == 5 || n == 61) check_shape((CpuPath)p, rows, K, n, 11, 0); /* odd task splits */
             }
         check_rows_ops((CpuPath)p);
+        check_exp_ops((CpuPath)p);
         printf("path %s: checked\n", cpu_ops_path_name((CpuPath)p));
         ran++;
     }
     T_ASSERT(ran >= 1, "at least one path ran");
+    check_expf_accuracy();
     check_fp8_paths();
     check_forward_paths();
     cpu_ops_force_path(def);

@@ -369,10 +369,8 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
                 if (s[i] > mx) mx = s[i];
             }
             float sum = 0.f;
-            for (int i = 0; i < n; i++) {
-                s[i] = expf(s[i] - mx);
-                sum += s[i];
-            }
+            cpu_exp_shift(s, n, mx);
+            for (int i = 0; i < n; i++) sum += s[i];
             float inv = 1.0f / sum;
             for (int i = 0; i < n; i++) s[i] = s[i] * inv;
             float *out = OUT(t, g);
@@ -436,10 +434,8 @@ static void attn_task_v0(void *p, int task, int thread) {
         if (s[i] > mx) mx = s[i];
     }
     float sum = 0.f;
-    for (int i = 0; i < n; i++) {
-        s[i] = expf(s[i] - mx);
-        sum += s[i];
-    }
+    cpu_exp_shift(s, n, mx);
+    for (int i = 0; i < n; i++) sum += s[i];
     float inv = 1.0f / sum;
     for (int d = 0; d < hd; d++) out[d] = 0.f;
     for (int i = 0; i < n; i++) {

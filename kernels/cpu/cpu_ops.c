@@ -672,10 +672,157 @@ void cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta, int llama3, f
     }
 }
 
+/* cpu_expf's constants (cpu_ops.h): Cephes expf's split of ln 2 and its
+ * polynomial for e^r on [-ln2/2, ln2/2]. */
+#define EXP_LO (-87.0f)
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+/* Every step is an explicit fmaf, mul or add and the scaling is an integer
+ * add, so no compiler contraction can change the bits (the vector forms below
+ * do the same steps). */
+float cpu_expf(float x) {
+    if (x != x) return x + x;
+    if (x < EXP_LO) return 0.f;
+    if (x > EXP_HI) return INFINITY;
+    float n = floorf(fmaf(x, EXP_LOG2E, 0.5f));
+    float r = fmaf(n, -EXP_C1, x);
+    r = fmaf(n, -EXP_C2, r);
+    float z = r * r;
+    float p = fmaf(EXP_P0, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, z, r) + 1.0f;
+    uint32_t u;
+    memcpy(&u, &y, 4);
+    u += (uint32_t)(int32_t)n << 23; /* n in [-126, 127], y in [0.7, 1.5]: a normal result */
+    memcpy(&y, &u, 4);
+    return y;
+}
+
+#ifdef CPU_OPS_X86
+AVX512_INLINE __m512 expf_avx512(__m512 x) {
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ),
+              hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ);
+    __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(c, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C1), c);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C2), r);
+    __m512 z = _mm512_mul_ps(r, r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+    y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
+    y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(INFINITY));
+    return _mm512_mask_add_ps(y, nan, x, x);
+}
+
+AVX2_INLINE __m256 expf_avx2(__m256 x) {
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), lo = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ),
+           hi = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_HI), _CMP_GT_OQ);
+    __m256 c = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(c, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C1), c);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C2), r);
+    __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
+    y = _mm256_andnot_ps(lo, y);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), hi);
+    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), nan);
+}
+
+AVX512 static void exp_shift_avx512(float *s, int n, float mx) {
+    __m512 m = _mm512_set1_ps(mx);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(s + i, expf_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + i), m)));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(s + i, k, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
+    }
+}
+
+AVX2 static void exp_shift_avx2(float *s, int n, float mx) {
+    __m256 m = _mm256_set1_ps(mx);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, expf_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), m)));
+    for (; i < n; i++) s[i] = cpu_expf(s[i] - mx);
+}
+
+AVX512 static void swiglu_avx512(float *out, const float *gate, const float *up, int n) {
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512i neg = _mm512_set1_epi32(INT32_MIN); /* -g: the sign flipped, as in C */
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = expf_avx512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), neg)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
+        __m512 e = expf_avx512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), neg)));
+        _mm512_mask_storeu_ps(out + i, k,
+                              _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(k, up + i)));
+    }
+}
+
+AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int n) {
+    __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = expf_avx2(_mm256_xor_ps(g, neg));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = (gate[i] / (1.0f + cpu_expf(-gate[i]))) * up[i];
+}
+#endif
+
+void cpu_exp_shift(float *s, int n, float mx) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) exp_shift_avx512(s, n, mx);
+        else exp_shift_avx2(s, n, mx);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) s[i] = cpu_expf(s[i] - mx);
+}
+
 void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) swiglu_avx512(out, gate, up, n);
+        else swiglu_avx2(out, gate, up, n);
+        return;
+    }
+#endif
     for (int i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = (g / (1.0f + expf(-g))) * up[i];
+        out[i] = (g / (1.0f + cpu_expf(-g))) * up[i];
     }
 }
 

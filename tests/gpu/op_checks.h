@@ -876,6 +876,8 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {1, 8, 1, 128, 8, 0, 20, 0, 0, 0, 150, 0, 0, 0, KV_BF16}},        /* G = 8 */
     {check_attention, OC_ALL, {2, 4, 1, 64, 16, 0, 17, 50, 0, 0, 80, 49, 0, 0, KV_FP8}},
     {check_attention, OC_ALL, {3, 2, 1, 128, 4, -1, 30, 1, 1, 0, 45, 70, 3, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 8, 2, 128, 16, 0, 200, 0, 0, 0, 399, 0, 0, 0, KV_BF16}},     /* 4 tiles at 200.. */
+    {check_attention, OC_ALL, {2, 4, 4, 64, 16, 0, 100, 64, 0, 0, 163, 63, 0, 0, KV_FP8}},     /* a whole tile */
     {check_attention, OC_ALL, {4, 4, 1, 64, 16, 0, 30, 1, 1, 1, 29, 40, 50, 60, KV_BF16}}, /* < 16 per seq: CUDA cores */
     {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 300, 0, 0, 0, 299, 0, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 512, 300, 0, 0, 1023, 299, 0, 0, KV_BF16}},

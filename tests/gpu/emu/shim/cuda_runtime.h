@@ -138,7 +138,8 @@ void emu_syncthreads(void);
  * emulation's replacement of such a path exists (e.g. attention_mma.cu's mma). */
 #define CUDA_EMULATION 1
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 as a warp collective,
- * with the PTX ISA's fragment layout (g = lane / 4, t = lane % 4; each 32-bit
+ * with the PTX ISA's fragment layout ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type", 9.7.14.5.8 in ISA 9.0; g = lane / 4, t = lane % 4; each 32-bit
  * register holds two bf16, the lower k / column in the low half):
  *   a[0] A[g][2t..2t+1]  a[1] A[g+8][2t..2t+1]  a[2] A[g][2t+8..]  a[3] A[g+8][2t+8..]
  *   b[0] B[2t..2t+1][g]  b[1] B[2t+8..2t+9][g]

@@ -17,9 +17,10 @@
  * existing context). A warp skips a position tile beyond all of its rows.
  * GQA: query head h reads KV head h / (n_heads / n_kv_heads) (L2 shares it).
  *
+ * K and V fragments come from shared memory through ldmatrix (V's transposed).
  * Not here: f32 KV caches, head dims other than 64 / 128 and decode-shaped
- * batches (attention.cu; cuda_attention_mma_fits says which), ldmatrix / cp.async
- * pipelining, splitting long contexts over blocks.
+ * batches (attention.cu; cuda_attention_mma_fits says which), cp.async
+ * pipelining of the tile loads, splitting long contexts over blocks.
  * Reference: the CPU attention of backend_cpu.c (f32, two-pass softmax).
  */
 #include <math.h>
@@ -46,6 +47,26 @@ static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *
     emu_mma_m16n8k16_bf16(d, a, b, d);
 #else
     (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* Four 8x8 b16 matrices from shared memory (ldmatrix .x4; .trans when TRANS):
+ * lane l gives the address of row l % 8 of matrix l / 8; register j gets matrix
+ * j's fragment in the mma layout (trans: of the transposed matrix). */
+template <bool TRANS>
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *row) {
+#if defined(__CUDA_ARCH__)
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+#elif defined(CUDA_EMULATION)
+    emu_ldmatrix_x4(r, row, TRANS);
+#else
+    (void)r, (void)row; /* nvcc's host pass: never called there */
 #endif
 }
 
@@ -146,10 +167,12 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
             for (int n = 0; n < MMA_BK / 8; n++) {
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-                for (int kk = 0; kk < KS; kk++) {
-                    const uint16_t *kr = &sk[(8 * n + g) * LD + 16 * kk + 2 * tq]; /* B[k][n] = K[pos n][dim k] */
-                    uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 8)};
+                for (int kk = 0; kk < KS; kk += 2) {
+                    /* B[k][n] = K[pos n][dim k]: matrices (positions 8n.., dims 16kk + 8j..), j = 0..3 */
+                    uint32_t b[4];
+                    ldsm_x4<false>(b, &sk[(8 * n + (lane & 7)) * LD + 16 * kk + 8 * (lane >> 3)]);
                     mma_bf16_16816(s[n], qa[kk], b);
+                    mma_bf16_16816(s[n], qa[kk + 1], b + 2);
                 }
             }
             float mx[2] = {-INFINITY, -INFINITY};
@@ -195,13 +218,13 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
                 uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
                                   pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                   pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                const uint16_t *vr = &sv[(16 * kk + 2 * tq) * LD + g]; /* B[k][n] = V[pos k][dim n] */
 #pragma unroll
-                for (int n = 0; n < ND; n++) {
-                    const uint16_t *v = vr + 8 * n;
-                    uint32_t b[2] = {(uint32_t)v[0] | (uint32_t)v[LD] << 16,
-                                     (uint32_t)v[8 * LD] | (uint32_t)v[9 * LD] << 16};
+                for (int n = 0; n < ND; n += 2) {
+                    /* B[k][n] = V[pos k][dim n], transposed: matrices (positions 16kk + 8 (j & 1).., dims 8 (n + j / 2)..) */
+                    uint32_t b[4];
+                    ldsm_x4<true>(b, &sv[(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4))]);
                     mma_bf16_16816(o[n], pa, b);
+                    mma_bf16_16816(o[n + 1], pa, b + 2);
                 }
             }
         }

@@ -261,3 +261,20 @@ void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
     memcpy(d, r, sizeof r);
 }
 
+/* ---- warp-collective ldmatrix (shim/cuda_runtime.h), the same protocol ---- */
+static const uint16_t *ldm_rows[32][32];
+
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    ldm_rows[w][l] = (const uint16_t *)row;
+    emu_warp_barrier(w);
+    uint32_t v[4];
+    for (int j = 0; j < 4; j++) {
+        const uint16_t *const *m = ldm_rows[w] + 8 * j; /* matrix j's eight rows */
+        v[j] = trans ? (uint32_t)m[2 * t][g] | (uint32_t)m[2 * t + 1][g] << 16
+                     : (uint32_t)m[g][2 * t] | (uint32_t)m[g][2 * t + 1] << 16;
+    }
+    emu_warp_barrier(w);
+    memcpy(r, v, sizeof v);
+}
+

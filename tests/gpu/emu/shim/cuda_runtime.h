@@ -147,6 +147,12 @@ void emu_syncthreads(void);
  * Every lane of the warp must call it (as on a device: .aligned); d = A B + c
  * with the bf16 products exact in f32, summed over k in order, then c added. */
 void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+/* ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 as a warp collective (PTX
+ * ISA "Warp-level matrix load instruction: ldmatrix"): lane l gives the address
+ * of row l % 8 of matrix l / 8 (8 b16 elements, 16-byte aligned); register j of
+ * lane l (g = l / 4, t = l % 4) gets matrix j's elements (g, 2t), (g, 2t+1), or
+ * with .trans (2t, g), (2t+1, g), the first in the low half. */
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

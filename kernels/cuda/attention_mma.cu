@@ -14,7 +14,9 @@
  * several sequences (each contiguous run of one sequence is a pass over that
  * sequence's positions 0..max pos of the run, the other rows masked), and row r
  * sees positions <= pos[r] (causal, also for chunks that start deep in an
- * existing context). A warp skips a position tile beyond all of its rows.
+ * existing context). A warp skips a position tile beyond all of its rows. Tiles
+ * of more than two runs (decode tokens of a mixed batch) are left to the
+ * CUDA-core kernel, launched after this one (attn_tiles.cuh).
  * GQA: query head h reads KV head h / (n_heads / n_kv_heads) (L2 shares it).
  *
  * K and V fragments come from shared memory through ldmatrix (V's transposed).
@@ -25,13 +27,14 @@
  */
 #include <math.h>
 
+#include "attn_tiles.cuh"
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
 #include "kv_device.cuh"
 
 #define MMA_WARPS 4
-#define MMA_BQ (16 * MMA_WARPS) /* query rows per block */
+#define MMA_BQ CUDA_ATTN_MMA_TILE /* query rows per block, 16 per warp */
 #define MMA_BK 64               /* positions per shared tile */
 #define MMA_PAD 8               /* bf16 of padding per shared row (bank spread) */
 
@@ -130,6 +133,9 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     __syncthreads();
+    int runs = 1;
+    for (int r = 1; r < nrows; r++) runs += s_seq[r] != s_seq[r - 1];
+    if (runs > ATTN_MMA_MAX_RUNS) return; /* block-uniform: cuda_attention_untiled's tokens */
     int p0 = s_pos[r0], p1 = s_pos[r1];
 
     for (int rs = 0; rs < nrows;) { /* one pass per contiguous run of one sequence (block-uniform) */
@@ -265,5 +271,6 @@ extern "C" int cuda_attention_mma(const AttnArgs *a, void *stream) {
     else if (a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 128 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
     else attn_mma_kernel<4 * 128 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
     CUDA_CHECK_LAUNCH();
-    return 0;
+    if (a->n_seqs == 1) return 0; /* one sequence: every tile is one run */
+    return cuda_attention_untiled(a, stream);
 }

@@ -875,7 +875,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {2, 2, 2, 128, 16, 0, 40, 33, 0, 0, 139, 32, 0, 0, KV_BF16}},     /* G = 1 */
     {check_attention, OC_ALL, {1, 8, 1, 128, 8, 0, 20, 0, 0, 0, 150, 0, 0, 0, KV_BF16}},        /* G = 8 */
     {check_attention, OC_ALL, {2, 4, 1, 64, 16, 0, 17, 50, 0, 0, 80, 49, 0, 0, KV_FP8}},
-    {check_attention, OC_ALL, {3, 2, 1, 128, 4, -1, 30, 1, 1, 0, 45, 70, 3, 0, KV_FP8}},
+    {check_attention, OC_ALL, {3, 2, 1, 128, 4, -1, 30, 1, 1, 0, 45, 70, 3, 0, KV_FP8}}, /* 3 runs: CUDA cores */
+    {check_attention, OC_ALL, {3, 4, 1, 64, 16, 0, 100, 1, 1, 0, 99, 40, 70, 0, KV_BF16}}, /* tile 1: 3 runs */
+    {check_attention, OC_ALL, {2, 4, 1, 64, 16, 0, 40, 1, 0, 0, 39, 30, 0, 0, KV_BF16}},   /* a decode row, 2 runs */
     {check_attention, OC_ALL, {1, 8, 2, 128, 16, 0, 200, 0, 0, 0, 399, 0, 0, 0, KV_BF16}},     /* 4 tiles at 200.. */
     {check_attention, OC_ALL, {2, 4, 4, 64, 16, 0, 100, 64, 0, 0, 163, 63, 0, 0, KV_FP8}},     /* a whole tile */
     {check_attention, OC_ALL, {4, 4, 1, 64, 16, 0, 30, 1, 1, 1, 29, 40, 50, 60, KV_BF16}}, /* < 16 per seq: CUDA cores */

@@ -37,6 +37,7 @@ typedef struct AttnArgs {
     KvDtype kv_dtype;        /* element type of k_cache / v_cache */
     const float *k_scale;    /* [n_blocks, n_kv_heads, block_size] f32 when KV_FP8, else NULL */
     const float *v_scale;    /* same */
+    int n_seqs;              /* sequences in the batch (0: unknown); a launcher's choice of kernel, not a shape */
 } AttnArgs;
 
 /* One layer's K/V write for a step (kv_dtype.h: layout and the rounding

@@ -89,6 +89,22 @@ int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream);
 /* How many splits cuda_attention should use for a batch on a device with
  * sm_count SMs and contexts up to max_ctx (1 when the batch fills the GPU). */
 int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count);
+/* Prefill attention on tensor cores (attention_mma.cu): the same contract as
+ * cuda_attention for BF16 / FP8 KV caches and head_dim 64 or 128, Q and P
+ * rounded to bf16 in the products (op_checks.h's attn_bf16 class) for the
+ * tiles of CUDA_ATTN_MMA_TILE tokens it takes (attn_tiles.cuh: at most two
+ * sequences in the tile); the tokens of the other tiles (decode tokens of a
+ * mixed batch) go to cuda_attention_untiled in the same call. _fits: 1 when a
+ * is such a call and prefill-shaped (n_seqs known, at least CUDA_ATTN_MMA_MIN_Q
+ * query tokens per sequence on average), the choice the CUDA backend's
+ * attention op makes. Returns 0, or -1 on a bad shape. */
+#define CUDA_ATTN_MMA_MIN_Q 16
+#define CUDA_ATTN_MMA_TILE 64
+int cuda_attention_mma_fits(const AttnArgs *a);
+int cuda_attention_mma(const AttnArgs *a, void *stream);
+/* cuda_attention (unsplit) of the tokens whose tile cuda_attention_mma does
+ * not take; the others' output is left as it is. */
+int cuda_attention_untiled(const AttnArgs *a, void *stream);
 
 /* out[n] = silu(g[n]) * u[n] (f32; out may alias g or u). */
 int cuda_swiglu(float *out, const float *g, const float *u, size_t n, void *stream);

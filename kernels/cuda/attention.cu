@@ -17,6 +17,7 @@
  */
 #include <math.h>
 
+#include "attn_tiles.cuh"
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
@@ -32,12 +33,14 @@ static __device__ __forceinline__ float rescale(float m, float M) {
 }
 
 /* JD = 4 * J + DT (one template argument: the emulation's launch macro splits on commas).
+ * untiled: 1 computes only the tokens whose tile attention_mma.cu leaves (attn_tiles.cuh).
  * J: dims per lane (head_dim <= 32 * J); lane owns dims lane + 32 * j. DT: a.kv_dtype.
  * part: [n_splits, n_tokens * n_heads, head_dim + 2] (acc..., max, sum) when n_splits > 1. */
 template <int JD>
-__global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float *part, int n_splits) {
+__global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float *part, int n_splits, int untiled) {
     constexpr int J = JD / 4, DT = JD % 4;
     int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
+    if (untiled && attn_tile_is_mma(a.seq, a.n_tokens, t)) return; /* attention_mma.cu's token (block-uniform) */
     int G = a.n_heads / a.n_kv_heads, g0 = blockIdx.y * GROUP;
     int gn = G - g0 < GROUP ? G - g0 : GROUP;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, bs = a.block_size;
@@ -136,11 +139,11 @@ __global__ void attn_merge_kernel(float *out, const float *part, int rows, int h
 }
 
 template <int DT>
-static void attn_launch(int J, dim3 grid, cudaStream_t s, const AttnArgs *a, float *part, int n_splits) {
-    if (J == 1) attn_kernel<4 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (J == 2) attn_kernel<8 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (J <= 4) attn_kernel<16 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else attn_kernel<32 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits);
+static void attn_launch(int J, dim3 grid, cudaStream_t s, const AttnArgs *a, float *part, int n_splits, int untiled) {
+    if (J == 1) attn_kernel<4 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
+    else if (J == 2) attn_kernel<8 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
+    else if (J <= 4) attn_kernel<16 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
+    else attn_kernel<32 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
 }
 
 extern "C" int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count) {
@@ -166,14 +169,31 @@ extern "C" int cuda_attention(const AttnArgs *a, float *part, int n_splits, void
     int G = a->n_heads / a->n_kv_heads, hd = a->head_dim;
     dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), (unsigned)((G + GROUP - 1) / GROUP), (unsigned)n_splits);
     int J = (hd + 31) / 32;
-    if (a->kv_dtype == KV_F32) attn_launch<KV_F32>(J, grid, s, a, part, n_splits);
-    else if (a->kv_dtype == KV_BF16) attn_launch<KV_BF16>(J, grid, s, a, part, n_splits);
-    else attn_launch<KV_FP8>(J, grid, s, a, part, n_splits);
+    if (a->kv_dtype == KV_F32) attn_launch<KV_F32>(J, grid, s, a, part, n_splits, 0);
+    else if (a->kv_dtype == KV_BF16) attn_launch<KV_BF16>(J, grid, s, a, part, n_splits, 0);
+    else attn_launch<KV_FP8>(J, grid, s, a, part, n_splits, 0);
     CUDA_CHECK_LAUNCH();
     if (n_splits > 1) {
         int rows = a->n_tokens * a->n_heads;
         attn_merge_kernel<<<rows, 128, 0, s>>>(a->out, part, rows, hd, n_splits);
         CUDA_CHECK_LAUNCH();
     }
+    return 0;
+}
+
+extern "C" int cuda_attention_untiled(const AttnArgs *a, void *stream) {
+    if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
+        a->head_dim <= 0 || a->head_dim > CUDA_ATTN_MAX_HEAD_DIM || a->block_size <= 0 || a->bt_stride <= 0 ||
+        !a->out || !a->q || !a->k_cache || !a->v_cache || !a->pos || !a->seq || !a->block_table ||
+        a->kv_dtype < KV_F32 || a->kv_dtype >= KV_DTYPE_COUNT || (a->kv_dtype == KV_FP8 && (!a->k_scale || !a->v_scale)))
+        return -1;
+    if (a->n_tokens == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    int G = a->n_heads / a->n_kv_heads, J = (a->head_dim + 31) / 32;
+    dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), (unsigned)((G + GROUP - 1) / GROUP), 1);
+    if (a->kv_dtype == KV_F32) attn_launch<KV_F32>(J, grid, s, a, NULL, 1, 1);
+    else if (a->kv_dtype == KV_BF16) attn_launch<KV_BF16>(J, grid, s, a, NULL, 1, 1);
+    else attn_launch<KV_FP8>(J, grid, s, a, NULL, 1, 1);
+    CUDA_CHECK_LAUNCH();
     return 0;
 }

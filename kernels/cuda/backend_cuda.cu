@@ -360,6 +360,10 @@ static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim,
 }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
+    if (cuda_attention_mma_fits(a)) {
+        LAUNCH_OK(cuda_attention_mma(a, st(b)));
+        return;
+    }
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
     if (splits > 1)
         scratch_grow(c, (void **)&c->part, &c->part_cap,

@@ -394,6 +394,7 @@ static int batch_check(const Runner *r, const KVCache *kv, const Batch *b, Err *
 typedef struct Step {
     const int32_t *tokens, *pos, *seq, *slots, *bt, *rows;
     const float *cs, *sn;
+    int n_seqs;
 } Step;
 
 static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st) {
@@ -427,6 +428,7 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st)
     st->rows = to_backend(r, r->d_rows, b->out_rows, sizeof(int32_t) * (size_t)b->n_out);
     st->cs = to_backend(r, r->cs, r->h_cs, nf);
     st->sn = to_backend(r, r->sn, r->h_sn, nf);
+    st->n_seqs = b->n_seqs;
 }
 
 /* Attention of layer l on the normed input xn; its output projection lands in tmp. */
@@ -462,7 +464,7 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
                   .seq = st->seq, .block_table = st->bt, .bt_stride = r->bt_stride, .n_tokens = n,
                   .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                   .block_size = kv->block_size, .scale = 1.0f / sqrtf((float)c->head_dim),
-                  .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs};
+                  .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs, .n_seqs = st->n_seqs};
     be->attention(be, &a);
     be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
     lora_apply(r, r->tmp, r->att, n, at, LT_O);

@@ -15,7 +15,8 @@
  *      inputs to bf16 where the GPU does.
  *   3. bench: a Qwen3-8B-shaped model with random BF16 weights made directly
  *      in device memory; decode tok/s at batch 1, 32, 128 (context 512) and
- *      prefill tok/s (4 x 1024 tokens), each as a fraction of a roofline
+ *      prefill tok/s (4 x 1024 tokens; f32 KV, and BF16 KV whose attention runs
+ *      on tensor cores; that attention alone on both kernels), each as a fraction of a roofline
  *      measured in the same run (device-to-device copy bandwidth; cuBLAS
  *      BF16 GEMM FLOP/s with the prefill's types).
  *
@@ -440,7 +441,7 @@ static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, do
 }
 
 static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double mat_params, float *logits,
-                          int32_t *tables_mem, int blocks_per_seq) {
+                          int32_t *tables_mem, int blocks_per_seq, const char *label) {
     int S = PREFILL_SEQS, L = PREFILL_LEN, T = S * L;
     int32_t *tok = xmalloc(sizeof(int32_t) * T), *pos = xmalloc(sizeof(int32_t) * T),
             *seq = xmalloc(sizeof(int32_t) * T), rows[PREFILL_SEQS];
@@ -467,7 +468,7 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     double flops = 2.0 * T * mat_params + 2.0 * S * (double)c->vocab * c->hidden + attn;
     double roof = flops / (gemm_tfs * 1e12);
     BenchRow *row = &rows_out[n_rows++];
-    snprintf(row->name, sizeof row->name, "bf16 prefill %d x %d tokens", S, L);
+    snprintf(row->name, sizeof row->name, "%s prefill %d x %d tokens", label, S, L);
     row->tok_s = T / dt;
     row->ms = dt * 1e3;
     row->roof_tok_s = T / roof;
@@ -475,6 +476,54 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     printf("  %-28s %9.1f tok/s  %8.2f ms/batch  roofline %9.1f tok/s  %5.1f%%\n", row->name, row->tok_s, row->ms,
            row->roof_tok_s, 100 * row->frac);
     free(tok); free(pos); free(seq);
+}
+
+/* One layer's prefill attention alone at the bench's shape (4 x 1024 tokens,
+ * Qwen3-8B heads, BF16 KV, causal): the tensor-core kernel (attention_mma.cu)
+ * and the CUDA-core one (attention.cu), attention FLOPs (QK^T and PV over the
+ * causal pairs) against the BF16 GEMM roofline; 5 timed launches after 1. */
+static void bench_attn_prefill(const ModelConfig *c) {
+    int S = PREFILL_SEQS, L = PREFILL_LEN, T = S * L, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    int bps = (L + BS - 1) / BS, runs = 5;
+    size_t qn = (size_t)T * nh * hd, kvn = (size_t)S * bps * BS * nkv * hd;
+    float *hq = xmalloc(sizeof(float) * qn), *q = NULL, *out = NULL;
+    uint16_t *kc = NULL, *vc = NULL;
+    int32_t *hpos = xmalloc(sizeof(int32_t) * T), *hseq = xmalloc(sizeof(int32_t) * T),
+            *hbt = xmalloc(sizeof(int32_t) * S * bps), *pos = NULL, *seq = NULL, *bt = NULL;
+    for (size_t i = 0; i < qn; i++) hq[i] = (float)(rng_u64() >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    for (int t = 0; t < T; t++) { hpos[t] = t % L; hseq[t] = t / L; }
+    for (int i = 0; i < S * bps; i++) hbt[i] = i;
+    CUDA_CHECK(cudaMalloc((void **)&q, sizeof(float) * qn)); CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * qn));
+    CUDA_CHECK(cudaMalloc((void **)&kc, 2 * kvn)); CUDA_CHECK(cudaMalloc((void **)&vc, 2 * kvn));
+    CUDA_CHECK(cudaMalloc((void **)&pos, sizeof(int32_t) * T)); CUDA_CHECK(cudaMalloc((void **)&seq, sizeof(int32_t) * T));
+    CUDA_CHECK(cudaMalloc((void **)&bt, sizeof(int32_t) * S * bps));
+    CUDA_CHECK(cudaMemcpy(q, hq, sizeof(float) * qn, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(pos, hpos, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(seq, hseq, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(bt, hbt, sizeof(int32_t) * S * bps, cudaMemcpyHostToDevice));
+    CHECK(cuda_fill_bf16(kc, kvn, 11, 0, 1, NULL) == 0 && cuda_fill_bf16(vc, kvn, 12, 0, 1, NULL) == 0, "bench: fill");
+    CUDA_CHECK(cudaDeviceSynchronize());
+    AttnArgs a = {out, q, kc, vc, pos, seq, bt, bps, T, nh, nkv, hd, BS, 1.0f / sqrtf((float)hd), KV_BF16, NULL, NULL, S};
+    double flops = 4.0 * nh * hd * S * (double)L * (L + 1) / 2, roof = flops / (gemm_tfs * 1e12);
+    for (int k = 0; k < 2; k++) {
+        double t0 = 0;
+        for (int i = -1; i < runs; i++) {
+            if (i == 0) { CUDA_CHECK(cudaDeviceSynchronize()); t0 = now_s(); }
+            CHECK((k ? cuda_attention(&a, NULL, 1, NULL) : cuda_attention_mma(&a, NULL)) == 0, "bench: attention");
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        double dt = (now_s() - t0) / runs;
+        BenchRow *row = &rows_out[n_rows++];
+        snprintf(row->name, sizeof row->name, "prefill attention %s %d x %d", k ? "cuda cores" : "mma", S, L);
+        row->tok_s = T / dt;
+        row->ms = dt * 1e3;
+        row->roof_tok_s = T / roof;
+        row->frac = roof / dt;
+        printf("  %-28s %9.1f tok/s  %8.3f ms/layer %6.1f TFLOP/s  %5.1f%% of the GEMM roofline\n", row->name, row->tok_s,
+               row->ms, flops / dt / 1e12, 100 * row->frac);
+    }
+    cudaFree(q); cudaFree(out); cudaFree(kc); cudaFree(vc); cudaFree(pos); cudaFree(seq); cudaFree(bt);
+    free(hq); free(hpos); free(hseq); free(hbt);
 }
 
 /* The decode GEMVs alone (batch 1), per format and Qwen3-8B shape: GB/s of
@@ -770,7 +819,8 @@ static void part_bench(void) {
     size_t runner_bytes = (size_t)PREFILL_SEQS * PREFILL_LEN * (V + 8 * H + 2 * I + 2 * qd) * 4;
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    double need = (double)arena_bytes + kv_bytes + runner_bytes + (1u << 30);
+    size_t kvb_bytes = (size_t)PREFILL_SEQS * bps_pre * BS * c->n_layers * kvd * 2 * 2; /* the BF16-KV prefill's */
+    double need = (double)arena_bytes + kv_bytes + kvb_bytes + runner_bytes + (1u << 30);
     printf("  memory: weights %.1f GiB + KV cache %.1f GiB + runner %.1f GiB; free %.1f GiB\n",
            arena_bytes / 1073741824.0, kv_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
     if (need > (double)free_b) {
@@ -814,7 +864,11 @@ static void part_bench(void) {
     /* pinned, as a server that samples on the host would use: the per-step logits copy runs at PCIe speed */
     float *logits = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
-    bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre);
+    bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre, "bf16");
+    KVCache *kvb = runner_kvcache_create_dtype(r, PREFILL_SEQS * bps_pre, BS, KV_BF16); /* attention on tensor cores */
+    bench_prefill(r, kvb, c, mat_params, logits, tables, bps_pre, "bf16/kv-bf16");
+    runner_kvcache_free(r, kvb);
+    bench_attn_prefill(c);
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
     bench_ops(m, rows_out[n_rows - 3].ms);

@@ -17,6 +17,11 @@
  *           max|d| / max|ref| <= 3e-5
  *   bf16act the cuBLAS GEMM against f32 activations (rounding x to bf16 costs
  *           ~1e-3 relative per element): NMSE <= 3e-5, rel <= 1e-2
+ *   attn_bf16 tensor-core attention (attention_mma.cu) against the f32 CPU
+ *           attention: Q and the softmax weights P are rounded to bf16 (2^-9
+ *           relative each) for the mma; the errors are independent per
+ *           element and average over head_dim / positions, ~1e-3 relative
+ *           per output at worst: NMSE <= 1e-5, rel <= 1e-2
  * A new GPU kernel adds its check function and its rows here, nothing in the
  * two runners. The includer defines nothing of this; it creates bc and bg and
  * calls op_checks_run. Not here: the fixture models and the benchmark (the
@@ -89,7 +94,8 @@ static float *dev_result(const void *d, size_t n) {
 
 /* ---- comparison ---- */
 typedef struct Tol { const char *name; double nmse, rel; } Tol;
-static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2};
+static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2},
+                 TOL_ATTN_BF16 = {"attn_bf16", 1e-5, 1e-2};
 
 static void compare_op(const char *what, Tol tol, const float *ref, const float *got, size_t n) {
     double se = 0, sr = 0, maxd = 0, maxr = 0;
@@ -434,8 +440,10 @@ static void check_norm_rope(const int *a) {
 
 /* Paged attention over shuffled blocks: n_seqs (<= 4) sequences, sequence s
  * contributes toks[s] tokens ending at position last[s]. sms 0: through the
- * backend (its own split choice); sms > 0: the launcher with the splits a
- * device of that many SMs gets (1: unsplit, large: prefill tokens split). */
+ * backend (its own split choice; the tensor-core kernel where
+ * cuda_attention_mma_fits, then in the attn_bf16 class); sms > 0: the launcher
+ * with the splits a device of that many SMs gets (1: unsplit, large: prefill
+ * tokens split); sms -1: the tensor-core launcher cuda_attention_mma. */
 static void check_attention(const int *a) {
     int n_seqs = a[0], nh = a[1], nkv = a[2], hd = a[3], bs = a[4], sms = a[5];
     KvDtype kvt = (KvDtype)a[14];
@@ -476,7 +484,7 @@ static void check_attention(const int *a) {
     size_t N = (size_t)n * nh * hd;
     float *ref = (float *)xmalloc(sizeof(float) * N);
     AttnArgs h = {ref, q, kc, vc, pos, seq, bt, stride, n, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd), kvt,
-                  kvt == KV_FP8 ? ks : NULL, kvt == KV_FP8 ? vs : NULL};
+                  kvt == KV_FP8 ? ks : NULL, kvt == KV_FP8 ? vs : NULL, n_seqs};
     bc->attention(bc, &h);
     AttnArgs d = h;
     d.out = (float *)dev_poisoned(sizeof(float) * N);
@@ -490,9 +498,11 @@ static void check_attention(const int *a) {
     d.pos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n);
     d.seq = (int32_t *)dev_copy(seq, sizeof(int32_t) * n);
     d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
-    int splits, rc = 0;
+    int splits = 1, rc = 0, mma = sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d));
     float *part = NULL;
-    if (sms > 0) {
+    if (sms < 0) {
+        rc = cuda_attention_mma(&d, NULL);
+    } else if (sms > 0) {
         splits = cuda_attention_splits(n, nh, nkv, max_pos + 1, sms);
         part = (float *)dev_poisoned(sizeof(float) * (size_t)splits * n * nh * (hd + 2));
         rc = cuda_attention(&d, part, splits, NULL);
@@ -504,9 +514,10 @@ static void check_attention(const int *a) {
     }
     float *got = dev_result(d.out, N);
     char what[128];
-    snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d splits %d kv %s%s", n_seqs,
-             n, max_pos, nh, nkv, hd, bs, splits, kv_dtype_name(kvt), rc ? " LAUNCH REFUSED" : "");
-    compare_op(what, TOL_F32, ref, got, N);
+    snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d %s%d kv %s%s", n_seqs,
+             n, max_pos, nh, nkv, hd, bs, mma ? "mma " : "splits ", mma ? sms : splits, kv_dtype_name(kvt),
+             rc ? " LAUNCH REFUSED" : "");
+    compare_op(what, mma ? TOL_ATTN_BF16 : TOL_F32, ref, got, N);
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
     cudaFree((void *)d.pos); cudaFree((void *)d.seq); cudaFree((void *)d.block_table); cudaFree(part);
     if (kvt == KV_FP8) { cudaFree((void *)d.k_scale); cudaFree((void *)d.v_scale); }
@@ -858,6 +869,22 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {2, 3, 3, 24, 4, 0, 20, 12, 0, 0, 19, 60, 0, 0, KV_FP8}},
     {check_attention, OC_ALL, {1, 4, 1, 256, 8, 2, 1, 0, 0, 0, 33, 0, 0, 0, KV_FP8}},
     {check_attention, OC_ALL, {1, 4, 2, 16, 4, 1000, 40, 0, 0, 0, 39, 0, 0, 0, KV_BF16}},
+    /* tensor cores (attention_mma.cu; sms 0: the backend chooses it, -1: its launcher): tiles of 64 query
+     * rows, partial tiles, chunks deep in a context, two sequences in one tile, decode rows in a tile */
+    {check_attention, OC_ALL, {1, 4, 1, 64, 16, 0, 70, 0, 0, 0, 69, 0, 0, 0, KV_BF16}},         /* G = 4 */
+    {check_attention, OC_ALL, {2, 2, 2, 128, 16, 0, 40, 33, 0, 0, 139, 32, 0, 0, KV_BF16}},     /* G = 1 */
+    {check_attention, OC_ALL, {1, 8, 1, 128, 8, 0, 20, 0, 0, 0, 150, 0, 0, 0, KV_BF16}},        /* G = 8 */
+    {check_attention, OC_ALL, {2, 4, 1, 64, 16, 0, 17, 50, 0, 0, 80, 49, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {3, 2, 1, 128, 4, -1, 30, 1, 1, 0, 45, 70, 3, 0, KV_FP8}}, /* 3 runs: CUDA cores */
+    {check_attention, OC_ALL, {3, 4, 1, 64, 16, 0, 100, 1, 1, 0, 99, 40, 70, 0, KV_BF16}}, /* tile 1: 3 runs */
+    {check_attention, OC_ALL, {2, 4, 1, 64, 16, 0, 40, 1, 0, 0, 39, 30, 0, 0, KV_BF16}},   /* a decode row, 2 runs */
+    {check_attention, OC_ALL, {1, 8, 2, 128, 16, 0, 200, 0, 0, 0, 399, 0, 0, 0, KV_BF16}},     /* 4 tiles at 200.. */
+    {check_attention, OC_ALL, {2, 4, 4, 64, 16, 0, 100, 64, 0, 0, 163, 63, 0, 0, KV_FP8}},     /* a whole tile */
+    {check_attention, OC_ALL, {4, 4, 1, 64, 16, 0, 30, 1, 1, 1, 29, 40, 50, 60, KV_BF16}}, /* < 16 per seq: CUDA cores */
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 300, 0, 0, 0, 299, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 512, 300, 0, 0, 1023, 299, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {1, 16, 16, 64, 16, 0, 257, 0, 0, 0, 256, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {4, 32, 8, 128, 16, -1, 1, 1, 1, 1, 0, 33, 517, 1023, KV_BF16}}, /* decode rows */
     /* n, kv heads, head_dim, block size, n_blocks, KV dtype */
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_F32}},
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_BF16}},

@@ -108,6 +108,7 @@ float emu_shfl_xor(float v, int off) {
 }
 
 void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
+static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
 
 static void fiber_main(void) {
     FIB_FINISH(NULL, &sched_bottom, &sched_size);
@@ -179,6 +180,7 @@ float emu_shfl_xor(float v, int off) {
 }
 
 void emu_syncthreads(void) { pthread_barrier_wait(&emu_block->block_bar); }
+static void emu_warp_barrier(int w) { pthread_barrier_wait(&emu_block->warp_bar[w]); }
 
 static pthread_t pool[EMU_MAX_THREADS];
 static sem_t start_sem[EMU_MAX_THREADS], done_sem;
@@ -228,3 +230,51 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
     delete blk;
 }
 #endif
+
+/* ---- warp-collective mma (shim/cuda_runtime.h): each lane deposits its
+ * fragments, the warp meets, each lane computes its four outputs from the
+ * deposited registers by the PTX layout, the warp meets again before the
+ * scratch is reused. Blocks run one at a time, so one scratch serves. ---- */
+static struct { uint32_t a[32][32][4], b[32][32][2]; } mma_scratch;
+
+static float mma_bf16(uint32_t reg, int hi) { return __uint_as_float(hi ? reg & 0xffff0000u : reg << 16); }
+
+void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    memcpy(mma_scratch.a[w][l], a, sizeof mma_scratch.a[w][l]);
+    memcpy(mma_scratch.b[w][l], b, sizeof mma_scratch.b[w][l]);
+    emu_warp_barrier(w);
+    float r[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float s = 0.f;
+        for (int k = 0; k < 16; k++) {
+            /* A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k & 1;
+             * B[k][col]: lane col * 4 + (k % 8) / 2, register k >= 8, half k & 1 */
+            float x = mma_bf16(mma_scratch.a[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k & 1);
+            float y = mma_bf16(mma_scratch.b[w][col * 4 + (k % 8) / 2][k >= 8], k & 1);
+            s += x * y;
+        }
+        r[i] = s + c[i];
+    }
+    emu_warp_barrier(w);
+    memcpy(d, r, sizeof r);
+}
+
+/* ---- warp-collective ldmatrix (shim/cuda_runtime.h), the same protocol ---- */
+static const uint16_t *ldm_rows[32][32];
+
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    ldm_rows[w][l] = (const uint16_t *)row;
+    emu_warp_barrier(w);
+    uint32_t v[4];
+    for (int j = 0; j < 4; j++) {
+        const uint16_t *const *m = ldm_rows[w] + 8 * j; /* matrix j's eight rows */
+        v[j] = trans ? (uint32_t)m[2 * t][g] | (uint32_t)m[2 * t + 1][g] << 16
+                     : (uint32_t)m[g][2 * t] | (uint32_t)m[g][2 * t + 1] << 16;
+    }
+    emu_warp_barrier(w);
+    memcpy(r, v, sizeof v);
+}
+

@@ -24,6 +24,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorLaunchFailure = 719,
                  cudaErrorNotSupported = 801, cudaErrorUnknown = 999 };
@@ -118,7 +119,9 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
+struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
+struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 
 struct EmuBlock;
@@ -130,6 +133,26 @@ float emu_shfl_xor(float v, int off);
 void emu_syncthreads(void);
 #define __syncthreads() emu_syncthreads()
 #define __shfl_xor_sync(mask, v, off) emu_shfl_xor((v), (off))
+
+/* The kernels' inline-PTX paths are guarded by __CUDA_ARCH__; this says the
+ * emulation's replacement of such a path exists (e.g. attention_mma.cu's mma). */
+#define CUDA_EMULATION 1
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 as a warp collective,
+ * with the PTX ISA's fragment layout ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type", 9.7.14.5.8 in ISA 9.0; g = lane / 4, t = lane % 4; each 32-bit
+ * register holds two bf16, the lower k / column in the low half):
+ *   a[0] A[g][2t..2t+1]  a[1] A[g+8][2t..2t+1]  a[2] A[g][2t+8..]  a[3] A[g+8][2t+8..]
+ *   b[0] B[2t..2t+1][g]  b[1] B[2t+8..2t+9][g]
+ *   c/d[0..1] C[g][2t..2t+1]  c/d[2..3] C[g+8][2t..2t+1]
+ * Every lane of the warp must call it (as on a device: .aligned); d = A B + c
+ * with the bf16 products exact in f32, summed over k in order, then c added. */
+void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+/* ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 as a warp collective (PTX
+ * ISA "Warp-level matrix load instruction: ldmatrix"): lane l gives the address
+ * of row l % 8 of matrix l / 8 (8 b16 elements, 16-byte aligned); register j of
+ * lane l (g = l / 4, t = l % 4) gets matrix j's elements (g, 2t), (g, 2t+1), or
+ * with .trans (2t, g), (2t+1, g), the first in the low half. */
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

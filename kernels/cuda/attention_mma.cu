@@ -1,0 +1,276 @@
+/*
+ * attention_mma.cu - prefill / chunked-prefill paged attention on tensor cores
+ * (FlashAttention-2 style): one block of 4 warps per (tile of 64 consecutive
+ * query tokens, query head); each warp owns 16 query rows, computes S = Q K^T
+ * and O += P V with mma.sync m16n8k16 (bf16 inputs, f32 accumulators; sm_80+)
+ * over tiles of 64 positions staged in shared memory, and keeps the online
+ * softmax (max, sum) of its rows in f32. Q is rounded to bf16 when loaded, P to
+ * bf16 before the P V product (the attn_bf16 tolerance class of
+ * tests/gpu/op_checks.h); K / V are read from the BF16 cache as they are, or
+ * from the FP8 e4m3 cache as their e4m3 values (exact in bf16) with the row
+ * scales applied in f32: K's to the scores, V's to P before its rounding.
+ *
+ * Masking is per row, so any token layout is correct: a tile may hold tokens of
+ * several sequences (each contiguous run of one sequence is a pass over that
+ * sequence's positions 0..max pos of the run, the other rows masked), and row r
+ * sees positions <= pos[r] (causal, also for chunks that start deep in an
+ * existing context). A warp skips a position tile beyond all of its rows. Tiles
+ * of more than two runs (decode tokens of a mixed batch) are left to the
+ * CUDA-core kernel, launched after this one (attn_tiles.cuh).
+ * GQA: query head h reads KV head h / (n_heads / n_kv_heads) (L2 shares it).
+ *
+ * K and V fragments come from shared memory through ldmatrix (V's transposed).
+ * Not here: f32 KV caches, head dims other than 64 / 128 and decode-shaped
+ * batches (attention.cu; cuda_attention_mma_fits says which), cp.async
+ * pipelining of the tile loads, splitting long contexts over blocks.
+ * Reference: the CPU attention of backend_cpu.c (f32, two-pass softmax).
+ */
+#include <math.h>
+
+#include "attn_tiles.cuh"
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+#include "kv_device.cuh"
+
+#define MMA_WARPS 4
+#define MMA_BQ CUDA_ATTN_MMA_TILE /* query rows per block, 16 per warp */
+#define MMA_BK 64               /* positions per shared tile */
+#define MMA_PAD 8               /* bf16 of padding per shared row (bank spread) */
+
+/* D[16x8] f32 = A[16x16] bf16 (row) x B[16x8] bf16 (col) + D; the PTX ISA's
+ * fragment layout (tests/gpu/emu/shim/cuda_runtime.h spells it out). */
+static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDA_EMULATION)
+    emu_mma_m16n8k16_bf16(d, a, b, d);
+#else
+    (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* Four 8x8 b16 matrices from shared memory (ldmatrix .x4; .trans when TRANS):
+ * lane l gives the address of row l % 8 of matrix l / 8; register j gets matrix
+ * j's fragment in the mma layout (trans: of the transposed matrix). */
+template <bool TRANS>
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *row) {
+#if defined(__CUDA_ARCH__)
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+#elif defined(CUDA_EMULATION)
+    emu_ldmatrix_x4(r, row, TRANS);
+#else
+    (void)r, (void)row; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* Two f32 -> one register of two bf16 (lo in the low half), round to nearest even. */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)kv_f32_to_bf16(lo) | (uint32_t)kv_f32_to_bf16(hi) << 16;
+}
+
+/* Weight of an old state with max m under the new max mn: 1 while both are
+ * -inf (nothing seen yet, the state is zero either way). */
+static __device__ __forceinline__ float mma_corr(float m, float mn) { return mn == -INFINITY ? 1.f : expf(m - mn); }
+
+/* Eight cache elements from element i (i % 8 == 0) of a DT cache as bf16 bits:
+ * BF16 as stored, FP8 the e4m3 values unscaled (exact: 3 mantissa bits, every
+ * e4m3 exponent is a bf16 normal one). */
+template <int DT>
+static __device__ __forceinline__ uint4 kv_load8_bf16(const void *cache, size_t i) {
+    if (DT == KV_BF16) return *(const uint4 *)((const uint16_t *)cache + i);
+    uint2 u = *(const uint2 *)((const uint8_t *)cache + i);
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t b = (j < 2 ? u.x : u.y) >> (16 * (j & 1));
+        w[j] = __float_as_uint(kv_e4m3_to_f32(b & 0xffu)) >> 16 |
+               (__float_as_uint(kv_e4m3_to_f32((b >> 8) & 0xffu)) & 0xffff0000u);
+    }
+    return uint4{w[0], w[1], w[2], w[3]};
+}
+
+/* HDT = 4 * head_dim + DT (one template argument: the emulation's launch macro
+ * splits on commas). Grid: (ceil(n_tokens / 64), n_heads); block: 128 threads. */
+template <int HDT>
+__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
+    constexpr int HD = HDT / 4, DT = HDT % 4, KS = HD / 16, ND = HD / 8, LD = HD + MMA_PAD;
+    __shared__ __align__(16) uint16_t sk[MMA_BK * LD], sv[MMA_BK * LD]; /* [64, HD (+pad)] bf16 */
+    __shared__ float s_ks[MMA_BK], s_vs[MMA_BK]; /* FP8: the tile's row scales */
+    __shared__ int s_pos[MMA_BQ], s_seq[MMA_BQ];
+    int t0 = blockIdx.x * MMA_BQ, h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
+    int nrows = a.n_tokens - t0 < MMA_BQ ? a.n_tokens - t0 : MMA_BQ, bs = a.block_size;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two rows in the tile */
+
+    if (threadIdx.x < MMA_BQ) {
+        int r = threadIdx.x;
+        s_pos[r] = r < nrows ? a.pos[t0 + r] : -1;
+        s_seq[r] = r < nrows ? a.seq[t0 + r] : -1;
+    }
+    /* Q fragments (A operand, row major): rows r0 / r1, dims 16 kk + 2 tq (+1, +8, +9) */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = (j & 1) ? r1 : r0, d = 16 * kk + 2 * tq + (j & 2 ? 8 : 0);
+            float2 v = {0.f, 0.f};
+            if (r < nrows) v = *(const float2 *)(a.q + ((size_t)(t0 + r) * a.n_heads + h) * HD + d);
+            qa[kk][j] = pack_bf16(v.x, v.y);
+        }
+    }
+    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    __syncthreads();
+    int runs = 1;
+    for (int r = 1; r < nrows; r++) runs += s_seq[r] != s_seq[r - 1];
+    if (runs > ATTN_MMA_MAX_RUNS) return; /* block-uniform: cuda_attention_untiled's tokens */
+    int p0 = s_pos[r0], p1 = s_pos[r1];
+
+    for (int rs = 0; rs < nrows;) { /* one pass per contiguous run of one sequence (block-uniform) */
+        int sq = s_seq[rs], re = rs, maxp = -1, wmax = -1;
+        for (; re < nrows && s_seq[re] == sq; re++) {
+            maxp = s_pos[re] > maxp ? s_pos[re] : maxp;
+            if (re >> 4 == warp) wmax = s_pos[re] > wmax ? s_pos[re] : wmax;
+        }
+        bool in0 = r0 >= rs && r0 < re, in1 = r1 >= rs && r1 < re;
+        const int32_t *bt = a.block_table + (size_t)sq * a.bt_stride;
+        for (int kv0 = 0; kv0 <= maxp; kv0 += MMA_BK) {
+            __syncthreads(); /* the previous tile's readers are done */
+            for (int c = threadIdx.x; c < MMA_BK * HD / 8; c += MMA_WARPS * 32) {
+                int i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
+                uint4 kb = {0, 0, 0, 0}, vb = {0, 0, 0, 0};
+                if (p <= maxp) {
+                    size_t row = ((size_t)bt[p / bs] * a.n_kv_heads + kvh) * bs + p % bs;
+                    kb = kv_load8_bf16<DT>(a.k_cache, row * HD + d);
+                    vb = kv_load8_bf16<DT>(a.v_cache, row * HD + d);
+                    if (DT == KV_FP8 && d == 0) {
+                        s_ks[i] = a.k_scale[row];
+                        s_vs[i] = a.v_scale[row];
+                    }
+                } else if (DT == KV_FP8 && d == 0) {
+                    s_ks[i] = s_vs[i] = 0.f; /* masked; no stale NaN into 0 * scale */
+                }
+                *(uint4 *)&sk[i * LD + d] = kb;
+                *(uint4 *)&sv[i * LD + d] = vb;
+            }
+            __syncthreads();
+            if (kv0 > wmax) continue; /* warp-uniform: no row of this warp sees this tile */
+
+            float s[MMA_BK / 8][4];
+#pragma unroll
+            for (int n = 0; n < MMA_BK / 8; n++) {
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < KS; kk += 2) {
+                    /* B[k][n] = K[pos n][dim k]: matrices (positions 8n.., dims 16kk + 8j..), j = 0..3 */
+                    uint32_t b[4];
+                    ldsm_x4<false>(b, &sk[(8 * n + (lane & 7)) * LD + 16 * kk + 8 * (lane >> 3)]);
+                    mma_bf16_16816(s[n], qa[kk], b);
+                    mma_bf16_16816(s[n], qa[kk + 1], b + 2);
+                }
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = 8 * n + 2 * tq + (e & 1), p = kv0 + i;
+                    bool ok = e < 2 ? in0 && p <= p0 : in1 && p <= p1;
+                    float sc = DT == KV_FP8 ? a.scale * s_ks[i] : a.scale;
+                    s[n][e] = ok ? s[n][e] * sc : -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                }
+            float corr[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)); /* the row's quad */
+                float mn = fmaxf(m[i], mx[i]);
+                corr[i] = mma_corr(m[i], mn);
+                m[i] = mn;
+                l[i] *= corr[i];
+            }
+#pragma unroll
+            for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float mn = m[e >> 1];
+                    s[n][e] = mn == -INFINITY ? 0.f : expf(s[n][e] - mn);
+                    l[e >> 1] += s[n][e];
+                    if (DT == KV_FP8) s[n][e] *= s_vs[8 * n + 2 * tq + (e & 1)]; /* P V's rows carry V's scales */
+                }
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[n][0] *= corr[0];
+                o[n][1] *= corr[0];
+                o[n][2] *= corr[1];
+                o[n][3] *= corr[1];
+            }
+            /* O += P V: P's accumulator layout of n tiles 2kk, 2kk + 1 is the A layout of k step kk */
+#pragma unroll
+            for (int kk = 0; kk < MMA_BK / 16; kk++) {
+                uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                  pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int n = 0; n < ND; n += 2) {
+                    /* B[k][n] = V[pos k][dim n], transposed: matrices (positions 16kk + 8 (j & 1).., dims 8 (n + j / 2)..) */
+                    uint32_t b[4];
+                    ldsm_x4<true>(b, &sv[(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4))]);
+                    mma_bf16_16816(o[n], pa, b);
+                    mma_bf16_16816(o[n + 1], pa, b + 2);
+                }
+            }
+        }
+        rs = re;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = i ? r1 : r0;
+        if (r >= nrows) continue;
+        float inv = 1.f / l[i];
+        float *out = a.out + ((size_t)(t0 + r) * a.n_heads + h) * HD + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < ND; n++) *(float2 *)(out + 8 * n) = float2{o[n][2 * i] * inv, o[n][2 * i + 1] * inv};
+    }
+}
+
+extern "C" int cuda_attention_mma_fits(const AttnArgs *a) {
+    return a && (a->kv_dtype == KV_BF16 || a->kv_dtype == KV_FP8) && (a->head_dim == 64 || a->head_dim == 128) &&
+           a->n_seqs > 0 && a->n_tokens >= CUDA_ATTN_MMA_MIN_Q * a->n_seqs;
+}
+
+extern "C" int cuda_attention_mma(const AttnArgs *a, void *stream) {
+    if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
+        (a->head_dim != 64 && a->head_dim != 128) || a->block_size <= 0 || a->bt_stride <= 0 || !a->out || !a->q ||
+        !a->k_cache || !a->v_cache || !a->pos || !a->seq || !a->block_table ||
+        (a->kv_dtype != KV_BF16 && a->kv_dtype != KV_FP8) || (a->kv_dtype == KV_FP8 && (!a->k_scale || !a->v_scale)))
+        return -1;
+    if (a->n_tokens == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid((unsigned)((a->n_tokens + MMA_BQ - 1) / MMA_BQ), (unsigned)a->n_heads);
+    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 64 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
+    else if (a->head_dim == 64) attn_mma_kernel<4 * 64 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
+    else if (a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 128 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
+    else attn_mma_kernel<4 * 128 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
+    CUDA_CHECK_LAUNCH();
+    if (a->n_seqs == 1) return 0; /* one sequence: every tile is one run */
+    return cuda_attention_untiled(a, stream);
+}

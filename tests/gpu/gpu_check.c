@@ -439,6 +439,8 @@ static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, do
     free(tok); free(pos); free(seq); free(rows); free(tables);
 }
 
+#include "bench_moe.h" /* the Qwen3-30B-A3B-shaped MoE decode rows */
+
 static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double mat_params, float *logits,
                           int32_t *tables_mem, int blocks_per_seq) {
     int S = PREFILL_SEQS, L = PREFILL_LEN, T = S * L;
@@ -832,6 +834,7 @@ static void part_bench(void) {
     CUDA_CHECK(cudaFree(arena));
     free(m->layers);
     free(m);
+    bench_moe();
 }
 
 /* --json FILE: the summary for bench/gpu_json.py (which names the rows of

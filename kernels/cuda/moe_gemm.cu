@@ -8,6 +8,9 @@
  * host read of the routing (graph-capturable); empty slots exit at once.
  * Each block runs gemv_tile.cuh (the decode GEMV's tile and its BF16 / FP8
  * decoders) over its expert's rows, up to CUDA_GEMV_MAX_N pairs per pass.
+ * FP8 experts run weight-only here also when their activations would be
+ * quantized (act_quant): an expert's pairs per decode step are few, below
+ * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
  * per expert, cpu_axpy into the token rows in expert order).
  * Not here: NVFP4 (its scale2 can change with a delta; those models run the

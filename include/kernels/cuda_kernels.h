@@ -109,7 +109,8 @@ int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const
 
 /* ---- MoE (moe_route.cu, moe_gemm.cu) ----
  * Routing of one layer (backend.h MoeRouteArgs, device pointers): top-k, then
- * the pairs sorted by expert; reference cpu_moe_route. Two launches sized by n. */
+ * the pairs sorted by expert; reference cpu_moe_route. One launch up to 64
+ * tokens, two above, sized by n. */
 int cuda_moe_route(const MoeRouteArgs *a, void *stream);
 /* Grouped GEMV over every active expert in one launch: for each expert e with
  * pairs [offsets[e], offsets[e + 1]), out[p, rows] = x[p, cols] @ W_e^T (f32

@@ -2,9 +2,9 @@
  * moe_route.cu - MoE routing on the device (Backend.moe_route of the CUDA
  * backend; backend.h MoeRouteArgs): router logits [n, E] f32 -> top-k expert
  * ids and weights, then the (token, k) pairs counting-sorted by expert
- * (offsets, pair lists, the inverse permutation, the active experts). Two
- * launches whose sizes depend on n only, so a decode step of a MoE model
- * needs no host read and can be captured in a graph.
+ * (offsets, pair lists, the inverse permutation, the active experts). One
+ * launch up to MR_FUSED_MAX tokens, two above, sized by n only, so a decode
+ * step of a MoE model needs no host read and can be captured in a graph.
  * Reference: cpu_moe_route (kernels/cpu/cpu_moe.c). The ids, offsets and pair
  * lists are identical to it away from near ties (two experts whose p differ
  * by about an ulp: the softmax's sum is a warp tree here, sequential there,
@@ -19,13 +19,12 @@
 #define MR_PER_LANE (MOE_MAX_EXPERTS / 32)   /* expert slots per lane: e = lane + 32 j */
 #define MP_THREADS MOE_MAX_EXPERTS           /* the permutation: one thread per expert */
 #define MP_CHUNK 2048                        /* ids staged in shared memory per pass */
+#define MR_FUSED_MAX 64                      /* up to this many tokens: one launch (decode) */
 
 /* One warp per token: softmax over the experts (max and sum as warp trees), then
  * top_k rounds of a warp argmax over the untaken experts (p descending, ties to
  * the lower id, as the CPU's strict > over ascending ids). Lane k keeps round k. */
-__global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a) {
-    int lane = threadIdx.x & 31, t = blockIdx.x * MR_WARPS + (threadIdx.x >> 5);
-    if (t >= a.n) return; /* the whole warp: no block barrier below */
+static __device__ __forceinline__ void topk_warp(const MoeRouteArgs &a, int t, int lane) {
     int E = a.n_experts, K = a.top_k;
     const float *l = a.logits + (size_t)t * E;
     float v[MR_PER_LANE], mx = -INFINITY;
@@ -81,10 +80,15 @@ __global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a)
     }
 }
 
+__global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a) {
+    int t = blockIdx.x * MR_WARPS + (threadIdx.x >> 5);
+    if (t < a.n) topk_warp(a, t, threadIdx.x & 31); /* whole warps: no block barrier */
+}
+
 /* One block, thread e owns expert e: counts its pairs, the offsets are a scan
  * (thread 0, in expert order), then it places its pairs walking the ids in
  * (token, k) order, so tokens are ascending within an expert without atomics. */
-__global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) {
+static __device__ __forceinline__ void perm_block(const MoeRouteArgs &a) {
     __shared__ int32_t sid[MP_CHUNK];
     __shared__ int32_t start[MOE_MAX_EXPERTS];
     int e = threadIdx.x, E = a.n_experts, K = a.top_k, NK = a.n * K, cnt = 0;
@@ -128,6 +132,17 @@ __global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) {
     }
 }
 
+__global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) { perm_block(a); }
+
+/* Small n (decode): both phases in one block, warps taking tokens in turn; the
+ * barrier makes the ids and weights written to global memory visible to the
+ * whole block before the permutation reads them. */
+__global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArgs a) {
+    for (int t = threadIdx.x >> 5; t < a.n; t += MP_THREADS / 32) topk_warp(a, t, threadIdx.x & 31);
+    __syncthreads();
+    perm_block(a);
+}
+
 extern "C" int cuda_moe_route(const MoeRouteArgs *a, void *stream) {
     if (!a || a->n < 0 || a->n_experts < 1 || a->n_experts > MOE_MAX_EXPERTS || a->top_k < 1 ||
         a->top_k > MOE_MAX_TOPK || a->top_k > a->n_experts || !a->logits || !a->ids || !a->weights ||
@@ -135,6 +150,11 @@ extern "C" int cuda_moe_route(const MoeRouteArgs *a, void *stream) {
         return -1;
     if (a->n == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
+    if (a->n <= MR_FUSED_MAX) {
+        moe_route_fused_kernel<<<1, MP_THREADS, 0, s>>>(*a);
+        CUDA_CHECK_LAUNCH();
+        return 0;
+    }
     moe_topk_kernel<<<(a->n + MR_WARPS - 1) / MR_WARPS, MR_WARPS * 32, 0, s>>>(*a);
     CUDA_CHECK_LAUNCH();
     moe_perm_kernel<<<1, MP_THREADS, 0, s>>>(*a);

@@ -66,6 +66,47 @@ typedef struct LoraPair {
     int bf16;         /* 1: a and b hold bf16 bits (--lora-dtype bfloat16), widened exactly; f32 math either way */
 } LoraPair;
 
+/* MoE routing of one layer (HF Qwen3MoE; moe_route): per token t, p =
+ * softmax(logits[t]) in f32 (the max, expf(l - max) summed in expert order,
+ * each divided by the sum), the top_k experts by p (ties: the lower id), their
+ * p as weights, divided by their sum (in k order) when norm; then the (t, k)
+ * pairs counting-sorted by expert, tokens ascending within an expert. Every
+ * pointer is backend memory; sizes are bounded by n * top_k, so nothing needs
+ * a host read of the counts (a device step stays capturable in a graph). */
+#define MOE_MAX_EXPERTS 512
+#define MOE_MAX_TOPK 32
+typedef struct MoeRouteArgs {
+    const float *logits; /* [n, n_experts] f32 router logits (read only) */
+    int32_t *ids;        /* [n, top_k] int32 chosen experts, p descending */
+    float *weights;      /* [n, top_k] f32 their routing weights */
+    int32_t *offsets;    /* [n_experts + 1] int32: expert e's pairs are [offsets[e], offsets[e + 1]) */
+    int32_t *pair_tok;   /* [n * top_k] int32 token of each pair, by expert, tokens ascending */
+    float *pair_w;       /* [n * top_k] f32 weight of each pair */
+    int32_t *pair_of;    /* [n * top_k] int32 pair index of (t, k): pair_tok[pair_of[t * top_k + k]] == t */
+    int32_t *active;     /* [n_experts] int32 experts with pairs, ascending, then -1 */
+    int n, n_experts, top_k, norm; /* n_experts <= MOE_MAX_EXPERTS, top_k <= min(MOE_MAX_TOPK, n_experts) */
+} MoeRouteArgs;
+
+/* One MoE layer's routed experts as a device op reads them; forward.c uploads
+ * the pointer tables once at runner creation (a delta rewrites dev in place). */
+typedef struct MoeExperts {
+    const WeightMat *gate, *up, *down; /* [n_experts] host: shapes, format, quantization blocks */
+    const void *const *w;              /* [3, n_experts] backend memory: gate[e].dev, up[e].dev, down[e].dev */
+    const void *const *s;              /* [3, n_experts] backend memory: their dev_scale (NULL for BF16) */
+} MoeExperts;
+
+/* The routed experts' SwiGLU MLPs of one layer after moe_route (moe_mlp):
+ * out[t] = sum over t's pairs in expert order of w * down_e(silu(gate_e x[t]) * up_e x[t]). */
+typedef struct MoeMlpArgs {
+    float *out;                /* [n, hidden] f32 (overwritten) */
+    const float *x;            /* [n, hidden] f32; NULL: only ask whether the op takes these experts */
+    const MoeRouteArgs *route; /* moe_route's outputs for x: n, n_experts, top_k and the pair lists */
+    MoeExperts ex;
+    float *xg, *yg;            /* [n * top_k, hidden] f32 scratch: the pairs' inputs and outputs */
+    float *g, *u;              /* [n * top_k, inter] f32 scratch */
+    int hidden, inter;
+} MoeMlpArgs;
+
 typedef struct Backend Backend;
 struct Err; /* check.h */
 struct Backend {
@@ -119,6 +160,13 @@ struct Backend {
     /* dst[rows[i]] += w[i] * src[i], i < n, applied in order of i */
     void (*scale_add_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
                            int n, int dim);
+    /* MoE routing (MoeRouteArgs): the host routing's bits on the CPU (the reference) */
+    void (*moe_route)(Backend *b, const MoeRouteArgs *a);
+    /* Optional (NULL: forward.c runs each expert with the ops above, the CPU
+     * reference): every routed expert of a layer in a few launches whose sizes
+     * depend on n * top_k only. 0, or -1 when it does not take these experts
+     * (format, shape, alignment; nothing issued): the caller runs them one by one. */
+    int (*moe_mlp)(Backend *b, const MoeMlpArgs *a);
     /* Optional (NULL: this backend serves no LoRA adapters): the batched LoRA
      * of one linear, Punica's shrink then expand per row: for each i < n with
      * pairs[i] != NULL, h = scale * A x[i] (rank values), then

@@ -111,6 +111,11 @@ void cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 #define CPU_LORA_ROWS_MAX 8
 void cpu_lora_rows(float *out, const float *x, const int *rows, int n, const struct LoraPair *p);
 
+/* MoE routing (backend.h MoeRouteArgs, Backend.moe_route) on host memory: the
+ * reference the device kernels are checked against (kernels/cpu/cpu_moe.c). */
+struct MoeRouteArgs;
+void cpu_moe_route(const struct MoeRouteArgs *a);
+
 /* Rotary embedding in place on one head vector x[head_dim] (HF rotate_half
  * layout: pairs (i, i + head_dim/2)); cs/sn: [head_dim/2] for its position. */
 void cpu_rope(float *x, const float *cs, const float *sn, int head_dim);

@@ -123,6 +123,39 @@ int cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n, i
 int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const float *w, int n,
                         int dim, void *stream);
 
+/* ---- MoE (moe_route.cu, moe_gemm.cu) ----
+ * Routing of one layer (backend.h MoeRouteArgs, device pointers): top-k, then
+ * the pairs sorted by expert; reference cpu_moe_route. One launch up to 64
+ * tokens, two above, sized by n. */
+int cuda_moe_route(const MoeRouteArgs *a, void *stream);
+/* Grouped GEMV over every active expert in one launch: for each expert e with
+ * pairs [offsets[e], offsets[e + 1]), out[p, rows] = x[p, cols] @ W_e^T (f32
+ * accumulation, gemv_tile.cuh), for one or two matrices over the same x (gate
+ * and up). Grid: min(n_experts, n_pairs) slots of active[] x row tiles.
+ * fmt 0 bf16, 1 fp8 e4m3 (f32 scale_inv blocks br x bc: bc % 16 == 0 or
+ * bc >= cols); cols % (8 << fmt) == 0; x and every W_e 16-byte aligned. */
+typedef struct CudaMoeSeg {
+    float *out;             /* [n_pairs, rows] f32, pair order */
+    const void *const *w;   /* [n_experts] device pointers: expert e's [rows, cols] bf16 / e4m3 */
+    const float *const *s;  /* [n_experts] fp8: expert e's scale_inv [ceil(rows / br), ceil(cols / bc)] f32 */
+    int rows, br, bc;
+} CudaMoeSeg;
+typedef struct CudaMoeGemv {
+    CudaMoeSeg seg[2];
+    int nseg;               /* 1 or 2 */
+    const float *x;         /* [n_pairs, cols] f32, pair order */
+    int cols;
+    const int32_t *offsets; /* [n_experts + 1] int32 (moe_route) */
+    const int32_t *active;  /* [n_experts] int32 experts with pairs, then -1 (moe_route) */
+    int n_experts, n_pairs, fmt;
+    int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
+} CudaMoeGemv;
+int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
+/* out[t, dim] = sum over k in ascending pair_of order of weights[t, k] * y[pair_of[t, k], dim]
+ * (y [n * top_k, dim] f32 in pair order; pair_of, weights [n, top_k]). */
+int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n, int top_k,
+                       int dim, void *stream);
+
 /* Sparse delta on a device weight copy (scatter.cu): dst[idx[i]] = val[i] for i < n,
  * elements of elem bytes (1, 2, 4); dst: [numel]; idx: [n] int64 (device); val: [n]
  * (device). Indices outside [0, numel) are skipped. The update path: a bad argument or

@@ -504,6 +504,8 @@ static void cpu_gather_rows(Backend *b, float *dst, const float *src, const int3
         memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
 }
 
+static void cpu_moe_route_op(Backend *b, const MoeRouteArgs *a) { cpu_moe_route(a); }
+
 static void cpu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w,
                                int n, int dim) {
     for (int i = 0; i < n; i++) cpu_axpy(dst + (size_t)rows[i] * dim, w[i], src + (size_t)i * dim, dim);
@@ -568,6 +570,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
                    .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve, .lora = cpu_lora,
+                   .moe_route = cpu_moe_route_op,
                    .set_act_bf16 = cpu_set_act_bf16, .act_bf16_fast = cpu_ops_bf16_native(),
                    .free = cpu_free};
     return b;

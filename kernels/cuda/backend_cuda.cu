@@ -383,6 +383,72 @@ static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const in
     LAUNCH_OK(cuda_scale_add_rows(dst, src, rows, w, n, dim, st(b)));
 }
 
+static void cu_moe_route(Backend *b, const MoeRouteArgs *a) { LAUNCH_OK(cuda_moe_route(a, st(b))); }
+
+/* Expert kind j (0 gate, 1 up, 2 down) of every expert: one format (BF16 or
+ * FP8 with one scale block), the layer's shape, 16-byte aligned. */
+static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int cols, CudaMoeSeg *sg) {
+    int E = a->route->n_experts;
+    if (m[0].fmt != WF_BF16 && m[0].fmt != WF_FP8) return 0;
+    const QuantFp8 *q0 = m[0].fmt == WF_FP8 ? (const QuantFp8 *)m[0].q : NULL;
+    for (int e = 0; e < E; e++) {
+        const QuantFp8 *q = (const QuantFp8 *)m[e].q;
+        if (m[e].fmt != m[0].fmt || m[e].rows != rows || m[e].cols != cols || !m[e].dev || ((uintptr_t)m[e].dev & 15))
+            return 0;
+        if (q0 && (!q || !m[e].dev_scale || q->block_rows != q0->block_rows || q->block_cols != q0->block_cols))
+            return 0;
+    }
+    sg->rows = rows;
+    sg->br = q0 ? q0->block_rows : 0;
+    sg->bc = q0 ? q0->block_cols : 0;
+    return !q0 || sg->bc % 16 == 0 || sg->bc >= cols;
+}
+
+/* gather -> grouped gate/up -> swiglu -> grouped down -> weighted unpermute,
+ * five launches sized by n * top_k (moe_gemm.cu). */
+static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
+    const MoeRouteArgs *ra = a->route;
+    int E = ra->n_experts, K = ra->top_k, H = a->hidden, I = a->inter, NK = ra->n * K;
+    const WeightMat *ws[3] = {a->ex.gate, a->ex.up, a->ex.down};
+    if (!ws[0] || !ws[1] || !ws[2] || E < 1) return -1;
+    int fmt = ws[0][0].fmt == WF_FP8 ? 1 : 0;
+    CudaMoeSeg sg[3] = {};
+    if (!moe_kind_ok(a, ws[0], I, H, &sg[0]) || !moe_kind_ok(a, ws[1], I, H, &sg[1]) ||
+        !moe_kind_ok(a, ws[2], H, I, &sg[2]) || ws[1][0].fmt != ws[0][0].fmt || ws[2][0].fmt != ws[0][0].fmt ||
+        sg[0].br != sg[1].br || sg[0].bc != sg[1].bc || H % (8 << fmt) || I % (8 << fmt))
+        return -1;
+    if (!a->x) return 0;
+    CHECK(a->out && a->ex.w && (!fmt || a->ex.s) && a->xg && a->yg && a->g && a->u, "moe_mlp: missing buffers");
+    float *outs[3] = {a->g, a->u, a->yg};
+    for (int j = 0; j < 3; j++) {
+        sg[j].out = outs[j];
+        sg[j].w = a->ex.w + (size_t)j * E;
+        sg[j].s = fmt ? (const float *const *)(a->ex.s + (size_t)j * E) : NULL;
+    }
+    LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+    CudaMoeGemv gu = {};
+    gu.seg[0] = sg[0];
+    gu.seg[1] = sg[1];
+    gu.nseg = 2;
+    gu.x = a->xg;
+    gu.cols = H;
+    gu.offsets = ra->offsets;
+    gu.active = ra->active;
+    gu.n_experts = E;
+    gu.n_pairs = NK;
+    gu.fmt = fmt;
+    LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+    LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+    CudaMoeGemv dn = gu;
+    dn.seg[0] = sg[2];
+    dn.nseg = 1;
+    dn.x = a->g;
+    dn.cols = I;
+    LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
+    LAUNCH_OK(cuda_moe_unpermute(a->out, a->yg, ra->pair_of, ra->weights, ra->n, K, H, st(b)));
+    return 0;
+}
+
 /* The batched LoRA of one linear (backend.h): rows grouped by pair on the host
  * (in order of first appearance, as cpu_lora), the grouping uploaded only when
  * it differs from the last one (the linears of a step normally share it, so
@@ -577,6 +643,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->kv_write = cu_kv_write;
     b->gather_rows = cu_gather_rows;
     b->scale_add_rows = cu_scale_add_rows;
+    b->moe_route = cu_moe_route;
+    b->moe_mlp = cu_moe_mlp;
     b->reserve = cu_reserve;
     b->lora = cu_lora;
     b->lora_reserve = cu_lora_reserve;

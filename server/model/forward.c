@@ -33,26 +33,27 @@ struct Runner {
     float *x, *xn, *tmp;     /* [T, hidden] */
     float *q, *att;          /* [T, n_heads * head_dim] */
     float *k, *v;            /* [T, n_kv_heads * head_dim] */
-    float *g, *u;            /* [T, max(intermediate, moe_intermediate)] */
+    float *g, *u;            /* [max(T * intermediate, TG * top_k * moe_intermediate)] (TG: moe_rows) */
     float *cs, *sn;          /* [T, head_dim / 2] */
     float *router;           /* [T, n_experts] */
-    float *xg, *yg;          /* [T, hidden] gathered inputs / expert outputs */
+    float *xg, *yg;          /* [max(T, TG * top_k), hidden] gathered inputs / expert outputs */
     float *hout;             /* [T, hidden] final hidden states of output rows */
     float *logits;           /* [T, vocab] (device backends only) */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows; /* [T] */
-    int32_t *d_ex_tok;       /* [T * top_k] device copy of ex_tok */
-    float *d_ex_w;           /* [T * top_k] device copy of ex_w */
+    /* MoE routing (Backend.moe_route's outputs; backend.h MoeRouteArgs) */
+    int32_t *mr_ids, *mr_tok, *mr_of; /* [T * top_k] */
+    float *mr_w, *mr_pw;     /* [T * top_k] */
+    int32_t *mr_off;         /* [n_experts + 1] */
+    int32_t *mr_active;      /* [n_experts] */
+    const void **moe_tab;    /* [n_layers, 2, 3 * n_experts] the experts' dev / dev_scale pointers (moe_mlp) */
     int32_t *d_bt;           /* [T, bt_stride] */
     /* host memory */
     float *inv_freq;         /* [head_dim / 2] */
     float *h_cs, *h_sn;      /* [T, head_dim / 2] */
-    float *h_router;         /* [T, n_experts] */
-    int32_t *topk_idx;       /* [T, top_k] */
-    float *topk_w;           /* [T, top_k] */
-    int32_t *ex_tok;         /* [T * top_k] the (token, k) pairs by expert: expert e's tokens (ascending)
-                              * at [ex_off[e], ex_off[e + 1]) */
-    float *ex_w;             /* [T * top_k] their routing weights */
-    int32_t *ex_off;         /* [n_experts + 1] */
+    int32_t *h_ids, *h_tok;  /* [T * top_k] host copies of mr_ids / mr_tok (the same on host backends) */
+    int32_t *h_off;          /* [n_experts + 1] host copy of mr_off */
+    int n_moe;               /* MoE layers of the model */
+    int moe_rows;            /* TG: steps of up to this many tokens run moe_mlp (0: never) */
     int32_t *h_slots;        /* [T] cache slot of each token */
     int32_t *h_bt;           /* [T, bt_stride] */
     int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
@@ -171,6 +172,54 @@ void runner_kvcache_free(Runner *r, KVCache *kv) {
 
 #define BALLOC(n, type) ((type *)b->alloc(b, (size_t)(n) * sizeof(type)))
 
+static MoeExperts moe_experts(const Runner *r, int l) {
+    const LayerWeights *w = &r->m->layers[l];
+    int E = r->m->cfg.n_experts;
+    const void **tab = r->moe_tab ? r->moe_tab + (size_t)l * 6 * E : NULL;
+    return (MoeExperts){w->egate, w->eup, w->edown, tab, tab ? tab + 3 * E : NULL};
+}
+
+/* Start-up, MoE models: the routing limits, the MoE layer count, and whether
+ * the backend's moe_mlp takes every MoE layer's experts (then their pointer
+ * tables go to backend memory and steps of up to moe_rows tokens use it). */
+static void moe_setup(Runner *r) {
+    const ModelConfig *c = &r->m->cfg;
+    Backend *b = r->b;
+    CHECK(c->n_experts <= MOE_MAX_EXPERTS && c->top_k >= 1 && c->top_k <= MOE_MAX_TOPK && c->top_k <= c->n_experts,
+          "MoE model with %d experts, top %d: at most %d experts and top %d are supported", c->n_experts, c->top_k,
+          MOE_MAX_EXPERTS, MOE_MAX_TOPK);
+    int ok = !b->host && b->moe_mlp;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!model_layer_is_moe(c, l)) continue;
+        r->n_moe++;
+        MoeRouteArgs ra = {.n = 1, .n_experts = c->n_experts, .top_k = c->top_k};
+        MoeMlpArgs q = {.route = &ra, .ex = moe_experts(r, l), .hidden = c->hidden, .inter = c->moe_intermediate};
+        ok = ok && b->moe_mlp(b, &q) == 0;
+    }
+    if (!ok) return;
+    int E = c->n_experts;
+    size_t nt = (size_t)c->n_layers * 6 * E;
+    const void **h = xcalloc(nt, sizeof *h);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!model_layer_is_moe(c, l)) continue;
+        const LayerWeights *w = &r->m->layers[l];
+        const void **t = h + (size_t)l * 6 * E;
+        for (int e = 0; e < E; e++) {
+            const WeightMat *m3[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
+            for (int j = 0; j < 3; j++) {
+                t[j * E + e] = m3[j]->dev;
+                t[3 * E + j * E + e] = m3[j]->dev_scale;
+            }
+        }
+    }
+    r->moe_tab = b->alloc(b, nt * sizeof *h);
+    b->upload(b, (void *)r->moe_tab, h, nt * sizeof *h);
+    free(h);
+    r->moe_rows = r->max_tokens < RUNNER_GRAPH_MAX ? r->max_tokens : RUNNER_GRAPH_MAX;
+    log_info("moe: the %s backend runs the routed experts of %d layers grouped (steps of up to %d tokens)", b->name,
+             r->n_moe, r->moe_rows);
+}
+
 Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads) {
     return runner_create_with(m, backend_cpu_create(n_threads, max_ctx), max_tokens, max_ctx);
 }
@@ -197,8 +246,11 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     r->att = BALLOC(T * c->n_heads * c->head_dim, float);
     r->k = BALLOC(T * c->n_kv_heads * c->head_dim, float);
     r->v = BALLOC(T * c->n_kv_heads * c->head_dim, float);
-    r->g = BALLOC(T * inter, float);
-    r->u = BALLOC(T * inter, float);
+    if (c->n_experts) moe_setup(r);
+    size_t TG = (size_t)r->moe_rows * (c->top_k > 0 ? c->top_k : 1), gu = T * inter;
+    if (TG * c->moe_intermediate > gu) gu = TG * c->moe_intermediate;
+    r->g = BALLOC(gu, float);
+    r->u = BALLOC(gu, float);
     r->h_cs = xcalloc(T * h2, sizeof(float));
     r->h_sn = xcalloc(T * h2, sizeof(float));
     r->h_slots = xcalloc(T, sizeof(int32_t));
@@ -219,19 +271,22 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
         r->d_seq = BALLOC(T, int32_t);
         r->d_slots = BALLOC(T, int32_t);
         r->d_rows = BALLOC(T, int32_t);
-        r->d_ex_tok = BALLOC(T * (c->top_k > 0 ? c->top_k : 1), int32_t);
-        r->d_ex_w = BALLOC(T * (c->top_k > 0 ? c->top_k : 1), float);
     }
     if (c->n_experts) {
+        size_t NK = T * c->top_k, rows = T > TG ? T : TG;
         r->router = BALLOC(T * c->n_experts, float);
-        r->h_router = b->host ? r->router : xcalloc(T * c->n_experts, sizeof(float));
-        r->topk_idx = xcalloc(T * c->top_k, sizeof(int32_t));
-        r->topk_w = xcalloc(T * c->top_k, sizeof(float));
-        r->ex_tok = xcalloc(T * c->top_k, sizeof(int32_t));
-        r->ex_w = xcalloc(T * c->top_k, sizeof(float));
-        r->ex_off = xcalloc(c->n_experts + 1, sizeof(int32_t));
-        r->xg = BALLOC(T * H, float);
-        r->yg = BALLOC(T * H, float);
+        r->mr_ids = BALLOC(NK, int32_t);
+        r->mr_tok = BALLOC(NK, int32_t);
+        r->mr_of = BALLOC(NK, int32_t);
+        r->mr_w = BALLOC(NK, float);
+        r->mr_pw = BALLOC(NK, float);
+        r->mr_off = BALLOC(c->n_experts + 1, int32_t);
+        r->mr_active = BALLOC(c->n_experts, int32_t);
+        r->h_ids = b->host ? r->mr_ids : xcalloc(NK, sizeof(int32_t));
+        r->h_tok = b->host ? r->mr_tok : xcalloc(NK, sizeof(int32_t));
+        r->h_off = b->host ? r->mr_off : xcalloc(c->n_experts + 1, sizeof(int32_t));
+        r->xg = BALLOC(rows * H, float);
+        r->yg = BALLOC(rows * H, float);
     }
     return r;
 }
@@ -242,12 +297,16 @@ void runner_free(Runner *r) {
     graphs_reset(r);
     void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->cs, r->sn,
                    r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
-                   r->d_rows, r->d_ex_tok, r->d_ex_w, r->d_bt};
+                   r->d_rows, r->d_bt, r->mr_ids, r->mr_tok, r->mr_of, r->mr_w, r->mr_pw, r->mr_off,
+                   r->mr_active, (void *)r->moe_tab};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->release(b, dev[i]);
-    if (!b->host) free(r->h_router);
-    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->topk_idx, r->topk_w, r->ex_tok, r->ex_w, r->ex_off,
-                    r->h_slots, r->h_bt, (void *)r->lrows};
+    if (!b->host) {
+        free(r->h_ids);
+        free(r->h_tok);
+        free(r->h_off);
+    }
+    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (r->lora_pool) b->release(b, r->lora_pool);
     free(r->lora_dpairs);
@@ -502,74 +561,54 @@ static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, con
     lora_apply(r, out, r->g, n, at, LT_DOWN);
 }
 
-/* HF Qwen3MoE routing: softmax over all experts in f32, top-k (ties: lower
- * index first), optional renormalisation over the k chosen. */
-static void route(Runner *r, int n, int moe_layer) {
-    const ModelConfig *c = &r->m->cfg;
-    int E = c->n_experts, K = c->top_k;
-    for (int t = 0; t < n; t++) {
-        float *p = r->h_router + (size_t)t * E, mx = -INFINITY, sum = 0.f;
-        for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        int32_t *idx = r->topk_idx + (size_t)t * K;
-        float *wk = r->topk_w + (size_t)t * K, wsum = 0.f;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= idx[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            idx[k] = best;
-            wsum += (wk[k] = p[best]);
-        }
-        if (c->norm_topk_prob)
-            for (int k = 0; k < K; k++) wk[k] /= wsum;
-        if (r->experts) {
-            int n_moe = 0;
-            for (int l = 0; l < c->n_layers; l++) n_moe += model_layer_is_moe(c, l);
-            memcpy(r->experts + ((size_t)t * n_moe + moe_layer) * K, idx, sizeof(int32_t) * (size_t)K);
-        }
-    }
+/* Backend array -> host memory: itself on a host backend, else a download
+ * into h (synchronous). */
+static const void *from_backend(Runner *r, void *h, const void *dbuf, size_t bytes) {
+    if (r->b->host) return dbuf;
+    r->b->download(r->b, h, dbuf, bytes);
+    return h;
 }
 
-/* Experts run in index order over the tokens routed to them, so a token's
- * sum over its experts has the same order whatever else is in the batch.
- * Routing runs on the host (top-k over a few dozen experts); the (token, k)
- * pairs are counting-sorted by expert and go to the device in one upload of
- * each list per layer, not two per expert (each a synchronous copy). */
+/* HF Qwen3MoE: the backend's moe_route (softmax over all experts in f32, top-k,
+ * optional renormalisation, the pairs sorted by expert; backend.h), then the
+ * experts. Experts run in index order over the tokens routed to them, so a
+ * token's sum over its experts has the same order whatever else is in the
+ * batch. A device backend's moe_mlp runs every expert of the layer with no
+ * host read (graph-capturable); otherwise (the CPU reference, LoRA steps,
+ * large steps, experts it does not take) the per-expert offsets come to the
+ * host and each expert runs through the plain ops. */
 static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
     int H = c->hidden, K = c->top_k, E = c->n_experts, NK = n * K;
     be->matmul(be, r->router, r->xn, n, &w->router, NULL);
-    if (!be->host) be->download(be, r->h_router, r->router, sizeof(float) * (size_t)n * c->n_experts);
-    route(r, n, moe_layer);
-    int32_t *off = r->ex_off;
-    memset(off, 0, sizeof(int32_t) * (size_t)(E + 1));
-    for (int i = 0; i < NK; i++) off[r->topk_idx[i] + 1]++;
-    for (int e = 0; e < E; e++) off[e + 1] += off[e];
-    for (int t = 0; t < n; t++) /* tokens ascending within each expert: the order of the reference */
-        for (int k = 0; k < K; k++) {
-            int e = r->topk_idx[(size_t)t * K + k], p = off[e]++;
-            r->ex_tok[p] = t;
-            r->ex_w[p] = r->topk_w[(size_t)t * K + k];
-        }
-    for (int e = E; e > 0; e--) off[e] = off[e - 1]; /* back to starts */
-    off[0] = 0;
+    MoeRouteArgs ra = {.logits = r->router, .ids = r->mr_ids, .weights = r->mr_w, .offsets = r->mr_off,
+                       .pair_tok = r->mr_tok, .pair_w = r->mr_pw, .pair_of = r->mr_of, .active = r->mr_active,
+                       .n = n, .n_experts = E, .top_k = K, .norm = c->norm_topk_prob};
+    be->moe_route(be, &ra);
+    if (r->experts) {
+        const int32_t *ids = from_backend(r, r->h_ids, r->mr_ids, sizeof(int32_t) * (size_t)NK);
+        for (int t = 0; t < n; t++)
+            memcpy(r->experts + ((size_t)t * r->n_moe + moe_layer) * K, ids + (size_t)t * K,
+                   sizeof(int32_t) * (size_t)K);
+    }
+    if (n <= r->moe_rows && !r->tok_lora) {
+        MoeMlpArgs ma = {.out = r->tmp, .x = r->xn, .route = &ra, .ex = moe_experts(r, l), .xg = r->xg,
+                         .yg = r->yg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};
+        if (be->moe_mlp(be, &ma) == 0) return;
+    }
+    const int32_t *off = from_backend(r, r->h_off, r->mr_off, sizeof(int32_t) * (size_t)(E + 1));
+    const int32_t *map = r->tok_lora ? from_backend(r, r->h_tok, r->mr_tok, sizeof(int32_t) * (size_t)NK) : NULL;
     ASSERT(off[E] == NK, "moe: %d routed pairs, want %d", off[E], NK);
-    const int32_t *rows_all = to_backend(r, r->d_ex_tok, r->ex_tok, sizeof(int32_t) * (size_t)NK);
-    const float *wts_all = to_backend(r, r->d_ex_w, r->ex_w, sizeof(float) * (size_t)NK);
     be->zero(be, r->tmp, sizeof(float) * (size_t)n * H);
     for (int e = 0; e < E; e++) {
         int cnt = off[e + 1] - off[e];
         if (!cnt) continue;
-        const int32_t *rows = rows_all + off[e];
-        const float *wts = wts_all + off[e];
+        const int32_t *rows = r->mr_tok + off[e];
+        const float *wts = r->mr_pw + off[e];
         be->gather_rows(be, r->xg, r->xn, rows, cnt, H);
-        LoraAt at = {l, e, r->ex_tok + off[e]}; /* expert e's pairs, rows = its gathered tokens */
+        LoraAt at = {l, e, map ? map + off[e] : NULL}; /* expert e's pairs, rows = its gathered tokens */
         dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, at);
         be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
     }
@@ -598,13 +637,13 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
     be->matmul(be, be->host ? r->h_logits_out : r->logits, r->hout, n_out, &m->lm_head, NULL);
 }
 
-/* A pure decode step (one token per sequence, each an output row) of a dense
- * model on a graph-capable backend runs as a graph: the first step of a shape
- * runs eagerly (scratch grows to its size), the second is captured, later ones
- * replay it, saving a launch per op (~600 per step for 36 layers). MoE steps
- * route on the host and stay eager. */
+/* A pure decode step (one token per sequence, each an output row) on a
+ * graph-capable backend runs as a graph: the first step of a shape runs
+ * eagerly (scratch grows to its size), the second is captured, later ones
+ * replay it, saving a launch per op (~600 per step for 36 layers). MoE models
+ * only when moe_mlp takes their experts (no host read of the routing). */
 static int graph_eligible(const Runner *r, const Batch *b) {
-    return r->b->graph_begin && !r->graphs_off && !r->m->cfg.n_experts && b->n_tokens == b->n_seqs &&
+    return r->b->graph_begin && !r->graphs_off && (!r->m->cfg.n_experts || r->moe_rows) && b->n_tokens == b->n_seqs &&
            b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts && !r->tok_lora;
 }
 

@@ -309,7 +309,7 @@ static double now_s(void) {
 }
 
 typedef struct BenchRow { char name[48]; double tok_s, ms, roof_tok_s, frac; } BenchRow;
-static BenchRow rows_out[16];
+static BenchRow rows_out[32];
 static int n_rows;
 static double bw_gbs, gemm_tfs;
 
@@ -429,6 +429,7 @@ static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, do
     }
     double dt = now_s() - t0, step_s = dt / BENCH_STEPS;
     double roof_step = (weight_bytes + kv_bytes / BENCH_STEPS) / (bw_gbs * 1e9);
+    ASSERT(n_rows < (int)(sizeof rows_out / sizeof rows_out[0]), "more bench rows than rows_out holds");
     BenchRow *row = &rows_out[n_rows++];
     snprintf(row->name, sizeof row->name, "%s decode batch %d (ctx %d)", prec, B, BENCH_CTX);
     row->tok_s = B / step_s;
@@ -439,6 +440,8 @@ static void bench_decode(Runner *r, KVCache *kv, const ModelConfig *c, int B, do
            row->roof_tok_s, 100 * row->frac);
     free(tok); free(pos); free(seq); free(rows); free(tables);
 }
+
+#include "bench_moe.h" /* the Qwen3-30B-A3B-shaped MoE decode rows */
 
 static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double mat_params, float *logits,
                           int32_t *tables_mem, int blocks_per_seq, const char *label) {
@@ -467,6 +470,7 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     double attn = 4.0 * c->n_layers * c->n_heads * c->head_dim * (double)S * L * (L + 1) / 2;
     double flops = 2.0 * T * mat_params + 2.0 * S * (double)c->vocab * c->hidden + attn;
     double roof = flops / (gemm_tfs * 1e12);
+    ASSERT(n_rows < (int)(sizeof rows_out / sizeof rows_out[0]), "more bench rows than rows_out holds");
     BenchRow *row = &rows_out[n_rows++];
     snprintf(row->name, sizeof row->name, "%s prefill %d x %d tokens", label, S, L);
     row->tok_s = T / dt;
@@ -513,6 +517,7 @@ static void bench_attn_prefill(const ModelConfig *c) {
         }
         CUDA_CHECK(cudaDeviceSynchronize());
         double dt = (now_s() - t0) / runs;
+        ASSERT(n_rows < (int)(sizeof rows_out / sizeof rows_out[0]), "more bench rows than rows_out holds");
         BenchRow *row = &rows_out[n_rows++];
         snprintf(row->name, sizeof row->name, "prefill attention %s %d x %d", k ? "cuda cores" : "mma", S, L);
         row->tok_s = T / dt;
@@ -886,6 +891,7 @@ static void part_bench(void) {
     CUDA_CHECK(cudaFree(arena));
     free(m->layers);
     free(m);
+    bench_moe();
 }
 
 /* --json FILE: the summary for bench/gpu_json.py (which names the rows of

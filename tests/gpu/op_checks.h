@@ -752,6 +752,119 @@ static void check_lora(const int *a) {
 }
 
 /* ---- the table ---- */
+/* MoE (moe_route.cu, moe_gemm.cu): moe_route against cpu_moe_route, then
+ * moe_mlp against forward.c's per-expert loop over the CPU ops. Router logits
+ * are ranks spaced scale / E apart (ties: two experts per rank, exact ties the
+ * lower id must win on both), so no p is within an ulp of another's: ids,
+ * offsets, pair lists and active experts bytes equal, weights f32 class; the
+ * expert MLP's output f32 class. n * K / E > 8 runs several GEMV passes per expert. */
+static void check_moe(const int *a) {
+    int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], I = a[5], fp8 = a[6], ties = a[7];
+    int NK = n * K;
+    char what[128];
+    float *lg = (float *)xmalloc(sizeof(float) * (size_t)n * E);
+    int *perm = (int *)xmalloc(sizeof(int) * E);
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < E; e++) perm[e] = e;
+        for (int e = E - 1; e > 0; e--) {
+            int j = (int)(rng_u64() % (uint64_t)(e + 1)), v = perm[e];
+            perm[e] = perm[j];
+            perm[j] = v;
+        }
+        for (int e = 0; e < E; e++) lg[(size_t)t * E + e] = 8.0f * (float)(ties ? perm[e] / 2 : perm[e]) / (float)E - 4.0f;
+    }
+    /* routing: host buffers for the CPU, poisoned device buffers for the GPU */
+    int32_t *hi[5];
+    float *hf[2];
+    size_t ni[5] = {(size_t)NK, (size_t)E + 1, (size_t)NK, (size_t)NK, (size_t)E}; /* ids, offsets, tok, of, active */
+    for (int i = 0; i < 5; i++) hi[i] = (int32_t *)xmalloc(sizeof(int32_t) * ni[i]);
+    for (int i = 0; i < 2; i++) hf[i] = (float *)xmalloc(sizeof(float) * NK); /* weights, pair_w */
+    MoeRouteArgs rc = {lg, hi[0], hf[0], hi[1], hi[2], hf[1], hi[3], hi[4], n, E, K, norm};
+    bc->moe_route(bc, &rc);
+    void *di[5], *df[2];
+    for (int i = 0; i < 5; i++) di[i] = dev_poisoned(sizeof(int32_t) * ni[i]);
+    for (int i = 0; i < 2; i++) df[i] = dev_poisoned(sizeof(float) * NK);
+    float *dlg = (float *)dev_copy(lg, sizeof(float) * (size_t)n * E);
+    MoeRouteArgs rg = {dlg, (int32_t *)di[0], (float *)df[0], (int32_t *)di[1], (int32_t *)di[2], (float *)df[1],
+                       (int32_t *)di[3], (int32_t *)di[4], n, E, K, norm};
+    bg->moe_route(bg, &rg);
+    const char *names[5] = {"ids", "offsets", "pair_tok", "pair_of", "active"};
+    for (int i = 0; i < 5; i++) {
+        float *got = dev_result(di[i], ni[i]); /* int32 bytes */
+        snprintf(what, sizeof what, "moe_route %s n %d E %d top %d%s%s", names[i], n, E, K, norm ? " norm" : "",
+                 ties ? " ties" : "");
+        compare_bytes(what, hi[i], got, sizeof(int32_t) * ni[i]);
+        free(got);
+    }
+    for (int i = 0; i < 2; i++) {
+        float *got = dev_result(df[i], NK);
+        snprintf(what, sizeof what, "moe_route %s n %d E %d top %d", i ? "pair_w" : "weights", n, E, K);
+        compare_op(what, TOL_F32, hf[i], got, NK);
+        free(got);
+    }
+    /* experts: host matrices for the CPU, device copies + pointer tables for the GPU */
+    WeightMat *hm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
+    WeightMat *dm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
+    const void **tab = (const void **)xcalloc((size_t)6 * E, sizeof(void *));
+    for (int j = 0; j < 3; j++)
+        for (int e = 0; e < E; e++) {
+            int rows = j < 2 ? I : H, cols = j < 2 ? H : I;
+            WeightMat *h = &hm[j * E + e], *d = &dm[j * E + e];
+            *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f));
+            *d = *h;
+            if (fp8) {
+                Err err = {0};
+                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, QUANT_FP8_BLOCK128, &err);
+                CHECK(q, "quantize: %s", err.msg);
+                h->fmt = d->fmt = WF_FP8;
+                h->q = d->q = q;
+                d->dev = dev_copy(q->q, (size_t)rows * cols);
+                d->dev_scale = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+            } else {
+                d->dev = dev_copy(h->bf16, sizeof(uint16_t) * (size_t)rows * cols);
+            }
+            tab[j * E + e] = d->dev;
+            tab[3 * E + j * E + e] = d->dev_scale;
+        }
+    /* the reference: forward.c's per-expert loop on the CPU ops */
+    float *x = rand_f32((size_t)n * H, 1), *ref = (float *)xcalloc((size_t)n * H, sizeof(float));
+    float *xg = (float *)xmalloc(sizeof(float) * (size_t)NK * H), *yg = (float *)xmalloc(sizeof(float) * (size_t)NK * H);
+    float *g = (float *)xmalloc(sizeof(float) * (size_t)NK * I), *u = (float *)xmalloc(sizeof(float) * (size_t)NK * I);
+    for (int e = 0; e < E; e++) {
+        int o = hi[1][e], cnt = hi[1][e + 1] - o;
+        if (!cnt) continue;
+        bc->gather_rows(bc, xg, x, hi[2] + o, cnt, H);
+        bc->matmul(bc, g, xg, cnt, &hm[e], NULL);
+        bc->matmul(bc, u, xg, cnt, &hm[E + e], NULL);
+        bc->swiglu(bc, g, g, u, cnt * I);
+        bc->matmul(bc, yg, g, cnt, &hm[2 * E + e], NULL);
+        bc->scale_add_rows(bc, ref, yg, hi[2] + o, hf[1] + o, cnt, H);
+    }
+    const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)6 * E);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * H), *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * H);
+    float *dxg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H), *dyg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H);
+    float *dg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I), *du = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I);
+    MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E}, dxg, dyg, dg, du, H, I};
+    int taken = bg->moe_mlp(bg, &ma);
+    float *got = dev_result(dout, (size_t)n * H);
+    snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s", fp8 ? "fp8" : "bf16", n, E, K, I, H,
+             taken ? " REFUSED" : "");
+    compare_op(what, TOL_F32, ref, got, (size_t)n * H);
+    free(got);
+    for (int i = 0; i < 3 * E; i++) {
+        cudaFree(dm[i].dev);
+        if (dm[i].dev_scale) cudaFree(dm[i].dev_scale);
+        if (hm[i].q) quant_fp8_free((QuantFp8 *)hm[i].q);
+        free(hm[i].bf16);
+    }
+    for (int i = 0; i < 5; i++) { cudaFree(di[i]); free(hi[i]); }
+    for (int i = 0; i < 2; i++) { cudaFree(df[i]); free(hf[i]); }
+    cudaFree(dlg); cudaFree((void *)dtab); cudaFree(dx); cudaFree(dout); cudaFree(dxg); cudaFree(dyg); cudaFree(dg);
+    cudaFree(du);
+    free(lg); free(perm); free(hm); free(dm); free((void *)tab); free(x); free(ref); free(xg); free(yg); free(g);
+    free(u);
+}
+
 enum { OC_ALL = 0, OC_GPU = 1 /* too big for the emulation */ };
 typedef struct OpCheck {
     void (*fn)(const int *a);
@@ -903,6 +1016,15 @@ static const OpCheck OP_CHECKS[] = {
     /* n_src, n, dim */
     {check_rows, OC_GPU, {64, 40, 4096}},
     {check_rows, OC_ALL, {37, 20, 72}},
+    /* n, experts, top_k, norm, hidden, moe_inter, fp8, ties */
+    {check_moe, OC_GPU, {1, 128, 8, 1, 2048, 768, 0, 0}},  /* Qwen3-30B-A3B decode */
+    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 0, 1}},
+    {check_moe, OC_GPU, {16, 32, 8, 1, 2048, 768, 1, 0}},
+    {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0}},         /* the qwen3_moe fixture's shape */
+    {check_moe, OC_ALL, {17, 8, 2, 0, 64, 56, 0, 1}},        /* qwen3_moe_nonorm's, exact ties */
+    {check_moe, OC_ALL, {80, 8, 2, 1, 32, 16, 0, 0}},        /* n > 64: two routing launches; three GEMV passes */
+    {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1}},       /* 128 experts, fp8 */
+    {check_moe, OC_ALL, {3, 40, 32, 0, 32, 16, 1, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
     /* n, in, out, adapters, ranks[3], bf16 */
     {check_lora, OC_GPU, {16, 4096, 1024, 3, 16, 64, 8, 0}},  /* Qwen3-8B k_proj */
     {check_lora, OC_GPU, {5, 12288, 4096, 2, 32, 16, 0, 1}},  /* down_proj, bf16 */

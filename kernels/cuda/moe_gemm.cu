@@ -1,0 +1,118 @@
+/*
+ * moe_gemm.cu - the routed experts' linears of one MoE layer in one launch
+ * each (grouped GEMV), and the weighted unpermute that sums each token's
+ * expert outputs back into its row. The pairs come from moe_route.cu: x and
+ * out rows are in pair order (by expert, tokens ascending), so expert e's
+ * rows are [offsets[e], offsets[e + 1]). The grid is min(E, n_pairs) expert
+ * slots x row tiles, read from the device's active list: no size depends on a
+ * host read of the routing (graph-capturable); empty slots exit at once.
+ * Each block runs gemv_tile.cuh (the decode GEMV's tile and its BF16 / FP8
+ * decoders) over its expert's rows, up to CUDA_GEMV_MAX_N pairs per pass.
+ * FP8 experts run weight-only here also when their activations would be
+ * quantized (act_quant): an expert's pairs per decode step are few, below
+ * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
+ * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
+ * per expert, cpu_axpy into the token rows in expert order).
+ * Not here: NVFP4 (its scale2 can change with a delta; those models run the
+ * per-expert loop), shapes the 16-byte tile path does not take, large
+ * prefills (forward.c runs steps above RUNNER_GRAPH_MAX tokens per expert,
+ * through cuBLAS).
+ */
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+#include "gemv_tile.cuh"
+
+template <int FMT>
+__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) {
+    int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
+    int e = g.active[slot];
+    if (e < 0) return; /* the whole block */
+    int sg = tile < g.tiles0 ? 0 : 1;
+    if (sg) tile -= g.tiles0;
+    const CudaMoeSeg *S = &g.seg[sg];
+    int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
+    GemvArgs a = {};
+    a.W = (const uint4 *)S->w[e];
+    a.rows = S->rows;
+    a.cols = g.cols;
+    if (FMT == 1) {
+        a.S = S->s[e];
+        a.br = S->br;
+        a.bc = S->bc;
+        a.sc = (g.cols + S->bc - 1) / S->bc;
+    }
+    for (int c0 = 0; c0 < cnt; c0 += CUDA_GEMV_MAX_N) {
+        a.x = g.x + (size_t)(p0 + c0) * g.cols;
+        a.out = S->out + (size_t)(p0 + c0) * S->rows;
+        switch (cnt - c0) {
+        case 1: gemv_tile<1, FMT>(a, tile); break;
+        case 2: gemv_tile<2, FMT>(a, tile); break;
+        case 3: gemv_tile<3, FMT>(a, tile); break;
+        case 4: gemv_tile<4, FMT>(a, tile); break;
+        case 5: gemv_tile<5, FMT>(a, tile); break;
+        case 6: gemv_tile<6, FMT>(a, tile); break;
+        case 7: gemv_tile<7, FMT>(a, tile); break;
+        default: gemv_tile<8, FMT>(a, tile); break;
+        }
+        __syncthreads(); /* the next pass reuses the tile's shared partial sums */
+    }
+}
+
+extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
+    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 1 || !g->x || !g->offsets || !g->active ||
+        g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0 || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15))
+        return -1;
+    for (int i = 0; i < g->nseg; i++) {
+        const CudaMoeSeg *S = &g->seg[i];
+        if (!S->out || !S->w || S->rows <= 0 || (g->fmt == 1 && (!S->s || S->br <= 0 || S->bc <= 0 ||
+                                                                  (S->bc % 16 && S->bc < g->cols))))
+            return -1;
+    }
+    if (g->n_pairs == 0) return 0;
+    g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
+    g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);
+    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
+    unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
+    cudaStream_t s = (cudaStream_t)stream;
+    void (*k)(CudaMoeGemv) = g->fmt == 0 ? moe_gemv_kernel<0> : moe_gemv_kernel<1>;
+    k<<<blocks, GT_WARPS * 32, 0, s>>>(*g);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* Block t sums token t's top_k pair rows of y, weighted, in ascending pair
+ * order (= ascending expert: the CPU's order of scale_add_rows). */
+__global__ void moe_unpermute_kernel(float *out, const float *y, const int32_t *pair_of, const float *weights, int K,
+                                     int dim) {
+    __shared__ int32_t sp[MOE_MAX_TOPK];
+    __shared__ float sw[MOE_MAX_TOPK];
+    int t = blockIdx.x;
+    if (threadIdx.x == 0) { /* insertion sort of <= 32 pairs by position */
+        for (int k = 0; k < K; k++) {
+            int p = pair_of[(size_t)t * K + k], j = k;
+            float w = weights[(size_t)t * K + k];
+            for (; j > 0 && sp[j - 1] > p; j--) {
+                sp[j] = sp[j - 1];
+                sw[j] = sw[j - 1];
+            }
+            sp[j] = p;
+            sw[j] = w;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float acc = 0.f;
+        for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(sw[k], y[(size_t)sp[k] * dim + c]));
+        out[(size_t)t * dim + c] = acc;
+    }
+}
+
+extern "C" int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n,
+                                  int top_k, int dim, void *stream) {
+    if (n < 0 || top_k < 1 || top_k > MOE_MAX_TOPK || dim <= 0 || !out || !y || !pair_of || !weights) return -1;
+    if (n == 0) return 0;
+    moe_unpermute_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(out, y, pair_of, weights, top_k, dim);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -1,0 +1,163 @@
+/*
+ * moe_route.cu - MoE routing on the device (Backend.moe_route of the CUDA
+ * backend; backend.h MoeRouteArgs): router logits [n, E] f32 -> top-k expert
+ * ids and weights, then the (token, k) pairs counting-sorted by expert
+ * (offsets, pair lists, the inverse permutation, the active experts). One
+ * launch up to MR_FUSED_MAX tokens, two above, sized by n only, so a decode
+ * step of a MoE model needs no host read and can be captured in a graph.
+ * Reference: cpu_moe_route (kernels/cpu/cpu_moe.c). The ids, offsets and pair
+ * lists are identical to it away from near ties (two experts whose p differ
+ * by about an ulp: the softmax's sum is a warp tree here, sequential there,
+ * and CUDA's expf is not glibc's); the weights agree within f32 rounding.
+ * Not here: the experts' matmuls (moe_gemm.cu).
+ */
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+
+#define MR_WARPS 4                           /* tokens per block, one warp each */
+#define MR_PER_LANE (MOE_MAX_EXPERTS / 32)   /* expert slots per lane: e = lane + 32 j */
+#define MP_THREADS MOE_MAX_EXPERTS           /* the permutation: one thread per expert */
+#define MP_CHUNK 2048                        /* ids staged in shared memory per pass */
+#define MR_FUSED_MAX 64                      /* up to this many tokens: one launch (decode) */
+
+/* One warp per token: softmax over the experts (max and sum as warp trees), then
+ * top_k rounds of a warp argmax over the untaken experts (p descending, ties to
+ * the lower id, as the CPU's strict > over ascending ids). Lane k keeps round k. */
+static __device__ __forceinline__ void topk_warp(const MoeRouteArgs &a, int t, int lane) {
+    int E = a.n_experts, K = a.top_k;
+    const float *l = a.logits + (size_t)t * E;
+    float v[MR_PER_LANE], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < MR_PER_LANE; j++) {
+        int e = lane + 32 * j;
+        v[j] = e < E ? l[e] : -INFINITY;
+        mx = fmaxf(mx, v[j]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < MR_PER_LANE; j++) {
+        int e = lane + 32 * j;
+        v[j] = e < E ? expf(v[j] - mx) : 0.f;
+        sum += v[j];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < MR_PER_LANE; j++) v[j] /= sum;
+    uint32_t taken = 0; /* bit j: expert lane + 32 j is chosen (or does not exist) */
+#pragma unroll
+    for (int j = 0; j < MR_PER_LANE; j++)
+        if (lane + 32 * j >= E) taken |= 1u << j;
+    float my_w = 0.f, wsum = 0.f;
+    int my_id = 0;
+    for (int k = 0; k < K; k++) {
+        float bv = -1.f, be = 1e9f; /* p >= 0: -1 loses to any expert left */
+#pragma unroll
+        for (int j = 0; j < MR_PER_LANE; j++)
+            if (!((taken >> j) & 1u) && v[j] > bv) {
+                bv = v[j];
+                be = (float)(lane + 32 * j); /* < 2^24: exact */
+            }
+        for (int off = 16; off > 0; off >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, off), oe = __shfl_xor_sync(0xffffffffu, be, off);
+            if (ov > bv || (ov == bv && oe < be)) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        int e = (int)be;
+        if ((e & 31) == lane) taken |= 1u << (e >> 5);
+        if (lane == k) {
+            my_w = bv;
+            my_id = e;
+        }
+        wsum += bv; /* in k order, as the CPU */
+    }
+    if (lane < K) {
+        a.ids[(size_t)t * K + lane] = my_id;
+        a.weights[(size_t)t * K + lane] = a.norm ? my_w / wsum : my_w;
+    }
+}
+
+__global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a) {
+    int t = blockIdx.x * MR_WARPS + (threadIdx.x >> 5);
+    if (t < a.n) topk_warp(a, t, threadIdx.x & 31); /* whole warps: no block barrier */
+}
+
+/* One block, thread e owns expert e: counts its pairs, the offsets are a scan
+ * (thread 0, in expert order), then it places its pairs walking the ids in
+ * (token, k) order, so tokens are ascending within an expert without atomics. */
+static __device__ __forceinline__ void perm_block(const MoeRouteArgs &a) {
+    __shared__ int32_t sid[MP_CHUNK];
+    __shared__ int32_t start[MOE_MAX_EXPERTS];
+    int e = threadIdx.x, E = a.n_experts, K = a.top_k, NK = a.n * K, cnt = 0;
+    for (int c0 = 0; c0 < NK; c0 += MP_CHUNK) {
+        int m = NK - c0 < MP_CHUNK ? NK - c0 : MP_CHUNK;
+        __syncthreads();
+        for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
+        __syncthreads();
+        if (e < E)
+            for (int i = 0; i < m; i++) cnt += sid[i] == e;
+    }
+    if (e < E) start[e] = cnt;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, na = 0;
+        for (int j = 0; j < E; j++) {
+            int c = start[j];
+            start[j] = s;
+            a.offsets[j] = s;
+            s += c;
+            if (c) a.active[na++] = j;
+        }
+        a.offsets[E] = s;
+        for (int j = na; j < E; j++) a.active[j] = -1;
+    }
+    __syncthreads();
+    int p = e < E ? start[e] : 0;
+    for (int c0 = 0; c0 < NK; c0 += MP_CHUNK) {
+        int m = NK - c0 < MP_CHUNK ? NK - c0 : MP_CHUNK;
+        __syncthreads();
+        for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
+        __syncthreads();
+        if (e < E)
+            for (int i = 0; i < m; i++)
+                if (sid[i] == e) {
+                    int g = c0 + i;
+                    a.pair_tok[p] = g / K;
+                    a.pair_w[p] = a.weights[g];
+                    a.pair_of[g] = p++;
+                }
+    }
+}
+
+__global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) { perm_block(a); }
+
+/* Small n (decode): both phases in one block, warps taking tokens in turn; the
+ * barrier makes the ids and weights written to global memory visible to the
+ * whole block before the permutation reads them. */
+__global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArgs a) {
+    for (int t = threadIdx.x >> 5; t < a.n; t += MP_THREADS / 32) topk_warp(a, t, threadIdx.x & 31);
+    __syncthreads();
+    perm_block(a);
+}
+
+extern "C" int cuda_moe_route(const MoeRouteArgs *a, void *stream) {
+    if (!a || a->n < 0 || a->n_experts < 1 || a->n_experts > MOE_MAX_EXPERTS || a->top_k < 1 ||
+        a->top_k > MOE_MAX_TOPK || a->top_k > a->n_experts || !a->logits || !a->ids || !a->weights ||
+        !a->offsets || !a->pair_tok || !a->pair_w || !a->pair_of || !a->active)
+        return -1;
+    if (a->n == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a->n <= MR_FUSED_MAX) {
+        moe_route_fused_kernel<<<1, MP_THREADS, 0, s>>>(*a);
+        CUDA_CHECK_LAUNCH();
+        return 0;
+    }
+    moe_topk_kernel<<<(a->n + MR_WARPS - 1) / MR_WARPS, MR_WARPS * 32, 0, s>>>(*a);
+    CUDA_CHECK_LAUNCH();
+    moe_perm_kernel<<<1, MP_THREADS, 0, s>>>(*a);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

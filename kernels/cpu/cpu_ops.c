@@ -754,12 +754,13 @@ AVX2_INLINE __m256 expf_avx2(__m256 x) {
     return _mm256_blendv_ps(y, _mm256_add_ps(x, x), nan);
 }
 
+/* Lanes [i, min(i + 16, n)): one loop, the tail masked. */
+AVX512_INLINE __mmask16 lanes16(int i, int n) { return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1); }
+
 AVX512 static void exp_shift_avx512(float *s, int n, float mx) {
     __m512 m = _mm512_set1_ps(mx);
-    int i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(s + i, expf_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + i), m)));
-    if (i < n) {
-        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = lanes16(i, n);
         _mm512_mask_storeu_ps(s + i, k, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
     }
 }
@@ -774,14 +775,8 @@ AVX2 static void exp_shift_avx2(float *s, int n, float mx) {
 AVX512 static void swiglu_avx512(float *out, const float *gate, const float *up, int n) {
     __m512 one = _mm512_set1_ps(1.0f);
     __m512i neg = _mm512_set1_epi32(INT32_MIN); /* -g: the sign flipped, as in C */
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = _mm512_loadu_ps(gate + i);
-        __m512 e = expf_avx512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), neg)));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
-    }
-    if (i < n) {
-        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = lanes16(i, n);
         __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
         __m512 e = expf_avx512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), neg)));
         _mm512_mask_storeu_ps(out + i, k,

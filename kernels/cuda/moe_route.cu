@@ -85,6 +85,14 @@ __global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a)
     if (t < a.n) topk_warp(a, t, threadIdx.x & 31); /* whole warps: no block barrier */
 }
 
+/* ids[c0, c0 + m) into shared sid by the whole block, barriers on both sides
+ * (the previous chunk's readers are done; this chunk is complete). */
+static __device__ __forceinline__ void stage_ids(int32_t *sid, const MoeRouteArgs &a, int c0, int m) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
+    __syncthreads();
+}
+
 /* One block, thread e owns expert e: counts its pairs, the offsets are a scan
  * (thread 0, in expert order), then it places its pairs walking the ids in
  * (token, k) order, so tokens are ascending within an expert without atomics. */
@@ -94,9 +102,7 @@ static __device__ __forceinline__ void perm_block(const MoeRouteArgs &a) {
     int e = threadIdx.x, E = a.n_experts, K = a.top_k, NK = a.n * K, cnt = 0;
     for (int c0 = 0; c0 < NK; c0 += MP_CHUNK) {
         int m = NK - c0 < MP_CHUNK ? NK - c0 : MP_CHUNK;
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
-        __syncthreads();
+        stage_ids(sid, a, c0, m);
         if (e < E)
             for (int i = 0; i < m; i++) cnt += sid[i] == e;
     }
@@ -118,9 +124,7 @@ static __device__ __forceinline__ void perm_block(const MoeRouteArgs &a) {
     int p = e < E ? start[e] : 0;
     for (int c0 = 0; c0 < NK; c0 += MP_CHUNK) {
         int m = NK - c0 < MP_CHUNK ? NK - c0 : MP_CHUNK;
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
-        __syncthreads();
+        stage_ids(sid, a, c0, m);
         if (e < E)
             for (int i = 0; i < m; i++)
                 if (sid[i] == e) {

@@ -92,21 +92,11 @@ static void bench_moe(void) {
     cur = arena;
     uint64_t seed = 5000;
     float ws = 0.02f;
-    m->embed = dvec(carve(&cur, V * H, seed++, 0, 0.05f));
-    m->final_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-    m->lm_head = wmat(V, H, carve(&cur, V * H, seed++, 0, ws));
-    m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
+    carve_model_ends(m, &cur, &seed, ws);
     WeightMat *ex = xcalloc((size_t)c->n_layers * 3 * E, sizeof(WeightMat));
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *w = &m->layers[l];
-        w->attn_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-        w->mlp_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-        w->q_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
-        w->k_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
-        w->q = wmat(qd, H, carve(&cur, qd * H, seed++, 0, ws));
-        w->k = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
-        w->v = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
-        w->o = wmat(H, qd, carve(&cur, H * qd, seed++, 0, ws));
+        carve_layer_attn(w, c, &cur, &seed, ws);
         w->router = wmat(E, H, carve(&cur, E * H, seed++, 0, ws));
         w->egate = ex + (size_t)l * 3 * E;
         w->eup = w->egate + E;

@@ -399,6 +399,31 @@ static uint16_t *carve(char **cur, size_t n, uint64_t seed, float mean, float sc
     return p;
 }
 
+/* The parts every bench model shares, carved in this order: embedding, final
+ * norm and lm_head (carve_model_ends), and per layer its two norms, QK norms
+ * and attention matrices (carve_layer_attn); the callers add the MLP or the
+ * experts after each layer's attention. */
+static void carve_model_ends(Model *m, char **cur, uint64_t *seed, float ws) {
+    const ModelConfig *c = &m->cfg;
+    size_t H = c->hidden, V = c->vocab;
+    m->embed = dvec(carve(cur, V * H, (*seed)++, 0, 0.05f));
+    m->final_norm = dvec(carve(cur, H, (*seed)++, 1, 0.1f));
+    m->lm_head = wmat(V, H, carve(cur, V * H, (*seed)++, 0, ws));
+    m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
+}
+
+static void carve_layer_attn(LayerWeights *w, const ModelConfig *c, char **cur, uint64_t *seed, float ws) {
+    size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    w->attn_norm = dvec(carve(cur, H, (*seed)++, 1, 0.1f));
+    w->mlp_norm = dvec(carve(cur, H, (*seed)++, 1, 0.1f));
+    w->q_norm = dvec(carve(cur, c->head_dim, (*seed)++, 1, 0.1f));
+    w->k_norm = dvec(carve(cur, c->head_dim, (*seed)++, 1, 0.1f));
+    w->q = wmat(qd, H, carve(cur, qd * H, (*seed)++, 0, ws));
+    w->k = wmat(kvd, H, carve(cur, kvd * H, (*seed)++, 0, ws));
+    w->v = wmat(kvd, H, carve(cur, kvd * H, (*seed)++, 0, ws));
+    w->o = wmat(H, qd, carve(cur, H * qd, (*seed)++, 0, ws));
+}
+
 #define BENCH_CTX 512
 #define BENCH_STEPS 16
 #define BENCH_MAX_CTX 1088
@@ -838,20 +863,10 @@ static void part_bench(void) {
     cur = arena;
     uint64_t seed = 100;
     float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
-    m->embed = dvec(carve(&cur, V * H, seed++, 0, 0.05f));
-    m->final_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-    m->lm_head = wmat(V, H, carve(&cur, V * H, seed++, 0, ws));
-    m->layers = xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
+    carve_model_ends(m, &cur, &seed, ws);
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *w = &m->layers[l];
-        w->attn_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-        w->mlp_norm = dvec(carve(&cur, H, seed++, 1, 0.1f));
-        w->q_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
-        w->k_norm = dvec(carve(&cur, c->head_dim, seed++, 1, 0.1f));
-        w->q = wmat(qd, H, carve(&cur, qd * H, seed++, 0, ws));
-        w->k = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
-        w->v = wmat(kvd, H, carve(&cur, kvd * H, seed++, 0, ws));
-        w->o = wmat(H, qd, carve(&cur, H * qd, seed++, 0, ws));
+        carve_layer_attn(w, c, &cur, &seed, ws);
         w->gate = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
         w->up = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
         w->down = wmat(H, I, carve(&cur, H * I, seed++, 0, ws));

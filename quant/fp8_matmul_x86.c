@@ -38,6 +38,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(QUANT_NO_SIMD)
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -60,11 +61,18 @@ A5_INL __m512 e4m3x16_512(const uint8_t *q) {
     return _mm512_mul_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(0x1p120f));
 }
 
+/* As e4m3x16_512 without the multiply: the value times 2^-120 (e = 0: an f32
+ * subnormal, which an FMA takes exactly with MXCSR's DAZ clear). */
+A5_INL __m512 e4m3x16_512_s(const uint8_t *q) {
+    __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(E4M3_KEEP)));
+}
+
 /* The last m < 16 bytes of a row, zero-padded (the reference pads with zeros). */
-A5_INL __m512 e4m3x16_512_tail(const uint8_t *q, int m) {
+A5_INL __m512 e4m3x16_512_tail(const uint8_t *q, int m, int scaled) {
     uint8_t b[16] = {0};
     memcpy(b, q, (size_t)m);
-    return e4m3x16_512(b);
+    return scaled ? e4m3x16_512_s(b) : e4m3x16_512(b);
 }
 
 /* The reference lane tree: l[i] = a[i] + a[i + 8], m[i] = l[i] + l[i + 4], (m0 + m2) + (m1 + m3). */
@@ -77,9 +85,22 @@ A5_INL float hsum16_512(__m512 a) {
 
 /* R rows from r0 x T tokens from t0 (R <= 8, T <= 3, R * T <= 12), the
  * weights decoded in place. pf: the next block of rows to prefetch (R / 4
- * lines a step) or NULL. */
+ * lines a step) or NULL.
+ *
+ * S (scaled, only with xs, where x is quant_act_fp8's xq: e4m3 values, 0 or
+ * 2^-9 <= |x| <= 448): the weights are decoded without their multiply by
+ * 2^120 (w' = w 2^-120) and x is taken times 2^112 instead (one multiply per
+ * x vector, shared by the R rows, where the decode had one per weight
+ * vector: a decode step is a fifth fewer vector ops). Every product is then
+ * x w 2^-8 and every partial sum p' = p 2^-8 exactly: rounding commutes with
+ * a power of two while nothing is subnormal, and every nonzero exact sum of
+ * products of e4m3 values is a multiple of 2^-18, so |p'| >= 2^-26 (and
+ * x 2^112 <= 448 2^112 < 2^121: no overflow). The group's scale is then
+ * applied as fma(p', sc 2^8, acc): p' sc 2^8 = p sc exactly, so acc gets the
+ * reference's bits; where sc 2^8 would overflow (|sc| >= 2^120, or sc not
+ * finite) it is fma(p' 2^8, sc, acc), p' 2^8 = p exactly. */
 A5_INL void tile512(const int R, const int T, float *out, const float *x, const float *xs, const QuantFp8 *w,
-                    int r0, int t0, const char *pf) {
+                    int r0, int t0, const char *pf, const int S) {
     int cols = w->cols, ng = quant_fp8_groups(cols);
     const uint8_t *q = w->q + (size_t)r0 * cols;
     const float *xt = x + (size_t)t0 * cols;
@@ -104,19 +125,21 @@ A5_INL void tile512(const int R, const int T, float *out, const float *x, const 
                 for (int i = 0; i < (R + 3) / 4; i++) _mm_prefetch(pf + (s * ((R + 3) / 4) + i) * 64, _MM_HINT_T0);
             }
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) wv[r] = e4m3x16_512(q + (size_t)r * cols + k);
+            for (int r = 0; r < R; r++) wv[r] = S ? e4m3x16_512_s(q + (size_t)r * cols + k) : e4m3x16_512(q + (size_t)r * cols + k);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) {
                 __m512 xv = _mm512_loadu_ps(xt + (size_t)t * cols + k);
+                if (S) xv = _mm512_mul_ps(xv, _mm512_set1_ps(0x1p112f));
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) p[r][t] = _mm512_fmadd_ps(xv, wv[r], p[r][t]);
             }
         }
         if (k < c1) { /* the row's last, partial step: zeros past the end, like the reference */
             __mmask16 m = (__mmask16)((1u << (c1 - k)) - 1);
-            for (int r = 0; r < R; r++) wv[r] = e4m3x16_512_tail(q + (size_t)r * cols + k, c1 - k);
+            for (int r = 0; r < R; r++) wv[r] = e4m3x16_512_tail(q + (size_t)r * cols + k, c1 - k, S);
             for (int t = 0; t < T; t++) {
                 __m512 xv = _mm512_maskz_loadu_ps(m, xt + (size_t)t * cols + k);
+                if (S) xv = _mm512_mul_ps(xv, _mm512_set1_ps(0x1p112f));
                 for (int r = 0; r < R; r++) p[r][t] = _mm512_fmadd_ps(xv, wv[r], p[r][t]);
             }
         }
@@ -127,7 +150,9 @@ A5_INL void tile512(const int R, const int T, float *out, const float *x, const 
             for (int t = 0; t < T; t++) {
                 float sc = srow[r][cb];
                 if (xs) sc *= xs[(size_t)(t0 + t) * ng + g];
-                acc[r][t] = _mm512_fmadd_ps(p[r][t], _mm512_set1_ps(sc), acc[r][t]);
+                if (!S) acc[r][t] = _mm512_fmadd_ps(p[r][t], _mm512_set1_ps(sc), acc[r][t]);
+                else if (fabsf(sc) < 0x1p120f) acc[r][t] = _mm512_fmadd_ps(p[r][t], _mm512_set1_ps(sc * 0x1p8f), acc[r][t]);
+                else acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(p[r][t], _mm512_set1_ps(0x1p8f)), _mm512_set1_ps(sc), acc[r][t]);
             }
     }
 #pragma GCC unroll 8
@@ -146,21 +171,27 @@ A5_FN void quant_fp8_rows_avx512(float *out, const float *x, const float *xs, co
                                  int re) {
     int r = rb, cols = w->cols;
 #define PF(R) ((const char *)(w->q + (size_t)(r + (R)) * cols))
+    if (n == 1 && xs) { /* decode with quantized activations: the scaled decode (tile512's S) */
+        for (; r + 8 <= re; r += 8) tile512(8, 1, out, x, xs, w, r, 0, PF(8), 1);
+        for (; r + 4 <= re; r += 4) tile512(4, 1, out, x, xs, w, r, 0, NULL, 1);
+        for (; r < re; r++) tile512(1, 1, out, x, xs, w, r, 0, NULL, 1);
+        return;
+    }
     if (n == 1) {
-        for (; r + 8 <= re; r += 8) tile512(8, 1, out, x, xs, w, r, 0, PF(8));
+        for (; r + 8 <= re; r += 8) tile512(8, 1, out, x, xs, w, r, 0, PF(8), 0);
     } else {
         for (; r + 4 <= re; r += 4) {
             int t = 0;
-            for (; t + 3 <= n; t += 3) tile512(4, 3, out, x, xs, w, r, t, t ? NULL : PF(4));
-            if (n - t == 2) tile512(4, 2, out, x, xs, w, r, t, t ? NULL : PF(4));
-            else if (n - t == 1) tile512(4, 1, out, x, xs, w, r, t, NULL);
+            for (; t + 3 <= n; t += 3) tile512(4, 3, out, x, xs, w, r, t, t ? NULL : PF(4), 0);
+            if (n - t == 2) tile512(4, 2, out, x, xs, w, r, t, t ? NULL : PF(4), 0);
+            else if (n - t == 1) tile512(4, 1, out, x, xs, w, r, t, NULL, 0);
         }
     }
 #undef PF
     for (; r + 4 <= re; r += 4)
-        for (int t = 0; t < n; t++) tile512(4, 1, out, x, xs, w, r, t, NULL);
+        for (int t = 0; t < n; t++) tile512(4, 1, out, x, xs, w, r, t, NULL, 0);
     for (; r < re; r++)
-        for (int t = 0; t < n; t++) tile512(1, 1, out, x, xs, w, r, t, NULL);
+        for (int t = 0; t < n; t++) tile512(1, 1, out, x, xs, w, r, t, NULL, 0);
 }
 
 /* ---------------- AVX2 ---------------- */

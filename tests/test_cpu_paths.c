@@ -252,6 +252,12 @@ static uint8_t rnd_e4m3(void) {
 }
 
 static int g_fp8_bad_path;
+/* 1: check_fp8_shape draws x on the e4m3 grid (what quant_act_fp8 hands the
+ * kernels with xs: +-0, subnormals down to 2^-9, 448) and scales from 2^-30 to
+ * 2^121, so the scaled decode's (fp8_matmul_x86.c, tile512's S) extremes are
+ * reached: p' at its smallest, sc 2^8 past FLT_MAX (its other branch) and
+ * products that overflow. */
+static int g_fp8_edges;
 
 /* One FP8 shape on path p: every output against ref_fp8, bit for bit, tasks of
  * `split` rows (as the backend splits), weight-only (xs NULL) or with xs. */
@@ -265,6 +271,13 @@ static void check_fp8_shape(QuantPath p, int rows, int cols, int n, QuantFp8Layo
     for (int i = 0; i < sr * sc; i++) sinv[i] = (rnd() + 1.5f) * 0.01f;
     for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = rnd() * (1 + (int)(i % 5) * 11);
     for (int i = 0; i < n * ng; i++) xs[i] = rnd() + 1.25f;
+    if (g_fp8_edges) {
+        static const float big[] = {0x1p100f, 0.015f, 0x1p99f, 3.0f};
+        static const float xsv[] = {0x1p21f, 1.25f, 0x1p-30f, 0x1p20f, 0x1.fffffep20f};
+        for (int i = 0; i < sr * sc; i++) sinv[i] = big[i % 4];
+        for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = quant_e4m3_to_f32(rnd_e4m3());
+        for (int i = 0; i < n * ng; i++) xs[i] = xsv[i % 5];
+    }
     int64_t wshape[2] = {rows, cols}, sshape[2] = {sr, sc};
     int sndim = lay == QUANT_FP8_PER_TENSOR ? 0 : lay == QUANT_FP8_PER_CHANNEL ? 1 : 2;
     Err e = {0};
@@ -362,8 +375,15 @@ static void check_fp8_paths(void) {
                 int rows = shapes[s][0], cols = shapes[s][1], n = ns[i];
                 if (cols > 4096 && n > 5) continue;
                 for (int lay = 0; lay < 3; lay++)
-                    check_fp8_shape(p, rows, cols, n, (QuantFp8Layout)lay, (int)((i + lay) & 1), lay == 1 ? 5 : 32);
+                    for (int with_xs = 0; with_xs < 2; with_xs++) /* decode (n = 1): both; else alternating */
+                        if (n == 1 || with_xs == (int)((i + lay) & 1))
+                            check_fp8_shape(p, rows, cols, n, (QuantFp8Layout)lay, with_xs, lay == 1 ? 5 : 32);
             }
+        g_fp8_edges = 1;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int n = 1; n <= 2; n++)
+                for (int lay = 0; lay < 3; lay++) check_fp8_shape(p, shapes[s][0], shapes[s][1], n, (QuantFp8Layout)lay, 1, 32);
+        g_fp8_edges = 0;
         check_act_fp8(p);
         printf("fp8 path %s: checked\n", quant_path_name(p));
         ran++;

@@ -185,7 +185,8 @@ void quant_act_nvfp4(float *xq, float *xg, const float *x, int n, int cols, floa
 
 /* ---- matmul kernels: out[t * rows + r] for t < n, row_begin <= r < row_end ---- */
 /* x [n, cols] f32; xs NULL: weight-only (x as is); xs [n, groups] from quant_act_fp8
- * (then x is its xq). */
+ * (then x is its xq: e4m3 values, which the AVX-512 decode step relies on for
+ * its bits, fp8_matmul_x86.c). */
 void quant_matmul_fp8_rows(float *out, const float *x, const float *xs, const QuantFp8 *w, int n,
                            int row_begin, int row_end);
 /* xg NULL: weight-only; xg [n] from quant_act_nvfp4 (then x is its xq). */

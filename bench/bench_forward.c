@@ -224,15 +224,7 @@ int main(int argc, char **argv) {
     float *logits = malloc(sizeof(float) * m->cfg.vocab);
     int32_t last = P - 1, zero = 0;
 
-    /* Warm-up, as llama-bench does before it times (a full prompt run, then a
-     * decode token): touches every weight page, and the runner's scratch and
-     * the KV blocks a P-token prefill writes, so the first timed prefill is not
-     * page faults. A server's steps run warm too: its scratch is reused. */
     Batch pre = {P, tok, pos, seq, 1, tables, 1, &last};
-    model_forward(r, kv, &pre, logits, &err);
-    Batch warm = {1, tok + P, pos + P, seq, 1, tables, 1, &zero};
-    if (D > 0) model_forward(r, kv, &warm, logits, &err);
-
     /* a run: a path and the activation dtype ("avx512+bf16": --dtype bfloat16) */
     enum { MAX_RUNS = 2 * CPU_PATH_COUNT };
     int paths[MAX_RUNS], acts[MAX_RUNS], np = 0, reps = argc > 6 ? atoi(argv[6]) : 5;
@@ -257,6 +249,16 @@ int main(int argc, char **argv) {
     }
     if (reps < 1) reps = 1;
     if (reps > 32) reps = 32;
+    /* Warm-up on the first run's path and activation dtype, as llama-bench
+     * does before it times (a full prompt run, then a decode token): touches
+     * every weight page, and the runner's scratch and the KV blocks a P-token
+     * prefill writes, so the first timed prefill is not page faults. A
+     * server's steps run warm too: its scratch is reused. */
+    cpu_ops_force_path((CpuPath)paths[0]);
+    runner_set_act_bf16(r, acts[0]);
+    model_forward(r, kv, &pre, logits, &err);
+    Batch warm = {1, tok + P, pos + P, seq, 1, tables, 1, &zero};
+    if (D > 0) model_forward(r, kv, &warm, logits, &err);
     double t_pre[MAX_RUNS][32], t_dec[MAX_RUNS][32];
     float *first[2] = {malloc(sizeof(float) * m->cfg.vocab), malloc(sizeof(float) * m->cfg.vocab)};
     int same = 1, have[2] = {0, 0};

@@ -507,6 +507,36 @@ static void check_exp_ops(CpuPath p) {
             bad_swiglu += memcmp(&w, &o[i], 4) != 0;
         }
     }
+    /* cpu_scale_max / cpu_scale (the softmax's scale, max and normalisation):
+     * the products' bits, and the scalar loop's maximum, NaNs skipped; with
+     * zeros of both signs as the largest value the maximum is a zero, either sign */
+    int bad_max = 0;
+    for (int n = 0; n <= N; n++) {
+        for (int i = 0; i < n; i++) in[i] = rnd() * (i % 3 == 0 ? 50.f : 3.f);
+        if (n > 6 && n % 3 == 0) in[n / 2] = NAN, in[n - 1] = INFINITY * (n % 2 ? 1 : -1);
+        if (n > 6 && n % 3 == 1)
+            for (int i = 0; i < n; i++) in[i] = i % 5 == 0 ? (i % 2 ? -0.0f : 0.0f) : -fabsf(in[i]) - 1.0f;
+        if (n > 6 && n % 3 == 2) for (int i = 0; i < n; i++) in[i] = i == n - 2 ? NAN : -INFINITY;
+        float c = n % 2 ? 0.088388f : 1.75f, mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            float v = in[i] * c;
+            if (v > mx) mx = v;
+        }
+        memcpy(s, in, sizeof(float) * (n ? n : 1));
+        float got = cpu_scale_max(s, n, c);
+        bad_max += !(got == mx || (isnan(got) && isnan(mx))) || (got == 0 && !(mx == 0));
+        for (int i = 0; i < n; i++) {
+            float v = in[i] * c;
+            bad_max += memcmp(&v, &s[i], 4) != 0;
+        }
+        memcpy(s, in, sizeof(float) * (n ? n : 1));
+        cpu_scale(s, n, 1.0f / 3.0f);
+        for (int i = 0; i < n; i++) {
+            float v = in[i] * (1.0f / 3.0f);
+            bad_max += memcmp(&v, &s[i], 4) != 0;
+        }
+    }
+    T_ASSERT(bad_max == 0, "path %s: cpu_scale_max / cpu_scale give the scalar results (%d differ)", cpu_ops_path_name(p), bad_max);
     T_ASSERT(bad_exp == 0, "path %s: cpu_exp_shift gives cpu_expf's bits (%d differ)", cpu_ops_path_name(p), bad_exp);
     T_ASSERT(bad_swiglu == 0, "path %s: cpu_swiglu gives the scalar bits (%d differ)", cpu_ops_path_name(p), bad_swiglu);
 }

@@ -133,6 +133,13 @@ void cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta, int llama3, f
  * cpu_exp_shift and cpu_swiglu run the same operations lane by lane, so
  * every path gives these bits. */
 float cpu_expf(float x);
+/* s[i] = s[i] * c for i < n; returns the largest s[i] (NaNs skipped; -inf if
+ * none): the softmax's scale and max. Which zero it returns when the largest
+ * value is a zero of both signs depends on the path; s[i] - mx, and so every
+ * exponential, does not. */
+float cpu_scale_max(float *s, int n, float c);
+/* s[i] = s[i] * c for i < n. */
+void cpu_scale(float *s, int n, float c);
 /* s[i] = cpu_expf(s[i] - mx) for i < n: the softmax's exponentials. */
 void cpu_exp_shift(float *s, int n, float mx);
 /* out[n] = (gate / (1 + cpu_expf(-gate))) * up, per element in that order */

@@ -362,17 +362,13 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
     }
     for (int t = t0; t < t1; t++)
         for (int g = g0; g < g1; g++) {
-            float *s = S(t, g), mx = -INFINITY;
+            float *s = S(t, g);
             int n = a->pos[t] + 1;
-            for (int i = 0; i < n; i++) {
-                s[i] = s[i] * a->scale;
-                if (s[i] > mx) mx = s[i];
-            }
+            float mx = cpu_scale_max(s, n, a->scale);
             float sum = 0.f;
             cpu_exp_shift(s, n, mx);
-            for (int i = 0; i < n; i++) sum += s[i];
-            float inv = 1.0f / sum;
-            for (int i = 0; i < n; i++) s[i] = s[i] * inv;
+            for (int i = 0; i < n; i++) sum += s[i]; /* in position order, on every path */
+            cpu_scale(s, n, 1.0f / sum);
             float *out = OUT(t, g);
             for (int d = 0; d < hd; d++) out[d] = 0.f;
         }

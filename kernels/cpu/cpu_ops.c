@@ -796,6 +796,75 @@ AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int
 }
 #endif
 
+#ifdef CPU_OPS_X86
+AVX512 static float scale_max_avx512(float *s, int n, float c) {
+    __m512 k = _mm512_set1_ps(c), m = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 l = lanes16(i, n);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(l, s + i), k);
+        _mm512_mask_storeu_ps(s + i, l, v);
+        m = _mm512_mask_max_ps(m, l, v, m); /* v > m ? v : m: a NaN lane keeps m */
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+AVX2 static float scale_max_avx2(float *s, int n, float c) {
+    __m256 k = _mm256_set1_ps(c), m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + i), k);
+        _mm256_storeu_ps(s + i, v);
+        m = _mm256_max_ps(v, m);
+    }
+    float b[8], mx = -INFINITY;
+    _mm256_storeu_ps(b, m);
+    for (int j = 0; j < 8; j++) mx = b[j] > mx ? b[j] : mx;
+    for (; i < n; i++) {
+        s[i] = s[i] * c;
+        if (s[i] > mx) mx = s[i];
+    }
+    return mx;
+}
+
+AVX512 static void scale_avx512(float *s, int n, float c) {
+    __m512 k = _mm512_set1_ps(c);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 l = lanes16(i, n);
+        _mm512_mask_storeu_ps(s + i, l, _mm512_mul_ps(_mm512_maskz_loadu_ps(l, s + i), k));
+    }
+}
+
+AVX2 static void scale_avx2(float *s, int n, float c) {
+    __m256 k = _mm256_set1_ps(c);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), k));
+    for (; i < n; i++) s[i] = s[i] * c;
+}
+#endif
+
+float cpu_scale_max(float *s, int n, float c) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) return g_path == CPU_PATH_AVX512 ? scale_max_avx512(s, n, c) : scale_max_avx2(s, n, c);
+#endif
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        s[i] = s[i] * c;
+        if (s[i] > mx) mx = s[i];
+    }
+    return mx;
+}
+
+void cpu_scale(float *s, int n, float c) {
+#ifdef CPU_OPS_X86
+    if (use_avx2()) {
+        if (g_path == CPU_PATH_AVX512) scale_avx512(s, n, c);
+        else scale_avx2(s, n, c);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) s[i] = s[i] * c;
+}
+
 void cpu_exp_shift(float *s, int n, float mx) {
 #ifdef CPU_OPS_X86
     if (use_avx2()) {

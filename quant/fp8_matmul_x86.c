@@ -55,18 +55,14 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 
 /* ---------------- AVX-512F ---------------- */
 
-A5_INL __m512 e4m3x16_512(const uint8_t *q) {
-    __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
-    v = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(E4M3_KEEP));
-    return _mm512_mul_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(0x1p120f));
-}
-
-/* As e4m3x16_512 without the multiply: the value times 2^-120 (e = 0: an f32
- * subnormal, which an FMA takes exactly with MXCSR's DAZ clear). */
+/* 16 e4m3 bytes as their values times 2^-120, before the multiply (e = 0: an
+ * f32 subnormal, which an FMA takes exactly with MXCSR's DAZ clear). */
 A5_INL __m512 e4m3x16_512_s(const uint8_t *q) {
     __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(E4M3_KEEP)));
 }
+
+A5_INL __m512 e4m3x16_512(const uint8_t *q) { return _mm512_mul_ps(e4m3x16_512_s(q), _mm512_set1_ps(0x1p120f)); }
 
 /* The last m < 16 bytes of a row, zero-padded (the reference pads with zeros). */
 A5_INL __m512 e4m3x16_512_tail(const uint8_t *q, int m, int scaled) {

@@ -14,22 +14,16 @@
 #ifndef SAMPLER_BENCH_MOE_H
 #define SAMPLER_BENCH_MOE_H
 
+/* Qwen3-30B-A3B shapes: the Qwen3 family's fields of qwen3_8b_config (heads of
+ * 128, vocab, RoPE, QK-norm), then what differs. */
 static void qwen3_30b_a3b_config(ModelConfig *c) {
-    memset(c, 0, sizeof *c);
+    qwen3_8b_config(c);
     c->arch = ARCH_QWEN3_MOE;
     snprintf(c->arch_name, sizeof c->arch_name, "Qwen3MoeForCausalLM (random, Qwen3-30B-A3B shapes)");
     c->hidden = 2048;
     c->n_layers = 48;
-    c->n_heads = 32;
     c->n_kv_heads = 4;
-    c->head_dim = 128;
     c->intermediate = 6144;
-    c->vocab = 151936;
-    c->max_pos = 40960;
-    c->rms_eps = 1e-6f;
-    c->rope_theta = 1e6f;
-    c->qk_norm = 1;
-    c->bos_id = -1;
     c->n_experts = 128;
     c->top_k = 8;
     c->moe_intermediate = 768;

@@ -96,6 +96,21 @@ FIXTURES = [
                   tie_word_embeddings=True, use_sliding_window=False)),
 ]
 
+# Long contexts (make_long_fixture): the same tiny Qwen3 shape at 8k and 32k tokens, where RoPE
+# angles reach 3e4 radians (an f32 angle keeps ~12 bits of fraction there, so the angle's
+# rounding rule matters) and attention sums over tens of thousands of positions. Logits are
+# recorded at LONG_ROWS evenly spaced positions plus the last LONG_DECODE, not at every position
+# (32k x 512 f32 would be 64 MB).
+LONG_ROWS = 32
+LONG_DECODE = 4
+LONG_CHUNK = 2048
+QWEN3_LONG = dict(name="qwen3_long", arch="Qwen3ForCausalLM", style="hub", seed=108,
+                  seq_lens=[8192, 32768],
+                  cfg=dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                           rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                           tie_word_embeddings=True, attention_bias=False))
+
 TINY_QWEN3 = dict(name="tiny-qwen3", arch="Qwen3ForCausalLM", style="hub", seed=107,
                   cfg=dict(vocab_size=151936, hidden_size=48, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -339,6 +354,71 @@ def make_fixture(fx):
     return info
 
 
+def long_positions(T):
+    """The recorded positions of a T-token sequence: the last of each of LONG_ROWS equal spans,
+    and the last LONG_DECODE positions (the test decodes those one token at a time)."""
+    step = T // LONG_ROWS
+    pos = {step * (k + 1) - 1 for k in range(LONG_ROWS)} | set(range(T - LONG_DECODE, T))
+    return sorted(pos)
+
+
+def make_long_fixture(fx):
+    """seq{i}.tokens I32 [T], seq{i}.positions I32 [P], seq{i}.logits F32 [P, vocab]: transformers
+    (float32, eager attention) prefilling the sequence in LONG_CHUNK-token chunks through its
+    DynamicCache (eager attention over the whole sequence at once would need T^2 floats per head),
+    the last LONG_DECODE tokens fed one at a time. The chunked rows are checked against a
+    one-token-at-a-time run of the same positions, as make_fixture checks prefill against decode."""
+    out_dir = os.path.join(FIX_DIR, fx["name"])
+    fx["cfg"].setdefault("bos_token_id", 1)
+    fx["cfg"].setdefault("eos_token_id", 2)
+    gen = save_model(fx, out_dir, {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
+    model = load_reference_model(out_dir, fx)
+    vocab = model.config.vocab_size
+    ref = {}
+    stds = []
+    worst = 0.0
+    for i, T in enumerate(fx["seq_lens"]):
+        ids = torch.randint(0, vocab, (T,), generator=gen, dtype=torch.int64)
+        pos = long_positions(T)
+        want = set(pos)
+        rows = {}
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            t = 0
+            while t < T - LONG_DECODE:
+                n = min(LONG_CHUNK, T - LONG_DECODE - t)
+                out = model(input_ids=ids[None, t:t + n], cache=cache, use_cache=True).logits[0].float()
+                for j in range(n):
+                    if t + j in want:
+                        rows[t + j] = out[j].clone()
+                t += n
+            # the tail once as a chunk (a cache copy), then one token at a time: the same rows
+            tail = transformers.DynamicCache(config=model.config)
+            for layer in range(model.config.num_hidden_layers):
+                k, v = cache.layers[layer].keys, cache.layers[layer].values
+                tail.update(k.clone(), v.clone(), layer)
+            chunk = model(input_ids=ids[None, T - LONG_DECODE:], cache=tail, use_cache=True).logits[0].float()
+            for j in range(LONG_DECODE):
+                p = T - LONG_DECODE + j
+                out = model(input_ids=ids[None, p:p + 1], cache=cache, use_cache=True).logits[0, -1].float()
+                rows[p] = out
+                worst = max(worst, (out - chunk[j]).abs().max().item())
+        assert cache.get_seq_length() == T
+        logits = torch.stack([rows[p] for p in pos])
+        stds.append(logits.std().item())
+        ref[f"seq{i}.tokens"] = ids.to(torch.int32).contiguous()
+        ref[f"seq{i}.positions"] = torch.tensor(pos, dtype=torch.int32)
+        ref[f"seq{i}.logits"] = logits.contiguous()
+    save_ref(ref, os.path.join(out_dir, "ref.safetensors"))
+    sizes = dir_bytes(out_dir)
+    total = sum(sizes.values())
+    assert total < 1_000_000, f"{fx['name']} is {total} bytes"
+    assert all(1.0 <= s <= 4.0 for s in stds), stds
+    print(f"{fx['name']}: max|chunk-decode| {worst:.3e}  logit std {min(stds):.2f}..{max(stds):.2f}"
+          f"  total {total} B  {sizes}")
+    return {"max_abs_chunk_minus_decode": worst, "logit_std": stds, "bytes": sizes, "total_bytes": total}
+
+
 def make_tiny_qwen3():
     fx = TINY_QWEN3
     out_dir = os.path.join(REPO, "models", fx["name"])
@@ -377,7 +457,7 @@ def main():
     ap.add_argument("--only", nargs="*", help="fixture names (tiny-qwen3 for the bundled model)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # fixed summation order: reruns reproduce the same bytes
-    names = [f["name"] for f in FIXTURES] + ["tiny-qwen3"]
+    names = [f["name"] for f in FIXTURES] + [QWEN3_LONG["name"], "tiny-qwen3"]
     todo = args.only or names
     for n in todo:
         if n not in names:
@@ -386,6 +466,8 @@ def main():
     for fx in FIXTURES:
         if fx["name"] in todo:
             make_fixture(fx)
+    if QWEN3_LONG["name"] in todo:
+        make_long_fixture(QWEN3_LONG)
     if "tiny-qwen3" in todo:
         make_tiny_qwen3()
     import safetensors

@@ -323,6 +323,7 @@ static void attn_run(const AttnArgs *a, float *scores, int max_ctx, int t0, int 
     int chunk = a->kv_dtype == KV_F32 ? bs : KV_CPU_CHUNK / hd;
     int nmax = 0;
     for (int t = t0; t < t1; t++) nmax = a->pos[t] + 1 > nmax ? a->pos[t] + 1 : nmax;
+    ASSERT(nmax <= max_ctx, "attention over %d positions, the scratch holds %d (max_ctx)", nmax, max_ctx);
     const float *qs[ATTN_TILE], *cs[ATTN_TILE]; /* the tile's (token, head) rows: (t1 - t0) * (g1 - g0) <= ATTN_TILE */
     float *ss[ATTN_TILE], *os[ATTN_TILE];
     /* BF16 caches: rows read in place and widened in registers where the path can (the same values),
@@ -427,6 +428,7 @@ static void attn_task_v0(void *p, int task, int thread) {
     int n = a->pos[t] + 1;
     float buf[KV_CPU_CHUNK];
     ASSERT(hd <= KV_CPU_CHUNK, "head_dim %d > %d", hd, KV_CPU_CHUNK);
+    ASSERT(n <= j->c->max_ctx, "attention over %d positions, the scratch holds %d (max_ctx)", n, j->c->max_ctx);
 #define ROW(i) (((size_t)bt[(i) / bs] * a->n_kv_heads + kvh) * bs + (i) % bs)
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) {

@@ -12,7 +12,9 @@
  *      the CPU backend: a prefill of each recorded sequence (> 8 tokens: the
  *      cuBLAS path with bf16 activations) and one-token decode steps (GEMV,
  *      f32 throughout). Bounds: see MAX_* below. The CPU side rounds matmul
- *      inputs to bf16 where the GPU does.
+ *      inputs to bf16 where the GPU does. Then the long-context fixture
+ *      (tests/fixtures/qwen3_long, 8k and 32k tokens in 2048-token chunks;
+ *      tests/long_context.h) with f32 and BF16 KV.
  *   3. bench: a Qwen3-8B-shaped model with random BF16 weights made directly
  *      in device memory; decode tok/s at batch 1, 32, 128 (context 512) and
  *      prefill tok/s (4 x 1024 tokens; f32 KV, and BF16 KV whose attention runs
@@ -52,6 +54,7 @@
 #include "safetensors.h"
 
 #include "op_checks.h"
+#include "../long_context.h"
 #include "lora_checks.h"
 #include "sampling_checks.h"
 #include "engine_devsample_check.h"
@@ -78,7 +81,7 @@
 /* ---- part 1: ops (the table of tests/gpu/op_checks.h) ---- */
 static void part_ops(void) {
     printf("== 1. ops: CUDA backend vs CPU reference ops ==\n");
-    bc = backend_cpu_create(0, 4096);
+    bc = backend_cpu_create(0, 32768); /* op_checks.h's long-context rows reach position 32767 */
     bg = backend_cuda_create_resident(0, 2048);
     op_checks_run(1);
     printf("   device sampler vs sampler_sample (tests/gpu/sampling_checks.h)\n");
@@ -273,6 +276,64 @@ static void run_fixture_kv(const char *dir, Precision prec, KvDtype kvt) {
 #include "bench_native.h"
 static void run_fixture(const char *dir, Precision prec) { run_fixture_kv(dir, prec, KV_F32); }
 
+/* The 8k and 32k sequences of tests/fixtures/qwen3_long (tests/long_context.h:
+ * chunked prefill of 2048-token steps, then 4 decode steps) on the GPU and on
+ * the CPU rounding matmul inputs as the GPU does. The decode rows read a KV
+ * cache the bf16-activation prefill wrote, so every row is in the bf16-act
+ * class: vs transformers (f32 KV only) MAX_*_BF16ACT, vs the CPU MAX_*_FLIP.
+ * BF16 KV puts the prefill's attention on the tensor cores (attention_mma.cu)
+ * 30k positions deep; f32 KV the CUDA-core kernel with its splits. */
+static void run_long_fixture(KvDtype kvt) {
+    Err err = {0};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    if (model_load(&m, LONG_DIR, &err) || safetensors_open(&ref, LONG_DIR "/ref.safetensors", &err)) {
+        printf("  FAIL %s: %s\n", LONG_DIR, err.msg);
+        n_fail++;
+        model_free(m);
+        return;
+    }
+    int V = m->cfg.vocab;
+    Backend *cpu = backend_cpu_create(0, LONG_MAX_T), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, LONG_MAX_T);
+    cpu_matmul_op = cpu->matmul;
+    cpu->matmul = matmul_bf16act;
+    Runner *rc = runner_create_with(m, cpu, LONG_CHUNK, LONG_MAX_T);
+    Runner *rg = runner_create_with(m, gb, LONG_CHUNK, LONG_MAX_T);
+    KVCache *kvc = kvcache_create_dtype(&m->cfg, LONG_KV_BLOCKS, LONG_BLOCK, kvt),
+            *kvg = runner_kvcache_create_dtype(rg, LONG_KV_BLOCKS, LONG_BLOCK, kvt);
+    for (int s = 0; s < 2; s++) {
+        LongSeq ls;
+        char label[96];
+        if (long_seq_get(ref, s, V, &ls)) {
+            printf("  FAIL %s seq%d: reference tensors missing or malformed\n", LONG_DIR, s);
+            n_fail++;
+            continue;
+        }
+        snprintf(label, sizeof label, "%s %dk kv %s", LONG_DIR, ls.T / 1024, kv_dtype_name(kvt));
+        float *oc = xmalloc(sizeof(float) * (size_t)ls.P * V), *og = xmalloc(sizeof(float) * (size_t)ls.P * V);
+        if (long_seq_run(rc, kvc, &ls, V, oc, &err) || long_seq_run(rg, kvg, &ls, V, og, &err)) {
+            printf("  FAIL %s: %s\n", label, err.msg);
+            n_fail++;
+        } else {
+            Cmp vs_ref = {0}, vs_cpu = {0};
+            logit_cmp(&vs_cpu, oc, og, ls.P, V);
+            bound(label, "vs cpu (bf16 act)", vs_cpu, MAX_ABS_FLIP, MAX_KL_FLIP);
+            if (kvt == KV_F32) {
+                logit_cmp(&vs_ref, ls.logits, og, ls.P, V);
+                bound(label, "vs transformers", vs_ref, MAX_ABS_BF16ACT, MAX_KL_BF16ACT);
+            }
+        }
+        free(oc);
+        free(og);
+    }
+    runner_kvcache_free(rg, kvg);
+    kvcache_free(kvc);
+    runner_free(rg);
+    runner_free(rc);
+    safetensors_free(ref);
+    model_free(m);
+}
+
 static void part_models(void) {
     printf("== 2. fixture models: GPU vs transformers and vs the CPU backend ==\n");
     const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe",
@@ -299,6 +360,9 @@ static void part_models(void) {
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_BF16);
     run_fixture_kv("tests/fixtures/qwen3_mha_sharded", PREC_BF16, KV_FP8);
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_FP8);
+    /* long contexts: 8k and 32k tokens (issue 18) */
+    run_long_fixture(KV_F32);
+    run_long_fixture(KV_BF16);
 }
 
 /* ---- part 3: benchmark ---- */

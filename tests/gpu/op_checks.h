@@ -998,6 +998,13 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 512, 300, 0, 0, 1023, 299, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {1, 16, 16, 64, 16, 0, 257, 0, 0, 0, 256, 0, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {4, 32, 8, 128, 16, -1, 1, 1, 1, 1, 0, 33, 517, 1023, KV_BF16}}, /* decode rows */
+    /* long contexts (issue 18): decode 32k positions deep on the split path, a prefill chunk at the
+     * end of 8k / 32k positions on the tensor cores */
+    {check_attention, OC_ALL, {1, 4, 1, 16, 16, 2, 1, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {1, 4, 2, 64, 16, 0, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_FP8}},
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 64, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
     /* n, kv heads, head_dim, block size, n_blocks, KV dtype */
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_F32}},
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_BF16}},

@@ -436,7 +436,8 @@ static void t_delta_fault(const char *dir, Precision prec) {
 }
 
 int main(void) {
-    bc = backend_cpu_create(1, 4096);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* line by line: the ctest log interleaves stderr's info lines */
+    bc = backend_cpu_create(1, 32768); /* op_checks.h's long-context rows reach position 32767 */
     bg = backend_cuda_create_resident(0, 2048);
     printf("== CUDA kernels on the CPU emulation vs the CPU reference ops (tests/gpu/op_checks.h) ==\n");
     /* EMU_SAMPLING_ONLY=1: the device sampler's checks alone (working on sampling.cu); =engine: and the engine's */

@@ -129,12 +129,15 @@ def moe(h, w, p, c):
     return out
 
 
-def forward(c, w, tokens):
+Q_CHUNK = 1024
+
+
+def forward(c, w, tokens, rows=None):
+    """float64 logits [T, vocab], or [len(rows), vocab] for the positions rows only."""
     T, nh, nkv, hd = len(tokens), c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     eps, arch = c["rms_norm_eps"], c["architectures"][0]
     inv, pos = inv_freq(c), np.arange(T, dtype=np.float64)
     x = w["model.embed_tokens.weight"][tokens]
-    mask = np.triu(np.full((T, T), -np.inf), 1)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
@@ -152,14 +155,18 @@ def forward(c, w, tokens):
         att = np.empty((T, nh, hd))
         for hh in range(nh):
             kh = hh // (nh // nkv)
-            s = q[:, hh] @ k[:, kh].T / math.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            att[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kh]
+            for q0 in range(0, T, Q_CHUNK):  # query rows in chunks: T x T scores would not fit at 32k
+                q1 = min(T, q0 + Q_CHUNK)
+                s = q[q0:q1, hh] @ k[:q1, kh].T / math.sqrt(hd) + np.triu(np.full((q1 - q0, q1), -np.inf), q0 + 1)
+                s = np.exp(s - s.max(-1, keepdims=True))
+                att[q0:q1, hh] = (s / s.sum(-1, keepdims=True)) @ v[:q1, kh]
         x = x + att.reshape(T, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
         sparse = (c["n_experts"] > 0 and i not in c.get("mlp_only_layers", [])
                   and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
         x = x + (moe(h, w, p + "mlp.", c) if sparse else mlp(h, w, p + "mlp."))
+    if rows is not None:
+        x = x[rows]
     x = rmsnorm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else w["lm_head.weight"]
     return x @ head.T
@@ -170,10 +177,12 @@ def check(d):
     worst = 0.0
     i = 0
     while f"seq{i}.tokens" in ref:
-        logits = forward(c, w, ref[f"seq{i}.tokens"].astype(np.int64))
-        line = f"{os.path.relpath(d, REPO)} seq{i} T={len(logits)}:"
-        for kind in ("prefill", "decode"):
-            key = f"seq{i}.{kind}_logits"
+        tokens = ref[f"seq{i}.tokens"].astype(np.int64)
+        rows = ref[f"seq{i}.positions"].astype(np.int64) if f"seq{i}.positions" in ref else None
+        logits = forward(c, w, tokens, rows)
+        line = f"{os.path.relpath(d, REPO)} seq{i} T={len(tokens)}:"
+        for kind in ("prefill", "decode", "long"):  # long: the positions of a long-context fixture
+            key = f"seq{i}.logits" if kind == "long" else f"seq{i}.{kind}_logits"
             if key in ref:
                 err = np.abs(logits - ref[key]).max()
                 worst = max(worst, err)

@@ -102,6 +102,18 @@ int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx
 #define CUDA_ATTN_MMA_TILE 64
 int cuda_attention_mma_fits(const AttnArgs *a);
 int cuda_attention_mma(const AttnArgs *a, void *stream);
+/* The same with each tile's positions split over n_splits blocks (long
+ * contexts: a chunk of a few tiles deep in a 32k context is otherwise a few
+ * blocks walking 32k positions each). Block z takes the 64-position KV tiles
+ * z, z + n_splits, ...; part: [n_splits, n_tokens * n_heads, head_dim + 2]
+ * (unnormalised acc..., max, sum) device scratch when n_splits > 1, merged by
+ * cuda_attention_merge. Any n_splits >= 1 gives the result (the split changes
+ * only the summation order); _mma_splits is the choice for a device of
+ * sm_count SMs and contexts up to max_ctx (1 when the tiles fill the GPU). */
+int cuda_attention_mma_split(const AttnArgs *a, float *part, int n_splits, void *stream);
+int cuda_attention_mma_splits(int n_tokens, int n_heads, int max_ctx, int sm_count);
+/* out[rows, hd] f32 = the merge of part [n_splits, rows, hd + 2] (flash-decoding's second kernel). */
+int cuda_attention_merge(float *out, const float *part, int rows, int hd, int n_splits, void *stream);
 /* cuda_attention (unsplit) of the tokens whose tile cuda_attention_mma does
  * not take; the others' output is left as it is. */
 int cuda_attention_untiled(const AttnArgs *a, void *stream);

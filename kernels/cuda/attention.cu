@@ -173,11 +173,14 @@ extern "C" int cuda_attention(const AttnArgs *a, float *part, int n_splits, void
     else if (a->kv_dtype == KV_BF16) attn_launch<KV_BF16>(J, grid, s, a, part, n_splits, 0);
     else attn_launch<KV_FP8>(J, grid, s, a, part, n_splits, 0);
     CUDA_CHECK_LAUNCH();
-    if (n_splits > 1) {
-        int rows = a->n_tokens * a->n_heads;
-        attn_merge_kernel<<<rows, 128, 0, s>>>(a->out, part, rows, hd, n_splits);
-        CUDA_CHECK_LAUNCH();
-    }
+    return n_splits > 1 ? cuda_attention_merge(a->out, part, a->n_tokens * a->n_heads, hd, n_splits, s) : 0;
+}
+
+extern "C" int cuda_attention_merge(float *out, const float *part, int rows, int hd, int n_splits, void *stream) {
+    if (!out || !part || rows < 0 || hd <= 0 || hd > CUDA_ATTN_MAX_HEAD_DIM || n_splits < 1) return -1;
+    if (rows == 0) return 0;
+    attn_merge_kernel<<<rows, 128, 0, (cudaStream_t)stream>>>(out, part, rows, hd, n_splits);
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 

@@ -20,9 +20,12 @@
  * GQA: query head h reads KV head h / (n_heads / n_kv_heads) (L2 shares it).
  *
  * K and V fragments come from shared memory through ldmatrix (V's transposed).
+ * Long contexts: with n_splits > 1 (cuda_attention_mma_split) block z of a
+ * tile takes the position tiles z, z + n_splits, ... and writes its rows'
+ * unnormalised state to part; attention.cu's merge kernel combines them.
  * Not here: f32 KV caches, head dims other than 64 / 128 and decode-shaped
  * batches (attention.cu; cuda_attention_mma_fits says which), cp.async
- * pipelining of the tile loads, splitting long contexts over blocks.
+ * pipelining of the tile loads.
  * Reference: the CPU attention of backend_cpu.c (f32, two-pass softmax).
  */
 #include <math.h>
@@ -37,6 +40,7 @@
 #define MMA_BQ CUDA_ATTN_MMA_TILE /* query rows per block, 16 per warp */
 #define MMA_BK 64               /* positions per shared tile */
 #define MMA_PAD 8               /* bf16 of padding per shared row (bank spread) */
+#define MMA_SPLIT_MIN 1024      /* fewest positions per split (cuda_attention_mma_splits) */
 
 /* D[16x8] f32 = A[16x16] bf16 (row) x B[16x8] bf16 (col) + D; the PTX ISA's
  * fragment layout (tests/gpu/emu/shim/cuda_runtime.h spells it out). */
@@ -100,9 +104,10 @@ static __device__ __forceinline__ uint4 kv_load8_bf16(const void *cache, size_t 
 }
 
 /* HDT = 4 * head_dim + DT (one template argument: the emulation's launch macro
- * splits on commas). Grid: (ceil(n_tokens / 64), n_heads); block: 128 threads. */
+ * splits on commas). Grid: (ceil(n_tokens / 64), n_heads, n_splits); block:
+ * 128 threads. part: see cuda_attention_mma_split (NULL when n_splits == 1). */
 template <int HDT>
-__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a, float *part, int n_splits) {
     constexpr int HD = HDT / 4, DT = HDT % 4, KS = HD / 16, ND = HD / 8, LD = HD + MMA_PAD;
     __shared__ __align__(16) uint16_t sk[MMA_BK * LD], sv[MMA_BK * LD]; /* [64, HD (+pad)] bf16 */
     __shared__ float s_ks[MMA_BK], s_vs[MMA_BK]; /* FP8: the tile's row scales */
@@ -135,7 +140,18 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
     __syncthreads();
     int runs = 1;
     for (int r = 1; r < nrows; r++) runs += s_seq[r] != s_seq[r - 1];
-    if (runs > ATTN_MMA_MAX_RUNS) return; /* block-uniform: cuda_attention_untiled's tokens */
+    if (runs > ATTN_MMA_MAX_RUNS) { /* block-uniform: cuda_attention_untiled's tokens */
+        /* split: an empty state (merged to a NaN that cuda_attention_untiled then overwrites), so
+         * the merge reads no unwritten scratch */
+        if (n_splits > 1 && threadIdx.x < nrows) {
+            float *p = part + ((size_t)blockIdx.z * a.n_tokens * a.n_heads + (size_t)(t0 + threadIdx.x) * a.n_heads + h) *
+                                  (HD + 2);
+            for (int d = 0; d < HD; d++) p[d] = 0.f;
+            p[HD] = -INFINITY;
+            p[HD + 1] = 0.f;
+        }
+        return;
+    }
     int p0 = s_pos[r0], p1 = s_pos[r1];
 
     for (int rs = 0; rs < nrows;) { /* one pass per contiguous run of one sequence (block-uniform) */
@@ -146,7 +162,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
         }
         bool in0 = r0 >= rs && r0 < re, in1 = r1 >= rs && r1 < re;
         const int32_t *bt = a.block_table + (size_t)sq * a.bt_stride;
-        for (int kv0 = 0; kv0 <= maxp; kv0 += MMA_BK) {
+        for (int kv0 = (int)blockIdx.z * MMA_BK; kv0 <= maxp; kv0 += MMA_BK * n_splits) {
             __syncthreads(); /* the previous tile's readers are done */
             for (int c = threadIdx.x; c < MMA_BK * HD / 8; c += MMA_WARPS * 32) {
                 int i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
@@ -245,6 +261,17 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a) {
     for (int i = 0; i < 2; i++) {
         int r = i ? r1 : r0;
         if (r >= nrows) continue;
+        if (n_splits > 1) { /* this split's state: acc unnormalised, max, sum (attention.cu's part layout) */
+            size_t row = (size_t)blockIdx.z * a.n_tokens * a.n_heads + (size_t)(t0 + r) * a.n_heads + h;
+            float *p = part + row * (HD + 2);
+#pragma unroll
+            for (int n = 0; n < ND; n++) *(float2 *)(p + 8 * n + 2 * tq) = float2{o[n][2 * i], o[n][2 * i + 1]};
+            if (tq == 0) {
+                p[HD] = m[i];
+                p[HD + 1] = l[i];
+            }
+            continue;
+        }
         float inv = 1.f / l[i];
         float *out = a.out + ((size_t)(t0 + r) * a.n_heads + h) * HD + 2 * tq;
 #pragma unroll
@@ -257,20 +284,35 @@ extern "C" int cuda_attention_mma_fits(const AttnArgs *a) {
            a->n_seqs > 0 && a->n_tokens >= CUDA_ATTN_MMA_MIN_Q * a->n_seqs;
 }
 
-extern "C" int cuda_attention_mma(const AttnArgs *a, void *stream) {
+extern "C" int cuda_attention_mma(const AttnArgs *a, void *stream) { return cuda_attention_mma_split(a, NULL, 1, stream); }
+
+extern "C" int cuda_attention_mma_splits(int n_tokens, int n_heads, int max_ctx, int sm_count) {
+    if (n_tokens <= 0 || n_heads <= 0 || sm_count <= 0) return 1;
+    long blocks = (long)(n_tokens + MMA_BQ - 1) / MMA_BQ * n_heads;
+    if (blocks >= sm_count) return 1;
+    /* each split at least MMA_SPLIT_MIN positions (the Q load and the merge amortised); two blocks per SM */
+    long s = (max_ctx + MMA_SPLIT_MIN - 1) / MMA_SPLIT_MIN, fill = (2L * sm_count + blocks - 1) / blocks;
+    if (fill < s) s = fill;
+    if (s > 32) s = 32;
+    return s < 1 ? 1 : (int)s;
+}
+
+extern "C" int cuda_attention_mma_split(const AttnArgs *a, float *part, int n_splits, void *stream) {
     if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
         (a->head_dim != 64 && a->head_dim != 128) || a->block_size <= 0 || a->bt_stride <= 0 || !a->out || !a->q ||
         !a->k_cache || !a->v_cache || !a->pos || !a->seq || !a->block_table ||
-        (a->kv_dtype != KV_BF16 && a->kv_dtype != KV_FP8) || (a->kv_dtype == KV_FP8 && (!a->k_scale || !a->v_scale)))
+        (a->kv_dtype != KV_BF16 && a->kv_dtype != KV_FP8) || (a->kv_dtype == KV_FP8 && (!a->k_scale || !a->v_scale)) ||
+        n_splits < 1 || n_splits > 65535 || (n_splits > 1 && !part))
         return -1;
     if (a->n_tokens == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 grid((unsigned)((a->n_tokens + MMA_BQ - 1) / MMA_BQ), (unsigned)a->n_heads);
-    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 64 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
-    else if (a->head_dim == 64) attn_mma_kernel<4 * 64 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
-    else if (a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 128 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
-    else attn_mma_kernel<4 * 128 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a);
+    dim3 grid((unsigned)((a->n_tokens + MMA_BQ - 1) / MMA_BQ), (unsigned)a->n_heads, (unsigned)n_splits);
+    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 64 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (a->head_dim == 64) attn_mma_kernel<4 * 64 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else if (a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 128 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    else attn_mma_kernel<4 * 128 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
     CUDA_CHECK_LAUNCH();
+    if (n_splits > 1 && cuda_attention_merge(a->out, part, a->n_tokens * a->n_heads, a->head_dim, n_splits, s)) return -1;
     if (a->n_seqs == 1) return 0; /* one sequence: every tile is one run */
     return cuda_attention_untiled(a, stream);
 }

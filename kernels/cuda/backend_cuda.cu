@@ -62,7 +62,7 @@ typedef struct CudaCtx {
     uint16_t *xbf;     /* [xbf_cap] bf16 GEMM activations */
     size_t xbf_cap;
     float *part;       /* attention split scratch */
-    size_t part_cap;   /* floats */
+    size_t part_cap;   /* bytes */
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
     size_t sc_dev_cap;
     uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
@@ -361,7 +361,11 @@ static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim,
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
     if (cuda_attention_mma_fits(a)) {
-        LAUNCH_OK(cuda_attention_mma(a, st(b)));
+        int ms = cuda_attention_mma_splits(a->n_tokens, a->n_heads, c->max_ctx, c->sms);
+        if (ms > 1)
+            scratch_grow(c, (void **)&c->part, &c->part_cap,
+                         sizeof(float) * (size_t)ms * a->n_tokens * a->n_heads * (a->head_dim + 2));
+        LAUNCH_OK(cuda_attention_mma_split(a, c->part, ms, st(b)));
         return;
     }
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
@@ -616,9 +620,11 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, BLAS_WORKSPACE));
     CUDA_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE));
     if (cuda_native_caps()) c->lt = cuda_lt_create();
-    /* Worst-case split scratch (splits only when the batch is under 2 blocks per SM). */
-    size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP;
-    c->part_cap = sizeof(float) * 64 * rows * (size_t)(head_dim + 2);
+    /* Worst-case split scratch. CUDA cores: splits (<= 64) only when the batch is under 2 blocks
+     * per SM (rows <= 2 sms GROUP). Tensor cores: only under 1 block (64 rows x a head) per SM,
+     * and splits x blocks <= 2 sms + blocks (cuda_attention_mma_splits), so splits x rows <= 64 x 3 sms. */
+    size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP, mma_rows = (size_t)64 * 3 * c->sms;
+    c->part_cap = sizeof(float) * (64 * rows > mma_rows ? 64 * rows : mma_rows) * (size_t)(head_dim + 2);
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
     Backend *b = (Backend *)xcalloc(1, sizeof *b);
     b->name = "cuda";

@@ -443,7 +443,8 @@ static void check_norm_rope(const int *a) {
  * backend (its own split choice; the tensor-core kernel where
  * cuda_attention_mma_fits, then in the attn_bf16 class); sms > 0: the launcher
  * with the splits a device of that many SMs gets (1: unsplit, large: prefill
- * tokens split); sms -1: the tensor-core launcher cuda_attention_mma. */
+ * tokens split); sms -1: the tensor-core launcher cuda_attention_mma; sms
+ * -k (k > 1): cuda_attention_mma_split with k splits. */
 static void check_attention(const int *a) {
     int n_seqs = a[0], nh = a[1], nkv = a[2], hd = a[3], bs = a[4], sms = a[5];
     KvDtype kvt = (KvDtype)a[14];
@@ -500,8 +501,12 @@ static void check_attention(const int *a) {
     d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
     int splits = 1, rc = 0, mma = sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d));
     float *part = NULL;
-    if (sms < 0) {
+    if (sms == -1) {
         rc = cuda_attention_mma(&d, NULL);
+    } else if (sms < 0) {
+        splits = -sms;
+        part = (float *)dev_poisoned(sizeof(float) * (size_t)splits * n * nh * (hd + 2));
+        rc = cuda_attention_mma_split(&d, part, splits, NULL);
     } else if (sms > 0) {
         splits = cuda_attention_splits(n, nh, nkv, max_pos + 1, sms);
         part = (float *)dev_poisoned(sizeof(float) * (size_t)splits * n * nh * (hd + 2));
@@ -515,7 +520,7 @@ static void check_attention(const int *a) {
     float *got = dev_result(d.out, N);
     char what[128];
     snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d %s%d kv %s%s", n_seqs,
-             n, max_pos, nh, nkv, hd, bs, mma ? "mma " : "splits ", mma ? sms : splits, kv_dtype_name(kvt),
+             n, max_pos, nh, nkv, hd, bs, mma ? "mma " : "splits ", mma && sms >= -1 ? sms : splits, kv_dtype_name(kvt),
              rc ? " LAUNCH REFUSED" : "");
     compare_op(what, mma ? TOL_ATTN_BF16 : TOL_F32, ref, got, N);
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
@@ -1002,9 +1007,17 @@ static const OpCheck OP_CHECKS[] = {
      * end of 8k / 32k positions on the tensor cores */
     {check_attention, OC_ALL, {1, 4, 1, 16, 16, 2, 1, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
     {check_attention, OC_ALL, {1, 4, 2, 64, 16, 0, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
+    /* the tensor-core kernel split over positions (sms -k: k splits): deep, short, two runs per tile,
+     * three runs (CUDA cores after the merge), FP8, more splits than position tiles */
+    {check_attention, OC_ALL, {1, 4, 2, 64, 16, -5, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {2, 4, 1, 128, 16, -3, 40, 33, 0, 0, 700, 32, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {3, 2, 1, 128, 4, -4, 30, 1, 1, 0, 45, 70, 3, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 8, 2, 64, 16, -2, 70, 0, 0, 0, 300, 0, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {1, 4, 1, 64, 16, -9, 17, 0, 0, 0, 100, 0, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_FP8}},
     {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 64, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_GPU, {1, 32, 8, 128, 16, -16, 64, 0, 0, 0, 32767, 0, 0, 0, KV_FP8}},
     /* n, kv heads, head_dim, block size, n_blocks, KV dtype */
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_F32}},
     {check_kv_write, OC_GPU, {64, 8, 128, 16, 8, KV_BF16}},

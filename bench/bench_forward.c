@@ -139,7 +139,7 @@ static int bench_kv(Model *m, int threads, int ctx, int D, int reps, const char 
     float *logits = malloc(sizeof(float) * c->vocab);
     Err err = {0};
     for (int d = 0; d < nd; d++) { /* warm: weights and this cache paged in */
-        Batch b = {1, tok + ctx, pos + ctx, seq, 1, tables, 1, &zero};
+        Batch b = {1, tok + ctx, pos + ctx, seq, 1, tables, 1, &zero, 0};
         if (model_forward(r, kv[d], &b, logits, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     }
     double t[KV_DTYPE_COUNT][32], tc[KV_DTYPE_COUNT][32];
@@ -148,7 +148,7 @@ static int bench_kv(Model *m, int threads, int ctx, int D, int reps, const char 
             int d = (k + rep) % nd;
             double t0 = now_s(), c0 = cpu_s();
             for (int i = 0; i < D; i++) {
-                Batch b = {1, tok + ctx + i, pos + ctx + i, seq, 1, tables, 1, &zero};
+                Batch b = {1, tok + ctx + i, pos + ctx + i, seq, 1, tables, 1, &zero, 0};
                 model_forward(r, kv[d], &b, logits, &err);
             }
             t[d][rep] = now_s() - t0;
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
     float *logits = malloc(sizeof(float) * m->cfg.vocab);
     int32_t last = P - 1, zero = 0;
 
-    Batch pre = {P, tok, pos, seq, 1, tables, 1, &last};
+    Batch pre = {P, tok, pos, seq, 1, tables, 1, &last, 0};
     /* a run: a path and the activation dtype ("avx512+bf16": --dtype bfloat16) */
     enum { MAX_RUNS = 2 * CPU_PATH_COUNT };
     int paths[MAX_RUNS], acts[MAX_RUNS], np = 0, reps = argc > 6 ? atoi(argv[6]) : 5;
@@ -257,7 +257,7 @@ int main(int argc, char **argv) {
     cpu_ops_force_path((CpuPath)paths[0]);
     runner_set_act_bf16(r, acts[0]);
     model_forward(r, kv, &pre, logits, &err);
-    Batch warm = {1, tok + P, pos + P, seq, 1, tables, 1, &zero};
+    Batch warm = {1, tok + P, pos + P, seq, 1, tables, 1, &zero, 0};
     if (D > 0) model_forward(r, kv, &warm, logits, &err);
     double t_pre[MAX_RUNS][32], t_dec[MAX_RUNS][32];
     float *first[2] = {malloc(sizeof(float) * m->cfg.vocab), malloc(sizeof(float) * m->cfg.vocab)};
@@ -272,7 +272,7 @@ int main(int argc, char **argv) {
             t_pre[pi][rep] = now_s() - t0;
             t0 = now_s();
             for (int i = 0; i < D; i++) {
-                Batch b = {1, tok + P + i, pos + P + i, seq, 1, tables, 1, &zero};
+                Batch b = {1, tok + P + i, pos + P + i, seq, 1, tables, 1, &zero, 0};
                 model_forward(r, kv, &b, logits, &err);
             }
             t_dec[pi][rep] = now_s() - t0;

@@ -110,7 +110,7 @@ static double decode_tps(Runner *r, KVCache *kv, int V, int B, int P, int steps,
     double t0 = now_s();
     for (int s = 0; s < steps; s++) {
         for (int i = 0; i < B; i++) { tok[i] = (i * 31 + s * 7) % 1000; pos[i] = P + s; seq[i] = i; rows[i] = i; }
-        Batch b = {B, tok, pos, seq, B, (const int32_t *const *)tables, B, rows};
+        Batch b = {B, tok, pos, seq, B, (const int32_t *const *)tables, B, rows, 0};
         if (model_forward(r, kv, &b, logits, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     }
     double t = now_s() - t0;
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
         int32_t *seq = malloc(sizeof(int32_t) * B * P), row = 0;
         for (int i = 0; i < B * P; i++) { tok[i] = (i * 7919) % 1000; pos[i] = i % P; seq[i] = i / P; }
         float *lg = malloc(sizeof(float) * (size_t)m->cfg.vocab);
-        Batch b = {B * P, tok, pos, seq, B, (const int32_t *const *)tables, 1, &row};
+        Batch b = {B * P, tok, pos, seq, B, (const int32_t *const *)tables, 1, &row, 0};
         if (model_forward(r, kv, &b, lg, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
         free(tok); free(pos); free(seq); free(lg);
     }

@@ -34,13 +34,13 @@ static float *run(Model *m, int T, int D, int threads, double *dec_tps) {
     const int32_t *tables[1] = {bt};
     float *logits = malloc(sizeof(float) * (size_t)T * m->cfg.vocab);
     Err err = {0};
-    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
     if (model_forward(r, kv, &b, logits, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     int32_t zero = 0;
     float *step = malloc(sizeof(float) * m->cfg.vocab);
     double t0 = now_s();
     for (int i = 0; i < D; i++) {
-        Batch d = {1, tok + T + i, pos + T + i, seq, 1, tables, 1, &zero};
+        Batch d = {1, tok + T + i, pos + T + i, seq, 1, tables, 1, &zero, 0};
         model_forward(r, kv, &d, step, &err);
     }
     *dec_tps = D / (now_s() - t0);

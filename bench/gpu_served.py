@@ -38,8 +38,10 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     server's own counters over the window from /metrics: generated tokens, steps, and
     the engine thread's step time by phase (sampler_step_*_seconds_total): host_share =
     1 - (forward + device_sample) / (step + control), the share of the engine thread's busy time spent
-    outside the backend's forward call and the device sampler's call (which on the GPU holds the launches, the device
-    work, the wait for it and the logits copy).
+    outside the backend's forward call and the device sampler's launch and wait (which on the GPU hold the
+    launches, the wait for the device and the logits copy); with async scheduling (the default on the GPU)
+    the host's share overlaps the device's next step, so it bounds the GPU's idle share from above;
+    async_steps counts the steps that overlapped.
 Clients: --workers processes (default: up to 4), each an asyncio loop over raw HTTP/1.1
 (bench/load.py's request()), so the client side is not what limits the rate.
 Exit status: 0 when every configuration run had no client error, 1 otherwise.
@@ -98,6 +100,7 @@ def metrics_delta(m0, m1):
     out = {"generated_tokens": m1.get(gen, 0) - m0.get(gen, 0),
            "steps": m1.get("sampler_engine_steps_total", 0) - m0.get("sampler_engine_steps_total", 0),
            "preemptions": m1.get("sampler_preemptions_total", 0) - m0.get("sampler_preemptions_total", 0),
+           "async_steps": m1.get("sampler_async_steps_total", 0) - m0.get("sampler_async_steps_total", 0),
            "step_seconds": d}
     busy = d["step"] + d["control"]
     out["host_share"] = 1.0 - (d["forward"] + d["device_sample"]) / busy if busy > 0 else None

@@ -74,7 +74,7 @@ static inline int long_seq_run(Runner *r, KVCache *kv, const LongSeq *ls, int vo
             pos[i] = t + i;
             while (k < ls->P && ls->positions[k] == t + i) { rows[n_out++] = i; k++; }
         }
-        Batch b = {n, ls->tokens + t, pos, seq, 1, tables, n_out, rows};
+        Batch b = {n, ls->tokens + t, pos, seq, 1, tables, n_out, rows, 0};
         rc = model_forward(r, kv, &b, out + (size_t)k0 * vocab, err);
         t += n;
     }

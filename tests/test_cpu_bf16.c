@@ -196,10 +196,10 @@ static float *forward_logits(const char *dir, int act_bf16, int *n_floats) {
         rows[i] = i;
     }
     float *lg = malloc(sizeof(float) * (size_t)(2 * P + 2) * V);
-    Batch b = {2 * P, tok, pos, seq, 2, tables, 2 * P, rows};
+    Batch b = {2 * P, tok, pos, seq, 2, tables, 2 * P, rows, 0};
     T_ASSERT(model_forward(r, kv, &b, lg, &err) == 0, "prefill %s: %s", dir, err.msg);
     int32_t t2[2] = {5, 9}, p2[2] = {P, P}, q2[2] = {0, 1}, r2[2] = {0, 1};
-    Batch d = {2, t2, p2, q2, 2, tables, 2, r2};
+    Batch d = {2, t2, p2, q2, 2, tables, 2, r2, 0};
     T_ASSERT(model_forward(r, kv, &d, lg + (size_t)(2 * P) * V, &err) == 0, "decode %s: %s", dir, err.msg);
     /* batch invariance across the backend's task shapes: the 74-token prefill splits its matmuls by
      * tokens too (PREFILL_TASK_MIN), the second sequence alone (37 tokens) by rows only */
@@ -208,7 +208,7 @@ static float *forward_logits(const char *dir, int act_bf16, int *n_floats) {
     const int32_t *tables2[1] = {bt2};
     int32_t zero[P];
     memset(zero, 0, sizeof zero);
-    Batch b2 = {P, tok + P, pos + P, zero, 1, tables2, P, rows};
+    Batch b2 = {P, tok + P, pos + P, zero, 1, tables2, P, rows, 0};
     T_ASSERT(model_forward(r, kv, &b2, alone, &err) == 0, "prefill alone %s: %s", dir, err.msg);
     T_ASSERT(!memcmp(alone, lg + (size_t)P * V, sizeof(float) * (size_t)P * V),
              "%s: a sequence's logits depend on the prefill it shares", dir);

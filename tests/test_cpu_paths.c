@@ -415,11 +415,11 @@ static float *forward_logits(const char *dir, const LoadOptions *lo, int *n_floa
         rows[i] = i;
     }
     float *lg = malloc(sizeof(float) * (size_t)(2 * P + 4) * V);
-    Batch b = {2 * P, tok, pos, seq, 2, tables, 2 * P, rows};
+    Batch b = {2 * P, tok, pos, seq, 2, tables, 2 * P, rows, 0};
     T_ASSERT(model_forward(r, kv, &b, lg, &err) == 0, "prefill %s: %s", dir, err.msg);
     for (int s = 0; s < 2; s++) {
         int32_t t2[2] = {s + 5, s + 9}, p2[2] = {P + s, P + s}, q2[2] = {0, 1}, r2[2] = {0, 1};
-        Batch d = {2, t2, p2, q2, 2, tables, 2, r2};
+        Batch d = {2, t2, p2, q2, 2, tables, 2, r2, 0};
         T_ASSERT(model_forward(r, kv, &d, lg + (size_t)(2 * P + 2 * s) * V, &err) == 0, "decode %s: %s", dir, err.msg);
     }
     *n_floats = (2 * P + 4) * V;

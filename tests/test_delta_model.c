@@ -30,7 +30,7 @@ static float *logits(Model *m) {
     KVCache *kv = kvcache_create(&m->cfg, 4, 16);
     const int32_t *tables[1] = {bt};
     float *out = xmalloc(sizeof(float) * T_TOK * (size_t)m->cfg.vocab);
-    Batch b = {T_TOK, tok, pos, seq, 1, tables, T_TOK, rows};
+    Batch b = {T_TOK, tok, pos, seq, 1, tables, T_TOK, rows, 0};
     Err err = {0};
     T_ASSERT(model_forward(r, kv, &b, out, &err) == 0, "forward: %s", err.msg);
     kvcache_free(kv);

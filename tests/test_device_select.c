@@ -35,7 +35,7 @@ static float *prefill(Runner *r, KVCache *kv, const SafeTensors *ref, int vocab,
     for (int i = 0; i < 32; i++) bt[i] = 31 - i;
     for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
     const int32_t *tables[1] = {bt};
-    Batch b = {T, (const int32_t *)tt->data, pos, seq, 1, tables, T, rows};
+    Batch b = {T, (const int32_t *)tt->data, pos, seq, 1, tables, T, rows, 0};
     float *out = malloc(sizeof(float) * (size_t)T * vocab);
     Err err = {0};
     T_ASSERT(model_forward(r, kv, &b, out, &err) == 0, "forward: %s", err.msg);

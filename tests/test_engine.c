@@ -110,7 +110,7 @@ static void ref_forward(Model *m, const int32_t *tok, int n, float *logits /* [n
     for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
     for (int i = 0; i < nb; i++) bt[i] = i;
     const int32_t *tables[1] = { bt };
-    Batch b = { n, tok, pos, seq, 1, tables, n, rows };
+    Batch b = { n, tok, pos, seq, 1, tables, n, rows, 0};
     Err err = { 0 };
     int rc = model_forward(r, kv, &b, logits, &err);
     T_ASSERT(rc == 0, "reference forward: %s", err.msg);
@@ -787,7 +787,7 @@ static void test_experts(void) {
     int32_t *cap = calloc((size_t)T * E, sizeof(int32_t));
     float *lg = malloc(m->cfg.vocab * sizeof(float));
     runner_set_expert_capture(rr, cap);
-    Batch b = { T, hist, pos, seq, 1, tables, 1, rows };
+    Batch b = { T, hist, pos, seq, 1, tables, 1, rows, 0};
     T_ASSERT(model_forward(rr, kv, &b, lg, &err) == 0, "%s", err.msg);
     T_ASSERT(np == 20 && memcmp(pe, cap, (size_t)20 * E * 4) == 0, "prompt experts (%d positions)", np);
     int bad = 0;

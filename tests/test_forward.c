@@ -140,7 +140,7 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode, KvDtype
         const int32_t *tables[1] = {bt};
         for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
         float *out = malloc(sizeof(float) * (size_t)T * V);
-        Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+        Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
         rc = model_forward(r, kv, &b, out, &err);
         T_ASSERT(rc == 0, "%s seq%d prefill: %s", dir, s, err.msg);
         compare(&pre, lp, out, T, V);
@@ -152,7 +152,7 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode, KvDtype
             float *o1 = malloc(sizeof(float) * V);
             for (int i = 0; i < T; i++) {
                 int32_t zero = 0;
-                Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero};
+                Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero, 0};
                 rc = model_forward(r, kv, &b1, o1, &err);
                 T_ASSERT(rc == 0, "%s seq%d decode %d: %s", dir, s, i, err.msg);
                 compare(&dec, (const float *)dt->data + (size_t)i * V, o1, 1, V);
@@ -175,7 +175,7 @@ static void run_fixture(const char *dir, int want_seqs, int want_decode, KvDtype
         for (int i = 0; i < T1; i++) { tok[k] = ((int32_t *)t1->data)[i]; pos[k] = i; seq[k] = 1; rows[k] = k; k++; }
         for (int i = 0; i < T0; i++) { tok[k] = ((int32_t *)t0->data)[i]; pos[k] = i; seq[k] = 0; rows[k] = k; k++; }
         float *out = malloc(sizeof(float) * (size_t)T * V);
-        Batch b = {T, tok, pos, seq, 2, tables, T, rows};
+        Batch b = {T, tok, pos, seq, 2, tables, T, rows, 0};
         rc = model_forward(r, kv, &b, out, &err);
         T_ASSERT(rc == 0, "%s batched: %s", dir, err.msg);
         identical = identical && memcmp(out, solo[1], sizeof(float) * (size_t)T1 * V) == 0 &&
@@ -220,15 +220,15 @@ static void check_copy_block(const char *dir, KvDtype kvt) {
     for (int i = 0; i < nb; i++) { ba[i] = 2 * i; bb[i] = 2 * i + 1; }
     const int32_t *ta[1] = {ba}, *tb[1] = {bb};
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
-    Batch pre = {T, tok, pos, seq, 1, ta, 1, &last};
+    Batch pre = {T, tok, pos, seq, 1, ta, 1, &last, 0};
     T_ASSERT(model_forward(r, kv, &pre, la, &err) == 0, "%s", err.msg);
     for (int i = 0; i < nb; i++) runner_kv_copy_block(r, kv, ba[i], bb[i]);
     int32_t zero = 0;
-    Batch da = {1, tok + T, pos + T, seq, 1, ta, 1, &zero}, db = {1, tok + T, pos + T, seq, 1, tb, 1, &zero};
+    Batch da = {1, tok + T, pos + T, seq, 1, ta, 1, &zero, 0}, db = {1, tok + T, pos + T, seq, 1, tb, 1, &zero, 0};
     T_ASSERT(model_forward(r, kv, &da, la, &err) == 0, "%s", err.msg);
     int32_t other[32];
     for (int i = 0; i < T; i++) other[i] = tok[T - 1 - i];
-    Batch clobber = {T, other, pos, seq, 1, ta, 1, &last};
+    Batch clobber = {T, other, pos, seq, 1, ta, 1, &last, 0};
     T_ASSERT(model_forward(r, kv, &clobber, lb, &err) == 0, "%s", err.msg);
     T_ASSERT(model_forward(r, kv, &db, lb, &err) == 0, "%s", err.msg);
     T_ASSERT(memcmp(la, lb, sizeof(float) * V) == 0, "%s kv %s: decode through copied blocks differs", dir,

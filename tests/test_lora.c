@@ -68,7 +68,7 @@ static int prefill(Runner *r, KVCache *kv, const int32_t *tok, int T, int slot, 
     for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; lt[i] = slot; }
     for (int i = 0; i < (T + BLOCK - 1) / BLOCK; i++) bt[i] = table_base + i;
     const int32_t *tables[1] = {bt};
-    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
     runner_set_lora_tokens(r, lt);
     Err err = {0};
     int rc = model_forward(r, kv, &b, out, &err);
@@ -150,7 +150,7 @@ static void parity_and_mix(const char *fixture) {
         }
         const int32_t *tables[3] = {bt[0], bt[1], bt[2]};
         float *out = malloc(sizeof(float) * (size_t)n * V);
-        Batch b = {n, tok, pos, seq, 3, tables, n, rows};
+        Batch b = {n, tok, pos, seq, 3, tables, n, rows, 0};
         runner_set_lora_tokens(r, lt);
         T_ASSERT(model_forward(r, kv, &b, out, &err) == 0, "mixed: %s", err.msg);
         int same = memcmp(out, solo[0][0], sizeof(float) * (size_t)Ts[0] * V) == 0 &&
@@ -161,7 +161,7 @@ static void parity_and_mix(const char *fixture) {
          * position (the K/V of the earlier positions are in the cache from the mixed prefill) */
         int32_t dtok[3], dpos[3], dseq[3] = {0, 1, 2}, drows[3] = {0, 1, 2}, dlt[3];
         for (int q = 0; q < 3; q++) { dtok[q] = st[q][Ts[q] - 1]; dpos[q] = Ts[q] - 1; dlt[q] = sl[q]; }
-        Batch d = {3, dtok, dpos, dseq, 3, tables, 3, drows};
+        Batch d = {3, dtok, dpos, dseq, 3, tables, 3, drows, 0};
         float dout[3 * 512 + 1];
         T_ASSERT(V <= 512, "vocab");
         runner_set_lora_tokens(r, dlt);

@@ -64,7 +64,7 @@ static float *prefill(Model *m, int T) {
     for (int i = 0; i < T; i++) { tok[i] = (i * 31 + 7) % m->cfg.vocab; pos[i] = i; rows[i] = i; }
     const int32_t *tables[1] = {bt};
     float *out = malloc(sizeof(float) * (size_t)T * m->cfg.vocab);
-    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
     Err err = {0};
     T_ASSERT(model_forward(r, kv, &b, out, &err) == 0, "%s", err.msg);
     kvcache_free(kv);

@@ -35,7 +35,7 @@ static float *run(Model *m, const int32_t *tok, int T) {
     for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
     const int32_t *tables[1] = {bt};
     float *out = malloc(sizeof(float) * (size_t)T * m->cfg.vocab);
-    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
     Err err = {0};
     int rc = model_forward(r, kv, &b, out, &err);
     T_ASSERT(rc == 0, "forward: %s", err.msg);

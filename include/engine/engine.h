@@ -45,6 +45,7 @@
 
 /* ---- configuration (flags; engine_create prints the values it uses) ---- */
 enum { ENGINE_DEVSAMPLE_AUTO = 0, ENGINE_DEVSAMPLE_ON = 1, ENGINE_DEVSAMPLE_OFF = 2 };
+enum { ENGINE_ASYNC_AUTO = 0, ENGINE_ASYNC_ON = 1, ENGINE_ASYNC_OFF = 2 };
 
 typedef struct EngineConfig {
     int max_running_seqs;   /* sequences in one step; default 64 */
@@ -70,6 +71,14 @@ typedef struct EngineConfig {
     int verbose;            /* 1: print the configuration at create (default 1) */
     int device_sampling;    /* ENGINE_DEVSAMPLE_*: sample on the device when the backend can (auto, the
                              * default), require it (on: start-up fails without), never (off) */
+    int async_scheduling;   /* ENGINE_ASYNC_* (vLLM's --async-scheduling): with device sampling, plan and
+                             * launch step t+1 before step t's tokens reach the host, its decode inputs
+                             * taken on the device from step t's sampling (auto, the default: whenever
+                             * the engine samples on the device; on: start-up fails without device
+                             * sampling; off: every step waits for its tokens). Steps whose rows need
+                             * step t's tokens on the host (penalties, bad words, grammars, prompt
+                             * log-probs, routed experts) wait for them first. The records are the
+                             * same either way (engine_step.c) */
     /* Test hook, NULL by default: sees (and may change) a token's kept set
      * [*n_kept] before it is stored, from the sampling threads. Lets a test
      * hand the publish check a mask that does not contain its token. */
@@ -116,10 +125,15 @@ typedef struct EngineBackend {
     /* Optional (NULL: every token is sampled on the host): sampling on the
      * device (sampling_device.h, dev_sample.h). forward is then also called
      * with logits == NULL, which leaves the step's logits [n_out, vocab] on the
-     * device; sample samples rows of them (0, or -1 with err: nothing sampled)
-     * and fetch_logits copies them to the host (the fallback). */
-    int (*sample)(void *ctx, int n_out, const struct DevSampleBatch *b, struct DevSampleOut *out,
-                  int32_t *const *masks, Err *err);
+     * device; sample_launch queues the sampling of rows of them into slot
+     * (< DEV_SAMPLE_SLOTS) and returns (0, or -1 with err: nothing launched),
+     * sample_wait blocks until that slot's results are on the host (*out,
+     * *packed: the backend's, valid until the slot's next launch), and
+     * fetch_logits copies the logits to the host (the fallback). A forward
+     * whose Batch.n_pending > 0 takes tokens < 0 from the last launch's rows
+     * on the device. */
+    int (*sample_launch)(void *ctx, int n_out, const struct DevSampleBatch *b, int slot, Err *err);
+    int (*sample_wait)(void *ctx, int slot, const struct DevSampleOut **out, const int32_t **packed, Err *err);
     void (*fetch_logits)(void *ctx, float *logits, int n_out);
 } EngineBackend;
 
@@ -226,6 +240,13 @@ int engine_mask_ids_bound(int vocab, const SamplingParams *sp);
  * never published (the engine fails the request instead). */
 int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
                      int *complement);
+/* Store a kept set packed elsewhere (the device sampler: dev_sample.h's
+ * dev_mask_form, the same rule): form, src [len] and n_kept checked to be the
+ * form and length that rule gives for n_kept, ascending distinct ids inside
+ * [0, vocab) (a bitmap: n_kept bits set, none past vocab), containing token,
+ * within cap; then copied to dst. Returns len, or -1 (dst untouched). */
+int engine_mask_store(int form, const int32_t *src, int len, int n_kept, int vocab, int32_t token, int32_t *dst,
+                      int cap);
 
 typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_GRAMMAR } FinishReason;
 /* "stop" "length" "abort" "grammar_dead_end" (NULL for NONE) */
@@ -419,7 +440,8 @@ typedef struct EngineStepTimes {
     double forward;  /* the backend's forward */
     double sample;   /* prompt log-probs / experts, forks, sampling rows (on the sampling threads); the
                       * host side of device sampling (building its rows, reading its results) */
-    double device;   /* device sampling's call (its kernels and the wait) or a fallback's logits copy */
+    double device;   /* device sampling's launch and the wait for its results, or a fallback's logits copy
+                      * (with async scheduling the wait overlaps the next step's device work) */
     double publish;  /* stops, timing, publishing records */
     double control;  /* between busy steps: commands, pause-wait check, gauges */
 } EngineStepTimes;
@@ -447,6 +469,7 @@ typedef struct EngineMetrics {
     EngineStepTimes step_times;  /* the engine thread's time by phase (above) */
     uint64_t device_sampled_tokens;   /* tokens sampled on the device (EngineBackend.sample) */
     uint64_t device_sampling_fallbacks; /* device steps whose rows went back to the host (over caps, an error) */
+    uint64_t async_steps;        /* steps launched while the previous step's tokens were still on the device */
 } EngineMetrics;
 
 void engine_metrics(Engine *e, EngineMetrics *out);

@@ -204,16 +204,24 @@ struct Backend {
     /* Optional (NULL: the engine samples on the host, sampling.c): sampling on
      * the device (dev_sample.h: the CPU sampler's semantics, the tie rule).
      * sample_reserve (start-up) sizes the scratch and the pinned staging for
-     * caps; 0, or -1 with err filled. sample: logits [n_logit_rows, vocab] f32
-     * in backend memory; batch (host) the rows, each naming its logit row, with
-     * their lists and bitsets; out [batch->n_rows] (host) the results; masks
-     * NULL or [n_rows] host pointers (NULL, or room for vocab int32) for the
-     * kept ids of the rows with DEV_SAMPLE_MASK. Synchronous. 0, or -1 with
-     * err filled (a batch over the reserved caps, a bad row, a device error):
-     * nothing was sampled, the caller samples those rows on the host. */
+     * caps; 0, or -1 with err filled.
+     * sample_launch queues the sampling of batch (host; copied, reusable on
+     * return) over logits [n_logit_rows, vocab] f32 in backend memory into
+     * slot (< DEV_SAMPLE_SLOTS, not launched since its last wait) and does not
+     * wait: 0, or -1 with err filled (over the caps, a bad row, a device
+     * error: nothing may be used, the caller samples those rows on the host).
+     * sample_wait waits for slot's launch only (ops queued after it go on):
+     * *out [n_rows] results, *packed the packed kept sets (row r's at
+     * r.mask_slot * DEV_MASK_WORDS(vocab), out[r].mask_len int32s of form
+     * out[r].mask_form), valid until slot's next launch; 0, or -1 with err.
+     * tokens_resolve queues, for the next ops, tokens[i] (backend int32 [n])
+     * < 0 -> the token of row -1 - tokens[i] of the last launch (n_src rows;
+     * every such index below n_src: the caller checks); 0, or -1. */
     int (*sample_reserve)(Backend *b, const DevSampleCaps *caps, struct Err *err);
-    int (*sample)(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
-                  DevSampleOut *out, int32_t *const *masks, struct Err *err);
+    int (*sample_launch)(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
+                         int slot, struct Err *err);
+    int (*sample_wait)(Backend *b, int slot, const DevSampleOut **out, const int32_t **packed, struct Err *err);
+    int (*tokens_resolve)(Backend *b, int32_t *tokens, int n, int n_src);
     void (*free)(Backend *b);
 };
 

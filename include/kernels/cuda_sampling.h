@@ -5,12 +5,15 @@
  * op Backend.sample (backend.h) is this over the backend's stream.
  *
  * A CudaSampler owns what a step needs, sized once by its DevSampleCaps: the
- * processed-logit scratch z [max_rows, vocab] f32 and the kept-id buffer
- * [max_rows, vocab] int32 on the device, a pinned host staging buffer for the
- * packed rows, lists and bitsets (one upload per call) and for the compact
- * results (one download per call), plus one download per row that asked for
- * its kept set (n_kept ids). Nothing is allocated per call.
- * Device memory: 8 * max_rows * vocab bytes + the staging (bounded by caps).
+ * processed-logit scratch z [max_rows, vocab] f32 and the packed kept sets
+ * [max_rows, W] int32 (W = DEV_MASK_WORDS(vocab)) on the device, and per
+ * launch slot (DEV_SAMPLE_SLOTS: a step's results are read while the next
+ * step's are produced) pinned host buffers for the packed rows, lists and
+ * bitsets (one upload per launch), the compact results and the packed sets
+ * (two downloads per launch). Nothing is allocated per call.
+ * Device memory: 4 * max_rows * (vocab + W) bytes + the staging; pinned host
+ * memory: DEV_SAMPLE_SLOTS * (staging + max_rows * (sizeof(DevSampleOut) + 4 W))
+ * (at 256 rows of 151,936 logits: 161 MiB device, ~11 MiB pinned + the lists).
  *
  * Not here: building the rows from SamplingParams (sampling_device.h), the
  * reference (sampling.c).
@@ -36,14 +39,27 @@ CudaSampler *cuda_sampler_create(const DevSampleCaps *caps, Err *err);
 void cuda_sampler_free(CudaSampler *s);
 const DevSampleCaps *cuda_sampler_caps(const CudaSampler *s);
 
-/* Sample b->n_rows rows of logits [n_logit_rows, vocab] f32 (device) on
- * stream: out [n_rows] (host) receives each row's result; masks (NULL, or
- * [n_rows] host pointers, each NULL or room for vocab ids) receives the kept
- * ids, ascending, of the rows with DEV_SAMPLE_MASK. Synchronises the stream
- * before it returns. Returns 0, or -1 with err filled: a shape or offset out
- * of range, a batch over the caps (nothing launched then), or a CUDA error. */
-int cuda_sampler_run(CudaSampler *s, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *b,
-                     DevSampleOut *out, int32_t *const *masks, void *stream, Err *err);
+/* Launch the sampling of b->n_rows rows of logits [n_logit_rows, vocab] f32
+ * (device) on stream, into slot (0 .. DEV_SAMPLE_SLOTS - 1, which must not be
+ * launched and not yet waited on): the batch is copied into the slot's pinned
+ * staging (b may be reused on return), the kernels and the downloads of the
+ * results and of the packed kept sets (rows with DEV_SAMPLE_MASK, in their
+ * mask_slot order) are queued, then the slot's event. Does not wait. Returns
+ * 0, or -1 with err filled: a shape, offset or mask slot out of range, a batch
+ * over the caps (nothing queued then), or a CUDA error. */
+int cuda_sampler_launch(CudaSampler *s, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *b,
+                        int slot, void *stream, Err *err);
+/* Wait for slot's launch (its event only: later work on the stream goes on):
+ * *out [n_rows] the results, *packed [n_masks, DEV_MASK_WORDS(vocab)] the
+ * packed sets (row r's at mask_slot, out[r].mask_len int32s of form
+ * out[r].mask_form), both pinned host memory valid until the slot's next
+ * launch. Returns 0, or -1 with err filled (a CUDA error, a result out of
+ * range: nothing of the launch may be used). */
+int cuda_sampler_wait(CudaSampler *s, int slot, const DevSampleOut **out, const int32_t **packed, Err *err);
+/* Queue on stream: every tokens[i] < 0 (device int32 [n]) becomes the token
+ * of row -1 - tokens[i] of the last launch, whose rows must be >= n_src >
+ * every such index (the caller checked its tokens against n_src). 0, or -1. */
+int cuda_sampler_resolve(CudaSampler *s, int32_t *tokens, int n, int n_src, void *stream);
 
 /* The device's counter RNG on the host (the same function as sampling_uniform,
  * for tests): a uniform double in [0, 1) from (seed, seq, pos). */

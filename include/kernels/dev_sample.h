@@ -43,8 +43,34 @@
 enum {
     DEV_SAMPLE_RAW = 1,   /* fill DevSampleOut.logprob_raw */
     DEV_SAMPLE_VALUE = 2, /* fill value and rank in `mode` */
-    DEV_SAMPLE_MASK = 4,  /* write the kept ids (ascending) and download them */
+    DEV_SAMPLE_MASK = 4,  /* pack the kept set (dev_mask_form) and download it */
 };
+
+/* The packed forms of a kept set, the rule every packer follows (the host's
+ * engine_mask_pack, the device's mask pack kernel), so a record is the same
+ * bits whichever side sampled it: the kept ids when 2 * n_kept <= vocab, else
+ * the ids NOT kept, unless that list is longer than the bitmap of
+ * DEV_MASK_WORDS(vocab) words (bit id & 31 of word id >> 5 = kept), then the
+ * bitmap. Ids ascending. A packed set never needs more than DEV_MASK_WORDS
+ * int32s. (engine.h's MASK_FORM_* are these values.) */
+enum { DEV_MASK_IDS = 0, DEV_MASK_COMPLEMENT = 1, DEV_MASK_BITMAP = 2 };
+#define DEV_MASK_WORDS(vocab) (((vocab) + 31) / 32)
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int dev_mask_form(int n_kept, int vocab, int *len) {
+    int comp = 2 * (int64_t)n_kept > vocab, l = comp ? vocab - n_kept : n_kept;
+    if (l > DEV_MASK_WORDS(vocab)) {
+        *len = DEV_MASK_WORDS(vocab);
+        return DEV_MASK_BITMAP;
+    }
+    *len = l;
+    return comp ? DEV_MASK_COMPLEMENT : DEV_MASK_IDS;
+}
+
+/* Launches in flight at once (Backend.sample_launch's slot): a step's results
+ * stay readable while the next step's are being produced. */
+#define DEV_SAMPLE_SLOTS 2
 
 /* One row's parameters (host, packed into the backend's pinned staging). The
  * lists and bitsets are slices of the DevSampleBatch arrays. */
@@ -65,11 +91,13 @@ typedef struct DevSampleRow {
     int32_t ban_off, n_ban;   /* ids whose processed logit is -inf (bad words, min_tokens) */
     int32_t allow_off;   /* word offset in bits of allowed_token_ids' bitset, or -1: every id */
     int32_t gram_off;    /* word offset in bits of the grammar's bitset, or -1: none (it also masks raw) */
+    int32_t mask_slot;   /* DEV_SAMPLE_MASK: its packed set's slot (0, 1, ... in row order), else -1 */
 } DevSampleRow;
 
 /* One step's rows and their lists (host memory, read during the op call). */
 typedef struct DevSampleBatch {
     int n_rows;
+    int n_masks;               /* rows with DEV_SAMPLE_MASK: their mask_slot are 0 .. n_masks - 1 */
     const DevSampleRow *rows;  /* [n_rows] */
     int n_bias;
     const int32_t *bias_ids;   /* [n_bias] */
@@ -91,6 +119,8 @@ typedef struct DevSampleOut {
     float logprob_raw;   /* NAN unless DEV_SAMPLE_RAW */
     float value;         /* NAN unless DEV_SAMPLE_VALUE */
     int32_t rank;        /* 0 unless DEV_SAMPLE_VALUE */
+    int32_t mask_form;   /* DEV_SAMPLE_MASK: DEV_MASK_* of the packed set (dev_mask_form of n_kept) */
+    int32_t mask_len;    /* DEV_SAMPLE_MASK: its int32s, in slot mask_slot of the packed sets */
     int32_t top_ids[DEV_SAMPLE_MAX_TOP_N];  /* [top_n] */
     float top_lp[DEV_SAMPLE_MAX_TOP_N];     /* [top_n] */
 } DevSampleOut;

@@ -159,13 +159,15 @@ void kvcache_free(KVCache *kv);
  * earlier tokens of this batch). */
 typedef struct Batch {
     int n_tokens;
-    const int32_t *tokens;       /* [n_tokens] */
+    const int32_t *tokens;       /* [n_tokens]; t < 0 (only with n_pending > 0): the token sampled in row -1 - t of
+                                    the last runner_sample_launch, still on the device (async scheduling) */
     const int32_t *pos;          /* [n_tokens] */
     const int32_t *seq;          /* [n_tokens] in [0, n_seqs) */
     int n_seqs;
     const int32_t *const *block_table; /* [n_seqs] -> [ceil((max pos + 1) / block_size)] block ids */
     int n_out;
     const int32_t *out_rows;     /* [n_out] token indices whose logits are wanted */
+    int n_pending;               /* rows of the last runner_sample_launch tokens may name (0: none) */
 } Batch;
 
 /* Per-runner scratch sized at load time for up to max_tokens tokens per step
@@ -202,16 +204,20 @@ void runner_free(Runner *r);
  * device backend logits may be NULL: the step's logits stay in device memory
  * for runner_sample / runner_fetch_logits (until the next forward). */
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err);
-/* Sampling on the device (Backend.sample, dev_sample.h) over the logits
- * [n_out, vocab] of the last model_forward. runner_sample_reserve (start-up)
- * sizes it; both return -1 with err when the backend cannot (a host backend,
- * no sample op, a batch over the caps, a device error). */
+/* Sampling on the device (Backend.sample_launch / sample_wait, dev_sample.h)
+ * over the logits [n_out, vocab] of the last model_forward, into one of
+ * DEV_SAMPLE_SLOTS slots: launch queues it and returns, wait blocks until
+ * that launch's results are on the host (out [n_rows], packed kept sets;
+ * valid until the slot's next launch). The next model_forward may name the
+ * last launch's tokens before its wait (Batch.n_pending). runner_sample_reserve
+ * (start-up) sizes it; all return -1 with err when the backend cannot (a host
+ * backend, no sample op, a batch over the caps, a device error). */
 struct DevSampleCaps;
 struct DevSampleBatch;
 struct DevSampleOut;
 int runner_sample_reserve(Runner *r, const struct DevSampleCaps *caps, Err *err);
-int runner_sample(Runner *r, int n_out, const struct DevSampleBatch *b, struct DevSampleOut *out,
-                  int32_t *const *masks, Err *err);
+int runner_sample_launch(Runner *r, int n_out, const struct DevSampleBatch *b, int slot, Err *err);
+int runner_sample_wait(Runner *r, int slot, const struct DevSampleOut **out, const int32_t **packed, Err *err);
 /* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
 void runner_fetch_logits(Runner *r, float *logits, int n_out);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */

@@ -549,11 +549,20 @@ static int cu_sample_reserve(Backend *b, const DevSampleCaps *caps, Err *err) {
     c->sampler = cuda_sampler_create(caps, err);
     return c->sampler ? 0 : -1;
 }
-static int cu_sample(Backend *b, const float *logits, int n_logit_rows, int vocab, const DevSampleBatch *batch,
-                     DevSampleOut *out, int32_t *const *masks, Err *err) {
+static int cu_sample_launch(Backend *b, const float *logits, int n_logit_rows, int vocab,
+                            const DevSampleBatch *batch, int slot, Err *err) {
     CudaCtx *c = ctx(b);
     if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
-    return cuda_sampler_run(c->sampler, logits, n_logit_rows, vocab, batch, out, masks, st(b), err) ? -1 : 0;
+    return cuda_sampler_launch(c->sampler, logits, n_logit_rows, vocab, batch, slot, st(b), err) ? -1 : 0;
+}
+static int cu_sample_wait(Backend *b, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
+    CudaCtx *c = ctx(b);
+    if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
+    return cuda_sampler_wait(c->sampler, slot, out, packed, err) ? -1 : 0;
+}
+static int cu_tokens_resolve(Backend *b, int32_t *tokens, int n, int n_src) {
+    CudaCtx *c = ctx(b);
+    return c->sampler ? cuda_sampler_resolve(c->sampler, tokens, n, n_src, st(b)) : -1;
 }
 
 static void cu_free(Backend *b) {
@@ -660,7 +669,9 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->graph_launch = cu_graph_launch;
     b->graph_free = cu_graph_free;
     b->sample_reserve = cu_sample_reserve;
-    b->sample = cu_sample;
+    b->sample_launch = cu_sample_launch;
+    b->sample_wait = cu_sample_wait;
+    b->tokens_resolve = cu_tokens_resolve;
     b->free = cu_free;
     return b;
 }

@@ -80,6 +80,12 @@ typedef struct SampDev {
     const uint64_t *bits;
 } SampDev;
 
+/* What mask_pack_kernel needs of a row besides z: its kept set's threshold. */
+typedef struct SampAux {
+    float thr;  /* kept = {z > -inf, z >= thr} unless greedy */
+    int greedy; /* kept = {token} */
+} SampAux;
+
 /* What the reported values of a row need (mode_value, as sampling.c). */
 typedef struct SampCtx {
     int greedy, token;
@@ -283,7 +289,7 @@ static __device__ int radix_select(const SelIn &s, int V, double target, uint32_
 
 /* ---- the kernel: one block per row ---- */
 __global__ void __launch_bounds__(SAMP_THREADS)
-sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskbuf, DevSampleOut *outs) {
+sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, DevSampleOut *outs) {
     __shared__ double shd[SAMP_THREADS];
     __shared__ long long shi[SAMP_THREADS], shi2[SAMP_THREADS];
     __shared__ float shf[SAMP_THREADS];
@@ -296,7 +302,6 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
     const DevSampleRow P = d.rows[row];
     const float *l = logits + (size_t)P.logit_row * V;
     float *z = zbuf + (size_t)row * V;
-    int32_t *mask = maskbuf + (size_t)row * V;
     const int greedy0 = P.temperature == 0.0f;
     const float T = greedy0 ? 1.0f : P.temperature;
     const int sparse = P.n_bias > 0 || P.n_pen > 0 || P.n_ban > 0 || P.allow_off >= 0 || P.gram_off >= 0;
@@ -365,11 +370,8 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
     c.z_log_s = 0;
     int n_kept = 1;
     float logprob = 0.0f;
-    const int want_mask = (P.flags & DEV_SAMPLE_MASK) != 0;
 
-    if (c.greedy) {
-        if (want_mask && t == 0) mask[0] = am;
-    } else {
+    if (!c.greedy) {
         /* 3. thresholds */
         float thr = -INFINITY;
         if (P.min_p > 0) {
@@ -434,14 +436,12 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
         const double S = s_scalar[0];
         n_kept = (int)shi2[0];
         double cum = shd[t];
-        long long mpos = shi[t];
         __syncthreads();
         const double u = samp_uniform(P.seed, (uint64_t)P.seq_index, (uint64_t)P.pos) * S;
         int tok = -1, last = -1;
         for (int i = lo; i < hi; i++) {
             float zi = z[i];
             if (!is_kept(zi, thr)) continue;
-            if (want_mask) mask[mpos++] = i;
             last = i;
             if (tok < 0) {
                 cum += (double)expf(zi - zmax);
@@ -562,18 +562,99 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, int32_t *maskb
                              : NAN;
         o->value = value;
         o->rank = rank;
+        o->mask_form = -1;
+        o->mask_len = 0;
+        aux[row].thr = c.thr;
+        aux[row].greedy = c.greedy;
     }
 }
 
-/* ---- the sampler object: scratch and staging sized once ---- */
+/* The kept set of each DEV_SAMPLE_MASK row packed by dev_mask_form's rule
+ * into its slot of packed [n_masks, DEV_MASK_WORDS(V)] int32 (the host
+ * reference: engine_mask_pack), from the processed logits z [n_rows, V] f32
+ * and each row's threshold (kept = {z > -inf, z >= thr}; greedy: {token});
+ * the id lists through a block-wide scan of per-thread contiguous chunks, so
+ * they come out ascending. One block per batch row; outs [n_rows] (their
+ * token and n_kept from sample_kernel) get the form and length. */
+static __global__ void __launch_bounds__(SAMP_THREADS)
+mask_pack_kernel(int V, const DevSampleRow *rows, const float *zbuf, const SampAux *aux, DevSampleOut *outs,
+                 int32_t *packed) {
+    __shared__ long long shi[SAMP_THREADS];
+    const int row = blockIdx.x, t = threadIdx.x, nt = blockDim.x, W = DEV_MASK_WORDS(V);
+    const DevSampleRow P = rows[row];
+    if (!(P.flags & DEV_SAMPLE_MASK) || P.mask_slot < 0) return;
+    const float *z = zbuf + (size_t)row * V;
+    const float thr = aux[row].thr;
+    const int greedy = aux[row].greedy, token = outs[row].token;
+    int len;
+    const int form = dev_mask_form(outs[row].n_kept, V, &len);
+    int32_t *dst = packed + (size_t)P.mask_slot * W;
+#define KEPT(i) (greedy ? (i) == token : is_kept(z[(i)], thr))
+    if (form == DEV_MASK_BITMAP) {
+        for (int w = t; w < W; w += nt) {
+            uint32_t bits = 0;
+            for (int b = 0; b < 32; b++) {
+                int i = w * 32 + b;
+                if (i < V && KEPT(i)) bits |= 1u << b;
+            }
+            dst[w] = (int32_t)bits;
+        }
+    } else {
+        const int want = form == DEV_MASK_IDS; /* list the kept ids, or the others */
+        const int C = (V + nt - 1) / nt, lo = t * C, hi = lo + C < V ? lo + C : V;
+        long long cnt = 0;
+        for (int i = lo; i < hi; i++) cnt += KEPT(i) == want;
+        shi[t] = cnt;
+        __syncthreads();
+        if (t == 0)
+            for (long long k = 0, run = 0; k < nt; k++) {
+                long long q = shi[k];
+                shi[k] = run;
+                run += q;
+            }
+        __syncthreads();
+        long long at = shi[t];
+        for (int i = lo; i < hi; i++)
+            if (KEPT(i) == want && at < len) dst[at++] = i;
+    }
+#undef KEPT
+    if (t == 0) {
+        outs[row].mask_form = form;
+        outs[row].mask_len = len;
+    }
+}
+
+/* tokens[i] < 0 names row -1 - tokens[i] of the last launch's results: its token. */
+static __global__ void resolve_kernel(int32_t *tokens, int n, const DevSampleOut *outs) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && tokens[i] < 0) tokens[i] = outs[-1 - tokens[i]].token;
+}
+
+/* ---- the sampler object: scratch and staging sized once ----
+ * Device buffers are single: the stream orders a launch's kernels and copies
+ * after the previous launch's, and the resolve of the next step's tokens
+ * (which reads out) before the next launch writes it. Host buffers are one
+ * per slot: the host writes slot s's batch while the previous launch (the
+ * other slot) may still wait for its upload, and reads slot s's results
+ * while the next launch's download may already be running. */
+typedef struct SampSlot {
+    uint8_t *stage_h;     /* [stage_bytes] pinned: the packed batch */
+    DevSampleOut *out_h;  /* [max_rows] pinned: the results */
+    int32_t *packed_h;    /* [max_rows, W] pinned: the packed kept sets */
+    cudaEvent_t done;     /* recorded after the downloads */
+    int n_rows, launched; /* the launch's rows; 1 between launch and wait */
+} SampSlot;
+
 struct CudaSampler {
     DevSampleCaps caps;
-    float *z;          /* [max_rows, vocab] f32 device */
-    int32_t *mask;     /* [max_rows, vocab] int32 device */
+    float *z;          /* [max_rows, vocab] f32 device: processed logits */
+    SampAux *aux;      /* [max_rows] device */
+    int32_t *packed;   /* [max_rows, W] int32 device, W = DEV_MASK_WORDS(vocab) */
     DevSampleOut *out; /* [max_rows] device */
-    uint8_t *stage_h;  /* [stage_bytes] pinned: the packed batch, then the results */
     uint8_t *stage_d;  /* [stage_bytes] device */
     size_t stage_bytes;
+    SampSlot slot[DEV_SAMPLE_SLOTS];
+    int last_rows;     /* rows of the last launch (resolve's bound) */
 };
 
 static size_t al8(size_t x) { return (x + 7) & ~(size_t)7; }
@@ -590,21 +671,28 @@ extern "C" CudaSampler *cuda_sampler_create(const DevSampleCaps *caps, Err *err)
     CudaSampler *s = (CudaSampler *)calloc(1, sizeof *s);
     if (!s) { ERR(err, 500, "device sampler: out of host memory"); return NULL; }
     s->caps = *caps;
-    size_t rv = (size_t)caps->max_rows * caps->vocab;
+    size_t rv = (size_t)caps->max_rows * caps->vocab, rw = (size_t)caps->max_rows * DEV_MASK_WORDS(caps->vocab);
     s->stage_bytes = stage_need(caps->max_rows, caps->max_list, caps->max_words);
     size_t out_b = sizeof(DevSampleOut) * (size_t)caps->max_rows;
-    if (out_b > s->stage_bytes) s->stage_bytes = out_b;
     int ok = cudaMalloc((void **)&s->z, sizeof(float) * rv) == cudaSuccess &&
-             cudaMalloc((void **)&s->mask, sizeof(int32_t) * rv) == cudaSuccess &&
+             cudaMalloc((void **)&s->aux, sizeof(SampAux) * (size_t)caps->max_rows) == cudaSuccess &&
+             cudaMalloc((void **)&s->packed, sizeof(int32_t) * rw) == cudaSuccess &&
              cudaMalloc((void **)&s->out, out_b) == cudaSuccess &&
-             cudaMalloc((void **)&s->stage_d, s->stage_bytes) == cudaSuccess &&
-             cudaMallocHost((void **)&s->stage_h, s->stage_bytes) == cudaSuccess;
+             cudaMalloc((void **)&s->stage_d, s->stage_bytes) == cudaSuccess;
+    for (int k = 0; ok && k < DEV_SAMPLE_SLOTS; k++) {
+        SampSlot *q = &s->slot[k];
+        ok = cudaMallocHost((void **)&q->stage_h, s->stage_bytes) == cudaSuccess &&
+             cudaMallocHost((void **)&q->out_h, out_b) == cudaSuccess &&
+             cudaMallocHost((void **)&q->packed_h, sizeof(int32_t) * rw) == cudaSuccess &&
+             cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming) == cudaSuccess;
+    }
     if (!ok) {
         (void)cudaGetLastError();
-        double mib = (8.0 * rv + (double)s->stage_bytes) / 1048576.0;
+        double dev = (4.0 * rv + 4.0 * rw + (double)s->stage_bytes) / 1048576.0,
+               pin = DEV_SAMPLE_SLOTS * ((double)s->stage_bytes + (double)out_b + 4.0 * rw) / 1048576.0;
         cuda_sampler_free(s);
-        ERR(err, 500, "device sampler: %.1f MiB of device scratch for %d rows of %d logits could not be allocated",
-            mib, caps->max_rows, caps->vocab);
+        ERR(err, 500, "device sampler: %.1f MiB of device scratch and %.1f MiB of pinned host memory for %d rows "
+            "of %d logits could not be allocated", dev, pin, caps->max_rows, caps->vocab);
         return NULL;
     }
     return s;
@@ -612,11 +700,16 @@ extern "C" CudaSampler *cuda_sampler_create(const DevSampleCaps *caps, Err *err)
 
 extern "C" void cuda_sampler_free(CudaSampler *s) {
     if (!s) return;
-    if (s->z) cudaFree(s->z);
-    if (s->mask) cudaFree(s->mask);
-    if (s->out) cudaFree(s->out);
-    if (s->stage_d) cudaFree(s->stage_d);
-    if (s->stage_h) cudaFreeHost(s->stage_h);
+    void *dev[] = {s->z, s->aux, s->packed, s->out, s->stage_d};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    for (int k = 0; k < DEV_SAMPLE_SLOTS; k++) {
+        SampSlot *q = &s->slot[k];
+        if (q->done) cudaEventDestroy(q->done);
+        if (q->stage_h) cudaFreeHost(q->stage_h);
+        if (q->out_h) cudaFreeHost(q->out_h);
+        if (q->packed_h) cudaFreeHost(q->packed_h);
+    }
     free(s);
 }
 
@@ -656,17 +749,30 @@ static int batch_check(const CudaSampler *s, int n_logit_rows, int V, const DevS
     return 0;
 }
 
-extern "C" int cuda_sampler_run(CudaSampler *s, const float *logits, int n_logit_rows, int vocab,
-                                const DevSampleBatch *b, DevSampleOut *out, int32_t *const *masks, void *stream,
-                                Err *err) {
-    if (!s || !b || !out || (b->n_rows > 0 && (!logits || !b->rows)))
+extern "C" int cuda_sampler_launch(CudaSampler *s, const float *logits, int n_logit_rows, int vocab,
+                                   const DevSampleBatch *b, int slot, void *stream, Err *err) {
+    if (!s || !b || (b->n_rows > 0 && (!logits || !b->rows)) || slot < 0 || slot >= DEV_SAMPLE_SLOTS)
         return ERR(err, 500, "device sampler: missing argument");
+    SampSlot *q = &s->slot[slot];
+    if (q->launched) return ERR(err, 500, "device sampler: slot %d launched twice without a wait", slot);
     int rc = batch_check(s, n_logit_rows, vocab, b, err);
     if (rc) return rc;
-    if (b->n_rows == 0) return 0;
+    int n_masks = 0;
+    for (int r = 0; r < b->n_rows; r++) {
+        int m = b->rows[r].mask_slot, want = (b->rows[r].flags & DEV_SAMPLE_MASK) != 0;
+        if (want != (m >= 0) || (want && m != n_masks))
+            return ERR(err, 500, "device sampler: row %d has mask slot %d (want %d)", r, m, want ? n_masks : -1);
+        n_masks += want;
+    }
+    if (n_masks != b->n_masks) return ERR(err, 500, "device sampler: %d mask rows, the batch says %d", n_masks, b->n_masks);
+    q->n_rows = b->n_rows;
+    if (b->n_rows == 0) { /* nothing to run: waiting on it returns at once */
+        q->launched = 1;
+        return 0;
+    }
     cudaStream_t st = (cudaStream_t)stream;
     /* pack: rows, bias ids, bias values, penalty ids, counts, bans, bitsets */
-    uint8_t *h = s->stage_h;
+    uint8_t *h = q->stage_h;
     size_t off = 0;
     SampDev dv;
 #define PACK(field, type, src, n)                                                    \
@@ -685,22 +791,44 @@ extern "C" int cuda_sampler_run(CudaSampler *s, const float *logits, int n_logit
     PACK(bits, uint64_t, b->bits, b->n_words);
 #undef PACK
     CUDA_TRY(err, cudaMemcpyAsync(s->stage_d, h, off, cudaMemcpyHostToDevice, st));
-    sample_kernel<<<b->n_rows, SAMP_THREADS, 0, st>>>(logits, vocab, dv, s->z, s->mask, s->out);
+    sample_kernel<<<b->n_rows, SAMP_THREADS, 0, st>>>(logits, vocab, dv, s->z, s->aux, s->out);
     CUDA_TRY_LAUNCH(err);
-    /* the results through the pinned staging (the packed batch is consumed once the kernel ran) */
-    size_t ob = sizeof(DevSampleOut) * (size_t)b->n_rows;
-    CUDA_TRY(err, cudaMemcpyAsync(h, s->out, ob, cudaMemcpyDeviceToHost, st));
-    CUDA_TRY(err, cudaStreamSynchronize(st));
-    memcpy(out, h, ob);
-    int any = 0;
-    for (int r = 0; r < b->n_rows; r++) {
-        if (!(b->rows[r].flags & DEV_SAMPLE_MASK) || !masks || !masks[r]) continue;
-        if (out[r].n_kept < 1 || out[r].n_kept > vocab)
-            return ERR(err, 500, "device sampler: row %d reported %d kept ids", r, out[r].n_kept);
-        CUDA_TRY(err, cudaMemcpyAsync(masks[r], s->mask + (size_t)r * vocab, sizeof(int32_t) * (size_t)out[r].n_kept,
-                                      cudaMemcpyDeviceToHost, st));
-        any = 1;
+    if (n_masks) {
+        mask_pack_kernel<<<b->n_rows, SAMP_THREADS, 0, st>>>(vocab, dv.rows, s->z, s->aux, s->out, s->packed);
+        CUDA_TRY_LAUNCH(err);
     }
-    if (any) CUDA_TRY(err, cudaStreamSynchronize(st));
+    /* the compact results into this slot's pinned buffers, then the slot's event */
+    CUDA_TRY(err, cudaMemcpyAsync(q->out_h, s->out, sizeof(DevSampleOut) * (size_t)b->n_rows, cudaMemcpyDeviceToHost, st));
+    if (n_masks)
+        CUDA_TRY(err, cudaMemcpyAsync(q->packed_h, s->packed, sizeof(int32_t) * (size_t)n_masks * DEV_MASK_WORDS(vocab),
+                                      cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(err, cudaEventRecord(q->done, st));
+    q->launched = 1;
+    s->last_rows = b->n_rows;
     return 0;
+}
+
+extern "C" int cuda_sampler_wait(CudaSampler *s, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
+    if (!s || slot < 0 || slot >= DEV_SAMPLE_SLOTS) return ERR(err, 500, "device sampler: missing argument");
+    SampSlot *q = &s->slot[slot];
+    if (!q->launched) return ERR(err, 500, "device sampler: slot %d waited on without a launch", slot);
+    q->launched = 0;
+    if (q->n_rows > 0) CUDA_TRY(err, cudaEventSynchronize(q->done));
+    const int V = s->caps.vocab, W = DEV_MASK_WORDS(V);
+    for (int r = 0; r < q->n_rows; r++) { /* what the host will index with */
+        const DevSampleOut *o = &q->out_h[r];
+        if (o->token < 0 || o->token >= V || o->n_kept < 1 || o->n_kept > V || o->mask_len < 0 || o->mask_len > W)
+            return ERR(err, 500, "device sampler: row %d reported token %d, %d kept, a packed set of %d", r, o->token,
+                       o->n_kept, o->mask_len);
+    }
+    *out = q->out_h;
+    *packed = q->packed_h;
+    return 0;
+}
+
+extern "C" int cuda_sampler_resolve(CudaSampler *s, int32_t *tokens, int n, int n_src, void *stream) {
+    if (!s || n < 0 || n_src < 1 || n_src > s->last_rows) return -1;
+    if (n == 0) return 0;
+    resolve_kernel<<<(n + 255) / 256, 256, 0, (cudaStream_t)stream>>>(tokens, n, s->out);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }

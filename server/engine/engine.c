@@ -109,6 +109,7 @@ static void update_gauges(Engine *e) {
 
 /* Something to compute (engine-thread state). */
 static int has_work(const Engine *e) {
+    if (e->steps[!e->cur].live) return 1; /* a step in flight ends at the next engine_step */
     return !e->paused && (e->sch->n_running > 0 || (e->sch->n_waiting > 0 && e->sch->admit));
 }
 
@@ -124,16 +125,17 @@ static void *engine_main(void *arg) {
         int stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        double t_a = engine_now_s();
-        engine_apply_commands(e);
-        double t_b = engine_now_s();
+        double t_a = engine_now_s(), d_a = e->drained;
+        engine_apply_commands(e); /* drains a step in flight before a pause or an exclusive command */
+        if (e->paused) engine_step_drain(e);
+        double t_b = engine_now_s(), d_b = e->drained;
         idle = e->paused || !engine_step(e);
         double t_c = engine_now_s();
         engine_check_pause_wait(e);
         update_gauges(e);
-        /* the host time between two busy steps; published by the next
-         * update_gauges (one iteration late, which a total does not mind) */
-        if (!idle) e->st.control += (t_b - t_a) + (engine_now_s() - t_c);
+        /* the host time between two busy steps (less the drains, which are step time);
+         * published by the next update_gauges (one iteration late, which a total does not mind) */
+        if (!idle) e->st.control += (t_b - t_a) - (d_b - d_a) + (engine_now_s() - t_c);
     }
     /* shutting down: queued commands complete, everything left finishes with FINISH_ABORT */
     engine_drain_commands(e);
@@ -223,7 +225,7 @@ static void engine_start(Engine *e) {
         e->mask_bufs[i] = xmalloc((size_t)e->mc.vocab * sizeof(int32_t));
         e->grammar_bits[i] = xmalloc((size_t)(e->mc.vocab + 63) / 64 * sizeof(uint64_t));
     }
-    e->jobs = xcalloc(c->max_running_seqs, sizeof(SampleJob));
+    for (int k = 0; k < 2; k++) e->steps[k].jobs = xcalloc(c->max_running_seqs, sizeof(SampleJob));
     e->rows_cap = c->max_running_seqs + c->max_prompt_logprob_rows;
     e->logits = xmalloc((size_t)e->rows_cap * e->mc.vocab * sizeof(float));
     if (e->E) e->experts_buf = xcalloc((size_t)c->max_batched_tokens * e->E, sizeof(int32_t));
@@ -250,10 +252,15 @@ Engine *engine_create(const ModelConfig *mc, const EngineBackend *be, const Engi
     CHECK(be && be->forward && be->copy_block, "a backend needs forward and copy_block");
     e->be = *be;
     engine_config_resolve(&e->cfg, mc);
-    CHECK(e->cfg.device_sampling != ENGINE_DEVSAMPLE_ON || (be->sample && be->fetch_logits),
+    CHECK(e->cfg.device_sampling != ENGINE_DEVSAMPLE_ON || (be->sample_launch && be->sample_wait && be->fetch_logits),
           "--device-sampling on, but this backend cannot sample on the device\n  fix: run a GPU binary "
           "(sampler-smXX) or pass --device-sampling auto or off");
     engine_devsample_init(e);
+    CHECK(e->cfg.async_scheduling != ENGINE_ASYNC_ON || e->dev,
+          "--async-scheduling needs sampling on the device, which this engine does not do\n  fix: run a GPU "
+          "binary (sampler-smXX) with --device-sampling auto or on, or drop --async-scheduling");
+    e->async = e->dev && e->cfg.async_scheduling != ENGINE_ASYNC_OFF;
+    if (e->cfg.verbose && e->dev) log_info("engine: async scheduling %s", e->async ? "on" : "off");
     engine_start(e);
     return e;
 }
@@ -274,7 +281,8 @@ void engine_free(Engine *e) {
         free(e->mask_bufs[i]);
         free(e->grammar_bits[i]);
     }
-    free(e->samplers); free(e->mask_bufs); free(e->grammar_bits); free(e->jobs);
+    free(e->samplers); free(e->mask_bufs); free(e->grammar_bits);
+    free(e->steps[0].jobs); free(e->steps[1].jobs);
     engine_devsample_free(e);
     threadpool_free(e->stp);
     free(e->logits); free(e->experts_buf);

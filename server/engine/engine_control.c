@@ -257,6 +257,9 @@ void engine_apply_commands(Engine *e) {
         EngineCmd *c = cmd_pop(e);
         pthread_mutex_unlock(&e->mu);
         if (!c) break;
+        /* a pause or an exclusive function (a weight update) runs with no step in
+         * flight: its tokens carry the version of the weights that computed them */
+        if (c->kind != CMD_SUBMIT && c->kind != CMD_ABORT) engine_step_drain(e);
         switch (c->kind) {
         case CMD_SUBMIT: apply_submit(e, c->a.req); break;
         case CMD_ABORT: engine_request_abort_now(e, c->a.req); break;
@@ -274,6 +277,7 @@ void engine_check_pause_wait(Engine *e) {
 }
 
 void engine_drain_commands(Engine *e) {
+    engine_step_drain(e);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         EngineCmd *c = cmd_pop(e);

@@ -1,9 +1,11 @@
 /*
  * engine_devsample.c - the engine's state for sampling on the device
- * (EngineBackend.sample): the row builder, the results and one host buffer of
- * kept ids per row, all sized at engine creation by engine_devsample_caps.
- * Host memory: max_running_seqs * (vocab * 4 + ~200) bytes plus the
- * builder's lists (5 * 4 bytes per list entry) and bitsets.
+ * (EngineBackend.sample_launch / sample_wait): one row builder per launch
+ * slot (a step's rows stay readable until it ends, while the next step's are
+ * built), sized at engine creation by engine_devsample_caps. The results and
+ * the packed kept sets are the backend's (pinned, per slot).
+ * Host memory: DEV_SAMPLE_SLOTS * (max_running_seqs * ~100 bytes + the
+ * builder's lists, 5 * 4 bytes per list entry, and bitsets).
  *
  * Not here: when a step samples on the device (engine_step.c), the rows
  * (sampling_device.c), the kernels (kernels/cuda/sampling.cu).
@@ -23,29 +25,21 @@ void engine_devsample_caps(const EngineConfig *c, int vocab, DevSampleCaps *caps
 }
 
 void engine_devsample_init(Engine *e) {
-    if (!e->be.sample || !e->be.fetch_logits || e->cfg.device_sampling == ENGINE_DEVSAMPLE_OFF) return;
+    if (!e->be.sample_launch || !e->be.sample_wait || !e->be.fetch_logits ||
+        e->cfg.device_sampling == ENGINE_DEVSAMPLE_OFF)
+        return;
     DevSampleCaps caps;
     engine_devsample_caps(&e->cfg, e->mc.vocab, &caps);
     EngineDevSample *d = xcalloc(1, sizeof *d);
-    d->b = dev_sample_builder_create(&caps);
-    d->out = xcalloc((size_t)caps.max_rows, sizeof *d->out);
-    d->masks = xcalloc((size_t)caps.max_rows, sizeof *d->masks);
-    d->mask_ptr = xcalloc((size_t)caps.max_rows, sizeof *d->mask_ptr);
-    for (int i = 0; i < caps.max_rows; i++) d->masks[i] = xmalloc((size_t)e->mc.vocab * sizeof(int32_t));
+    for (int k = 0; k < DEV_SAMPLE_SLOTS; k++) d->b[k] = dev_sample_builder_create(&caps);
     e->dev = d;
-    if (e->cfg.verbose)
-        log_info("engine: sampling on the device (%d rows, %.1f MiB of host mask buffers)", caps.max_rows,
-                 (double)caps.max_rows * e->mc.vocab * 4 / 1048576.0);
+    if (e->cfg.verbose) log_info("engine: sampling on the device (%d rows)", caps.max_rows);
 }
 
 void engine_devsample_free(Engine *e) {
     EngineDevSample *d = e->dev;
     if (!d) return;
-    for (int i = 0; i < e->cfg.max_running_seqs; i++) free(d->masks[i]);
-    free(d->masks);
-    free(d->mask_ptr);
-    free(d->out);
-    dev_sample_builder_free(d->b);
+    for (int k = 0; k < DEV_SAMPLE_SLOTS; k++) dev_sample_builder_free(d->b[k]);
     free(d);
     e->dev = NULL;
 }

@@ -110,20 +110,35 @@ struct EngineRequest {
 };
 
 typedef struct SampleJob {
-    Seq *q;
+    Seq *q;                   /* NULL: its sequence finished while the step ran (nothing to record) */
     const float *row;         /* [vocab] logits */
     const int32_t *xrow;      /* [E] routed experts of the input token, or NULL */
     int32_t token;            /* result */
     int dev_row;              /* its row of the device batch, or -1 (sampled on the host) */
+    int pos;                  /* the position of the token it samples (q->n_tokens when the step was planned) */
+    int held;                 /* 1: q->tokens[pos] holds the placeholder -1 - dev_row (async scheduling) */
 } SampleJob;
 
+/* One step from its launch to its end (engine_step.c). With async
+ * scheduling the engine keeps at most one step in flight between two calls
+ * of engine_step: its forward and device sampling queued, its records not yet
+ * written; the next step is planned and launched before it ends. */
+typedef struct EngineStep {
+    SampleJob *jobs;          /* [max_running_seqs] the rows it samples */
+    int n_jobs;
+    int live;                 /* launched, not ended */
+    int slot;                 /* device sampling slot of its launch (< DEV_SAMPLE_SLOTS) */
+    int on_dev;               /* its rows were launched on the device */
+    int n_dev_rows;           /* rows of that launch */
+    int prefill;              /* prompt tokens it computed */
+    double t_plan;            /* when it was planned */
+} EngineStep;
+
 /* Sampling on the device (engine_devsample.c), set up when the backend has
- * EngineBackend.sample and cfg.device_sampling is not off. */
+ * EngineBackend.sample_launch and cfg.device_sampling is not off. */
 typedef struct EngineDevSample {
-    DevSampleBuilder *b;      /* this step's rows (caps: engine_devsample_caps) */
-    DevSampleOut *out;        /* [max_running_seqs] their results */
-    int32_t **masks;          /* [max_running_seqs][vocab] the kept ids downloaded per device row */
-    int32_t **mask_ptr;       /* [max_running_seqs] this step's pointer per row (NULL: no mask wanted) */
+    DevSampleBuilder *b[DEV_SAMPLE_SLOTS]; /* each slot's rows (caps: engine_devsample_caps), kept until
+                                              the step that launched them ends */
 } EngineDevSample;
 
 struct Engine {
@@ -137,8 +152,9 @@ struct Engine {
     uint64_t **grammar_bits;  /* [n_sample_threads][ceil(vocab / 64)] allowed-id bitsets */
     int n_sample_threads;
     ThreadPool *stp;          /* sampling threads (rows in parallel) */
-    SampleJob *jobs;          /* [max_running_seqs] this step's rows to sample */
-    int n_jobs;
+    EngineStep steps[2];      /* the step being planned and the one in flight (engine_step.c) */
+    int cur;                  /* steps[cur] is planned next; steps[!cur] may be in flight */
+    int async;                /* async scheduling is on (cfg.async_scheduling resolved with e->dev) */
     float *logits;            /* [rows_cap, vocab] f32 */
     int rows_cap;
     int32_t *experts_buf;     /* [max_batched, E] */
@@ -164,6 +180,8 @@ struct Engine {
     _Atomic uint64_t version; /* written by the engine thread, read anywhere */
     uint32_t lora_version[ENGINE_MAX_LORAS]; /* engine thread (engine_lora_changed); read by the sampling threads
                                                 of a step, which never overlaps a change */
+    double mark;              /* engine thread: where the current step phase began (engine_step.c) */
+    double drained;           /* engine thread: time in engine_step_drain (counted as step time) */
     EngineStepTimes st;       /* engine thread: step phase times, copied to m.step_times with the gauges */
     /* under mmu */
     pthread_mutex_t mmu;
@@ -201,8 +219,13 @@ void engine_check_pause_wait(Engine *e);
 void engine_drain_commands(Engine *e);
 
 /* ---- engine_step.c ---- */
-/* One step. Returns 1 if anything was computed. */
+/* One step. Returns 1 if anything was computed (or a step in flight ended).
+ * With async scheduling a step may be left in flight on return. */
 int engine_step(Engine *e);
+/* End the step in flight, if any (its records written and published). */
+void engine_step_drain(Engine *e);
+/* q is finishing: forget the rows of steps in flight that sample it. */
+void engine_step_forget(Engine *e, const Seq *q);
 
 /* ---- engine_devsample.c ---- */
 /* Start-up: e->dev when be.sample is set and cfg.device_sampling allows it (the

@@ -413,6 +413,7 @@ void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, in
     EngineRequest *r = q->req;
     ASSERT(q->state != SEQ_DONE, "sequence %d of request %llu finished twice", q->index,
            (unsigned long long)r->id);
+    engine_step_forget(e, q); /* a step in flight may sample it: nothing of that row is recorded */
     scheduler_remove(e->sch, q);
     ASSERT(q->state == SEQ_DONE && q->n_blocks == 0, "a finished sequence holds %d KV blocks", q->n_blocks);
     pthread_mutex_lock(&r->mu);
@@ -440,6 +441,10 @@ void engine_request_abort_now(Engine *e, EngineRequest *r) {
     }
 }
 
+_Static_assert(MASK_FORM_IDS == DEV_MASK_IDS && MASK_FORM_COMPLEMENT == DEV_MASK_COMPLEMENT &&
+               MASK_FORM_BITMAP == DEV_MASK_BITMAP && MASK_BITMAP_WORDS(151936) == DEV_MASK_WORDS(151936),
+               "engine.h's mask forms are dev_sample.h's");
+
 int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, int32_t *dst, int cap,
                      int *complement) {
     int has = 0;
@@ -448,23 +453,43 @@ int engine_mask_pack(const int32_t *kept, int n_kept, int vocab, int32_t token, 
         has |= kept[i] == token;
     }
     if (!has) return -1;
-    int comp = 2 * (int64_t)n_kept > vocab, len = comp ? vocab - n_kept : n_kept;
-    int words = MASK_BITMAP_WORDS(vocab);
-    if (len > words) { /* a bitmap is smaller than either id list */
-        if (words > cap) return -1;
-        memset(dst, 0, (size_t)words * sizeof(int32_t));
-        for (int i = 0; i < n_kept; i++) dst[kept[i] >> 5] |= (int32_t)(1u << (kept[i] & 31));
-        *complement = MASK_FORM_BITMAP;
-        return words;
-    }
+    int len, form = dev_mask_form(n_kept, vocab, &len);
     if (len > cap) return -1;
-    if (!comp) memcpy(dst, kept, (size_t)n_kept * sizeof(int32_t));
-    else
+    if (form == MASK_FORM_BITMAP) { /* a bitmap is smaller than either id list */
+        memset(dst, 0, (size_t)len * sizeof(int32_t));
+        for (int i = 0; i < n_kept; i++) dst[kept[i] >> 5] |= (int32_t)(1u << (kept[i] & 31));
+    } else if (form == MASK_FORM_IDS) {
+        memcpy(dst, kept, (size_t)n_kept * sizeof(int32_t));
+    } else {
         for (int32_t id = 0, j = 0, w = 0; id < vocab; id++) {
             if (j < n_kept && kept[j] == id) j++;
             else dst[w++] = id;
         }
-    *complement = comp ? MASK_FORM_COMPLEMENT : MASK_FORM_IDS;
+    }
+    *complement = form;
+    return len;
+}
+
+int engine_mask_store(int form, const int32_t *src, int len, int n_kept, int vocab, int32_t token, int32_t *dst,
+                      int cap) {
+    int want_len;
+    if (n_kept < 1 || n_kept > vocab || token < 0 || token >= vocab || form != dev_mask_form(n_kept, vocab, &want_len) ||
+        len != want_len || len > cap)
+        return -1;
+    if (form == MASK_FORM_BITMAP) {
+        int n = 0;
+        for (int k = 0; k < len; k++) n += __builtin_popcount((uint32_t)src[k]);
+        if (n != n_kept || !(((uint32_t)src[token >> 5] >> (token & 31)) & 1u)) return -1;
+        if ((vocab & 31) && ((uint32_t)src[len - 1] >> (vocab & 31))) return -1; /* a bit past vocab */
+    } else {
+        int has = 0;
+        for (int i = 0; i < len; i++) {
+            if (src[i] < 0 || src[i] >= vocab || (i > 0 && src[i] <= src[i - 1])) return -1;
+            has |= src[i] == token;
+        }
+        if (has != (form == MASK_FORM_IDS)) return -1; /* the kept ids hold it, the others do not */
+    }
+    memcpy(dst, src, (size_t)len * sizeof(int32_t));
     return len;
 }
 

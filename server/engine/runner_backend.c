@@ -39,8 +39,12 @@ static void set_capture(void *ctx, int32_t *experts) { runner_set_expert_capture
 
 static void set_lora(void *ctx, const int32_t *lora) { runner_set_lora_tokens(((RunnerBackend *)ctx)->r, lora); }
 
-static int sample(void *ctx, int n_out, const DevSampleBatch *b, DevSampleOut *out, int32_t *const *masks, Err *err) {
-    return runner_sample(((RunnerBackend *)ctx)->r, n_out, b, out, masks, err);
+static int sample_launch(void *ctx, int n_out, const DevSampleBatch *b, int slot, Err *err) {
+    return runner_sample_launch(((RunnerBackend *)ctx)->r, n_out, b, slot, err);
+}
+
+static int sample_wait(void *ctx, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
+    return runner_sample_wait(((RunnerBackend *)ctx)->r, slot, out, packed, err);
 }
 
 static void fetch_logits(void *ctx, float *logits, int n_out) {
@@ -54,13 +58,14 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     t->kv = runner_kvcache_create_dtype(t->r, c->n_blocks, c->block_size, (KvDtype)c->kv_cache_dtype);
     t->ns = ns;
     t->calls = calls;
-    EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL};
+    EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL, NULL};
     if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) { /* a device backend with the op: reserve its caps */
         DevSampleCaps caps;
         Err err = {0};
         engine_devsample_caps(c, m->cfg.vocab, &caps);
         if (runner_sample_reserve(t->r, &caps, &err) == 0) {
-            be.sample = sample;
+            be.sample_launch = sample_launch;
+            be.sample_wait = sample_wait;
             be.fetch_logits = fetch_logits;
         } else if (c->device_sampling == ENGINE_DEVSAMPLE_ON) {
             log_error("device sampling: %s", err.msg);

@@ -66,7 +66,7 @@ void dev_sample_builder_free(DevSampleBuilder *b) {
 }
 
 void dev_sample_builder_reset(DevSampleBuilder *b) {
-    b->batch.n_rows = b->batch.n_bias = b->batch.n_pen = b->batch.n_ban = b->batch.n_words = 0;
+    b->batch.n_rows = b->batch.n_masks = b->batch.n_bias = b->batch.n_pen = b->batch.n_ban = b->batch.n_words = 0;
 }
 
 const DevSampleBatch *dev_sample_builder_batch(const DevSampleBuilder *b) { return &b->batch; }
@@ -105,6 +105,7 @@ int dev_sample_builder_add(DevSampleBuilder *b, int logit_row, const SamplingPar
         r->mode = (int32_t)want->mode;
         r->top_n = want->top_n < V ? want->top_n : V;
     }
+    r->mask_slot = want && want->mask ? B->n_masks++ : -1;
     /* logit_bias, in order */
     r->bias_off = B->n_bias;
     for (int i = 0; i < p->n_logit_bias; i++) {

@@ -129,6 +129,7 @@ static void prefix_lookup(Scheduler *s, Seq *q) {
     q->kv_version = ver;
     if (q->no_prefix_lookup || q->n_blocks > 0) return;
     int full = q->n_tokens / bs;
+    ASSERT(q->n_tokens == 0 || q->tokens[q->n_tokens - 1] >= 0, "prefix lookup over a placeholder token");
     for (int i = 0; i < full; i++) {
         const int32_t *t = q->tokens + (size_t)i * bs;
         uint64_t key = block_manager_key(s->bm, parent, ver, t);
@@ -353,6 +354,10 @@ int scheduler_plan(Scheduler *s) {
 
 static void register_full(Scheduler *s, Seq *q) {
     int bs = s->block_size, full = q->n_computed / bs;
+    /* async scheduling: the last token may be a placeholder (< 0) until its step
+     * ends; its block is registered by a later commit, once the token is known */
+    int last = q->n_tokens - 1;
+    if (last >= 0 && q->tokens[last] < 0 && last < full * bs) full = last / bs;
     uint64_t ver = scheduler_cache_version(s, q);
     if (q->kv_version != ver) { q->n_keys = full; return; } /* stale K/V: never shared */
     for (int i = q->n_keys; i < full; i++) {

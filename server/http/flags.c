@@ -286,6 +286,14 @@ static const Flag FLAGS[] = {
      .help = "sample every token on the device (GPU binaries; only compact results cross to the host): auto "
              "(default): when the backend can, on: require it (start-up fails on the CPU), off: on the host "
              "(sampling.c). Steps with prompt log-probs sample on the host"},
+    {.name = "--async-scheduling", .section = S_ENGINE, .kind = K_SWITCH, .off = AT(server.engine.async_scheduling),
+     .lo = ENGINE_ASYNC_ON,
+     .help = "vLLM's (default: on whenever tokens are sampled on the device): plan and launch each step before the previous step's tokens reach the host (they are "
+             "taken on the device), overlapping the host's scheduling, records and streaming with the GPU's "
+             "work; needs device sampling (start-up fails without). The records are the same as without"},
+    {.name = "--no-async-scheduling", .section = S_ENGINE, .kind = K_SWITCH,
+     .off = AT(server.engine.async_scheduling), .lo = ENGINE_ASYNC_OFF,
+     .help = "every step waits for its tokens before the next one is planned"},
     {.name = "--max-batched-tokens", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_batched_tokens), .lo = 1, .hi = 1 << 24,
      .help = "tokens per step, prefill chunks + decodes"},

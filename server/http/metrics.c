@@ -97,6 +97,8 @@ int api_metrics(HttpReq *q, json_t *body) {
     counter_s(&b, "sampler_step_sample_seconds_total", "Engine steps: prompt log-probs, forks and sampling of every row (host side).", st->sample);
     counter_s(&b, "sampler_step_device_sample_seconds_total", "Engine steps: device sampling's call (kernels and wait) or a fallback's logits copy.", st->device);
     counter_s(&b, "sampler_step_publish_seconds_total", "Engine steps: stop checks and publishing the records.", st->publish);
+    counter(&b, "sampler_async_steps_total", "Steps launched while the previous step's tokens were still on the device (async scheduling).",
+            m.async_steps);
     counter_s(&b, "sampler_step_control_seconds_total", "Engine thread between two busy steps: commands, gauges.", st->control);
     hist(&b, "sampler_time_to_first_token_seconds", "Time from submit to the first generated token.", &m.ttft);
     hist(&b, "sampler_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", &m.itl);

@@ -63,6 +63,7 @@ struct Runner {
     unsigned char graph_seen[RUNNER_GRAPH_MAX + 1];
     const KVCache *graph_kv;
     int graphs_off;          /* a capture failed: eager from then on */
+    int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
     /* LoRA (lora.h): the adapter in each slot; this step's per-token slots (NULL when no
@@ -427,9 +428,12 @@ static int batch_check(const Runner *r, const KVCache *kv, const Batch *b, Err *
     ENSURE(err, b->n_out >= 0 && b->n_out <= b->n_tokens, 400, "n_out %d out of range", b->n_out);
     ENSURE(err, kv->n_layers == c->n_layers && kv->n_kv_heads == c->n_kv_heads && kv->head_dim == c->head_dim,
            400, "KV cache shape does not match the model");
+    ENSURE(err, b->n_pending >= 0 && b->n_pending <= r->sample_rows, 400,
+           "the batch names %d rows of the last device sampling, which had %d", b->n_pending, r->sample_rows);
     for (int i = 0; i < b->n_tokens; i++) {
-        ENSURE(err, b->tokens[i] >= 0 && b->tokens[i] < c->vocab, 400, "token id %d outside the vocabulary (%d)",
-               b->tokens[i], c->vocab);
+        ENSURE(err, (b->tokens[i] >= 0 && b->tokens[i] < c->vocab) || (b->tokens[i] < 0 && -1 - b->tokens[i] < b->n_pending),
+               400, "token id %d outside the vocabulary (%d) and the %d pending rows", b->tokens[i], c->vocab,
+               b->n_pending);
         ENSURE(err, b->pos[i] >= 0 && b->pos[i] < r->max_ctx, 400, "position %d outside [0, %d)", b->pos[i],
                r->max_ctx);
         ENSURE(err, b->seq[i] >= 0 && b->seq[i] < b->n_seqs, 400, "sequence index %d out of range", b->seq[i]);
@@ -680,6 +684,8 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     Backend *be = r->b;
     Step st;
     step_prepare(r, kv, b, &st);
+    if (b->n_pending > 0 && be->tokens_resolve(be, (int32_t *)st.tokens, b->n_tokens, b->n_pending))
+        return ERR(err, 500, "the %s backend could not take the pending tokens of the last sampling", be->name);
     r->tok_lora = NULL;
     for (int i = 0; r->lora_tokens && i < b->n_tokens; i++)
         if (r->lora_tokens[i] >= 0) r->tok_lora = r->lora_tokens;
@@ -702,16 +708,24 @@ int runner_act_bf16_fast(const Runner *r) { return r->b->set_act_bf16 && r->b->a
 
 int runner_sample_reserve(Runner *r, const DevSampleCaps *caps, Err *err) {
     Backend *be = r->b;
-    if (be->host || !be->sample || !be->sample_reserve)
+    if (be->host || !be->sample_launch || !be->sample_wait || !be->tokens_resolve || !be->sample_reserve)
         return ERR(err, 500, "the %s backend does not sample on the device", be->name);
     return be->sample_reserve(be, caps, err) ? -1 : 0;
 }
 
-int runner_sample(Runner *r, int n_out, const DevSampleBatch *b, DevSampleOut *out, int32_t *const *masks,
-                  Err *err) {
+int runner_sample_launch(Runner *r, int n_out, const DevSampleBatch *b, int slot, Err *err) {
     Backend *be = r->b;
-    if (be->host || !be->sample) return ERR(err, 500, "the %s backend does not sample on the device", be->name);
-    return be->sample(be, r->logits, n_out, r->m->cfg.vocab, b, out, masks, err) ? -1 : 0;
+    if (be->host || !be->sample_launch) return ERR(err, 500, "the %s backend does not sample on the device", be->name);
+    r->sample_rows = 0; /* a failed launch leaves nothing a batch may name */
+    if (be->sample_launch(be, r->logits, n_out, r->m->cfg.vocab, b, slot, err)) return -1;
+    r->sample_rows = b->n_rows;
+    return 0;
+}
+
+int runner_sample_wait(Runner *r, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
+    Backend *be = r->b;
+    if (be->host || !be->sample_wait) return ERR(err, 500, "the %s backend does not sample on the device", be->name);
+    return be->sample_wait(be, slot, out, packed, err) ? -1 : 0;
 }
 
 void runner_fetch_logits(Runner *r, float *logits, int n_out) {

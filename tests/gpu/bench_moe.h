@@ -44,7 +44,7 @@ static double moe_touched(Runner *r, KVCache *kv, const ModelConfig *c, int B, f
         seq[i] = rows[i] = i;
         tables[i] = tables_mem + (size_t)i * bps;
     }
-    Batch b = {B, tok, pos, seq, B, tables, B, rows};
+    Batch b = {B, tok, pos, seq, B, tables, B, rows, 0};
     Err err = {0};
     runner_set_expert_capture(r, ex);
     if (model_forward(r, kv, &b, logits, &err)) { fprintf(stderr, "fatal: moe capture step: %s\n", err.msg); exit(1); }

@@ -12,6 +12,17 @@
  * no fallback, the host run never. One request asks for prompt log-probs: its
  * prefill step samples on the host by design (the logits are fetched), the
  * decode steps after it on the device.
+ * The device runs twice, with async scheduling (engine_step.c: a step
+ * launched before the previous step's tokens reach the host) and without:
+ * both must equal the host run, and only the async one must have overlapped
+ * steps (EngineMetrics.async_steps). One request (n = 2) ends on a stop id,
+ * so async steps compute rows of sequences that ended meanwhile (forgotten,
+ * never recorded); the finish reasons must match too. At most 8 sequences,
+ * all admitted in the first step, so no step's batch depends on when a
+ * sequence's end is seen (the GPU path is not batch invariant beyond 8
+ * tokens). Then, async only: a request released after its first token (an
+ * abort while its next step is in flight), and one after it that must still
+ * finish cleanly.
  * The includer provides n_pass / n_fail (op_checks.h).
  */
 #ifndef SAMPLER_ENGINE_DEVSAMPLE_CHECK_H
@@ -30,7 +41,7 @@ void runner_backend_free(EngineBackend *be);
 #include "runner_backend.h"
 #endif
 
-#define EDS_REQS 5
+#define EDS_REQS 6
 #define EDS_MAX_TOK 8
 
 /* What one sequence produced, copied out before its request is released. */
@@ -40,6 +51,7 @@ typedef struct EdsSeq {
     float lp[EDS_MAX_TOK], raw[EDS_MAX_TOK], val[EDS_MAX_TOK], top_lp[EDS_MAX_TOK][5];
     int32_t rank[EDS_MAX_TOK], top_ids[EDS_MAX_TOK][5];
     uint64_t mask_hash[EDS_MAX_TOK];
+    int finish, stop_token;
 } EdsSeq;
 
 static void eds_params(EngineRequestParams *p, int k, const int32_t *prompt, int n_prompt) {
@@ -95,6 +107,16 @@ static void eds_params(EngineRequestParams *p, int k, const int32_t *prompt, int
         p->top_logprobs = 3;
         p->want_mask = 1;
         break;
+    case 5: /* n = 2 over 6 allowed ids, one of them a stop id: ends early (seed fixed: it does) */
+        p->n = 2;
+        p->sampling.temperature = 1.0f;
+        p->sampling.n_allowed = 6;
+        p->sampling.allowed_ids = allowed;
+        p->sampling.n_stop_ids = 1;
+        p->sampling.stop_ids[0] = 5;
+        p->want_mask = 1;
+        p->want_raw_logprob = 1;
+        break;
     default: /* prompt log-probs: its prefill step samples on the host */
         p->sampling.temperature = 0.9f;
         p->prompt_logprobs = 2;
@@ -109,8 +131,9 @@ static uint64_t eds_hash(const int32_t *ids, int n) {
     return h;
 }
 
-/* Serve the requests with device sampling `mode`; seqs [EDS_REQS][2]. */
-static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *met) {
+/* Serve the requests with device sampling `mode` and async scheduling `async`;
+ * seqs [EDS_REQS][2]. extra: then the abort case of the header. */
+static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[][2], EngineMetrics *met) {
     Err err = {0};
     Model *m = NULL;
     if (model_load(&m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
@@ -124,6 +147,7 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
     c.n_threads = 2;
     c.verbose = 0;
     c.device_sampling = mode;
+    c.async_scheduling = async;
     Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
     Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
     EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL);
@@ -164,6 +188,8 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
             EngineSeqView v;
             engine_request_seq(req[k], q, &v);
             EdsSeq *o = &seqs[k][q];
+            o->finish = (int)v.finish;
+            o->stop_token = v.stop_token;
             o->n = v.n_tokens < EDS_MAX_TOK ? v.n_tokens : EDS_MAX_TOK;
             for (int t = 0; t < o->n; t++) {
                 const TokenRecord *rec = &v.tokens[t];
@@ -184,6 +210,35 @@ static int eds_run(const char *dir, int mode, EdsSeq seqs[][2], EngineMetrics *m
         }
         engine_request_release(req[k]);
     }
+    if (extra) { /* released after its first token: aborted with its next step in flight */
+        EngineRequestParams p;
+        EngineRequest *x = NULL, *y = NULL;
+        eds_params(&p, 3, prompts[0], 6);
+        p.sampling.max_tokens = 40;
+        int ok = engine_submit(e, &p, &x, &err) == 0;
+        uint64_t seen = 0;
+        for (int i = 0; ok && i < 18000; i++) {
+            EngineSeqView v;
+            engine_request_seq(x, 0, &v);
+            if (v.n_tokens >= 1 || engine_request_done(x)) break;
+            engine_request_wait(x, &seen, 100);
+        }
+        if (x) engine_request_release(x);
+        eds_params(&p, 0, prompts[1], 7);
+        ok &= engine_submit(e, &p, &y, &err) == 0;
+        seen = 0;
+        for (int i = 0; ok && i < 18000 && !engine_request_done(y); i++) engine_request_wait(y, &seen, 100);
+        ok &= y && engine_request_done(y) && !engine_request_failed(y, &err);
+        if (y) {
+            EngineSeqView v;
+            engine_request_seq(y, 0, &v);
+            ok &= v.n_tokens == p.sampling.max_tokens && v.finish == FINISH_LENGTH;
+            engine_request_release(y);
+        }
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s engine with async scheduling: a request released after its first token, then one that "
+               "finishes cleanly\n", ok ? "ok" : "FAIL");
+    }
     engine_metrics(e, met);
     engine_free(e);
     runner_backend_free(&be);
@@ -197,17 +252,17 @@ static int eds_close(float a, float b) {
     return fabs((double)a - b) <= 1e-5 * (fabs((double)a) > 1 ? fabs((double)a) : 1);
 }
 
-static void engine_devsample_check(const char *dir) {
-    static EdsSeq on[EDS_REQS][2], off[EDS_REQS][2];
-    memset(on, 0, sizeof on);
-    memset(off, 0, sizeof off);
-    EngineMetrics mon, moff;
-    int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, on, &mon) | eds_run(dir, ENGINE_DEVSAMPLE_OFF, off, &moff);
-    int bad = 0, tokens = 0;
+/* Device run a against the host run b: the number of tokens compared, *bad the differences. */
+static int eds_compare(const EdsSeq a_[][2], const EdsSeq b_[][2], const char *what, int *bad) {
+    int tokens = 0;
     for (int k = 0; k < EDS_REQS; k++)
         for (int q = 0; q < 2; q++) {
-            const EdsSeq *a = &on[k][q], *b = &off[k][q];
-            bad += a->n != b->n;
+            const EdsSeq *a = &a_[k][q], *b = &b_[k][q];
+            if (a->n != b->n || a->finish != b->finish || a->stop_token != b->stop_token) {
+                if ((*bad)++ < 4)
+                    printf("       %s: request %d seq %d: %d tokens, finish %d stop %d; host %d tokens, finish %d "
+                           "stop %d\n", what, k, q, a->n, a->finish, a->stop_token, b->n, b->finish, b->stop_token);
+            }
             for (int t = 0; t < a->n && t < b->n; t++) {
                 tokens++;
                 int same = a->tok[t] == b->tok[t] && a->mask_n[t] == b->mask_n[t] && a->mask_comp[t] == b->mask_comp[t] &&
@@ -216,20 +271,43 @@ static void engine_devsample_check(const char *dir) {
                            eds_close(a->val[t], b->val[t]) && a->rank[t] == b->rank[t];
                 for (int j = 0; j < 5; j++)
                     same &= a->top_ids[t][j] == b->top_ids[t][j] && eds_close(a->top_lp[t][j], b->top_lp[t][j]);
-                if (!same && bad++ < 4)
-                    printf("       request %d seq %d token %d: device %d lp %.7g raw %.7g value %.7g rank %d n_kept %d "
-                           "top %d %.7g, host %d lp %.7g raw %.7g value %.7g rank %d n_kept %d top %d %.7g\n",
-                           k, q, t, a->tok[t], a->lp[t], a->raw[t], a->val[t], a->rank[t], a->mask_n[t],
+                if (!same && (*bad)++ < 4)
+                    printf("       %s: request %d seq %d token %d: device %d lp %.7g raw %.7g value %.7g rank %d "
+                           "n_kept %d top %d %.7g, host %d lp %.7g raw %.7g value %.7g rank %d n_kept %d top %d %.7g\n",
+                           what, k, q, t, a->tok[t], a->lp[t], a->raw[t], a->val[t], a->rank[t], a->mask_n[t],
                            a->top_ids[t][0], a->top_lp[t][0], b->tok[t], b->lp[t], b->raw[t], b->val[t], b->rank[t],
                            b->mask_n[t], b->top_ids[t][0], b->top_lp[t][0]);
             }
         }
-    int ok = rc == 0 && bad == 0 && tokens >= (getenv("EMU_QUICK") ? 15 : 30) && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
-             moff.device_sampled_tokens == 0;
+    return tokens;
+}
+
+static void engine_devsample_check(const char *dir) {
+    static EdsSeq on[EDS_REQS][2], sync_[EDS_REQS][2], off[EDS_REQS][2];
+    memset(on, 0, sizeof on);
+    memset(sync_, 0, sizeof sync_);
+    memset(off, 0, sizeof off);
+    EngineMetrics mon, msync, moff;
+    int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_ON, 1, on, &mon) |
+             eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_OFF, 0, sync_, &msync) |
+             eds_run(dir, ENGINE_DEVSAMPLE_OFF, ENGINE_ASYNC_AUTO, 0, off, &moff);
+    int bad = 0, bad_sync = 0, stopped = 0;
+    int tokens = eds_compare(on, off, "async", &bad), tokens_sync = eds_compare(sync_, off, "sync", &bad_sync);
+    for (int q = 0; q < 2; q++) stopped += off[5][q].finish == FINISH_STOP;
+    int want = getenv("EMU_QUICK") ? 15 : 30;
+    int ok = rc == 0 && bad == 0 && tokens >= want && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
+             moff.device_sampled_tokens == 0 && mon.async_steps > 0 && stopped > 0;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %s engine, device sampling on vs off: %d tokens compared, %d differ; %llu sampled on the device, "
-           "%llu fallbacks\n", ok ? "ok" : "FAIL", dir, tokens, bad, (unsigned long long)mon.device_sampled_tokens,
-           (unsigned long long)mon.device_sampling_fallbacks);
+    printf("  %-4s %s engine, device sampling with async scheduling vs the host: %d tokens compared, %d differ; "
+           "%llu sampled on the device, %llu fallbacks, %llu steps overlapped, %d sequences ended on a stop id\n",
+           ok ? "ok" : "FAIL", dir, tokens, bad, (unsigned long long)mon.device_sampled_tokens,
+           (unsigned long long)mon.device_sampling_fallbacks, (unsigned long long)mon.async_steps, stopped);
+    ok = rc == 0 && bad_sync == 0 && tokens_sync >= want && msync.device_sampled_tokens > 0 &&
+         msync.device_sampling_fallbacks == 0 && msync.async_steps == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %s engine, device sampling without async scheduling vs the host: %d tokens compared, %d differ, "
+           "%llu steps overlapped\n", ok ? "ok" : "FAIL", dir, tokens_sync, bad_sync,
+           (unsigned long long)msync.async_steps);
 }
 
 #endif

@@ -133,7 +133,7 @@ static int prefill(Runner *r, KVCache *kv, const int32_t *tok, int T, const int3
     int32_t pos[128], seq[128], rows[128];
     for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
     const int32_t *tables[1] = {bt};
-    Batch b = {T, tok, pos, seq, 1, tables, T, rows};
+    Batch b = {T, tok, pos, seq, 1, tables, T, rows, 0};
     return model_forward(r, kv, &b, out, err);
 }
 
@@ -245,7 +245,7 @@ static void run_fixture_kv(const char *dir, Precision prec, KvDtype kvt) {
         logit_cmp(&pre_cpu, oc, og, T, V);
         for (int i = 0; dt && i < T; i++) {
             int32_t zero = 0;
-            Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero};
+            Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero, 0};
             if (model_forward(rc, kvc, &b1, oc, &err) || model_forward(rg, kvg, &b1, og, &err)) {
                 printf("  FAIL %s seq%d decode %d: %s\n", label, s, i, err.msg);
                 n_fail++;
@@ -519,7 +519,7 @@ static void bench_decode_ctx(Runner *r, KVCache *kv, const ModelConfig *c, int B
         int p = ctx + (step < 0 ? 0 : step);
         for (int i = 0; i < B; i++) pos[i] = p;
         if (step >= 0) kv_bytes += (double)B * (p + 1) * slot_bytes;
-        Batch b = {B, tok, pos, seq, B, tables, B, rows};
+        Batch b = {B, tok, pos, seq, B, tables, B, rows, 0};
         if (model_forward(r, kv, &b, logits, &err)) { fprintf(stderr, "fatal: decode: %s\n", err.msg); exit(1); }
     }
     double dt = now_s() - t0, step_s = dt / BENCH_STEPS;
@@ -588,7 +588,7 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
         }
     }
     Err err = {0};
-    Batch b = {T, tok, pos, seq, S, tables, S, rows};
+    Batch b = {T, tok, pos, seq, S, tables, S, rows, 0};
     int runs = 2;
     double t0 = 0;
     for (int i = -1; i < runs; i++) {

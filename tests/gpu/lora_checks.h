@@ -111,7 +111,7 @@ static void lora_model_check(const char *fixture, int bf16, int quick, void (*fa
             tok[n] = stok[q][i]; pos[n] = i; seq[n] = q; rows[n] = n; lt[n] = slot[q];
         }
     if (ok_ref) {
-        Batch b = {n, tok, pos, seq, 3, tables, n, rows};
+        Batch b = {n, tok, pos, seq, 3, tables, n, rows, 0};
         runner_set_lora_tokens(rc, lt);
         runner_set_lora_tokens(rg, lt);
         rc1 = model_forward(rc, kvc, &b, oc, &err);
@@ -136,7 +136,7 @@ static void lora_model_check(const char *fixture, int bf16, int quick, void (*fa
         for (int q = 0; q < 3; q++, n++) {
             tok[n] = stok[q][plen[q]]; pos[n] = plen[q]; seq[n] = q; rows[n] = n; lt[n] = slot[q];
         }
-        Batch d = {3, tok, pos, seq, 3, tables, 3, rows};
+        Batch d = {3, tok, pos, seq, 3, tables, 3, rows, 0};
         rc1 = quick ? 0 : model_forward(rc, kvc, &d, oc, &err);
         rc2 = quick ? 0 : model_forward(rg, kvg, &d, og, &err);
         if (rc1 || rc2) lc_verdict(0, err.msg);
@@ -152,7 +152,7 @@ static void lora_model_check(const char *fixture, int bf16, int quick, void (*fa
         lc_verdict(okr, "lora: slot 0 replaced in place by a2 (upload into the spare region)");
         /* quick: seq 0's next position is plen[0] (no decode step above) */
         int32_t t1 = stok[0][plen[0] + !quick], p1 = plen[0] + !quick, s1 = 0, r1 = 0, l1 = 0;
-        Batch d1 = {1, &t1, &p1, &s1, 1, tables, 1, &r1};
+        Batch d1 = {1, &t1, &p1, &s1, 1, tables, 1, &r1, 0};
         runner_set_lora_tokens(rc, &l1);
         runner_set_lora_tokens(rg, &l1);
         rc1 = model_forward(rc, kvc, &d1, oc, &err);

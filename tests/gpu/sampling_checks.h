@@ -1,13 +1,15 @@
 /*
- * sampling_checks.h - the device sampler (Backend.sample, kernels/cuda/sampling.cu)
- * against the CPU sampler (sampler_sample, the reference), for both runners:
+ * sampling_checks.h - the device sampler (Backend.sample_launch / sample_wait /
+ * tokens_resolve, kernels/cuda/sampling.cu) against the CPU sampler
+ * (sampler_sample, the reference), for both runners:
  * tests/gpu/emu/emu_check.cpp (the CPU emulation of CUDA, CI) and
  * tests/gpu/gpu_check.c (a GPU). Random rows, many parameter combinations,
  * rows sharing a logit row (n samples of a prompt), vocab 1000 and 151936 (the
  * real one, a few rows), with the rows built by sampling_device.c from the
  * same SamplingParams / history / SampleWant the CPU gets.
  *
- * Per row: the same token and kept set (ids, size); the log-probs (sampled,
+ * Per row: the same token and kept set (size, and the device's packed form
+ * bit for bit that of engine_mask_pack over the CPU's kept ids); the log-probs (sampled,
  * raw), the value in the row's log-prob mode and the top-N values within
  * 1e-5 (relative above 1), the same rank and top-N ids. A token or kept-set
  * difference is excused only by a near tie of the tie rule (dev_sample.h),
@@ -16,7 +18,10 @@
  * token); top_p's crossing within 1e-6 of a value boundary of the
  * distribution before top_p, or every id in the kept sets' difference with
  * expf(z - zmax) within 1e-6 (relative) of min_p (another kept set). Excused rows are counted and printed; more than
- * 1 in 50 excused fails (ties that often mean a real difference).
+ * 1 in 50 excused fails (ties that often mean a real difference). Every
+ * batch is launched into both slots before either is waited on (both must
+ * give the same results), and tokens_resolve must turn placeholders -1 - r
+ * into row r's token.
  * The includer defines bg (a CUDA backend) and n_pass / n_fail (op_checks.h).
  */
 #ifndef SAMPLER_SAMPLING_CHECKS_H
@@ -26,6 +31,7 @@
 extern "C" {
 #endif
 #include "dev_sample.h"
+#include "engine.h"
 #include "sampling.h"
 #include "sampling_device.h"
 #ifdef __cplusplus
@@ -250,15 +256,38 @@ static int sc_batch(int V, int n_lrows, int n_rows, int *excused, int *bad_rows)
         if (k != r) { printf("  FAIL builder refused row %d\n", r); n_fail++; }
     }
     float *dl = (float *)dev_copy(logits, sizeof(float) * (size_t)n_lrows * V);
-    DevSampleOut *out = (DevSampleOut *)xcalloc((size_t)n_rows, sizeof *out);
-    int32_t **masks = (int32_t **)xcalloc((size_t)n_rows, sizeof(int32_t *));
-    for (int r = 0; r < n_rows; r++)
-        if (cs[r].w.mask) {
-            masks[r] = (int32_t *)xmalloc(sizeof(int32_t) * (size_t)V);
-            memset(masks[r], 0xff, sizeof(int32_t) * (size_t)V);
-        }
-    int rc = bg->sample(bg, dl, n_lrows, V, dev_sample_builder_batch(bld), out, masks, &err);
+    const DevSampleBatch *bt = dev_sample_builder_batch(bld);
+    const int W = DEV_MASK_WORDS(V);
+    /* both slots in flight, then both waited on: slot 1's launch must not touch slot 0's results */
+    const DevSampleOut *o0 = NULL, *o1 = NULL;
+    const int32_t *p0 = NULL, *p1 = NULL;
+    int rc = bg->sample_launch(bg, dl, n_lrows, V, bt, 0, &err) || bg->sample_launch(bg, dl, n_lrows, V, bt, 1, &err);
+    /* placeholders of the last launch resolved on the device: -1 - r -> row r's token, others kept */
+    int32_t *ph = (int32_t *)xmalloc(sizeof(int32_t) * (size_t)(n_rows + 2));
+    for (int r = 0; r < n_rows; r++) ph[r] = -1 - (n_rows - 1 - r);
+    ph[n_rows] = 5;
+    ph[n_rows + 1] = 0;
+    int32_t *dph = (int32_t *)dev_copy(ph, sizeof(int32_t) * (size_t)(n_rows + 2));
+    int rr = rc ? -1 : bg->tokens_resolve(bg, dph, n_rows + 2, n_rows);
+    rc = rc || bg->sample_wait(bg, 1, &o1, &p1, &err) || bg->sample_wait(bg, 0, &o0, &p0, &err);
     if (rc) { printf("  FAIL sample: %s\n", err.msg); n_fail++; }
+    int same_slots = !rc && memcmp(o0, o1, sizeof(DevSampleOut) * (size_t)n_rows) == 0 &&
+                     (bt->n_masks == 0 || memcmp(p0, p1, sizeof(int32_t) * (size_t)bt->n_masks * W) == 0);
+    int resolved = 0;
+    if (!rc && rr == 0) {
+        CUDA_CHECK(cudaMemcpy(ph, dph, sizeof(int32_t) * (size_t)(n_rows + 2), cudaMemcpyDeviceToHost));
+        resolved = ph[n_rows] == 5 && ph[n_rows + 1] == 0;
+        for (int r = 0; r < n_rows; r++) resolved &= ph[r] == o0[n_rows - 1 - r].token;
+    }
+    if (!rc && (!same_slots || !resolved)) {
+        printf("  FAIL device sampler: %s\n", !same_slots ? "two slots in flight gave different results"
+                                                          : "tokens_resolve did not give the sampled tokens");
+        n_fail++;
+    }
+    CUDA_CHECK(cudaFree(dph));
+    free(ph);
+    const DevSampleOut *out = o0;
+    int32_t *dmask = (int32_t *)xmalloc(sizeof(int32_t) * (size_t)V), *hpack = (int32_t *)xmalloc(sizeof(int32_t) * (size_t)W);
     Sampler *s = sampler_create(V);
     int32_t *cmask = (int32_t *)xmalloc(sizeof(int32_t) * (size_t)V);
     float *lp = (float *)xmalloc(sizeof(float) * (size_t)V);
@@ -278,12 +307,33 @@ static int sc_batch(int V, int n_lrows, int n_rows, int *excused, int *bad_rows)
         sampler_sample(s, row, &c->p, &h, &eos, 1, c->seq_index, c->pos, &w, &cr);
         dev_sample_result(&out[r], &dw, &dr);
         const char *why = NULL;
+        /* the device's packed set: its ids for the comparison, its bits against engine_mask_pack's */
+        int same_pack = 1;
+        if (c->w.mask) {
+            const DevSampleRow *dr_row = &bt->rows[r];
+            const int32_t *dp = p0 + (size_t)dr_row->mask_slot * W;
+            int form = -1, len = engine_mask_pack(cmask, cr.n_kept, V, cr.token, hpack, W, &form);
+            TokenRecord t;
+            memset(&t, 0, sizeof t);
+            t.mask_n = out[r].n_kept;
+            t.mask_complement = out[r].mask_form;
+            t.mask_len = out[r].mask_len;
+            t.mask_ids = dp;
+            int fl = 0;
+            if (dr_row->mask_slot < 0 || out[r].mask_form != dev_mask_form(out[r].n_kept, V, &fl) ||
+                out[r].mask_len != fl || engine_mask_expand(&t, V, 0, dmask) != out[r].n_kept)
+                same_pack = 0, memset(dmask, 0xff, sizeof(int32_t) * (size_t)V);
+            else if (cr.token == dr.token && cr.n_kept == dr.n_kept)
+                same_pack = len == out[r].mask_len && form == out[r].mask_form &&
+                            memcmp(hpack, dp, sizeof(int32_t) * (size_t)(len > 0 ? len : 0)) == 0;
+        }
         int same_set = cr.n_kept == dr.n_kept &&
-                       (!c->w.mask || memcmp(cmask, masks[r], sizeof(int32_t) * (size_t)cr.n_kept) == 0);
-        if (cr.token != dr.token || !same_set) {
+                       (!c->w.mask || memcmp(cmask, dmask, sizeof(int32_t) * (size_t)cr.n_kept) == 0);
+        if (!same_pack) why = "packed kept set";
+        else if (cr.token != dr.token || !same_set) {
             int set_differs = !same_set;
             if (sc_near_tie(s, row, c, V, lp, tmp, set_differs, c->w.mask ? cmask : NULL, cr.n_kept,
-                            c->w.mask ? masks[r] : NULL, dr.n_kept)) {
+                            c->w.mask ? dmask : NULL, dr.n_kept)) {
                 (*excused)++;
                 checked++;
                 continue;
@@ -308,9 +358,8 @@ static int sc_batch(int V, int n_lrows, int n_rows, int *excused, int *bad_rows)
         }
         checked++;
     }
-    for (int r = 0; r < n_rows; r++) free(masks[r]);
-    free(masks);
-    free(out);
+    free(dmask);
+    free(hpack);
     free(cmask);
     free(lp);
     free(tmp);
@@ -335,30 +384,41 @@ static void sc_refusals(void) {
                                   rows[i].allow_off = rows[i].gram_off = -1; }
     DevSampleBatch b = {0};
     b.rows = rows;
-    DevSampleOut out[3];
+    for (int i = 0; i < 3; i++) rows[i].mask_slot = -1;
+    const DevSampleOut *out;
+    const int32_t *packed;
     float *dl = (float *)dev_poisoned(sizeof(float) * 200);
     b.n_rows = 3;
-    ok &= bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0; /* over max_rows */
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0; /* over max_rows */
     b.n_rows = 1;
     rows[0].logit_row = 2;
-    ok &= bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0; /* logit row out of range */
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0; /* logit row out of range */
     rows[0].logit_row = 0;
     rows[0].n_ban = 1;
-    ok &= bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0; /* a list slice past the batch's arrays */
-    rows[0].n_ban = 0; /* a good batch from here */
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0; /* a list slice past the batch's arrays */
+    rows[0].n_ban = 0;
+    rows[0].flags = DEV_SAMPLE_MASK;
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0; /* a mask row without its slot */
+    rows[0].flags = 0;
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, DEV_SAMPLE_SLOTS, &err) != 0; /* no such slot */
+    ok &= bg->sample_wait(bg, 0, &out, &packed, &err) != 0; /* nothing launched */
+    /* a good batch from here: a slot launched twice without its wait is refused */
+    ok &= bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) == 0 && bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0 &&
+          bg->sample_wait(bg, 0, &out, &packed, &err) == 0;
 #ifdef EMU_CUDA_RUNTIME_H
     /* the emulation's fault injection: each CUDA call of a reserve fails in turn; the
      * reserve reports it (nothing leaked, nothing used after its free: ASan) and a
      * sample before the next good reserve is refused */
-    for (int k = 1; k <= 8; k++) {
+    for (int k = 1; k <= 24; k++) {
         emu_fail_nth(k);
         int rc = bg->sample_reserve(bg, &caps, &err);
         int fired = emu_failed();
         emu_fail_nth(0);
         if (!fired) break;
-        ok &= rc != 0 && bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) != 0;
+        ok &= rc != 0 && bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) != 0;
     }
-    ok &= bg->sample_reserve(bg, &caps, &err) == 0 && bg->sample(bg, dl, 2, 100, &b, out, NULL, &err) == 0;
+    ok &= bg->sample_reserve(bg, &caps, &err) == 0 && bg->sample_launch(bg, dl, 2, 100, &b, 0, &err) == 0 &&
+          bg->sample_wait(bg, 0, &out, &packed, &err) == 0;
 #endif
     CUDA_CHECK(cudaFree(dl));
     ok ? n_pass++ : n_fail++;
@@ -374,7 +434,7 @@ static void sc_refusals(void) {
 /* vocab 1000: batches mixing every parameter; vocab 151936: a few rows (on a
  * GPU, more of them). */
 static void sampling_checks_run(int on_gpu) {
-    if (!bg->sample || !bg->sample_reserve) {
+    if (!bg->sample_launch || !bg->sample_wait || !bg->tokens_resolve || !bg->sample_reserve) {
         printf("  FAIL the CUDA backend has no sample op\n");
         n_fail++;
         return;

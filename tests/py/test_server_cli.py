@@ -153,3 +153,15 @@ def test_device_sampling_on_needs_a_device(sampler_bin):
     r = subprocess.run([sampler_bin, "--device-sampling", "on", "--port", "0", "--kv-mem-mb", "64"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--device-sampling on" in r.stderr and "fix:" in r.stderr, r.stderr
+
+
+def test_async_scheduling_needs_device_sampling(sampler_bin):
+    """--async-scheduling (vLLM's flag) is a start-up error where tokens are not
+    sampled on the device (the CPU backend), naming the fix; --no-async-scheduling
+    starts and serves."""
+    r = subprocess.run([sampler_bin, "--async-scheduling", "--port", "0", "--kv-mem-mb", "64"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--async-scheduling" in r.stderr and "fix:" in r.stderr, r.stderr
+    r = subprocess.run([sampler_bin, "--no-async-scheduling", "--prompt-ids", "1,2,3", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "finish: length" in r.stdout, r.stderr

@@ -151,7 +151,7 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
     float *oc = (float *)malloc(sizeof(float) * 128 * V), *og = (float *)malloc(sizeof(float) * 128 * V);
     /* prefill of seq0 */
     for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
-    Batch b = {T0, (const int32_t *)t0->data, pos, seq, 1, tables, T0, rows};
+    Batch b = {T0, (const int32_t *)t0->data, pos, seq, 1, tables, T0, rows, 0};
     int rc1 = model_forward(rc, kvc, &b, oc, &err), rc2 = model_forward(rg, kvg, &b, og, &err);
     if (rc1 || rc2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
     char pn[64];
@@ -166,7 +166,7 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
     /* decode steps of seq0 */
     for (int i = 0; i < n_decode && ld && i < T0; i++) {
         int32_t zero = 0;
-        Batch b1 = {1, (const int32_t *)t0->data + i, pos + i, seq, 1, tables, 1, &zero};
+        Batch b1 = {1, (const int32_t *)t0->data + i, pos + i, seq, 1, tables, 1, &zero, 0};
         rc1 = model_forward(rc, kvc, &b1, oc, &err);
         rc2 = model_forward(rg, kvg, &b1, og, &err);
         if (rc1 || rc2) { printf("  FAIL %s decode: %s\n", dir, err.msg); n_fail++; }
@@ -183,7 +183,7 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
         for (int i = 0; i < T1; i++, k++) { tok[k] = ((const int32_t *)t1->data)[i]; pos[k] = i; seq[k] = 1; }
         tok[k] = ((const int32_t *)t0->data)[T0 - 1]; pos[k] = T0 - 1; seq[k] = 0; k++;
         int32_t outr[3] = {0, T1 - 1, T1};
-        Batch b2 = {k, tok, pos, seq, 2, tables, 3, outr};
+        Batch b2 = {k, tok, pos, seq, 2, tables, 3, outr, 0};
         rc1 = model_forward(rc, kvc, &b2, oc, &err);
         rc2 = model_forward(rg, kvg, &b2, og, &err);
         if (rc1 || rc2) { printf("  FAIL %s mixed: %s\n", dir, err.msg); n_fail++; }

@@ -72,6 +72,14 @@ static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 static inline cudaError_t cudaDeviceSynchronize(void) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+/* Events: a launch has run when it returns, so recording marks nothing and a
+ * wait returns at once (fallible like a stream synchronize). */
+typedef void *cudaEvent_t;
+#define cudaEventDisableTiming 2
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = malloc(1); return cudaSuccess; }
+static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
     EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);

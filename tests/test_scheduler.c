@@ -10,6 +10,10 @@
  * wanted fit, every sequence gets its row (work-conserving).
  * With the limit off (max_rows = every row) the share assertions fail: the
  * heavy request then takes 16 rows of every step.
+ * Async scheduling's two hooks: a planned batch without the sequences that
+ * ended meanwhile (scheduler_drop_finished) is the batch of the others, and a
+ * full block holding a placeholder token (< 0) is registered in the prefix
+ * cache only once the token is known.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +212,73 @@ static void test_never_stalls(void) {
     }
 }
 
+/* Plan a decode step of 4 sequences and a prefill chunk, end two of them,
+ * drop them: the batch holds the others' chunks, consistently indexed. */
+static void test_drop_finished(void) {
+    BlockManager *bm = block_manager_create(64, BS, 0);
+    Scheduler *s = scheduler_create(bm, 8, 64, MAXLEN, 8, 8);
+    Seq *q[5];
+    for (int i = 0; i < 4; i++) q[i] = seq_new(&g_req[i], 0, (uint64_t)i + 1, 5, 0);
+    for (int i = 0; i < 4; i++) scheduler_enqueue(s, q[i], 0);
+    int rows[8] = { 0 }, n_out = 0;
+    step(s, rows, &n_out); /* the prompts, a token each */
+    q[4] = seq_new(&g_req[4], 0, 9, 7, 0);
+    scheduler_enqueue(s, q[4], 0);
+    int n = scheduler_plan(s);
+    T_ASSERT(n == 4 + 7 && s->n_sched == 5, "planned %d tokens of %d sequences", n, s->n_sched);
+    scheduler_remove(s, q[1]);
+    scheduler_remove(s, q[4]);
+    scheduler_drop_finished(s);
+    int ok = s->n_sched == 3 && s->n_tok == 3 && s->n_out == 3;
+    for (int i = 0; ok && i < s->n_sched; i++) {
+        const Seq *p = s->sched[i];
+        ok = p->state == SEQ_RUNNING && p != q[1] && p->plan_n == 1 && p->plan_tok0 == i && p->plan_row0 == i &&
+             s->tok[i] == p->tokens[p->n_tokens - 1] && s->pos[i] == p->n_tokens - 1 && s->seqi[i] == i &&
+             s->tables[i] == p->blocks && s->out_rows[i] == i && p->plan_sample_row == i;
+    }
+    T_ASSERT(ok, "the batch after dropping: %d sequences, %d tokens, %d rows", s->n_sched, s->n_tok, s->n_out);
+    scheduler_commit(s);
+    for (int i = 0; i < 5; i++) {
+        if (i != 1 && i != 4) scheduler_remove(s, q[i]);
+        seq_free(q[i]);
+    }
+    scheduler_free(s);
+    block_manager_free(bm);
+}
+
+/* A placeholder at the end of a full block keeps it out of the prefix cache
+ * until the token is there; then the next commit registers it. */
+static void test_placeholder_block(void) {
+    BlockManager *bm = block_manager_create(64, BS, 1);
+    Scheduler *s = scheduler_create(bm, 8, 64, MAXLEN, 8, 8);
+    Seq *q = seq_new(&g_req[0], 0, 1, 2 * BS - 1, 0);
+    scheduler_enqueue(s, q, 0);
+    scheduler_plan(s);
+    scheduler_commit(s); /* positions 0 .. 2 BS - 2: one full block registered */
+    q->tokens[q->n_tokens++] = -1; /* the token of the step in flight */
+    T_ASSERT(scheduler_plan(s) == 1 && s->tok[0] == -1, "the placeholder is planned");
+    scheduler_commit(s);
+    uint64_t k0 = q->keys[0];
+    int32_t tail[BS];
+    memcpy(tail, q->tokens + BS, sizeof tail);
+    tail[BS - 1] = 42;
+    uint64_t k1 = block_manager_key(bm, k0, 0, tail);
+    T_ASSERT(q->n_keys == 1 && block_manager_lookup(bm, k1, k0, 0, tail) < 0,
+             "a block holding a placeholder was registered (%d keys)", q->n_keys);
+    q->tokens[2 * BS - 1] = 42; /* its step ended */
+    q->tokens[q->n_tokens++] = 43;
+    scheduler_plan(s);
+    scheduler_commit(s);
+    int32_t id = block_manager_lookup(bm, k1, k0, 0, tail);
+    T_ASSERT(q->n_keys == 2 && id == q->blocks[1], "the block was not registered once its token was known (%d keys, "
+             "block %d)", q->n_keys, id);
+    if (id >= 0) block_manager_unref(bm, id);
+    scheduler_remove(s, q);
+    seq_free(q);
+    scheduler_free(s);
+    block_manager_free(bm);
+}
+
 int main(void) {
     for (int i = 0; i < 32; i++) g_req[i].id = i;
     test_heavy_beside_light();
@@ -215,5 +286,7 @@ int main(void) {
     test_more_requests_than_rows();
     test_prompt_rows_cut();
     test_never_stalls();
+    test_drop_finished();
+    test_placeholder_block();
     return T_DONE();
 }

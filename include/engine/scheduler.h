@@ -132,7 +132,12 @@ void scheduler_remove(Scheduler *s, Seq *q);
 /* Plan one step into s->tok/pos/seqi/tables/out_rows. Returns the number of
  * tokens (0: nothing to do). */
 int scheduler_plan(Scheduler *s);
-/* After the forward pass: advance n_computed and register full blocks. */
+/* Between plan and forward: take the sequences that are no longer running
+ * (they ended while the plan waited; async scheduling) out of the planned
+ * batch, the others keeping their chunks. */
+void scheduler_drop_finished(Scheduler *s);
+/* After the forward pass: advance n_computed and register full blocks (a
+ * block holding a placeholder token, < 0, only once the token is known). */
 void scheduler_commit(Scheduler *s);
 /* Start sibling `to` as a copy of `from` (prompt fully computed, nothing
  * generated): shares full blocks, copies the partial last one via copy_block.

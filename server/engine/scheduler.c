@@ -252,7 +252,8 @@ static void share_rows(Scheduler *s) {
     }
 }
 
-static void add_to_batch(Scheduler *s, Seq *q, int n) {
+/* q's chunk of n tokens from n_computed into the batch (no fairness stamp). */
+static void batch_put(Scheduler *s, Seq *q, int n) {
     int si = s->n_sched++;
     s->sched[si] = q;
     s->tables[si] = q->blocks;
@@ -280,7 +281,20 @@ static void add_to_batch(Scheduler *s, Seq *q, int n) {
         q->plan_rows = 1;
         q->plan_sample_row = q->plan_row0;
     }
+}
+
+static void add_to_batch(Scheduler *s, Seq *q, int n) {
+    batch_put(s, q, n);
     if (q->plan_rows > 0 && !s->contended) q->last_sched = ++s->served; /* else stamped at the grant */
+}
+
+void scheduler_drop_finished(Scheduler *s) {
+    int n = s->n_sched, kept = 0;
+    for (int i = 0; i < n; i++)
+        if (s->sched[i]->state == SEQ_RUNNING) s->sched[kept++] = s->sched[i];
+    if (kept == n) return;
+    s->n_sched = s->n_tok = s->n_out = s->n_lora_tok = 0;
+    for (int i = 0; i < kept; i++) batch_put(s, s->sched[i], s->sched[i]->plan_n);
 }
 
 /* Steps 1 and 2 under the row grants of step 0. */

@@ -235,9 +235,40 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             ok &= v.n_tokens == p.sampling.max_tokens && v.finish == FINISH_LENGTH;
             engine_request_release(y);
         }
+        /* sequences ending on a stop id (each token 1 in 2) while a prompt log-prob request's prefill, a
+         * step that needs the host, is planned once they decode: the step in flight ends before that
+         * forward, and what ended in it leaves the planned batch (scheduler_drop_finished) */
+        static const int32_t four[4] = {5, 7, 11, 13};
+        EngineRequest *sr[3] = {NULL, NULL, NULL}, *pr = NULL;
+        for (int k = 0; k < 3 && ok; k++) {
+            eds_params(&p, 5, prompts[2 + k], 6 + k);
+            p.sampling.allowed_ids = four;
+            p.sampling.n_allowed = 4;
+            p.sampling.max_tokens = 40;
+            ok &= engine_submit(e, &p, &sr[k], &err) == 0;
+        }
+        seen = 0;
+        for (int i = 0; ok && i < 18000; i++) {
+            EngineSeqView v;
+            engine_request_seq(sr[0], 0, &v);
+            if (v.n_tokens >= 2 || engine_request_done(sr[0])) break;
+            engine_request_wait(sr[0], &seen, 100);
+        }
+        eds_params(&p, 4, prompts[1], 9);
+        p.sampling.max_tokens = 2;
+        ok &= engine_submit(e, &p, &pr, &err) == 0;
+        EngineRequest *all[4] = {sr[0], sr[1], sr[2], pr};
+        for (int k = 0; k < 4; k++) {
+            if (!all[k]) continue;
+            seen = 0;
+            for (int i = 0; ok && i < 18000 && !engine_request_done(all[k]); i++) engine_request_wait(all[k], &seen, 100);
+            ok &= engine_request_done(all[k]) && !engine_request_failed(all[k], &err);
+            engine_request_release(all[k]);
+        }
         ok ? n_pass++ : n_fail++;
         printf("  %-4s engine with async scheduling: a request released after its first token, then one that "
-               "finishes cleanly\n", ok ? "ok" : "FAIL");
+               "finishes cleanly; sequences ending on stop ids beside a prompt log-prob request\n",
+               ok ? "ok" : "FAIL");
     }
     engine_metrics(e, met);
     engine_free(e);

@@ -24,7 +24,8 @@ named without an edit here):
   "named_rows": [{"name", "value", "unit", "fraction_of_roofline"}] in its JSON: copied as they
       are (a measurement with no tok/s shape, e.g. kl_bf16_fp8_mean);
   roofline_copy_gbs, roofline_gemm_bf16_tflops, gpu_check_ops_failed, gpu_check_models_failed.
-Rows from the served benchmark, per configuration c<C>_<P>x<O>[_rl_fields] and precision:
+Rows from the served benchmark, per configuration c<C>_<P>x<O>[_rl_fields] and precision (and the
+run's --tag after it: served_bf16_sync_... for check.sh --served-sync, async scheduling off):
   served_<prec>_<cfg>_{tok_s, steady_tok_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms,
   step_ms, forward_ms (the server's engine step and the backend's forward in it), host_share};
   served_<prec>_c<Cmax>_host_share is the first shape's at the largest
@@ -146,7 +147,7 @@ def decode_roofline(mc, batch, ctx, bw_gbs, kv_elem):
 
 
 def served_rows(R, sv, bw_gbs):
-    prec = slug(sv.get("precision") or "bf16")
+    prec = slug(sv.get("precision") or "bf16") + ("_" + slug(sv["tag"]) if sv.get("tag") else "")
     mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes", 4)
     src = f"bench/gpu_served.py ({sv.get('mode')}, {sv.get('model')})"
     big = max(sv.get("concurrency") or [0]) if sv.get("concurrency") else None

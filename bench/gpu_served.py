@@ -410,6 +410,8 @@ def main():
                     help="bytes per KV element the server stores (4: f32, the engine's KV at this commit), "
                          "for the roofline of bench/gpu_json.py")
     ap.add_argument("--server-args", default="", help="more server flags")
+    ap.add_argument("--tag", default="", help="a word the rows' names carry after the precision (e.g. sync for a "
+                                              "run with --server-args --no-async-scheduling)")
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--gpu", default="", help="the GPU's name, recorded in the JSON")
     ap.add_argument("--seed", type=int, default=1)
@@ -441,7 +443,7 @@ def main():
         print(f"[{time.monotonic() - t_run:6.1f} s] {msg}", flush=True)
 
     out = {"mode": "smoke" if a.smoke else "gpu", "gpu": a.gpu, "binary": os.path.basename(a.bin),
-           "precision": a.precision, "kv_elem_bytes": a.kv_elem_bytes,
+           "precision": a.precision, "tag": a.tag, "kv_elem_bytes": a.kv_elem_bytes,
            "shapes": [f"{p}x{o}" for p, o in shapes], "concurrency": concs, "n": a.n, "budget_s": a.budget_s,
            "model": None, "model_write_s": 0.0, "server_start_s": None, "server_exit": None, "configs": [],
            "not_run": []}

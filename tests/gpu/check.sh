@@ -23,29 +23,32 @@
 #   tests/gpu/check.sh --skip-served   # no part 4 (its rows are written as not measured)
 #   tests/gpu/check.sh --served-fp8    # part 4 also at --precision fp8 (c256 1000x1000 only; with
 #                                      # SERVED_BUDGET_S=120 to fit in CHECK_TOTAL_S)
+#   tests/gpu/check.sh --served-sync   # part 4 also with --no-async-scheduling (c256 1000x1000, RL
+#                                      # fields off / on: rows served_bf16_sync_*, the overlap's gain)
 #   SM=90 tests/gpu/check.sh           # force the architecture (no nvidia-smi)
 #   SAMPLER_GPU_PREBUILT=build-gpu tests/gpu/check.sh   # use binaries built elsewhere (prebuild.sh)
 #   SERVED_BUDGET_S=300 SERVED_ARGS="--window-big-s 30" tests/gpu/check.sh   # part 4's budget, more flags
-#                                      # (SERVED_ARGS go to both served runs)
+#                                      # (SERVED_ARGS go to every served run)
 #   SAMPLER_COMMIT=abc1234 ...         # the commit for the JSON where the tree has no .git
 #   CHECK_TOTAL_S=540 ...              # the whole run's target (default 9 minutes: the device
 #                                      # tool's command limit is 10): part 4 gets what is left
 # Outputs, written as each part ends into $OUT when set (the device tool brings
 # it back even when the call is cut short), else $BUILD: gpu_check.log,
-# gpu_check.json, served_bf16.json (+ served_fp8.json), served.log,
+# gpu_check.json, served_bf16.json (+ served_fp8.json, served_sync.json), served.log,
 # <gpu>.json (also bench/gpu/<gpu>.json), gpu_table.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 
-skip_bench=0 skip_served=0 served_fp8=0
+skip_bench=0 skip_served=0 served_fp8=0 served_sync=0
 gc_args=()
 for a in "$@"; do
   case "$a" in
     --skip-bench) skip_bench=1; gc_args+=(--skip-bench) ;;
     --skip-served) skip_served=1 ;;
     --served-fp8) served_fp8=1 ;;
-    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --served-fp8)" >&2; exit 2 ;;
+    --served-sync) served_sync=1 ;;
+    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --served-fp8, --served-sync)" >&2; exit 2 ;;
   esac
 done
 
@@ -135,7 +138,7 @@ if [ "$skip_served" = 0 ] && [ "$budget" -lt 60 ]; then
 fi
 if [ "$skip_served" = 0 ]; then
   echo "== 4. served benchmark: sampler-sm$SM, Qwen3-8B-shaped random BF16 (bench/gpu_served.py, budget ${budget} s) =="
-  rm -f "$RES/served_bf16.json" "$RES/served_fp8.json"
+  rm -f "$RES/served_bf16.json" "$RES/served_fp8.json" "$RES/served_sync.json"
   PYTHONUNBUFFERED=1 timeout $((budget + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" \
     --gpu "$gpu_name" --budget-s "$budget" --json "$RES/served_bf16.json" ${SERVED_ARGS:-} 2>&1 | tee "$RES/served.log"
   src4=${PIPESTATUS[0]}
@@ -149,6 +152,17 @@ if [ "$skip_served" = 0 ]; then
       --precision fp8 --shapes 1000x1000 --concurrency 256 --rl off --budget-s "$b8" \
       --json "$RES/served_fp8.json" ${SERVED_ARGS:-} 2>&1 | tee -a "$RES/served.log"
     [ -f "$RES/served_fp8.json" ] && served+=(--served "$RES/served_fp8.json")
+  fi
+  # --served-sync: c256 1000x1000 with async scheduling off, beside the default (async) run's rows
+  left=$(( ${CHECK_TOTAL_S:-540} - ($(date +%s) - t0) - 45 ))
+  if [ "$served_sync" = 1 ] && [ "$left" -lt 90 ]; then
+    echo "check.sh: the sync served run skipped: ${left} s left of CHECK_TOTAL_S (raise it, or lower SERVED_BUDGET_S)"
+  elif [ "$served_sync" = 1 ]; then
+    bs=$(( left < 120 ? left : 120 ))
+    PYTHONUNBUFFERED=1 timeout $((bs + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" --gpu "$gpu_name" \
+      --shapes 1000x1000 --concurrency 256 --rl off,on --budget-s "$bs" --tag sync \
+      --server-args "--no-async-scheduling" --json "$RES/served_sync.json" ${SERVED_ARGS:-} 2>&1 | tee -a "$RES/served.log"
+    [ -f "$RES/served_sync.json" ] && served+=(--served "$RES/served_sync.json")
   fi
   [ "$src4" = 0 ] || { echo "check.sh: the served benchmark reported errors (above, $RES/served.log)"; rc=1; }
 fi

@@ -107,6 +107,21 @@ def test_gpu_json_from_smoke(smoke, tmp_path):
     assert all(f"| `{n}` |" in brief for n in gpu_json.REQUIRED) and "_ttft_p99_ms` |" not in brief
 
 
+def test_gpu_json_tagged_run(smoke, tmp_path):
+    """A run with --tag (check.sh --served-sync: async scheduling off) gets rows of its own beside the
+    untagged run's, so the two are compared in one table."""
+    d, served = smoke
+    tagged = dict(d, tag="sync")
+    p = tmp_path / "served_sync.json"
+    p.write_text(json.dumps(tagged))
+    r = subprocess.run([sys.executable, GPU_JSON, "write", "--gpu-check", SAMPLE_GC, "--served", served, "--served",
+                        str(p), "--commit", "abc1234", "--date", "2026-12-01T00:00:00Z", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.load(open(r.stdout.strip()))["rows"]}
+    assert rows["served_bf16_sync_c4_16x6_tok_s"]["value"] == rows["served_bf16_c4_16x6_tok_s"]["value"] > 0
+
+
 def sample_served():
     """A served JSON as gpu_served.py writes it (one configuration, Qwen3-8B shapes)."""
     mc = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,

@@ -218,6 +218,11 @@ struct DevSampleOut;
 int runner_sample_reserve(Runner *r, const struct DevSampleCaps *caps, Err *err);
 int runner_sample_launch(Runner *r, int n_out, const struct DevSampleBatch *b, int slot, Err *err);
 int runner_sample_wait(Runner *r, int slot, const struct DevSampleOut **out, const int32_t **packed, Err *err);
+/* Steps captured as a CUDA graph (each also ran through it) and steps that
+ * replayed one, since creation (0 on a backend without graphs). Returns 1
+ * when steps can run as graphs here (a backend with graphs, no failed
+ * capture, MoE experts grouped on the device), else 0. */
+int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays);
 /* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
 void runner_fetch_logits(Runner *r, float *logits, int n_out);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */

@@ -63,6 +63,7 @@ struct Runner {
     unsigned char graph_seen[RUNNER_GRAPH_MAX + 1];
     const KVCache *graph_kv;
     int graphs_off;          /* a capture failed: eager from then on */
+    uint64_t graph_captures, graph_replays; /* runner_graph_counts */
     int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
@@ -647,7 +648,8 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
  * replay it, saving a launch per op (~600 per step for 36 layers). MoE models
  * only when moe_mlp takes their experts (no host read of the routing). */
 static int graph_eligible(const Runner *r, const Batch *b) {
-    return r->b->graph_begin && !r->graphs_off && (!r->m->cfg.n_experts || r->moe_rows) && b->n_tokens == b->n_seqs &&
+    uint64_t c, p;
+    return runner_graph_counts(r, &c, &p) && b->n_tokens == b->n_seqs &&
            b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts && !r->tok_lora;
 }
 
@@ -659,6 +661,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
     }
     if (r->graph[n]) {
         be->graph_launch(be, r->graph[n]);
+        r->graph_replays++;
         return;
     }
     if (!r->graph_seen[n] || be->graph_begin(be) != 0) {
@@ -670,6 +673,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
     r->graph[n] = be->graph_end(be);
     if (r->graph[n]) {
         be->graph_launch(be, r->graph[n]);
+        r->graph_captures++;
         return;
     }
     log_warn("%s backend: capturing a decode step of %d tokens failed; decoding without graphs", be->name, n);
@@ -702,6 +706,12 @@ int runner_set_act_bf16(Runner *r, int on) {
     if (!r->b->set_act_bf16) return on ? -1 : 0;
     r->b->set_act_bf16(r->b, on);
     return 0;
+}
+
+int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays) {
+    *captures = r->graph_captures;
+    *replays = r->graph_replays;
+    return r->b->graph_begin && !r->graphs_off && (!r->m->cfg.n_experts || r->moe_rows);
 }
 
 int runner_act_bf16_fast(const Runner *r) { return r->b->set_act_bf16 && r->b->act_bf16_fast; }

@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <vector>
+
 #include "cuda_runtime.h"
 
 thread_local uint3 threadIdx, blockIdx;
@@ -43,6 +45,63 @@ cudaError_t cudaGetLastError(void) {
     cudaError_t e = pending_launch_error;
     pending_launch_error = cudaSuccess;
     return e;
+}
+
+/* ---- stream capture and graphs (shim/cuda_runtime.h); host thread only ---- */
+struct EmuGraph {
+    std::vector<std::function<void()>> nodes; /* in stream order */
+    int refs;                                 /* the captured graph and its instances */
+};
+static EmuGraph *capture; /* the open capture, or NULL */
+static int capture_bad;   /* a refused call happened in it */
+int emu_capturing(void) { return capture != NULL; }
+void emu_capture_bad(void) { capture_bad = 1; }
+void emu_record(std::function<void()> fn) { capture->nodes.push_back(std::move(fn)); }
+void emu_submit(EmuCfg c, std::function<void()> fn) {
+    if (capture) capture->nodes.push_back([c, fn]() { emu_run(c, fn); });
+    else emu_run(c, fn);
+}
+static void graph_unref(EmuGraph *g) {
+    if (g && --g->refs == 0) delete g;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    if (capture) return cudaErrorStreamCaptureUnsupported;
+    capture = new EmuGraph{{}, 1};
+    capture_bad = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+    *g = NULL;
+    if (!capture) return cudaErrorStreamCaptureInvalidated;
+    EmuGraph *c = capture;
+    capture = NULL;
+    if (capture_bad) {
+        graph_unref(c);
+        return cudaErrorStreamCaptureInvalidated;
+    }
+    *g = c;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    if (!g) return cudaErrorUnknown;
+    if (emu_fault()) return cudaErrorUnknown;
+    g->refs++;
+    *e = g;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    graph_unref(g);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    graph_unref(e);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    if (!e || capture) return cudaErrorUnknown;
+    if (emu_fault()) return cudaErrorUnknown;
+    for (auto &n : e->nodes) n();
+    return cudaSuccess;
 }
 
 static struct {

@@ -177,6 +177,14 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
         snprintf(what, sizeof what, "%s %s decode pos %d vs cpu", dir, pn, i);
         logit_check(what, oc, og, 1, V, dec_abs, dec_kl);
     }
+    if (n_decode >= 3 && ld && T0 >= 3) { /* eager, captured, replayed: the emulation records graphs as CUDA does */
+        uint64_t cap = 0, rep = 0;
+        int can = runner_graph_counts(rg, &cap, &rep);
+        int ok = can ? cap >= 1 && rep >= 1 : cap == 0 && rep == 0 && m->cfg.n_experts > 0; /* only ungrouped experts opt out */
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s %s %s decode steps through a CUDA graph: %llu captured, %llu replayed%s\n", ok ? "ok" : "FAIL",
+               dir, pn, (unsigned long long)cap, (unsigned long long)rep, can ? "" : " (experts run one by one: eager)");
+    }
     /* two sequences in one step (seq1 prefill + the next seq0 token), a few output rows */
     if (T1 && T1 + 1 <= 128) {
         int k = 0;

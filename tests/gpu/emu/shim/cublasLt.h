@@ -150,22 +150,9 @@ static inline float emu_lt_elem(const EmuLtLayout *l, const void *p, uint64_t k,
     return quant_e2m1_to_f32((uint8_t)(i & 1 ? u[i / 2] >> 4 : u[i / 2] & 15));
 }
 
-/* D [M, N] = alpha * sum_k A[k, i] B[k, j] with the scale modes applied: per
- * 128-deep block p_kb * sa * sb (BLK128x128 on A at (i / 128) * roundup(Kb, 4) + kb,
- * VEC128 on B at kb * N + j); VEC16_UE4M3 per element (cuda_nvfp4_sf_offset);
- * SCALAR_32F: *pointer, or 1 without one. */
-static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha,
-                                            const void *A, cublasLtMatrixLayout_t a, const void *B,
-                                            cublasLtMatrixLayout_t b, const void *beta, const void *,
-                                            cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
-                                            const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
-    if (emu_fault()) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (!emu_lt_supported(d, a, b, c) || dl != c || *(const float *)beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
-    const void *ptr[4] = {A, B, D, D};
-    for (int i = 0; i < 4; i++) /* an operand less aligned than the algorithm assumes */
-        if (!algo || !algo->data[i] || (uintptr_t)ptr[i] % algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
-    uint64_t K = a->rows, M = a->cols, N = b->cols, kb_n = (K + 127) / 128, kb_pitch = (kb_n + 3) / 4 * 4;
-    float al = *(const float *)alpha, *out = (float *)D;
+static inline void emu_lt_run(const EmuLtDesc *d, const void *A, const EmuLtLayout *a, const void *B,
+                              const EmuLtLayout *b, const EmuLtLayout *dl, float *out, float al, uint64_t K,
+                              uint64_t M, uint64_t N, uint64_t kb_n, uint64_t kb_pitch) {
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t i = 0; i < M; i++) {
             float acc = 0.f;
@@ -191,6 +178,30 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
             }
             out[j * (uint64_t)dl->ld + i] = al * acc;
         }
+}
+
+/* D [M, N] = alpha * sum_k A[k, i] B[k, j] with the scale modes applied: per
+ * 128-deep block p_kb * sa * sb (BLK128x128 on A at (i / 128) * roundup(Kb, 4) + kb,
+ * VEC128 on B at kb * N + j); VEC16_UE4M3 per element (cuda_nvfp4_sf_offset);
+ * SCALAR_32F: *pointer, or 1 without one. */
+static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha,
+                                            const void *A, cublasLtMatrixLayout_t a, const void *B,
+                                            cublasLtMatrixLayout_t b, const void *beta, const void *,
+                                            cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
+                                            const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+    if (emu_fault()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!emu_lt_supported(d, a, b, c) || dl != c || *(const float *)beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const void *ptr[4] = {A, B, D, D};
+    for (int i = 0; i < 4; i++) /* an operand less aligned than the algorithm assumes */
+        if (!algo || !algo->data[i] || (uintptr_t)ptr[i] % algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t K = a->rows, M = a->cols, N = b->cols, kb_n = (K + 127) / 128, kb_pitch = (kb_n + 3) / 4 * 4;
+    float al = *(const float *)alpha, *out = (float *)D;
+    /* the descriptors and host scalars as they are at the call (a captured call runs at the graph's launch) */
+    auto dd = *d;
+    auto la = *a, lb = *b, ldl = *dl;
+    auto run = [=]() { emu_lt_run(&dd, A, &la, B, &lb, &ldl, out, al, K, M, N, kb_n, kb_pitch); };
+    if (emu_capturing()) emu_record(run);
+    else run();
     return CUBLAS_STATUS_SUCCESS;
 }
 #endif

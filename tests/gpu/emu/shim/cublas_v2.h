@@ -33,13 +33,17 @@ static inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, 
         comp != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     const __nv_bfloat16 *a = (const __nv_bfloat16 *)A, *b = (const __nv_bfloat16 *)B;
-    float al = *(const float *)alpha, be = *(const float *)beta, *c = (float *)C;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float s = 0.f; /* C[i, j] = sum_l A[l, i] * B[l, j] (column-major, A transposed) */
-            for (int l = 0; l < k; l++) s += __bfloat162float(a[(size_t)i * lda + l]) * __bfloat162float(b[(size_t)j * ldb + l]);
-            c[(size_t)j * ldc + i] = al * s + (be != 0.f ? be * c[(size_t)j * ldc + i] : 0.f);
-        }
+    float al = *(const float *)alpha, be = *(const float *)beta, *c = (float *)C; /* host scalars: read at the call */
+    auto run = [=]() {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float s = 0.f; /* C[i, j] = sum_l A[l, i] * B[l, j] (column-major, A transposed) */
+                for (int l = 0; l < k; l++) s += __bfloat162float(a[(size_t)i * lda + l]) * __bfloat162float(b[(size_t)j * ldb + l]);
+                c[(size_t)j * ldc + i] = al * s + (be != 0.f ? be * c[(size_t)j * ldc + i] : 0.f);
+            }
+    };
+    if (emu_capturing()) emu_record(run); /* a captured GEMM runs at the graph's launch */
+    else run();
     return CUBLAS_STATUS_SUCCESS;
 }
 #endif

@@ -27,7 +27,8 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorLaunchFailure = 719,
-                 cudaErrorNotSupported = 801, cudaErrorUnknown = 999 };
+                 cudaErrorNotSupported = 801, cudaErrorStreamCaptureUnsupported = 900,
+                 cudaErrorStreamCaptureInvalidated = 901, cudaErrorUnknown = 999 };
 typedef enum cudaError cudaError_t;
 typedef void *cudaStream_t;
 static inline const char *cudaGetErrorString(cudaError_t e) {
@@ -48,6 +49,20 @@ int emu_fault(void);        /* 1: this call is the one to fail */
 int emu_launch_fault(void); /* emu_fault for a launch: also records the pending launch error */
 cudaError_t cudaGetLastError(void);
 #define EMU_FAULT(err) do { if (emu_fault()) return (err); } while (0)
+
+/* Stream capture (graphs, emu.cpp): between cudaStreamBeginCapture and
+ * cudaStreamEndCapture every launch, async copy, async memset and library
+ * call (cuBLAS / cuBLASLt) is recorded with its arguments as they are at the
+ * call (a kernel's parameters copied, as CUDA copies them) instead of run; a
+ * graph launch runs the recording in order. A call CUDA refuses inside a
+ * capture (a synchronous copy or memset, a synchronize, an allocation)
+ * returns cudaErrorStreamCaptureUnsupported and invalidates the capture, so
+ * cudaStreamEndCapture fails as it would on a device: capture-unsafe code in
+ * a captured region is caught here. */
+int emu_capturing(void);
+void emu_capture_bad(void);
+void emu_record(std::function<void()> fn);
+#define EMU_CAPTURE_REFUSE() do { if (emu_capturing()) { emu_capture_bad(); return cudaErrorStreamCaptureUnsupported; } } while (0)
 
 /* The runtime API over host memory: "device" pointers are malloc'ed, copies
  * are memcpy, streams are ordered trivially (launches run to completion). */
@@ -70,8 +85,8 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
 static inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)1 << 32; return cudaSuccess; }
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = malloc(1); return cudaSuccess; }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 /* Events: a launch has run when it returns, so recording marks nothing and a
  * wait returns at once (fallible like a stream synchronize). */
 typedef void *cudaEvent_t;
@@ -79,8 +94,9 @@ typedef void *cudaEvent_t;
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = malloc(1); return cudaSuccess; }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
+    EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -88,39 +104,49 @@ template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
 static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 /* Pinned host memory: plain host memory here (fallible like cudaMalloc). */
 template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t n) {
+    EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-static inline cudaError_t cudaMemset(void *p, int v, size_t n) { EMU_FAULT(cudaErrorUnknown); memset(p, v, n); return cudaSuccess; }
-static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+static inline cudaError_t cudaMemset(void *p, int v, size_t n) {
+    EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorUnknown);
     memset(p, v, n);
     return cudaSuccess;
 }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    EMU_FAULT(cudaErrorUnknown);
+    if (emu_capturing()) emu_record([=]() { memset(p, v, n); });
+    else memset(p, v, n);
+    return cudaSuccess;
+}
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+    EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorUnknown);
     memcpy(d, s, n);
     return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
     EMU_FAULT(cudaErrorUnknown);
-    memcpy(d, s, n);
+    if (emu_capturing()) emu_record([=]() { memcpy(d, s, n); });
+    else memcpy(d, s, n);
     return cudaSuccess;
 }
 
-/* Graphs: the emulation runs every launch at once, so capture is refused and
- * forward.c runs the ops eagerly (the real capture is checked by gpu_check). */
-typedef void *cudaGraph_t;
-typedef void *cudaGraphExec_t;
+/* Graphs (the capture above; emu.cpp). An instantiated graph shares its
+ * recording; a launch runs it. */
+struct EmuGraph;
+typedef EmuGraph *cudaGraph_t;
+typedef EmuGraph *cudaGraphExec_t;
 enum cudaStreamCaptureMode { cudaStreamCaptureModeThreadLocal = 1 };
-static inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cudaErrorNotSupported; }
-static inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) { *g = NULL; return cudaErrorNotSupported; }
-static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *, cudaGraph_t, unsigned long long) { return cudaErrorNotSupported; }
-static inline cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
-static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaErrorNotSupported; }
-static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 {
@@ -190,6 +216,21 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 struct EmuCfg { dim3 grid, block; };
 static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t = 0, cudaStream_t = 0) { return EmuCfg{g, b}; }
 void emu_run(EmuCfg c, std::function<void()> fn);
-#define EMU_LAUNCH(cfg, call) do { if (!emu_launch_fault()) emu_run(emu_cfg cfg, [=]() { call; }); } while (0)
+/* A launch runs now, or is recorded while a capture is open (emu.cpp). */
+void emu_submit(EmuCfg c, std::function<void()> fn);
+/* kernel<<<cfg>>>(args) (to_cpp.py writes EMU_LAUNCH((cfg), kernel, (args))):
+ * the arguments are converted to the kernel's parameter types and copied at
+ * the launch, as CUDA copies them, so a launch recorded in a graph keeps the
+ * values it was given (a pointer to a caller's struct may be gone by then). */
+template <typename... P> struct EmuBinder {
+    EmuCfg c;
+    void (*k)(P...);
+    void operator()(P... p) const {
+        void (*kk)(P...) = k;
+        emu_submit(c, [=]() { kk(p...); });
+    }
+};
+template <typename... P> static inline EmuBinder<P...> emu_bind(EmuCfg c, void (*k)(P...)) { return EmuBinder<P...>{c, k}; }
+#define EMU_LAUNCH(cfg, kern, args) do { if (!emu_launch_fault()) emu_bind(emu_cfg cfg, kern) args; } while (0)
 
 #endif

@@ -95,6 +95,7 @@ typedef struct ServerConfig {
     int mask_json_max_ids;         /* sampling masks with more ids go out as base64; default 4096 */
     int return_sampling_mask;      /* --return-sampling-mask: /inference/v1/generate always sends masks; default 0 */
     int return_routed_experts;     /* --enable-return-routed-experts: ... and routed experts; default 0 */
+    int enforce_eager;             /* --enforce-eager: no CUDA graphs (model.h runner_set_graphs); default 0 */
     const char *reload_roots[SERVER_MAX_RELOAD_ROOTS]; /* --reload-root: directories full reloads may read from */
     int n_reload_roots;            /* 0: POST /admin/v1/weights/reload is disabled (403) */
     int fleet;                     /* 1: not ready until a trainer announced the fleet's version (fleet.c) */

@@ -92,6 +92,8 @@ int model_config_parse_fd(ModelConfig *cfg, int fd, const char *label, Err *err)
 const char *model_config_differs(const ModelConfig *a, const ModelConfig *b);
 /* 1 when layer l uses the sparse MoE block. */
 int model_layer_is_moe(const ModelConfig *cfg, int l);
+/* The MoE layers before layer l (layer l's index among them when it is one). */
+int model_moe_index(const ModelConfig *cfg, int l);
 
 /* The tensors of one decoder layer. Which are present, their names and
  * shapes: the architecture's table (weight_registry.h, arch_tables.c). */
@@ -223,6 +225,12 @@ int runner_sample_wait(Runner *r, int slot, const struct DevSampleOut **out, con
  * when steps can run as graphs here (a backend with graphs, no failed
  * capture, MoE experts grouped on the device), else 0. */
 int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays);
+/* Steps that captured piecewise graphs (forward.c forward_pieces: a step that is not pure decode,
+ * padded to a token bucket, attention eager between the graphs) and steps that replayed them only. */
+void runner_piece_counts(const Runner *r, uint64_t *captures, uint64_t *replays);
+/* on = 0: every later step runs eagerly, no graph captured or replayed (vLLM's --enforce-eager);
+ * on = 1 (the default): graphs where runner_graph_counts says they apply. */
+void runner_set_graphs(Runner *r, int on);
 /* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
 void runner_fetch_logits(Runner *r, float *logits, int n_out);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */

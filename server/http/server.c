@@ -117,6 +117,7 @@ Server *server_create(const ServerConfig *c) {
                   (c->act_dtype == SERVER_DTYPE_AUTO && runner_act_bf16_fast(s->runner));
     CHECK(runner_set_act_bf16(s->runner, s->act_bf16) == 0, "--dtype bfloat16: this backend computes with f32 "
           "activations only\n  fix: pass --dtype float32 (or auto)");
+    if (c->enforce_eager) runner_set_graphs(s->runner, 0);
     /* device backends, before the KV cache: the adapter pool, only when LoRA was asked for (vLLM's
      * --enable-lora): at --max-lora-rank on every linear a MoE model's experts make it large */
     if (c->enable_lora || c->n_loras > 0)

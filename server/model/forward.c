@@ -20,6 +20,10 @@
 #include "weight_registry.h"
 
 #define RUNNER_GRAPH_MAX 256
+/* Piecewise-graph buckets (piece_bucket): 1..8 tokens exactly, multiples of 8 up to 256, of 16
+ * up to RUNNER_PIECE_MAX (vLLM's default capture sizes), so a step pads by at most 15 tokens. */
+#define RUNNER_PIECE_MAX 512
+#define RUNNER_PIECE_BUCKETS (8 + 31 + 16)
 
 /* A vector weight as the ops read it: the host copy on a host backend, the
  * backend's copy (WeightVec.dev, set at upload) otherwise; NULL when absent. */
@@ -63,7 +67,14 @@ struct Runner {
     unsigned char graph_seen[RUNNER_GRAPH_MAX + 1];
     const KVCache *graph_kv;
     int graphs_off;          /* a capture failed: eager from then on */
+    int graphs_eager;        /* runner_set_graphs(r, 0): --enforce-eager */
     uint64_t graph_captures, graph_replays; /* runner_graph_counts */
+    /* piecewise graphs (every other eligible step of <= RUNNER_PIECE_MAX tokens, padded to a
+     * bucket; forward_pieces): piece[bucket] is NULL or [n_layers + 1] segment graphs, NULL where
+     * not captured yet; piece_seen[bucket]: ran once eagerly at the bucket's size */
+    void **piece[RUNNER_PIECE_BUCKETS];
+    unsigned char piece_seen[RUNNER_PIECE_BUCKETS];
+    uint64_t piece_captures, piece_replays; /* steps: runner_piece_counts */
     int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
@@ -91,6 +102,17 @@ static void graphs_reset(Runner *r) {
         r->graph_seen[i] = 0;
     }
     r->graph_kv = NULL;
+}
+
+/* Piecewise graphs hold no cache pointer (attention runs outside them): freed with the runner. */
+static void pieces_reset(Runner *r) {
+    for (int i = 0; i < RUNNER_PIECE_BUCKETS; i++) {
+        for (int s = 0; r->piece[i] && s <= r->m->cfg.n_layers; s++)
+            if (r->piece[i][s]) r->b->graph_free(r->b, r->piece[i][s]);
+        free(r->piece[i]);
+        r->piece[i] = NULL;
+        r->piece_seen[i] = 0;
+    }
 }
 
 static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, KvDtype dtype, Backend *b) {
@@ -139,6 +161,13 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
     if (!r->b->weights_changed) return 0;
     /* a checkpoint tensor outside the registry has no backend copy: nothing reads it */
     const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
+    /* A re-quantized matrix may have a new tensor scale (NVFP4's scale2), which its launches take
+     * by value: the graphs that hold the old one are dropped (recaptured at the next steps of
+     * their shapes). BF16 scatters and re-uploads land in place; graphs read them as they are. */
+    if (t && t->mat && t->mat->fmt != WF_BF16) {
+        graphs_reset(r);
+        pieces_reset(r);
+    }
     Err be = {0};
     if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem, &be) == 0) return 0;
     return ERR(err, 500, "the %s backend could not update its copy of '%s' (%zu bytes): %s:%d: %s", r->b->name,
@@ -297,6 +326,7 @@ void runner_free(Runner *r) {
     if (!r) return;
     Backend *b = r->b;
     graphs_reset(r);
+    pieces_reset(r);
     void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->cs, r->sn,
                    r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
                    r->d_rows, r->d_bt, r->mr_ids, r->mr_tok, r->mr_of, r->mr_w, r->mr_pw, r->mr_off,
@@ -461,7 +491,8 @@ typedef struct Step {
     int n_seqs;
 } Step;
 
-static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st) {
+/* N >= n_tokens: the tokens and RoPE rows [n_tokens, N) are zeroed too (a piecewise step's padding). */
+static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st, int N) {
     Backend *be = r->b;
     int n = b->n_tokens, h2 = r->m->cfg.head_dim / 2, bs = kv->block_size;
     int stride = (r->max_ctx + bs - 1) / bs;
@@ -493,10 +524,19 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st)
     st->cs = to_backend(r, r->cs, r->h_cs, nf);
     st->sn = to_backend(r, r->sn, r->h_sn, nf);
     st->n_seqs = b->n_seqs;
+    if (N > n) {
+        ASSERT(!be->host && N <= r->max_tokens, "step_prepare: padding to %d tokens", N);
+        be->zero(be, r->d_tokens + n, sizeof(int32_t) * (size_t)(N - n));
+        be->zero(be, r->cs + (size_t)n * h2, sizeof(float) * (size_t)(N - n) * h2);
+        be->zero(be, r->sn + (size_t)n * h2, sizeof(float) * (size_t)(N - n) * h2);
+    }
 }
 
-/* Attention of layer l on the normed input xn; its output projection lands in tmp. */
-static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n) {
+/* Attention of layer l on the normed input xn, in three parts: the projections
+ * and RoPE (attn_pre), the cache write and attention proper (attn_core, the
+ * only ops that read the cache, the positions or the block tables), and the
+ * output projection into tmp (attn_post). */
+static void attn_pre(Runner *r, int l, const Step *st, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
@@ -516,6 +556,11 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
     lora_apply(r, r->v, r->xn, n, at, LT_V);
     be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
     be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
+}
+
+static void attn_core(Runner *r, KVCache *kv, int l, const Step *st, int n) {
+    const ModelConfig *c = &r->m->cfg;
+    Backend *be = r->b;
     size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
     size_t byte_off = rows_off * kv->head_dim * kv_dtype_elem(kv->dtype);
     float *ks = kv->k_scale ? kv->k_scale + rows_off : NULL, *vs = kv->v_scale ? kv->v_scale + rows_off : NULL;
@@ -530,8 +575,12 @@ static void attention_block(Runner *r, KVCache *kv, int l, const Step *st, int n
                   .block_size = kv->block_size, .scale = 1.0f / sqrtf((float)c->head_dim),
                   .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs, .n_seqs = st->n_seqs};
     be->attention(be, &a);
-    be->matmul(be, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
-    lora_apply(r, r->tmp, r->att, n, at, LT_O);
+}
+
+static void attn_post(Runner *r, int l, int n) {
+    const LayerWeights *w = &r->m->layers[l];
+    r->b->matmul(r->b, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
+    lora_apply(r, r->tmp, r->att, n, (LoraAt){l, -1, NULL}, LT_O);
 }
 
 /* The residual add of a block's output (tmp) and the norm of the next block's input. */
@@ -619,27 +668,55 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
     }
 }
 
-/* Everything after the uploads: the ops read only runner buffers and st's
- * device copies, so a graph of them replays any step of the same shape. */
-static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out) {
+/* The ops of a step between two attentions: segment 0 is the embedding, the
+ * first norm and layer 0's attn_pre; segment s (1 <= s <= n_layers) is layer
+ * s-1's attn_post and MLP and, below the last layer, layer s's attn_pre. They
+ * read only runner buffers, the weights and st's token / RoPE copies: a graph
+ * of one replays any step of the same token count. */
+static void segment_ops(Runner *r, const Step *st, int s, int n) {
     const Model *m = r->m;
     const ModelConfig *c = &m->cfg;
     Backend *be = r->b;
-    int H = c->hidden, moe_layer = 0;
-    be->embed(be, r->x, VEC(r, m->embed), st->tokens, n, H);
-    be->rmsnorm(be, r->xn, r->x, VEC(r, m->layers[0].attn_norm), n, H, c->rms_eps);
-    for (int l = 0; l < c->n_layers; l++) {
-        attention_block(r, kv, l, st, n);
-        add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
-        if (model_layer_is_moe(c, l)) moe_mlp(r, l, moe_layer++, n);
-        else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n,
-                       (LoraAt){l, -1, NULL});
-        if (l + 1 < c->n_layers) add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
-        else be->add(be, r->x, r->tmp, n * H);
+    int H = c->hidden;
+    if (s == 0) {
+        be->embed(be, r->x, VEC(r, m->embed), st->tokens, n, H);
+        be->rmsnorm(be, r->xn, r->x, VEC(r, m->layers[0].attn_norm), n, H, c->rms_eps);
+        attn_pre(r, 0, st, n);
+        return;
     }
+    int l = s - 1;
+    attn_post(r, l, n);
+    add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
+    if (model_layer_is_moe(c, l)) moe_mlp(r, l, model_moe_index(c, l), n);
+    else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n,
+                   (LoraAt){l, -1, NULL});
+    if (l + 1 < c->n_layers) {
+        add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
+        attn_pre(r, l + 1, st, n);
+    } else {
+        be->add(be, r->x, r->tmp, n * H);
+    }
+}
+
+/* The output rows: gather, final norm, lm_head. */
+static void tail_ops(Runner *r, const Step *st, int n_out) {
+    const Model *m = r->m;
+    Backend *be = r->b;
+    int H = m->cfg.hidden;
     be->gather_rows(be, r->hout, r->x, st->rows, n_out, H);
-    be->rmsnorm(be, r->hout, r->hout, VEC(r, m->final_norm), n_out, H, c->rms_eps);
+    be->rmsnorm(be, r->hout, r->hout, VEC(r, m->final_norm), n_out, H, m->cfg.rms_eps);
     be->matmul(be, be->host ? r->h_logits_out : r->logits, r->hout, n_out, &m->lm_head, NULL);
+}
+
+/* Everything after the uploads: the ops read only runner buffers, the cache and
+ * st's device copies, so a graph of them replays any step of the same shape. */
+static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out) {
+    int L = r->m->cfg.n_layers;
+    for (int s = 0; s <= L; s++) {
+        segment_ops(r, st, s, n);
+        if (s < L) attn_core(r, kv, s, st, n);
+    }
+    tail_ops(r, st, n_out);
 }
 
 /* A pure decode step (one token per sequence, each an output row) on a
@@ -681,20 +758,85 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
     forward_ops(r, kv, st, n, n);
 }
 
+/* Piecewise graphs (vLLM's piecewise CUDA graphs): any other step of n <=
+ * RUNNER_PIECE_MAX tokens (prefill chunks, mixed prefill + decode, decode
+ * beyond RUNNER_GRAPH_MAX) on a graph-capable backend, without LoRA or expert
+ * capture, MoE models only within moe_rows. The step is padded to its
+ * bucket's N tokens: the segments (segment_ops) run as graphs of N tokens,
+ * attn_core and tail_ops eagerly on the real n tokens and n_out rows (their
+ * launch shapes depend on the positions and sequences). Padded tokens are
+ * token 0 with cos = sin = 0 and their attention rows zero, not whatever an
+ * earlier step left there: finite, and the same every time, so a step's
+ * results depend on its inputs alone (an MoE step's padded tokens route, and
+ * set the experts' row counts). No op mixes rows: the real rows' values are
+ * what the unpadded step computes, up to the kernels the larger shape picks.
+ * Returns the bucket index and N, or -1: eager. */
+static int piece_bucket(const Runner *r, const Batch *b, int *N) {
+    uint64_t c, p;
+    int n = b->n_tokens, idx, pad;
+    if (!runner_graph_counts(r, &c, &p) || r->experts || r->tok_lora || n > RUNNER_PIECE_MAX) return -1;
+    if (n <= 8) idx = n - 1, pad = n;
+    else if (n <= 256) idx = 8 + (n + 7) / 8 - 2, pad = (n + 7) / 8 * 8;
+    else idx = 39 + (n + 15) / 16 - 17, pad = (n + 15) / 16 * 16;
+    ASSERT(idx >= 0 && idx < RUNNER_PIECE_BUCKETS && pad >= n, "piece_bucket: %d tokens -> bucket %d", n, idx);
+    if (pad > r->max_tokens) pad = r->max_tokens; /* the same N for every n of this bucket */
+    if (r->m->cfg.n_experts && pad > r->moe_rows) return -1;
+    *N = pad;
+    return idx;
+}
+
+static void forward_pieces(Runner *r, KVCache *kv, const Step *st, int n, int N, int idx, int n_out) {
+    const ModelConfig *c = &r->m->cfg;
+    Backend *be = r->b;
+    int L = c->n_layers, qd = c->n_heads * c->head_dim;
+    if (!r->piece[idx]) r->piece[idx] = xcalloc((size_t)L + 1, sizeof(void *));
+    void **g = r->piece[idx];
+    int captured = 0, replayed = 0;
+    for (int s = 0; s <= L; s++) {
+        if (g[s]) {
+            be->graph_launch(be, g[s]);
+            replayed = 1;
+        } else if (r->piece_seen[idx] && !r->graphs_off && be->graph_begin(be) == 0) {
+            segment_ops(r, st, s, N);
+            g[s] = be->graph_end(be);
+            if (g[s]) {
+                be->graph_launch(be, g[s]);
+                captured = 1;
+            } else {
+                log_warn("%s backend: capturing segment %d of a %d-token step failed; running without graphs",
+                         be->name, s, N);
+                r->graphs_off = 1;
+                segment_ops(r, st, s, N);
+            }
+        } else {
+            segment_ops(r, st, s, N);
+        }
+        if (s == L) break;
+        attn_core(r, kv, s, st, n);
+        if (N > n) be->zero(be, r->att + (size_t)n * qd, sizeof(float) * (size_t)(N - n) * qd);
+    }
+    tail_ops(r, st, n_out);
+    r->piece_seen[idx] = 1;
+    r->piece_captures += captured;
+    r->piece_replays += replayed && !captured;
+}
+
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err) {
     int rc = batch_check(r, kv, b, err);
     if (rc) return rc;
     const ModelConfig *c = &r->m->cfg;
     Backend *be = r->b;
     Step st;
-    step_prepare(r, kv, b, &st);
-    if (b->n_pending > 0 && be->tokens_resolve(be, (int32_t *)st.tokens, b->n_tokens, b->n_pending))
-        return ERR(err, 500, "the %s backend could not take the pending tokens of the last sampling", be->name);
     r->tok_lora = NULL;
     for (int i = 0; r->lora_tokens && i < b->n_tokens; i++)
         if (r->lora_tokens[i] >= 0) r->tok_lora = r->lora_tokens;
+    int full = graph_eligible(r, b), N = b->n_tokens, piece = full ? -1 : piece_bucket(r, b, &N);
+    step_prepare(r, kv, b, &st, N);
+    if (b->n_pending > 0 && be->tokens_resolve(be, (int32_t *)st.tokens, b->n_tokens, b->n_pending))
+        return ERR(err, 500, "the %s backend could not take the pending tokens of the last sampling", be->name);
     r->h_logits_out = logits;
-    if (graph_eligible(r, b)) forward_graph(r, kv, &st, b->n_tokens);
+    if (full) forward_graph(r, kv, &st, b->n_tokens);
+    else if (piece >= 0) forward_pieces(r, kv, &st, b->n_tokens, N, piece, b->n_out);
     else forward_ops(r, kv, &st, b->n_tokens, b->n_out);
     ASSERT(logits || !be->host, "model_forward: a host backend needs a logits buffer");
     if (!be->host && logits) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
@@ -711,7 +853,14 @@ int runner_set_act_bf16(Runner *r, int on) {
 int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays) {
     *captures = r->graph_captures;
     *replays = r->graph_replays;
-    return r->b->graph_begin && !r->graphs_off && (!r->m->cfg.n_experts || r->moe_rows);
+    return r->b->graph_begin && !r->graphs_off && !r->graphs_eager && (!r->m->cfg.n_experts || r->moe_rows);
+}
+
+void runner_set_graphs(Runner *r, int on) { r->graphs_eager = !on; }
+
+void runner_piece_counts(const Runner *r, uint64_t *captures, uint64_t *replays) {
+    *captures = r->piece_captures;
+    *replays = r->piece_replays;
 }
 
 int runner_act_bf16_fast(const Runner *r) { return r->b->set_act_bf16 && r->b->act_bf16_fast; }

@@ -214,3 +214,9 @@ const char *model_config_differs(const ModelConfig *a, const ModelConfig *b) {
 int model_layer_is_moe(const ModelConfig *c, int l) {
     return c->n_experts > 0 && !c->mlp_only[l] && (l + 1) % c->decoder_sparse_step == 0;
 }
+
+int model_moe_index(const ModelConfig *c, int l) {
+    int k = 0;
+    for (int i = 0; i < l; i++) k += model_layer_is_moe(c, i);
+    return k;
+}

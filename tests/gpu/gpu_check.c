@@ -373,7 +373,7 @@ static double now_s(void) {
 }
 
 typedef struct BenchRow { char name[48]; double tok_s, ms, roof_tok_s, frac; } BenchRow;
-static BenchRow rows_out[32];
+static BenchRow rows_out[48];
 static int n_rows;
 static double bw_gbs, gemm_tfs;
 
@@ -609,6 +609,58 @@ static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double m
     printf("  %-28s %9.1f tok/s  %8.2f ms/batch  roofline %9.1f tok/s  %5.1f%%\n", row->name, row->tok_s, row->ms,
            row->roof_tok_s, 100 * row->frac);
     free(tok); free(pos); free(seq);
+}
+
+/* Issue 17's mixed step: B sequences decoding at context BENCH_CTX beside one
+ * sequence's prefill chunk of P tokens (B + P <= 512: piecewise graphs, the
+ * attention eager between them), B + 1 output rows, timed over BENCH_STEPS
+ * steps after 3 (eager at the bucket size, captured, replayed), with graphs
+ * and then with runner_set_graphs(r, 0) (--enforce-eager). The same step each
+ * time: the cache rows it writes are the same. Roofline: the weights read
+ * once or the matmul FLOPs at the GEMM rate, whichever is longer. */
+static void bench_mixed(Runner *r, KVCache *kv, const ModelConfig *c, int B, int P, double mat_params,
+                        double weight_bytes, float *logits, int32_t *tables_mem, int blocks_per_seq) {
+    int T = B + P;
+    int32_t *tok = xmalloc(sizeof(int32_t) * T), *pos = xmalloc(sizeof(int32_t) * T),
+            *seq = xmalloc(sizeof(int32_t) * T), *rows = xmalloc(sizeof(int32_t) * (B + 1));
+    const int32_t **tables = xmalloc(sizeof(int32_t *) * (B + 1));
+    CHECK(P / BS < blocks_per_seq, "bench: a %d-token chunk needs more than %d blocks (a bug)", P, blocks_per_seq);
+    for (int i = 0; i <= B; i++) tables[i] = tables_mem + (size_t)i * blocks_per_seq;
+    for (int i = 0; i < T; i++) {
+        tok[i] = (int32_t)(rng_u64() % (uint64_t)c->vocab);
+        seq[i] = i < B ? i : B;
+        pos[i] = i < B ? BENCH_CTX : i - B;
+    }
+    for (int i = 0; i < B; i++) rows[i] = i;
+    rows[B] = T - 1;
+    Batch b = {T, tok, pos, seq, B + 1, tables, B + 1, rows, 0};
+    double roof = weight_bytes / (bw_gbs * 1e9), flops = 2.0 * T * mat_params / (gemm_tfs * 1e12);
+    if (flops > roof) roof = flops;
+    for (int eager = 0; eager < 2; eager++) {
+        runner_set_graphs(r, !eager);
+        Err err = {0};
+        double t0 = 0;
+        uint64_t pc0, pr0, pc1, pr1;
+        runner_piece_counts(r, &pc0, &pr0);
+        for (int step = -3; step < BENCH_STEPS; step++) {
+            if (step == 0) t0 = now_s();
+            if (model_forward(r, kv, &b, logits, &err)) { fprintf(stderr, "fatal: mixed step: %s\n", err.msg); exit(1); }
+        }
+        double step_s = (now_s() - t0) / BENCH_STEPS;
+        runner_piece_counts(r, &pc1, &pr1);
+        ASSERT(n_rows < (int)(sizeof rows_out / sizeof rows_out[0]), "more bench rows than rows_out holds");
+        BenchRow *row = &rows_out[n_rows++];
+        snprintf(row->name, sizeof row->name, "bf16 mixed %d decode + %d prefill %s", B, P, eager ? "eager" : "graphs");
+        row->tok_s = T / step_s;
+        row->ms = step_s * 1e3;
+        row->roof_tok_s = T / roof;
+        row->frac = roof / step_s;
+        printf("  %-28s %9.1f tok/s  %8.2f ms/step  roofline %9.1f tok/s  %5.1f%%  (piecewise: %llu captured, "
+               "%llu replayed)\n", row->name, row->tok_s, row->ms, row->roof_tok_s, 100 * row->frac,
+               (unsigned long long)(pc1 - pc0), (unsigned long long)(pr1 - pr0));
+    }
+    runner_set_graphs(r, 1);
+    free(tok); free(pos); free(seq); free(rows); free(tables);
 }
 
 /* One layer's prefill attention alone at the bench's shape (4 x 1024 tokens,
@@ -996,6 +1048,7 @@ static void part_bench(void) {
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
     bench_ops(m, rows_out[n_rows - 3].ms);
+    bench_mixed(r, kv, c, 32, 224, mat_params, weight_bytes, logits, tables, bps_dec);
     bench_quant(m, PREC_FP8, 0, logits, tables, bps_dec);
     bench_native_decode_rows(0);
     if (cuda_native_caps()) {

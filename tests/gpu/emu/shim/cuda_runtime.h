@@ -95,10 +95,13 @@ static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+/* Device memory comes uninitialized, as on a GPU; here every byte reads 0xff (f32 / bf16 NaN,
+ * int32 -1), so a kernel that reads what nothing wrote shows in the results. */
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
     EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);
+    if (*p) memset((void *)*p, 0xff, n);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }

@@ -53,6 +53,8 @@ extern "C" {
 
 #define BLAS_WORKSPACE (32u << 20)
 
+#define UP_SEGS 8                       /* cu_upload's ring: segments of */
+#define UP_SEG_BYTES ((size_t)1 << 20)  /* pinned host bytes each */
 typedef struct CudaCtx {
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -87,6 +89,13 @@ typedef struct CudaCtx {
     int lora_rows_up_n;
     uint8_t *lora_taken;        /* [lora_tokens] host */
     CudaSampler *sampler; /* device sampling scratch (sample_reserve), or NULL */
+    /* cu_upload's staging ring: UP_SEGS segments of UP_SEG_BYTES pinned host bytes; up_seg is
+     * being filled up to up_off; up_ev[s] marks the copies out of segment s, pending until waited */
+    uint8_t *up;                /* [UP_SEGS * UP_SEG_BYTES] pinned host */
+    cudaEvent_t up_ev[UP_SEGS];
+    unsigned char up_pending[UP_SEGS];
+    int up_seg;
+    size_t up_off;
 } CudaCtx;
 
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
@@ -128,9 +137,37 @@ static void cu_release(Backend *b, void *p) {
     CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
     CUDA_CHECK(cudaFree(p));
 }
-/* Pageable source: the call returns once the bytes are staged, so the caller may reuse it. */
+/* Uploads. A copy from pageable memory may return only once the stream
+ * reaches it (the driver stages it through its own pinned buffer in chunks),
+ * which would stall an async-scheduled host behind the step in flight. So a
+ * copy of at most UP_SEG_BYTES (every per-step input: tokens, positions,
+ * slots, block tables, RoPE rows) is memcpy'd into a pinned ring and copied
+ * from there: the call returns at once and the caller may reuse src. The
+ * ring is UP_SEGS segments; moving into a segment waits for the event that
+ * closed it UP_SEGS - 1 segments ago (its copies done), which under one step
+ * in flight is long complete. Larger copies (weights at load) go pageable.
+ * Not inside a capture: forward.c uploads before its graphs. */
 static void cu_upload(Backend *b, void *dst, const void *src, size_t n) {
-    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, ctx(b)->stream));
+    CudaCtx *c = ctx(b);
+    if (!n) return;
+    if (!c->up || n > UP_SEG_BYTES) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
+        return;
+    }
+    if (c->up_off + n > UP_SEG_BYTES) { /* close this segment, open the next once its last copies ran */
+        CUDA_CHECK(cudaEventRecord(c->up_ev[c->up_seg], c->stream));
+        c->up_pending[c->up_seg] = 1;
+        c->up_seg = (c->up_seg + 1) % UP_SEGS;
+        if (c->up_pending[c->up_seg]) {
+            CUDA_CHECK(cudaEventSynchronize(c->up_ev[c->up_seg]));
+            c->up_pending[c->up_seg] = 0;
+        }
+        c->up_off = 0;
+    }
+    uint8_t *h = c->up + (size_t)c->up_seg * UP_SEG_BYTES + c->up_off;
+    memcpy(h, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(dst, h, n, cudaMemcpyHostToDevice, c->stream));
+    c->up_off += (n + 255) / 256 * 256;
 }
 static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx(b)->stream));
@@ -569,6 +606,8 @@ static void cu_free(Backend *b) {
     CudaCtx *c = ctx(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     cuda_sampler_free(c->sampler);
+    if (c->up) CUDA_CHECK(cudaFreeHost(c->up));
+    for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
                     c->lora_h, c->lora_rows_d};
     cuda_lt_free(c->lt);
@@ -635,6 +674,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP, mma_rows = (size_t)64 * 3 * c->sms;
     c->part_cap = sizeof(float) * (64 * rows > mma_rows ? 64 * rows : mma_rows) * (size_t)(head_dim + 2);
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
+    CUDA_CHECK(cudaMallocHost((void **)&c->up, UP_SEGS * UP_SEG_BYTES));
+    for (int i = 0; i < UP_SEGS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->up_ev[i], cudaEventDisableTiming));
     Backend *b = (Backend *)xcalloc(1, sizeof *b);
     b->name = "cuda";
     b->ctx = c;

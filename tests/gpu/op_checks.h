@@ -1060,7 +1060,52 @@ static const OpCheck OP_CHECKS[] = {
 #include "op_checks_native.h" /* the native FP8 / NVFP4 paths: their checks and OP_CHECKS_NATIVE */
 
 /* Every row (on_gpu) or the rows the emulation can afford. */
+/* Backend.upload through the CUDA backend's pinned staging ring (backend_cuda.cu
+ * cu_upload: 8 segments of 1 MiB): 24 uploads of 700 KB (one a segment, so the
+ * ring wraps twice), the host source rewritten before each, no synchronize
+ * until all are issued, then each destination read back. On a GPU the stream
+ * is first held ~1.4 ms behind two 1 GiB device copies, so a segment reused
+ * before its copy ran would show as wrong bytes; the emulation runs copies at
+ * once and instead counts the copies that read pinned bytes an earlier copy
+ * not yet waited for also read (emu_pinned_hazards). */
+static void check_upload_ring(int on_gpu) {
+    enum { K = 24 };
+    size_t n = 700 * 1024;
+    uint8_t *h = (uint8_t *)xmalloc(n), *back = (uint8_t *)xmalloc(n);
+    void *d[K], *big[2] = {NULL, NULL};
+    for (int i = 0; i < K; i++) d[i] = dev_poisoned(n);
+    if (on_gpu) {
+        for (int i = 0; i < 2; i++) CUDA_CHECK(cudaMalloc(&big[i], (size_t)1 << 30));
+        bg->copy(bg, big[1], big[0], (size_t)1 << 30);
+        bg->copy(bg, big[0], big[1], (size_t)1 << 30);
+    }
+#ifdef CUDA_EMULATION
+    long hz0 = emu_pinned_hazards();
+#endif
+    for (int i = 0; i < K; i++) {
+        for (size_t j = 0; j < n; j++) h[j] = (uint8_t)(i * 131 + j * 7 + (j >> 11));
+        bg->upload(bg, d[i], h, n);
+    }
+    size_t bad = 0;
+    for (int i = 0; i < K; i++) {
+        bg->download(bg, back, d[i], n);
+        for (size_t j = 0; j < n; j++) bad += back[j] != (uint8_t)(i * 131 + j * 7 + (j >> 11));
+    }
+    long hz = 0;
+#ifdef CUDA_EMULATION
+    hz = emu_pinned_hazards() - hz0;
+#endif
+    int ok = bad == 0 && hz == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %-60s %-7s %zu wrong, %ld pinned rewrites before a wait\n", ok ? "ok" : "FAIL",
+           "upload ring: 24 x 700 KB, source rewritten, no sync between", "exact", bad, hz);
+    for (int i = 0; i < K; i++) cudaFree(d[i]);
+    for (int i = 0; i < 2; i++) if (big[i]) cudaFree(big[i]);
+    free(h); free(back);
+}
+
 static void op_checks_run(int on_gpu) {
+    check_upload_ring(on_gpu);
     for (size_t i = 0; i < sizeof OP_CHECKS / sizeof OP_CHECKS[0]; i++)
         if (on_gpu || OP_CHECKS[i].where == OC_ALL) OP_CHECKS[i].fn(OP_CHECKS[i].a);
     for (size_t i = 0; i < sizeof OP_CHECKS_NATIVE / sizeof OP_CHECKS_NATIVE[0]; i++)

@@ -47,6 +47,66 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 
+/* ---- pinned host memory in flight (shim/cuda_runtime.h); any thread ---- */
+struct EmuRange { const char *p; size_t n; uint64_t mark; };
+static std::vector<EmuRange> pinned, in_flight; /* cudaMallocHost'ed; async copies out of them not yet waited for */
+static uint64_t copy_mark, done_mark;
+static long hazards;
+static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
+void emu_pinned_add(const void *p, size_t n) {
+    pthread_mutex_lock(&pin_mu);
+    pinned.push_back({(const char *)p, n, 0});
+    pthread_mutex_unlock(&pin_mu);
+}
+void emu_pinned_del(const void *p) {
+    pthread_mutex_lock(&pin_mu);
+    for (size_t i = 0; i < pinned.size(); i++)
+        if (pinned[i].p == (const char *)p) {
+            const char *a = pinned[i].p, *z = a + pinned[i].n;
+            for (size_t j = 0; j < in_flight.size();) /* freed: nothing reads it any more (cudaFreeHost syncs) */
+                if (in_flight[j].p >= a && in_flight[j].p < z) in_flight.erase(in_flight.begin() + (long)j);
+                else j++;
+            pinned.erase(pinned.begin() + (long)i);
+            break;
+        }
+    pthread_mutex_unlock(&pin_mu);
+}
+void emu_pinned_copy(const void *src, size_t n) {
+    const char *s = (const char *)src;
+    pthread_mutex_lock(&pin_mu);
+    int is_pinned = 0;
+    for (const EmuRange &r : pinned) is_pinned |= s >= r.p && s < r.p + r.n;
+    if (is_pinned) {
+        for (size_t j = 0; j < in_flight.size();)
+            if (in_flight[j].mark <= done_mark) in_flight.erase(in_flight.begin() + (long)j);
+            else j++;
+        for (const EmuRange &r : in_flight)
+            if (s < r.p + r.n && r.p < s + n && hazards++ < 4)
+                fprintf(stderr, "emulation: an async copy reads pinned host bytes [%p, +%zu) that an earlier copy "
+                        "not yet waited for also reads: the host rewrote them while that copy was queued\n",
+                        (const void *)s, n);
+        in_flight.push_back({s, n, ++copy_mark});
+    }
+    pthread_mutex_unlock(&pin_mu);
+}
+uint64_t emu_copy_mark(void) {
+    pthread_mutex_lock(&pin_mu);
+    uint64_t m = copy_mark;
+    pthread_mutex_unlock(&pin_mu);
+    return m;
+}
+void emu_copies_done(uint64_t mark) {
+    pthread_mutex_lock(&pin_mu);
+    if (mark > done_mark) done_mark = mark;
+    pthread_mutex_unlock(&pin_mu);
+}
+long emu_pinned_hazards(void) {
+    pthread_mutex_lock(&pin_mu);
+    long h = hazards;
+    pthread_mutex_unlock(&pin_mu);
+    return h;
+}
+
 /* ---- stream capture and graphs (shim/cuda_runtime.h); host thread only ---- */
 struct EmuGraph {
     std::vector<std::function<void()>> nodes; /* in stream order */

@@ -85,16 +85,53 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
 static inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = (size_t)1 << 32; return cudaSuccess; }
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = malloc(1); return cudaSuccess; }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
-/* Events: a launch has run when it returns, so recording marks nothing and a
- * wait returns at once (fallible like a stream synchronize). */
+/* Pinned host memory in flight (emu.cpp). Copies run when issued here, but on
+ * a device an async copy out of pinned host memory reads it when the stream
+ * gets there, so the host may rewrite those bytes only after a synchronize,
+ * or an event recorded after the copy, has been waited for. The emulation
+ * keeps every async copy out of pinned memory (cudaMallocHost) as in flight
+ * until such a wait covers it; a copy that reads pinned bytes an in-flight copy
+ * also reads is a hazard (that is how a rewrite before the wait shows):
+ * counted, the first few printed, emu_pinned_hazards() tells. */
+void emu_pinned_add(const void *p, size_t n);
+void emu_pinned_del(const void *p);
+void emu_pinned_copy(const void *src, size_t n); /* an async copy reads [src, src + n) */
+uint64_t emu_copy_mark(void);                    /* what an event recorded now covers */
+void emu_copies_done(uint64_t mark);             /* a wait covering mark returned */
+long emu_pinned_hazards(void);
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    EMU_CAPTURE_REFUSE();
+    EMU_FAULT(cudaErrorUnknown);
+    emu_copies_done(emu_copy_mark());
+    return cudaSuccess;
+}
+static inline cudaError_t cudaDeviceSynchronize(void) {
+    EMU_CAPTURE_REFUSE();
+    EMU_FAULT(cudaErrorUnknown);
+    emu_copies_done(emu_copy_mark());
+    return cudaSuccess;
+}
+/* Events: a launch has run when it returns; an event holds the copy mark of
+ * its record, and a wait (fallible like a stream synchronize) marks the copies
+ * before it done. */
 typedef void *cudaEvent_t;
 #define cudaEventDisableTiming 2
-static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = malloc(1); return cudaSuccess; }
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+    *e = calloc(1, sizeof(uint64_t));
+    return cudaSuccess;
+}
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
-static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { EMU_CAPTURE_REFUSE(); EMU_FAULT(cudaErrorUnknown); return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    EMU_FAULT(cudaErrorUnknown);
+    *(uint64_t *)e = emu_copy_mark();
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    EMU_CAPTURE_REFUSE();
+    EMU_FAULT(cudaErrorUnknown);
+    emu_copies_done(*(uint64_t *)e);
+    return cudaSuccess;
+}
 /* Device memory comes uninitialized, as on a GPU; here every byte reads 0xff (f32 / bf16 NaN,
  * int32 -1), so a kernel that reads what nothing wrote shows in the results. */
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t n) {
@@ -110,9 +147,10 @@ template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t n) 
     EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorMemoryAllocation);
     *p = (T *)malloc(n ? n : 1);
+    if (*p) emu_pinned_add((const void *)*p, n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaFreeHost(void *p) { emu_pinned_del(p); free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemset(void *p, int v, size_t n) {
     EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorUnknown);
@@ -133,8 +171,12 @@ static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcp
 }
 static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
     EMU_FAULT(cudaErrorUnknown);
-    if (emu_capturing()) emu_record([=]() { memcpy(d, s, n); });
-    else memcpy(d, s, n);
+    if (emu_capturing()) {
+        emu_record([=]() { memcpy(d, s, n); });
+        return cudaSuccess;
+    }
+    emu_pinned_copy(s, n);
+    memcpy(d, s, n);
     return cudaSuccess;
 }
 

@@ -74,6 +74,16 @@ FIXTURES = [
                   norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
                   rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
                   tie_word_embeddings=True, attention_bias=False)),
+    # every linear width a multiple of 32, so NVFP4 quantizes every matrix and the GPU runs the
+    # NVFP4 experts grouped (moe_gemm.cu); emu_check / gpu_check run it at nvfp4 against the CPU
+    dict(name="qwen3_moe_fp4", arch="Qwen3MoeForCausalLM", style="hub", seed=112,
+         seq_lens=[7, 16, 33],
+         cfg=dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                  moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                  norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                  tie_word_embeddings=False, attention_bias=False)),
     # head_dim = 96/8 = 12 (no head_dim key, like Llama 3.1). With theta 5e5 the wavelengths
     # 2*pi*theta^(2i/12) are 6.3, 56, 499, ... : with original_max_position_embeddings 64
     # (high-freq wavelength 64/4 = 16, low-freq wavelength 64/1 = 64) the first pair is kept,

@@ -87,7 +87,11 @@ static void make_table(int32_t *bt, int n, int base) {
 
 /* What each reference must hold (scripts/make_fixtures.py): a fixture whose
  * ref.safetensors is empty or truncated fails instead of comparing nothing. */
-typedef struct { const char *dir; int n_seqs, has_decode; } Fixture;
+typedef struct {
+    const char *dir;
+    int n_seqs, has_decode;
+    int no_fp8_kv; /* 1: not run with the FP8 KV cache (see the fixture's row) */
+} Fixture;
 
 static void run_fixture(const char *dir, int want_seqs, int want_decode, KvDtype kvt, int act_bf16) {
     double max_abs = act_bf16 ? ACT_BF16_TOL[kvt].max_abs : KV_TOL[kvt].max_abs,
@@ -242,14 +246,18 @@ static void check_copy_block(const char *dir, KvDtype kvt) {
 
 int main(void) {
     const Fixture fx[] = {
-        {"tests/fixtures/qwen3_gqa2", 3, 1}, {"tests/fixtures/qwen3_mha_sharded", 3, 1},
-        {"tests/fixtures/qwen3_moe", 3, 1},  {"tests/fixtures/qwen3_moe_nonorm", 3, 1},
-        {"tests/fixtures/llama31", 3, 1},    {"tests/fixtures/qwen2", 3, 1},
-        {"models/tiny-qwen3", 2, 0}, /* prefill reference only */
+        {"tests/fixtures/qwen3_gqa2", 3, 1, 0}, {"tests/fixtures/qwen3_mha_sharded", 3, 1, 0},
+        {"tests/fixtures/qwen3_moe", 3, 1, 0},  {"tests/fixtures/qwen3_moe_nonorm", 3, 1, 0},
+        {"tests/fixtures/llama31", 3, 1, 0},    {"tests/fixtures/qwen2", 3, 1, 0},
+        /* NVFP4-width MoE (the GPU's grouped NVFP4 experts): its random weights amplify e4m3 K/V
+         * rounding past KV_TOL's FP8 row (KL 7e-2 .. 3e-1 over five seeds); FP8 KV accuracy is the
+         * other fixtures' */
+        {"tests/fixtures/qwen3_moe_fp4", 3, 1, 1},
+        {"models/tiny-qwen3", 2, 0, 0}, /* prefill reference only */
     };
     for (int t = 0; t < KV_DTYPE_COUNT; t++)
         for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++)
-            run_fixture(fx[i].dir, fx[i].n_seqs, fx[i].has_decode, (KvDtype)t, 0);
+            if (t != KV_FP8 || !fx[i].no_fp8_kv) run_fixture(fx[i].dir, fx[i].n_seqs, fx[i].has_decode, (KvDtype)t, 0);
     /* --dtype bfloat16 (BF16 matmul activations) with the f32 and the BF16 KV cache */
     for (int t = KV_F32; t <= KV_BF16; t++)
         for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++)

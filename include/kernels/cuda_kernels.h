@@ -148,8 +148,11 @@ int cuda_moe_route(const MoeRouteArgs *a, void *stream);
  * bc >= cols); cols % (8 << fmt) == 0; x and every W_e 16-byte aligned. */
 typedef struct CudaMoeSeg {
     float *out;             /* [n_pairs, rows] f32, pair order */
-    const void *const *w;   /* [n_experts] device pointers: expert e's [rows, cols] bf16 / e4m3 */
-    const float *const *s;  /* [n_experts] fp8: expert e's scale_inv [ceil(rows / br), ceil(cols / bc)] f32 */
+    const void *const *w;   /* [n_experts] device pointers: expert e's [rows, cols] bf16 / e4m3, or nvfp4
+                             * [rows, cols / 2] e2m1 pairs */
+    const void *const *s;   /* [n_experts] fp8: expert e's scale_inv [ceil(rows / br), ceil(cols / bc)] f32;
+                             * nvfp4: its block scales [rows, cols / 16] e4m3 */
+    const float *s2;        /* nvfp4: [n_experts] device f32, each expert's scale2 */
     int rows, br, bc;
 } CudaMoeSeg;
 typedef struct CudaMoeGemv {
@@ -159,7 +162,7 @@ typedef struct CudaMoeGemv {
     int cols;
     const int32_t *offsets; /* [n_experts + 1] int32 (moe_route) */
     const int32_t *active;  /* [n_experts] int32 experts with pairs, then -1 (moe_route) */
-    int n_experts, n_pairs, fmt;
+    int n_experts, n_pairs, fmt; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 (gemv_tile.cuh's FMT) */
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);

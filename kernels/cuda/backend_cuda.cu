@@ -426,11 +426,10 @@ static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const in
 
 static void cu_moe_route(Backend *b, const MoeRouteArgs *a) { LAUNCH_OK(cuda_moe_route(a, st(b))); }
 
-/* Expert kind j (0 gate, 1 up, 2 down) of every expert: one format (BF16 or
- * FP8 with one scale block), the layer's shape, 16-byte aligned. */
+/* Expert kind j (0 gate, 1 up, 2 down) of every expert: one format (BF16, FP8
+ * with one scale block, or NVFP4), the layer's shape, 16-byte aligned. */
 static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int cols, CudaMoeSeg *sg) {
     int E = a->route->n_experts;
-    if (m[0].fmt != WF_BF16 && m[0].fmt != WF_FP8) return 0;
     const QuantFp8 *q0 = m[0].fmt == WF_FP8 ? (const QuantFp8 *)m[0].q : NULL;
     for (int e = 0; e < E; e++) {
         const QuantFp8 *q = (const QuantFp8 *)m[e].q;
@@ -438,6 +437,7 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
             return 0;
         if (q0 && (!q || !m[e].dev_scale || q->block_rows != q0->block_rows || q->block_cols != q0->block_cols))
             return 0;
+        if (m[e].fmt == WF_NVFP4 && (!m[e].q || !m[e].dev_scale || ((uintptr_t)m[e].dev_scale & 1))) return 0;
     }
     sg->rows = rows;
     sg->br = q0 ? q0->block_rows : 0;
@@ -452,19 +452,22 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     int E = ra->n_experts, K = ra->top_k, H = a->hidden, I = a->inter, NK = ra->n * K;
     const WeightMat *ws[3] = {a->ex.gate, a->ex.up, a->ex.down};
     if (!ws[0] || !ws[1] || !ws[2] || E < 1) return -1;
-    int fmt = ws[0][0].fmt == WF_FP8 ? 1 : 0;
+    if (ws[0][0].fmt != WF_BF16 && ws[0][0].fmt != WF_FP8 && ws[0][0].fmt != WF_NVFP4) return -1;
+    int fmt = ws[0][0].fmt == WF_FP8 ? 1 : ws[0][0].fmt == WF_NVFP4 ? 2 : 0;
     CudaMoeSeg sg[3] = {};
     if (!moe_kind_ok(a, ws[0], I, H, &sg[0]) || !moe_kind_ok(a, ws[1], I, H, &sg[1]) ||
         !moe_kind_ok(a, ws[2], H, I, &sg[2]) || ws[1][0].fmt != ws[0][0].fmt || ws[2][0].fmt != ws[0][0].fmt ||
         sg[0].br != sg[1].br || sg[0].bc != sg[1].bc || H % (8 << fmt) || I % (8 << fmt))
         return -1;
     if (!a->x) return 0;
-    CHECK(a->out && a->ex.w && (!fmt || a->ex.s) && a->xg && a->yg && a->g && a->u, "moe_mlp: missing buffers");
+    CHECK(a->out && a->ex.w && (!fmt || a->ex.s) && (fmt != 2 || a->ex.s2) && a->xg && a->yg && a->g && a->u,
+          "moe_mlp: missing buffers");
     float *outs[3] = {a->g, a->u, a->yg};
     for (int j = 0; j < 3; j++) {
         sg[j].out = outs[j];
         sg[j].w = a->ex.w + (size_t)j * E;
-        sg[j].s = fmt ? (const float *const *)(a->ex.s + (size_t)j * E) : NULL;
+        sg[j].s = fmt ? a->ex.s + (size_t)j * E : NULL;
+        sg[j].s2 = fmt == 2 ? a->ex.s2 + (size_t)j * E : NULL;
     }
     LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
     CudaMoeGemv gu = {};

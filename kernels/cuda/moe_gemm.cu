@@ -13,8 +13,10 @@
  * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
  * per expert, cpu_axpy into the token rows in expert order).
- * Not here: NVFP4 (its scale2 can change with a delta; those models run the
- * per-expert loop), shapes the 16-byte tile path does not take, large
+ * NVFP4 experts likewise, weight-only, each expert's scale2 read from a
+ * device table (a delta that re-quantizes an expert rewrites its entry, and
+ * a captured graph reads the new one).
+ * Not here: shapes the 16-byte tile path does not take, large
  * prefills (forward.c runs steps above RUNNER_GRAPH_MAX tokens per expert,
  * through cuBLAS).
  */
@@ -37,10 +39,14 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
     a.rows = S->rows;
     a.cols = g.cols;
     if (FMT == 1) {
-        a.S = S->s[e];
+        a.S = (const float *)S->s[e];
         a.br = S->br;
         a.bc = S->bc;
         a.sc = (g.cols + S->bc - 1) / S->bc;
+    }
+    if (FMT == 2) {
+        a.SF = (const uint16_t *)S->s[e];
+        a.scale2 = __ldg(S->s2 + e);
     }
     for (int c0 = 0; c0 < cnt; c0 += CUDA_GEMV_MAX_N) {
         a.x = g.x + (size_t)(p0 + c0) * g.cols;
@@ -60,13 +66,14 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
 }
 
 extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
-    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 1 || !g->x || !g->offsets || !g->active ||
+    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 2 || !g->x || !g->offsets || !g->active ||
         g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0 || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15))
         return -1;
     for (int i = 0; i < g->nseg; i++) {
         const CudaMoeSeg *S = &g->seg[i];
         if (!S->out || !S->w || S->rows <= 0 || (g->fmt == 1 && (!S->s || S->br <= 0 || S->bc <= 0 ||
-                                                                  (S->bc % 16 && S->bc < g->cols))))
+                                                                  (S->bc % 16 && S->bc < g->cols))) ||
+            (g->fmt == 2 && (!S->s || !S->s2)))
             return -1;
     }
     if (g->n_pairs == 0) return 0;
@@ -75,7 +82,7 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
     unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
     cudaStream_t s = (cudaStream_t)stream;
-    void (*k)(CudaMoeGemv) = g->fmt == 0 ? moe_gemv_kernel<0> : moe_gemv_kernel<1>;
+    void (*k)(CudaMoeGemv) = g->fmt == 0 ? moe_gemv_kernel<0> : g->fmt == 1 ? moe_gemv_kernel<1> : moe_gemv_kernel<2>;
     k<<<blocks, GT_WARPS * 32, 0, s>>>(*g);
     CUDA_CHECK_LAUNCH();
     return 0;

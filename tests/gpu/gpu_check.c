@@ -345,6 +345,7 @@ static void part_models(void) {
     run_fixture("tests/fixtures/qwen2", PREC_FP8);
     run_fixture("models/tiny-qwen3", PREC_FP8);
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
+    run_fixture("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4); /* NVFP4 experts grouped on the device */
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
     native_kl_fixtures();
     /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */

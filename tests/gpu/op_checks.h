@@ -764,7 +764,7 @@ static void check_lora(const int *a) {
  * offsets, pair lists and active experts bytes equal, weights f32 class; the
  * expert MLP's output f32 class. n * K / E > 8 runs several GEMV passes per expert. */
 static void check_moe(const int *a) {
-    int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], I = a[5], fp8 = a[6], ties = a[7];
+    int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], I = a[5], fmt = a[6], ties = a[7]; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 */
     int NK = n * K;
     char what[128];
     float *lg = (float *)xmalloc(sizeof(float) * (size_t)n * E);
@@ -811,13 +811,24 @@ static void check_moe(const int *a) {
     WeightMat *hm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
     WeightMat *dm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
     const void **tab = (const void **)xcalloc((size_t)6 * E, sizeof(void *));
+    float *s2 = (float *)xcalloc((size_t)3 * E, sizeof(float)); /* nvfp4: [3, E] scale2 */
     for (int j = 0; j < 3; j++)
         for (int e = 0; e < E; e++) {
             int rows = j < 2 ? I : H, cols = j < 2 ? H : I;
             WeightMat *h = &hm[j * E + e], *d = &dm[j * E + e];
-            *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f));
+            /* magnitudes differ per expert, so do their scales (a scale read for the wrong expert shows) */
+            *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f * (1.0f + 0.25f * (float)(e % 4))));
             *d = *h;
-            if (fp8) {
+            if (fmt == 2) {
+                Err err = {0};
+                QuantNvfp4 *q = quant_nvfp4_from_bf16(h->bf16, rows, cols, &err);
+                CHECK(q, "quantize: %s", err.msg);
+                h->fmt = d->fmt = WF_NVFP4;
+                h->q = d->q = q;
+                d->dev = dev_copy(q->packed, (size_t)rows * cols / 2);
+                d->dev_scale = dev_copy(q->scale, (size_t)rows * cols / 16);
+                s2[j * E + e] = q->scale2;
+            } else if (fmt == 1) {
                 Err err = {0};
                 QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, QUANT_FP8_BLOCK128, &err);
                 CHECK(q, "quantize: %s", err.msg);
@@ -849,22 +860,25 @@ static void check_moe(const int *a) {
     float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * H), *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * H);
     float *dxg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H), *dyg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H);
     float *dg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I), *du = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I);
-    MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E}, dxg, dyg, dg, du, H, I};
+    float *ds2 = (float *)dev_copy(s2, sizeof(float) * (size_t)3 * E);
+    MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E, fmt == 2 ? ds2 : NULL}, dxg, dyg, dg,
+                     du, H, I};
     int taken = bg->moe_mlp(bg, &ma);
     float *got = dev_result(dout, (size_t)n * H);
-    snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s", fp8 ? "fp8" : "bf16", n, E, K, I, H,
+    snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s", fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E, K, I, H,
              taken ? " REFUSED" : "");
     compare_op(what, TOL_F32, ref, got, (size_t)n * H);
     free(got);
     for (int i = 0; i < 3 * E; i++) {
         cudaFree(dm[i].dev);
         if (dm[i].dev_scale) cudaFree(dm[i].dev_scale);
-        if (hm[i].q) quant_fp8_free((QuantFp8 *)hm[i].q);
+        if (hm[i].q && fmt == 1) quant_fp8_free((QuantFp8 *)hm[i].q);
+        if (hm[i].q && fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hm[i].q);
         free(hm[i].bf16);
     }
     for (int i = 0; i < 5; i++) { cudaFree(di[i]); free(hi[i]); }
     for (int i = 0; i < 2; i++) { cudaFree(df[i]); free(hf[i]); }
-    cudaFree(dlg); cudaFree((void *)dtab); cudaFree(dx); cudaFree(dout); cudaFree(dxg); cudaFree(dyg); cudaFree(dg);
+    cudaFree(dlg); cudaFree((void *)dtab); cudaFree(ds2); free(s2); cudaFree(dx); cudaFree(dout); cudaFree(dxg); cudaFree(dyg); cudaFree(dg);
     cudaFree(du);
     free(lg); free(perm); free(hm); free(dm); free((void *)tab); free(x); free(ref); free(xg); free(yg); free(g);
     free(u);
@@ -1045,6 +1059,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_ALL, {80, 8, 2, 1, 32, 16, 0, 0}},        /* n > 64: two routing launches; three GEMV passes */
     {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1}},       /* 128 experts, fp8 */
     {check_moe, OC_ALL, {3, 40, 32, 0, 32, 16, 1, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
+    {check_moe, OC_ALL, {6, 8, 2, 1, 64, 32, 2, 0}},         /* nvfp4 experts */
+    {check_moe, OC_ALL, {19, 16, 4, 0, 96, 64, 2, 1}},       /* nvfp4, > 8 pairs an expert: two GEMV passes */
+    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0}},   /* Qwen3-30B-A3B at nvfp4 */
     /* n, in, out, adapters, ranks[3], bf16 */
     {check_lora, OC_GPU, {16, 4096, 1024, 3, 16, 64, 8, 0}},  /* Qwen3-8B k_proj */
     {check_lora, OC_GPU, {5, 12288, 4096, 2, 32, 16, 0, 1}},  /* down_proj, bf16 */

@@ -318,7 +318,10 @@ static void engine_devsample_check(const char *dir) {
     memset(on, 0, sizeof on);
     memset(sync_, 0, sizeof sync_);
     memset(off, 0, sizeof off);
-    EngineMetrics mon, msync, moff;
+    EngineMetrics mon, msync, moff; /* zeroed: a run that fails early prints zeros, not stack bytes */
+    memset(&mon, 0, sizeof mon);
+    memset(&msync, 0, sizeof msync);
+    memset(&moff, 0, sizeof moff);
     int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_ON, 1, on, &mon) |
              eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_OFF, 0, sync_, &msync) |
              eds_run(dir, ENGINE_DEVSAMPLE_OFF, ENGINE_ASYNC_AUTO, 0, off, &moff);

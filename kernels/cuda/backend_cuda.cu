@@ -355,9 +355,10 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
-                         const float *cs, const float *sn) {
-    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, st(b)));
+                         const float *cs, const float *sn, const int32_t *pos) {
+    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, pos, st(b)));
 }
+static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) { LAUNCH_OK(cuda_rope_kv_write(a, st(b))); }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
     if (cuda_attention_mma_fits(a)) {
@@ -652,6 +653,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->matmul = cu_matmul;
     b->matmul_multi = cu_matmul_multi;
     b->norm_rope = cu_norm_rope;
+    b->rope_kv_write = cu_rope_kv_write;
     b->attention = cu_attention;
     b->swiglu = cu_swiglu;
     b->add = cu_add;

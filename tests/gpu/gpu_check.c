@@ -772,7 +772,7 @@ static void bench_gemv(void) {
  * launches per step, against the measured step. What the sum misses is the
  * gap between dependent kernels inside the graph. */
 typedef struct OpRow { char name[48]; double us; int per_step; } OpRow;
-static OpRow op_rows[16];
+static OpRow op_rows[24];
 static int n_op_rows;
 
 #define TIME_OP(label, count, call)                                                      \
@@ -857,9 +857,13 @@ static void bench_ops(const Model *m, double step_ms) {
     TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
-    TIME_OP("norm_rope q", L, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, NULL));
-    TIME_OP("norm_rope k", L, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, NULL));
-    TIME_OP("kv_write", L, cuda_kv_write(&kw, NULL));
+    /* the RoPE tables of one row (cs, sn: [1, hd/2]) at position ip[1] = 0 */
+    RopeKvArgs rk = {.kv = kw, .q = q, .n_heads = nh, .q_norm = qn, .k_norm = kn, .eps = c->rms_eps, .cs = cs,
+                     .sn = sn, .pos = ip + 1};
+    TIME_OP("norm_rope q (unfused)", 0, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, ip + 1, NULL));
+    TIME_OP("norm_rope k (unfused)", 0, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, ip + 1, NULL));
+    TIME_OP("kv_write (unfused)", 0, cuda_kv_write(&kw, NULL));
+    TIME_OP("rope_kv_write (q/k rope + kv)", L, cuda_rope_kv_write(&rk, NULL));
     TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
     TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());

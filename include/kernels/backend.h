@@ -173,6 +173,13 @@ struct Backend {
     void (*attention)(Backend *b, const AttnArgs *a);
     /* out[n] = silu(g[n]) * u[n] */
     void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
+    /* Optional (NULL: matmul_multi or matmul of gate and up into g, u, then swiglu,
+     * the CPU reference): out[n, gate->rows] = silu(x @ gate^T) * (x @ up^T) for
+     * two matrices of the same shape without biases, the values of those ops; g, u
+     * [n, gate->rows] f32 scratch the op may use (a device backend's fused GEMV at
+     * decode sizes writes out only); out may alias g. */
+    void (*matmul_swiglu)(Backend *b, float *out, const float *x, int n, const WeightMat *gate,
+                          const WeightMat *up, float *g, float *u);
     /* x[n] += y[n] */
     void (*add)(Backend *b, float *x, const float *y, int n);
     /* store token i's k/v rows at slot slots[i] of the caches, converted to their dtype (slots[i] < 0: skipped) */

@@ -327,32 +327,58 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
-/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
- * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
-static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
-                            const uint16_t *const *biases, int count) {
-    GemvMulti m = {};
-    int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
+/* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
+ * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
+static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const float *x, int n,
+                            const WeightMat *const *ws, const uint16_t *const *biases, int count) {
+    *m = GemvMulti{};
+    *fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2;
+    int ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
     ok = ok && !(ws[0]->act_quant && n >= CUDA_NATIVE_MIN_N); /* native GEMMs: one matmul each */
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
         const uint16_t *bias = biases[i];
         ok = w->fmt == ws[0]->fmt;
         if (w->fmt == WF_BF16) {
-            m.seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
         } else if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            m.seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
-                                     q->block_rows, q->block_cols, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
+                                      q->block_rows, q->block_cols, bias, w->rows, w->cols);
         } else {
             const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-            m.seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
-                                       q->scale2, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
+                                        q->scale2, bias, w->rows, w->cols);
         }
     }
-    m.nseg = count;
-    if (ok && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
+    m->nseg = count;
+    return ok;
+}
+
+/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
+ * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
+static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
+                            const uint16_t *const *biases, int count) {
+    GemvMulti m;
+    int fmt;
+    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
+}
+static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
+    LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
+}
+/* gate/up and SwiGLU: at decode sizes one launch with the epilogue (matmul_swiglu.cu; g and u
+ * untouched), else matmul_multi into g, u and swiglu (out may alias g). */
+static void cu_matmul_swiglu(Backend *b, float *out, const float *x, int n, const WeightMat *gate,
+                             const WeightMat *up, float *g, float *u) {
+    GemvMulti m;
+    int fmt;
+    float *outs[2] = {g, u};
+    const WeightMat *ws[2] = {gate, up};
+    const uint16_t *bs[2] = {NULL, NULL};
+    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0) return;
+    cu_matmul_multi(b, outs, x, n, ws, bs, 2);
+    cu_swiglu(b, out, g, u, n * gate->rows);
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
                          const float *cs, const float *sn, const int32_t *pos) {
@@ -374,9 +400,6 @@ static void cu_attention(Backend *b, const AttnArgs *a) {
         scratch_grow(c, (void **)&c->part, &c->part_cap,
                 sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
     LAUNCH_OK(cuda_attention(a, c->part, splits, st(b)));
-}
-static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
-    LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
 }
 static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
 static void cu_kv_write(Backend *b, const KvWriteArgs *a) { LAUNCH_OK(cuda_kv_write(a, st(b))); }
@@ -656,6 +679,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->rope_kv_write = cu_rope_kv_write;
     b->attention = cu_attention;
     b->swiglu = cu_swiglu;
+    b->matmul_swiglu = cu_matmul_swiglu;
     b->add = cu_add;
     b->kv_write = cu_kv_write;
     b->gather_rows = cu_gather_rows;

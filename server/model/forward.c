@@ -622,6 +622,11 @@ static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
 static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
                       const float *in, float *out, int n, LoraAt at) {
     Backend *be = r->b;
+    if (be->matmul_swiglu && !r->tok_lora) { /* LoRA updates g and u between the matmuls and the swiglu */
+        be->matmul_swiglu(be, r->g, in, n, gate, up, r->g, r->u);
+        be->matmul(be, out, r->g, n, down, NULL);
+        return;
+    }
     if (be->matmul_multi) {
         float *outs[2] = {r->g, r->u};
         const WeightMat *ws[2] = {gate, up};

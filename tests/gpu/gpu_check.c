@@ -815,6 +815,12 @@ static int mm_multi_call(WeightMat *ws, float **outs, const float *x, int count)
     return 0;
 }
 
+/* matmul_swiglu at batch 1 (the fused GEMV with the SwiGLU epilogue) into g. */
+static int mm_swiglu_call(WeightMat *ws, float *g, float *u, const float *x) {
+    bg->matmul_swiglu(bg, g, x, 1, &ws[0], &ws[1], g, u);
+    return 0;
+}
+
 static void bench_ops(const Model *m, double step_ms) {
     const ModelConfig *c = &m->cfg;
     int L = c->n_layers, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, I = c->intermediate;
@@ -867,8 +873,9 @@ static void bench_ops(const Model *m, double step_ms) {
     TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
     TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
-    TIME_OP_BG("gate/up GEMV (one launch)", L, mm_multi_call(gu, gu_out, xn, 2));
-    TIME_OP("swiglu", L, cuda_swiglu(g, g, u, (size_t)I, NULL));
+    TIME_OP_BG("gate/up GEMV (unfused)", 0, mm_multi_call(gu, gu_out, xn, 2));
+    TIME_OP("swiglu (unfused)", 0, cuda_swiglu(g, g, u, (size_t)I, NULL));
+    TIME_OP_BG("gate/up GEMV + swiglu", L, mm_swiglu_call(gu, g, u, xn));
     TIME_OP("down GEMV", L, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
     TIME_OP("lm_head GEMV", 1, cuda_gemv_bf16(logits, xn, 1, m->lm_head.bf16, c->vocab, H, NULL, NULL));
     double sum = 0;

@@ -121,6 +121,22 @@ static void compare_op(const char *what, Tol tol, const float *ref, const float 
            bad);
 }
 
+/* Bytes equal, for caches and codes whose elements are not f32 (bf16, e4m3, e2m1 codes, scales);
+ * also used by op_checks_native.h. */
+static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
+    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            if (!diff) first = i;
+            diff++;
+        }
+    diff ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
+    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
+    printf("\n");
+}
+
 static Backend *bc, *bg; /* CPU reference; CUDA with device-resident weights (the includer creates both) */
 
 /* ---- the checks; a: the row's arguments, named at the top of each ---- */
@@ -380,6 +396,90 @@ static void check_matmul_multi(const int *a) {
     free(x);
 }
 
+/* A random [rows, cols] weight in format fmt (0 bf16, 1 fp8 128x128 blocks, 2 nvfp4) of scale sc:
+ * hw the host matrix the CPU ops read, dw its device copy (dq / dn: its device quantization
+ * block; dev[2]: the device buffers to free). */
+static void test_weight(int fmt, int rows, int cols, float sc, WeightMat *hw, WeightMat *dw, QuantFp8 *dq,
+                        QuantNvfp4 *dn, void **dev) {
+    Err err = {0};
+    uint16_t *w = rand_bf16((size_t)rows * cols, 0, sc);
+    *hw = wmat_bf16(rows, cols, w);
+    *dw = *hw;
+    dev[1] = NULL;
+    if (fmt == 1) {
+        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, QUANT_FP8_BLOCK128, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        hw->fmt = dw->fmt = WF_FP8;
+        hw->q = q;
+        *dq = *q;
+        dq->q = (uint8_t *)(dev[0] = dev_copy(q->q, (size_t)rows * cols));
+        dq->scale_inv = (float *)(dev[1] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
+        dw->q = dq;
+    } else if (fmt == 2) {
+        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        hw->fmt = dw->fmt = WF_NVFP4;
+        hw->q = q;
+        *dn = *q;
+        dn->packed = (uint8_t *)(dev[0] = dev_copy(q->packed, (size_t)rows * cols / 2));
+        dn->scale = (uint8_t *)(dev[1] = dev_copy(q->scale, (size_t)rows * cols / 16));
+        dw->q = dn;
+    } else {
+        dw->bf16 = (uint16_t *)(dev[0] = dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols));
+    }
+    dw->dev = dev[0];
+    dw->dev_scale = dev[1];
+}
+
+static void test_weight_free(int fmt, WeightMat *hw, void **dev) {
+    free(hw->bf16);
+    if (fmt == 1) quant_fp8_free((QuantFp8 *)hw->q);
+    if (fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hw->q);
+    cudaFree(dev[0]);
+    cudaFree(dev[1]);
+}
+
+/* matmul_swiglu (backend.h; matmul_swiglu.cu at n <= 8, the fallback above) of gate / up [rows,
+ * cols] in format fmt against the CPU ops it stands for (matmul gate, matmul up, swiglu: f32
+ * class; bf16act for BF16 beyond 8 tokens, cuBLAS), and bitwise against the CUDA backend's own composition (matmul_multi + swiglu: the
+ * epilogue uses swiglu's expression on the same sums). */
+static void check_matmul_swiglu(const int *a) {
+    int fmt = a[0], n = a[1], rows = a[2], cols = a[3];
+    size_t NX = (size_t)n * cols, NO = (size_t)n * rows;
+    float *x = rand_f32(NX, 1), *dx = (float *)dev_copy(x, sizeof(float) * NX);
+    WeightMat hg, hu, dg, du;
+    QuantFp8 qg, qu;
+    QuantNvfp4 ng, nu;
+    void *devg[2], *devu[2];
+    test_weight(fmt, rows, cols, 0.2f, &hg, &dg, &qg, &ng, devg); /* gate values of a few units: silu's bend */
+    test_weight(fmt, rows, cols, 0.05f, &hu, &du, &qu, &nu, devu);
+    float *g = (float *)xmalloc(sizeof(float) * NO), *u = (float *)xmalloc(sizeof(float) * NO),
+          *ref = (float *)xmalloc(sizeof(float) * NO);
+    bc->matmul(bc, g, x, n, &hg, NULL);
+    bc->matmul(bc, u, x, n, &hu, NULL);
+    bc->swiglu(bc, ref, g, u, (int)NO);
+    float *dout = (float *)dev_poisoned(sizeof(float) * NO), *dgs = (float *)dev_poisoned(sizeof(float) * NO),
+          *dus = (float *)dev_poisoned(sizeof(float) * NO), *dout2 = (float *)dev_poisoned(sizeof(float) * NO);
+    bg->matmul_swiglu(bg, dout, dx, n, &dg, &du, dgs, dus);
+    float *outs[2] = {dgs, dus};
+    const WeightMat *ws[2] = {&dg, &du};
+    const uint16_t *bs[2] = {NULL, NULL};
+    float *got = dev_result(dout, NO);
+    bg->matmul_multi(bg, outs, dx, n, ws, bs, 2);
+    bg->swiglu(bg, dout2, dgs, dus, (int)NO);
+    float *got2 = dev_result(dout2, NO);
+    char what[128];
+    const char *fn = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4";
+    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d]%s", fn, n, rows, cols, n <= CUDA_GEMV_MAX_N ? "" : " (unfused)");
+    compare_op(what, fmt == 0 && n > CUDA_GEMV_MAX_N ? TOL_BF16ACT : TOL_F32, ref, got, NO); /* cuBLAS: bf16 x */
+    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d] = gate/up + swiglu", fn, n, rows, cols);
+    compare_bytes(what, got2, got, sizeof(float) * NO);
+    test_weight_free(fmt, &hg, devg);
+    test_weight_free(fmt, &hu, devu);
+    cudaFree(dx); cudaFree(dout); cudaFree(dgs); cudaFree(dus); cudaFree(dout2);
+    free(x); free(g); free(u); free(ref); free(got); free(got2);
+}
+
 /* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
  * indices (plus one repeat of the same value and two out of range), exact. */
 static void check_scatter(const int *a) {
@@ -632,22 +732,6 @@ static void check_rows(const int *a) {
     compare_op(what, TOL_F32, ref, got, S);
     cudaFree(dsrc); cudaFree(dout); cudaFree(drows); cudaFree(dslots); cudaFree(dk); cudaFree(dw);
     free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got);
-}
-
-/* Bytes equal, for caches and codes whose elements are not f32 (bf16, e4m3, e2m1 codes, scales);
- * also used by op_checks_native.h. */
-static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
-    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
-    size_t diff = 0, first = n;
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            if (!diff) first = i;
-            diff++;
-        }
-    diff ? n_fail++ : n_pass++;
-    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
-    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
-    printf("\n");
 }
 
 /* Slots of n tokens in a cache of n_blocks blocks of bs: distinct (a stride coprime to the slots
@@ -1099,6 +1183,21 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_multi, OC_GPU, {2, 1, 3, 4096, 1024, 1024, 4096}},
     {check_matmul_multi, OC_GPU, {2, 5, 2, 12288, 12288, 0, 4096}},
     {check_matmul_multi, OC_ALL, {2, 2, 3, 130, 33, 7, 512}},
+    /* fmt (0 bf16, 1 fp8, 2 nvfp4), n, rows, cols: gate/up + SwiGLU, fused at n <= 8 */
+    {check_matmul_swiglu, OC_GPU, {0, 1, 12288, 4096}}, /* Qwen3-8B */
+    {check_matmul_swiglu, OC_GPU, {1, 5, 12288, 4096}},
+    {check_matmul_swiglu, OC_GPU, {2, 8, 12288, 4096}},
+    {check_matmul_swiglu, OC_ALL, {0, 1, 37, 384}},  /* a partial row tile */
+    {check_matmul_swiglu, OC_ALL, {0, 3, 40, 200}},
+    {check_matmul_swiglu, OC_ALL, {0, 8, 9, 640}},
+    {check_matmul_swiglu, OC_ALL, {0, 2, 20, 100}},  /* cols % 8: the scalar GEMVs + swiglu */
+    {check_matmul_swiglu, OC_ALL, {0, 11, 20, 64}},  /* n > 8: cuBLAS + swiglu */
+    {check_matmul_swiglu, OC_ALL, {1, 1, 37, 384}},
+    {check_matmul_swiglu, OC_ALL, {1, 4, 21, 640}},
+    {check_matmul_swiglu, OC_ALL, {1, 11, 21, 128}},
+    {check_matmul_swiglu, OC_ALL, {2, 1, 37, 384}},
+    {check_matmul_swiglu, OC_ALL, {2, 6, 37, 640}},
+    {check_matmul_swiglu, OC_ALL, {2, 2, 20, 272}},  /* cols % 32 == 16: the byte-path GEMVs + swiglu */
     /* numel, n, elem bytes */
     {check_scatter, OC_GPU, {4096 * 4096, 40000, 2}},
     {check_scatter, OC_ALL, {1000, 40, 2}},

@@ -48,27 +48,26 @@ static __device__ __forceinline__ void rk_store(void *cache, float *scale, int d
 __global__ void rope_kv_write_kernel(RopeKvArgs a, int n_rows) {
     int row = blockIdx.x * RK_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n_rows) return;
-    const KvWriteArgs *w = &a.kv;
-    int items = a.n_heads + w->n_kv_heads, t = row / items, h = row % items, hd = w->head_dim, h2 = hd / 2;
+    int items = a.n_heads + a.kv.n_kv_heads, t = row / items, h = row % items, hd = a.kv.head_dim, h2 = hd / 2;
     const float *c = a.cs + (size_t)a.pos[t] * h2, *s = a.sn + (size_t)a.pos[t] * h2;
     if (h < a.n_heads) {
         rope_row_inplace(a.q + ((size_t)t * a.n_heads + h) * hd, hd, a.q_norm, a.eps, c, s, lane);
         return;
     }
-    int slot = w->slots[t];
+    int slot = a.kv.slots[t];
     if (slot < 0) return;
     h -= a.n_heads;
-    size_t crow = ((size_t)(slot / w->block_size) * w->n_kv_heads + h) * w->block_size + slot % w->block_size;
-    size_t src = ((size_t)t * w->n_kv_heads + h) * hd;
-    const float *x = w->k + src;
+    size_t crow = ((size_t)(slot / a.kv.block_size) * a.kv.n_kv_heads + h) * a.kv.block_size + slot % a.kv.block_size;
+    size_t src = ((size_t)t * a.kv.n_kv_heads + h) * hd;
+    const float *x = a.kv.k + src;
     float scale = a.k_norm ? rope_rms_scale(x, hd, a.eps, lane) : 1.f, r[RK_PER_LANE];
 #pragma unroll
     for (int j = 0; j < RK_PER_LANE; j++)
         r[j] = lane + 32 * j < hd ? rope_elem(x, lane + 32 * j, h2, a.k_norm, scale, c, s) : 0.f;
-    rk_store(w->k_cache, w->k_scale, w->dtype, crow, r, hd, lane);
+    rk_store(a.kv.k_cache, a.kv.k_scale, a.kv.dtype, crow, r, hd, lane);
 #pragma unroll
-    for (int j = 0; j < RK_PER_LANE; j++) r[j] = lane + 32 * j < hd ? w->v[src + lane + 32 * j] : 0.f;
-    rk_store(w->v_cache, w->v_scale, w->dtype, crow, r, hd, lane);
+    for (int j = 0; j < RK_PER_LANE; j++) r[j] = lane + 32 * j < hd ? a.kv.v[src + lane + 32 * j] : 0.f;
+    rk_store(a.kv.v_cache, a.kv.v_scale, a.kv.dtype, crow, r, hd, lane);
 }
 
 extern "C" int cuda_rope_kv_write(const RopeKvArgs *a, void *stream) {

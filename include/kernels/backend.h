@@ -46,10 +46,28 @@ typedef struct KvWriteArgs {
     void *k_cache, *v_cache; /* [n_blocks, n_kv_heads, block_size, head_dim] dtype, this layer */
     float *k_scale, *v_scale; /* [n_blocks, n_kv_heads, block_size] f32 when KV_FP8, else NULL */
     const float *k, *v;      /* [n, n_kv_heads * head_dim] f32 */
-    const int32_t *slots;    /* [n] block id * block_size + offset in the block */
+    const int32_t *slots;    /* [n] block id * block_size + offset in the block; < 0: a padded token, not written
+                              * (vLLM's PAD_SLOT_ID) */
     int n, n_kv_heads, head_dim, block_size;
     KvDtype dtype;
 } KvWriteArgs;
+
+/* One layer's q/k norm + RoPE fused with its K/V write (rope_kv_write): q in
+ * place exactly as norm_rope does it; each token's k row normed and rotated by
+ * the same operations in registers and stored with its v row as kv_write
+ * stores them (kv.k itself is not written: nothing reads it afterwards).
+ * Tokens with kv.slots[i] < 0 store nothing (their q rows are still rotated).
+ * The composition norm_rope(q), norm_rope(k), kv_write gives the same bits on
+ * the CPU (the reference). */
+typedef struct RopeKvArgs {
+    KvWriteArgs kv;          /* kv.k: [n, n_kv_heads * head_dim] f32 before norm / RoPE (read only) */
+    float *q;                /* [n, n_heads * head_dim] f32, in place */
+    int n_heads;
+    const uint16_t *q_norm, *k_norm; /* [head_dim] bf16 each, or NULL: no QK-norm */
+    float eps;
+    const float *cs, *sn;    /* [max_ctx, head_dim / 2] f32 RoPE tables: cos / sin of position p in row p */
+    const int32_t *pos;      /* [n] int32 each token's position (its table row) */
+} RopeKvArgs;
 
 /* One LoRA adapter's pair on one linear (lora.h builds them): the update of
  * that linear's output is B (scale * A x). B is kept transposed so the
@@ -146,15 +164,26 @@ struct Backend {
     /* out[n, w->rows] = x[n, w->cols] @ W^T (+ bias[w->rows] bf16) */
     void (*matmul)(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias);
     /* per head: optional RMSNorm (norm_w [head_dim] bf16 or NULL) then RoPE with
-     * cos/sin [n, head_dim/2]; x [n, n_heads * head_dim] in place */
+     * the cos/sin tables cs, sn [max_ctx, head_dim/2] f32 at row pos[t] (int32 [n])
+     * for token t; x [n, n_heads * head_dim] in place */
     void (*norm_rope)(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
-                      float eps, const float *cs, const float *sn);
+                      float eps, const float *cs, const float *sn, const int32_t *pos);
+    /* Optional (NULL: forward.c issues norm_rope on q and k, then kv_write):
+     * RopeKvArgs, one launch on a device backend */
+    void (*rope_kv_write)(Backend *b, const RopeKvArgs *a);
     void (*attention)(Backend *b, const AttnArgs *a);
     /* out[n] = silu(g[n]) * u[n] */
     void (*swiglu)(Backend *b, float *out, const float *g, const float *u, int n);
+    /* Optional (NULL: matmul_multi or matmul of gate and up into g, u, then swiglu,
+     * the CPU reference): out[n, gate->rows] = silu(x @ gate^T) * (x @ up^T) for
+     * two matrices of the same shape without biases, the values of those ops; g, u
+     * [n, gate->rows] f32 scratch the op may use (a device backend's fused GEMV at
+     * decode sizes writes out only); out may alias g. */
+    void (*matmul_swiglu)(Backend *b, float *out, const float *x, int n, const WeightMat *gate,
+                          const WeightMat *up, float *g, float *u);
     /* x[n] += y[n] */
     void (*add)(Backend *b, float *x, const float *y, int n);
-    /* store token i's k/v rows at slot slots[i] of the caches, converted to their dtype */
+    /* store token i's k/v rows at slot slots[i] of the caches, converted to their dtype (slots[i] < 0: skipped) */
     void (*kv_write)(Backend *b, const KvWriteArgs *a);
     /* dst[i] = src[rows[i]], i < n; rows of dim f32 */
     void (*gather_rows)(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim);

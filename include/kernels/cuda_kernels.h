@@ -73,9 +73,14 @@ int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int 
 
 /* Per head of x[n, n_heads * head_dim] f32, in place: optional RMSNorm over
  * head_dim (norm_w [head_dim] bf16 or NULL), then RoPE (rotate_half pairs
- * (i, i + head_dim/2)) with cs, sn: [n, head_dim / 2] f32. head_dim even, <= 512. */
+ * (i, i + head_dim/2)) with the tables cs, sn: [max_ctx, head_dim / 2] f32 at
+ * row pos[t] (int32 [n]) for token t. head_dim even, <= 512. */
 int cuda_norm_rope(float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
-                   const float *cs, const float *sn, void *stream);
+                   const float *cs, const float *sn, const int32_t *pos, void *stream);
+/* RopeKvArgs (backend.h; device pointers): norm_rope of q in place, and of k in
+ * registers stored with v into the cache as cuda_kv_write stores them, one
+ * launch (rope_kv_write.cu). head_dim even, <= 512. */
+int cuda_rope_kv_write(const RopeKvArgs *a, void *stream);
 
 /* Paged attention (AttnArgs in backend.h; all its pointers are device
  * pointers): online softmax, GQA. head_dim <= CUDA_ATTN_MAX_HEAD_DIM.

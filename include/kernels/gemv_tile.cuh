@@ -221,10 +221,12 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c
     }
 }
 
+/* The block's GT_ROWS x NT outputs of tile blk: thread i < GT_ROWS * NT gets output (row r0 + i / NT,
+ * token i % NT) with its bias (the value gemv_tile stores; garbage for rows past the end), the
+ * others 0. red: the block's shared scratch, free again after the call's last __syncthreads. */
 template <int NT, int FMT>
-static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
+static __device__ __forceinline__ float gemv_tile_sum(const GemvArgs &a, int blk, float (*red)[GT_ROWS][NT]) {
     constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
-    __shared__ float red[GT_WARPS][GT_ROWS][NT];
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blk * GT_ROWS;
     int nv = a.cols / V;
     int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
@@ -263,15 +265,33 @@ static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
         }
     __syncthreads();
     int i = threadIdx.x;
-    if (i < GT_ROWS * NT) {
-        int rr = i / NT, t = i % NT, r = r0 + rr;
-        if (r < a.rows) {
-            float v = 0.f;
-            for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][t];
-            if (FMT == 2) v *= a.scale2;
-            a.out[(size_t)t * a.rows + r] = v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
-        }
-    }
+    if (i >= GT_ROWS * NT) return 0.f;
+    int rr = i / NT, t = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
+    float v = 0.f;
+    for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][t];
+    if (FMT == 2) v *= a.scale2;
+    return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+}
+
+template <int NT, int FMT>
+static __device__ __forceinline__ void gemv_tile(const GemvArgs a, int blk) {
+    __shared__ float red[GT_WARPS][GT_ROWS][NT];
+    float v = gemv_tile_sum<NT, FMT>(a, blk, red);
+    int i = threadIdx.x, r = blk * GT_ROWS + i / NT;
+    if (i < GT_ROWS * NT && r < a.rows) a.out[(size_t)(i % NT) * a.rows + r] = v;
+}
+
+/* SwiGLU epilogue over two matrices of the same shape (matmul_swiglu.cu): tile blk of gate g and
+ * of up u, then out[t, r] = silu(g) * u with swiglu_kernel's expression, so the bits equal the
+ * two GEMVs followed by cuda_swiglu. g.out / u.out are not written. */
+template <int NT, int FMT>
+static __device__ __forceinline__ void gemv_tile_swiglu(const GemvArgs g, const GemvArgs u, float *out, int blk) {
+    __shared__ float red[GT_WARPS][GT_ROWS][NT];
+    float gv = gemv_tile_sum<NT, FMT>(g, blk, red);
+    __syncthreads(); /* every thread has read red: the up tile may overwrite it */
+    float uv = gemv_tile_sum<NT, FMT>(u, blk, red);
+    int i = threadIdx.x, r = blk * GT_ROWS + i / NT;
+    if (i < GT_ROWS * NT && r < g.rows) out[(size_t)(i % NT) * g.rows + r] = (gv / (1.0f + expf(-gv))) * uv;
 }
 
 template <int NT, int FMT>
@@ -316,5 +336,12 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
  * multiple of 16 or >= cols; nvfp4: SF 2-byte aligned). 0, or -1 without a launch
  * (the caller runs the matrices one by one). */
 int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
+/* cuda_gemv_multi's shape and alignment rules: 0 when m qualifies for n tokens, else -1. */
+int gemv_multi_check(const GemvMulti *m, int n, int fmt);
+/* gate / up (m->seg[0], m->seg[1]: the same rows, no bias needed) in one launch with the SwiGLU
+ * epilogue: out[n, rows] f32 = silu(x @ gate^T) * (x @ up^T), the bits of cuda_gemv_multi then
+ * cuda_swiglu; the segments' out are not written (matmul_swiglu.cu). 0, or -1 without a launch
+ * (gemv_multi_check fails, nseg != 2, the rows differ, out NULL). */
+int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream);
 
 #endif

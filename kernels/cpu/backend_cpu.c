@@ -259,25 +259,64 @@ typedef struct NormRopeArgs {
     int n_heads, head_dim;
     const uint16_t *norm_w;
     float eps;
-    const float *cs, *sn;
+    const float *cs, *sn; /* [max_ctx, head_dim / 2] tables */
+    const int32_t *pos;   /* [n] table row of each token */
 } NormRopeArgs;
+
+/* One head row v [head_dim] in place: the RMSNorm (if norm_w) and RoPE at table row p. */
+static void norm_rope_row(float *v, const NormRopeArgs *a, int32_t p) {
+    size_t h2 = (size_t)a->head_dim / 2;
+    if (a->norm_w) cpu_rmsnorm(v, v, a->norm_w, 1, a->head_dim, a->eps);
+    cpu_rope(v, a->cs + (size_t)p * h2, a->sn + (size_t)p * h2, a->head_dim);
+}
 
 static void norm_rope_range(const void *p, size_t t0, size_t t1) { /* tokens */
     const NormRopeArgs *a = p;
-    int h2 = a->head_dim / 2;
     for (size_t t = t0; t < t1; t++)
-        for (int h = 0; h < a->n_heads; h++) {
-            float *v = a->x + (t * a->n_heads + h) * a->head_dim;
-            if (a->norm_w) cpu_rmsnorm(v, v, a->norm_w, 1, a->head_dim, a->eps);
-            cpu_rope(v, a->cs + t * h2, a->sn + t * h2, a->head_dim);
-        }
+        for (int h = 0; h < a->n_heads; h++) norm_rope_row(a->x + (t * a->n_heads + h) * a->head_dim, a, a->pos[t]);
 }
 
 static void cpu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w,
-                          float eps, const float *cs, const float *sn) {
-    NormRopeArgs a = {x, n_heads, head_dim, norm_w, eps, cs, sn};
+                          float eps, const float *cs, const float *sn, const int32_t *pos) {
+    NormRopeArgs a = {x, n_heads, head_dim, norm_w, eps, cs, sn, pos};
     par_for(b->ctx, (size_t)n, ELEM_GRAIN / (size_t)(n_heads * head_dim > 0 ? n_heads * head_dim : 1) + 1,
             norm_rope_range, &a);
+}
+
+/* Tokens [t0, t1) of rope_kv_write's cache part: each k row normed and rotated on the
+ * stack (norm_rope_row: norm_rope's bits), stored with its v row (cpu_kv_store_row:
+ * kv_write's bits); slots are distinct, so tokens store in any order. */
+typedef struct RopeKvJob {
+    const RopeKvArgs *a;
+    NormRopeArgs k;
+} RopeKvJob;
+
+static void rope_kv_range(const void *p, size_t t0, size_t t1) {
+    const RopeKvJob *j = p;
+    const KvWriteArgs *w = &j->a->kv;
+    int nkv = w->n_kv_heads, hd = w->head_dim, bs = w->block_size;
+    float buf[KV_CPU_CHUNK];
+    for (size_t t = t0; t < t1; t++) {
+        if (w->slots[t] < 0) continue;
+        size_t blk = (size_t)(w->slots[t] / bs), off = (size_t)(w->slots[t] % bs);
+        for (int h = 0; h < nkv; h++) {
+            size_t row = (blk * nkv + h) * bs + off, src = (t * nkv + h) * hd;
+            memcpy(buf, w->k + src, sizeof(float) * (size_t)hd);
+            norm_rope_row(buf, &j->k, j->a->pos[t]);
+            cpu_kv_store_row(w->k_cache, w->k_scale, w->dtype, row, buf, hd);
+            cpu_kv_store_row(w->v_cache, w->v_scale, w->dtype, row, w->v + src, hd);
+        }
+    }
+}
+
+static void cpu_rope_kv_write(Backend *b, const RopeKvArgs *a) {
+    const KvWriteArgs *w = &a->kv;
+    int hd = w->head_dim;
+    ASSERT(hd > 0 && hd % 2 == 0 && hd <= KV_CPU_CHUNK, "rope_kv_write: head_dim %d", hd);
+    cpu_norm_rope(b, a->q, w->n, a->n_heads, hd, a->q_norm, a->eps, a->cs, a->sn, a->pos);
+    RopeKvJob j = {a, {NULL, w->n_kv_heads, hd, a->k_norm, a->eps, a->cs, a->sn, a->pos}};
+    par_for(b->ctx, (size_t)w->n, ELEM_GRAIN / (size_t)(w->n_kv_heads * hd > 0 ? w->n_kv_heads * hd : 1) + 1,
+            rope_kv_range, &j);
 }
 
 /* (token, head) pairs of one attention task: the query heads of one kv head
@@ -493,6 +532,7 @@ static void cpu_add_op(Backend *b, float *x, const float *y, int n) {
 static void cpu_kv_write(Backend *b, const KvWriteArgs *a) {
     int nkv = a->n_kv_heads, hd = a->head_dim, bs = a->block_size;
     for (int i = 0; i < a->n; i++) {
+        if (a->slots[i] < 0) continue; /* a padded token */
         size_t blk = (size_t)(a->slots[i] / bs), off = (size_t)(a->slots[i] % bs);
         for (int h = 0; h < nkv; h++) {
             size_t row = (blk * nkv + h) * bs + off, src = ((size_t)i * nkv + h) * hd;
@@ -570,6 +610,7 @@ Backend *backend_cpu_create(int n_threads, int max_ctx) {
     *b = (Backend){.name = "cpu", .ctx = c, .host = 1, .alloc = cpu_alloc, .release = cpu_release,
                    .upload = cpu_copy, .download = cpu_copy, .zero = cpu_zero, .copy = cpu_copy, .embed = cpu_embed_op,
                    .rmsnorm = cpu_rmsnorm_op, .matmul = cpu_matmul, .norm_rope = cpu_norm_rope,
+                   .rope_kv_write = cpu_rope_kv_write,
                    .attention = cpu_attention, .swiglu = cpu_swiglu_op, .add = cpu_add_op,
                    .kv_write = cpu_kv_write, .gather_rows = cpu_gather_rows,
                    .scale_add_rows = cpu_scale_add_rows, .reserve = cpu_reserve, .lora = cpu_lora,

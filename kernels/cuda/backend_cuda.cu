@@ -141,7 +141,7 @@ static void cu_release(Backend *b, void *p) {
  * reaches it (the driver stages it through its own pinned buffer in chunks),
  * which would stall an async-scheduled host behind the step in flight. So a
  * copy of at most UP_SEG_BYTES (every per-step input: tokens, positions,
- * slots, block tables, RoPE rows) is memcpy'd into a pinned ring and copied
+ * slots, block tables, output rows) is memcpy'd into a pinned ring and copied
  * from there: the call returns at once and the caller may reuse src. The
  * ring is UP_SEGS segments; moving into a segment waits for the event that
  * closed it UP_SEGS - 1 segments ago (its copies done), which under one step
@@ -364,37 +364,64 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
-/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
- * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
-static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
-                            const uint16_t *const *biases, int count) {
-    GemvMulti m = {};
-    int fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2, ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
+/* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
+ * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
+static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const float *x, int n,
+                            const WeightMat *const *ws, const uint16_t *const *biases, int count) {
+    *m = GemvMulti{};
+    *fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2;
+    int ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
     ok = ok && !(ws[0]->act_quant && n >= CUDA_NATIVE_MIN_N); /* native GEMMs: one matmul each */
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
         const uint16_t *bias = biases[i];
         ok = w->fmt == ws[0]->fmt;
         if (w->fmt == WF_BF16) {
-            m.seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
         } else if (w->fmt == WF_FP8) {
             const QuantFp8 *q = (const QuantFp8 *)w->q;
-            m.seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
-                                     q->block_rows, q->block_cols, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
+                                      q->block_rows, q->block_cols, bias, w->rows, w->cols);
         } else {
             const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-            m.seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
-                                       q->scale2, bias, w->rows, w->cols);
+            m->seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
+                                        q->scale2, bias, w->rows, w->cols);
         }
     }
-    m.nseg = count;
-    if (ok && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
+    m->nseg = count;
+    return ok;
+}
+
+/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
+ * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
+static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
+                            const uint16_t *const *biases, int count) {
+    GemvMulti m;
+    int fmt;
+    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
-static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
-                         const float *cs, const float *sn) {
-    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, st(b)));
+static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
+    LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
 }
+/* gate/up and SwiGLU: at decode sizes one launch with the epilogue (matmul_swiglu.cu; g and u
+ * untouched), else matmul_multi into g, u and swiglu (out may alias g). */
+static void cu_matmul_swiglu(Backend *b, float *out, const float *x, int n, const WeightMat *gate,
+                             const WeightMat *up, float *g, float *u) {
+    GemvMulti m;
+    int fmt;
+    float *outs[2] = {g, u};
+    const WeightMat *ws[2] = {gate, up};
+    const uint16_t *bs[2] = {NULL, NULL};
+    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0) return;
+    cu_matmul_multi(b, outs, x, n, ws, bs, 2);
+    cu_swiglu(b, out, g, u, n * gate->rows);
+}
+static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
+                         const float *cs, const float *sn, const int32_t *pos) {
+    LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, pos, st(b)));
+}
+static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) { LAUNCH_OK(cuda_rope_kv_write(a, st(b))); }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
     if (cuda_attention_mma_fits(a)) {
@@ -410,9 +437,6 @@ static void cu_attention(Backend *b, const AttnArgs *a) {
         scratch_grow(c, (void **)&c->part, &c->part_cap,
                 sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
     LAUNCH_OK(cuda_attention(a, c->part, splits, st(b)));
-}
-static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
-    LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
 }
 static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
 static void cu_kv_write(Backend *b, const KvWriteArgs *a) { LAUNCH_OK(cuda_kv_write(a, st(b))); }
@@ -696,8 +720,10 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->matmul = cu_matmul;
     b->matmul_multi = cu_matmul_multi;
     b->norm_rope = cu_norm_rope;
+    b->rope_kv_write = cu_rope_kv_write;
     b->attention = cu_attention;
     b->swiglu = cu_swiglu;
+    b->matmul_swiglu = cu_matmul_swiglu;
     b->add = cu_add;
     b->kv_write = cu_kv_write;
     b->gather_rows = cu_gather_rows;

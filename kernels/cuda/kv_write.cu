@@ -4,7 +4,8 @@
  * the layout and element type of kv_dtype.h. Reference: cpu_kv_write
  * (backend_cpu.c) over kv_cpu.c, bit for bit (the max is exact in any order,
  * the division and the roundings are the same IEEE operations).
- * Not here: fusing the write into norm_rope (a later optimisation).
+ * Tokens with a slot < 0 (padding, vLLM's PAD_SLOT_ID) are skipped. Not
+ * here: the write fused with q/k norm + RoPE (rope_kv_write.cu).
  */
 #include "cuda_check.h"
 #include "cuda_device.cuh"
@@ -16,6 +17,7 @@
 /* One block per token; warp w takes kv heads w, w + KVW_WARPS, ... */
 __global__ void kv_write_kernel(KvWriteArgs a) {
     int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, bs = a.block_size;
+    if (a.slots[t] < 0) return;
     size_t blk = (size_t)(a.slots[t] / bs), off = (size_t)(a.slots[t] % bs);
     for (int h = warp; h < a.n_kv_heads; h += KVW_WARPS) {
         size_t row = (blk * a.n_kv_heads + h) * bs + off, src = ((size_t)t * a.n_kv_heads + h) * hd;

@@ -66,7 +66,7 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
     else tile_launch_n<2>(m, n, (unsigned)tot, s);
 }
 
-int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream) {
+int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || m->nseg < 1 || m->nseg > GT_MAX_SEG || fmt < 0 || fmt > 2) return -1;
     int V = 8 << fmt, cols = m->seg[0].cols;
     for (int i = 0; i < m->nseg; i++) {
@@ -77,6 +77,11 @@ int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream) {
         if (fmt == 1 && (!a->S || a->br <= 0 || a->bc <= 0 || (a->bc % 16 && a->bc < cols))) return -1;
         if (fmt == 2 && (!a->SF || ((uintptr_t)a->SF & 1))) return -1;
     }
+    return 0;
+}
+
+int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream) {
+    if (gemv_multi_check(m, n, fmt)) return -1;
     gemv_tile_run(m, n, fmt, (cudaStream_t)stream);
     CUDA_CHECK_LAUNCH();
     return 0;

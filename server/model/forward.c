@@ -39,7 +39,7 @@ struct Runner {
     float *q, *att;          /* [T, n_heads * head_dim] */
     float *k, *v;            /* [T, n_kv_heads * head_dim] */
     float *g, *u;            /* [max(T * intermediate, TG * top_k * moe_intermediate)] (TG: moe_rows) */
-    float *cs, *sn;          /* [T, head_dim / 2] */
+    float *rope_cs, *rope_sn; /* [max_ctx, head_dim / 2] cos / sin of each position, built at creation */
     float *router;           /* [T, n_experts] */
     float *xg, *yg;          /* [max(T, TG * top_k), hidden] gathered inputs / expert outputs */
     float *hout;             /* [T, hidden] final hidden states of output rows */
@@ -56,12 +56,11 @@ struct Runner {
     int32_t *d_bt;           /* [T, bt_stride] */
     /* host memory */
     float *inv_freq;         /* [head_dim / 2] */
-    float *h_cs, *h_sn;      /* [T, head_dim / 2] */
     int32_t *h_ids, *h_tok;  /* [T * top_k] host copies of mr_ids / mr_tok (the same on host backends) */
     int32_t *h_off;          /* [n_experts + 1] host copy of mr_off */
     int n_moe;               /* MoE layers of the model */
     int moe_rows;            /* TG: steps of up to this many tokens run moe_mlp (0: never) */
-    int32_t *h_slots;        /* [T] cache slot of each token */
+    int32_t *h_slots;        /* [T] cache slot of each token (-1: a padded token) */
     int32_t *h_bt;           /* [T, bt_stride] */
     int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
     /* decode graphs (backends with graph_begin): [n] for a pure decode step of n <= RUNNER_GRAPH_MAX
@@ -77,6 +76,7 @@ struct Runner {
      * not captured yet; piece_seen[bucket]: ran once eagerly at the bucket's size */
     void **piece[RUNNER_PIECE_BUCKETS];
     unsigned char piece_seen[RUNNER_PIECE_BUCKETS];
+    const KVCache *piece_kv; /* the cache the piecewise graphs write (their segments hold its pointers) */
     uint64_t piece_captures, piece_replays; /* steps: runner_piece_counts */
     int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
@@ -107,7 +107,8 @@ static void graphs_reset(Runner *r) {
     r->graph_kv = NULL;
 }
 
-/* Piecewise graphs hold no cache pointer (attention runs outside them): freed with the runner. */
+/* Piecewise graphs hold the pointers of the cache piece_kv (the K/V write is in their segments;
+ * attention runs outside them): dropped when a step uses another cache, or that one is freed. */
 static void pieces_reset(Runner *r) {
     for (int i = 0; i < RUNNER_PIECE_BUCKETS; i++) {
         for (int s = 0; r->piece[i] && s <= r->m->cfg.n_layers; s++)
@@ -116,6 +117,7 @@ static void pieces_reset(Runner *r) {
         r->piece[i] = NULL;
         r->piece_seen[i] = 0;
     }
+    r->piece_kv = NULL;
 }
 
 static KVCache *kv_alloc(const ModelConfig *c, int n_blocks, int block_size, KvDtype dtype, Backend *b) {
@@ -197,6 +199,7 @@ void runner_kv_copy_block(Runner *r, KVCache *kv, int src, int dst) {
 
 void runner_kvcache_free(Runner *r, KVCache *kv) {
     if (kv && kv == r->graph_kv) graphs_reset(r); /* a later cache may reuse the address */
+    if (kv && kv == r->piece_kv) pieces_reset(r);
     if (!kv) return;
     r->b->release(r->b, kv->k);
     r->b->release(r->b, kv->v);
@@ -284,6 +287,26 @@ static void moe_setup(Runner *r) {
              r->n_moe, r->moe_rows);
 }
 
+/* The RoPE tables [max_ctx, head_dim / 2]: row p holds cosf / sinf of p * inv_freq[i], the f32
+ * product, once for the runner's life (norm_rope reads the row of each token's position). */
+static void rope_tables(Runner *r) {
+    Backend *b = r->b;
+    size_t h2 = (size_t)r->m->cfg.head_dim / 2, n = (size_t)r->max_ctx * h2;
+    float *cs = xmalloc(sizeof(float) * (n ? n : 1)), *sn = xmalloc(sizeof(float) * (n ? n : 1));
+    for (int p = 0; p < r->max_ctx; p++)
+        for (size_t i = 0; i < h2; i++) {
+            float a = (float)p * r->inv_freq[i];
+            cs[(size_t)p * h2 + i] = cosf(a);
+            sn[(size_t)p * h2 + i] = sinf(a);
+        }
+    r->rope_cs = BALLOC(n, float);
+    r->rope_sn = BALLOC(n, float);
+    b->upload(b, r->rope_cs, cs, sizeof(float) * n);
+    b->upload(b, r->rope_sn, sn, sizeof(float) * n);
+    free(cs);
+    free(sn);
+}
+
 Runner *runner_create(Model *m, int max_tokens, int max_ctx, int n_threads) {
     return runner_create_with(m, backend_cpu_create(n_threads, max_ctx), max_tokens, max_ctx);
 }
@@ -315,8 +338,6 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     if (TG * c->moe_intermediate > gu) gu = TG * c->moe_intermediate;
     r->g = BALLOC(gu, float);
     r->u = BALLOC(gu, float);
-    r->h_cs = xcalloc(T * h2, sizeof(float));
-    r->h_sn = xcalloc(T * h2, sizeof(float));
     r->h_slots = xcalloc(T, sizeof(int32_t));
     r->inv_freq = xcalloc(h2, sizeof(float));
     r->lrows = xcalloc(T, sizeof *r->lrows);
@@ -326,9 +347,8 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     b->reserve(b, max_tokens, max_cols);
     cpu_rope_inv_freq(r->inv_freq, c->head_dim, c->rope_theta, c->rope_llama3, c->rope_factor,
                       c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_max_pos);
+    rope_tables(r);
     if (!b->host) {
-        r->cs = BALLOC(T * h2, float);
-        r->sn = BALLOC(T * h2, float);
         r->logits = BALLOC(T * c->vocab, float);
         r->d_tokens = BALLOC(T, int32_t);
         r->d_pos = BALLOC(T, int32_t);
@@ -360,7 +380,7 @@ void runner_free(Runner *r) {
     Backend *b = r->b;
     graphs_reset(r);
     pieces_reset(r);
-    void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->cs, r->sn,
+    void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->rope_cs, r->rope_sn,
                    r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
                    r->d_rows, r->d_bt, r->mr_ids, r->mr_tok, r->mr_of, r->mr_w, r->mr_pw, r->mr_off,
                    r->mr_active, (void *)r->moe_tab, r->moe_s2};
@@ -371,7 +391,7 @@ void runner_free(Runner *r) {
         free(r->h_tok);
         free(r->h_off);
     }
-    void *host[] = {r->inv_freq, r->h_cs, r->h_sn, r->h_slots, r->h_bt, (void *)r->lrows};
+    void *host[] = {r->inv_freq, r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (r->lora_pool) b->release(b, r->lora_pool);
     free(r->lora_dpairs);
@@ -516,18 +536,18 @@ static int batch_check(const Runner *r, const KVCache *kv, const Batch *b, Err *
     return 0;
 }
 
-/* Per-step inputs in backend memory: tokens, positions, cache slots, the
- * flattened block tables and the RoPE cos/sin of each token. */
+/* Per-step inputs in backend memory: tokens, positions (the RoPE tables' rows),
+ * cache slots and the flattened block tables. */
 typedef struct Step {
     const int32_t *tokens, *pos, *seq, *slots, *bt, *rows;
-    const float *cs, *sn;
     int n_seqs;
 } Step;
 
-/* N >= n_tokens: the tokens and RoPE rows [n_tokens, N) are zeroed too (a piecewise step's padding). */
+/* N >= n_tokens: tokens [n_tokens, N) are token 0 at position 0 with slot -1 (a piecewise
+ * step's padding: rotated by the table's row 0, never written to the cache). */
 static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st, int N) {
     Backend *be = r->b;
-    int n = b->n_tokens, h2 = r->m->cfg.head_dim / 2, bs = kv->block_size;
+    int n = b->n_tokens, bs = kv->block_size;
     int stride = (r->max_ctx + bs - 1) / bs;
     if (stride != r->bt_stride) { /* first step, or a cache with another block size */
         free(r->h_bt);
@@ -541,35 +561,38 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st,
         int p = b->pos[t];
         r->h_slots[t] = bt[p / bs] * bs + p % bs;
         memcpy(r->h_bt + (size_t)b->seq[t] * stride, bt, sizeof(int32_t) * (size_t)(p / bs + 1));
-        for (int i = 0; i < h2; i++) {
-            float a = (float)p * r->inv_freq[i];
-            r->h_cs[(size_t)t * h2 + i] = cosf(a);
-            r->h_sn[(size_t)t * h2 + i] = sinf(a);
-        }
     }
-    size_t ni = sizeof(int32_t) * (size_t)n, nf = sizeof(float) * (size_t)n * h2;
+    ASSERT(N >= n && (N == n || (!be->host && N <= r->max_tokens)), "step_prepare: padding %d tokens to %d", n, N);
+    for (int t = n; t < N; t++) r->h_slots[t] = -1;
+    size_t ni = sizeof(int32_t) * (size_t)n;
     st->tokens = to_backend(r, r->d_tokens, b->tokens, ni);
     st->pos = to_backend(r, r->d_pos, b->pos, ni);
     st->seq = to_backend(r, r->d_seq, b->seq, ni);
-    st->slots = to_backend(r, r->d_slots, r->h_slots, ni);
+    st->slots = to_backend(r, r->d_slots, r->h_slots, sizeof(int32_t) * (size_t)N);
     st->bt = to_backend(r, r->d_bt, r->h_bt, sizeof(int32_t) * (size_t)b->n_seqs * stride);
     st->rows = to_backend(r, r->d_rows, b->out_rows, sizeof(int32_t) * (size_t)b->n_out);
-    st->cs = to_backend(r, r->cs, r->h_cs, nf);
-    st->sn = to_backend(r, r->sn, r->h_sn, nf);
     st->n_seqs = b->n_seqs;
     if (N > n) {
-        ASSERT(!be->host && N <= r->max_tokens, "step_prepare: padding to %d tokens", N);
         be->zero(be, r->d_tokens + n, sizeof(int32_t) * (size_t)(N - n));
-        be->zero(be, r->cs + (size_t)n * h2, sizeof(float) * (size_t)(N - n) * h2);
-        be->zero(be, r->sn + (size_t)n * h2, sizeof(float) * (size_t)(N - n) * h2);
+        be->zero(be, r->d_pos + n, sizeof(int32_t) * (size_t)(N - n));
     }
 }
 
-/* Attention of layer l on the normed input xn, in three parts: the projections
- * and RoPE (attn_pre), the cache write and attention proper (attn_core, the
- * only ops that read the cache, the positions or the block tables), and the
- * output projection into tmp (attn_post). */
-static void attn_pre(Runner *r, int l, const Step *st, int n) {
+/* Attention of layer l on the normed input xn, in three parts: the
+ * projections, RoPE and the K/V cache write (attn_pre), attention proper
+ * (attn_core, the only op whose launch shape depends on the positions and the
+ * block tables), and the output projection into tmp (attn_post). */
+static KvWriteArgs kv_args(Runner *r, KVCache *kv, int l, const Step *st, int n) {
+    size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
+    size_t byte_off = rows_off * kv->head_dim * kv_dtype_elem(kv->dtype);
+    return (KvWriteArgs){.k_cache = (char *)kv->k + byte_off, .v_cache = (char *)kv->v + byte_off,
+                         .k_scale = kv->k_scale ? kv->k_scale + rows_off : NULL,
+                         .v_scale = kv->v_scale ? kv->v_scale + rows_off : NULL, .k = r->k, .v = r->v,
+                         .slots = st->slots, .n = n, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim,
+                         .block_size = kv->block_size, .dtype = kv->dtype};
+}
+
+static void attn_pre(Runner *r, KVCache *kv, int l, const Step *st, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
@@ -587,27 +610,27 @@ static void attn_pre(Runner *r, int l, const Step *st, int n) {
     lora_apply(r, r->q, r->xn, n, at, LT_Q);
     lora_apply(r, r->k, r->xn, n, at, LT_K);
     lora_apply(r, r->v, r->xn, n, at, LT_V);
-    be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, VEC(r, w->q_norm), c->rms_eps, st->cs, st->sn);
-    be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, VEC(r, w->k_norm), c->rms_eps, st->cs, st->sn);
+    RopeKvArgs ra = {.kv = kv_args(r, kv, l, st, n), .q = r->q, .n_heads = c->n_heads, .q_norm = VEC(r, w->q_norm),
+                     .k_norm = VEC(r, w->k_norm), .eps = c->rms_eps, .cs = r->rope_cs, .sn = r->rope_sn,
+                     .pos = st->pos};
+    if (be->rope_kv_write) {
+        be->rope_kv_write(be, &ra);
+        return;
+    }
+    be->norm_rope(be, r->q, n, c->n_heads, c->head_dim, ra.q_norm, c->rms_eps, ra.cs, ra.sn, st->pos);
+    be->norm_rope(be, r->k, n, c->n_kv_heads, c->head_dim, ra.k_norm, c->rms_eps, ra.cs, ra.sn, st->pos);
+    be->kv_write(be, &ra.kv);
 }
 
 static void attn_core(Runner *r, KVCache *kv, int l, const Step *st, int n) {
     const ModelConfig *c = &r->m->cfg;
-    Backend *be = r->b;
-    size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
-    size_t byte_off = rows_off * kv->head_dim * kv_dtype_elem(kv->dtype);
-    float *ks = kv->k_scale ? kv->k_scale + rows_off : NULL, *vs = kv->v_scale ? kv->v_scale + rows_off : NULL;
-    KvWriteArgs w_kv = {.k_cache = (char *)kv->k + byte_off, .v_cache = (char *)kv->v + byte_off,
-                        .k_scale = ks, .v_scale = vs, .k = r->k, .v = r->v, .slots = st->slots, .n = n,
-                        .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim, .block_size = kv->block_size,
-                        .dtype = kv->dtype};
-    be->kv_write(be, &w_kv);
+    KvWriteArgs w_kv = kv_args(r, kv, l, st, n);
     AttnArgs a = {.out = r->att, .q = r->q, .k_cache = w_kv.k_cache, .v_cache = w_kv.v_cache, .pos = st->pos,
                   .seq = st->seq, .block_table = st->bt, .bt_stride = r->bt_stride, .n_tokens = n,
                   .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                   .block_size = kv->block_size, .scale = 1.0f / sqrtf((float)c->head_dim),
-                  .kv_dtype = kv->dtype, .k_scale = ks, .v_scale = vs, .n_seqs = st->n_seqs};
-    be->attention(be, &a);
+                  .kv_dtype = kv->dtype, .k_scale = w_kv.k_scale, .v_scale = w_kv.v_scale, .n_seqs = st->n_seqs};
+    r->b->attention(r->b, &a);
 }
 
 static void attn_post(Runner *r, int l, int n) {
@@ -632,6 +655,11 @@ static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
 static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
                       const float *in, float *out, int n, LoraAt at) {
     Backend *be = r->b;
+    if (be->matmul_swiglu && !r->tok_lora) { /* LoRA updates g and u between the matmuls and the swiglu */
+        be->matmul_swiglu(be, r->g, in, n, gate, up, r->g, r->u);
+        be->matmul(be, out, r->g, n, down, NULL);
+        return;
+    }
     if (be->matmul_multi) {
         float *outs[2] = {r->g, r->u};
         const WeightMat *ws[2] = {gate, up};
@@ -703,10 +731,11 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
 
 /* The ops of a step between two attentions: segment 0 is the embedding, the
  * first norm and layer 0's attn_pre; segment s (1 <= s <= n_layers) is layer
- * s-1's attn_post and MLP and, below the last layer, layer s's attn_pre. They
- * read only runner buffers, the weights and st's token / RoPE copies: a graph
- * of one replays any step of the same token count. */
-static void segment_ops(Runner *r, const Step *st, int s, int n) {
+ * s-1's attn_post and MLP and, below the last layer, layer s's attn_pre (its
+ * K/V write into kv included). They read only runner buffers, the weights, the
+ * RoPE tables and st's token / position / slot copies, and write kv at those
+ * slots: a graph of one replays any step of the same token count on kv. */
+static void segment_ops(Runner *r, KVCache *kv, const Step *st, int s, int n) {
     const Model *m = r->m;
     const ModelConfig *c = &m->cfg;
     Backend *be = r->b;
@@ -714,7 +743,7 @@ static void segment_ops(Runner *r, const Step *st, int s, int n) {
     if (s == 0) {
         be->embed(be, r->x, VEC(r, m->embed), st->tokens, n, H);
         be->rmsnorm(be, r->xn, r->x, VEC(r, m->layers[0].attn_norm), n, H, c->rms_eps);
-        attn_pre(r, 0, st, n);
+        attn_pre(r, kv, 0, st, n);
         return;
     }
     int l = s - 1;
@@ -725,7 +754,7 @@ static void segment_ops(Runner *r, const Step *st, int s, int n) {
                    (LoraAt){l, -1, NULL});
     if (l + 1 < c->n_layers) {
         add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
-        attn_pre(r, l + 1, st, n);
+        attn_pre(r, kv, l + 1, st, n);
     } else {
         be->add(be, r->x, r->tmp, n * H);
     }
@@ -746,7 +775,7 @@ static void tail_ops(Runner *r, const Step *st, int n_out) {
 static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out) {
     int L = r->m->cfg.n_layers;
     for (int s = 0; s <= L; s++) {
-        segment_ops(r, st, s, n);
+        segment_ops(r, kv, st, s, n);
         if (s < L) attn_core(r, kv, s, st, n);
     }
     tail_ops(r, st, n_out);
@@ -795,11 +824,12 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
  * RUNNER_PIECE_MAX tokens (prefill chunks, mixed prefill + decode, decode
  * beyond RUNNER_GRAPH_MAX) on a graph-capable backend, without LoRA or expert
  * capture, MoE models only within moe_rows. The step is padded to its
- * bucket's N tokens: the segments (segment_ops) run as graphs of N tokens,
- * attn_core and tail_ops eagerly on the real n tokens and n_out rows (their
- * launch shapes depend on the positions and sequences). Padded tokens are
- * token 0 with cos = sin = 0 and their attention rows zero, not whatever an
- * earlier step left there: finite, and the same every time, so a step's
+ * bucket's N tokens: the segments (segment_ops, the K/V writes included) run
+ * as graphs of N tokens, attn_core and tail_ops eagerly on the real n tokens
+ * and n_out rows (their launch shapes depend on the positions and sequences).
+ * Padded tokens are token 0 at position 0 with slot -1 (no K/V write: vLLM's
+ * PAD_SLOT_ID) and their attention rows zero, not whatever an earlier step
+ * left there: finite, and the same every time, so a step's
  * results depend on its inputs alone (an MoE step's padded tokens route, and
  * set the experts' row counts). No op mixes rows: the real rows' values are
  * what the unpadded step computes, up to the kernels the larger shape picks.
@@ -822,6 +852,10 @@ static void forward_pieces(Runner *r, KVCache *kv, const Step *st, int n, int N,
     const ModelConfig *c = &r->m->cfg;
     Backend *be = r->b;
     int L = c->n_layers, qd = c->n_heads * c->head_dim;
+    if (kv != r->piece_kv) {
+        pieces_reset(r);
+        r->piece_kv = kv;
+    }
     if (!r->piece[idx]) r->piece[idx] = xcalloc((size_t)L + 1, sizeof(void *));
     void **g = r->piece[idx];
     int captured = 0, replayed = 0;
@@ -830,7 +864,7 @@ static void forward_pieces(Runner *r, KVCache *kv, const Step *st, int n, int N,
             be->graph_launch(be, g[s]);
             replayed = 1;
         } else if (r->piece_seen[idx] && !r->graphs_off && be->graph_begin(be) == 0) {
-            segment_ops(r, st, s, N);
+            segment_ops(r, kv, st, s, N);
             g[s] = be->graph_end(be);
             if (g[s]) {
                 be->graph_launch(be, g[s]);
@@ -839,10 +873,10 @@ static void forward_pieces(Runner *r, KVCache *kv, const Step *st, int n, int N,
                 log_warn("%s backend: capturing segment %d of a %d-token step failed; running without graphs",
                          be->name, s, N);
                 r->graphs_off = 1;
-                segment_ops(r, st, s, N);
+                segment_ops(r, kv, st, s, N);
             }
         } else {
-            segment_ops(r, st, s, N);
+            segment_ops(r, kv, st, s, N);
         }
         if (s == L) break;
         attn_core(r, kv, s, st, n);

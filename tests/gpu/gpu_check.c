@@ -773,7 +773,7 @@ static void bench_gemv(void) {
  * launches per step, against the measured step. What the sum misses is the
  * gap between dependent kernels inside the graph. */
 typedef struct OpRow { char name[48]; double us; int per_step; } OpRow;
-static OpRow op_rows[16];
+static OpRow op_rows[24];
 static int n_op_rows;
 
 #define TIME_OP(label, count, call)                                                      \
@@ -813,6 +813,12 @@ static int mm_multi_call(WeightMat *ws, float **outs, const float *x, int count)
     const WeightMat *wp[3] = {&ws[0], &ws[1], &ws[2]};
     const uint16_t *bs[3] = {NULL, NULL, NULL};
     bg->matmul_multi(bg, outs, x, 1, wp, bs, count);
+    return 0;
+}
+
+/* matmul_swiglu at batch 1 (the fused GEMV with the SwiGLU epilogue) into g. */
+static int mm_swiglu_call(WeightMat *ws, float *g, float *u, const float *x) {
+    bg->matmul_swiglu(bg, g, x, 1, &ws[0], &ws[1], g, u);
     return 0;
 }
 
@@ -858,14 +864,19 @@ static void bench_ops(const Model *m, double step_ms) {
     TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
-    TIME_OP("norm_rope q", L, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, NULL));
-    TIME_OP("norm_rope k", L, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, NULL));
-    TIME_OP("kv_write", L, cuda_kv_write(&kw, NULL));
+    /* the RoPE tables of one row (cs, sn: [1, hd/2]) at position ip[1] = 0 */
+    RopeKvArgs rk = {.kv = kw, .q = q, .n_heads = nh, .q_norm = qn, .k_norm = kn, .eps = c->rms_eps, .cs = cs,
+                     .sn = sn, .pos = ip + 1};
+    TIME_OP("norm_rope q (unfused)", 0, cuda_norm_rope(q, 1, nh, hd, qn, c->rms_eps, cs, sn, ip + 1, NULL));
+    TIME_OP("norm_rope k (unfused)", 0, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, ip + 1, NULL));
+    TIME_OP("kv_write (unfused)", 0, cuda_kv_write(&kw, NULL));
+    TIME_OP("rope_kv_write (q/k rope + kv)", L, cuda_rope_kv_write(&rk, NULL));
     TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
     TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
-    TIME_OP_BG("gate/up GEMV (one launch)", L, mm_multi_call(gu, gu_out, xn, 2));
-    TIME_OP("swiglu", L, cuda_swiglu(g, g, u, (size_t)I, NULL));
+    TIME_OP_BG("gate/up GEMV (unfused)", 0, mm_multi_call(gu, gu_out, xn, 2));
+    TIME_OP("swiglu (unfused)", 0, cuda_swiglu(g, g, u, (size_t)I, NULL));
+    TIME_OP_BG("gate/up GEMV + swiglu", L, mm_swiglu_call(gu, g, u, xn));
     TIME_OP("down GEMV", L, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
     TIME_OP("lm_head GEMV", 1, cuda_gemv_bf16(logits, xn, 1, m->lm_head.bf16, c->vocab, H, NULL, NULL));
     double sum = 0;

@@ -9,7 +9,8 @@
  * and on the CUDA backend (bg, device-resident weights: every pointer handed to
  * it is a device pointer) or its launcher, with GPU outputs poisoned with NaN
  * so an unwritten element fails, and compares with a tolerance class:
- *   exact   copies (embed, gather_rows, kv_write at every KV dtype, add,
+ *   exact   copies (embed, gather_rows, kv_write at every KV dtype and
+ *           rope_kv_write's V rows, unwritten rows and padded slots, add,
  *           add_bias, f32_to_bf16 against dtype.h): bitwise equal
  *   f32     f32 math in another order / libm (rmsnorm, norm_rope, swiglu,
  *           scale_add_rows, attention, the GEMVs, and the cuBLAS GEMM fed the
@@ -17,6 +18,9 @@
  *           max|d| / max|ref| <= 3e-5
  *   bf16act the cuBLAS GEMM against f32 activations (rounding x to bf16 costs
  *           ~1e-3 relative per element): NMSE <= 3e-5, rel <= 1e-2
+ *   bf16kv / fp8kv rope_kv_write's K rows decoded: the rotation in another f32
+ *           order may move one element's bf16 / e4m3 rounding by a step
+ *           (2^-8 / 2^-3 relative): NMSE <= 1e-6 / 1e-4, rel <= 1e-2 / 0.13
  *   attn_bf16 tensor-core attention (attention_mma.cu) against the f32 CPU
  *           attention: Q and the softmax weights P are rounded to bf16 (2^-9
  *           relative each) for the mma; the errors are independent per
@@ -95,7 +99,8 @@ static float *dev_result(const void *d, size_t n) {
 /* ---- comparison ---- */
 typedef struct Tol { const char *name; double nmse, rel; } Tol;
 static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2},
-                 TOL_ATTN_BF16 = {"attn_bf16", 1e-5, 1e-2};
+                 TOL_ATTN_BF16 = {"attn_bf16", 1e-5, 1e-2}, TOL_BF16KV = {"bf16kv", 1e-6, 1e-2},
+                 TOL_FP8KV = {"fp8kv", 1e-4, 0.13};
 
 static void compare_op(const char *what, Tol tol, const float *ref, const float *got, size_t n) {
     double se = 0, sr = 0, maxd = 0, maxr = 0;
@@ -114,6 +119,22 @@ static void compare_op(const char *what, Tol tol, const float *ref, const float 
     ok ? n_pass++ : n_fail++;
     printf("  %-4s %-60s %-7s nmse %.2e rel %.2e unwritten %zu\n", ok ? "ok" : "FAIL", what, tol.name, nmse, rel,
            bad);
+}
+
+/* Bytes equal, for caches and codes whose elements are not f32 (bf16, e4m3, e2m1 codes, scales);
+ * also used by op_checks_native.h. */
+static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
+    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            if (!diff) first = i;
+            diff++;
+        }
+    diff ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
+    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
+    printf("\n");
 }
 
 static Backend *bc, *bg; /* CPU reference; CUDA with device-resident weights (the includer creates both) */
@@ -375,6 +396,90 @@ static void check_matmul_multi(const int *a) {
     free(x);
 }
 
+/* A random [rows, cols] weight in format fmt (0 bf16, 1 fp8 128x128 blocks, 2 nvfp4) of scale sc:
+ * hw the host matrix the CPU ops read, dw its device copy (dq / dn: its device quantization
+ * block; dev[2]: the device buffers to free). */
+static void test_weight(int fmt, int rows, int cols, float sc, WeightMat *hw, WeightMat *dw, QuantFp8 *dq,
+                        QuantNvfp4 *dn, void **dev) {
+    Err err = {0};
+    uint16_t *w = rand_bf16((size_t)rows * cols, 0, sc);
+    *hw = wmat_bf16(rows, cols, w);
+    *dw = *hw;
+    dev[1] = NULL;
+    if (fmt == 1) {
+        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, QUANT_FP8_BLOCK128, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        hw->fmt = dw->fmt = WF_FP8;
+        hw->q = q;
+        *dq = *q;
+        dq->q = (uint8_t *)(dev[0] = dev_copy(q->q, (size_t)rows * cols));
+        dq->scale_inv = (float *)(dev[1] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
+        dw->q = dq;
+    } else if (fmt == 2) {
+        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        hw->fmt = dw->fmt = WF_NVFP4;
+        hw->q = q;
+        *dn = *q;
+        dn->packed = (uint8_t *)(dev[0] = dev_copy(q->packed, (size_t)rows * cols / 2));
+        dn->scale = (uint8_t *)(dev[1] = dev_copy(q->scale, (size_t)rows * cols / 16));
+        dw->q = dn;
+    } else {
+        dw->bf16 = (uint16_t *)(dev[0] = dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols));
+    }
+    dw->dev = dev[0];
+    dw->dev_scale = dev[1];
+}
+
+static void test_weight_free(int fmt, WeightMat *hw, void **dev) {
+    free(hw->bf16);
+    if (fmt == 1) quant_fp8_free((QuantFp8 *)hw->q);
+    if (fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hw->q);
+    cudaFree(dev[0]);
+    cudaFree(dev[1]);
+}
+
+/* matmul_swiglu (backend.h; matmul_swiglu.cu at n <= 8, the fallback above) of gate / up [rows,
+ * cols] in format fmt against the CPU ops it stands for (matmul gate, matmul up, swiglu: f32
+ * class; bf16act for BF16 beyond 8 tokens, cuBLAS), and bitwise against the CUDA backend's own composition (matmul_multi + swiglu: the
+ * epilogue uses swiglu's expression on the same sums). */
+static void check_matmul_swiglu(const int *a) {
+    int fmt = a[0], n = a[1], rows = a[2], cols = a[3];
+    size_t NX = (size_t)n * cols, NO = (size_t)n * rows;
+    float *x = rand_f32(NX, 1), *dx = (float *)dev_copy(x, sizeof(float) * NX);
+    WeightMat hg, hu, dg, du;
+    QuantFp8 qg, qu;
+    QuantNvfp4 ng, nu;
+    void *devg[2], *devu[2];
+    test_weight(fmt, rows, cols, 0.2f, &hg, &dg, &qg, &ng, devg); /* gate values of a few units: silu's bend */
+    test_weight(fmt, rows, cols, 0.05f, &hu, &du, &qu, &nu, devu);
+    float *g = (float *)xmalloc(sizeof(float) * NO), *u = (float *)xmalloc(sizeof(float) * NO),
+          *ref = (float *)xmalloc(sizeof(float) * NO);
+    bc->matmul(bc, g, x, n, &hg, NULL);
+    bc->matmul(bc, u, x, n, &hu, NULL);
+    bc->swiglu(bc, ref, g, u, (int)NO);
+    float *dout = (float *)dev_poisoned(sizeof(float) * NO), *dgs = (float *)dev_poisoned(sizeof(float) * NO),
+          *dus = (float *)dev_poisoned(sizeof(float) * NO), *dout2 = (float *)dev_poisoned(sizeof(float) * NO);
+    bg->matmul_swiglu(bg, dout, dx, n, &dg, &du, dgs, dus);
+    float *outs[2] = {dgs, dus};
+    const WeightMat *ws[2] = {&dg, &du};
+    const uint16_t *bs[2] = {NULL, NULL};
+    float *got = dev_result(dout, NO);
+    bg->matmul_multi(bg, outs, dx, n, ws, bs, 2);
+    bg->swiglu(bg, dout2, dgs, dus, (int)NO);
+    float *got2 = dev_result(dout2, NO);
+    char what[128];
+    const char *fn = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4";
+    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d]%s", fn, n, rows, cols, n <= CUDA_GEMV_MAX_N ? "" : " (unfused)");
+    compare_op(what, fmt == 0 && n > CUDA_GEMV_MAX_N ? TOL_BF16ACT : TOL_F32, ref, got, NO); /* cuBLAS: bf16 x */
+    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d] = gate/up + swiglu", fn, n, rows, cols);
+    compare_bytes(what, got2, got, sizeof(float) * NO);
+    test_weight_free(fmt, &hg, devg);
+    test_weight_free(fmt, &hu, devu);
+    cudaFree(dx); cudaFree(dout); cudaFree(dgs); cudaFree(dus); cudaFree(dout2);
+    free(x); free(g); free(u); free(ref); free(got); free(got2);
+}
+
 /* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
  * indices (plus one repeat of the same value and two out of range), exact. */
 static void check_scatter(const int *a) {
@@ -413,29 +518,44 @@ static void check_scatter(const int *a) {
     free(h); free(ref); free(val); free(back); free(idx);
 }
 
-static void check_norm_rope(const int *a) {
-    int n = a[0], heads = a[1], hd = a[2], norm = a[3];
-    size_t N = (size_t)n * heads * hd, h2 = (size_t)hd / 2;
-    float *x = rand_f32(N, 2), *ref = (float *)xmalloc(sizeof(float) * N);
-    memcpy(ref, x, sizeof(float) * N);
-    float *cs = (float *)xmalloc(sizeof(float) * n * h2), *sn = (float *)xmalloc(sizeof(float) * n * h2);
-    for (size_t i = 0; i < n * h2; i++) {
+/* RoPE tables [n_pos, hd / 2] of random angles and n positions into them (position 0,
+ * repeats, the last row): what forward.c's tables and Step.pos are. */
+static void rope_inputs(int n, int n_pos, int hd, float **cs, float **sn, int32_t **pos) {
+    size_t h2 = (size_t)hd / 2;
+    *cs = (float *)xmalloc(sizeof(float) * n_pos * h2);
+    *sn = (float *)xmalloc(sizeof(float) * n_pos * h2);
+    for (size_t i = 0; i < n_pos * h2; i++) {
         float t = 100.f * rng_f();
-        cs[i] = cosf(t);
-        sn[i] = sinf(t);
+        (*cs)[i] = cosf(t);
+        (*sn)[i] = sinf(t);
     }
+    *pos = (int32_t *)xmalloc(sizeof(int32_t) * (n ? n : 1));
+    for (int i = 0; i < n; i++) (*pos)[i] = (int32_t)(rng_u64() % (uint64_t)n_pos);
+    if (n > 0) (*pos)[0] = 0;
+    if (n > 1) (*pos)[n - 1] = n_pos - 1;
+    if (n > 2) (*pos)[1] = (*pos)[2];
+}
+
+static void check_norm_rope(const int *a) {
+    int n = a[0], heads = a[1], hd = a[2], norm = a[3], n_pos = 3 * n + 5;
+    size_t N = (size_t)n * heads * hd, h2 = (size_t)hd / 2;
+    float *x = rand_f32(N, 2), *ref = (float *)xmalloc(sizeof(float) * N), *cs, *sn;
+    int32_t *pos;
+    memcpy(ref, x, sizeof(float) * N);
+    rope_inputs(n, n_pos, hd, &cs, &sn, &pos);
     uint16_t *w = norm ? rand_bf16(hd, 1, 0.5f) : NULL;
-    bc->norm_rope(bc, ref, n, heads, hd, w, 1e-6f, cs, sn);
-    float *dx = (float *)dev_copy(x, sizeof(float) * N), *dcs = (float *)dev_copy(cs, sizeof(float) * n * h2),
-          *dsn = (float *)dev_copy(sn, sizeof(float) * n * h2);
+    bc->norm_rope(bc, ref, n, heads, hd, w, 1e-6f, cs, sn, pos);
+    float *dx = (float *)dev_copy(x, sizeof(float) * N), *dcs = (float *)dev_copy(cs, sizeof(float) * n_pos * h2),
+          *dsn = (float *)dev_copy(sn, sizeof(float) * n_pos * h2);
+    int32_t *dpos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n);
     uint16_t *dw = norm ? (uint16_t *)dev_copy(w, sizeof(uint16_t) * hd) : NULL;
-    bg->norm_rope(bg, dx, n, heads, hd, dw, 1e-6f, dcs, dsn);
+    bg->norm_rope(bg, dx, n, heads, hd, dw, 1e-6f, dcs, dsn, dpos);
     float *got = dev_result(dx, N);
     char what[96];
     snprintf(what, sizeof what, "norm_rope n %d heads %d hd %d%s", n, heads, hd, norm ? " +qk-norm" : "");
     compare_op(what, TOL_F32, ref, got, N);
-    cudaFree(dx); cudaFree(dcs); cudaFree(dsn); cudaFree(dw);
-    free(x); free(ref); free(cs); free(sn); free(w); free(got);
+    cudaFree(dx); cudaFree(dcs); cudaFree(dsn); cudaFree(dpos); cudaFree(dw);
+    free(x); free(ref); free(cs); free(sn); free(pos); free(w); free(got);
 }
 
 /* Paged attention over shuffled blocks: n_seqs (<= 4) sequences, sequence s
@@ -614,28 +734,33 @@ static void check_rows(const int *a) {
     free(src); free(k); free(v); free(w); free(rows); free(slots); free(ref); free(got);
 }
 
-/* Bytes equal, for caches and codes whose elements are not f32 (bf16, e4m3, e2m1 codes, scales);
- * also used by op_checks_native.h. */
-static void compare_bytes(const char *what, const void *ref, const void *got, size_t n) {
-    const uint8_t *a = (const uint8_t *)ref, *b = (const uint8_t *)got;
-    size_t diff = 0, first = n;
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            if (!diff) first = i;
-            diff++;
-        }
-    diff ? n_fail++ : n_pass++;
-    printf("  %-4s %-60s bytes   %zu of %zu differ", diff ? "FAIL" : "ok", what, diff, n);
-    if (diff) printf(" (first at %zu: 0x%02x vs 0x%02x)", first, a[first], b[first]);
-    printf("\n");
+/* Slots of n tokens in a cache of n_blocks blocks of bs: distinct (a stride coprime to the slots
+ * used); with padding (the last n_pad tokens: -1, not written) none in block 0, where a write at
+ * slot -1 of a kv head above 0 lands (head 0's lands before the cache). */
+static int32_t *kv_test_slots(int n, int n_pad, int bs, int n_blocks) {
+    int32_t *slots = (int32_t *)xmalloc(sizeof(int32_t) * (n ? n : 1));
+    size_t first = n_pad ? (size_t)bs : 0, avail = (size_t)n_blocks * bs - first, p = 7;
+    for (;;) {
+        size_t x = p, y = avail;
+        while (y) { size_t t = x % y; x = y; y = t; }
+        if (x == 1) break;
+        p += 2;
+    }
+    if ((size_t)(n - n_pad) > avail) {
+        fprintf(stderr, "kv_test_slots: %d tokens in %zu slots\n", n - n_pad, avail);
+        exit(1);
+    }
+    for (int i = 0; i < n; i++) slots[i] = i >= n - n_pad ? -1 : (int32_t)(first + ((size_t)i * p + 3) % avail);
+    return slots;
 }
 
 /* kv_write of n tokens into random caches of n_blocks blocks at dtype kvt:
- * written rows (and FP8 scales) bit for bit as the CPU's, the rest untouched.
+ * written rows (and FP8 scales) bit for bit as the CPU's, the rest untouched
+ * (the last n_pad tokens have slot -1: nothing written).
  * Inputs of mixed magnitudes (FP8: tiny rows hit subnormals, big ones the
  * saturation bound), one all-zero row (FP8 scale 1.0), one NaN. */
 static void check_kv_write(const int *a) {
-    int n = a[0], nkv = a[1], hd = a[2], bs = a[3], n_blocks = a[4];
+    int n = a[0], nkv = a[1], hd = a[2], bs = a[3], n_blocks = a[4], n_pad = a[6];
     KvDtype kvt = (KvDtype)a[5];
     size_t rows = (size_t)n_blocks * nkv * bs, elems = rows * hd, bytes = elems * kv_dtype_elem(kvt);
     size_t N = (size_t)n * nkv * hd;
@@ -647,8 +772,7 @@ static void check_kv_write(const int *a) {
     }
     if (N >= (size_t)hd) memset(k, 0, sizeof(float) * hd);
     if (N > 2) v[N - 2] = NAN;
-    int32_t *slots = (int32_t *)xmalloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) slots[i] = (int32_t)(((size_t)i * 7 + 3) % ((size_t)n_blocks * bs)); /* distinct */
+    int32_t *slots = kv_test_slots(n, n_pad, bs, n_blocks);
     unsigned char *kc = (unsigned char *)xmalloc(bytes), *vc = (unsigned char *)xmalloc(bytes);
     float *ksc = rand_f32(rows, 1), *vsc = rand_f32(rows, 1);
     for (size_t i = 0; i < bytes; i++) { kc[i] = (unsigned char)rng_u64(); vc[i] = (unsigned char)rng_u64(); }
@@ -666,8 +790,8 @@ static void check_kv_write(const int *a) {
     char what[128];
     for (int c = 0; c < 2; c++) {
         CUDA_CHECK(cudaMemcpy(got, c ? dvc : dkc, bytes, cudaMemcpyDeviceToHost));
-        snprintf(what, sizeof what, "kv_write n %d kv heads %d hd %d bs %d kv %s (%s)", n, nkv, hd, bs,
-                 kv_dtype_name(kvt), c ? "v" : "k");
+        snprintf(what, sizeof what, "kv_write n %d (%d padded) kv heads %d hd %d bs %d kv %s (%s)", n, n_pad, nkv,
+                 hd, bs, kv_dtype_name(kvt), c ? "v" : "k");
         compare_bytes(what, c ? vc : kc, got, bytes);
     }
     if (fp8) {
@@ -682,6 +806,116 @@ static void check_kv_write(const int *a) {
     }
     cudaFree(dkc); cudaFree(dvc); cudaFree(dks); cudaFree(dvs); cudaFree(dk); cudaFree(dv); cudaFree(dslots);
     free(k); free(v); free(slots); free(kc); free(vc); free(ksc); free(vsc); free(got);
+}
+
+/* rope_kv_write (RopeKvArgs) of n tokens (the last n_pad with slot -1) with q heads, nkv kv heads,
+ * the KV layout of check_kv_write at dtype kvt, +/- QK-norm, positions into a table of 3n+5 rows:
+ * first the CPU op against the composition it fuses (norm_rope q, norm_rope k, kv_write on the
+ * CPU: bitwise, every cache byte and scale), then the CUDA op against the CPU op: q and the k
+ * rows in the f32 class after decoding (an f32 rounding of the rotation may move a bf16 / e4m3
+ * rounding by one step: per dtype below), v, the FP8 v scales and every unwritten cache row
+ * bitwise. kv.k is read only: checked unchanged on both. */
+static void check_rope_kv_write(const int *a) {
+    int n = a[0], heads = a[1], nkv = a[2], hd = a[3], bs = a[4], n_blocks = a[5], norm = a[7], n_pad = a[8];
+    KvDtype kvt = (KvDtype)a[6];
+    int fp8 = kvt == KV_FP8, n_pos = 3 * n + 5;
+    size_t rows = (size_t)n_blocks * nkv * bs, elems = rows * hd, bytes = elems * kv_dtype_elem(kvt);
+    size_t NQ = (size_t)n * heads * hd, N = (size_t)n * nkv * hd, h2 = (size_t)hd / 2;
+    float *q = rand_f32(NQ, 2), *k = rand_f32(N, 2), *v = rand_f32(N, 1), *cs, *sn;
+    for (size_t i = 0; i < N; i++) v[i] *= ldexpf(1.f, (int)(i / hd % 13) - 6);
+    int32_t *pos, *slots = kv_test_slots(n, n_pad, bs, n_blocks);
+    rope_inputs(n, n_pos, hd, &cs, &sn, &pos);
+    uint16_t *qw = norm ? rand_bf16(hd, 1, 0.5f) : NULL, *kw = norm ? rand_bf16(hd, 1, 0.5f) : NULL;
+    unsigned char *kc = (unsigned char *)xmalloc(bytes), *vc = (unsigned char *)xmalloc(bytes);
+    for (size_t i = 0; i < bytes; i++) { kc[i] = (unsigned char)rng_u64(); vc[i] = (unsigned char)rng_u64(); }
+    float *ksc = rand_f32(rows, 1), *vsc = rand_f32(rows, 1);
+    void *dkc = dev_copy(kc, bytes), *dvc = dev_copy(vc, bytes);
+    float *dks = (float *)dev_copy(ksc, sizeof(float) * rows), *dvs = (float *)dev_copy(vsc, sizeof(float) * rows);
+    float *dq = (float *)dev_copy(q, sizeof(float) * NQ), *dk = (float *)dev_copy(k, sizeof(float) * N),
+          *dv = (float *)dev_copy(v, sizeof(float) * N), *dcs = (float *)dev_copy(cs, sizeof(float) * n_pos * h2),
+          *dsn = (float *)dev_copy(sn, sizeof(float) * n_pos * h2);
+    int32_t *dpos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n), *dslots = (int32_t *)dev_copy(slots, sizeof(int32_t) * n);
+    uint16_t *dqw = norm ? (uint16_t *)dev_copy(qw, sizeof(uint16_t) * hd) : NULL,
+             *dkw = norm ? (uint16_t *)dev_copy(kw, sizeof(uint16_t) * hd) : NULL;
+    /* the composition on copies */
+    unsigned char *kc2 = (unsigned char *)xmalloc(bytes), *vc2 = (unsigned char *)xmalloc(bytes);
+    memcpy(kc2, kc, bytes); memcpy(vc2, vc, bytes);
+    float *ksc2 = (float *)xmalloc(sizeof(float) * rows), *vsc2 = (float *)xmalloc(sizeof(float) * rows);
+    memcpy(ksc2, ksc, sizeof(float) * rows); memcpy(vsc2, vsc, sizeof(float) * rows);
+    float *q2 = (float *)xmalloc(sizeof(float) * NQ), *k2 = (float *)xmalloc(sizeof(float) * N);
+    memcpy(q2, q, sizeof(float) * NQ); memcpy(k2, k, sizeof(float) * N);
+    bc->norm_rope(bc, q2, n, heads, hd, qw, 1e-6f, cs, sn, pos);
+    bc->norm_rope(bc, k2, n, nkv, hd, kw, 1e-6f, cs, sn, pos);
+    KvWriteArgs hw = {kc2, vc2, fp8 ? ksc2 : NULL, fp8 ? vsc2 : NULL, k2, v, slots, n, nkv, hd, bs, kvt};
+    bc->kv_write(bc, &hw);
+    /* the fused CPU op (the reference) and the CUDA op */
+    float *kref = (float *)xmalloc(sizeof(float) * N);
+    memcpy(kref, k, sizeof(float) * N);
+    RopeKvArgs h = {{kc, vc, fp8 ? ksc : NULL, fp8 ? vsc : NULL, k, v, slots, n, nkv, hd, bs, kvt},
+                    q, heads, qw, kw, 1e-6f, cs, sn, pos};
+    RopeKvArgs d = {{dkc, dvc, fp8 ? dks : NULL, fp8 ? dvs : NULL, dk, dv, dslots, n, nkv, hd, bs, kvt},
+                    dq, heads, dqw, dkw, 1e-6f, dcs, dsn, dpos};
+    bc->rope_kv_write(bc, &h);
+    bg->rope_kv_write(bg, &d);
+    char what[192], tag[96];
+    snprintf(tag, sizeof tag, "n %d (%d pad) h %d/%d hd %d kv %s%s", n, n_pad, heads, nkv, hd, kv_dtype_name(kvt),
+             norm ? " +qkn" : "");
+    snprintf(what, sizeof what, "rope_kv_write cpu = composed: q %s", tag);
+    compare_bytes(what, q2, q, sizeof(float) * NQ);
+    snprintf(what, sizeof what, "rope_kv_write cpu = composed: caches %s", tag);
+    size_t cd = (size_t)(memcmp(kc, kc2, bytes) != 0) + (memcmp(vc, vc2, bytes) != 0) +
+                (size_t)(fp8 && (memcmp(ksc, ksc2, sizeof(float) * rows) || memcmp(vsc, vsc2, sizeof(float) * rows))) +
+                (memcmp(k, kref, sizeof(float) * N) != 0);
+    cd ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s bytes   %zu of 4 parts differ\n", cd ? "FAIL" : "ok", what, cd);
+    float *got = dev_result(dq, NQ);
+    snprintf(what, sizeof what, "rope_kv_write q %s", tag);
+    compare_op(what, TOL_F32, q, got, NQ);
+    free(got);
+    got = dev_result(dk, N);
+    snprintf(what, sizeof what, "rope_kv_write k untouched %s", tag);
+    compare_bytes(what, k, got, sizeof(float) * N);
+    free(got);
+    unsigned char *gk = (unsigned char *)xmalloc(bytes), *gv = (unsigned char *)xmalloc(bytes);
+    CUDA_CHECK(cudaMemcpy(gk, dkc, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(gv, dvc, bytes, cudaMemcpyDeviceToHost));
+    float *gks = dev_result(dks, rows), *gvs = dev_result(dvs, rows);
+    snprintf(what, sizeof what, "rope_kv_write v cache %s", tag);
+    compare_bytes(what, vc, gv, bytes);
+    if (fp8) {
+        snprintf(what, sizeof what, "rope_kv_write v scales %s", tag);
+        compare_bytes(what, vsc, gvs, sizeof(float) * rows);
+    }
+    /* k: the written rows decoded (cpu_kv_rows) in a class per dtype, every other row bitwise */
+    unsigned char *written = (unsigned char *)xcalloc(rows, 1);
+    for (int t = 0; t < n; t++)
+        for (int hh = 0; slots[t] >= 0 && hh < nkv; hh++)
+            written[((size_t)(slots[t] / bs) * nkv + hh) * bs + slots[t] % bs] = 1;
+    size_t nw = 0, kdiff = 0, es = kv_dtype_elem(kvt);
+    float *rk = (float *)xmalloc(sizeof(float) * N + 4), *gkf = (float *)xmalloc(sizeof(float) * N + 4);
+    float buf[512];
+    for (size_t rw = 0; rw < rows; rw++) {
+        if (!written[rw]) {
+            kdiff += memcmp(kc + rw * hd * es, gk + rw * hd * es, hd * es) != 0 ||
+                     (fp8 && memcmp(&ksc[rw], &gks[rw], sizeof(float)) != 0);
+            continue;
+        }
+        memcpy(rk + nw * hd, cpu_kv_rows(buf, kc, ksc, kvt, rw, 1, hd), sizeof(float) * hd);
+        memcpy(gkf + nw * hd, cpu_kv_rows(buf, gk, gks, kvt, rw, 1, hd), sizeof(float) * hd);
+        nw++;
+    }
+    snprintf(what, sizeof what, "rope_kv_write k cache unwritten rows %s", tag);
+    kdiff ? n_fail++ : n_pass++;
+    printf("  %-4s %-60s bytes   %zu of %zu rows differ\n", kdiff ? "FAIL" : "ok", what, kdiff, rows - nw);
+    /* one bf16 step is 2^-8 relative, one e4m3 step 2^-3: a flip of one element of the rows */
+    Tol tk = kvt == KV_F32 ? TOL_F32 : kvt == KV_BF16 ? TOL_BF16KV : TOL_FP8KV;
+    snprintf(what, sizeof what, "rope_kv_write k cache %s", tag);
+    compare_op(what, tk, rk, gkf, nw * hd);
+    cudaFree(dkc); cudaFree(dvc); cudaFree(dks); cudaFree(dvs); cudaFree(dq); cudaFree(dk); cudaFree(dv);
+    cudaFree(dcs); cudaFree(dsn); cudaFree(dpos); cudaFree(dslots); cudaFree(dqw); cudaFree(dkw);
+    free(q); free(k); free(v); free(cs); free(sn); free(pos); free(slots); free(qw); free(kw); free(kc); free(vc);
+    free(ksc); free(vsc); free(kc2); free(vc2); free(ksc2); free(vsc2); free(q2); free(k2); free(kref);
+    free(gk); free(gv); free(gks); free(gvs); free(written); free(rk); free(gkf);
 }
 
 /* The batched LoRA (backend.h lora; lora.cu): rows of up to three adapters and
@@ -963,6 +1197,21 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_multi, OC_GPU, {2, 1, 3, 4096, 1024, 1024, 4096}},
     {check_matmul_multi, OC_GPU, {2, 5, 2, 12288, 12288, 0, 4096}},
     {check_matmul_multi, OC_ALL, {2, 2, 3, 130, 33, 7, 512}},
+    /* fmt (0 bf16, 1 fp8, 2 nvfp4), n, rows, cols: gate/up + SwiGLU, fused at n <= 8 */
+    {check_matmul_swiglu, OC_GPU, {0, 1, 12288, 4096}}, /* Qwen3-8B */
+    {check_matmul_swiglu, OC_GPU, {1, 5, 12288, 4096}},
+    {check_matmul_swiglu, OC_GPU, {2, 8, 12288, 4096}},
+    {check_matmul_swiglu, OC_ALL, {0, 1, 37, 384}},  /* a partial row tile */
+    {check_matmul_swiglu, OC_ALL, {0, 3, 40, 200}},
+    {check_matmul_swiglu, OC_ALL, {0, 8, 9, 640}},
+    {check_matmul_swiglu, OC_ALL, {0, 2, 20, 100}},  /* cols % 8: the scalar GEMVs + swiglu */
+    {check_matmul_swiglu, OC_ALL, {0, 11, 20, 64}},  /* n > 8: cuBLAS + swiglu */
+    {check_matmul_swiglu, OC_ALL, {1, 1, 37, 384}},
+    {check_matmul_swiglu, OC_ALL, {1, 4, 21, 640}},
+    {check_matmul_swiglu, OC_ALL, {1, 11, 21, 128}},
+    {check_matmul_swiglu, OC_ALL, {2, 1, 37, 384}},
+    {check_matmul_swiglu, OC_ALL, {2, 6, 37, 640}},
+    {check_matmul_swiglu, OC_ALL, {2, 2, 20, 272}},  /* cols % 32 == 16: the byte-path GEMVs + swiglu */
     /* numel, n, elem bytes */
     {check_scatter, OC_GPU, {4096 * 4096, 40000, 2}},
     {check_scatter, OC_ALL, {1000, 40, 2}},
@@ -1041,6 +1290,21 @@ static const OpCheck OP_CHECKS[] = {
     {check_kv_write, OC_ALL, {20, 2, 72, 4, 6, KV_FP8}},
     {check_kv_write, OC_ALL, {13, 5, 24, 4, 4, KV_FP8}}, /* more kv heads than warps */
     {check_kv_write, OC_ALL, {3, 1, 256, 16, 2, KV_BF16}},
+    /* the same, a[6] padded tokens (slot -1) at the end */
+    {check_kv_write, OC_ALL, {20, 2, 72, 4, 6, KV_F32, 5}},
+    {check_kv_write, OC_ALL, {13, 5, 24, 4, 4, KV_FP8, 3}},
+    {check_kv_write, OC_ALL, {4, 2, 64, 16, 2, KV_BF16, 4}}, /* all padded */
+    /* n, heads, kv heads, head_dim, block size, n_blocks, KV dtype, qk-norm, padded tokens */
+    {check_rope_kv_write, OC_GPU, {64, 32, 8, 128, 16, 8, KV_BF16, 1, 0}},
+    {check_rope_kv_write, OC_GPU, {64, 32, 8, 128, 16, 8, KV_FP8, 1, 7}},
+    {check_rope_kv_write, OC_GPU, {1, 32, 8, 128, 16, 8, KV_F32, 0, 0}},   /* decode */
+    {check_rope_kv_write, OC_ALL, {20, 4, 2, 72, 4, 7, KV_F32, 1, 0}},
+    {check_rope_kv_write, OC_ALL, {20, 4, 2, 72, 4, 7, KV_BF16, 0, 3}},
+    {check_rope_kv_write, OC_ALL, {20, 4, 2, 72, 4, 7, KV_FP8, 1, 3}},
+    {check_rope_kv_write, OC_ALL, {13, 5, 5, 24, 4, 5, KV_FP8, 0, 0}},  /* more kv heads than warps */
+    {check_rope_kv_write, OC_ALL, {3, 2, 1, 512, 16, 2, KV_BF16, 1, 1}}, /* 16 elements a lane */
+    {check_rope_kv_write, OC_ALL, {5, 8, 2, 128, 16, 3, KV_F32, 1, 2}},
+    {check_rope_kv_write, OC_ALL, {2, 3, 3, 12, 4, 3, KV_BF16, 1, 2}},   /* head_dim < 32, all padded */
     /* n (swiglu, add) */
     {check_elementwise, OC_ALL, {10001}},
     {check_elementwise, OC_ALL, {1000}},

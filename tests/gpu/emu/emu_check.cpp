@@ -214,6 +214,24 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
         printf("  %-4s %s %s mixed steps through piecewise graphs: %llu captured, %llu replayed%s\n",
                ok ? "ok" : "FAIL", dir, pn, (unsigned long long)(pc1 - pc0), (unsigned long long)(pr1 - pr0),
                can ? "" : " (experts run one by one: eager)");
+        /* seq0's prefill and the same mixed step on a second cache: the piecewise graphs write the
+         * K/V of the cache they were captured on, so a step on another cache must not replay them */
+        KVCache *kvc2 = runner_kvcache_create_dtype(rc, 80, 4, kvt), *kvg2 = runner_kvcache_create_dtype(rg, 80, 4, kvt);
+        for (int i = 0; i < T0; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+        rc1 = model_forward(rc, kvc2, &b, oc, &err);
+        rc2 = model_forward(rg, kvg2, &b, og, &err);
+        int k = 0;
+        for (int i = 0; i < T1; i++, k++) { tok[k] = ((const int32_t *)t1->data)[i]; pos[k] = i; seq[k] = 1; }
+        tok[k] = ((const int32_t *)t0->data)[T0 - 1]; pos[k] = T0 - 1; seq[k] = 0; k++;
+        int32_t outr[3] = {0, T1 - 1, T1};
+        Batch b2 = {k, tok, pos, seq, 2, tables, 3, outr, 0};
+        rc1 |= model_forward(rc, kvc2, &b2, oc, &err);
+        rc2 |= model_forward(rg, kvg2, &b2, og, &err);
+        if (rc1 || rc2) { printf("  FAIL %s second cache: %s\n", dir, err.msg); n_fail++; }
+        snprintf(what, sizeof what, "%s %s mixed step of %d tokens on a second cache vs cpu", dir, pn, k);
+        logit_check(what, oc, og, 3, V, 0.1, 3e-4);
+        runner_kvcache_free(rc, kvc2);
+        runner_kvcache_free(rg, kvg2);
     }
     /* A sparse delta on layer 0's o_proj master, as admin_touched applies it: BF16 scatters the
      * touched elements into the device copy (verified read-back); FP8/NVFP4 re-quantize on the

@@ -61,6 +61,7 @@ struct Runner {
     int n_moe;               /* MoE layers of the model */
     int moe_rows;            /* TG: steps of up to this many tokens run moe_mlp (0: never) */
     int32_t *h_slots;        /* [T] cache slot of each token (-1: a padded token) */
+    int32_t *h_nblk;         /* [T] step_prepare: blocks of each sequence's table its tokens reach */
     int32_t *h_bt;           /* [T, bt_stride] */
     int bt_stride;           /* ceil(max_ctx / block_size) of the cache in use */
     /* decode graphs (backends with graph_begin): [n] for a pure decode step of n <= RUNNER_GRAPH_MAX
@@ -339,6 +340,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     r->g = BALLOC(gu, float);
     r->u = BALLOC(gu, float);
     r->h_slots = xcalloc(T, sizeof(int32_t));
+    r->h_nblk = xcalloc(T, sizeof(int32_t));
     r->inv_freq = xcalloc(h2, sizeof(float));
     r->lrows = xcalloc(T, sizeof *r->lrows);
     for (int i = 0; i < RUNNER_MAX_LORAS; i++) r->lora_reg[i] = -1;
@@ -391,7 +393,7 @@ void runner_free(Runner *r) {
         free(r->h_tok);
         free(r->h_off);
     }
-    void *host[] = {r->inv_freq, r->h_slots, r->h_bt, (void *)r->lrows};
+    void *host[] = {r->h_nblk, r->inv_freq, r->h_slots, r->h_bt, (void *)r->lrows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (r->lora_pool) b->release(b, r->lora_pool);
     free(r->lora_dpairs);
@@ -556,12 +558,18 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st,
         r->d_bt = be->host ? NULL : be->alloc(be, (size_t)r->max_tokens * stride * sizeof(int32_t));
         r->bt_stride = stride;
     }
+    /* each sequence's table once, up to the last block its tokens reach (a prefill chunk's tokens
+     * share one table: copying it per token was O(tokens x blocks)) */
+    for (int s = 0; s < b->n_seqs; s++) r->h_nblk[s] = 0;
     for (int t = 0; t < n; t++) {
         const int32_t *bt = b->block_table[b->seq[t]];
         int p = b->pos[t];
         r->h_slots[t] = bt[p / bs] * bs + p % bs;
-        memcpy(r->h_bt + (size_t)b->seq[t] * stride, bt, sizeof(int32_t) * (size_t)(p / bs + 1));
+        if (p / bs + 1 > r->h_nblk[b->seq[t]]) r->h_nblk[b->seq[t]] = p / bs + 1;
     }
+    for (int s = 0; s < b->n_seqs; s++)
+        if (r->h_nblk[s])
+            memcpy(r->h_bt + (size_t)s * stride, b->block_table[s], sizeof(int32_t) * (size_t)r->h_nblk[s]);
     ASSERT(N >= n && (N == n || (!be->host && N <= r->max_tokens)), "step_prepare: padding %d tokens to %d", n, N);
     for (int t = n; t < N; t++) r->h_slots[t] = -1;
     size_t ni = sizeof(int32_t) * (size_t)n;

@@ -103,7 +103,7 @@ static Engine *make(Model *m, const Opts *o, int prefix) {
     c.n_threads = o->threads;
     c.enable_prefix_cache = prefix;
     c.verbose = 0;
-    g_be = runner_backend_create(m, NULL, &c, NULL, NULL);
+    g_be = runner_backend_create(m, NULL, &c, NULL, NULL, NULL);
     return engine_create(&m->cfg, &g_be, &c);
 }
 

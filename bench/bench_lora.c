@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
     ec.n_threads = threads;
     ec.verbose = 0;
     ec.max_batched_tokens = 512;
-    EngineBackend be = runner_backend_create(m, NULL, &ec, NULL, NULL);
+    EngineBackend be = runner_backend_create(m, NULL, &ec, NULL, NULL, NULL);
     Runner *er = runner_backend_runner(&be);
     for (int i = 0; i < NA; i++) runner_set_lora(er, i, ad[i], &err);
     Engine *e = engine_create(&m->cfg, &be, &ec);

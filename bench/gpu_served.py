@@ -102,6 +102,10 @@ def metrics_delta(m0, m1):
            "preemptions": m1.get("sampler_preemptions_total", 0) - m0.get("sampler_preemptions_total", 0),
            "async_steps": m1.get("sampler_async_steps_total", 0) - m0.get("sampler_async_steps_total", 0),
            "step_seconds": d}
+    for k, name in (("forward_calls", "sampler_model_forward_calls_total"),
+                    ("full_graph_calls", "sampler_model_forward_full_graph_calls_total"),
+                    ("piecewise_graph_calls", "sampler_model_forward_piecewise_graph_calls_total")):
+        out[k] = m1.get(name, 0) - m0.get(name, 0)
     busy = d["step"] + d["control"]
     out["host_share"] = 1.0 - (d["forward"] + d["device_sample"]) / busy if busy > 0 else None
     out["phase_shares"] = {k: d[k] / busy for k in STEP_KEYS if k != "step"} if busy > 0 else None

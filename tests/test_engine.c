@@ -126,7 +126,7 @@ typedef struct CpuEngine { Engine *e; EngineBackend be; } CpuEngine;
 static CpuEngine g_engines[8];
 
 static Engine *engine_cpu(Model *m, EngineConfig *c) {
-    EngineBackend be = runner_backend_create(m, NULL, c, NULL, NULL);
+    EngineBackend be = runner_backend_create(m, NULL, c, NULL, NULL, NULL);
     Engine *e = engine_create(&m->cfg, &be, c);
     for (int i = 0; i < 8; i++)
         if (!g_engines[i].e) { g_engines[i] = (CpuEngine){ e, be }; return e; }

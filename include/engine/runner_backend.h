@@ -20,10 +20,13 @@
 /* Start-up path. Resolves cfg's n_blocks (from kv_mem_mb) and max_model_len
  * (engine_config_resolve), creates a CPU runner when r is NULL (else takes
  * ownership of r), allocates the KV pool in the runner's backend memory, and
- * returns a backend that adds each forward's nanoseconds to *ns and counts
- * *calls (both may be NULL). */
+ * returns a backend that adds each forward's nanoseconds to *ns, counts
+ * *calls, and counts in graphs[0] the forwards that ran through a whole-step
+ * CUDA graph and in graphs[1] those that ran through piecewise graphs
+ * (captured or replayed; model.h runner_graph_counts / runner_piece_counts).
+ * Each may be NULL. */
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, atomic_ullong *ns,
-                                    atomic_ullong *calls);
+                                    atomic_ullong *calls, atomic_ullong *graphs);
 void runner_backend_free(EngineBackend *be);
 /* The runner a backend made by runner_backend_create drives. */
 Runner *runner_backend_runner(const EngineBackend *be);

@@ -123,6 +123,7 @@ typedef struct ServerMetrics {
     atomic_ullong stream_disconnects;
     atomic_ullong forward_ns;      /* model forward time (timed backend) */
     atomic_ullong forward_calls;
+    atomic_ullong forward_graphs[2]; /* forwards through a whole-step CUDA graph, through piecewise graphs */
 } ServerMetrics;
 
 /* A live HTTP generation, findable by its response id for POST /abort_request. */

@@ -13,6 +13,7 @@ typedef struct RunnerBackend {
     Runner *r;
     KVCache *kv;
     atomic_ullong *ns, *calls; /* may be NULL */
+    atomic_ullong *graphs;     /* [2] forwards through a whole-step graph, through piecewise graphs; or NULL */
 } RunnerBackend;
 
 static uint64_t now_ns(void) {
@@ -23,10 +24,20 @@ static uint64_t now_ns(void) {
 
 static int forward(void *ctx, const Batch *b, float *logits, Err *err) {
     RunnerBackend *t = ctx;
-    uint64_t t0 = t->ns ? now_ns() : 0;
+    uint64_t t0 = t->ns ? now_ns() : 0, g[2][4];
+    if (t->graphs) {
+        runner_graph_counts(t->r, &g[0][0], &g[0][1]);
+        runner_piece_counts(t->r, &g[0][2], &g[0][3]);
+    }
     int rc = model_forward(t->r, t->kv, b, logits, err);
     if (t->ns) atomic_fetch_add(t->ns, now_ns() - t0);
     if (t->calls) atomic_fetch_add(t->calls, 1);
+    if (t->graphs) {
+        runner_graph_counts(t->r, &g[1][0], &g[1][1]);
+        runner_piece_counts(t->r, &g[1][2], &g[1][3]);
+        if (g[1][0] + g[1][1] != g[0][0] + g[0][1]) atomic_fetch_add(&t->graphs[0], 1);
+        if (g[1][2] + g[1][3] != g[0][2] + g[0][3]) atomic_fetch_add(&t->graphs[1], 1);
+    }
     return rc;
 }
 
@@ -51,13 +62,15 @@ static void fetch_logits(void *ctx, float *logits, int n_out) {
     runner_fetch_logits(((RunnerBackend *)ctx)->r, logits, n_out);
 }
 
-EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls) {
+EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls,
+                                    atomic_ullong *graphs) {
     engine_config_resolve(c, &m->cfg);
     RunnerBackend *t = xcalloc(1, sizeof *t);
     t->r = r ? r : runner_create(m, c->max_batched_tokens, c->max_model_len, c->n_threads);
     t->kv = runner_kvcache_create_dtype(t->r, c->n_blocks, c->block_size, (KvDtype)c->kv_cache_dtype);
     t->ns = ns;
     t->calls = calls;
+    t->graphs = graphs;
     EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL, NULL};
     if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) { /* a device backend with the op: reserve its caps */
         DevSampleCaps caps;

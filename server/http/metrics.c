@@ -88,6 +88,12 @@ int api_metrics(HttpReq *q, json_t *body) {
     gauge(&b, "sampler_model_forward_seconds_total", "Time spent in the model forward pass.",
           (double)atomic_load(&s->metrics.forward_ns) / 1e9);
     counter(&b, "sampler_model_forward_calls_total", "Model forward calls.", atomic_load(&s->metrics.forward_calls));
+    counter(&b, "sampler_model_forward_full_graph_calls_total",
+            "Model forward calls run as one CUDA graph of the whole step (pure decode; 0 on the CPU).",
+            atomic_load(&s->metrics.forward_graphs[0]));
+    counter(&b, "sampler_model_forward_piecewise_graph_calls_total",
+            "Model forward calls run as piecewise CUDA graphs, attention eager between them (0 on the CPU).",
+            atomic_load(&s->metrics.forward_graphs[1]));
     /* the engine thread's time by phase (EngineStepTimes): the host share of a step is
      * 1 - (forward + device) / (step + control) */
     const EngineStepTimes *st = &m.step_times;

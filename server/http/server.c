@@ -122,7 +122,8 @@ Server *server_create(const ServerConfig *c) {
      * --enable-lora): at --max-lora-rank on every linear a MoE model's experts make it large */
     if (c->enable_lora || c->n_loras > 0)
         runner_reserve_lora(s->runner, ec->max_loras, c->max_lora_rank, (LoraDtype)c->lora_dtype);
-    s->be = runner_backend_create(s->model, s->runner, ec, &s->metrics.forward_ns, &s->metrics.forward_calls);
+    s->be = runner_backend_create(s->model, s->runner, ec, &s->metrics.forward_ns, &s->metrics.forward_calls,
+                                  s->metrics.forward_graphs);
     s->vocab = s->model->cfg.vocab;
     if (c->engine_only) {
         ec->verbose = 0;

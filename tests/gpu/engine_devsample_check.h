@@ -33,7 +33,7 @@ extern "C" {
 #include "engine.h"
 /* runner_backend.h's counters are C11 atomics, which C++ does not spell the
  * same way: the two functions as C declares them (pointers either way). */
-EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, void *ns, void *calls);
+EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, void *ns, void *calls, void *graphs);
 void runner_backend_free(EngineBackend *be);
 }
 #else
@@ -133,6 +133,9 @@ static uint64_t eds_hash(const int32_t *ids, int n) {
 
 /* Serve the requests with device sampling `mode` and async scheduling `async`;
  * seqs [EDS_REQS][2]. extra: then the abort case of the header. */
+/* The graph use of the last eds_run: steps captured or replayed as whole-step graphs, as piecewise graphs. */
+static uint64_t eds_graph_steps, eds_piece_steps;
+
 static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[][2], EngineMetrics *met) {
     Err err = {0};
     Model *m = NULL;
@@ -150,7 +153,7 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
     c.async_scheduling = async;
     Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
     Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
-    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL);
+    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL, NULL);
     Engine *e = engine_create(&m->cfg, &be, &c);
     {   /* the automatic row budget: every running sequence under device sampling, the host's otherwise */
         const EngineConfig *ec = engine_config(e);
@@ -271,6 +274,11 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
                ok ? "ok" : "FAIL");
     }
     engine_metrics(e, met);
+    uint64_t gc, gr, pc, pr;
+    runner_graph_counts(r, &gc, &gr);
+    runner_piece_counts(r, &pc, &pr);
+    eds_graph_steps = gc + gr;
+    eds_piece_steps = pc + pr;
     engine_free(e);
     runner_backend_free(&be);
     model_free(m);
@@ -322,20 +330,23 @@ static void engine_devsample_check(const char *dir) {
     memset(&mon, 0, sizeof mon);
     memset(&msync, 0, sizeof msync);
     memset(&moff, 0, sizeof moff);
-    int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_ON, 1, on, &mon) |
-             eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_OFF, 0, sync_, &msync) |
-             eds_run(dir, ENGINE_DEVSAMPLE_OFF, ENGINE_ASYNC_AUTO, 0, off, &moff);
+    int rc = eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_ON, 1, on, &mon);
+    uint64_t graph_steps = eds_graph_steps, piece_steps = eds_piece_steps; /* the async run's */
+    rc |= eds_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_OFF, 0, sync_, &msync) |
+          eds_run(dir, ENGINE_DEVSAMPLE_OFF, ENGINE_ASYNC_AUTO, 0, off, &moff);
     int bad = 0, bad_sync = 0, stopped = 0;
     int tokens = eds_compare(on, off, "async", &bad), tokens_sync = eds_compare(sync_, off, "sync", &bad_sync);
     for (int q = 0; q < 2; q++) stopped += off[5][q].finish == FINISH_STOP;
     int want = getenv("EMU_QUICK") ? 15 : 30;
     int ok = rc == 0 && bad == 0 && tokens >= want && mon.device_sampled_tokens > 0 && mon.device_sampling_fallbacks == 0 &&
-             moff.device_sampled_tokens == 0 && mon.async_steps > 0 && stopped > 0;
+             moff.device_sampled_tokens == 0 && mon.async_steps > 0 && stopped > 0 && graph_steps > 0 && piece_steps > 0;
     ok ? n_pass++ : n_fail++;
     printf("  %-4s %s engine, device sampling with async scheduling vs the host: %d tokens compared, %d differ; "
-           "%llu sampled on the device, %llu fallbacks, %llu steps overlapped, %d sequences ended on a stop id\n",
+           "%llu sampled on the device, %llu fallbacks, %llu steps overlapped, %d sequences ended on a stop id; "
+           "steps through graphs: %llu whole, %llu piecewise\n",
            ok ? "ok" : "FAIL", dir, tokens, bad, (unsigned long long)mon.device_sampled_tokens,
-           (unsigned long long)mon.device_sampling_fallbacks, (unsigned long long)mon.async_steps, stopped);
+           (unsigned long long)mon.device_sampling_fallbacks, (unsigned long long)mon.async_steps, stopped,
+           (unsigned long long)graph_steps, (unsigned long long)piece_steps);
     ok = rc == 0 && bad_sync == 0 && tokens_sync >= want && msync.device_sampled_tokens > 0 &&
          msync.device_sampling_fallbacks == 0 && msync.async_steps == 0;
     ok ? n_pass++ : n_fail++;

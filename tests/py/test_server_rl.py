@@ -130,6 +130,11 @@ def test_metrics(srv):
     assert vals["sampler_generation_tokens_total"] >= 5 and vals['sampler_http_requests_total{status="200"}'] >= 1
     assert vals['sampler_time_to_first_token_seconds_bucket{le="+Inf"}'] == vals["sampler_time_to_first_token_seconds_count"] >= 1
     assert vals["sampler_model_forward_seconds_total"] > 0
+    # the CPU backend has no graphs: every forward eager (emu_check's engine rows count them on the
+    # CUDA emulation)
+    assert vals["sampler_model_forward_calls_total"] >= 1
+    assert vals["sampler_model_forward_full_graph_calls_total"] == 0
+    assert vals["sampler_model_forward_piecewise_graph_calls_total"] == 0
 
 
 def test_routed_experts_moe():

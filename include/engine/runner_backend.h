@@ -23,7 +23,7 @@
  * returns a backend that adds each forward's nanoseconds to *ns, counts
  * *calls, and counts in graphs[0] the forwards that ran through a whole-step
  * CUDA graph and in graphs[1] those that ran through piecewise graphs
- * (captured or replayed; model.h runner_graph_counts / runner_piece_counts).
+ * (captured or replayed; model.h runner_last_graph).
  * Each may be NULL. */
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, atomic_ullong *ns,
                                     atomic_ullong *calls, atomic_ullong *graphs);

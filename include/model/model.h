@@ -228,6 +228,9 @@ int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays);
 /* Steps that captured piecewise graphs (forward.c forward_pieces: a step that is not pure decode,
  * padded to a token bucket, attention eager between the graphs) and steps that replayed them only. */
 void runner_piece_counts(const Runner *r, uint64_t *captures, uint64_t *replays);
+/* How the last model_forward ran: 0 eagerly, 1 through a whole-step graph, 2 through piecewise
+ * graphs (each captured or replayed). */
+int runner_last_graph(const Runner *r);
 /* on = 0: every later step runs eagerly, no graph captured or replayed (vLLM's --enforce-eager);
  * on = 1 (the default): graphs where runner_graph_counts says they apply. */
 void runner_set_graphs(Runner *r, int on);

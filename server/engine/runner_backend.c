@@ -24,20 +24,12 @@ static uint64_t now_ns(void) {
 
 static int forward(void *ctx, const Batch *b, float *logits, Err *err) {
     RunnerBackend *t = ctx;
-    uint64_t t0 = t->ns ? now_ns() : 0, g[2][4];
-    if (t->graphs) {
-        runner_graph_counts(t->r, &g[0][0], &g[0][1]);
-        runner_piece_counts(t->r, &g[0][2], &g[0][3]);
-    }
+    uint64_t t0 = t->ns ? now_ns() : 0;
     int rc = model_forward(t->r, t->kv, b, logits, err);
     if (t->ns) atomic_fetch_add(t->ns, now_ns() - t0);
     if (t->calls) atomic_fetch_add(t->calls, 1);
-    if (t->graphs) {
-        runner_graph_counts(t->r, &g[1][0], &g[1][1]);
-        runner_piece_counts(t->r, &g[1][2], &g[1][3]);
-        if (g[1][0] + g[1][1] != g[0][0] + g[0][1]) atomic_fetch_add(&t->graphs[0], 1);
-        if (g[1][2] + g[1][3] != g[0][2] + g[0][3]) atomic_fetch_add(&t->graphs[1], 1);
-    }
+    int g = rc ? 0 : runner_last_graph(t->r);
+    if (t->graphs && g) atomic_fetch_add(&t->graphs[g - 1], 1);
     return rc;
 }
 

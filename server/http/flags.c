@@ -298,6 +298,8 @@ static const Flag FLAGS[] = {
      .help = "vLLM's: launch every op eagerly, no CUDA graphs (by default pure decode steps of <= 256 "
              "sequences run as whole-step graphs and other steps of <= 512 tokens as piecewise graphs, "
              "attention eager between them; GPU binaries only, the CPU has no graphs)"},
+    {.name = "--no-enforce-eager", .section = S_ENGINE, .kind = K_SWITCH, .off = AT(server.enforce_eager), .lo = 0,
+     .help = "vLLM's: CUDA graphs where they apply (the default)"},
     {.name = "--max-batched-tokens", .metavar = "N", .section = S_ENGINE, .kind = K_INT,
      .off = AT(server.engine.max_batched_tokens), .lo = 1, .hi = 1 << 24,
      .help = "tokens per step, prefill chunks + decodes"},

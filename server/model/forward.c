@@ -79,6 +79,7 @@ struct Runner {
     unsigned char piece_seen[RUNNER_PIECE_BUCKETS];
     const KVCache *piece_kv; /* the cache the piecewise graphs write (their segments hold its pointers) */
     uint64_t piece_captures, piece_replays; /* steps: runner_piece_counts */
+    int last_graph;          /* runner_last_graph: how the last model_forward ran (0, 1, 2) */
     int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
     int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
@@ -167,13 +168,14 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
     if (!r->b->weights_changed) return 0;
     /* a checkpoint tensor outside the registry has no backend copy: nothing reads it */
     const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
-    /* A re-quantized matrix may have a new tensor scale (NVFP4's scale2), which its launches take
-     * by value: the graphs that hold the old one are dropped (recaptured at the next steps of
-     * their shapes). BF16 scatters and re-uploads land in place; graphs read them as they are. */
-    if (t && t->mat && t->mat->fmt != WF_BF16) {
+    /* A re-quantized NVFP4 matrix may have a new tensor scale (scale2), which its dense launches
+     * take by value: the graphs that hold the old one are dropped (recaptured at the next steps of
+     * their shapes), and the grouped experts' scale2 table is re-read. Everything else (BF16
+     * scatters and re-uploads, FP8 bytes and scales) lands in place, where graphs read it. */
+    if (t && t->mat && t->mat->fmt == WF_NVFP4) {
         graphs_reset(r);
         pieces_reset(r);
-        r->moe_s2_stale |= r->moe_s2 && t->mat->fmt == WF_NVFP4; /* an expert's, perhaps: all re-read */
+        r->moe_s2_stale = r->moe_s2 != NULL; /* an expert's, perhaps: the whole table is re-read */
     }
     Err be = {0};
     if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem, &be) == 0) return 0;
@@ -700,7 +702,7 @@ static const void *from_backend(Runner *r, void *h, const void *dbuf, size_t byt
  * host read (graph-capturable); otherwise (the CPU reference, LoRA steps,
  * large steps, experts it does not take) the per-expert offsets come to the
  * host and each expert runs through the plain ops. */
-static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
+static void moe_mlp(Runner *r, int l, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
@@ -711,6 +713,7 @@ static void moe_mlp(Runner *r, int l, int moe_layer, int n) {
                        .n = n, .n_experts = E, .top_k = K, .norm = c->norm_topk_prob};
     be->moe_route(be, &ra);
     if (r->experts) {
+        int moe_layer = model_moe_index(c, l);
         const int32_t *ids = from_backend(r, r->h_ids, r->mr_ids, sizeof(int32_t) * (size_t)NK);
         for (int t = 0; t < n; t++)
             memcpy(r->experts + ((size_t)t * r->n_moe + moe_layer) * K, ids + (size_t)t * K,
@@ -757,7 +760,7 @@ static void segment_ops(Runner *r, KVCache *kv, const Step *st, int s, int n) {
     int l = s - 1;
     attn_post(r, l, n);
     add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
-    if (model_layer_is_moe(c, l)) moe_mlp(r, l, model_moe_index(c, l), n);
+    if (model_layer_is_moe(c, l)) moe_mlp(r, l, n);
     else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n,
                    (LoraAt){l, -1, NULL});
     if (l + 1 < c->n_layers) {
@@ -789,14 +792,19 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
     tail_ops(r, st, n_out);
 }
 
+/* Whether steps may run as graphs here: a backend with graphs, no failed
+ * capture, not --enforce-eager, MoE experts grouped on the device. */
+static int graphs_apply(const Runner *r) {
+    return r->b->graph_begin && !r->graphs_off && !r->graphs_eager && (!r->m->cfg.n_experts || r->moe_rows);
+}
+
 /* A pure decode step (one token per sequence, each an output row) on a
  * graph-capable backend runs as a graph: the first step of a shape runs
  * eagerly (scratch grows to its size), the second is captured, later ones
  * replay it, saving a launch per op (~600 per step for 36 layers). MoE models
  * only when moe_mlp takes their experts (no host read of the routing). */
 static int graph_eligible(const Runner *r, const Batch *b) {
-    uint64_t c, p;
-    return runner_graph_counts(r, &c, &p) && b->n_tokens == b->n_seqs &&
+    return graphs_apply(r) && b->n_tokens == b->n_seqs &&
            b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts && !r->tok_lora;
 }
 
@@ -809,6 +817,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
     if (r->graph[n]) {
         be->graph_launch(be, r->graph[n]);
         r->graph_replays++;
+        r->last_graph = 1;
         return;
     }
     if (!r->graph_seen[n] || be->graph_begin(be) != 0) {
@@ -821,6 +830,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
     if (r->graph[n]) {
         be->graph_launch(be, r->graph[n]);
         r->graph_captures++;
+        r->last_graph = 1;
         return;
     }
     log_warn("%s backend: capturing a decode step of %d tokens failed; decoding without graphs", be->name, n);
@@ -843,9 +853,8 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
  * what the unpadded step computes, up to the kernels the larger shape picks.
  * Returns the bucket index and N, or -1: eager. */
 static int piece_bucket(const Runner *r, const Batch *b, int *N) {
-    uint64_t c, p;
     int n = b->n_tokens, idx, pad;
-    if (!runner_graph_counts(r, &c, &p) || r->experts || r->tok_lora || n > RUNNER_PIECE_MAX) return -1;
+    if (!graphs_apply(r) || r->experts || r->tok_lora || n > RUNNER_PIECE_MAX) return -1;
     if (n <= 8) idx = n - 1, pad = n;
     else if (n <= 256) idx = 8 + (n + 7) / 8 - 2, pad = (n + 7) / 8 * 8;
     else idx = 39 + (n + 15) / 16 - 17, pad = (n + 15) / 16 * 16;
@@ -894,6 +903,7 @@ static void forward_pieces(Runner *r, KVCache *kv, const Step *st, int n, int N,
     r->piece_seen[idx] = 1;
     r->piece_captures += captured;
     r->piece_replays += replayed && !captured;
+    if (captured || replayed) r->last_graph = 2;
 }
 
 int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *err) {
@@ -911,6 +921,7 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     if (b->n_pending > 0 && be->tokens_resolve(be, (int32_t *)st.tokens, b->n_tokens, b->n_pending))
         return ERR(err, 500, "the %s backend could not take the pending tokens of the last sampling", be->name);
     r->h_logits_out = logits;
+    r->last_graph = 0;
     if (full) forward_graph(r, kv, &st, b->n_tokens);
     else if (piece >= 0) forward_pieces(r, kv, &st, b->n_tokens, N, piece, b->n_out);
     else forward_ops(r, kv, &st, b->n_tokens, b->n_out);
@@ -929,8 +940,10 @@ int runner_set_act_bf16(Runner *r, int on) {
 int runner_graph_counts(const Runner *r, uint64_t *captures, uint64_t *replays) {
     *captures = r->graph_captures;
     *replays = r->graph_replays;
-    return r->b->graph_begin && !r->graphs_off && !r->graphs_eager && (!r->m->cfg.n_experts || r->moe_rows);
+    return graphs_apply(r);
 }
+
+int runner_last_graph(const Runner *r) { return r->last_graph; }
 
 void runner_set_graphs(Runner *r, int on) { r->graphs_eager = !on; }
 

@@ -69,7 +69,7 @@ static void check_backend(void) {
     quant_matmul_fp8_rows(ref, xq, xs, q, n, 0, rows);
     Backend *b = backend_cpu_create(1, 64);
     b->reserve(b, n, cols);
-    WeightMat m = {WF_FP8, rows, cols, w, q, 1, NULL, NULL};
+    WeightMat m = {.fmt = WF_FP8, .rows = rows, .cols = cols, .bf16 = w, .q = q, .act_quant = 1};
     b->matmul(b, out, x, n, &m, NULL);
     T_ASSERT(!memcmp(out, ref, sizeof(float) * n * rows), "cpu backend, per-channel fp8 act_quant: not the per-token rule");
     b->free(b);

@@ -57,12 +57,12 @@ int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int row
  * a multiple of 16 (or >= cols) and Q, x are 16-byte aligned. */
 int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv, int rows,
                   int cols, int block_rows, int block_cols, const uint16_t *bias, void *stream);
-/* NVFP4: out[n, rows] = (x @ (e2m1(packed) * e4m3(scale))^T) * scale2 (+ bias);
+/* NVFP4: out[n, rows] = (x @ (e2m1(packed) * e4m3(scale))^T) * scale2[0] (+ bias);
  * packed: [rows, cols / 2] (element 2i in the low nibble), scale: [rows, cols / 16]
- * e4m3, cols % 16 == 0. 16-byte loads when cols % 32 == 0 and packed, x are 16-byte
+ * e4m3, scale2: [1] f32 device memory (read by the kernel), cols % 16 == 0. 16-byte loads when cols % 32 == 0 and packed, x are 16-byte
  * aligned. */
 int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
-                    float scale2, int rows, int cols, const uint16_t *bias, void *stream);
+                    const float *scale2, int rows, int cols, const uint16_t *bias, void *stream);
 
 /* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
  * stream with cublasSetStream; -1 if it is bound to another stream):

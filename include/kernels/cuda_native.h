@@ -87,9 +87,10 @@ static inline size_t cuda_nvfp4_sf_bytes(int outer, int cols) {
 /* Row-major scales src [rows, cols / 16] -> the swizzled layout in dst (padding zeroed). */
 int cuda_nvfp4_swizzle(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream);
 
-/* out[n, rows] = out * alpha * (rs ? rs[t] : 1) * (cs ? cs[r] : 1) (+ bias[rows] bf16). */
-int cuda_scale_outer(float *out, int n, int rows, const float *rs, const float *cs, float alpha, const uint16_t *bias,
-                     void *stream);
+/* out[n, rows] = out * alpha * (ad ? ad[0] : 1) * (rs ? rs[t] : 1) * (cs ? cs[r] : 1) (+ bias[rows]
+ * bf16); ad: [1] f32 device memory or NULL (a scale read at run time, NVFP4's scale2). */
+int cuda_scale_outer(float *out, int n, int rows, const float *rs, const float *cs, float alpha, const float *ad,
+                     const uint16_t *bias, void *stream);
 
 /* A cuBLASLt handle, its fixed workspace and a bounded cache of algorithm
  * choices (CUDA_LT_PLANS entries, keyed by kind and shape; a full cache
@@ -109,10 +110,10 @@ int cuda_gemm_fp8_block(CudaLt *lt, float *out, const uint8_t *xq, const float *
 int cuda_gemm_fp8_rowwise(CudaLt *lt, float *out, const uint8_t *xq, const float *xs, int n, const uint8_t *W,
                           const float *ws, int rows, int cols, const uint16_t *bias, void *stream);
 /* NVFP4: W packed [rows, cols / 2], wsf its swizzled scales (cuda_nvfp4_swizzle),
- * xq / xsf (swizzled) / xg from cuda_quant_act_nvfp4; out = acc * scale2 * xg[t]
- * (+ bias). rows % 16 == 0, cols % 32 == 0. -1 in binaries not built for sm_100/103. */
+ * xq / xsf (swizzled) / xg from cuda_quant_act_nvfp4; out = acc * scale2[0] * xg[t]
+ * (+ bias), scale2 [1] f32 device memory. rows % 16 == 0, cols % 32 == 0. -1 in binaries not built for sm_100/103. */
 int cuda_gemm_nvfp4(CudaLt *lt, float *out, const uint8_t *xq, const uint8_t *xsf, const float *xg, int n,
-                    const uint8_t *W, const uint8_t *wsf, float scale2, int rows, int cols, const uint16_t *bias,
+                    const uint8_t *W, const uint8_t *wsf, const float *scale2, int rows, int cols, const uint16_t *bias,
                     void *stream);
 
 /* Which native GEMMs this binary has: FP8 block (sm_90), FP8 rowwise (sm_90,

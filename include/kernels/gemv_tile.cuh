@@ -38,7 +38,8 @@ typedef struct GemvArgs {
     const float *S;       /* fp8: [ceil(rows / br), sc] f32 scale_inv */
     int br, bc, sc;
     const uint16_t *SF;   /* nvfp4: [rows, cols / 32] pairs of e4m3 block scales */
-    float scale2;         /* nvfp4: global scale */
+    const float *scale2;  /* nvfp4: [1] f32 device, the global scale (read at run time: a delta
+                           * that rewrites it reaches graphs captured before) */
 } GemvArgs;
 
 /* Up to GT_MAX_SEG matrices over the same x in one launch (q/k/v, gate/up):
@@ -269,7 +270,7 @@ static __device__ __forceinline__ float gemv_tile_sum(const GemvArgs &a, int blk
     int rr = i / NT, t = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
     float v = 0.f;
     for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][t];
-    if (FMT == 2) v *= a.scale2;
+    if (FMT == 2) v *= __ldg(a.scale2);
     return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
 }
 
@@ -320,7 +321,7 @@ static inline GemvArgs gemv_args_fp8(float *out, const float *x, const uint8_t *
     a.sc = (cols + bc - 1) / bc;
     return a;
 }
-static inline GemvArgs gemv_args_nvfp4(float *out, const float *x, const uint8_t *P, const uint8_t *SF, float scale2,
+static inline GemvArgs gemv_args_nvfp4(float *out, const float *x, const uint8_t *P, const uint8_t *SF, const float *scale2,
                                        const uint16_t *bias, int rows, int cols) {
     GemvArgs a = gemv_args(out, x, P, bias, rows, cols);
     a.SF = (const uint16_t *)SF;

@@ -27,6 +27,9 @@ typedef struct WeightMat {
     void *dev;
     /* WF_FP8 f32 [scale_rows, scale_cols] (QuantFp8.scale_inv); WF_NVFP4 e4m3 [rows, cols / 16]; else NULL */
     void *dev_scale;
+    /* WF_NVFP4 f32 [1] (QuantNvfp4.scale2): the kernels read it from here at run time, so a delta
+     * that re-quantizes the matrix (a new tensor scale) reaches captured graphs; else NULL */
+    void *dev_s2;
 } WeightMat;
 
 /* A BF16 tensor that is not a linear's matrix. Ops are handed the pointer in

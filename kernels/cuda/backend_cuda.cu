@@ -176,11 +176,14 @@ static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
 static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
-/* The device parts of a matrix: what the kernels read and its scales (FP8/NVFP4).
- * host[i] -> dev[i] of bytes[i]; returns the number of parts (1 or 2). */
+/* The device parts of a matrix: what the kernels read, its scales (FP8/NVFP4)
+ * and NVFP4's tensor scale. host[i] -> dev[i] of bytes[i]; returns the number
+ * of parts (1 to MAT_PARTS). */
+#define MAT_PARTS 3
 static int mat_parts(WeightMat *w, const void **host, void ***dev, size_t *bytes) {
     dev[0] = &w->dev;
     dev[1] = &w->dev_scale;
+    dev[2] = &w->dev_s2;
     if (w->fmt == WF_BF16) {
         host[0] = w->bf16;
         bytes[0] = sizeof(uint16_t) * (size_t)w->rows * w->cols;
@@ -199,7 +202,9 @@ static int mat_parts(WeightMat *w, const void **host, void ***dev, size_t *bytes
     bytes[0] = (size_t)q->rows * (q->cols / 2);
     host[1] = q->scale;
     bytes[1] = (size_t)q->rows * (q->cols / QUANT_NVFP4_BLOCK);
-    return 2;
+    host[2] = &q->scale2;
+    bytes[2] = sizeof(float);
+    return 3;
 }
 
 /* Rewrite a device copy from the host (delta path: returns <0 with err, never fatal). */
@@ -252,9 +257,9 @@ static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *
     CudaCtx *c = ctx(b);
     if (c->resident) return ERR(err, 500, "deltas are not supported on a resident backend (benchmarks)");
     if (t->mat && !t->vec && t->mat->fmt != WF_BF16) {
-        const void *host[2];
-        void **dev[2];
-        size_t bytes[2];
+        const void *host[MAT_PARTS];
+        void **dev[MAT_PARTS];
+        size_t bytes[MAT_PARTS];
         int np = mat_parts(t->mat, host, dev, bytes);
         for (int i = 0; i < np; i++) {
             if (!*dev[i]) return ERR(err, 500, "'%s' has no device copy", t->name);
@@ -328,8 +333,8 @@ static int native_matmul(Backend *b, float *out, const float *x, int n, const We
         scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, cuda_nvfp4_sf_bytes(rows, cols));
         LAUNCH_OK(cuda_nvfp4_swizzle(c->wsf, (const uint8_t *)w->dev_scale, rows, cols, st(b)));
         LAUNCH_OK(cuda_quant_act_nvfp4(c->nq, c->nsf, c->ns, x, n, cols, q->input_scale, 1, st(b)));
-        rc = cuda_gemm_nvfp4(c->lt, out, c->nq, c->nsf, c->ns, n, (const uint8_t *)w->dev, c->wsf, q->scale2, rows,
-                             cols, bias, st(b));
+        rc = cuda_gemm_nvfp4(c->lt, out, c->nq, c->nsf, c->ns, n, (const uint8_t *)w->dev, c->wsf,
+                             (const float *)w->dev_s2, rows, cols, bias, st(b));
     }
     if (rc && !c->native_warned) {
         c->native_warned = 1;
@@ -353,7 +358,7 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     if (w->fmt == WF_NVFP4) {
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
         LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
-                                  q->scale2, q->rows, q->cols, bias, st(b)));
+                                  (const float *)w->dev_s2, q->rows, q->cols, bias, st(b)));
         return;
     }
     const uint16_t *W = (const uint16_t *)w->dev, *bs = bias;
@@ -383,9 +388,8 @@ static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const fl
             m->seg[i] = gemv_args_fp8(outs[i], x, (const uint8_t *)w->dev, (const float *)w->dev_scale,
                                       q->block_rows, q->block_cols, bias, w->rows, w->cols);
         } else {
-            const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
             m->seg[i] = gemv_args_nvfp4(outs[i], x, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
-                                        q->scale2, bias, w->rows, w->cols);
+                                        (const float *)w->dev_s2, bias, w->rows, w->cols);
         }
     }
     m->nseg = count;
@@ -757,9 +761,9 @@ template <typename F> static void ws_parts(WeightSet *ws, F fn) {
             fn((const void *)t->vec->host, (void **)&t->vec->dev, sizeof(uint16_t) * (size_t)t->numel);
             continue;
         }
-        const void *host[2];
-        void **dev[2];
-        size_t bytes[2];
+        const void *host[MAT_PARTS];
+        void **dev[MAT_PARTS];
+        size_t bytes[MAT_PARTS];
         int np = mat_parts(t->mat, host, dev, bytes);
         for (int p = 0; p < np; p++) fn(host[p], dev[p], bytes[p]);
     }

@@ -206,7 +206,7 @@ extern "C" int cuda_gemm_fp8_block(CudaLt *lt, float *out, const uint8_t *xq, co
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_FP8_BLOCK, rows, n, cols);
     if (!p || lt_run(lt, p, 1.f, W, ws, xq, xs, out, (cudaStream_t)stream)) return -1;
-    return bias ? cuda_scale_outer(out, n, rows, NULL, NULL, 1.f, bias, stream) : 0;
+    return bias ? cuda_scale_outer(out, n, rows, NULL, NULL, 1.f, NULL, bias, stream) : 0;
 #else
     (void)lt; (void)out; (void)xq; (void)xs; (void)n; (void)W; (void)ws; (void)rows; (void)cols; (void)bias;
     (void)stream;
@@ -224,7 +224,7 @@ extern "C" int cuda_gemm_fp8_rowwise(CudaLt *lt, float *out, const uint8_t *xq, 
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_FP8_ROWWISE, rows, n, cols);
     if (!p || lt_run(lt, p, 1.f, W, NULL, xq, NULL, out, (cudaStream_t)stream)) return -1;
-    return cuda_scale_outer(out, n, rows, xs, ws, 1.f, bias, stream);
+    return cuda_scale_outer(out, n, rows, xs, ws, 1.f, NULL, bias, stream);
 #else
     (void)lt; (void)out; (void)xq; (void)xs; (void)n; (void)W; (void)ws; (void)rows; (void)cols; (void)bias;
     (void)stream;
@@ -233,16 +233,16 @@ extern "C" int cuda_gemm_fp8_rowwise(CudaLt *lt, float *out, const uint8_t *xq, 
 }
 
 extern "C" int cuda_gemm_nvfp4(CudaLt *lt, float *out, const uint8_t *xq, const uint8_t *xsf, const float *xg,
-                               int n, const uint8_t *W, const uint8_t *wsf, float scale2, int rows, int cols,
+                               int n, const uint8_t *W, const uint8_t *wsf, const float *scale2, int rows, int cols,
                                const uint16_t *bias, void *stream) {
 #ifdef LT_HAS_BLACKWELL
-    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 32 || !out || !xq || !xsf || !xg || !W || !wsf ||
+    if (!lt || n < 0 || rows <= 0 || rows % 16 || cols <= 0 || cols % 32 || !out || !xq || !xsf || !xg || !W || !wsf || !scale2 ||
         !al16(out) || !al16(xq) || !al16(W) || !al16(xsf) || !al16(wsf))
         return -1;
     if (n == 0) return 0;
     LtPlan *p = plan_get(lt, LT_NVFP4, rows, n, cols);
     if (!p || lt_run(lt, p, 1.f, W, wsf, xq, xsf, out, (cudaStream_t)stream)) return -1;
-    return cuda_scale_outer(out, n, rows, xg, NULL, scale2, bias, stream);
+    return cuda_scale_outer(out, n, rows, xg, NULL, 1.f, scale2, bias, stream);
 #else
     (void)lt; (void)out; (void)xq; (void)xsf; (void)xg; (void)n; (void)W; (void)wsf; (void)scale2; (void)rows;
     (void)cols; (void)bias; (void)stream;

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
     }
     if (FMT == 2) {
         a.SF = (const uint16_t *)S->s[e];
-        a.scale2 = __ldg(S->s2 + e);
+        a.scale2 = S->s2 + e;
     }
     for (int c0 = 0; c0 < cnt; c0 += CUDA_GEMV_MAX_N) {
         a.x = g.x + (size_t)(p0 + c0) * g.cols;

@@ -127,23 +127,24 @@ extern "C" int cuda_nvfp4_swizzle(uint8_t *dst, const uint8_t *src, int rows, in
 
 /* out [n, rows] f32 in place; one thread per element. */
 __global__ void scale_outer_kernel(float *out, int n, int rows, const float *rs, const float *cs, float alpha,
-                                   const uint16_t *bias) {
+                                   const float *ad, const uint16_t *bias) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * rows) return;
     int t = (int)(i / rows), r = (int)(i % rows);
     float v = __fmul_rn(out[i], alpha);
+    if (ad) v = __fmul_rn(v, __ldg(ad));
     if (rs) v = __fmul_rn(v, rs[t]);
     if (cs) v = __fmul_rn(v, cs[r]);
     out[i] = bias ? __fadd_rn(v, bf16_bits_to_f32(bias[r])) : v;
 }
 
 extern "C" int cuda_scale_outer(float *out, int n, int rows, const float *rs, const float *cs, float alpha,
-                                const uint16_t *bias, void *stream) {
+                                const float *ad, const uint16_t *bias, void *stream) {
     if (n < 0 || rows <= 0 || !out) return -1;
     if (n == 0) return 0;
     size_t total = (size_t)n * rows;
     scale_outer_kernel<<<(unsigned)((total + 255) / 256), 256, 0, (cudaStream_t)stream>>>(out, n, rows, rs, cs, alpha,
-                                                                                          bias);
+                                                                                          ad, bias);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

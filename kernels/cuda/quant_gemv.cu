@@ -42,11 +42,11 @@ qgemv_fp8_scalar_kernel(float *out, const float *x, int n, const uint8_t *Q, con
 
 /* out: [NT, rows] f32; P: [rows, cols / 2] packed e2m1, element 2i in the low
  * nibble (cols % 32 == 0, 16-byte aligned); SF: [rows, cols / 16] e4m3 block
- * scales; x: [NT, cols] f32 (16-byte aligned); out = (x . e2m1 * sf) * scale2 + bias. */
+ * scales; scale2: [1] f32 device; x: [NT, cols] f32 (16-byte aligned); out = (x . e2m1 * sf) * scale2 + bias. */
 /* Any cols % 16 == 0 / alignment: one 16-element block per lane per step, byte loads. n <= QGEMV_NT. */
 __global__ void __launch_bounds__(QGEMV_WARPS * 32)
-qgemv_nvfp4_scalar_kernel(float *out, const float *x, int n, const uint8_t *P, const uint8_t *SF, float scale2,
-                          const uint16_t *bias, int rows, int cols) {
+qgemv_nvfp4_scalar_kernel(float *out, const float *x, int n, const uint8_t *P, const uint8_t *SF,
+                          const float *scale2, const uint16_t *bias, int rows, int cols) {
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * QGEMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -64,7 +64,7 @@ qgemv_nvfp4_scalar_kernel(float *out, const float *x, int n, const uint8_t *P, c
             }
         }
         acc = warp_sum(acc);
-        if (lane == 0) out[(size_t)t * rows + r] = acc * scale2 + bv;
+        if (lane == 0) out[(size_t)t * rows + r] = acc * __ldg(scale2) + bv;
     }
 }
 
@@ -100,8 +100,8 @@ extern "C" int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q
 }
 
 extern "C" int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
-                               float scale2, int rows, int cols, const uint16_t *bias, void *stream) {
-    if (n < 0 || rows <= 0 || cols <= 0 || cols % 16 || !out || !x || !packed || !scale) return -1;
+                               const float *scale2, int rows, int cols, const uint16_t *bias, void *stream) {
+    if (n < 0 || rows <= 0 || cols <= 0 || cols % 16 || !out || !x || !packed || !scale || !scale2) return -1;
     cudaStream_t s = (cudaStream_t)stream;
     /* 16-byte weight loads and 2-byte scale loads (cols / 16 is even, so rows of scales stay aligned) */
     int vec = cols % 32 == 0 && aligned16(packed) && aligned16(x) && ((uintptr_t)scale & 1) == 0;

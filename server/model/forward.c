@@ -168,15 +168,11 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
     if (!r->b->weights_changed) return 0;
     /* a checkpoint tensor outside the registry has no backend copy: nothing reads it */
     const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
-    /* A re-quantized NVFP4 matrix may have a new tensor scale (scale2), which its dense launches
-     * take by value: the graphs that hold the old one are dropped (recaptured at the next steps of
-     * their shapes), and the grouped experts' scale2 table is re-read. Everything else (BF16
-     * scatters and re-uploads, FP8 bytes and scales) lands in place, where graphs read it. */
-    if (t && t->mat && t->mat->fmt == WF_NVFP4) {
-        graphs_reset(r);
-        pieces_reset(r);
-        r->moe_s2_stale = r->moe_s2 != NULL; /* an expert's, perhaps: the whole table is re-read */
-    }
+    /* Every update lands in place, where captured graphs read it: BF16 scatters and re-uploads,
+     * FP8 bytes and scales, NVFP4 bytes, scales and tensor scale (WeightMat.dev_s2, which the
+     * kernels read at run time). A re-quantized NVFP4 expert may have a new scale2: the grouped
+     * experts' table of them is re-read before the next step. */
+    if (t && t->mat && t->mat->fmt == WF_NVFP4) r->moe_s2_stale = r->moe_s2 != NULL;
     Err be = {0};
     if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem, &be) == 0) return 0;
     return ERR(err, 500, "the %s backend could not update its copy of '%s' (%zu bytes): %s:%d: %s", r->b->name,

@@ -145,7 +145,7 @@ static double native_time_us(int native, int fp4, int n, int rows, int cols, uin
     for (int i = -2; i < it; i++) {
         if (i == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
         if (!native && !fp4) rc |= cuda_gemv_fp8(out, x, n, W, (float *)S, rows, cols, 128, 128, NULL, NULL);
-        else if (!native) rc |= cuda_gemv_nvfp4(out, x, n, W, (uint8_t *)S, 1e-3f, rows, cols, NULL, NULL);
+        else if (!native) rc |= cuda_gemv_nvfp4(out, x, n, W, (uint8_t *)S, bench_scale2(), rows, cols, NULL, NULL);
         else if (!fp4) {
             rc |= cuda_quant_act_fp8(xq, xs, x, n, cols, block ? 128 : cols, NULL);
             rc |= block ? cuda_gemm_fp8_block(oc_lt, out, xq, xs, n, W, (float *)S, rows, cols, NULL, NULL)
@@ -153,7 +153,7 @@ static double native_time_us(int native, int fp4, int n, int rows, int cols, uin
         } else {
             rc |= cuda_nvfp4_swizzle(wsf, (uint8_t *)S, rows, cols, NULL);
             rc |= cuda_quant_act_nvfp4(xq, xsf, xs, x, n, cols, 0.0f, 1, NULL);
-            rc |= cuda_gemm_nvfp4(oc_lt, out, xq, xsf, xs, n, W, wsf, 1e-3f, rows, cols, NULL, NULL);
+            rc |= cuda_gemm_nvfp4(oc_lt, out, xq, xsf, xs, n, W, wsf, bench_scale2(), rows, cols, NULL, NULL);
         }
     }
     CUDA_CHECK(cudaEventRecord(e1, 0));

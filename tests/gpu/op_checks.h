@@ -89,6 +89,18 @@ static void *dev_poisoned(size_t bytes) {
     CUDA_CHECK(cudaDeviceSynchronize());
     return d;
 }
+/* An NVFP4 matrix's tensor scale in device memory (WeightMat.dev_s2, where the kernels read it):
+ * a slot of a ring of 1024 kept for the process, so the checks free nothing; a check holding
+ * more live NVFP4 matrices than that would read a later one's scale and fail loudly. */
+static void *dev_scale2(const QuantNvfp4 *q) {
+    static float *ring;
+    static int next;
+    if (!ring) CUDA_CHECK(cudaMalloc((void **)&ring, 1024 * sizeof(float)));
+    float *d = ring + next++ % 1024;
+    CUDA_CHECK(cudaMemcpy(d, &q->scale2, sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return d;
+}
 static float *dev_result(const void *d, size_t n) {
     CUDA_CHECK(cudaDeviceSynchronize());
     float *h = (float *)xmalloc(sizeof(float) * (n ? n : 1));
@@ -280,6 +292,7 @@ static void check_qgemv(const int *a) {
         dwm.q = &dn;
         dwm.dev = d1;
         dwm.dev_scale = d2;
+        dwm.dev_s2 = dev_scale2(q);
         quant_nvfp4_free(q);
     } else {
         QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
@@ -367,6 +380,7 @@ static void check_matmul_multi(const int *a) {
             dwm[i].q = &dn[i];
             dwm[i].dev = dev[3 * i];
             dwm[i].dev_scale = dev[3 * i + 1];
+            dwm[i].dev_s2 = dev_scale2(q);
         } else {
             dwm[i].bf16 = (uint16_t *)(dev[3 * i] = dev_copy(w, sizeof(uint16_t) * (size_t)rows[i] * cols));
             dwm[i].dev = dev[3 * i];
@@ -424,6 +438,7 @@ static void test_weight(int fmt, int rows, int cols, float sc, WeightMat *hw, We
         dn->packed = (uint8_t *)(dev[0] = dev_copy(q->packed, (size_t)rows * cols / 2));
         dn->scale = (uint8_t *)(dev[1] = dev_copy(q->scale, (size_t)rows * cols / 16));
         dw->q = dn;
+        dw->dev_s2 = dev_scale2(q);
     } else {
         dw->bf16 = (uint16_t *)(dev[0] = dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols));
     }
@@ -1061,6 +1076,7 @@ static void check_moe(const int *a) {
                 h->q = d->q = q;
                 d->dev = dev_copy(q->packed, (size_t)rows * cols / 2);
                 d->dev_scale = dev_copy(q->scale, (size_t)rows * cols / 16);
+                d->dev_s2 = dev_scale2(q);
                 s2[j * E + e] = q->scale2;
             } else if (fmt == 1) {
                 Err err = {0};

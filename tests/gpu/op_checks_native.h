@@ -136,7 +136,7 @@ static void check_native_gemm(const int *a) {
     uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
     float *dx = (float *)dev_copy(x, sizeof(float) * N), *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows);
     uint16_t *db = bias ? (uint16_t *)dev_copy(b, sizeof(uint16_t) * rows) : NULL;
-    void *d[6] = {0};
+    void *d[7] = {0};
     int rc;
     if (kind != NK_NVFP4) {
         QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, kind == NK_FP8_BLOCK ? QUANT_FP8_BLOCK128 : QUANT_FP8_PER_CHANNEL, &err);
@@ -167,11 +167,12 @@ static void check_native_gemm(const int *a) {
         d[3] = dev_poisoned(N / 2);
         d[4] = dev_poisoned(cuda_nvfp4_sf_bytes(n, cols));
         d[5] = dev_poisoned(sizeof(float) * n);
+        d[6] = dev_copy(&q->scale2, sizeof(float)); /* the kernels read scale2 from the device */
         CHECK(cuda_nvfp4_swizzle((uint8_t *)d[2], (uint8_t *)d[1], rows, cols, NULL) == 0, "swizzle refused");
         CHECK(cuda_quant_act_nvfp4((uint8_t *)d[3], (uint8_t *)d[4], (float *)d[5], dx, n, cols, 0.0f, 1, NULL) == 0,
               "quant_act refused");
         rc = cuda_gemm_nvfp4(oc_lt, dout, (uint8_t *)d[3], (uint8_t *)d[4], (float *)d[5], n, (uint8_t *)d[0],
-                             (uint8_t *)d[2], q->scale2, rows, cols, db, NULL);
+                             (uint8_t *)d[2], (const float *)d[6], rows, cols, db, NULL);
         quant_nvfp4_free(q);
     }
     if (b)
@@ -185,7 +186,7 @@ static void check_native_gemm(const int *a) {
         compare_op(what, TOL_NATIVE, ref, got, (size_t)n * rows);
         free(got);
     }
-    for (int i = 0; i < 6; i++) cudaFree(d[i]);
+    for (int i = 0; i < 7; i++) cudaFree(d[i]);
     cudaFree(dx); cudaFree(dout); cudaFree(db);
     free(x); free(ref); free(xq); free(xs); free(w); free(b);
 }
@@ -231,6 +232,7 @@ static void check_native_backend(const int *a) {
         dn.scale = (uint8_t *)(d2 = dev_copy(q->scale, (size_t)rows * cols / 16));
         dw = hw;
         dw.q = &dn;
+        dw.dev_s2 = dev_scale2(q);
     }
     dw.bf16 = NULL;
     dw.dev = d1;

@@ -283,15 +283,26 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
         snprintf(what, sizeof what, "%s %s prefill after the delta vs cpu", dir, pn);
         logit_check(what, oc, og, T0, V, prec == PREC_BF16 || act || !exact_kv ? 0.1 : 1e-3,
                     prec == PREC_BF16 || act || !exact_kv ? 3e-4 : 1e-7);
-        /* a decode step after it: the graphs of before the delta (NVFP4's tensor scale is a launch
-         * argument, fixed in a graph) must not replay */
+        /* a decode step after it replays the batch-1 graph captured before the delta (the delta
+         * drops no graph): every updated buffer, NVFP4's tensor scale included (WeightMat.dev_s2),
+         * is read by the graph's kernels at run time */
         int32_t zero = 0, dpos = T0 - 1;
         Batch b1 = {1, (const int32_t *)t0->data + T0 - 1, &dpos, seq, 1, tables, 1, &zero, 0};
+        uint64_t cap0 = 0, rep0 = 0, cap1 = 0, rep1 = 0;
+        int can = runner_graph_counts(rg, &cap0, &rep0);
         rc1 = model_forward(rc, kvc, &b1, oc, &err);
         rc2 = model_forward(rg, kvg, &b1, og, &err);
+        runner_graph_counts(rg, &cap1, &rep1);
         if (rc1 || rc2) { printf("  FAIL %s decode after the delta: %s\n", dir, err.msg); n_fail++; }
         snprintf(what, sizeof what, "%s %s decode after the delta vs cpu", dir, pn);
         logit_check(what, oc, og, 1, V, act ? 0.1 : dec_abs, act ? 3e-4 : dec_kl);
+        if (can && n_decode >= 3 && ld && T0 >= 3) { /* a batch-1 graph was captured above */
+            int ok = cap1 == cap0 && rep1 == rep0 + 1;
+            ok ? n_pass++ : n_fail++;
+            printf("  %-4s %s %s decode after the delta replayed the graph captured before it (%llu captures, "
+                   "%llu replays)\n", ok ? "ok" : "FAIL", dir, pn, (unsigned long long)(cap1 - cap0),
+                   (unsigned long long)(rep1 - rep0));
+        }
         free(before);
     }
     free(oc);
@@ -349,6 +360,7 @@ static void fault_bufs_mat(FaultBuf *b, int *n, const WeightMat *w) {
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
         fault_bufs_add(b, n, q->packed, rows * cols / 2, w->dev);
         fault_bufs_add(b, n, q->scale, rows * cols / QUANT_NVFP4_BLOCK, w->dev_scale);
+        fault_bufs_add(b, n, &q->scale2, sizeof(float), w->dev_s2);
     }
 }
 /* Buffers differing from the snapshot (snap = 1: take it; host and device). */

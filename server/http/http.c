@@ -77,7 +77,7 @@ int http_send_json(HttpReq *q, int status, json_t *j) {
     json_decref(j);
     if (!s && status != 503) /* out of memory serialising: the small error body may still fit */
         return http_send_json(q, 503, http_error_json(503, NULL, "out of memory building the response; retry later, "
-                                                      "or ask for less (n, max_tokens, logprobs, masks)"));
+                                                      "or lower n, max_tokens, logprobs or the masks asked for"));
     if (!s) return http_send_text(q, 503, "text/plain", "out of memory\n", 14);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
     if (!r) { free(s); return MHD_NO; }

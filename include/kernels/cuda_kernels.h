@@ -172,10 +172,9 @@ typedef struct CudaMoeGemv {
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
 /* The same grouped linears on tensor cores (moe_mma.cu), for steps of more than
- * CUDA_GEMV_MAX_N tokens: per expert on the device, at most CUDA_GEMV_MAX_N
- * pairs run the GEMV above, more the mma (BF16: x rounded to bf16, as
- * cuda_gemm_bf16; FP8 / NVFP4: weights decoded exactly, x as bf16 hi + lo,
- * f32 class). Takes the shapes cuda_moe_gemv takes (nseg 2: the same rows and
+ * CUDA_GEMV_MAX_N tokens. Weights decoded exactly; x rounded to bf16 for a BF16
+ * expert of more than CUDA_GEMV_MAX_N pairs (as cuda_gemm_bf16), else carried as
+ * bf16 hi + lo (f32 class, the GEMV's class). Takes the shapes cuda_moe_gemv takes (nseg 2: the same rows and
  * FP8 bc). nseg 2 (gate, up): act [n_pairs, rows] f32 = silu(gate) * up, the
  * segments' out not written; nseg 1: seg[0].out, act unused. 0, or -1 without
  * a launch. */

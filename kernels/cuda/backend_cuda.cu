@@ -497,8 +497,11 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     }
     LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
     /* An expert's pairs are at most n (a token's top_k experts are distinct): a step of up to
-     * CUDA_GEMV_MAX_N tokens runs the GEMVs alone (one pass each); a larger one the grouped GEMM,
-     * which picks the GEMV or the mma per expert on the device (moe_mma.cu). */
+     * CUDA_GEMV_MAX_N tokens runs the GEMVs (one pass each, f32 x); a larger one the tensor-core
+     * grouped GEMM for every expert (moe_mma.cu: a BF16 expert of more than CUDA_GEMV_MAX_N
+     * pairs rounds x to bf16, as cu_matmul's cuBLAS path would for its rows; the others keep f32
+     * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
+     * runs the mma, its batch 1 row the GEMV). */
     int mma = ra->n > CUDA_GEMV_MAX_N;
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];

@@ -10,22 +10,27 @@
  * MG_BN weight rows (gate and up at the same rows, or 2 x MG_BN rows of one
  * matrix) and loops over its expert's pairs MG_BM at a time, K in stages of
  * MG_BK staged in shared memory (zero-padded past cols and past the pairs).
- * Per expert, on the device: at most CUDA_GEMV_MAX_N pairs run the tiled GEMV
- * of gemv_tile.cuh in the block instead (f32 activations, one pass), more run
- * the mma; the same rule cu_matmul applies to one expert's rows (GEMV up to 8
- * tokens, else the GEMM), so the numerics are those of the per-expert path.
+ * Which kernel (backend_cuda.cu cu_moe_mlp, per step on the host): a step of at
+ * most CUDA_GEMV_MAX_N tokens gives no expert more pairs than that (a token's
+ * experts are distinct) and runs moe_gemm.cu's GEMV, one pass; a larger step
+ * runs this kernel for every expert. The GEMV is not inlined here as a per-expert
+ * fallback: its registers (~255 at 8 tokens) would cap this kernel at one block
+ * per SM (this one: 78-128 registers, no spills, sm_90).
  *
- * Numerics per format (the weights are always decoded exactly):
- *   BF16   x rounded to bf16 (nearest even) as cuBLAS GemmEx is fed in
- *          cuda_gemm_bf16: the bf16act class of tests/gpu/op_checks.h.
+ * Numerics (the weights are always decoded exactly), per expert on the device:
+ *   BF16   more than CUDA_GEMV_MAX_N pairs: x rounded to bf16 (nearest even),
+ *          as cuBLAS GemmEx is fed in cuda_gemm_bf16 (the bf16act class of
+ *          tests/gpu/op_checks.h); cu_matmul's rule for one expert's rows, so
+ *          the numerics are those of the per-expert path. Fewer: x as two
+ *          bf16, hi = bf16(x) and lo = bf16(x - hi) (x to ~2^-17 relative),
+ *          two mmas a k step: f32 class, as the GEMV those experts had.
  *   FP8    e4m3 values (exact in bf16) unscaled in shared memory; each
  *          br x bc block's scale_inv is applied in f32 to the partial sum of
  *          its bc columns (bc % 16 == 0 or bc >= cols, as the GEMV's rule).
  *   NVFP4  e2m1 x its e4m3 block scale, exact in bf16 (at most 6 significant
  *          bits, exponents 2^-10 .. 2^12); scale2 on the f32 sum, as the GEMV.
  *   FP8 and NVFP4 are weight-only paths with f32 activations (the GEMV's
- *   contract), so x enters as two bf16, hi = bf16(x) and lo = bf16(x - hi)
- *   (x to ~2^-17 relative) and each k step is two mmas: f32 class.
+ *   contract): x as hi + lo at every pair count, f32 class.
  * SwiGLU (two segments): the epilogue writes silu(gate) * up with
  * swiglu_kernel's expression, the bits of the two GEMMs then cuda_swiglu.
  * Not here: cp.async / double-buffered stages, the weighted unpermute
@@ -40,14 +45,14 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
-#include "gemv_tile.cuh"
+#include "gemv_tile.cuh" /* the exact e4m3 / e2m1 decoders */
 #include "mma_tile.cuh"
 
 #define MG_BM 64               /* pairs per tile: 2 warps x 2 m16 fragments */
 #define MG_BN 64               /* weight rows per half: 4 warps x 2 n8 fragments */
 #define MG_BK 32               /* k per shared stage: two k16 steps */
 #define MG_LD (MG_BK + 8)      /* bf16 per shared row: 80 bytes, ldmatrix's 8 rows on distinct banks */
-#define MG_THREADS (GT_WARPS * 32) /* 8 warps: the GEMV fallback's block */
+#define MG_THREADS 256        /* 8 warps: 2 (pairs) x 4 (rows) */
 
 /* The block's weight rows of half h: (segment, first row). SW: gate / up at
  * rows r0; else rows r0 + h * MG_BN of segment 0. */
@@ -104,10 +109,9 @@ static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, in
 }
 
 /* Stage k0 of the activations: pairs m0.. of the expert (from row p0 of x) as
- * bf16 hi (and lo = bf16(x - hi) when FMT != 0) into sa; past cnt / cols zero. */
-template <int FMT>
-static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0,
-                                                 uint16_t (*sa)[MG_BM * MG_LD]) { /* sa: [FMT ? 2 : 1] */
+ * bf16 hi (and, when split, lo = bf16(x - hi)) into sa; past cnt / cols zero. */
+static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0, bool split,
+                                                 uint16_t (*sa)[MG_BM * MG_LD]) {
     int i = threadIdx.x, row = i >> 2, c = (i & 3) * 8; /* 64 rows x 4 chunks of 8 f32: one a thread */
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (m0 + row < cnt && k0 + c < g.cols) {
@@ -119,58 +123,13 @@ static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, i
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         hi[j] = pack_bf16(v[2 * j], v[2 * j + 1]);
-        if (FMT) {
+        if (split) {
             float h0 = __uint_as_float(hi[j] << 16), h1 = __uint_as_float(hi[j] & 0xffff0000u);
             lo[j] = pack_bf16(v[2 * j] - h0, v[2 * j + 1] - h1); /* exact differences (Sterbenz) */
         }
     }
     *(uint4 *)&sa[0][row * MG_LD + c] = uint4{hi[0], hi[1], hi[2], hi[3]};
-    if (FMT) *(uint4 *)&sa[FMT ? 1 : 0][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
-}
-
-/* The block's rows through gemv_tile.cuh for an expert of cnt <= CUDA_GEMV_MAX_N pairs. */
-template <int NT, int FMT, int SW>
-static __device__ __forceinline__ void mg_gemv_rows(const CudaMoeGemv &g, int e, int tile, int p0, float *act) {
-    GemvArgs a[2];
-    for (int h = 0; h < 2; h++) {
-        const CudaMoeSeg *S = &g.seg[SW ? h : 0];
-        a[h] = GemvArgs{};
-        a[h].W = (const uint4 *)S->w[e];
-        a[h].rows = S->rows;
-        a[h].cols = g.cols;
-        a[h].x = g.x + (size_t)p0 * g.cols;
-        a[h].out = S->out + (size_t)p0 * S->rows;
-        if (FMT == 1) {
-            a[h].S = (const float *)S->s[e];
-            a[h].br = S->br;
-            a[h].bc = S->bc;
-            a[h].sc = (g.cols + S->bc - 1) / S->bc;
-        }
-        if (FMT == 2) {
-            a[h].SF = (const uint16_t *)S->s[e];
-            a[h].scale2 = __ldg(S->s2 + e);
-        }
-    }
-    int rows = a[0].rows, r0 = SW ? tile * MG_BN : tile * 2 * MG_BN, r1 = r0 + (SW ? MG_BN : 2 * MG_BN);
-    for (int r = r0; r < r1 && r < rows; r += GT_ROWS) { /* block-uniform */
-        if (SW) gemv_tile_swiglu<NT, FMT>(a[0], a[1], act + (size_t)p0 * rows, r / GT_ROWS);
-        else gemv_tile<NT, FMT>(a[0], r / GT_ROWS);
-        __syncthreads(); /* the next row group reuses the tile's shared partial sums */
-    }
-}
-
-template <int FMT, int SW>
-static __device__ __forceinline__ void mg_gemv(const CudaMoeGemv &g, int e, int tile, int p0, int cnt, float *act) {
-    switch (cnt) {
-    case 1: mg_gemv_rows<1, FMT, SW>(g, e, tile, p0, act); break;
-    case 2: mg_gemv_rows<2, FMT, SW>(g, e, tile, p0, act); break;
-    case 3: mg_gemv_rows<3, FMT, SW>(g, e, tile, p0, act); break;
-    case 4: mg_gemv_rows<4, FMT, SW>(g, e, tile, p0, act); break;
-    case 5: mg_gemv_rows<5, FMT, SW>(g, e, tile, p0, act); break;
-    case 6: mg_gemv_rows<6, FMT, SW>(g, e, tile, p0, act); break;
-    case 7: mg_gemv_rows<7, FMT, SW>(g, e, tile, p0, act); break;
-    default: mg_gemv_rows<8, FMT, SW>(g, e, tile, p0, act); break;
-    }
+    if (split) *(uint4 *)&sa[1][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
 }
 
 /* FMT2 = 2 * FMT + SW (one template argument: the emulation's launch macro
@@ -178,16 +137,15 @@ static __device__ __forceinline__ void mg_gemv(const CudaMoeGemv &g, int e, int 
 template <int FMT2>
 __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, float *act) {
     constexpr int FMT = FMT2 / 2, SW = FMT2 % 2;
-    __shared__ __align__(16) uint16_t sa[FMT ? 2 : 1][MG_BM * MG_LD]; /* [64, 32 (+pad)] bf16 x: hi (, lo) */
+    __shared__ __align__(16) uint16_t sa[2][MG_BM * MG_LD]; /* [2][64, 32 (+pad)] bf16 x: hi, lo */
     __shared__ __align__(16) uint16_t sb[2][MG_BN * MG_LD];           /* [2][64, 32 (+pad)] bf16 weights */
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) return; /* the whole block */
     int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
-    if (cnt <= CUDA_GEMV_MAX_N) {
-        mg_gemv<FMT, SW>(g, e, tile, p0, cnt, act);
-        return;
-    }
+    /* x as hi + lo (f32 class) but for a BF16 expert of more than CUDA_GEMV_MAX_N pairs
+     * (cu_matmul's GEMM rule: bf16 x); block-uniform */
+    const bool split = FMT != 0 || cnt <= CUDA_GEMV_MAX_N;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     int wm = warp & 1, wn = warp >> 1; /* pairs 32 wm .., rows 16 wn .. of each half */
     int cols = g.cols;
@@ -219,7 +177,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     for (int j = 0; j < 4; j++) acc[h][mt][nt][j] = part[h][mt][nt][j] = 0.f;
         for (int k0 = 0; k0 < cols; k0 += MG_BK) {
             __syncthreads(); /* the previous stage's readers are done */
-            mg_load_x<FMT>(g, p0, cnt, m0, k0, sa);
+            mg_load_x(g, p0, cnt, m0, k0, split, sa);
             mg_load_w<FMT, SW>(g, e, tile, k0, sb);
             __syncthreads();
             uint32_t b[2][2][4]; /* [half][n8]: k 0..15 in 0, 1; k 16..31 in 2, 3 */
@@ -236,7 +194,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                 for (int mt = 0; mt < 2; mt++) {
                     const int off = (32 * wm + 16 * mt + (lane & 15)) * MG_LD + 16 * kk + 8 * (lane >> 4);
                     ldsm_x4<false>(ah[mt], &sa[0][off]);
-                    if (FMT) ldsm_x4<false>(al[mt], &sa[FMT ? 1 : 0][off]);
+                    if (split) ldsm_x4<false>(al[mt], &sa[1][off]);
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -246,7 +204,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                         for (int nt = 0; nt < 2; nt++) {
                             float *d = FMT == 1 ? part[h][mt][nt] : acc[h][mt][nt];
                             mma_bf16_16816(d, ah[mt], b[h][nt] + 2 * kk);
-                            if (FMT) mma_bf16_16816(d, al[mt], b[h][nt] + 2 * kk);
+                            if (split) mma_bf16_16816(d, al[mt], b[h][nt] + 2 * kk);
                         }
                 int kend = k0 + 16 * kk + 16;
                 if (FMT == 1 && (kend % g.seg[0].bc == 0 || kend >= cols)) { /* a scale block's columns end */

@@ -993,8 +993,9 @@ static void check_lora(const int *a) {
 /* The grouped GEMM alone (moe_mma.cu cuda_moe_gemm) against the CPU matmul of
  * each expert's rows: routing made by hand (offsets and the active list as
  * moe_route writes them) with uneven experts: empty ones, one with a partial
- * last pair tile, 9 pairs (the smallest mma expert), 8 and 1 (the in-block
- * GEMV), E slots for fewer active experts; rows not a multiple of the tiles, a
+ * last pair tile, 9 pairs (the fewest a BF16 expert rounds x to bf16 at), 8
+ * and 1 (x as bf16 hi + lo, f32 class), E slots for fewer active experts; rows
+ * not a multiple of the tiles, a
  * K tail (bf16 cols % 32), FP8 128 x 128 blocks crossing row and column tiles
  * (the f32 scale flush per 128 columns). sw: gate and up with the SwiGLU
  * epilogue vs the CPU's two matmuls and swiglu. BF16 experts of more than

@@ -121,7 +121,7 @@ typedef struct MoeMlpArgs {
     const float *x;            /* [n, hidden] f32; NULL: only ask whether the op takes these experts */
     const MoeRouteArgs *route; /* moe_route's outputs for x: n, n_experts, top_k and the pair lists */
     MoeExperts ex;
-    float *xg, *yg;            /* [n * top_k, hidden] f32 scratch: the pairs' inputs and outputs */
+    float *xg, *yg;            /* [n * top_k, hidden] f32 scratch: the pairs' inputs and outputs (yg may be xg) */
     float *g, *u;              /* [n * top_k, inter] f32 scratch */
     int hidden, inter;
 } MoeMlpArgs;

@@ -171,6 +171,14 @@ typedef struct CudaMoeGemv {
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
+/* The same grouped linears on tensor cores (moe_mma.cu), for steps of more than
+ * CUDA_GEMV_MAX_N tokens. Weights decoded exactly; x rounded to bf16 for a BF16
+ * expert of more than CUDA_GEMV_MAX_N pairs (as cuda_gemm_bf16), else carried as
+ * bf16 hi + lo (f32 class, the GEMV's class). Takes the shapes cuda_moe_gemv takes (nseg 2: the same rows and
+ * FP8 bc). nseg 2 (gate, up): act [n_pairs, rows] f32 = silu(gate) * up, the
+ * segments' out not written; nseg 1: seg[0].out, act unused. 0, or -1 without
+ * a launch. */
+int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream);
 /* out[t, dim] = sum over k in ascending pair_of order of weights[t, k] * y[pair_of[t, k], dim]
  * (y [n * top_k, dim] f32 in pair order; pair_of, weights [n, top_k]). */
 int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n, int top_k,

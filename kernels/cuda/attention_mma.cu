@@ -35,52 +35,13 @@
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
 #include "kv_device.cuh"
+#include "mma_tile.cuh"
 
 #define MMA_WARPS 4
 #define MMA_BQ CUDA_ATTN_MMA_TILE /* query rows per block, 16 per warp */
 #define MMA_BK 64               /* positions per shared tile */
 #define MMA_PAD 8               /* bf16 of padding per shared row (bank spread) */
 #define MMA_SPLIT_MIN 1024      /* fewest positions per split (cuda_attention_mma_splits) */
-
-/* D[16x8] f32 = A[16x16] bf16 (row) x B[16x8] bf16 (col) + D; the PTX ISA's
- * fragment layout (tests/gpu/emu/shim/cuda_runtime.h spells it out). */
-static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *a, const uint32_t *b) {
-#if defined(__CUDA_ARCH__)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(CUDA_EMULATION)
-    emu_mma_m16n8k16_bf16(d, a, b, d);
-#else
-    (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
-#endif
-}
-
-/* Four 8x8 b16 matrices from shared memory (ldmatrix .x4; .trans when TRANS):
- * lane l gives the address of row l % 8 of matrix l / 8; register j gets matrix
- * j's fragment in the mma layout (trans: of the transposed matrix). */
-template <bool TRANS>
-static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *row) {
-#if defined(__CUDA_ARCH__)
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
-    if (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-#elif defined(CUDA_EMULATION)
-    emu_ldmatrix_x4(r, row, TRANS);
-#else
-    (void)r, (void)row; /* nvcc's host pass: never called there */
-#endif
-}
-
-/* Two f32 -> one register of two bf16 (lo in the low half), round to nearest even. */
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)kv_f32_to_bf16(lo) | (uint32_t)kv_f32_to_bf16(hi) << 16;
-}
 
 /* Weight of an old state with max m under the new max mn: 1 while both are
  * -inf (nothing seen yet, the state is zero either way). */

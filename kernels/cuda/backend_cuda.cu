@@ -474,7 +474,9 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
 }
 
 /* gather -> grouped gate/up -> swiglu -> grouped down -> weighted unpermute,
- * five launches sized by n * top_k (moe_gemm.cu). */
+ * five launches sized by n * top_k (moe_gemm.cu); above CUDA_GEMV_MAX_N tokens
+ * four: gather, the grouped GEMM of gate/up with the SwiGLU in its epilogue and
+ * of down (moe_mma.cu), the unpermute. yg may be xg (x is dead after gate/up). */
 static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     const MoeRouteArgs *ra = a->route;
     int E = ra->n_experts, K = ra->top_k, H = a->hidden, I = a->inter, NK = ra->n * K;
@@ -498,6 +500,13 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
         sg[j].s2 = fmt == 2 ? a->ex.s2 + (size_t)j * E : NULL;
     }
     LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+    /* An expert's pairs are at most n (a token's top_k experts are distinct): a step of up to
+     * CUDA_GEMV_MAX_N tokens runs the GEMVs (one pass each, f32 x); a larger one the tensor-core
+     * grouped GEMM for every expert (moe_mma.cu: a BF16 expert of more than CUDA_GEMV_MAX_N
+     * pairs rounds x to bf16, as cu_matmul's cuBLAS path would for its rows; the others keep f32
+     * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
+     * runs the mma, its batch 1 row the GEMV). */
+    int mma = ra->n > CUDA_GEMV_MAX_N;
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];
     gu.seg[1] = sg[1];
@@ -509,14 +518,19 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     gu.n_experts = E;
     gu.n_pairs = NK;
     gu.fmt = fmt;
-    LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
-    LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
     CudaMoeGemv dn = gu;
     dn.seg[0] = sg[2];
     dn.nseg = 1;
     dn.x = a->g;
     dn.cols = I;
-    LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
+    if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
+        LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
+        LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
+    } else {
+        LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+        LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+        LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
+    }
     LAUNCH_OK(cuda_moe_unpermute(a->out, a->yg, ra->pair_of, ra->weights, ra->n, K, H, st(b)));
     return 0;
 }

@@ -16,9 +16,10 @@
  * NVFP4 experts likewise, weight-only, each expert's scale2 read from a
  * device table (a delta that re-quantizes an expert rewrites its entry, and
  * a captured graph reads the new one).
- * Not here: shapes the 16-byte tile path does not take, large
- * prefills (forward.c runs steps above RUNNER_GRAPH_MAX tokens per expert,
- * through cuBLAS).
+ * Steps of more than CUDA_GEMV_MAX_N tokens run moe_mma.cu instead (the
+ * tensor-core grouped GEMM, which falls back to this tile per expert of at
+ * most CUDA_GEMV_MAX_N pairs), so here an expert normally takes one pass.
+ * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"
 #include "cuda_device.cuh"

@@ -38,10 +38,11 @@ struct Runner {
     float *x, *xn, *tmp;     /* [T, hidden] */
     float *q, *att;          /* [T, n_heads * head_dim] */
     float *k, *v;            /* [T, n_kv_heads * head_dim] */
-    float *g, *u;            /* [max(T * intermediate, TG * top_k * moe_intermediate)] (TG: moe_rows) */
+    float *g, *u;            /* [max(T * intermediate, TG * moe_intermediate)] (TG = moe_rows * top_k) */
     float *rope_cs, *rope_sn; /* [max_ctx, head_dim / 2] cos / sin of each position, built at creation */
     float *router;           /* [T, n_experts] */
-    float *xg, *yg;          /* [max(T, TG * top_k), hidden] gathered inputs / expert outputs */
+    float *xg;               /* [max(T, TG), hidden] gathered inputs of the pairs (moe_mlp: also their outputs) */
+    float *yg;               /* [T, hidden] one expert's outputs (the per-expert loop) */
     float *hout;             /* [T, hidden] final hidden states of output rows */
     float *logits;           /* [T, vocab] (device backends only) */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows; /* [T] */
@@ -59,7 +60,7 @@ struct Runner {
     int32_t *h_ids, *h_tok;  /* [T * top_k] host copies of mr_ids / mr_tok (the same on host backends) */
     int32_t *h_off;          /* [n_experts + 1] host copy of mr_off */
     int n_moe;               /* MoE layers of the model */
-    int moe_rows;            /* TG: steps of up to this many tokens run moe_mlp (0: never) */
+    int moe_rows;            /* steps of up to this many tokens run moe_mlp: max_tokens, or 0 (never) */
     int32_t *h_slots;        /* [T] cache slot of each token (-1: a padded token) */
     int32_t *h_nblk;         /* [T] step_prepare: blocks of each sequence's table its tokens reach */
     int32_t *h_bt;           /* [T, bt_stride] */
@@ -240,7 +241,11 @@ static void moe_s2_upload(Runner *r) {
 
 /* Start-up, MoE models: the routing limits, the MoE layer count, and whether
  * the backend's moe_mlp takes every MoE layer's experts (then their pointer
- * tables go to backend memory and steps of up to moe_rows tokens use it). */
+ * tables go to backend memory and every step without LoRA uses it: moe_rows =
+ * max_tokens). Its scratch, pair order, sized here for max_tokens T: xg [T *
+ * top_k, hidden] (the pairs' inputs, then their outputs) and g, u [T * top_k,
+ * moe_intermediate] f32, i.e. 4 T top_k (hidden + 2 moe_intermediate) bytes:
+ * for Qwen3-30B-A3B at T = 2048 (hidden 2048, 768, top 8): 224 MiB. */
 static void moe_setup(Runner *r) {
     const ModelConfig *c = &r->m->cfg;
     Backend *b = r->b;
@@ -281,7 +286,7 @@ static void moe_setup(Runner *r) {
         r->moe_s2 = b->alloc(b, (size_t)c->n_layers * 3 * E * sizeof(float));
         moe_s2_upload(r);
     }
-    r->moe_rows = r->max_tokens < RUNNER_GRAPH_MAX ? r->max_tokens : RUNNER_GRAPH_MAX;
+    r->moe_rows = r->max_tokens;
     log_info("moe: the %s backend runs the routed experts of %d layers grouped (steps of up to %d tokens)", b->name,
              r->n_moe, r->moe_rows);
 }
@@ -357,7 +362,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
         r->d_rows = BALLOC(T, int32_t);
     }
     if (c->n_experts) {
-        size_t NK = T * c->top_k, rows = T > TG ? T : TG;
+        size_t NK = T * c->top_k, rows = T > TG ? T : TG; /* TG: 0 without moe_mlp */
         r->router = BALLOC(T * c->n_experts, float);
         r->mr_ids = BALLOC(NK, int32_t);
         r->mr_tok = BALLOC(NK, int32_t);
@@ -370,7 +375,7 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
         r->h_tok = b->host ? r->mr_tok : xcalloc(NK, sizeof(int32_t));
         r->h_off = b->host ? r->mr_off : xcalloc(c->n_experts + 1, sizeof(int32_t));
         r->xg = BALLOC(rows * H, float);
-        r->yg = BALLOC(rows * H, float);
+        r->yg = BALLOC(T * H, float);
     }
     return r;
 }
@@ -695,9 +700,9 @@ static const void *from_backend(Runner *r, void *h, const void *dbuf, size_t byt
  * experts. Experts run in index order over the tokens routed to them, so a
  * token's sum over its experts has the same order whatever else is in the
  * batch. A device backend's moe_mlp runs every expert of the layer with no
- * host read (graph-capturable); otherwise (the CPU reference, LoRA steps,
- * large steps, experts it does not take) the per-expert offsets come to the
- * host and each expert runs through the plain ops. */
+ * host read (graph-capturable), at any step size; otherwise (the CPU
+ * reference, LoRA steps, experts it does not take) the per-expert offsets
+ * come to the host and each expert runs through the plain ops. */
 static void moe_mlp(Runner *r, int l, int n) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
@@ -717,7 +722,7 @@ static void moe_mlp(Runner *r, int l, int n) {
     }
     if (n <= r->moe_rows && !r->tok_lora) {
         MoeMlpArgs ma = {.out = r->tmp, .x = r->xn, .route = &ra, .ex = moe_experts(r, l), .xg = r->xg,
-                         .yg = r->yg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};
+                         .yg = r->xg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};
         if (be->moe_mlp(be, &ma) == 0) return;
     }
     const int32_t *off = from_backend(r, r->h_off, r->mr_off, sizeof(int32_t) * (size_t)(E + 1));
@@ -837,7 +842,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
 /* Piecewise graphs (vLLM's piecewise CUDA graphs): any other step of n <=
  * RUNNER_PIECE_MAX tokens (prefill chunks, mixed prefill + decode, decode
  * beyond RUNNER_GRAPH_MAX) on a graph-capable backend, without LoRA or expert
- * capture, MoE models only within moe_rows. The step is padded to its
+ * capture, MoE models when moe_mlp takes their experts. The step is padded to its
  * bucket's N tokens: the segments (segment_ops, the K/V writes included) run
  * as graphs of N tokens, attn_core and tail_ops eagerly on the real n tokens
  * and n_out rows (their launch shapes depend on the positions and sequences).

@@ -9,7 +9,10 @@
  * the same batch size touched at 64, and the KV cache) over the copy bandwidth.
  * Rows "moe30b decode batch B (ctx 512)" -> decode_moe30b_bB_fraction
  * (bench/gpu_json.py). Included by gpu_check.c after bench_decode; not run by
- * the emulation (60 GB of weights). Not here: prefill, FP8 / NVFP4 experts.
+ * the emulation (60 GB of weights).
+ * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
+ * the grouped path (moe_mma.cu) against the per-expert path it replaced.
+ * Not here: a whole-model MoE prefill, FP8 / NVFP4 experts.
  */
 #ifndef SAMPLER_BENCH_MOE_H
 #define SAMPLER_BENCH_MOE_H
@@ -126,6 +129,117 @@ static void bench_moe(void) {
     free(ex);
     free(m->layers);
     free(m);
+}
+
+/* Host wall time of reps calls of fn(ctx) on b's stream, after warm-up calls (a download waits
+ * for the stream; the per-expert path waits within each call anyway). */
+static double moe_time_us(Backend *b, void (*fn)(void *), void *ctx, const float *dev_out, int reps) {
+    float one = 0;
+    for (int i = 0; i < 2; i++) fn(ctx);
+    b->download(b, &one, dev_out, sizeof one);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < reps; i++) fn(ctx);
+    b->download(b, &one, dev_out, sizeof one);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return ((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3) / reps;
+}
+
+typedef struct MoePrefillBench {
+    Backend *b;
+    MoeMlpArgs ma;          /* the grouped call (out: out_g) */
+    const WeightMat *ex;    /* [3 * E]: gate, up, down */
+    int32_t *h_off;         /* [E + 1] host */
+    float *out_e, *yg;      /* [N, H], [N, H] the per-expert path's output and one expert's rows */
+} MoePrefillBench;
+
+static void moe_grouped_call(void *p) {
+    MoePrefillBench *m = (MoePrefillBench *)p;
+    CHECK(m->b->moe_mlp(m->b, &m->ma) == 0, "moe bench: moe_mlp refused the experts");
+}
+
+/* forward.c's per-expert loop as it ran steps above 256 tokens before moe_mma.cu: the offsets
+ * to the host (a sync), then per expert gather, gate/up + SwiGLU and down (cuBLAS above 8
+ * rows), the weighted scatter-add. */
+static void moe_per_expert_call(void *p) {
+    MoePrefillBench *m = (MoePrefillBench *)p;
+    Backend *b = m->b;
+    const MoeRouteArgs *ra = m->ma.route;
+    int E = ra->n_experts, H = m->ma.hidden;
+    b->download(b, m->h_off, ra->offsets, sizeof(int32_t) * (size_t)(E + 1));
+    b->zero(b, m->out_e, sizeof(float) * (size_t)ra->n * H);
+    for (int e = 0; e < E; e++) {
+        int o = m->h_off[e], cnt = m->h_off[e + 1] - o;
+        if (!cnt) continue;
+        b->gather_rows(b, m->ma.xg, m->ma.x, ra->pair_tok + o, cnt, H);
+        b->matmul_swiglu(b, m->ma.g, m->ma.xg, cnt, &m->ex[e], &m->ex[E + e], m->ma.g, m->ma.u);
+        b->matmul(b, m->yg, m->ma.g, cnt, &m->ex[2 * E + e], NULL);
+        b->scale_add_rows(b, m->out_e, m->yg, ra->pair_tok + o, ra->pair_w + o, cnt, H);
+    }
+}
+
+/* One Qwen3-30B-A3B MoE layer (hidden 2048, 128 BF16 experts of 768, top 8) at 1024 tokens:
+ * 8192 pairs, ~64 an expert. Rows (named, bench/gpu_json.py): moe30b_layer_prefill1024_grouped_us,
+ * _per_expert_us and _speedup (per-expert / grouped, measured in the same run), plus the
+ * grouped path's weight bytes over the copy bandwidth (every expert read once) as a roofline
+ * fraction in the printout. The two outputs' difference is printed (the op check compares). */
+static void bench_moe_prefill(void) {
+    const int N = 1024, E = 128, K = 8, H = 2048, I = 768, reps = 10;
+    size_t ew = (size_t)I * H, NK = (size_t)N * K;
+    uint16_t *arena = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&arena, 3 * E * ew * sizeof(uint16_t)));
+    WeightMat *ex = xcalloc((size_t)3 * E, sizeof(WeightMat));
+    const void **tab = xcalloc((size_t)6 * E, sizeof(void *));
+    for (int j = 0; j < 3; j++)
+        for (int e = 0; e < E; e++) {
+            uint16_t *p = arena + (size_t)(j * E + e) * ew;
+            CHECK(cuda_fill_bf16(p, ew, 7000 + (uint64_t)(j * E + e), 0, 0.02f, NULL) == 0, "moe bench: fill");
+            ex[j * E + e] = j < 2 ? wmat(I, H, p) : wmat(H, I, p);
+            tab[j * E + e] = p;
+        }
+    Backend *b = backend_cuda_create_resident(128, 2048);
+    b->reserve(b, N, H);
+    void *bufs[20];
+    int nb = 0;
+#define MOE_BALLOC(bytes) (bufs[nb++] = b->alloc(b, (bytes)))
+    const void **dtab = MOE_BALLOC(sizeof(void *) * 6 * E);
+    b->upload(b, (void *)dtab, tab, sizeof(void *) * 6 * E);
+    float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
+    float *dlg = MOE_BALLOC(sizeof(float) * (size_t)N * E), *dx = MOE_BALLOC(sizeof(float) * (size_t)N * H);
+    b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
+    b->upload(b, dx, x, sizeof(float) * (size_t)N * H);
+    MoeRouteArgs ra = {dlg, MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * (E + 1)), MOE_BALLOC(4 * NK),
+                       MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * E), N, E, K, 1};
+    b->moe_route(b, &ra);
+    MoePrefillBench m = {b, {0}, ex, xcalloc(E + 1, sizeof(int32_t)), MOE_BALLOC(sizeof(float) * (size_t)N * H),
+                         MOE_BALLOC(sizeof(float) * (size_t)N * H)};
+    float *xg = MOE_BALLOC(sizeof(float) * NK * H);
+    m.ma = (MoeMlpArgs){MOE_BALLOC(sizeof(float) * (size_t)N * H), dx, &ra,
+                        {ex, ex + E, ex + 2 * E, dtab, dtab + 3 * E, NULL}, xg, xg,
+                        MOE_BALLOC(sizeof(float) * NK * I), MOE_BALLOC(sizeof(float) * NK * I), H, I};
+#undef MOE_BALLOC
+    double us_g = moe_time_us(b, moe_grouped_call, &m, m.ma.out, reps);
+    double us_e = moe_time_us(b, moe_per_expert_call, &m, m.out_e, reps);
+    float *og = xmalloc(sizeof(float) * (size_t)N * H), *oe = xmalloc(sizeof(float) * (size_t)N * H);
+    b->download(b, og, m.ma.out, sizeof(float) * (size_t)N * H);
+    b->download(b, oe, m.out_e, sizeof(float) * (size_t)N * H);
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < (size_t)N * H; i++) {
+        md = fmax(md, fabs((double)og[i] - oe[i]));
+        mr = fmax(mr, fabs((double)oe[i]));
+    }
+    double roof_us = 3.0 * E * ew * 2 / (bw_gbs * 1e3);
+    printf("  moe30b layer prefill 1024 x top 8 (BF16 experts): grouped %.0f us (%.0f%% of the %.0f us weight "
+           "read), per-expert %.0f us, %.2fx; max|grouped - per-expert| / max|out| %.2e\n",
+           us_g, bw_gbs > 0 ? 100 * roof_us / us_g : 0.0, roof_us, us_e, us_e / us_g, mr > 0 ? md / mr : md);
+    native_row("moe30b_layer_prefill1024_grouped_us", us_g);
+    native_row("moe30b_layer_prefill1024_per_expert_us", us_e);
+    native_row("moe30b_layer_prefill1024_speedup", us_e / us_g);
+    free(og); free(oe); free(lg); free(x); free(tab); free(m.h_off);
+    for (int i = 0; i < nb; i++) b->release(b, bufs[i]);
+    b->free(b);
+    CUDA_CHECK(cudaFree(arena));
+    free(ex);
 }
 
 #endif

@@ -1087,6 +1087,7 @@ static void part_bench(void) {
     free(m->layers);
     free(m);
     bench_moe();
+    bench_moe_prefill();
 }
 
 /* --json FILE: the summary for bench/gpu_json.py (which names the rows of

@@ -1005,15 +1005,136 @@ static void check_lora(const int *a) {
     free(x); free(base); free(ref); free(got); free(alone); free(bref); free(bgot);
 }
 
+/* The grouped GEMM alone (moe_mma.cu cuda_moe_gemm) against the CPU matmul of
+ * each expert's rows: routing made by hand (offsets and the active list as
+ * moe_route writes them) with uneven experts: empty ones, one with a partial
+ * last pair tile, 9 pairs (the fewest a BF16 expert rounds x to bf16 at), 8
+ * and 1 (x as bf16 hi + lo, f32 class), E slots for fewer active experts; rows
+ * not a multiple of the tiles, a
+ * K tail (bf16 cols % 32), FP8 128 x 128 blocks crossing row and column tiles
+ * (the f32 scale flush per 128 columns). sw: gate and up with the SwiGLU
+ * epilogue vs the CPU's two matmuls and swiglu. BF16 experts of more than
+ * CUDA_GEMV_MAX_N pairs get the bf16-rounded x on the CPU too: f32 class. */
+static void check_moe_gemm(const int *a) {
+    static const int pats[][8] = {{0, 70, 9, 0, 8, 1, 17, 0}, {0, 0, 0, 129, 0, 0, 0, 0}, {64, 64, 1, 2, 3, 4, 5, 6}};
+    enum { E = 8 };
+    int rows = a[0], cols = a[1], fmt = a[2], sw = a[3];
+    const int *cnt = pats[a[4]];
+    int32_t off[E + 1], act[E];
+    int na = 0;
+    off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        off[e + 1] = off[e] + cnt[e];
+        if (cnt[e]) act[na++] = e;
+    }
+    for (int i = na; i < E; i++) act[i] = -1;
+    int NK = off[E], nw = sw ? 2 : 1;
+    char what[128];
+    WeightMat *hm = (WeightMat *)xcalloc((size_t)2 * E, sizeof(WeightMat));
+    const void **tab = (const void **)xcalloc((size_t)4 * E, sizeof(void *)); /* [2][E] w, [2][E] s */
+    void **dmem = (void **)xcalloc((size_t)4 * E, sizeof(void *));
+    float s2[2 * E];
+    for (int j = 0; j < nw; j++)
+        for (int e = 0; e < E; e++) {
+            WeightMat *h = &hm[j * E + e];
+            *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f * (1.0f + 0.25f * (float)(e % 4))));
+            Err err = {0};
+            if (fmt == 1) {
+                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, QUANT_FP8_BLOCK128, &err);
+                CHECK(q, "quantize: %s", err.msg);
+                h->fmt = WF_FP8;
+                h->q = q;
+                dmem[j * E + e] = dev_copy(q->q, (size_t)rows * cols);
+                dmem[2 * E + j * E + e] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+            } else if (fmt == 2) {
+                QuantNvfp4 *q = quant_nvfp4_from_bf16(h->bf16, rows, cols, &err);
+                CHECK(q, "quantize: %s", err.msg);
+                h->fmt = WF_NVFP4;
+                h->q = q;
+                dmem[j * E + e] = dev_copy(q->packed, (size_t)rows * cols / 2);
+                dmem[2 * E + j * E + e] = dev_copy(q->scale, (size_t)rows * cols / 16);
+                s2[j * E + e] = q->scale2;
+            } else {
+                dmem[j * E + e] = dev_copy(h->bf16, sizeof(uint16_t) * (size_t)rows * cols);
+            }
+            tab[j * E + e] = dmem[j * E + e];
+            tab[2 * E + j * E + e] = dmem[2 * E + j * E + e];
+        }
+    /* the reference: each expert's rows through the CPU matmul (and swiglu) */
+    float *x = rand_f32((size_t)NK * cols, 1), *ref = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
+    float *xr = (float *)xmalloc(sizeof(float) * ((size_t)NK * cols + 1));
+    float *u = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
+    for (int e = 0; e < E; e++) {
+        if (!cnt[e]) continue;
+        int r16 = fmt == 0 && cnt[e] > CUDA_GEMV_MAX_N;
+        for (size_t i = 0; i < (size_t)cnt[e] * cols; i++) {
+            float v = x[(size_t)off[e] * cols + i];
+            xr[i] = r16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+        }
+        float *o = ref + (size_t)off[e] * rows;
+        bc->matmul(bc, o, xr, cnt[e], &hm[e], NULL);
+        if (sw) {
+            bc->matmul(bc, u, xr, cnt[e], &hm[E + e], NULL);
+            bc->swiglu(bc, o, o, u, cnt[e] * rows);
+        }
+    }
+    const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)4 * E);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)NK * cols), *ds2 = (float *)dev_copy(s2, sizeof s2);
+    int32_t *doff = (int32_t *)dev_copy(off, sizeof off), *dact = (int32_t *)dev_copy(act, sizeof act);
+    float *dout[2], *dact_out = (float *)dev_poisoned(sizeof(float) * ((size_t)NK * rows + 1));
+    CudaMoeGemv g;
+    memset(&g, 0, sizeof g);
+    for (int j = 0; j < nw; j++) {
+        dout[j] = (float *)dev_poisoned(sizeof(float) * ((size_t)NK * rows + 1));
+        CudaMoeSeg *S = &g.seg[j];
+        S->out = dout[j];
+        S->w = dtab + (size_t)j * E;
+        S->s = fmt ? dtab + 2 * E + (size_t)j * E : NULL;
+        S->s2 = fmt == 2 ? ds2 + (size_t)j * E : NULL;
+        S->rows = rows;
+        S->br = fmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_rows : 0;
+        S->bc = fmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_cols : 0;
+    }
+    g.nseg = nw;
+    g.x = dx;
+    g.cols = cols;
+    g.offsets = doff;
+    g.active = dact;
+    g.n_experts = E;
+    g.n_pairs = NK;
+    g.fmt = fmt;
+    int rc = cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
+    float *got = dev_result(sw ? dact_out : dout[0], (size_t)NK * rows);
+    snprintf(what, sizeof what, "moe_gemm %s%s [%d x %d] pairs %d %d %d %d %d %d %d %d%s",
+             fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", sw ? " swiglu" : "", rows, cols, cnt[0], cnt[1], cnt[2],
+             cnt[3], cnt[4], cnt[5], cnt[6], cnt[7], rc ? " REFUSED" : "");
+    compare_op(what, TOL_F32, ref, got, (size_t)NK * rows);
+    free(got);
+    for (int i = 0; i < 4 * E; i++)
+        if (dmem[i]) cudaFree(dmem[i]);
+    for (int i = 0; i < nw * E; i++) {
+        if (hm[i].q && fmt == 1) quant_fp8_free((QuantFp8 *)hm[i].q);
+        if (hm[i].q && fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hm[i].q);
+        free(hm[i].bf16);
+    }
+    for (int j = 0; j < nw; j++) cudaFree(dout[j]);
+    cudaFree(dact_out); cudaFree((void *)dtab); cudaFree(dx); cudaFree(ds2); cudaFree(doff); cudaFree(dact);
+    free(hm); free((void *)tab); free(dmem); free(x); free(xr); free(ref); free(u);
+}
+
 /* ---- the table ---- */
 /* MoE (moe_route.cu, moe_gemm.cu): moe_route against cpu_moe_route, then
  * moe_mlp against forward.c's per-expert loop over the CPU ops. Router logits
  * are ranks spaced scale / E apart (ties: two experts per rank, exact ties the
  * lower id must win on both), so no p is within an ulp of another's: ids,
  * offsets, pair lists and active experts bytes equal, weights f32 class; the
- * expert MLP's output f32 class. n * K / E > 8 runs several GEMV passes per expert. */
+ * expert MLP's output f32 class (the reference rounds a BF16 expert's inputs to
+ * bf16 where the device runs the mma: more than CUDA_GEMV_MAX_N pairs). Steps of
+ * more than 8 tokens run the grouped GEMM (moe_mma.cu); skew makes one expert
+ * take every token and half the experts none. */
 static void check_moe(const int *a) {
     int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], I = a[5], fmt = a[6], ties = a[7]; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 */
+    int skew = a[8]; /* 1: expert 1 first for every token, experts >= E / 2 never chosen (K <= E / 2) */
     int NK = n * K;
     char what[128];
     float *lg = (float *)xmalloc(sizeof(float) * (size_t)n * E);
@@ -1026,6 +1147,8 @@ static void check_moe(const int *a) {
             perm[j] = v;
         }
         for (int e = 0; e < E; e++) lg[(size_t)t * E + e] = 8.0f * (float)(ties ? perm[e] / 2 : perm[e]) / (float)E - 4.0f;
+        for (int e = 0; skew && e < E; e++) /* expert 1 just above the rest (weights alike), the upper half far below */
+            lg[(size_t)t * E + e] = e == 1 ? 4.0f : e >= E / 2 ? lg[(size_t)t * E + e] - 8.0f : lg[(size_t)t * E + e];
     }
     /* routing: host buffers for the CPU, poisoned device buffers for the GPU */
     int32_t *hi[5];
@@ -1100,9 +1223,12 @@ static void check_moe(const int *a) {
         int o = hi[1][e], cnt = hi[1][e + 1] - o;
         if (!cnt) continue;
         bc->gather_rows(bc, xg, x, hi[2] + o, cnt, H);
+        int r16 = fmt == 0 && cnt > CUDA_GEMV_MAX_N; /* the mma's bf16 x (moe_mma.cu), as cuBLAS's */
+        for (size_t i = 0; r16 && i < (size_t)cnt * H; i++) xg[i] = bf16_to_f32(f32_to_bf16(xg[i]));
         bc->matmul(bc, g, xg, cnt, &hm[e], NULL);
         bc->matmul(bc, u, xg, cnt, &hm[E + e], NULL);
         bc->swiglu(bc, g, g, u, cnt * I);
+        for (size_t i = 0; r16 && i < (size_t)cnt * I; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i]));
         bc->matmul(bc, yg, g, cnt, &hm[2 * E + e], NULL);
         bc->scale_add_rows(bc, ref, yg, hi[2] + o, hf[1] + o, cnt, H);
     }
@@ -1330,18 +1456,35 @@ static const OpCheck OP_CHECKS[] = {
     /* n_src, n, dim */
     {check_rows, OC_GPU, {64, 40, 4096}},
     {check_rows, OC_ALL, {37, 20, 72}},
-    /* n, experts, top_k, norm, hidden, moe_inter, fp8, ties */
-    {check_moe, OC_GPU, {1, 128, 8, 1, 2048, 768, 0, 0}},  /* Qwen3-30B-A3B decode */
-    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 0, 1}},
-    {check_moe, OC_GPU, {16, 32, 8, 1, 2048, 768, 1, 0}},
-    {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0}},         /* the qwen3_moe fixture's shape */
-    {check_moe, OC_ALL, {17, 8, 2, 0, 64, 56, 0, 1}},        /* qwen3_moe_nonorm's, exact ties */
-    {check_moe, OC_ALL, {80, 8, 2, 1, 32, 16, 0, 0}},        /* n > 64: two routing launches; three GEMV passes */
-    {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1}},       /* 128 experts, fp8 */
-    {check_moe, OC_ALL, {3, 40, 32, 0, 32, 16, 1, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
-    {check_moe, OC_ALL, {6, 8, 2, 1, 64, 32, 2, 0}},         /* nvfp4 experts */
-    {check_moe, OC_ALL, {19, 16, 4, 0, 96, 64, 2, 1}},       /* nvfp4, > 8 pairs an expert: two GEMV passes */
-    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0}},   /* Qwen3-30B-A3B at nvfp4 */
+    /* n, experts, top_k, norm, hidden, moe_inter, fp8, ties, skew */
+    {check_moe, OC_GPU, {1, 128, 8, 1, 2048, 768, 0, 0, 0}},  /* Qwen3-30B-A3B decode */
+    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 0, 1, 0}},
+    {check_moe, OC_GPU, {16, 32, 8, 1, 2048, 768, 1, 0, 0}},
+    {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 0, 0, 0}},  /* a Qwen3-30B-A3B prefill: 32 pairs an expert */
+    {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 1, 0, 1}},  /* fp8, skewed: 512 pairs on expert 1 */
+    {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 2, 0, 0}},  /* nvfp4 */
+    {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0, 0}},         /* the qwen3_moe fixture's shape */
+    {check_moe, OC_ALL, {17, 8, 2, 0, 64, 56, 0, 1, 0}},        /* qwen3_moe_nonorm's, exact ties */
+    {check_moe, OC_ALL, {80, 8, 2, 1, 32, 16, 0, 0, 0}},        /* n > 64: two routing launches; the mma */
+    {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1, 0}},       /* 128 experts, fp8 */
+    {check_moe, OC_ALL, {3, 40, 32, 0, 32, 16, 1, 0, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
+    {check_moe, OC_ALL, {6, 8, 2, 1, 64, 32, 2, 0, 0}},         /* nvfp4 experts */
+    {check_moe, OC_ALL, {19, 16, 4, 0, 96, 64, 2, 1, 0}},       /* nvfp4, > 8 pairs an expert: the mma */
+    {check_moe, OC_ALL, {70, 16, 4, 1, 64, 40, 0, 0, 1}},       /* skewed: 70 pairs on one expert, 8 empty */
+    {check_moe, OC_ALL, {70, 16, 4, 1, 160, 48, 1, 0, 1}},      /* fp8, skewed, two 128-column scale blocks */
+    {check_moe, OC_ALL, {40, 16, 4, 1, 96, 64, 2, 1, 1}},       /* nvfp4, skewed */
+    {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0, 0}},   /* Qwen3-30B-A3B at nvfp4 */
+    /* rows, cols, fmt, swiglu, pair pattern (check_moe_gemm's pats) */
+    {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0}},
+    {check_moe_gemm, OC_ALL, {72, 40, 0, 1, 0}},
+    {check_moe_gemm, OC_ALL, {136, 64, 0, 0, 1}},
+    {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 0}},
+    {check_moe_gemm, OC_ALL, {72, 160, 1, 1, 1}},
+    {check_moe_gemm, OC_ALL, {72, 96, 2, 0, 0}},
+    {check_moe_gemm, OC_ALL, {40, 96, 2, 1, 2}},
+    {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
+    {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
+    {check_moe_gemm, OC_GPU, {768, 2048, 2, 1, 1}},
     /* n, in, out, adapters, ranks[3], bf16 */
     {check_lora, OC_GPU, {16, 4096, 1024, 3, 16, 64, 8, 0}},  /* Qwen3-8B k_proj */
     {check_lora, OC_GPU, {5, 12288, 4096, 2, 32, 16, 0, 1}},  /* down_proj, bf16 */

@@ -1,0 +1,59 @@
+/*
+ * mma_tile.cuh - the tensor-core fragments the mma kernels share
+ * (attention_mma.cu, moe_mma.cu): mma.sync m16n8k16 with bf16 inputs and f32
+ * accumulators (sm_80+), ldmatrix loads of 8x8 b16 matrices from shared
+ * memory, and the f32 -> bf16 pair packing (round to nearest even, as
+ * dtype.h f32_to_bf16). On the CPU emulation each maps to its shim function
+ * (tests/gpu/emu/shim/cuda_runtime.h spells out the PTX fragment layouts).
+ * Device code only; not a kernel, no tiling policy.
+ */
+#ifndef SAMPLER_MMA_TILE_CUH
+#define SAMPLER_MMA_TILE_CUH
+
+#include <stdint.h>
+
+#include "cuda_device.cuh"
+#include "kv_device.cuh" /* kv_f32_to_bf16 */
+
+/* D[16x8] f32 = A[16x16] bf16 (row) x B[16x8] bf16 (col) + D; the PTX ISA's
+ * fragment layout: lane l = 4 g + tq holds A rows g, g + 8 at k 2tq (+1, +8, +9),
+ * B's k 2tq (+1, +8, +9) of column g, and D rows g, g + 8 at columns 2tq, 2tq + 1. */
+static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDA_EMULATION)
+    emu_mma_m16n8k16_bf16(d, a, b, d);
+#else
+    (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* Four 8x8 b16 matrices from shared memory (ldmatrix .x4; .trans when TRANS):
+ * lane l gives the address of row l % 8 of matrix l / 8; register j gets matrix
+ * j's fragment in the mma layout (trans: of the transposed matrix). */
+template <bool TRANS>
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *row) {
+#if defined(__CUDA_ARCH__)
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+#elif defined(CUDA_EMULATION)
+    emu_ldmatrix_x4(r, row, TRANS);
+#else
+    (void)r, (void)row; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* Two f32 -> one register of two bf16 (lo in the low half), round to nearest even. */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)kv_f32_to_bf16(lo) | (uint32_t)kv_f32_to_bf16(hi) << 16;
+}
+
+#endif

@@ -1,0 +1,298 @@
+/*
+ * moe_mma.cu - the routed experts' linears of one MoE layer as one grouped
+ * tensor-core GEMM launch each (mma.sync m16n8k16, bf16 x bf16 with f32
+ * accumulation, sm_80+; fragments from mma_tile.cuh), for steps whose experts
+ * may have more pairs than the decode GEMV takes in one pass.
+ *
+ * Grid: min(n_experts, n_pairs) expert slots of moe_route's active list x
+ * weight-row tiles, as moe_gemm.cu's GEMV: nothing is sized by a host read of
+ * the routing (graph-capturable), empty slots exit. A block owns two tiles of
+ * MG_BN weight rows (gate and up at the same rows, or 2 x MG_BN rows of one
+ * matrix) and loops over its expert's pairs MG_BM at a time, K in stages of
+ * MG_BK staged in shared memory (zero-padded past cols and past the pairs).
+ * Which kernel (backend_cuda.cu cu_moe_mlp, per step on the host): a step of at
+ * most CUDA_GEMV_MAX_N tokens gives no expert more pairs than that (a token's
+ * experts are distinct) and runs moe_gemm.cu's GEMV, one pass; a larger step
+ * runs this kernel for every expert. The GEMV is not inlined here as a per-expert
+ * fallback: its registers (~255 at 8 tokens) would cap this kernel at one block
+ * per SM (this one: 78-128 registers, no spills, sm_90).
+ *
+ * Numerics (the weights are always decoded exactly), per expert on the device:
+ *   BF16   more than CUDA_GEMV_MAX_N pairs: x rounded to bf16 (nearest even),
+ *          as cuBLAS GemmEx is fed in cuda_gemm_bf16 (the bf16act class of
+ *          tests/gpu/op_checks.h); cu_matmul's rule for one expert's rows, so
+ *          the numerics are those of the per-expert path. Fewer: x as two
+ *          bf16, hi = bf16(x) and lo = bf16(x - hi) (x to ~2^-17 relative),
+ *          two mmas a k step: f32 class, as the GEMV those experts had.
+ *   FP8    e4m3 values (exact in bf16) unscaled in shared memory; each
+ *          br x bc block's scale_inv is applied in f32 to the partial sum of
+ *          its bc columns (bc % 16 == 0 or bc >= cols, as the GEMV's rule).
+ *   NVFP4  e2m1 x its e4m3 block scale, exact in bf16 (at most 6 significant
+ *          bits, exponents 2^-10 .. 2^12); scale2 on the f32 sum, as the GEMV.
+ *   FP8 and NVFP4 are weight-only paths with f32 activations (the GEMV's
+ *   contract): x as hi + lo at every pair count, f32 class.
+ * SwiGLU (two segments): the epilogue writes silu(gate) * up with
+ * swiglu_kernel's expression, the bits of the two GEMMs then cuda_swiglu.
+ * Not here: cp.async / double-buffered stages, the weighted unpermute
+ * (moe_gemm.cu), native FP8 / NVFP4 activations (act_quant experts run this
+ * weight-only path, as the grouped GEMV does).
+ * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
+ * per expert, x rounded to bf16 for a BF16 expert of more than 8 pairs in the
+ * emulation's reference, as for any BF16 matmul the GPU runs through cuBLAS).
+ */
+#include <math.h>
+
+#include "cuda_check.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+#include "gemv_tile.cuh" /* the exact e4m3 / e2m1 decoders */
+#include "mma_tile.cuh"
+
+#define MG_BM 64               /* pairs per tile: 2 warps x 2 m16 fragments */
+#define MG_BN 64               /* weight rows per half: 4 warps x 2 n8 fragments */
+#define MG_BK 32               /* k per shared stage: two k16 steps */
+#define MG_LD (MG_BK + 8)      /* bf16 per shared row: 80 bytes, ldmatrix's 8 rows on distinct banks */
+#define MG_THREADS 256        /* 8 warps: 2 (pairs) x 4 (rows) */
+
+/* The block's weight rows of half h: (segment, first row). SW: gate / up at
+ * rows r0; else rows r0 + h * MG_BN of segment 0. */
+template <int SW>
+static __device__ __forceinline__ const CudaMoeSeg *mg_half(const CudaMoeGemv &g, int h, int tile, int *r0) {
+    *r0 = SW ? tile * MG_BN : tile * 2 * MG_BN + h * MG_BN;
+    return &g.seg[SW ? h : 0];
+}
+
+/* Stage k0 of the weights: both halves' MG_BN x MG_BK bf16 into sb (rows past
+ * the matrix and columns past cols zero). */
+template <int FMT, int SW>
+static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, int tile, int k0,
+                                                 uint16_t (*sb)[MG_BN * MG_LD]) {
+    int cols = g.cols;
+    if (FMT == 0) { /* 8 bf16 a chunk: 2 x 64 rows x 4 chunks = 2 a thread */
+        for (int i = threadIdx.x; i < 2 * MG_BN * (MG_BK / 8); i += MG_THREADS) {
+            int h = i / (MG_BN * (MG_BK / 8)), row = (i / (MG_BK / 8)) % MG_BN, c = (i % (MG_BK / 8)) * 8, r0;
+            const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
+            int r = r0 + row;
+            uint4 v = {0, 0, 0, 0};
+            if (r < S->rows && k0 + c < cols) v = __ldg((const uint4 *)((const uint16_t *)S->w[e] + (size_t)r * cols + k0 + c));
+            *(uint4 *)&sb[h][row * MG_LD + c] = v;
+        }
+        return;
+    }
+    /* FP8 / NVFP4: one thread a half row of 16 values */
+    int i = threadIdx.x, h = i >> 7, row = (i >> 1) & (MG_BN - 1), c = (i & 1) * 16, r0;
+    const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
+    int r = r0 + row;
+    uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (r < S->rows && k0 + c < cols) {
+        float w[16];
+        if (FMT == 1) {
+            uint4 q = __ldg((const uint4 *)((const uint8_t *)S->w[e] + (size_t)r * cols + k0 + c));
+            e4m3x4(q.x, w);
+            e4m3x4(q.y, w + 4);
+            e4m3x4(q.z, w + 8);
+            e4m3x4(q.w, w + 12);
+        } else {
+            uint2 q = __ldg((const uint2 *)((const uint8_t *)S->w[e] + (size_t)r * (cols / 2) + (k0 + c) / 2));
+            float s = e4m3_to_f32(__ldg((const uint8_t *)S->s[e] + (size_t)r * (cols / 16) + (k0 + c) / 16));
+            e2m1x8(q.x, w);
+            e2m1x8(q.y, w + 8);
+#pragma unroll
+            for (int j = 0; j < 16; j++) w[j] *= s; /* exact (see the top) */
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) /* exact values: the bf16 is the f32's high half */
+            o[j] = __float_as_uint(w[2 * j]) >> 16 | (__float_as_uint(w[2 * j + 1]) & 0xffff0000u);
+    }
+    *(uint4 *)&sb[h][row * MG_LD + c] = uint4{o[0], o[1], o[2], o[3]};
+    *(uint4 *)&sb[h][row * MG_LD + c + 8] = uint4{o[4], o[5], o[6], o[7]};
+}
+
+/* Stage k0 of the activations: pairs m0.. of the expert (from row p0 of x) as
+ * bf16 hi (and, when split, lo = bf16(x - hi)) into sa; past cnt / cols zero. */
+static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0, bool split,
+                                                 uint16_t (*sa)[MG_BM * MG_LD]) {
+    int i = threadIdx.x, row = i >> 2, c = (i & 3) * 8; /* 64 rows x 4 chunks of 8 f32: one a thread */
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (m0 + row < cnt && k0 + c < g.cols) {
+        const float4 *xp = (const float4 *)(g.x + (size_t)(p0 + m0 + row) * g.cols + k0 + c);
+        float4 a = __ldg(xp), b = __ldg(xp + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    uint32_t hi[4], lo[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        hi[j] = pack_bf16(v[2 * j], v[2 * j + 1]);
+        if (split) {
+            float h0 = __uint_as_float(hi[j] << 16), h1 = __uint_as_float(hi[j] & 0xffff0000u);
+            lo[j] = pack_bf16(v[2 * j] - h0, v[2 * j + 1] - h1); /* exact differences (Sterbenz) */
+        }
+    }
+    *(uint4 *)&sa[0][row * MG_LD + c] = uint4{hi[0], hi[1], hi[2], hi[3]};
+    if (split) *(uint4 *)&sa[1][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
+}
+
+/* FMT2 = 2 * FMT + SW (one template argument: the emulation's launch macro
+ * splits on commas). act: SW's [n_pairs, rows] f32 output. */
+template <int FMT2>
+__global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, float *act) {
+    constexpr int FMT = FMT2 / 2, SW = FMT2 % 2;
+    __shared__ __align__(16) uint16_t sa[2][MG_BM * MG_LD]; /* [2][64, 32 (+pad)] bf16 x: hi, lo */
+    __shared__ __align__(16) uint16_t sb[2][MG_BN * MG_LD];           /* [2][64, 32 (+pad)] bf16 weights */
+    int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
+    int e = g.active[slot];
+    if (e < 0) return; /* the whole block */
+    int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
+    /* x as hi + lo (f32 class) but for a BF16 expert of more than CUDA_GEMV_MAX_N pairs
+     * (cu_matmul's GEMM rule: bf16 x); block-uniform */
+    const bool split = FMT != 0 || cnt <= CUDA_GEMV_MAX_N;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int wm = warp & 1, wn = warp >> 1; /* pairs 32 wm .., rows 16 wn .. of each half */
+    int cols = g.cols;
+    /* FP8: this lane's 8 weight rows (half h, n8 fragment nt, column j) and their scale rows */
+    const float *srow[2][2][2];
+    int sc = 1;
+    if (FMT == 1) {
+        sc = (cols + g.seg[0].bc - 1) / g.seg[0].bc;
+        for (int h = 0; h < 2; h++) {
+            int r0;
+            const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
+            for (int nt = 0; nt < 2; nt++)
+                for (int j = 0; j < 2; j++) {
+                    int r = r0 + 16 * wn + 8 * nt + 2 * tq + j;
+                    r = r < S->rows ? r : S->rows - 1; /* past the end: dropped at the store */
+                    srow[h][nt][j] = (const float *)S->s[e] + (size_t)(r / S->br) * sc;
+                }
+        }
+    }
+    for (int m0 = 0; m0 < cnt; m0 += MG_BM) {
+        float acc[2][2][2][4], part[2][2][2][4]; /* [half][m16][n8][fragment] */
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[h][mt][nt][j] = part[h][mt][nt][j] = 0.f;
+        for (int k0 = 0; k0 < cols; k0 += MG_BK) {
+            __syncthreads(); /* the previous stage's readers are done */
+            mg_load_x(g, p0, cnt, m0, k0, split, sa);
+            mg_load_w<FMT, SW>(g, e, tile, k0, sb);
+            __syncthreads();
+            uint32_t b[2][2][4]; /* [half][n8]: k 0..15 in 0, 1; k 16..31 in 2, 3 */
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+                    ldsm_x4<false>(b[h][nt], &sb[h][(16 * wn + 8 * nt + (lane & 7)) * MG_LD + 8 * (lane >> 3)]);
+#pragma unroll
+            for (int kk = 0; kk < MG_BK / 16; kk++) {
+                if (k0 + 16 * kk >= cols) break; /* block-uniform: the zero tail */
+                uint32_t ah[2][4], al[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const int off = (32 * wm + 16 * mt + (lane & 15)) * MG_LD + 16 * kk + 8 * (lane >> 4);
+                    ldsm_x4<false>(ah[mt], &sa[0][off]);
+                    if (split) ldsm_x4<false>(al[mt], &sa[1][off]);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++) {
+                            float *d = FMT == 1 ? part[h][mt][nt] : acc[h][mt][nt];
+                            mma_bf16_16816(d, ah[mt], b[h][nt] + 2 * kk);
+                            if (split) mma_bf16_16816(d, al[mt], b[h][nt] + 2 * kk);
+                        }
+                int kend = k0 + 16 * kk + 16;
+                if (FMT == 1 && (kend % g.seg[0].bc == 0 || kend >= cols)) { /* a scale block's columns end */
+                    int kb = (kend - 1) / g.seg[0].bc;
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                            for (int j = 0; j < 2; j++) {
+                                float s = __ldg(srow[h][nt][j] + kb);
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                    for (int f = j; f < 4; f += 2) {
+                                        acc[h][mt][nt][f] = fmaf(part[h][mt][nt][f], s, acc[h][mt][nt][f]);
+                                        part[h][mt][nt][f] = 0.f;
+                                    }
+                            }
+                }
+            }
+        }
+        /* the tile's outputs: fragment f of (mt, nt) is pair 32 wm + 16 mt + g (+8 for f >= 2), row
+         * 16 wn + 8 nt + 2 tq + (f & 1) of its half */
+        float s2[2] = {1.f, 1.f};
+        if (FMT == 2)
+            for (int h = 0; h < 2; h++) s2[h] = __ldg(g.seg[SW ? h : 0].s2 + e);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int f = 0; f < 4; f++) {
+                int m = m0 + 32 * wm + 16 * mt + gq + (f >= 2 ? 8 : 0);
+                if (m >= cnt) continue;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    int dr = 16 * wn + 8 * nt + 2 * tq + (f & 1);
+                    if (SW) {
+                        const CudaMoeSeg *S = &g.seg[0];
+                        int r = tile * MG_BN + dr;
+                        if (r >= S->rows) continue;
+                        float gv = acc[0][mt][nt][f], uv = acc[1][mt][nt][f];
+                        if (FMT == 2) gv *= s2[0], uv *= s2[1];
+                        act[(size_t)(p0 + m) * S->rows + r] = (gv / (1.0f + expf(-gv))) * uv;
+                    } else {
+                        const CudaMoeSeg *S = &g.seg[0];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            int r = tile * 2 * MG_BN + h * MG_BN + dr;
+                            float v = acc[h][mt][nt][f];
+                            if (FMT == 2) v *= s2[h];
+                            if (r < S->rows) S->out[(size_t)(p0 + m) * S->rows + r] = v;
+                        }
+                    }
+                }
+            }
+    }
+}
+
+extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
+    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 2 || !g->x || !g->offsets || !g->active ||
+        g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0 || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15) ||
+        (g->nseg == 2 && (!act || g->seg[1].rows != g->seg[0].rows)))
+        return -1;
+    for (int i = 0; i < g->nseg; i++) {
+        const CudaMoeSeg *S = &g->seg[i];
+        if (!S->out || !S->w || S->rows <= 0 || (g->fmt == 1 && (!S->s || S->br <= 0 || S->bc <= 0 ||
+                                                                  (S->bc % 16 && S->bc < g->cols))) ||
+            (g->fmt == 2 && (!S->s || !S->s2)))
+            return -1;
+    }
+    /* one scale grid for gate and up (the kernel reads seg 0's bc; the rows' br each their own) */
+    if (g->fmt == 1 && g->nseg == 2 && g->seg[1].bc != g->seg[0].bc) return -1;
+    if (g->n_pairs == 0) return 0;
+    int sw = g->nseg == 2, span = sw ? MG_BN : 2 * MG_BN;
+    g->tiles = (g->seg[0].rows + span - 1) / span;
+    g->tiles0 = g->tiles;
+    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
+    unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
+    void (*k)(CudaMoeGemv, float *) = NULL;
+    switch (2 * g->fmt + sw) {
+    case 0: k = moe_mma_kernel<0>; break;
+    case 1: k = moe_mma_kernel<1>; break;
+    case 2: k = moe_mma_kernel<2>; break;
+    case 3: k = moe_mma_kernel<3>; break;
+    case 4: k = moe_mma_kernel<4>; break;
+    default: k = moe_mma_kernel<5>; break;
+    }
+    k<<<blocks, MG_THREADS, 0, (cudaStream_t)stream>>>(*g, act);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -83,7 +83,7 @@ static void part_ops(void) {
     printf("== 1. ops: CUDA backend vs CPU reference ops ==\n");
     bc = backend_cpu_create(0, 32768); /* op_checks.h's long-context rows reach position 32767 */
     bg = backend_cuda_create_resident(0, 2048);
-    op_checks_run(1);
+    op_checks_run(1, 0);
     printf("   device sampler vs sampler_sample (tests/gpu/sampling_checks.h)\n");
     sampling_checks_run(1);
     bg->free(bg);

@@ -1260,10 +1260,14 @@ static void check_moe(const int *a) {
     free(u);
 }
 
-enum { OC_ALL = 0, OC_GPU = 1 /* too big for the emulation */ };
+/* Where a row runs: OC_ALL everywhere; OC_FULL on the GPU and the release emulation, not in the
+ * sanitizer builds' quick subset (EMU_QUICK: an emulated kernel runs ~10x slower under ASan, and
+ * the quick subset keeps one row of each kernel and format); OC_GPU on the GPU only (too big for
+ * the emulation). */
+enum { OC_ALL = 0, OC_GPU = 1, OC_FULL = 2 };
 typedef struct OpCheck {
     void (*fn)(const int *a);
-    int where; /* OC_ALL or OC_GPU */
+    int where; /* OC_ALL, OC_FULL or OC_GPU */
     int a[15];
 } OpCheck;
 
@@ -1410,8 +1414,8 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_GPU, {4, 32, 8, 128, 16, -1, 1, 1, 1, 1, 0, 33, 517, 1023, KV_BF16}}, /* decode rows */
     /* long contexts (issue 18): decode 32k positions deep on the split path, a prefill chunk at the
      * end of 8k / 32k positions on the tensor cores */
-    {check_attention, OC_ALL, {1, 4, 1, 16, 16, 2, 1, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
-    {check_attention, OC_ALL, {1, 4, 2, 64, 16, 0, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_FULL, {1, 4, 1, 16, 16, 2, 1, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_FULL, {1, 4, 2, 64, 16, 0, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
     /* the tensor-core kernel split over positions (sms -k: k splits): deep, short, two runs per tile,
      * three runs (CUDA cores after the merge), FP8, more splits than position tiles */
     {check_attention, OC_ALL, {1, 4, 2, 64, 16, -5, 20, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
@@ -1464,23 +1468,23 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 1, 0, 1}},  /* fp8, skewed: 512 pairs on expert 1 */
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 2, 0, 0}},  /* nvfp4 */
     {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0, 0}},         /* the qwen3_moe fixture's shape */
-    {check_moe, OC_ALL, {17, 8, 2, 0, 64, 56, 0, 1, 0}},        /* qwen3_moe_nonorm's, exact ties */
-    {check_moe, OC_ALL, {80, 8, 2, 1, 32, 16, 0, 0, 0}},        /* n > 64: two routing launches; the mma */
+    {check_moe, OC_FULL, {17, 8, 2, 0, 64, 56, 0, 1, 0}},        /* qwen3_moe_nonorm's, exact ties */
+    {check_moe, OC_FULL, {80, 8, 2, 1, 32, 16, 0, 0, 0}},        /* n > 64: two routing launches; the mma */
     {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1, 0}},       /* 128 experts, fp8 */
-    {check_moe, OC_ALL, {3, 40, 32, 0, 32, 16, 1, 0, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
+    {check_moe, OC_FULL, {3, 40, 32, 0, 32, 16, 1, 0, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
     {check_moe, OC_ALL, {6, 8, 2, 1, 64, 32, 2, 0, 0}},         /* nvfp4 experts */
-    {check_moe, OC_ALL, {19, 16, 4, 0, 96, 64, 2, 1, 0}},       /* nvfp4, > 8 pairs an expert: the mma */
+    {check_moe, OC_FULL, {19, 16, 4, 0, 96, 64, 2, 1, 0}},       /* nvfp4, > 8 pairs an expert: the mma */
     {check_moe, OC_ALL, {70, 16, 4, 1, 64, 40, 0, 0, 1}},       /* skewed: 70 pairs on one expert, 8 empty */
-    {check_moe, OC_ALL, {70, 16, 4, 1, 160, 48, 1, 0, 1}},      /* fp8, skewed, two 128-column scale blocks */
-    {check_moe, OC_ALL, {40, 16, 4, 1, 96, 64, 2, 1, 1}},       /* nvfp4, skewed */
+    {check_moe, OC_FULL, {70, 16, 4, 1, 160, 48, 1, 0, 1}},      /* fp8, skewed, two 128-column scale blocks */
+    {check_moe, OC_FULL, {40, 16, 4, 1, 96, 64, 2, 1, 1}},       /* nvfp4, skewed */
     {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0, 0}},   /* Qwen3-30B-A3B at nvfp4 */
     /* rows, cols, fmt, swiglu, pair pattern (check_moe_gemm's pats) */
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0}},
-    {check_moe_gemm, OC_ALL, {72, 40, 0, 1, 0}},
-    {check_moe_gemm, OC_ALL, {136, 64, 0, 0, 1}},
+    {check_moe_gemm, OC_FULL, {72, 40, 0, 1, 0}},
+    {check_moe_gemm, OC_FULL, {136, 64, 0, 0, 1}},
     {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 0}},
-    {check_moe_gemm, OC_ALL, {72, 160, 1, 1, 1}},
-    {check_moe_gemm, OC_ALL, {72, 96, 2, 0, 0}},
+    {check_moe_gemm, OC_FULL, {72, 160, 1, 1, 1}},
+    {check_moe_gemm, OC_FULL, {72, 96, 2, 0, 0}},
     {check_moe_gemm, OC_ALL, {40, 96, 2, 1, 2}},
     {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
     {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
@@ -1544,12 +1548,16 @@ static void check_upload_ring(int on_gpu) {
     free(h); free(back);
 }
 
-static void op_checks_run(int on_gpu) {
+/* on_gpu: every row; else (the emulation) OC_ALL rows, and OC_FULL rows unless quick. */
+static int op_check_runs(int where, int on_gpu, int quick) {
+    return on_gpu || where == OC_ALL || (where == OC_FULL && !quick);
+}
+static void op_checks_run(int on_gpu, int quick) {
     check_upload_ring(on_gpu);
     for (size_t i = 0; i < sizeof OP_CHECKS / sizeof OP_CHECKS[0]; i++)
-        if (on_gpu || OP_CHECKS[i].where == OC_ALL) OP_CHECKS[i].fn(OP_CHECKS[i].a);
+        if (op_check_runs(OP_CHECKS[i].where, on_gpu, quick)) OP_CHECKS[i].fn(OP_CHECKS[i].a);
     for (size_t i = 0; i < sizeof OP_CHECKS_NATIVE / sizeof OP_CHECKS_NATIVE[0]; i++)
-        if (on_gpu || OP_CHECKS_NATIVE[i].where == OC_ALL) OP_CHECKS_NATIVE[i].fn(OP_CHECKS_NATIVE[i].a);
+        if (op_check_runs(OP_CHECKS_NATIVE[i].where, on_gpu, quick)) OP_CHECKS_NATIVE[i].fn(OP_CHECKS_NATIVE[i].a);
 }
 
 #endif

@@ -592,7 +592,7 @@ int main(void) {
     int only_sampling = getenv("EMU_SAMPLING_ONLY") != NULL;
     if (!only_sampling) {
         t_decode();
-        op_checks_run(0);
+        op_checks_run(0, getenv("EMU_QUICK") != NULL);
     }
     if (getenv("EMU_OPS_ONLY")) { /* EMU_OPS_ONLY=1: the op checks alone (working on a kernel) */
         printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -585,54 +585,72 @@ int main(void) {
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
-    bc = backend_cpu_create(1, 32768); /* op_checks.h's long-context rows reach position 32767 */
-    bg = backend_cuda_create_resident(0, 2048);
-    printf("== CUDA kernels on the CPU emulation vs the CPU reference ops (tests/gpu/op_checks.h) ==\n");
-    /* EMU_SAMPLING_ONLY=1: the device sampler's checks alone (working on sampling.cu); =engine: and the engine's */
-    int only_sampling = getenv("EMU_SAMPLING_ONLY") != NULL;
-    if (!only_sampling) {
-        t_decode();
-        op_checks_run(0, getenv("EMU_QUICK") != NULL);
+    /* EMU_PART=1 | 2: half of the run, so that ctest runs the halves side by side (cuda_emu and
+     * cuda_emu_2): 1 the op and sampler checks and the fixture models, 2 the MoE prefills, LoRA,
+     * the engine's device sampling, the KV cache dtypes and the delta faults; unset: both. */
+    const char *part = getenv("EMU_PART");
+    int part1 = !part || !strcmp(part, "1"), part2 = !part || !strcmp(part, "2");
+    if (!part1 && !part2) {
+        fprintf(stderr, "EMU_PART=%s: want 1 or 2 (or unset: both)\n", part);
+        return 2;
     }
-    if (getenv("EMU_OPS_ONLY")) { /* EMU_OPS_ONLY=1: the op checks alone (working on a kernel) */
-        printf("%d passed, %d failed\n", n_pass, n_fail);
-        return n_fail ? 1 : 0;
-    }
-    printf("== the device sampler on the emulation vs sampler_sample (tests/gpu/sampling_checks.h) ==\n");
-    sampling_checks_run(0);
-    bg->free(bg);
-    bc->free(bc);
-    if (only_sampling) {
-        if (!strcmp(getenv("EMU_SAMPLING_ONLY"), "engine")) engine_devsample_check("tests/fixtures/qwen2");
-        printf("%d passed, %d failed\n", n_pass, n_fail);
-        return n_fail ? 1 : 0;
-    }
-    printf("== fixture models through backend_cuda on the emulation ==\n");
-    /* EMU_QUICK (sanitizer builds): one bf16 fixture, one decode step */
+    /* EMU_QUICK (sanitizer builds): one bf16 fixture, one decode step, the quick op rows */
     int quick = getenv("EMU_QUICK") != NULL;
-    const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
-                          "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31"};
-    for (size_t i = 0; i < (quick ? 1 : sizeof dirs / sizeof dirs[0]); i++) t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
-    /* weight-only FP8 / NVFP4 (llama31: every linear width a multiple of 16) vs the CPU at the same precision */
-    if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
-    t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
-    t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
-    t_want_graphs = 1; /* NVFP4 experts grouped on the device (moe_gemm.cu), their scale2 in a device table */
-    t_model("tests/fixtures/qwen3_moe_fp4", quick ? 1 : 3, PREC_NVFP4);
-    t_want_graphs = 0;
-    /* MoE prefills above 256 tokens: the grouped GEMM in piecewise graphs (moe_mma.cu); not under
-     * EMU_QUICK (over 15 minutes each under ASan; the op checks' moe_gemm rows run there) */
+    if (part1) {
+        bc = backend_cpu_create(1, 32768); /* op_checks.h's long-context rows reach position 32767 */
+        bg = backend_cuda_create_resident(0, 2048);
+        printf("== CUDA kernels on the CPU emulation vs the CPU reference ops (tests/gpu/op_checks.h) ==\n");
+        /* EMU_SAMPLING_ONLY=1: the device sampler's checks alone (working on sampling.cu); =engine: and the engine's */
+        int only_sampling = getenv("EMU_SAMPLING_ONLY") != NULL;
+        if (!only_sampling) {
+            t_decode();
+            op_checks_run(0, quick);
+        }
+        if (getenv("EMU_OPS_ONLY")) { /* EMU_OPS_ONLY=1: the op checks alone (working on a kernel) */
+            printf("%d passed, %d failed\n", n_pass, n_fail);
+            return n_fail ? 1 : 0;
+        }
+        printf("== the device sampler on the emulation vs sampler_sample (tests/gpu/sampling_checks.h) ==\n");
+        sampling_checks_run(0);
+        bg->free(bg);
+        bc->free(bc);
+        if (only_sampling) {
+            if (!strcmp(getenv("EMU_SAMPLING_ONLY"), "engine")) engine_devsample_check("tests/fixtures/qwen2");
+            printf("%d passed, %d failed\n", n_pass, n_fail);
+            return n_fail ? 1 : 0;
+        }
+        printf("== fixture models through backend_cuda on the emulation ==\n");
+        const char *dirs[] = {"tests/fixtures/qwen3_moe", "tests/fixtures/qwen2", "tests/fixtures/qwen3_gqa2",
+                              "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe_nonorm",
+                              "tests/fixtures/llama31"};
+        for (size_t i = 0; i < (quick ? 1 : sizeof dirs / sizeof dirs[0]); i++)
+            t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
+        /* weight-only FP8 / NVFP4 (llama31: every linear width a multiple of 16) vs the CPU at the same precision */
+        if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
+        t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
+        t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
+        t_want_graphs = 1; /* NVFP4 experts grouped on the device (moe_gemm.cu), their scale2 in a device table */
+        t_model("tests/fixtures/qwen3_moe_fp4", quick ? 1 : 3, PREC_NVFP4);
+        t_want_graphs = 0;
+        if (!quick) { /* native FP8 per channel / NVFP4 (cuda_native.h), the delta re-upload included */
+            t_act_pc = 1;
+            t_model("tests/fixtures/qwen2", 1, PREC_FP8);
+            t_act_pc = 0;
+            t_model("tests/fixtures/llama31", 1, PREC_NVFP4);
+            t_act_pc = -1;
+        }
+    }
+    if (!part2) {
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
+    /* MoE prefills: the grouped GEMM (moe_mma.cu) in piecewise graphs, BF16 above 256 tokens (the
+     * x16 buckets), FP8 / NVFP4 at 40 (their decoders; ~3 minutes of emulation per 304-token run);
+     * not under EMU_QUICK (over 15 minutes under ASan; the op checks' moe_gemm rows run there) */
     if (!quick) {
         t_moe_long("tests/fixtures/qwen3_moe", PREC_BF16, 304);
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 304);
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 304);
-    }
-    if (!quick) { /* native FP8 per channel / NVFP4 (cuda_native.h), the delta re-upload included */
-        t_act_pc = 1;
-        t_model("tests/fixtures/qwen2", 1, PREC_FP8);
-        t_act_pc = 0;
-        t_model("tests/fixtures/llama31", 1, PREC_NVFP4);
-        t_act_pc = -1;
+        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40);
+        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 40);
     }
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);

@@ -171,6 +171,8 @@ typedef struct CudaMoeGemv {
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
+/* 1 when g satisfies the rules above (both grouped launchers check them first), else 0. */
+int cuda_moe_args_ok(const CudaMoeGemv *g);
 /* The same grouped linears on tensor cores (moe_mma.cu), for steps of more than
  * CUDA_GEMV_MAX_N tokens. Weights decoded exactly; x rounded to bf16 for a BF16
  * expert of more than CUDA_GEMV_MAX_N pairs (as cuda_gemm_bf16), else carried as

@@ -264,17 +264,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
 }
 
 extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
-    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 2 || !g->x || !g->offsets || !g->active ||
-        g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0 || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15) ||
-        (g->nseg == 2 && (!act || g->seg[1].rows != g->seg[0].rows)))
-        return -1;
-    for (int i = 0; i < g->nseg; i++) {
-        const CudaMoeSeg *S = &g->seg[i];
-        if (!S->out || !S->w || S->rows <= 0 || (g->fmt == 1 && (!S->s || S->br <= 0 || S->bc <= 0 ||
-                                                                  (S->bc % 16 && S->bc < g->cols))) ||
-            (g->fmt == 2 && (!S->s || !S->s2)))
-            return -1;
-    }
+    if (!cuda_moe_args_ok(g) || (g->nseg == 2 && (!act || g->seg[1].rows != g->seg[0].rows))) return -1;
     /* one scale grid for gate and up (the kernel reads seg 0's bc; the rows' br each their own) */
     if (g->fmt == 1 && g->nseg == 2 && g->seg[1].bc != g->seg[0].bc) return -1;
     if (g->n_pairs == 0) return 0;

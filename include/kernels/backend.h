@@ -122,7 +122,8 @@ typedef struct MoeMlpArgs {
     const MoeRouteArgs *route; /* moe_route's outputs for x: n, n_experts, top_k and the pair lists */
     MoeExperts ex;
     float *xg, *yg;            /* [n * top_k, hidden] f32 scratch: the pairs' inputs and outputs (yg may be xg) */
-    float *g, *u;              /* [n * top_k, inter] f32 scratch */
+    float *g, *u;              /* [n * top_k, inter] f32 scratch (xg and u: the op may keep other data there,
+                                * e.g. quantized activations) */
     int hidden, inter;
 } MoeMlpArgs;
 

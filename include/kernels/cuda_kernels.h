@@ -150,7 +150,10 @@ int cuda_moe_route(const MoeRouteArgs *a, void *stream);
  * accumulation, gemv_tile.cuh), for one or two matrices over the same x (gate
  * and up). Grid: min(n_experts, n_pairs) slots of active[] x row tiles.
  * fmt 0 bf16, 1 fp8 e4m3 (f32 scale_inv blocks br x bc: bc % 16 == 0 or
- * bc >= cols); cols % (8 << fmt) == 0; x and every W_e 16-byte aligned. */
+ * bc >= cols); cols % (8 << fmt) == 0; x and every W_e 16-byte aligned.
+ * fmt 3 (cuda_moe_gemm only, where cuda_moe_gemm_fp8_native()): FP8 weights
+ * times e4m3 activations, the native FP8 path (x unused; xq, xs, x_row
+ * instead): bc % 128 == 0 or bc >= cols, cols % 16 == 0, xq 16-byte aligned. */
 typedef struct CudaMoeSeg {
     float *out;             /* [n_pairs, rows] f32, pair order */
     const void *const *w;   /* [n_experts] device pointers: expert e's [rows, cols] bf16 / e4m3, or nvfp4
@@ -163,11 +166,16 @@ typedef struct CudaMoeSeg {
 typedef struct CudaMoeGemv {
     CudaMoeSeg seg[2];
     int nseg;               /* 1 or 2 */
-    const float *x;         /* [n_pairs, cols] f32, pair order */
+    const float *x;         /* [n_pairs, cols] f32, pair order (fmt 0..2) */
+    const uint8_t *xq;      /* fmt 3: [x rows, cols] e4m3 activations (cuda_quant_act_fp8) */
+    const float *xs;        /* fmt 3: their scales, row r's 128-column group k at xs[k * xs_stride + r] */
+    const int32_t *x_row;   /* fmt 3: [n_pairs] int32 row of xq pair p reads (moe_route's pair_tok), or
+                             * NULL: row p */
+    int xs_stride;          /* fmt 3: rows quantized in 128-column groups, or 0: one scale a row (bc >= cols) */
     int cols;
     const int32_t *offsets; /* [n_experts + 1] int32 (moe_route) */
     const int32_t *active;  /* [n_experts] int32 experts with pairs, then -1 (moe_route) */
-    int n_experts, n_pairs, fmt; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 (gemv_tile.cuh's FMT) */
+    int n_experts, n_pairs, fmt; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 (gemv_tile.cuh's FMT), 3 fp8 x e4m3 */
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
@@ -181,6 +189,11 @@ int cuda_moe_args_ok(const CudaMoeGemv *g);
  * segments' out not written; nseg 1: seg[0].out, act unused. 0, or -1 without
  * a launch. */
 int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream);
+/* 1 when this binary's cuda_moe_gemm takes fmt 3 (FP8 mma.sync, sm_89+: the
+ * sm_90 / 100 / 103 binaries and the CPU emulation), else 0. fmt 3 is
+ * quant_matmul_fp8_rows with quant_act_fp8's xs: per 128 columns k of a row,
+ * the e4m3 products summed on tensor cores, then acc += sum * (ws * xs). */
+int cuda_moe_gemm_fp8_native(void);
 /* out[t, dim] = sum over k in ascending pair_of order of weights[t, k] * y[pair_of[t, k], dim]
  * (y [n * top_k, dim] f32 in pair order; pair_of, weights [n, top_k]). */
 int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n, int top_k,

@@ -1,7 +1,8 @@
 /*
  * mma_tile.cuh - the tensor-core fragments the mma kernels share
  * (attention_mma.cu, moe_mma.cu): mma.sync m16n8k16 with bf16 inputs and f32
- * accumulators (sm_80+), ldmatrix loads of 8x8 b16 matrices from shared
+ * accumulators (sm_80+), m16n8k32 with e4m3 inputs (sm_89+: the sm_90 /
+ * 100 / 103 binaries), ldmatrix loads of 8x8 b16 matrices from shared
  * memory, and the f32 -> bf16 pair packing (round to nearest even, as
  * dtype.h f32_to_bf16). On the CPU emulation each maps to its shim function
  * (tests/gpu/emu/shim/cuda_runtime.h spells out the PTX fragment layouts).
@@ -26,6 +27,28 @@ static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(CUDA_EMULATION)
     emu_mma_m16n8k16_bf16(d, a, b, d);
+#else
+    (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
+#endif
+}
+
+/* D[16x8] f32 = A[16x32] e4m3 (row) x B[32x8] e4m3 (col) + D (sm_89+; the
+ * sm_80 binary traps: its host code never launches it, MG_FP8_MMA). Each
+ * register holds four e4m3, the lowest k in the low byte; in b16 units (two
+ * e4m3) the fragments are m16n8k16's: lane 4 g + tq holds A rows g, g + 8 at
+ * k 4tq..4tq+3 (+16), B's k 4tq..4tq+3 (+16) of column g, so the ldmatrix
+ * loads below serve both. */
+static __device__ __forceinline__ void mma_e4m3_16832(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)b;
+    __trap();
+#elif defined(CUDA_EMULATION)
+    emu_mma_m16n8k32_e4m3(d, a, b, d);
 #else
     (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
 #endif

@@ -10,7 +10,8 @@
  * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
  * quant_gemv.cu below CUDA_NATIVE_MIN_N tokens; act_quant matrices take the
- * native tensor-core GEMMs of lt_gemm.cu at and above it where the binary has
+ * native tensor-core GEMMs of lt_gemm.cu at and above it (routed FP8 experts:
+ * moe_mma.cu's e4m3 grouped GEMM, cu_moe_mlp) where the binary has
  * one for their layout and shape (native_matmul; cuda_native.h), weight-only
  * otherwise.
  * Deltas (weights_changed): BF16 tensors get a verified scatter of the touched
@@ -476,7 +477,23 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
 /* gather -> grouped gate/up -> swiglu -> grouped down -> weighted unpermute,
  * five launches sized by n * top_k (moe_gemm.cu); above CUDA_GEMV_MAX_N tokens
  * four: gather, the grouped GEMM of gate/up with the SwiGLU in its epilogue and
- * of down (moe_mma.cu), the unpermute. yg may be xg (x is dead after gate/up). */
+ * of down (moe_mma.cu), the unpermute. yg may be xg (x is dead after gate/up).
+ * Native FP8 (act_quant FP8 experts, steps of at least CUDA_NATIVE_MIN_N tokens,
+ * as cu_matmul's rule for one matrix, where moe_native_fp8 holds): quantize x
+ * (the n token rows, into xg: n hidden bytes + its scales, within xg's
+ * 4 n top_k hidden), the e4m3 GEMM of gate/up reading the token rows through
+ * pair_tok (no gather), quantize the SwiGLU output (into u, unused there:
+ * n top_k inter bytes + scales), the e4m3 GEMM of down, the unpermute. The x
+ * groups follow the CPU backend's rule (cpu_matmul): per token when the
+ * weights' scale blocks span every column, else per 128 columns. */
+static int moe_native_fp8(const WeightMat *w, int n, int NK) {
+    return w->fmt == WF_FP8 && w->act_quant && n >= CUDA_NATIVE_MIN_N && NK <= 65535 && cuda_moe_gemm_fp8_native();
+}
+/* The activation layout for FP8 weights of scale blocks bc over cols: its group, and xs_stride for n rows. */
+static int moe_fp8_group(int bc, int cols, int n, int *stride) {
+    *stride = bc >= cols ? 0 : n;
+    return bc >= cols ? cols : QUANT_FP8_GROUP;
+}
 static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     const MoeRouteArgs *ra = a->route;
     int E = ra->n_experts, K = ra->top_k, H = a->hidden, I = a->inter, NK = ra->n * K;
@@ -499,7 +516,6 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
         sg[j].s = fmt ? a->ex.s + (size_t)j * E : NULL;
         sg[j].s2 = fmt == 2 ? a->ex.s2 + (size_t)j * E : NULL;
     }
-    LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
     /* An expert's pairs are at most n (a token's top_k experts are distinct): a step of up to
      * CUDA_GEMV_MAX_N tokens runs the GEMVs (one pass each, f32 x); a larger one the tensor-core
      * grouped GEMM for every expert (moe_mma.cu: a BF16 expert of more than CUDA_GEMV_MAX_N
@@ -507,6 +523,9 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
      * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
      * runs the mma, its batch 1 row the GEMV). */
     int mma = ra->n > CUDA_GEMV_MAX_N;
+    /* scale blocks of whole 128-column groups (cuda_moe_args_ok's fmt 3 rule), else weight-only */
+    int native = fmt == 1 && moe_native_fp8(&ws[0][0], ra->n, NK) && (sg[0].bc % 128 == 0 || sg[0].bc >= H) &&
+                 (sg[2].bc % 128 == 0 || sg[2].bc >= I);
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];
     gu.seg[1] = sg[1];
@@ -523,7 +542,24 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     dn.nseg = 1;
     dn.x = a->g;
     dn.cols = I;
-    if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
+    if (!native) LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+    if (native) {
+        uint8_t *q = (uint8_t *)a->xg, *q2 = (uint8_t *)a->u;
+        float *qs = (float *)(q + ((size_t)ra->n * H + 15) / 16 * 16), *qs2 = (float *)(q2 + ((size_t)NK * I + 15) / 16 * 16);
+        int group = moe_fp8_group(sg[0].bc, H, ra->n, &gu.xs_stride);
+        LAUNCH_OK(cuda_quant_act_fp8(q, qs, a->x, ra->n, H, group, st(b)));
+        gu.fmt = dn.fmt = 3;
+        gu.x = dn.x = NULL;
+        gu.xq = q;
+        gu.xs = qs;
+        gu.x_row = ra->pair_tok;
+        LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
+        group = moe_fp8_group(sg[2].bc, I, NK, &dn.xs_stride);
+        LAUNCH_OK(cuda_quant_act_fp8(q2, qs2, a->g, NK, I, group, st(b)));
+        dn.xq = q2;
+        dn.xs = qs2;
+        LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
+    } else if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
         LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
         LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
     } else {

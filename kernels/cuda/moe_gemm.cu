@@ -67,13 +67,17 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
 }
 
 extern "C" int cuda_moe_args_ok(const CudaMoeGemv *g) {
-    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 2 || !g->x || !g->offsets || !g->active ||
-        g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0 || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15))
+    if (!g || g->nseg < 1 || g->nseg > 2 || g->fmt < 0 || g->fmt > 3 || !g->offsets || !g->active ||
+        g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0)
+        return 0;
+    int fp8 = g->fmt == 1 || g->fmt == 3;
+    if (g->fmt == 3 ? !g->xq || !g->xs || g->xs_stride < 0 || g->cols % 16 || ((uintptr_t)g->xq & 15)
+                    : !g->x || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15))
         return 0;
     for (int i = 0; i < g->nseg; i++) {
         const CudaMoeSeg *S = &g->seg[i];
-        if (!S->out || !S->w || S->rows <= 0 || (g->fmt == 1 && (!S->s || S->br <= 0 || S->bc <= 0 ||
-                                                                  (S->bc % 16 && S->bc < g->cols))) ||
+        if (!S->out || !S->w || S->rows <= 0 || (fp8 && (!S->s || S->br <= 0 || S->bc <= 0 ||
+                                                         (S->bc % (g->fmt == 3 ? 128 : 16) && S->bc < g->cols))) ||
             (g->fmt == 2 && (!S->s || !S->s2)))
             return 0;
     }
@@ -81,7 +85,7 @@ extern "C" int cuda_moe_args_ok(const CudaMoeGemv *g) {
 }
 
 extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
-    if (!cuda_moe_args_ok(g)) return -1;
+    if (!cuda_moe_args_ok(g) || g->fmt == 3) return -1; /* e4m3 activations: cuda_moe_gemm only */
     if (g->n_pairs == 0) return 0;
     g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);

@@ -31,11 +31,19 @@
  *          bits, exponents 2^-10 .. 2^12); scale2 on the f32 sum, as the GEMV.
  *   FP8 and NVFP4 are weight-only paths with f32 activations (the GEMV's
  *   contract): x as hi + lo at every pair count, f32 class.
+ *   FP8 x e4m3 (fmt 3, native FP8, sm_89+: mma.sync m16n8k32 e4m3): the
+ *          weights' and the activations' e4m3 bytes straight into shared
+ *          memory (x quantized by cuda_quant_act_fp8, rows through x_row, so
+ *          gate / up read the token rows with no gather), one mma per k32;
+ *          per 128 columns k the partial sum is promoted: acc += part * (ws *
+ *          xs), quant_matmul_fp8_rows's order of the two scales (and
+ *          DeepSeek-V3's promotion interval: a Hopper FP8 mma keeps ~14
+ *          accumulator bits, so no partial runs longer than 128 columns).
  * SwiGLU (two segments): the epilogue writes silu(gate) * up with
  * swiglu_kernel's expression, the bits of the two GEMMs then cuda_swiglu.
  * Not here: cp.async / double-buffered stages, the weighted unpermute
- * (moe_gemm.cu), native FP8 / NVFP4 activations (act_quant experts run this
- * weight-only path, as the grouped GEMV does).
+ * (moe_gemm.cu), native NVFP4 activations (act_quant NVFP4 experts run the
+ * weight-only path), which steps take fmt 3 (backend_cuda.cu cu_moe_mlp).
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
  * per expert, x rounded to bf16 for a BF16 expert of more than 8 pairs in the
  * emulation's reference, as for any BF16 matmul the GPU runs through cuBLAS).
@@ -53,6 +61,14 @@
 #define MG_BK 32               /* k per shared stage: two k16 steps */
 #define MG_LD (MG_BK + 8)      /* bf16 per shared row: 80 bytes, ldmatrix's 8 rows on distinct banks */
 #define MG_THREADS 256        /* 8 warps: 2 (pairs) x 4 (rows) */
+#define MG_GROUP 128          /* fmt 3: columns per promotion (quant_act_fp8's group) */
+
+/* The sm_89+ FP8 mma is in this binary (mma_tile.cuh mma_e4m3_16832). */
+#if !defined(__CUDACC__) || SAMPLER_GPU_SM >= 90
+#define MG_FP8_MMA 1
+#else
+#define MG_FP8_MMA 0
+#endif
 
 /* The block's weight rows of half h: (segment, first row). SW: gate / up at
  * rows r0; else rows r0 + h * MG_BN of segment 0. */
@@ -63,7 +79,8 @@ static __device__ __forceinline__ const CudaMoeSeg *mg_half(const CudaMoeGemv &g
 }
 
 /* Stage k0 of the weights: both halves' MG_BN x MG_BK bf16 into sb (rows past
- * the matrix and columns past cols zero). */
+ * the matrix and columns past cols zero); fmt 3: MG_BN x 2 MG_BK e4m3 bytes
+ * (the same 80-byte shared rows). */
 template <int FMT, int SW>
 static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, int tile, int k0,
                                                  uint16_t (*sb)[MG_BN * MG_LD]) {
@@ -76,6 +93,17 @@ static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, in
             uint4 v = {0, 0, 0, 0};
             if (r < S->rows && k0 + c < cols) v = __ldg((const uint4 *)((const uint16_t *)S->w[e] + (size_t)r * cols + k0 + c));
             *(uint4 *)&sb[h][row * MG_LD + c] = v;
+        }
+        return;
+    }
+    if (FMT == 3) { /* 16 e4m3 a chunk: 2 x 64 rows x 4 chunks = 2 a thread */
+        for (int i = threadIdx.x; i < 2 * MG_BN * 4; i += MG_THREADS) {
+            int h = i / (MG_BN * 4), row = (i / 4) % MG_BN, c = (i % 4) * 16, r0;
+            const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
+            int r = r0 + row;
+            uint4 v = {0, 0, 0, 0};
+            if (r < S->rows && k0 + c < cols) v = __ldg((const uint4 *)((const uint8_t *)S->w[e] + (size_t)r * cols + k0 + c));
+            *(uint4 *)((uint8_t *)&sb[h][row * MG_LD] + c) = v;
         }
         return;
     }
@@ -132,6 +160,19 @@ static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, i
     if (split) *(uint4 *)&sa[1][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
 }
 
+/* fmt 3, stage k0 of the activations: pairs m0.. of the expert as 64 e4m3 bytes
+ * each from their xq rows (x_row) into sa[0]; past cnt / cols zero. */
+static __device__ __forceinline__ void mg_load_xq(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0,
+                                                  uint16_t (*sa)[MG_BM * MG_LD]) {
+    int i = threadIdx.x, row = i >> 2, c = (i & 3) * 16; /* 64 rows x 4 chunks of 16 bytes: one a thread */
+    uint4 v = {0, 0, 0, 0};
+    if (m0 + row < cnt && k0 + c < g.cols) {
+        int p = p0 + m0 + row, xr = g.x_row ? __ldg(g.x_row + p) : p;
+        v = __ldg((const uint4 *)(g.xq + (size_t)xr * g.cols + k0 + c));
+    }
+    *(uint4 *)((uint8_t *)&sa[0][row * MG_LD] + c) = v;
+}
+
 /* FMT2 = 2 * FMT + SW (one template argument: the emulation's launch macro
  * splits on commas). act: SW's [n_pairs, rows] f32 output. */
 template <int FMT2>
@@ -145,14 +186,16 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
     int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
     /* x as hi + lo (f32 class) but for a BF16 expert of more than CUDA_GEMV_MAX_N pairs
      * (cu_matmul's GEMM rule: bf16 x); block-uniform */
-    const bool split = FMT != 0 || cnt <= CUDA_GEMV_MAX_N;
+    const bool split = FMT != 3 && (FMT != 0 || cnt <= CUDA_GEMV_MAX_N);
+    constexpr int KSTEP = FMT == 3 ? 32 : 16;     /* columns per mma */
+    constexpr int KSTAGE = KSTEP * (MG_BK / 16); /* columns per shared stage */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     int wm = warp & 1, wn = warp >> 1; /* pairs 32 wm .., rows 16 wn .. of each half */
     int cols = g.cols;
     /* FP8: this lane's 8 weight rows (half h, n8 fragment nt, column j) and their scale rows */
     const float *srow[2][2][2];
     int sc = 1;
-    if (FMT == 1) {
+    if (FMT == 1 || FMT == 3) {
         sc = (cols + g.seg[0].bc - 1) / g.seg[0].bc;
         for (int h = 0; h < 2; h++) {
             int r0;
@@ -175,9 +218,18 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                 for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                     for (int j = 0; j < 4; j++) acc[h][mt][nt][j] = part[h][mt][nt][j] = 0.f;
-        for (int k0 = 0; k0 < cols; k0 += MG_BK) {
+        /* fmt 3: the x scales of this lane's pair rows ([m16][g or g + 8]; past cnt: the first pair's) */
+        int xri[2][2]; /* their xq rows: 32-bit indices, not pointers (registers) */
+        if (FMT == 3)
+            for (int mt = 0; mt < 2; mt++)
+                for (int hi = 0; hi < 2; hi++) {
+                    int m = m0 + 32 * wm + 16 * mt + gq + 8 * hi, p = p0 + (m < cnt ? m : 0);
+                    xri[mt][hi] = g.x_row ? __ldg(g.x_row + p) : p;
+                }
+        for (int k0 = 0; k0 < cols; k0 += KSTAGE) {
             __syncthreads(); /* the previous stage's readers are done */
-            mg_load_x(g, p0, cnt, m0, k0, split, sa);
+            if (FMT == 3) mg_load_xq(g, p0, cnt, m0, k0, sa);
+            else mg_load_x(g, p0, cnt, m0, k0, split, sa);
             mg_load_w<FMT, SW>(g, e, tile, k0, sb);
             __syncthreads();
             uint32_t b[2][2][4]; /* [half][n8]: k 0..15 in 0, 1; k 16..31 in 2, 3 */
@@ -188,7 +240,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     ldsm_x4<false>(b[h][nt], &sb[h][(16 * wn + 8 * nt + (lane & 7)) * MG_LD + 8 * (lane >> 3)]);
 #pragma unroll
             for (int kk = 0; kk < MG_BK / 16; kk++) {
-                if (k0 + 16 * kk >= cols) break; /* block-uniform: the zero tail */
+                if (k0 + KSTEP * kk >= cols) break; /* block-uniform: the zero tail */
                 uint32_t ah[2][4], al[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
@@ -202,11 +254,15 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                         for (int nt = 0; nt < 2; nt++) {
-                            float *d = FMT == 1 ? part[h][mt][nt] : acc[h][mt][nt];
+                            float *d = FMT == 1 || FMT == 3 ? part[h][mt][nt] : acc[h][mt][nt];
+                            if (FMT == 3) {
+                                mma_e4m3_16832(d, ah[mt], b[h][nt] + 2 * kk);
+                                continue;
+                            }
                             mma_bf16_16816(d, ah[mt], b[h][nt] + 2 * kk);
                             if (split) mma_bf16_16816(d, al[mt], b[h][nt] + 2 * kk);
                         }
-                int kend = k0 + 16 * kk + 16;
+                int kend = k0 + KSTEP * kk + KSTEP;
                 if (FMT == 1 && (kend % g.seg[0].bc == 0 || kend >= cols)) { /* a scale block's columns end */
                     int kb = (kend - 1) / g.seg[0].bc;
 #pragma unroll
@@ -225,6 +281,30 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                                     }
                             }
                 }
+            }
+            if (FMT == 3 && ((k0 + KSTAGE) % MG_GROUP == 0 || k0 + KSTAGE >= cols)) { /* a 128-column group ends */
+                int kg = k0 / MG_GROUP, kb = kg * MG_GROUP / g.seg[0].bc;
+                float xv[2][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int hi = 0; hi < 2; hi++) xv[mt][hi] = __ldg(g.xs + (size_t)kg * g.xs_stride + xri[mt][hi]);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            float ws = __ldg(srow[h][nt][j] + kb);
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int f = j; f < 4; f += 2) {
+                                    float sv = ws * xv[mt][f >> 1];
+                                    acc[h][mt][nt][f] = fmaf(part[h][mt][nt][f], sv, acc[h][mt][nt][f]);
+                                    part[h][mt][nt][f] = 0.f;
+                                }
+                        }
             }
         }
         /* the tile's outputs: fragment f of (mt, nt) is pair 32 wm + 16 mt + g (+8 for f >= 2), row
@@ -263,10 +343,13 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
     }
 }
 
+extern "C" int cuda_moe_gemm_fp8_native(void) { return MG_FP8_MMA; }
+
 extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
     if (!cuda_moe_args_ok(g) || (g->nseg == 2 && (!act || g->seg[1].rows != g->seg[0].rows))) return -1;
+    if (g->fmt == 3 && !MG_FP8_MMA) return -1;
     /* one scale grid for gate and up (the kernel reads seg 0's bc; the rows' br each their own) */
-    if (g->fmt == 1 && g->nseg == 2 && g->seg[1].bc != g->seg[0].bc) return -1;
+    if ((g->fmt == 1 || g->fmt == 3) && g->nseg == 2 && g->seg[1].bc != g->seg[0].bc) return -1;
     if (g->n_pairs == 0) return 0;
     int sw = g->nseg == 2, span = sw ? MG_BN : 2 * MG_BN;
     g->tiles = (g->seg[0].rows + span - 1) / span;
@@ -280,7 +363,9 @@ extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
     case 2: k = moe_mma_kernel<2>; break;
     case 3: k = moe_mma_kernel<3>; break;
     case 4: k = moe_mma_kernel<4>; break;
-    default: k = moe_mma_kernel<5>; break;
+    case 5: k = moe_mma_kernel<5>; break;
+    case 6: k = moe_mma_kernel<6>; break;
+    default: k = moe_mma_kernel<7>; break;
     }
     k<<<blocks, MG_THREADS, 0, (cudaStream_t)stream>>>(*g, act);
     CUDA_CHECK_LAUNCH();

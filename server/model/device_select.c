@@ -14,11 +14,13 @@
 #include "cuda_native.h"
 #include "device_select.h"
 #include "log.h"
+#include "quant.h" /* QuantFp8: the experts' scale blocks */
 
 #pragma weak cuda_binary_sm
 #pragma weak cuda_device_probe
 #pragma weak backend_cuda_create
 #pragma weak backend_cuda_native_kind
+#pragma weak cuda_moe_gemm_fp8_native
 
 const char *device_binary_for(int major, int minor) {
     if (major == 8) return "sampler-sm80";
@@ -74,21 +76,40 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
     return 0;
 }
 
+/* A routed expert's matrix (one of the layers' egate / eup / edown arrays). */
+static int is_routed_expert(const Model *m, const WeightMat *w) {
+    for (int l = 0; m->cfg.n_experts && l < m->cfg.n_layers; l++) {
+        const WeightMat *tabs[3] = {m->layers[l].egate, m->layers[l].eup, m->layers[l].edown};
+        for (int j = 0; j < 3; j++)
+            if (tabs[j] && w >= tabs[j] && w < tabs[j] + m->cfg.n_experts) return 1;
+    }
+    return 0;
+}
+/* An act_quant FP8 expert the grouped native GEMM takes (moe_mma.cu fmt 3: scale blocks of whole
+ * 128-column groups; cuda_moe_gemm_fp8_native: the binary has the FP8 mma). */
+static int expert_native(const WeightMat *w) {
+    const QuantFp8 *q = (const QuantFp8 *)w->q;
+    return w->fmt == WF_FP8 && w->act_quant && q && (q->block_cols % 128 == 0 || q->block_cols >= w->cols) &&
+           cuda_moe_gemm_fp8_native && cuda_moe_gemm_fp8_native();
+}
+
 Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads) {
     if (!d->gpu) return runner_create(m, max_tokens, max_ctx, n_threads);
     Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, max_ctx);
-    int n_q = 0, n_native = 0;
+    int n_q = 0, n_native = 0, n_ex_native = 0;
     for (int i = 0; i < m->weights.n; i++) {
         const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
         if (!w || w->fmt == WF_BF16) continue;
         n_q++;
-        n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
+        if (is_routed_expert(m, w)) n_ex_native += expert_native(w); /* the grouped MoE GEMM, not cuBLASLt */
+        else n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
     }
     if (n_q)
         log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM at >= %d tokens (activations "
-                 "quantized on the device), the rest and every smaller batch the weight-only GEMV (f32 "
-                 "activations)%s", n_q, precision_name(m->precision), n_native, CUDA_NATIVE_MIN_N,
-                 m->act_quant && n_native < n_q ? "; the weight-only ones differ from the CPU backend, which "
-                                                  "quantizes activations for every matrix" : "");
+                 "quantized on the device)%s, the rest and every smaller batch the weight-only GEMV (f32 "
+                 "activations)%s", n_q, precision_name(m->precision), n_native + n_ex_native, CUDA_NATIVE_MIN_N,
+                 n_ex_native ? " (the routed experts' among them: the grouped e4m3 GEMM)" : "",
+                 m->act_quant && n_native + n_ex_native < n_q ? "; the weight-only ones differ from the CPU backend, "
+                                                                "which quantizes activations for every matrix" : "");
     return runner_create_with(m, b, max_tokens, max_ctx);
 }

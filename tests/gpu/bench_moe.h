@@ -12,7 +12,10 @@
  * the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
- * Not here: a whole-model MoE prefill, FP8 / NVFP4 experts.
+ * bench_moe_prefill_fp8: the same layer with FP8 experts (128x128 blocks), the
+ * native grouped GEMM (e4m3 activations, moe_mma.cu fmt 3) against the
+ * weight-only grouped GEMM (f32 activations as bf16 hi + lo).
+ * Not here: a whole-model MoE prefill, NVFP4 experts.
  */
 #ifndef SAMPLER_BENCH_MOE_H
 #define SAMPLER_BENCH_MOE_H
@@ -239,6 +242,112 @@ static void bench_moe_prefill(void) {
     for (int i = 0; i < nb; i++) b->release(b, bufs[i]);
     b->free(b);
     CUDA_CHECK(cudaFree(arena));
+    free(ex);
+}
+
+/* One Qwen3-30B-A3B MoE layer with FP8 experts at 1024 tokens: the native grouped GEMM (x
+ * quantized on the device, e4m3 mma) against the weight-only one, both through moe_mlp,
+ * measured in the same run. Weights: one random gate/up-shaped and one down-shaped e4m3
+ * matrix (made by the device quantizer from random f32, so no NaN codes) copied into every
+ * expert's slot (distinct addresses: the same bytes to read), 128x128 scale blocks of
+ * 1 / 448. Rows: moe30b_fp8_layer_prefill1024_native_us, _weight_only_us, _native_speedup
+ * (weight-only / native). Skipped where the binary has no FP8 mma (sm_80). */
+static void bench_moe_prefill_fp8(void) {
+    if (!cuda_moe_gemm_fp8_native()) {
+        printf("  moe30b fp8 layer prefill: skipped (this binary has no FP8 mma)\n");
+        return;
+    }
+    const int N = 1024, E = 128, K = 8, H = 2048, I = 768, reps = 10;
+    size_t ew = (size_t)I * H, NK = (size_t)N * K;
+    uint8_t *arena = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&arena, 3 * E * ew));
+    { /* the two source matrices: random f32 through the device quantizer (per row) */
+        float *hsrc = rand_f32(ew, 1.0f), *dsrc = NULL, *dsc = NULL;
+        CUDA_CHECK(cudaMalloc((void **)&dsrc, sizeof(float) * ew));
+        CUDA_CHECK(cudaMalloc((void **)&dsc, sizeof(float) * H));
+        CUDA_CHECK(cudaMemcpy(dsrc, hsrc, sizeof(float) * ew, cudaMemcpyHostToDevice));
+        CHECK(cuda_quant_act_fp8(arena, dsc, dsrc, I, H, H, NULL) == 0, "moe fp8 bench: quantize");
+        CHECK(cuda_quant_act_fp8(arena + 2 * E * ew, dsc, dsrc, H, I, I, NULL) == 0, "moe fp8 bench: quantize");
+        for (int j = 0; j < 3; j++)
+            for (int e = 0; e < E; e++)
+                if ((j == 0 || j == 2) && e == 0) continue;
+                else CUDA_CHECK(cudaMemcpy(arena + (size_t)(j * E + e) * ew, arena + (size_t)(j == 2 ? 2 * E : 0) * ew, ew,
+                                           cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        cudaFree(dsrc);
+        cudaFree(dsc);
+        free(hsrc);
+    }
+    QuantFp8 qgu = {I, H, 128, 128, I / 128, H / 128, NULL, NULL, 0}, qdn = {H, I, 128, 128, H / 128, I / 128, NULL, NULL, 0};
+    size_t ns = (size_t)(I / 128) * (H / 128);
+    float *hs = xmalloc(sizeof(float) * ns);
+    for (size_t i = 0; i < ns; i++) hs[i] = 1.0f / 448.0f;
+    float *dscale = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dscale, sizeof(float) * ns));
+    CUDA_CHECK(cudaMemcpy(dscale, hs, sizeof(float) * ns, cudaMemcpyHostToDevice));
+    WeightMat *ex = xcalloc((size_t)6 * E, sizeof(WeightMat)); /* [2][3 E]: act_quant, weight-only */
+    const void **tab = xcalloc((size_t)6 * E, sizeof(void *));
+    for (int j = 0; j < 3; j++)
+        for (int e = 0; e < E; e++) {
+            WeightMat *w = &ex[j * E + e];
+            w->rows = j < 2 ? I : H;
+            w->cols = j < 2 ? H : I;
+            w->fmt = WF_FP8;
+            w->q = j < 2 ? &qgu : &qdn;
+            w->dev = arena + (size_t)(j * E + e) * ew;
+            w->dev_scale = dscale; /* [6, 16] or [16, 6]: the same ns constants */
+            w->act_quant = 1;
+            ex[3 * E + j * E + e] = *w;
+            ex[3 * E + j * E + e].act_quant = 0;
+            tab[j * E + e] = w->dev;
+            tab[3 * E + j * E + e] = dscale;
+        }
+    Backend *b = backend_cuda_create_resident(128, 2048);
+    b->reserve(b, N, H);
+    void *bufs[20];
+    int nb = 0;
+#define MOE_BALLOC(bytes) (bufs[nb++] = b->alloc(b, (bytes)))
+    const void **dtab = MOE_BALLOC(sizeof(void *) * 6 * E);
+    b->upload(b, (void *)dtab, tab, sizeof(void *) * 6 * E);
+    float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
+    float *dlg = MOE_BALLOC(sizeof(float) * (size_t)N * E), *dx = MOE_BALLOC(sizeof(float) * (size_t)N * H);
+    b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
+    b->upload(b, dx, x, sizeof(float) * (size_t)N * H);
+    MoeRouteArgs ra = {dlg, MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * (E + 1)), MOE_BALLOC(4 * NK),
+                       MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * E), N, E, K, 1};
+    b->moe_route(b, &ra);
+    float *xg = MOE_BALLOC(sizeof(float) * NK * H), *g = MOE_BALLOC(sizeof(float) * NK * I),
+          *u = MOE_BALLOC(sizeof(float) * NK * I);
+    MoePrefillBench mn = {b, {0}, ex, NULL, NULL, NULL}, mw = mn;
+    for (int v = 0; v < 2; v++) {
+        const WeightMat *w0 = ex + (size_t)v * 3 * E;
+        MoeMlpArgs ma = {MOE_BALLOC(sizeof(float) * (size_t)N * H), dx, &ra,
+                         {w0, w0 + E, w0 + 2 * E, dtab, dtab + 3 * E, NULL}, xg, xg, g, u, H, I};
+        (v ? &mw : &mn)->ma = ma;
+    }
+#undef MOE_BALLOC
+    double us_n = moe_time_us(b, moe_grouped_call, &mn, mn.ma.out, reps);
+    double us_w = moe_time_us(b, moe_grouped_call, &mw, mw.ma.out, reps);
+    float *on = xmalloc(sizeof(float) * (size_t)N * H), *ow = xmalloc(sizeof(float) * (size_t)N * H);
+    b->download(b, on, mn.ma.out, sizeof(float) * (size_t)N * H);
+    b->download(b, ow, mw.ma.out, sizeof(float) * (size_t)N * H);
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < (size_t)N * H; i++) {
+        md = fmax(md, fabs((double)on[i] - ow[i]));
+        mr = fmax(mr, fabs((double)ow[i]));
+    }
+    double roof_us = 3.0 * E * ew / (bw_gbs * 1e3);
+    printf("  moe30b layer prefill 1024 x top 8 (FP8 experts): native %.0f us (%.0f%% of the %.0f us weight read), "
+           "weight-only %.0f us, %.2fx; max|native - weight-only| / max|out| %.2e (quantized x: ~1e-2 expected)\n",
+           us_n, bw_gbs > 0 ? 100 * roof_us / us_n : 0.0, roof_us, us_w, us_w / us_n, mr > 0 ? md / mr : md);
+    native_row("moe30b_fp8_layer_prefill1024_native_us", us_n);
+    native_row("moe30b_fp8_layer_prefill1024_weight_only_us", us_w);
+    native_row("moe30b_fp8_layer_prefill1024_native_speedup", us_w / us_n);
+    free(on); free(ow); free(lg); free(x); free(tab); free(hs);
+    for (int i = 0; i < nb; i++) b->release(b, bufs[i]);
+    b->free(b);
+    CUDA_CHECK(cudaFree(arena));
+    CUDA_CHECK(cudaFree(dscale));
     free(ex);
 }
 

@@ -1088,6 +1088,7 @@ static void part_bench(void) {
     free(m);
     bench_moe();
     bench_moe_prefill();
+    bench_moe_prefill_fp8();
 }
 
 /* --json FILE: the summary for bench/gpu_json.py (which names the rows of

@@ -41,6 +41,7 @@
 
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "cuda_native.h" /* cuda_quant_act_fp8: the native MoE rows */
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -112,7 +113,7 @@ static float *dev_result(const void *d, size_t n) {
 typedef struct Tol { const char *name; double nmse, rel; } Tol;
 static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2},
                  TOL_ATTN_BF16 = {"attn_bf16", 1e-5, 1e-2}, TOL_BF16KV = {"bf16kv", 1e-6, 1e-2},
-                 TOL_FP8KV = {"fp8kv", 1e-4, 0.13};
+                 TOL_FP8KV = {"fp8kv", 1e-4, 0.13}, TOL_NATIVE = {"native", 1e-6, 1e-2}; /* op_checks_native.h */
 
 static void compare_op(const char *what, Tol tol, const float *ref, const float *got, size_t n) {
     double se = 0, sr = 0, maxd = 0, maxr = 0;
@@ -1005,6 +1006,27 @@ static void check_lora(const int *a) {
     free(x); free(base); free(ref); free(got); free(alone); free(bref); free(bgot);
 }
 
+/* Weights of 128-column block k scaled by 2^(k % 3) (exact in bf16): the blocks'
+ * scales differ, so a scale read from the wrong column block shows. */
+static uint16_t *bf16_col_blocks(uint16_t *w, int rows, int cols) {
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        w[i] = f32_to_bf16(ldexpf(bf16_to_f32(w[i]), (int)(i % (size_t)cols) / 128 % 3));
+    return w;
+}
+
+/* Activations over many magnitudes (token t scaled by 2^(t*7 % 40 - 24): e4m3
+ * subnormals and saturation-free rounding everywhere), one all-zero group. */
+static float *native_act(int n, int cols) {
+    float *x = rand_f32((size_t)n * cols, 1);
+    for (int t = 0; t < n; t++) {
+        float s = ldexpf(1.0f, (t * 7) % 40 - 24);
+        for (int c = 0; c < cols; c++) x[(size_t)t * cols + c] *= s;
+    }
+    if (n > 1)
+        for (int c = 0; c < (cols < 16 ? cols : 16); c++) x[cols + c] = 0.0f; /* token 1, first 16 columns */
+    return x;
+}
+
 /* The grouped GEMM alone (moe_mma.cu cuda_moe_gemm) against the CPU matmul of
  * each expert's rows: routing made by hand (offsets and the active list as
  * moe_route writes them) with uneven experts: empty ones, one with a partial
@@ -1014,11 +1036,22 @@ static void check_lora(const int *a) {
  * K tail (bf16 cols % 32), FP8 128 x 128 blocks crossing row and column tiles
  * (the f32 scale flush per 128 columns). sw: gate and up with the SwiGLU
  * epilogue vs the CPU's two matmuls and swiglu. BF16 experts of more than
- * CUDA_GEMV_MAX_N pairs get the bf16-rounded x on the CPU too: f32 class. */
+ * CUDA_GEMV_MAX_N pairs get the bf16-rounded x on the CPU too: f32 class.
+ * fmt 3, native FP8 (a[5]: 0 128x128 blocks, 1 per channel): x quantized on
+ * the device (cuda_quant_act_fp8, checked bitwise above) by the backend's rule
+ * (per token when the blocks span cols, else per 128 columns), gate / up
+ * reading token rows through x_row as cu_moe_mlp does (down: pair rows),
+ * against the CPU backend's matmul of the act_quant matrix (quant_act_fp8 +
+ * quant_matmul_fp8_rows): the "native" class (op_checks_native.h). A machine
+ * whose binary has no FP8 mma prints skip. */
 static void check_moe_gemm(const int *a) {
     static const int pats[][8] = {{0, 70, 9, 0, 8, 1, 17, 0}, {0, 0, 0, 129, 0, 0, 0, 0}, {64, 64, 1, 2, 3, 4, 5, 6}};
     enum { E = 8 };
-    int rows = a[0], cols = a[1], fmt = a[2], sw = a[3];
+    int rows = a[0], cols = a[1], fmt = a[2], sw = a[3], nat = fmt == 3, wfmt = nat ? 1 : fmt;
+    if (nat && !cuda_moe_gemm_fp8_native()) {
+        printf("  skip moe_gemm fp8 native [%d x %d]: this binary has no FP8 mma (sm_80)\n", rows, cols);
+        return;
+    }
     const int *cnt = pats[a[4]];
     int32_t off[E + 1], act[E];
     int na = 0;
@@ -1030,6 +1063,7 @@ static void check_moe_gemm(const int *a) {
     for (int i = na; i < E; i++) act[i] = -1;
     int NK = off[E], nw = sw ? 2 : 1;
     char what[128];
+    if (nat) bc->reserve(bc, NK, cols); /* the CPU matmul's quantized-x scratch */
     WeightMat *hm = (WeightMat *)xcalloc((size_t)2 * E, sizeof(WeightMat));
     const void **tab = (const void **)xcalloc((size_t)4 * E, sizeof(void *)); /* [2][E] w, [2][E] s */
     void **dmem = (void **)xcalloc((size_t)4 * E, sizeof(void *));
@@ -1038,11 +1072,14 @@ static void check_moe_gemm(const int *a) {
         for (int e = 0; e < E; e++) {
             WeightMat *h = &hm[j * E + e];
             *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f * (1.0f + 0.25f * (float)(e % 4))));
+            if (nat) bf16_col_blocks(h->bf16, rows, cols);
             Err err = {0};
-            if (fmt == 1) {
-                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, QUANT_FP8_BLOCK128, &err);
+            if (wfmt == 1) {
+                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, nat && a[5] ? QUANT_FP8_PER_CHANNEL :
+                                                  QUANT_FP8_BLOCK128, &err);
                 CHECK(q, "quantize: %s", err.msg);
                 h->fmt = WF_FP8;
+                h->act_quant = nat; /* the CPU reference quantizes x */
                 h->q = q;
                 dmem[j * E + e] = dev_copy(q->q, (size_t)rows * cols);
                 dmem[2 * E + j * E + e] = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
@@ -1060,15 +1097,20 @@ static void check_moe_gemm(const int *a) {
             tab[j * E + e] = dmem[j * E + e];
             tab[2 * E + j * E + e] = dmem[2 * E + j * E + e];
         }
-    /* the reference: each expert's rows through the CPU matmul (and swiglu) */
-    float *x = rand_f32((size_t)NK * cols, 1), *ref = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
+    /* the reference: each expert's rows through the CPU matmul (and swiglu); fmt 3 with
+     * swiglu: pair p reads token row xrow[p] of x [ntok, cols] (x_row, as pair_tok) */
+    int ntok = nat && sw ? 37 : NK;
+    int32_t *xrow = (int32_t *)xmalloc(sizeof(int32_t) * ((size_t)NK + 1));
+    for (int p = 0; p < NK; p++) xrow[p] = ntok == NK ? p : (int32_t)(((size_t)p * 7 + 3) % (size_t)ntok);
+    float *x = nat ? native_act(ntok, cols) : rand_f32((size_t)NK * cols, 1);
+    float *ref = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
     float *xr = (float *)xmalloc(sizeof(float) * ((size_t)NK * cols + 1));
     float *u = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
     for (int e = 0; e < E; e++) {
         if (!cnt[e]) continue;
         int r16 = fmt == 0 && cnt[e] > CUDA_GEMV_MAX_N;
         for (size_t i = 0; i < (size_t)cnt[e] * cols; i++) {
-            float v = x[(size_t)off[e] * cols + i];
+            float v = x[(size_t)xrow[off[e] + i / cols] * cols + i % cols];
             xr[i] = r16 ? bf16_to_f32(f32_to_bf16(v)) : v;
         }
         float *o = ref + (size_t)off[e] * rows;
@@ -1079,7 +1121,7 @@ static void check_moe_gemm(const int *a) {
         }
     }
     const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)4 * E);
-    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)NK * cols), *ds2 = (float *)dev_copy(s2, sizeof s2);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)ntok * cols), *ds2 = (float *)dev_copy(s2, sizeof s2);
     int32_t *doff = (int32_t *)dev_copy(off, sizeof off), *dact = (int32_t *)dev_copy(act, sizeof act);
     float *dout[2], *dact_out = (float *)dev_poisoned(sizeof(float) * ((size_t)NK * rows + 1));
     CudaMoeGemv g;
@@ -1092,12 +1134,25 @@ static void check_moe_gemm(const int *a) {
         S->s = fmt ? dtab + 2 * E + (size_t)j * E : NULL;
         S->s2 = fmt == 2 ? ds2 + (size_t)j * E : NULL;
         S->rows = rows;
-        S->br = fmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_rows : 0;
-        S->bc = fmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_cols : 0;
+        S->br = wfmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_rows : 0;
+        S->bc = wfmt == 1 ? ((const QuantFp8 *)hm[j * E].q)->block_cols : 0;
     }
     g.nseg = nw;
-    g.x = dx;
+    g.x = nat ? NULL : dx;
     g.cols = cols;
+    uint8_t *dxq = NULL;
+    float *dxs = NULL;
+    int32_t *dxrow = NULL;
+    if (nat) { /* the backend's quantization of x (cu_moe_mlp's moe_fp8_group rule) */
+        int per_tok = g.seg[0].bc >= cols, group = per_tok ? cols : QUANT_FP8_GROUP;
+        dxq = (uint8_t *)dev_poisoned((size_t)ntok * cols);
+        dxs = (float *)dev_poisoned(sizeof(float) * (size_t)ntok * quant_fp8_groups(cols));
+        CHECK(cuda_quant_act_fp8(dxq, dxs, dx, ntok, cols, group, NULL) == 0, "cuda_quant_act_fp8 refused");
+        g.xq = dxq;
+        g.xs = dxs;
+        g.xs_stride = per_tok ? 0 : ntok;
+        if (ntok != NK) g.x_row = dxrow = (int32_t *)dev_copy(xrow, sizeof(int32_t) * (size_t)NK);
+    }
     g.offsets = doff;
     g.active = dact;
     g.n_experts = E;
@@ -1106,14 +1161,19 @@ static void check_moe_gemm(const int *a) {
     int rc = cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
     float *got = dev_result(sw ? dact_out : dout[0], (size_t)NK * rows);
     snprintf(what, sizeof what, "moe_gemm %s%s [%d x %d] pairs %d %d %d %d %d %d %d %d%s",
-             fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", sw ? " swiglu" : "", rows, cols, cnt[0], cnt[1], cnt[2],
-             cnt[3], cnt[4], cnt[5], cnt[6], cnt[7], rc ? " REFUSED" : "");
-    compare_op(what, TOL_F32, ref, got, (size_t)NK * rows);
+             nat ? (a[5] ? "fp8 native per-channel" : "fp8 native") : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16",
+             sw ? " swiglu" : "", rows, cols, cnt[0], cnt[1], cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7],
+             rc ? " REFUSED" : "");
+    compare_op(what, nat ? TOL_NATIVE : TOL_F32, ref, got, (size_t)NK * rows);
+    if (dxq) cudaFree(dxq);
+    if (dxs) cudaFree(dxs);
+    if (dxrow) cudaFree(dxrow);
+    free(xrow);
     free(got);
     for (int i = 0; i < 4 * E; i++)
         if (dmem[i]) cudaFree(dmem[i]);
     for (int i = 0; i < nw * E; i++) {
-        if (hm[i].q && fmt == 1) quant_fp8_free((QuantFp8 *)hm[i].q);
+        if (hm[i].q && wfmt == 1) quant_fp8_free((QuantFp8 *)hm[i].q);
         if (hm[i].q && fmt == 2) quant_nvfp4_free((QuantNvfp4 *)hm[i].q);
         free(hm[i].bf16);
     }
@@ -1134,6 +1194,12 @@ static void check_moe_gemm(const int *a) {
  * take every token and half the experts none. */
 static void check_moe(const int *a) {
     int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], I = a[5], fmt = a[6], ties = a[7]; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 */
+    /* fmt 3 (4: per channel): fp8 experts marked act_quant; at least CUDA_NATIVE_MIN_N tokens on a
+     * binary with the FP8 mma they run native (x quantized on the device), and the CPU reference
+     * quantizes x too (per token for per-channel weights, else per 128 columns: its rule) */
+    int aq = fmt >= 3, pc = fmt == 4, nat = aq && n >= CUDA_NATIVE_MIN_N && cuda_moe_gemm_fp8_native();
+    if (aq) fmt = 1;
+    if (nat) bc->reserve(bc, n * K, H > I ? H : I); /* the CPU matmul's quantized-x scratch */
     int skew = a[8]; /* 1: expert 1 first for every token, experts >= E / 2 never chosen (K <= E / 2) */
     int NK = n * K;
     char what[128];
@@ -1190,6 +1256,7 @@ static void check_moe(const int *a) {
             WeightMat *h = &hm[j * E + e], *d = &dm[j * E + e];
             /* magnitudes differ per expert, so do their scales (a scale read for the wrong expert shows) */
             *h = wmat_bf16(rows, cols, rand_bf16((size_t)rows * cols, 0, 0.05f * (1.0f + 0.25f * (float)(e % 4))));
+            if (aq) bf16_col_blocks(h->bf16, rows, cols);
             *d = *h;
             if (fmt == 2) {
                 Err err = {0};
@@ -1203,12 +1270,15 @@ static void check_moe(const int *a) {
                 s2[j * E + e] = q->scale2;
             } else if (fmt == 1) {
                 Err err = {0};
-                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, QUANT_FP8_BLOCK128, &err);
+                QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, pc ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128,
+                                                  &err);
                 CHECK(q, "quantize: %s", err.msg);
                 h->fmt = d->fmt = WF_FP8;
                 h->q = d->q = q;
                 d->dev = dev_copy(q->q, (size_t)rows * cols);
                 d->dev_scale = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols);
+                d->act_quant = aq;
+                h->act_quant = nat;
             } else {
                 d->dev = dev_copy(h->bf16, sizeof(uint16_t) * (size_t)rows * cols);
             }
@@ -1241,9 +1311,10 @@ static void check_moe(const int *a) {
                      du, H, I};
     int taken = bg->moe_mlp(bg, &ma);
     float *got = dev_result(dout, (size_t)n * H);
-    snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s", fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E, K, I, H,
-             taken ? " REFUSED" : "");
-    compare_op(what, TOL_F32, ref, got, (size_t)n * H);
+    snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s",
+             nat ? (pc ? "fp8 native per-channel" : "fp8 native") : aq ? "fp8 act_quant (weight-only)" : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E,
+             K, I, H, taken ? " REFUSED" : "");
+    compare_op(what, nat ? TOL_NATIVE : TOL_F32, ref, got, (size_t)n * H);
     free(got);
     for (int i = 0; i < 3 * E; i++) {
         cudaFree(dm[i].dev);
@@ -1460,13 +1531,15 @@ static const OpCheck OP_CHECKS[] = {
     /* n_src, n, dim */
     {check_rows, OC_GPU, {64, 40, 4096}},
     {check_rows, OC_ALL, {37, 20, 72}},
-    /* n, experts, top_k, norm, hidden, moe_inter, fp8, ties, skew */
+    /* n, experts, top_k, norm, hidden, moe_inter, fmt (0 bf16, 1 fp8, 2 nvfp4, 3 / 4 fp8 act_quant
+     * 128x128 / per channel), ties, skew */
     {check_moe, OC_GPU, {1, 128, 8, 1, 2048, 768, 0, 0, 0}},  /* Qwen3-30B-A3B decode */
     {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 0, 1, 0}},
     {check_moe, OC_GPU, {16, 32, 8, 1, 2048, 768, 1, 0, 0}},
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 0, 0, 0}},  /* a Qwen3-30B-A3B prefill: 32 pairs an expert */
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 1, 0, 1}},  /* fp8, skewed: 512 pairs on expert 1 */
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 2, 0, 0}},  /* nvfp4 */
+    {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 3, 0, 0}},  /* fp8 native (act_quant) */
     {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0, 0}},         /* the qwen3_moe fixture's shape */
     {check_moe, OC_FULL, {17, 8, 2, 0, 64, 56, 0, 1, 0}},        /* qwen3_moe_nonorm's, exact ties */
     {check_moe, OC_FULL, {80, 8, 2, 1, 32, 16, 0, 0, 0}},        /* n > 64: two routing launches; the mma */
@@ -1477,6 +1550,10 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_ALL, {70, 16, 4, 1, 64, 40, 0, 0, 1}},       /* skewed: 70 pairs on one expert, 8 empty */
     {check_moe, OC_FULL, {70, 16, 4, 1, 160, 48, 1, 0, 1}},      /* fp8, skewed, two 128-column scale blocks */
     {check_moe, OC_FULL, {40, 16, 4, 1, 96, 64, 2, 1, 1}},       /* nvfp4, skewed */
+    {check_moe, OC_ALL, {20, 8, 2, 1, 64, 32, 3, 0, 0}},        /* fp8 native: the qwen3_moe_fp4 fixture's shape */
+    {check_moe, OC_FULL, {70, 16, 4, 1, 160, 48, 3, 0, 1}},      /* fp8 native, skewed, two x groups (one short) */
+    {check_moe, OC_FULL, {9, 8, 2, 1, 256, 32, 3, 0, 0}},        /* act_quant below CUDA_NATIVE_MIN_N: the mma weight-only */
+    {check_moe, OC_ALL, {24, 8, 2, 1, 256, 160, 4, 0, 0}},      /* fp8 native per channel: x per token over 256 / 160 */
     {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0, 0}},   /* Qwen3-30B-A3B at nvfp4 */
     /* rows, cols, fmt, swiglu, pair pattern (check_moe_gemm's pats) */
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0}},
@@ -1485,10 +1562,17 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 0}},
     {check_moe_gemm, OC_FULL, {72, 160, 1, 1, 1}},
     {check_moe_gemm, OC_FULL, {72, 96, 2, 0, 0}},
+    /* fmt 3, native FP8: the sixth is the weights' layout (0 128x128, 1 per channel) */
+    {check_moe_gemm, OC_ALL, {136, 160, 3, 0, 0, 0}},   /* two x groups, the second 32 wide; pair rows */
+    {check_moe_gemm, OC_ALL, {72, 96, 3, 1, 1, 1}},     /* per channel (per-token x), swiglu, token rows */
+    {check_moe_gemm, OC_FULL, {72, 256, 3, 1, 2, 0}},   /* two full groups, swiglu, token rows */
+    {check_moe_gemm, OC_FULL, {200, 384, 3, 0, 1, 0}},  /* three groups, 129 pairs on one expert */
     {check_moe_gemm, OC_ALL, {40, 96, 2, 1, 2}},
     {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
     {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
     {check_moe_gemm, OC_GPU, {768, 2048, 2, 1, 1}},
+    {check_moe_gemm, OC_GPU, {768, 2048, 3, 1, 2, 0}},  /* Qwen3-30B-A3B gate/up, fp8 native */
+    {check_moe_gemm, OC_GPU, {2048, 768, 3, 0, 0, 0}},  /* its down, fp8 native */
     /* n, in, out, adapters, ranks[3], bf16 */
     {check_lora, OC_GPU, {16, 4096, 1024, 3, 16, 64, 8, 0}},  /* Qwen3-8B k_proj */
     {check_lora, OC_GPU, {5, 12288, 4096, 2, 32, 16, 0, 1}},  /* down_proj, bf16 */

@@ -25,21 +25,7 @@
 
 #include "cuda_native.h"
 
-static const Tol TOL_NATIVE = {"native", 1e-6, 1e-2};
-
-/* Activations over many magnitudes (token t scaled by 2^(t*7 % 40 - 24): e4m3
- * subnormals and saturation-free rounding everywhere), one all-zero group. */
-static float *native_act(int n, int cols) {
-    float *x = rand_f32((size_t)n * cols, 1);
-    for (int t = 0; t < n; t++) {
-        float s = ldexpf(1.0f, (t * 7) % 40 - 24);
-        for (int c = 0; c < cols; c++) x[(size_t)t * cols + c] *= s;
-    }
-    if (n > 1)
-        for (int c = 0; c < (cols < 16 ? cols : 16); c++) x[cols + c] = 0.0f; /* token 1, first 16 columns */
-    return x;
-}
-
+/* TOL_NATIVE and native_act are op_checks.h's (its grouped MoE GEMM rows use them too). */
 static void *dev_get(const void *d, size_t bytes) {
     CUDA_CHECK(cudaDeviceSynchronize());
     void *h = xmalloc(bytes ? bytes : 1);

@@ -380,6 +380,36 @@ void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
     memcpy(d, r, sizeof r);
 }
 
+/* e4m3 (OCP FP8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+ * infinities, S.1111.111 NaN) to f32, from the format's definition. */
+static float mma_e4m3(uint32_t reg, int byte) {
+    uint32_t v = reg >> (8 * byte) & 0xffu, e = v >> 3 & 15u, m = v & 7u;
+    float f = (e == 15u && m == 7u) ? NAN : e ? ldexpf(1.0f + (float)m / 8.0f, (int)e - 7) : ldexpf((float)m, -9);
+    return v & 0x80u ? -f : f;
+}
+
+void emu_mma_m16n8k32_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    memcpy(mma_scratch.a[w][l], a, sizeof mma_scratch.a[w][l]);
+    memcpy(mma_scratch.b[w][l], b, sizeof mma_scratch.b[w][l]);
+    emu_warp_barrier(w);
+    float r[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float s = 0.f;
+        for (int k = 0; k < 32; k++) {
+            /* A[row][k]: lane (row % 8) * 4 + (k % 16) / 4, register (row >= 8) + 2 (k >= 16), byte k % 4;
+             * B[k][col]: lane col * 4 + (k % 16) / 4, register k >= 16, byte k % 4 */
+            float x = mma_e4m3(mma_scratch.a[w][(row % 8) * 4 + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)], k % 4);
+            float y = mma_e4m3(mma_scratch.b[w][col * 4 + (k % 16) / 4][k >= 16], k % 4);
+            s += x * y;
+        }
+        r[i] = s + c[i];
+    }
+    emu_warp_barrier(w);
+    memcpy(d, r, sizeof r);
+}
+
 /* ---- warp-collective ldmatrix (shim/cuda_runtime.h), the same protocol ---- */
 static const uint16_t *ldm_rows[32][32];
 

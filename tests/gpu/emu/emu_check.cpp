@@ -332,18 +332,40 @@ static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(
  * path), and padded tokens add pairs, so an expert may cross the 8-pair GEMV / mma
  * line on one side only. The fixture's expert widths must suit the grouped path
  * (FP8: multiples of 16, so qwen3_moe_fp4, not qwen3_moe's 40): the graph row fails otherwise. */
-static void t_moe_long(const char *dir, Precision prec, int n) {
+/* act (t_moe_long): the model whose routed experts the device runs native FP8 (moe_mma.cu fmt 3:
+ * every step of at least CUDA_NATIVE_MIN_N tokens), so the CPU reference quantizes x for its
+ * expert matrices whatever rows each gets; other matrices follow mm_native_ref. */
+static const Model *t_moe_native;
+static int is_expert(const Model *m, const WeightMat *w) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const LayerWeights *L = &m->layers[l];
+        const WeightMat *tabs[3] = {L->egate, L->eup, L->edown};
+        for (int j = 0; j < 3; j++)
+            if (tabs[j] && w >= tabs[j] && w < tabs[j] + m->cfg.n_experts) return 1;
+    }
+    return 0;
+}
+static void mm_moe_native_ref(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    if (t_moe_native && w->act_quant && is_expert(t_moe_native, w)) cpu_mm(b, out, x, n, w, bias);
+    else mm_native_ref(b, out, x, n, w, bias);
+}
+
+/* act: FP8 with quantized activations (model_quantize weight_only 0), the experts native on the device. */
+static void t_moe_long(const char *dir, Precision prec, int n, int act) {
     Err err = {};
     Model *m = NULL;
-    if (model_load(&m, dir, &err) || (prec != PREC_BF16 && model_quantize(m, prec, 1, &err))) {
+    if (model_load(&m, dir, &err) || (prec != PREC_BF16 && model_quantize(m, prec, !act, &err))) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
         return;
     }
+    CHECK(!act || (prec == PREC_FP8 && n - 3 >= CUDA_NATIVE_MIN_N && cuda_moe_gemm_fp8_native()),
+          "t_moe_long act: FP8 steps of at least CUDA_NATIVE_MIN_N tokens");
     int V = m->cfg.vocab, ctx = 1024, bs = 16;
     Backend *cpu = backend_cpu_create(1, ctx);
     cpu_mm = cpu->matmul;
-    cpu->matmul = mm_bf16act;
+    cpu->matmul = act ? mm_moe_native_ref : mm_bf16act;
+    t_moe_native = act ? m : NULL;
     Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, ctx);
     Runner *rc = runner_create_with(m, cpu, n, ctx), *rg = runner_create_with(m, gb, n, ctx);
     KVCache *kvc = runner_kvcache_create(rc, ctx / bs, bs), *kvg = runner_kvcache_create(rg, ctx / bs, bs);
@@ -365,17 +387,18 @@ static void t_moe_long(const char *dir, Precision prec, int n) {
         if (rc1 || rc2) { printf("  FAIL %s long prefill: %s\n", dir, err.msg); n_fail++; }
         pieces += runner_last_graph(rg) == 2;
         static const char *mode[4] = {"eager", "captured", "replayed", "3 tokens fewer, padded"};
-        snprintf(what, sizeof what, "%s %s MoE prefill of %d tokens, grouped (%s) vs cpu", dir, precision_name(prec),
-                 k, mode[run]);
-        int tight = run < 3 && prec != PREC_BF16;
+        snprintf(what, sizeof what, "%s %s%s MoE prefill of %d tokens, grouped (%s) vs cpu", dir, precision_name(prec),
+                 act ? " native" : "", k, mode[run]);
+        int tight = run < 3 && prec != PREC_BF16 && !act; /* quantized x: the flip bounds (t_act_pc) */
         logit_check(what, oc, og, 4, V, tight ? 1e-3 : 0.1, tight ? 1e-7 : 3e-4);
     }
     runner_piece_counts(rg, &pc1, &pr1);
     int ok = pc1 - pc0 >= 1 && pr1 - pr0 >= 2 && pieces == 3;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %s %s MoE prefills of %d tokens through piecewise graphs: %llu captured, %llu replayed\n",
-           ok ? "ok" : "FAIL", dir, precision_name(prec), n, (unsigned long long)(pc1 - pc0),
+    printf("  %-4s %s %s%s MoE prefills of %d tokens through piecewise graphs: %llu captured, %llu replayed\n",
+           ok ? "ok" : "FAIL", dir, precision_name(prec), act ? " native" : "", n, (unsigned long long)(pc1 - pc0),
            (unsigned long long)(pr1 - pr0));
+    t_moe_native = NULL;
     free(tok); free(pos); free(seq); free(oc); free(og);
     runner_kvcache_free(rg, kvg);
     runner_kvcache_free(rc, kvc);
@@ -581,7 +604,9 @@ int main(void) {
         Precision p = PREC_BF16;
         if (getenv("EMU_PREC") && precision_parse(getenv("EMU_PREC"), &p)) return 2;
         if (!getenv("EMU_LONG_ONLY")) t_model(getenv("EMU_FIXTURE"), 3, p); /* EMU_LONG_ONLY=1: t_moe_long alone */
-        if (strstr(getenv("EMU_FIXTURE"), "moe") && !getenv("EMU_QUICK")) t_moe_long(getenv("EMU_FIXTURE"), p, 304);
+        /* EMU_MOE_NATIVE=1 (with EMU_PREC=fp8): the native-FP8 MoE prefill of 40 tokens instead of 304 */
+        if (strstr(getenv("EMU_FIXTURE"), "moe") && !getenv("EMU_QUICK"))
+            t_moe_long(getenv("EMU_FIXTURE"), p, getenv("EMU_MOE_NATIVE") ? 40 : 304, getenv("EMU_MOE_NATIVE") != NULL);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
@@ -648,9 +673,10 @@ int main(void) {
      * x16 buckets), FP8 / NVFP4 at 40 (their decoders; ~3 minutes of emulation per 304-token run);
      * not under EMU_QUICK (over 15 minutes under ASan; the op checks' moe_gemm rows run there) */
     if (!quick) {
-        t_moe_long("tests/fixtures/qwen3_moe", PREC_BF16, 304);
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40);
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 40);
+        t_moe_long("tests/fixtures/qwen3_moe", PREC_BF16, 304, 0);
+        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40, 0);
+        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40, 1); /* native FP8 experts (moe_mma.cu fmt 3) */
+        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 40, 0);
     }
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);

@@ -226,6 +226,14 @@ void emu_syncthreads(void);
  * Every lane of the warp must call it (as on a device: .aligned); d = A B + c
  * with the bf16 products exact in f32, summed over k in order, then c added. */
 void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+/* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 likewise ("Matrix
+ * Fragments for mma.m16n8k32" with .e4m3; each register holds four e4m3, the
+ * lower k in the lower byte, i = 0..3):
+ *   a[0] A[g][4t+i]  a[1] A[g+8][4t+i]  a[2] A[g][4t+16+i]  a[3] A[g+8][4t+16+i]
+ *   b[0] B[4t+i][g]  b[1] B[4t+16+i][g]
+ *   c/d as m16n8k16. d = A B + c, the e4m3 products exact in f32, summed over k
+ * in order, then c added (a device keeps fewer accumulator bits: a tolerance). */
+void emu_mma_m16n8k32_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 /* ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 as a warp collective (PTX
  * ISA "Warp-level matrix load instruction: ldmatrix"): lane l gives the address
  * of row l % 8 of matrix l / 8 (8 b16 elements, 16-byte aligned); register j of

@@ -173,6 +173,29 @@ static __device__ __forceinline__ void mg_load_xq(const CudaMoeGemv &g, int p0, 
     *(uint4 *)((uint8_t *)&sa[0][row * MG_LD] + c) = v;
 }
 
+/* The f32 promotion of FP8 partial sums at the end of a scale column kb: acc += part * s, part = 0,
+ * s = ws (the lane's weight rows' scale, srow) times xs (xv: its pair rows' x scale, [m16][g, g + 8];
+ * NULL: 1, the weight-only path). */
+static __device__ __forceinline__ void mg_promote(float (*acc)[2][2][4], float (*part)[2][2][4],
+                                                  const float *(*srow)[2][2], int kb, float (*xv)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float ws = __ldg(srow[h][nt][j] + kb);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int f = j; f < 4; f += 2) {
+                        float sv = xv ? ws * xv[mt][f >> 1] : ws;
+                        acc[h][mt][nt][f] = fmaf(part[h][mt][nt][f], sv, acc[h][mt][nt][f]);
+                        part[h][mt][nt][f] = 0.f;
+                    }
+            }
+}
+
 /* FMT2 = 2 * FMT + SW (one template argument: the emulation's launch macro
  * splits on commas). act: SW's [n_pairs, rows] f32 output. */
 template <int FMT2>
@@ -263,48 +286,17 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                             if (split) mma_bf16_16816(d, al[mt], b[h][nt] + 2 * kk);
                         }
                 int kend = k0 + KSTEP * kk + KSTEP;
-                if (FMT == 1 && (kend % g.seg[0].bc == 0 || kend >= cols)) { /* a scale block's columns end */
-                    int kb = (kend - 1) / g.seg[0].bc;
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                            for (int j = 0; j < 2; j++) {
-                                float s = __ldg(srow[h][nt][j] + kb);
-#pragma unroll
-                                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                    for (int f = j; f < 4; f += 2) {
-                                        acc[h][mt][nt][f] = fmaf(part[h][mt][nt][f], s, acc[h][mt][nt][f]);
-                                        part[h][mt][nt][f] = 0.f;
-                                    }
-                            }
-                }
+                if (FMT == 1 && (kend % g.seg[0].bc == 0 || kend >= cols)) /* a scale block's columns end */
+                    mg_promote(acc, part, srow, (kend - 1) / g.seg[0].bc, NULL);
             }
             if (FMT == 3 && ((k0 + KSTAGE) % MG_GROUP == 0 || k0 + KSTAGE >= cols)) { /* a 128-column group ends */
-                int kg = k0 / MG_GROUP, kb = kg * MG_GROUP / g.seg[0].bc;
+                int kg = k0 / MG_GROUP;
                 float xv[2][2];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int hi = 0; hi < 2; hi++) xv[mt][hi] = __ldg(g.xs + (size_t)kg * g.xs_stride + xri[mt][hi]);
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            float ws = __ldg(srow[h][nt][j] + kb);
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int f = j; f < 4; f += 2) {
-                                    float sv = ws * xv[mt][f >> 1];
-                                    acc[h][mt][nt][f] = fmaf(part[h][mt][nt][f], sv, acc[h][mt][nt][f]);
-                                    part[h][mt][nt][f] = 0.f;
-                                }
-                        }
+                mg_promote(acc, part, srow, kg * MG_GROUP / g.seg[0].bc, xv);
             }
         }
         /* the tile's outputs: fragment f of (mt, nt) is pair 32 wm + 16 mt + g (+8 for f >= 2), row

@@ -181,6 +181,41 @@ static void moe_per_expert_call(void *p) {
     }
 }
 
+/* A bench layer's inputs in a fresh backend: the experts' pointer table (tab [6 E]: dev, then
+ * dev_scale) uploaded, x [N, H] and random router logits, routed on the device (ra). */
+typedef struct MoeBenchIo {
+    Backend *b;
+    void *bufs[32]; /* backend allocations, released by moe_bench_io_free */
+    int nb;
+    const void **dtab; /* [6 E] */
+    float *dx;         /* [N, H] */
+    MoeRouteArgs ra;
+} MoeBenchIo;
+static void moe_bench_io_create(MoeBenchIo *io, const void **tab, int N, int E, int K, int H) {
+    size_t NK = (size_t)N * K;
+    memset(io, 0, sizeof *io);
+    Backend *b = io->b = backend_cuda_create_resident(128, 2048);
+    b->reserve(b, N, H);
+#define IO_ALLOC(bytes) (io->bufs[io->nb++] = b->alloc(b, (bytes)))
+    io->dtab = IO_ALLOC(sizeof(void *) * 6 * E);
+    b->upload(b, (void *)io->dtab, tab, sizeof(void *) * 6 * E);
+    float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
+    float *dlg = IO_ALLOC(sizeof(float) * (size_t)N * E);
+    io->dx = IO_ALLOC(sizeof(float) * (size_t)N * H);
+    b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
+    b->upload(b, io->dx, x, sizeof(float) * (size_t)N * H);
+    io->ra = (MoeRouteArgs){dlg, IO_ALLOC(4 * NK), IO_ALLOC(4 * NK), IO_ALLOC(4 * (E + 1)), IO_ALLOC(4 * NK),
+                            IO_ALLOC(4 * NK), IO_ALLOC(4 * NK), IO_ALLOC(4 * E), N, E, K, 1};
+#undef IO_ALLOC
+    b->moe_route(b, &io->ra);
+    free(lg);
+    free(x);
+}
+static void moe_bench_io_free(MoeBenchIo *io) {
+    for (int i = 0; i < io->nb; i++) io->b->release(io->b, io->bufs[i]);
+    io->b->free(io->b);
+}
+
 /* One Qwen3-30B-A3B MoE layer (hidden 2048, 128 BF16 experts of 768, top 8) at 1024 tokens:
  * 8192 pairs, ~64 an expert. Rows (named, bench/gpu_json.py): moe30b_layer_prefill1024_grouped_us,
  * _per_expert_us and _speedup (per-expert / grouped, measured in the same run), plus the
@@ -200,20 +235,13 @@ static void bench_moe_prefill(void) {
             ex[j * E + e] = j < 2 ? wmat(I, H, p) : wmat(H, I, p);
             tab[j * E + e] = p;
         }
-    Backend *b = backend_cuda_create_resident(128, 2048);
-    b->reserve(b, N, H);
-    void *bufs[20];
-    int nb = 0;
-#define MOE_BALLOC(bytes) (bufs[nb++] = b->alloc(b, (bytes)))
-    const void **dtab = MOE_BALLOC(sizeof(void *) * 6 * E);
-    b->upload(b, (void *)dtab, tab, sizeof(void *) * 6 * E);
-    float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
-    float *dlg = MOE_BALLOC(sizeof(float) * (size_t)N * E), *dx = MOE_BALLOC(sizeof(float) * (size_t)N * H);
-    b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
-    b->upload(b, dx, x, sizeof(float) * (size_t)N * H);
-    MoeRouteArgs ra = {dlg, MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * (E + 1)), MOE_BALLOC(4 * NK),
-                       MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * E), N, E, K, 1};
-    b->moe_route(b, &ra);
+    MoeBenchIo io;
+    moe_bench_io_create(&io, tab, N, E, K, H);
+    Backend *b = io.b;
+    const void **dtab = io.dtab;
+    float *dx = io.dx;
+    MoeRouteArgs ra = io.ra;
+#define MOE_BALLOC(bytes) (io.bufs[io.nb++] = b->alloc(b, (bytes)))
     MoePrefillBench m = {b, {0}, ex, xcalloc(E + 1, sizeof(int32_t)), MOE_BALLOC(sizeof(float) * (size_t)N * H),
                          MOE_BALLOC(sizeof(float) * (size_t)N * H)};
     float *xg = MOE_BALLOC(sizeof(float) * NK * H);
@@ -238,9 +266,8 @@ static void bench_moe_prefill(void) {
     native_row("moe30b_layer_prefill1024_grouped_us", us_g);
     native_row("moe30b_layer_prefill1024_per_expert_us", us_e);
     native_row("moe30b_layer_prefill1024_speedup", us_e / us_g);
-    free(og); free(oe); free(lg); free(x); free(tab); free(m.h_off);
-    for (int i = 0; i < nb; i++) b->release(b, bufs[i]);
-    b->free(b);
+    free(og); free(oe); free(tab); free(m.h_off);
+    moe_bench_io_free(&io);
     CUDA_CHECK(cudaFree(arena));
     free(ex);
 }
@@ -302,20 +329,13 @@ static void bench_moe_prefill_fp8(void) {
             tab[j * E + e] = w->dev;
             tab[3 * E + j * E + e] = dscale;
         }
-    Backend *b = backend_cuda_create_resident(128, 2048);
-    b->reserve(b, N, H);
-    void *bufs[20];
-    int nb = 0;
-#define MOE_BALLOC(bytes) (bufs[nb++] = b->alloc(b, (bytes)))
-    const void **dtab = MOE_BALLOC(sizeof(void *) * 6 * E);
-    b->upload(b, (void *)dtab, tab, sizeof(void *) * 6 * E);
-    float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
-    float *dlg = MOE_BALLOC(sizeof(float) * (size_t)N * E), *dx = MOE_BALLOC(sizeof(float) * (size_t)N * H);
-    b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
-    b->upload(b, dx, x, sizeof(float) * (size_t)N * H);
-    MoeRouteArgs ra = {dlg, MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * (E + 1)), MOE_BALLOC(4 * NK),
-                       MOE_BALLOC(4 * NK), MOE_BALLOC(4 * NK), MOE_BALLOC(4 * E), N, E, K, 1};
-    b->moe_route(b, &ra);
+    MoeBenchIo io;
+    moe_bench_io_create(&io, tab, N, E, K, H);
+    Backend *b = io.b;
+    const void **dtab = io.dtab;
+    float *dx = io.dx;
+    MoeRouteArgs ra = io.ra;
+#define MOE_BALLOC(bytes) (io.bufs[io.nb++] = b->alloc(b, (bytes)))
     float *xg = MOE_BALLOC(sizeof(float) * NK * H), *g = MOE_BALLOC(sizeof(float) * NK * I),
           *u = MOE_BALLOC(sizeof(float) * NK * I);
     MoePrefillBench mn = {b, {0}, ex, NULL, NULL, NULL}, mw = mn;
@@ -343,9 +363,8 @@ static void bench_moe_prefill_fp8(void) {
     native_row("moe30b_fp8_layer_prefill1024_native_us", us_n);
     native_row("moe30b_fp8_layer_prefill1024_weight_only_us", us_w);
     native_row("moe30b_fp8_layer_prefill1024_native_speedup", us_w / us_n);
-    free(on); free(ow); free(lg); free(x); free(tab); free(hs);
-    for (int i = 0; i < nb; i++) b->release(b, bufs[i]);
-    b->free(b);
+    free(on); free(ow); free(tab); free(hs);
+    moe_bench_io_free(&io);
     CUDA_CHECK(cudaFree(arena));
     CUDA_CHECK(cudaFree(dscale));
     free(ex);

@@ -358,8 +358,13 @@ static struct { uint32_t a[32][32][4], b[32][32][2]; } mma_scratch;
 
 static float mma_bf16(uint32_t reg, int hi) { return __uint_as_float(hi ? reg & 0xffff0000u : reg << 16); }
 
-void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+/* m16n8kK of the two mma shims: each 32-bit register holds epr elements (bf16: 2, e4m3: 4), the
+ * lower k in the lower bits, so K = 8 epr and lane (row % 8) * 4 + (k % (K / 2)) / epr, register
+ * (row >= 8) + 2 (k >= K / 2) holds A[row][k], lane col * 4 + (k % (K / 2)) / epr, register
+ * k >= K / 2 holds B[k][col] (element k % epr of each); elem decodes element i of a register. */
+static void emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], int epr,
+                    float (*elem)(uint32_t reg, int i)) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4, K = 8 * epr, half = K / 2;
     memcpy(mma_scratch.a[w][l], a, sizeof mma_scratch.a[w][l]);
     memcpy(mma_scratch.b[w][l], b, sizeof mma_scratch.b[w][l]);
     emu_warp_barrier(w);
@@ -367,17 +372,19 @@ void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
     for (int i = 0; i < 4; i++) {
         int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
         float s = 0.f;
-        for (int k = 0; k < 16; k++) {
-            /* A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k & 1;
-             * B[k][col]: lane col * 4 + (k % 8) / 2, register k >= 8, half k & 1 */
-            float x = mma_bf16(mma_scratch.a[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k & 1);
-            float y = mma_bf16(mma_scratch.b[w][col * 4 + (k % 8) / 2][k >= 8], k & 1);
+        for (int k = 0; k < K; k++) {
+            float x = elem(mma_scratch.a[w][(row % 8) * 4 + (k % half) / epr][(row >= 8) + 2 * (k >= half)], k % epr);
+            float y = elem(mma_scratch.b[w][col * 4 + (k % half) / epr][k >= half], k % epr);
             s += x * y;
         }
         r[i] = s + c[i];
     }
     emu_warp_barrier(w);
     memcpy(d, r, sizeof r);
+}
+
+void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    emu_mma(d, a, b, c, 2, mma_bf16);
 }
 
 /* e4m3 (OCP FP8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
@@ -389,25 +396,7 @@ static float mma_e4m3(uint32_t reg, int byte) {
 }
 
 void emu_mma_m16n8k32_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
-    memcpy(mma_scratch.a[w][l], a, sizeof mma_scratch.a[w][l]);
-    memcpy(mma_scratch.b[w][l], b, sizeof mma_scratch.b[w][l]);
-    emu_warp_barrier(w);
-    float r[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        float s = 0.f;
-        for (int k = 0; k < 32; k++) {
-            /* A[row][k]: lane (row % 8) * 4 + (k % 16) / 4, register (row >= 8) + 2 (k >= 16), byte k % 4;
-             * B[k][col]: lane col * 4 + (k % 16) / 4, register k >= 16, byte k % 4 */
-            float x = mma_e4m3(mma_scratch.a[w][(row % 8) * 4 + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)], k % 4);
-            float y = mma_e4m3(mma_scratch.b[w][col * 4 + (k % 16) / 4][k >= 16], k % 4);
-            s += x * y;
-        }
-        r[i] = s + c[i];
-    }
-    emu_warp_barrier(w);
-    memcpy(d, r, sizeof r);
+    emu_mma(d, a, b, c, 4, mma_e4m3);
 }
 
 /* ---- warp-collective ldmatrix (shim/cuda_runtime.h), the same protocol ---- */

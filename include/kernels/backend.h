@@ -111,7 +111,8 @@ typedef struct MoeExperts {
     const WeightMat *gate, *up, *down; /* [n_experts] host: shapes, format, quantization blocks */
     const void *const *w;              /* [3, n_experts] backend memory: gate[e].dev, up[e].dev, down[e].dev */
     const void *const *s;              /* [3, n_experts] backend memory: their dev_scale (NULL for BF16) */
-    const float *s2;                   /* [3, n_experts] backend memory: NVFP4's scale2 of each (NULL otherwise) */
+    const void *const *s2;             /* [3, n_experts] backend memory: NVFP4's dev_s2 of each ([1] f32, read at
+                                        * run time: a delta rewrites it in place); NULL otherwise */
 } MoeExperts;
 
 /* The routed experts' SwiGLU MLPs of one layer after moe_route (moe_mlp):

@@ -160,7 +160,7 @@ typedef struct CudaMoeSeg {
                              * [rows, cols / 2] e2m1 pairs */
     const void *const *s;   /* [n_experts] fp8: expert e's scale_inv [ceil(rows / br), ceil(cols / bc)] f32;
                              * nvfp4: its block scales [rows, cols / 16] e4m3 */
-    const float *s2;        /* nvfp4: [n_experts] device f32, each expert's scale2 */
+    const void *const *s2;  /* nvfp4: [n_experts] device pointers: expert e's scale2 ([1] f32, WeightMat.dev_s2) */
     int rows, br, bc;
 } CudaMoeSeg;
 typedef struct CudaMoeGemv {

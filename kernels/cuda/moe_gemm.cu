@@ -13,9 +13,9 @@
  * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
  * per expert, cpu_axpy into the token rows in expert order).
- * NVFP4 experts likewise, weight-only, each expert's scale2 read from a
- * device table (a delta that re-quantizes an expert rewrites its entry, and
- * a captured graph reads the new one).
+ * NVFP4 experts likewise, weight-only, each expert's scale2 read through a
+ * device table of pointers to its WeightMat.dev_s2 (a delta that re-quantizes
+ * an expert rewrites that float in place, and a captured graph reads it).
  * Steps of more than CUDA_GEMV_MAX_N tokens run moe_mma.cu instead (the
  * tensor-core grouped GEMM, which falls back to this tile per expert of at
  * most CUDA_GEMV_MAX_N pairs), so here an expert normally takes one pass.
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
     }
     if (FMT == 2) {
         a.SF = (const uint16_t *)S->s[e];
-        a.scale2 = S->s2 + e;
+        a.scale2 = (const float *)S->s2[e];
     }
     for (int c0 = 0; c0 < cnt; c0 += CUDA_GEMV_MAX_N) {
         a.x = g.x + (size_t)(p0 + c0) * g.cols;

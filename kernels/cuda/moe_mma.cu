@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
          * 16 wn + 8 nt + 2 tq + (f & 1) of its half */
         float s2[2] = {1.f, 1.f};
         if (FMT == 2)
-            for (int h = 0; h < 2; h++) s2[h] = __ldg(g.seg[SW ? h : 0].s2 + e);
+            for (int h = 0; h < 2; h++) s2[h] = __ldg((const float *)g.seg[SW ? h : 0].s2[e]);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll

@@ -51,9 +51,8 @@ struct Runner {
     float *mr_w, *mr_pw;     /* [T * top_k] */
     int32_t *mr_off;         /* [n_experts + 1] */
     int32_t *mr_active;      /* [n_experts] */
-    const void **moe_tab;    /* [n_layers, 2, 3 * n_experts] the experts' dev / dev_scale pointers (moe_mlp) */
-    float *moe_s2;           /* [n_layers, 3 * n_experts] NVFP4 experts' scale2 (moe_mlp), or NULL */
-    int moe_s2_stale;        /* a delta re-quantized an expert: moe_s2 is re-uploaded before the next step */
+    const void **moe_tab;    /* [n_layers, 3, 3 * n_experts] the experts' dev / dev_scale / dev_s2 pointers
+                              * (moe_mlp; a delta rewrites what they point at, never the pointers) */
     int32_t *d_bt;           /* [T, bt_stride] */
     /* host memory */
     float *inv_freq;         /* [head_dim / 2] */
@@ -171,9 +170,7 @@ int runner_weights_changed(Runner *r, const void *host, size_t bytes, const int6
     const WeightTensor *t = weight_registry_find_host(&r->m->weights, host);
     /* Every update lands in place, where captured graphs read it: BF16 scatters and re-uploads,
      * FP8 bytes and scales, NVFP4 bytes, scales and tensor scale (WeightMat.dev_s2, which the
-     * kernels read at run time). A re-quantized NVFP4 expert may have a new scale2: the grouped
-     * experts' table of them is re-read before the next step. */
-    if (t && t->mat && t->mat->fmt == WF_NVFP4) r->moe_s2_stale = r->moe_s2 != NULL;
+     * kernels read at run time; the grouped experts reach theirs through moe_tab's pointers). */
     Err be = {0};
     if (!t || r->b->weights_changed(r->b, t, idx, n_idx, elem, &be) == 0) return 0;
     return ERR(err, 500, "the %s backend could not update its copy of '%s' (%zu bytes): %s:%d: %s", r->b->name,
@@ -213,30 +210,9 @@ void runner_kvcache_free(Runner *r, KVCache *kv) {
 static MoeExperts moe_experts(const Runner *r, int l) {
     const LayerWeights *w = &r->m->layers[l];
     int E = r->m->cfg.n_experts;
-    const void **tab = r->moe_tab ? r->moe_tab + (size_t)l * 6 * E : NULL;
-    const float *s2 = r->moe_s2 ? r->moe_s2 + (size_t)l * 3 * E : NULL;
-    return (MoeExperts){w->egate, w->eup, w->edown, tab, tab ? tab + 3 * E : NULL, s2};
-}
-
-/* The NVFP4 experts' scale2 table: host values -> moe_s2 (start-up, and before
- * the first step after a delta re-quantized an expert). */
-static void moe_s2_upload(Runner *r) {
-    const ModelConfig *c = &r->m->cfg;
-    int E = c->n_experts;
-    size_t nt = (size_t)c->n_layers * 3 * E;
-    float *h = xcalloc(nt, sizeof *h);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!model_layer_is_moe(c, l)) continue;
-        const LayerWeights *w = &r->m->layers[l];
-        for (int e = 0; e < E; e++) {
-            const WeightMat *m3[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
-            for (int j = 0; j < 3; j++)
-                if (m3[j]->fmt == WF_NVFP4) h[(size_t)l * 3 * E + (size_t)j * E + e] = ((const QuantNvfp4 *)m3[j]->q)->scale2;
-        }
-    }
-    r->b->upload(r->b, r->moe_s2, h, nt * sizeof *h);
-    free(h);
-    r->moe_s2_stale = 0;
+    const void **tab = r->moe_tab ? r->moe_tab + (size_t)l * 9 * E : NULL;
+    int fp4 = w->egate && w->egate[0].fmt == WF_NVFP4;
+    return (MoeExperts){w->egate, w->eup, w->edown, tab, tab ? tab + 3 * E : NULL, tab && fp4 ? tab + 6 * E : NULL};
 }
 
 /* Start-up, MoE models: the routing limits, the MoE layer count, and whether
@@ -262,30 +238,24 @@ static void moe_setup(Runner *r) {
     }
     if (!ok) return;
     int E = c->n_experts;
-    size_t nt = (size_t)c->n_layers * 6 * E;
+    size_t nt = (size_t)c->n_layers * 9 * E;
     const void **h = xcalloc(nt, sizeof *h);
     for (int l = 0; l < c->n_layers; l++) {
         if (!model_layer_is_moe(c, l)) continue;
         const LayerWeights *w = &r->m->layers[l];
-        const void **t = h + (size_t)l * 6 * E;
+        const void **t = h + (size_t)l * 9 * E;
         for (int e = 0; e < E; e++) {
             const WeightMat *m3[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
             for (int j = 0; j < 3; j++) {
                 t[j * E + e] = m3[j]->dev;
                 t[3 * E + j * E + e] = m3[j]->dev_scale;
+                t[6 * E + j * E + e] = m3[j]->dev_s2; /* NVFP4's tensor scale, else NULL */
             }
         }
     }
     r->moe_tab = b->alloc(b, nt * sizeof *h);
     b->upload(b, (void *)r->moe_tab, h, nt * sizeof *h);
     free(h);
-    int first = -1;
-    for (int l = 0; l < c->n_layers && first < 0; l++)
-        if (model_layer_is_moe(c, l)) first = l;
-    if (first >= 0 && r->m->layers[first].egate[0].fmt == WF_NVFP4) {
-        r->moe_s2 = b->alloc(b, (size_t)c->n_layers * 3 * E * sizeof(float));
-        moe_s2_upload(r);
-    }
     r->moe_rows = r->max_tokens;
     log_info("moe: the %s backend runs the routed experts of %d layers grouped (steps of up to %d tokens)", b->name,
              r->n_moe, r->moe_rows);
@@ -388,7 +358,7 @@ void runner_free(Runner *r) {
     void *dev[] = {r->x, r->xn, r->tmp, r->hout, r->q, r->att, r->k, r->v, r->g, r->u, r->rope_cs, r->rope_sn,
                    r->router, r->xg, r->yg, r->logits, r->d_tokens, r->d_pos, r->d_seq, r->d_slots,
                    r->d_rows, r->d_bt, r->mr_ids, r->mr_tok, r->mr_of, r->mr_w, r->mr_pw, r->mr_off,
-                   r->mr_active, (void *)r->moe_tab, r->moe_s2};
+                   r->mr_active, (void *)r->moe_tab};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->release(b, dev[i]);
     if (!b->host) {
@@ -916,7 +886,6 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     r->tok_lora = NULL;
     for (int i = 0; r->lora_tokens && i < b->n_tokens; i++)
         if (r->lora_tokens[i] >= 0) r->tok_lora = r->lora_tokens;
-    if (r->moe_s2_stale) moe_s2_upload(r);
     int full = graph_eligible(r, b), N = b->n_tokens, piece = full ? -1 : piece_bucket(r, b, &N);
     step_prepare(r, kv, b, &st, N);
     if (b->n_pending > 0 && be->tokens_resolve(be, (int32_t *)st.tokens, b->n_tokens, b->n_pending))

@@ -1066,8 +1066,8 @@ static void check_moe_gemm(const int *a) {
     if (nat) bc->reserve(bc, NK, cols); /* the CPU matmul's quantized-x scratch */
     WeightMat *hm = (WeightMat *)xcalloc((size_t)2 * E, sizeof(WeightMat));
     const void **tab = (const void **)xcalloc((size_t)4 * E, sizeof(void *)); /* [2][E] w, [2][E] s */
+    const void *s2p[2 * E] = {NULL};                                          /* nvfp4: [2][E] dev_s2 */
     void **dmem = (void **)xcalloc((size_t)4 * E, sizeof(void *));
-    float s2[2 * E];
     for (int j = 0; j < nw; j++)
         for (int e = 0; e < E; e++) {
             WeightMat *h = &hm[j * E + e];
@@ -1090,7 +1090,7 @@ static void check_moe_gemm(const int *a) {
                 h->q = q;
                 dmem[j * E + e] = dev_copy(q->packed, (size_t)rows * cols / 2);
                 dmem[2 * E + j * E + e] = dev_copy(q->scale, (size_t)rows * cols / 16);
-                s2[j * E + e] = q->scale2;
+                s2p[j * E + e] = dev_scale2(q);
             } else {
                 dmem[j * E + e] = dev_copy(h->bf16, sizeof(uint16_t) * (size_t)rows * cols);
             }
@@ -1121,7 +1121,8 @@ static void check_moe_gemm(const int *a) {
         }
     }
     const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)4 * E);
-    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)ntok * cols), *ds2 = (float *)dev_copy(s2, sizeof s2);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)ntok * cols);
+    const void **ds2 = (const void **)dev_copy(s2p, sizeof s2p); /* [2][E] pointers to each dev_s2 */
     int32_t *doff = (int32_t *)dev_copy(off, sizeof off), *dact = (int32_t *)dev_copy(act, sizeof act);
     float *dout[2], *dact_out = (float *)dev_poisoned(sizeof(float) * ((size_t)NK * rows + 1));
     CudaMoeGemv g;
@@ -1178,7 +1179,7 @@ static void check_moe_gemm(const int *a) {
         free(hm[i].bf16);
     }
     for (int j = 0; j < nw; j++) cudaFree(dout[j]);
-    cudaFree(dact_out); cudaFree((void *)dtab); cudaFree(dx); cudaFree(ds2); cudaFree(doff); cudaFree(dact);
+    cudaFree(dact_out); cudaFree((void *)dtab); cudaFree(dx); cudaFree((void *)ds2); cudaFree(doff); cudaFree(dact);
     free(hm); free((void *)tab); free(dmem); free(x); free(xr); free(ref); free(u);
 }
 
@@ -1248,8 +1249,7 @@ static void check_moe(const int *a) {
     /* experts: host matrices for the CPU, device copies + pointer tables for the GPU */
     WeightMat *hm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
     WeightMat *dm = (WeightMat *)xcalloc((size_t)3 * E, sizeof(WeightMat));
-    const void **tab = (const void **)xcalloc((size_t)6 * E, sizeof(void *));
-    float *s2 = (float *)xcalloc((size_t)3 * E, sizeof(float)); /* nvfp4: [3, E] scale2 */
+    const void **tab = (const void **)xcalloc((size_t)9 * E, sizeof(void *)); /* [3][3 E] dev, dev_scale, dev_s2 */
     for (int j = 0; j < 3; j++)
         for (int e = 0; e < E; e++) {
             int rows = j < 2 ? I : H, cols = j < 2 ? H : I;
@@ -1267,7 +1267,6 @@ static void check_moe(const int *a) {
                 d->dev = dev_copy(q->packed, (size_t)rows * cols / 2);
                 d->dev_scale = dev_copy(q->scale, (size_t)rows * cols / 16);
                 d->dev_s2 = dev_scale2(q);
-                s2[j * E + e] = q->scale2;
             } else if (fmt == 1) {
                 Err err = {0};
                 QuantFp8 *q = quant_fp8_from_bf16(h->bf16, rows, cols, pc ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128,
@@ -1284,6 +1283,7 @@ static void check_moe(const int *a) {
             }
             tab[j * E + e] = d->dev;
             tab[3 * E + j * E + e] = d->dev_scale;
+            tab[6 * E + j * E + e] = d->dev_s2;
         }
     /* the reference: forward.c's per-expert loop on the CPU ops */
     float *x = rand_f32((size_t)n * H, 1), *ref = (float *)xcalloc((size_t)n * H, sizeof(float));
@@ -1302,12 +1302,11 @@ static void check_moe(const int *a) {
         bc->matmul(bc, yg, g, cnt, &hm[2 * E + e], NULL);
         bc->scale_add_rows(bc, ref, yg, hi[2] + o, hf[1] + o, cnt, H);
     }
-    const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)6 * E);
+    const void **dtab = (const void **)dev_copy(tab, sizeof(void *) * (size_t)9 * E);
     float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * H), *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * H);
     float *dxg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H), *dyg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H);
     float *dg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I), *du = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I);
-    float *ds2 = (float *)dev_copy(s2, sizeof(float) * (size_t)3 * E);
-    MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E, fmt == 2 ? ds2 : NULL}, dxg, dyg, dg,
+    MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E, fmt == 2 ? dtab + 6 * E : NULL}, dxg, dyg, dg,
                      du, H, I};
     int taken = bg->moe_mlp(bg, &ma);
     float *got = dev_result(dout, (size_t)n * H);
@@ -1325,7 +1324,7 @@ static void check_moe(const int *a) {
     }
     for (int i = 0; i < 5; i++) { cudaFree(di[i]); free(hi[i]); }
     for (int i = 0; i < 2; i++) { cudaFree(df[i]); free(hf[i]); }
-    cudaFree(dlg); cudaFree((void *)dtab); cudaFree(ds2); free(s2); cudaFree(dx); cudaFree(dout); cudaFree(dxg); cudaFree(dyg); cudaFree(dg);
+    cudaFree(dlg); cudaFree((void *)dtab); cudaFree(dx); cudaFree(dout); cudaFree(dxg); cudaFree(dyg); cudaFree(dg);
     cudaFree(du);
     free(lg); free(perm); free(hm); free(dm); free((void *)tab); free(x); free(ref); free(xg); free(yg); free(g);
     free(u);

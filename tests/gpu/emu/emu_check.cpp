@@ -242,7 +242,7 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
         float *before = (float *)malloc(sizeof(float) * (size_t)T0 * V);
         rc1 = model_forward(rc, kvc, &b, before, &err);
         /* MoE models: expert 0's gate in the first MoE layer too (its values grow, so a re-quantized
-         * expert's scales change: NVFP4's scale2 lives in a device table the grouped GEMV reads) */
+         * expert's scales change: the grouped GEMV reads NVFP4's scale2 through a pointer table) */
         WeightMat *tw[2] = {w, NULL};
         for (int l = 0; l < m->cfg.n_layers && !tw[1]; l++)
             if (model_layer_is_moe(&m->cfg, l)) tw[1] = &m->layers[l].egate[0];
@@ -654,7 +654,7 @@ int main(void) {
         if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
         t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);
         t_model("tests/fixtures/llama31", quick ? 1 : 3, PREC_NVFP4);
-        t_want_graphs = 1; /* NVFP4 experts grouped on the device (moe_gemm.cu), their scale2 in a device table */
+        t_want_graphs = 1; /* NVFP4 experts grouped on the device (moe_gemm.cu), their scale2 through a pointer table */
         t_model("tests/fixtures/qwen3_moe_fp4", quick ? 1 : 3, PREC_NVFP4);
         t_want_graphs = 0;
         if (!quick) { /* native FP8 per channel / NVFP4 (cuda_native.h), the delta re-upload included */

@@ -151,9 +151,9 @@ int cuda_moe_route(const MoeRouteArgs *a, void *stream);
  * and up). Grid: min(n_experts, n_pairs) slots of active[] x row tiles.
  * fmt 0 bf16, 1 fp8 e4m3 (f32 scale_inv blocks br x bc: bc % 16 == 0 or
  * bc >= cols); cols % (8 << fmt) == 0; x and every W_e 16-byte aligned.
- * fmt 3 (cuda_moe_gemm only, where cuda_moe_gemm_fp8_native()): FP8 weights
- * times e4m3 activations, the native FP8 path (x unused; xq, xs, x_row
- * instead): bc % 128 == 0 or bc >= cols, cols % 16 == 0, xq 16-byte aligned. */
+ * fmt 3 (cuda_moe_gemm only, where cuda_moe_gemm_fp8_native(bc, cols)): FP8
+ * weights times e4m3 activations, the native FP8 path (x unused; xq, xs,
+ * x_row instead), xq 16-byte aligned. */
 typedef struct CudaMoeSeg {
     float *out;             /* [n_pairs, rows] f32, pair order */
     const void *const *w;   /* [n_experts] device pointers: expert e's [rows, cols] bf16 / e4m3, or nvfp4
@@ -189,11 +189,14 @@ int cuda_moe_args_ok(const CudaMoeGemv *g);
  * segments' out not written; nseg 1: seg[0].out, act unused. 0, or -1 without
  * a launch. */
 int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream);
-/* 1 when this binary's cuda_moe_gemm takes fmt 3 (FP8 mma.sync, sm_89+: the
- * sm_90 / 100 / 103 binaries and the CPU emulation), else 0. fmt 3 is
- * quant_matmul_fp8_rows with quant_act_fp8's xs: per 128 columns k of a row,
- * the e4m3 products summed on tensor cores, then acc += sum * (ws * xs). */
-int cuda_moe_gemm_fp8_native(void);
+/* 1 when this binary's cuda_moe_gemm takes fmt 3 for FP8 weights of scale
+ * blocks bc columns wide over cols: it has the FP8 mma.sync (sm_89+: the
+ * sm_90 / 100 / 103 binaries and the CPU emulation), cols % 16 == 0, and the
+ * blocks are whole 128-column groups (bc % 128 == 0 or bc >= cols); else 0.
+ * The one rule its callers (cu_moe_mlp, the start-up log, the tests) share.
+ * fmt 3 is quant_matmul_fp8_rows with quant_act_fp8's xs: per 128 columns k
+ * of a row, the e4m3 products summed on tensor cores, then acc += sum * (ws * xs). */
+int cuda_moe_gemm_fp8_native(int bc, int cols);
 /* out[t, dim] = sum over k in ascending pair_of order of weights[t, k] * y[pair_of[t, k], dim]
  * (y [n * top_k, dim] f32 in pair order; pair_of, weights [n, top_k]). */
 int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n, int top_k,

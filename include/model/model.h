@@ -134,6 +134,8 @@ int model_quantize(Model *m, Precision p, int weight_only, Err *err);
 int model_quantize_layout(Model *m, Precision p, int weight_only, int fp8_per_channel, Err *err);
 void model_quant_free(Model *m);
 void model_free(Model *m);
+/* 1 when w is a routed expert's matrix (one of the layers' egate / eup / edown arrays). */
+int model_is_routed_expert(const Model *m, const WeightMat *w);
 /* Every weight tensor by its checkpoint name, for deltas and hashing:
  * returns the bf16 storage the forward pass reads, or NULL. */
 uint16_t *model_tensor(Model *m, const char *name, int64_t *numel);

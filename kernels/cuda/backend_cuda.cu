@@ -486,8 +486,9 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
  * n top_k inter bytes + scales), the e4m3 GEMM of down, the unpermute. The x
  * groups follow the CPU backend's rule (cpu_matmul): per token when the
  * weights' scale blocks span every column, else per 128 columns. */
-static int moe_native_fp8(const WeightMat *w, int n, int NK) {
-    return w->fmt == WF_FP8 && w->act_quant && n >= CUDA_NATIVE_MIN_N && NK <= 65535 && cuda_moe_gemm_fp8_native();
+static int moe_native_fp8(const WeightMat *w, int n, int NK, const CudaMoeSeg *sg, int H, int I) {
+    return w->fmt == WF_FP8 && w->act_quant && n >= CUDA_NATIVE_MIN_N && NK <= 65535 &&
+           cuda_moe_gemm_fp8_native(sg[0].bc, H) && cuda_moe_gemm_fp8_native(sg[2].bc, I);
 }
 /* The activation layout for FP8 weights of scale blocks bc over cols: its group, and xs_stride for n rows. */
 static int moe_fp8_group(int bc, int cols, int n, int *stride) {
@@ -523,9 +524,7 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
      * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
      * runs the mma, its batch 1 row the GEMV). */
     int mma = ra->n > CUDA_GEMV_MAX_N;
-    /* scale blocks of whole 128-column groups (cuda_moe_args_ok's fmt 3 rule), else weight-only */
-    int native = fmt == 1 && moe_native_fp8(&ws[0][0], ra->n, NK) && (sg[0].bc % 128 == 0 || sg[0].bc >= H) &&
-                 (sg[2].bc % 128 == 0 || sg[2].bc >= I);
+    int native = moe_native_fp8(&ws[0][0], ra->n, NK, sg, H, I);
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];
     gu.seg[1] = sg[1];
@@ -542,7 +541,6 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     dn.nseg = 1;
     dn.x = a->g;
     dn.cols = I;
-    if (!native) LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
     if (native) {
         uint8_t *q = (uint8_t *)a->xg, *q2 = (uint8_t *)a->u;
         float *qs = (float *)(q + ((size_t)ra->n * H + 15) / 16 * 16), *qs2 = (float *)(q2 + ((size_t)NK * I + 15) / 16 * 16);
@@ -559,13 +557,16 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
         dn.xq = q2;
         dn.xs = qs2;
         LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
-    } else if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
-        LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
-        LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
     } else {
-        LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
-        LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
-        LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
+        LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+        if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
+            LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
+            LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
+        } else {
+            LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+            LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+            LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
+        }
     }
     LAUNCH_OK(cuda_moe_unpermute(a->out, a->yg, ra->pair_of, ra->weights, ra->n, K, H, st(b)));
     return 0;

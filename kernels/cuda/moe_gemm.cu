@@ -71,14 +71,14 @@ extern "C" int cuda_moe_args_ok(const CudaMoeGemv *g) {
         g->n_experts < 1 || g->n_pairs < 0 || g->cols <= 0)
         return 0;
     int fp8 = g->fmt == 1 || g->fmt == 3;
-    if (g->fmt == 3 ? !g->xq || !g->xs || g->xs_stride < 0 || g->cols % 16 || ((uintptr_t)g->xq & 15)
+    if (g->fmt == 3 ? !g->xq || !g->xs || g->xs_stride < 0 || ((uintptr_t)g->xq & 15)
                     : !g->x || g->cols % (8 << g->fmt) || ((uintptr_t)g->x & 15))
         return 0;
     for (int i = 0; i < g->nseg; i++) {
         const CudaMoeSeg *S = &g->seg[i];
-        if (!S->out || !S->w || S->rows <= 0 || (fp8 && (!S->s || S->br <= 0 || S->bc <= 0 ||
-                                                         (S->bc % (g->fmt == 3 ? 128 : 16) && S->bc < g->cols))) ||
-            (g->fmt == 2 && (!S->s || !S->s2)))
+        if (!S->out || !S->w || S->rows <= 0 || (fp8 && (!S->s || S->br <= 0 || S->bc <= 0)) ||
+            (g->fmt == 1 && S->bc % 16 && S->bc < g->cols) ||
+            (g->fmt == 3 && !cuda_moe_gemm_fp8_native(S->bc, g->cols)) || (g->fmt == 2 && (!S->s || !S->s2)))
             return 0;
     }
     return 1;

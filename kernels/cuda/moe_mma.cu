@@ -335,11 +335,12 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
     }
 }
 
-extern "C" int cuda_moe_gemm_fp8_native(void) { return MG_FP8_MMA; }
+extern "C" int cuda_moe_gemm_fp8_native(int bc, int cols) {
+    return MG_FP8_MMA && bc > 0 && cols > 0 && cols % 16 == 0 && (bc % MG_GROUP == 0 || bc >= cols);
+}
 
 extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
     if (!cuda_moe_args_ok(g) || (g->nseg == 2 && (!act || g->seg[1].rows != g->seg[0].rows))) return -1;
-    if (g->fmt == 3 && !MG_FP8_MMA) return -1;
     /* one scale grid for gate and up (the kernel reads seg 0's bc; the rows' br each their own) */
     if ((g->fmt == 1 || g->fmt == 3) && g->nseg == 2 && g->seg[1].bc != g->seg[0].bc) return -1;
     if (g->n_pairs == 0) return 0;

@@ -76,21 +76,11 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
     return 0;
 }
 
-/* A routed expert's matrix (one of the layers' egate / eup / edown arrays). */
-static int is_routed_expert(const Model *m, const WeightMat *w) {
-    for (int l = 0; m->cfg.n_experts && l < m->cfg.n_layers; l++) {
-        const WeightMat *tabs[3] = {m->layers[l].egate, m->layers[l].eup, m->layers[l].edown};
-        for (int j = 0; j < 3; j++)
-            if (tabs[j] && w >= tabs[j] && w < tabs[j] + m->cfg.n_experts) return 1;
-    }
-    return 0;
-}
-/* An act_quant FP8 expert the grouped native GEMM takes (moe_mma.cu fmt 3: scale blocks of whole
- * 128-column groups; cuda_moe_gemm_fp8_native: the binary has the FP8 mma). */
+/* An act_quant FP8 expert the grouped native GEMM takes (moe_mma.cu fmt 3, cuda_moe_gemm_fp8_native). */
 static int expert_native(const WeightMat *w) {
     const QuantFp8 *q = (const QuantFp8 *)w->q;
-    return w->fmt == WF_FP8 && w->act_quant && q && (q->block_cols % 128 == 0 || q->block_cols >= w->cols) &&
-           cuda_moe_gemm_fp8_native && cuda_moe_gemm_fp8_native();
+    return w->fmt == WF_FP8 && w->act_quant && q && cuda_moe_gemm_fp8_native &&
+           cuda_moe_gemm_fp8_native(q->block_cols, w->cols);
 }
 
 Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, int max_ctx, int n_threads) {
@@ -101,7 +91,7 @@ Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, in
         const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
         if (!w || w->fmt == WF_BF16) continue;
         n_q++;
-        if (is_routed_expert(m, w)) n_ex_native += expert_native(w); /* the grouped MoE GEMM, not cuBLASLt */
+        if (model_is_routed_expert(m, w)) n_ex_native += expert_native(w); /* the grouped MoE GEMM, not cuBLASLt */
         else n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
     }
     if (n_q)

@@ -207,6 +207,15 @@ int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *e
     return 0;
 }
 
+int model_is_routed_expert(const Model *m, const WeightMat *w) {
+    for (int l = 0; m->cfg.n_experts && l < m->cfg.n_layers; l++) {
+        const WeightMat *tabs[3] = {m->layers[l].egate, m->layers[l].eup, m->layers[l].edown};
+        for (int j = 0; j < 3; j++)
+            if (tabs[j] && w >= tabs[j] && w < tabs[j] + m->cfg.n_experts) return 1;
+    }
+    return 0;
+}
+
 void model_free(Model *m) {
     if (!m) return;
     model_quant_free(m);

@@ -191,22 +191,27 @@ typedef struct MoeBenchIo {
     float *dx;         /* [N, H] */
     MoeRouteArgs ra;
 } MoeBenchIo;
+/* Backend memory of the bench, released by moe_bench_io_free. */
+static void *moe_bench_alloc(MoeBenchIo *io, size_t bytes) {
+    CHECK(io->nb < (int)(sizeof io->bufs / sizeof io->bufs[0]), "moe bench: more buffers than bufs holds");
+    return io->bufs[io->nb++] = io->b->alloc(io->b, bytes);
+}
 static void moe_bench_io_create(MoeBenchIo *io, const void **tab, int N, int E, int K, int H) {
     size_t NK = (size_t)N * K;
     memset(io, 0, sizeof *io);
     Backend *b = io->b = backend_cuda_create_resident(128, 2048);
     b->reserve(b, N, H);
-#define IO_ALLOC(bytes) (io->bufs[io->nb++] = b->alloc(b, (bytes)))
-    io->dtab = IO_ALLOC(sizeof(void *) * 6 * E);
+    io->dtab = moe_bench_alloc(io, sizeof(void *) * 6 * E);
     b->upload(b, (void *)io->dtab, tab, sizeof(void *) * 6 * E);
     float *lg = rand_f32((size_t)N * E, 2.0f), *x = rand_f32((size_t)N * H, 1.0f);
-    float *dlg = IO_ALLOC(sizeof(float) * (size_t)N * E);
-    io->dx = IO_ALLOC(sizeof(float) * (size_t)N * H);
+    float *dlg = moe_bench_alloc(io, sizeof(float) * (size_t)N * E);
+    io->dx = moe_bench_alloc(io, sizeof(float) * (size_t)N * H);
     b->upload(b, dlg, lg, sizeof(float) * (size_t)N * E);
     b->upload(b, io->dx, x, sizeof(float) * (size_t)N * H);
-    io->ra = (MoeRouteArgs){dlg, IO_ALLOC(4 * NK), IO_ALLOC(4 * NK), IO_ALLOC(4 * (E + 1)), IO_ALLOC(4 * NK),
-                            IO_ALLOC(4 * NK), IO_ALLOC(4 * NK), IO_ALLOC(4 * E), N, E, K, 1};
-#undef IO_ALLOC
+    io->ra = (MoeRouteArgs){dlg, moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * NK),
+                            moe_bench_alloc(io, 4 * (E + 1)), moe_bench_alloc(io, 4 * NK),
+                            moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * E),
+                            N, E, K, 1};
     b->moe_route(b, &io->ra);
     free(lg);
     free(x);
@@ -238,17 +243,12 @@ static void bench_moe_prefill(void) {
     MoeBenchIo io;
     moe_bench_io_create(&io, tab, N, E, K, H);
     Backend *b = io.b;
-    const void **dtab = io.dtab;
-    float *dx = io.dx;
-    MoeRouteArgs ra = io.ra;
-#define MOE_BALLOC(bytes) (io.bufs[io.nb++] = b->alloc(b, (bytes)))
-    MoePrefillBench m = {b, {0}, ex, xcalloc(E + 1, sizeof(int32_t)), MOE_BALLOC(sizeof(float) * (size_t)N * H),
-                         MOE_BALLOC(sizeof(float) * (size_t)N * H)};
-    float *xg = MOE_BALLOC(sizeof(float) * NK * H);
-    m.ma = (MoeMlpArgs){MOE_BALLOC(sizeof(float) * (size_t)N * H), dx, &ra,
-                        {ex, ex + E, ex + 2 * E, dtab, dtab + 3 * E, NULL}, xg, xg,
-                        MOE_BALLOC(sizeof(float) * NK * I), MOE_BALLOC(sizeof(float) * NK * I), H, I};
-#undef MOE_BALLOC
+    MoePrefillBench m = {b, {0}, ex, xcalloc(E + 1, sizeof(int32_t)), moe_bench_alloc(&io, sizeof(float) * (size_t)N * H),
+                         moe_bench_alloc(&io, sizeof(float) * (size_t)N * H)};
+    float *xg = moe_bench_alloc(&io, sizeof(float) * NK * H);
+    m.ma = (MoeMlpArgs){moe_bench_alloc(&io, sizeof(float) * (size_t)N * H), io.dx, &io.ra,
+                        {ex, ex + E, ex + 2 * E, io.dtab, io.dtab + 3 * E, NULL}, xg, xg,
+                        moe_bench_alloc(&io, sizeof(float) * NK * I), moe_bench_alloc(&io, sizeof(float) * NK * I), H, I};
     double us_g = moe_time_us(b, moe_grouped_call, &m, m.ma.out, reps);
     double us_e = moe_time_us(b, moe_per_expert_call, &m, m.out_e, reps);
     float *og = xmalloc(sizeof(float) * (size_t)N * H), *oe = xmalloc(sizeof(float) * (size_t)N * H);
@@ -280,7 +280,7 @@ static void bench_moe_prefill(void) {
  * 1 / 448. Rows: moe30b_fp8_layer_prefill1024_native_us, _weight_only_us, _native_speedup
  * (weight-only / native). Skipped where the binary has no FP8 mma (sm_80). */
 static void bench_moe_prefill_fp8(void) {
-    if (!cuda_moe_gemm_fp8_native()) {
+    if (!cuda_moe_gemm_fp8_native(128, 768) || !cuda_moe_gemm_fp8_native(128, 2048)) {
         printf("  moe30b fp8 layer prefill: skipped (this binary has no FP8 mma)\n");
         return;
     }
@@ -332,20 +332,15 @@ static void bench_moe_prefill_fp8(void) {
     MoeBenchIo io;
     moe_bench_io_create(&io, tab, N, E, K, H);
     Backend *b = io.b;
-    const void **dtab = io.dtab;
-    float *dx = io.dx;
-    MoeRouteArgs ra = io.ra;
-#define MOE_BALLOC(bytes) (io.bufs[io.nb++] = b->alloc(b, (bytes)))
-    float *xg = MOE_BALLOC(sizeof(float) * NK * H), *g = MOE_BALLOC(sizeof(float) * NK * I),
-          *u = MOE_BALLOC(sizeof(float) * NK * I);
+    float *xg = moe_bench_alloc(&io, sizeof(float) * NK * H), *g = moe_bench_alloc(&io, sizeof(float) * NK * I),
+          *u = moe_bench_alloc(&io, sizeof(float) * NK * I);
     MoePrefillBench mn = {b, {0}, ex, NULL, NULL, NULL}, mw = mn;
     for (int v = 0; v < 2; v++) {
         const WeightMat *w0 = ex + (size_t)v * 3 * E;
-        MoeMlpArgs ma = {MOE_BALLOC(sizeof(float) * (size_t)N * H), dx, &ra,
-                         {w0, w0 + E, w0 + 2 * E, dtab, dtab + 3 * E, NULL}, xg, xg, g, u, H, I};
+        MoeMlpArgs ma = {moe_bench_alloc(&io, sizeof(float) * (size_t)N * H), io.dx, &io.ra,
+                         {w0, w0 + E, w0 + 2 * E, io.dtab, io.dtab + 3 * E, NULL}, xg, xg, g, u, H, I};
         (v ? &mw : &mn)->ma = ma;
     }
-#undef MOE_BALLOC
     double us_n = moe_time_us(b, moe_grouped_call, &mn, mn.ma.out, reps);
     double us_w = moe_time_us(b, moe_grouped_call, &mw, mw.ma.out, reps);
     float *on = xmalloc(sizeof(float) * (size_t)N * H), *ow = xmalloc(sizeof(float) * (size_t)N * H);

@@ -1048,7 +1048,7 @@ static void check_moe_gemm(const int *a) {
     static const int pats[][8] = {{0, 70, 9, 0, 8, 1, 17, 0}, {0, 0, 0, 129, 0, 0, 0, 0}, {64, 64, 1, 2, 3, 4, 5, 6}};
     enum { E = 8 };
     int rows = a[0], cols = a[1], fmt = a[2], sw = a[3], nat = fmt == 3, wfmt = nat ? 1 : fmt;
-    if (nat && !cuda_moe_gemm_fp8_native()) {
+    if (nat && !cuda_moe_gemm_fp8_native(a[5] ? cols : QUANT_FP8_GROUP, cols)) {
         printf("  skip moe_gemm fp8 native [%d x %d]: this binary has no FP8 mma (sm_80)\n", rows, cols);
         return;
     }
@@ -1198,7 +1198,9 @@ static void check_moe(const int *a) {
     /* fmt 3 (4: per channel): fp8 experts marked act_quant; at least CUDA_NATIVE_MIN_N tokens on a
      * binary with the FP8 mma they run native (x quantized on the device), and the CPU reference
      * quantizes x too (per token for per-channel weights, else per 128 columns: its rule) */
-    int aq = fmt >= 3, pc = fmt == 4, nat = aq && n >= CUDA_NATIVE_MIN_N && cuda_moe_gemm_fp8_native();
+    int aq = fmt >= 3, pc = fmt == 4;
+    int nat = aq && n >= CUDA_NATIVE_MIN_N && cuda_moe_gemm_fp8_native(pc ? H : QUANT_FP8_GROUP, H) &&
+              cuda_moe_gemm_fp8_native(pc ? I : QUANT_FP8_GROUP, I);
     if (aq) fmt = 1;
     if (nat) bc->reserve(bc, n * K, H > I ? H : I); /* the CPU matmul's quantized-x scratch */
     int skew = a[8]; /* 1: expert 1 first for every token, experts >= E / 2 never chosen (K <= E / 2) */

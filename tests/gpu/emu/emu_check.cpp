@@ -336,17 +336,8 @@ static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(
  * every step of at least CUDA_NATIVE_MIN_N tokens), so the CPU reference quantizes x for its
  * expert matrices whatever rows each gets; other matrices follow mm_native_ref. */
 static const Model *t_moe_native;
-static int is_expert(const Model *m, const WeightMat *w) {
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const LayerWeights *L = &m->layers[l];
-        const WeightMat *tabs[3] = {L->egate, L->eup, L->edown};
-        for (int j = 0; j < 3; j++)
-            if (tabs[j] && w >= tabs[j] && w < tabs[j] + m->cfg.n_experts) return 1;
-    }
-    return 0;
-}
 static void mm_moe_native_ref(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
-    if (t_moe_native && w->act_quant && is_expert(t_moe_native, w)) cpu_mm(b, out, x, n, w, bias);
+    if (t_moe_native && w->act_quant && model_is_routed_expert(t_moe_native, w)) cpu_mm(b, out, x, n, w, bias);
     else mm_native_ref(b, out, x, n, w, bias);
 }
 
@@ -359,8 +350,12 @@ static void t_moe_long(const char *dir, Precision prec, int n, int act) {
         n_fail++;
         return;
     }
-    CHECK(!act || (prec == PREC_FP8 && n - 3 >= CUDA_NATIVE_MIN_N && cuda_moe_gemm_fp8_native()),
-          "t_moe_long act: FP8 steps of at least CUDA_NATIVE_MIN_N tokens");
+    const WeightMat *ex0 = NULL; /* the first MoE layer's expert 0 gate: the experts' layout */
+    for (int l = 0; l < m->cfg.n_layers && !ex0; l++)
+        if (model_layer_is_moe(&m->cfg, l)) ex0 = &m->layers[l].egate[0];
+    CHECK(!act || (prec == PREC_FP8 && n - 3 >= CUDA_NATIVE_MIN_N && ex0 &&
+                   cuda_moe_gemm_fp8_native(((const QuantFp8 *)ex0->q)->block_cols, ex0->cols)),
+          "t_moe_long act: FP8 experts the native GEMM takes, steps of at least CUDA_NATIVE_MIN_N tokens");
     int V = m->cfg.vocab, ctx = 1024, bs = 16;
     Backend *cpu = backend_cpu_create(1, ctx);
     cpu_mm = cpu->matmul;

@@ -20,17 +20,23 @@
  * GQA: query head h reads KV head h / (n_heads / n_kv_heads) (L2 shares it).
  *
  * K and V fragments come from shared memory through ldmatrix (V's transposed).
+ * The tile loads overlap the mma work, FlashAttention-2's order with one
+ * shared tile each: V of a tile travels while its scores are computed, K of
+ * the next tile while P V runs; a BF16 cache's rows by cp.async (cp_async.cuh,
+ * no registers), an FP8 cache's decoded to bf16 through registers at the same
+ * points.
  * Long contexts: with n_splits > 1 (cuda_attention_mma_split) block z of a
  * tile takes the position tiles z, z + n_splits, ... and writes its rows'
  * unnormalised state to part; attention.cu's merge kernel combines them.
  * Not here: f32 KV caches, head dims other than 64 / 128 and decode-shaped
- * batches (attention.cu; cuda_attention_mma_fits says which), cp.async
- * pipelining of the tile loads.
+ * batches (attention.cu; cuda_attention_mma_fits says which), more than one
+ * tile of K or V in flight (shared memory is 35 KB a block at head_dim 128).
  * Reference: the CPU attention of backend_cpu.c (f32, two-pass softmax).
  */
 #include <math.h>
 
 #include "attn_tiles.cuh"
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
@@ -64,17 +70,42 @@ static __device__ __forceinline__ uint4 kv_load8_bf16(const void *cache, size_t 
     return uint4{w[0], w[1], w[2], w[3]};
 }
 
+/* The K (or V) rows of position tile kv0 (positions past maxp zero) into the
+ * shared tile t [64, HD + pad] bf16, FP8's row scales into sc [64]: a BF16
+ * cache by cp.async (the bytes land at the caller's wait), an FP8 one decoded
+ * to bf16 and stored now. Nothing when the tile starts past maxp. */
+template <int HD, int DT>
+static __device__ __forceinline__ void mma_tile_load(const AttnArgs &a, const void *cache, const float *scale,
+                                                     const int32_t *bt, int kvh, int kv0, int maxp, uint16_t *t,
+                                                     float *sc) {
+    constexpr int LD = HD + MMA_PAD;
+    if (kv0 > maxp) return; /* block-uniform */
+    for (int c = threadIdx.x; c < MMA_BK * HD / 8; c += MMA_WARPS * 32) {
+        int i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
+        bool in = p <= maxp;
+        size_t row = in ? ((size_t)bt[p / a.block_size] * a.n_kv_heads + kvh) * a.block_size + p % a.block_size : 0;
+        if (DT == KV_BF16) {
+            cp_async16(&t[i * LD + d], (const uint16_t *)cache + row * HD + d, in);
+            continue;
+        }
+        if (d == 0) sc[i] = in ? scale[row] : 0.f; /* masked: no stale NaN into 0 * scale */
+        *(uint4 *)&t[i * LD + d] = in ? kv_load8_bf16<DT>(cache, row * HD + d) : uint4{0, 0, 0, 0};
+    }
+}
+
 /* HDT = 4 * head_dim + DT (one template argument: the emulation's launch macro
  * splits on commas). Grid: (ceil(n_tokens / 64), n_heads, n_splits); block:
- * 128 threads. part: see cuda_attention_mma_split (NULL when n_splits == 1). */
+ * 128 threads; registers for 4 blocks an SM at head_dim 64, 2 at 128 (their
+ * shared tiles take 19 / 35 KB). part: see cuda_attention_mma_split (NULL when
+ * n_splits == 1). */
 template <int HDT>
-__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a, float *part, int n_splits) {
+__global__ void __launch_bounds__(MMA_WARPS * 32, HDT / 4 == 64 ? 4 : 2) attn_mma_kernel(AttnArgs a, float *part, int n_splits) {
     constexpr int HD = HDT / 4, DT = HDT % 4, KS = HD / 16, ND = HD / 8, LD = HD + MMA_PAD;
     __shared__ __align__(16) uint16_t sk[MMA_BK * LD], sv[MMA_BK * LD]; /* [64, HD (+pad)] bf16 */
     __shared__ float s_ks[MMA_BK], s_vs[MMA_BK]; /* FP8: the tile's row scales */
     __shared__ int s_pos[MMA_BQ], s_seq[MMA_BQ];
     int t0 = blockIdx.x * MMA_BQ, h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
-    int nrows = a.n_tokens - t0 < MMA_BQ ? a.n_tokens - t0 : MMA_BQ, bs = a.block_size;
+    int nrows = a.n_tokens - t0 < MMA_BQ ? a.n_tokens - t0 : MMA_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two rows in the tile */
 
@@ -123,78 +154,81 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(AttnArgs a, fl
         }
         bool in0 = r0 >= rs && r0 < re, in1 = r1 >= rs && r1 < re;
         const int32_t *bt = a.block_table + (size_t)sq * a.bt_stride;
-        for (int kv0 = (int)blockIdx.z * MMA_BK; kv0 <= maxp; kv0 += MMA_BK * n_splits) {
-            __syncthreads(); /* the previous tile's readers are done */
-            for (int c = threadIdx.x; c < MMA_BK * HD / 8; c += MMA_WARPS * 32) {
-                int i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
-                uint4 kb = {0, 0, 0, 0}, vb = {0, 0, 0, 0};
-                if (p <= maxp) {
-                    size_t row = ((size_t)bt[p / bs] * a.n_kv_heads + kvh) * bs + p % bs;
-                    kb = kv_load8_bf16<DT>(a.k_cache, row * HD + d);
-                    vb = kv_load8_bf16<DT>(a.v_cache, row * HD + d);
-                    if (DT == KV_FP8 && d == 0) {
-                        s_ks[i] = a.k_scale[row];
-                        s_vs[i] = a.v_scale[row];
-                    }
-                } else if (DT == KV_FP8 && d == 0) {
-                    s_ks[i] = s_vs[i] = 0.f; /* masked; no stale NaN into 0 * scale */
-                }
-                *(uint4 *)&sk[i * LD + d] = kb;
-                *(uint4 *)&sv[i * LD + d] = vb;
-            }
-            __syncthreads();
-            if (kv0 > wmax) continue; /* warp-uniform: no row of this warp sees this tile */
+        /* The tile loads overlap the mma work (FlashAttention-2's order): V of a tile travels
+         * while its scores are computed, K of the next tile while P V runs. */
+        int kv0 = (int)blockIdx.z * MMA_BK;
+        mma_tile_load<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kv0, maxp, sk, s_ks);
+        cp_async_commit();
+        for (; kv0 <= maxp; kv0 += MMA_BK * n_splits) {
+            cp_async_wait<0>();
+            __syncthreads(); /* this tile's K landed for every thread; every warp is done with the last V */
+            mma_tile_load<HD, DT>(a, a.v_cache, a.v_scale, bt, kvh, kv0, maxp, sv, s_vs);
+            cp_async_commit();
+            const bool act = kv0 <= wmax; /* warp-uniform: some row of this warp sees this tile */
 
             float s[MMA_BK / 8][4];
 #pragma unroll
-            for (int n = 0; n < MMA_BK / 8; n++) {
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            for (int n = 0; n < MMA_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            if (act) {
 #pragma unroll
-                for (int kk = 0; kk < KS; kk += 2) {
-                    /* B[k][n] = K[pos n][dim k]: matrices (positions 8n.., dims 16kk + 8j..), j = 0..3 */
-                    uint32_t b[4];
-                    ldsm_x4<false>(b, &sk[(8 * n + (lane & 7)) * LD + 16 * kk + 8 * (lane >> 3)]);
-                    mma_bf16_16816(s[n], qa[kk], b);
-                    mma_bf16_16816(s[n], qa[kk + 1], b + 2);
+                for (int n = 0; n < MMA_BK / 8; n++) {
+#pragma unroll
+                    for (int kk = 0; kk < KS; kk += 2) {
+                        /* B[k][n] = K[pos n][dim k]: matrices (positions 8n.., dims 16kk + 8j..), j = 0..3 */
+                        uint32_t b[4];
+                        ldsm_x4<false>(b, &sk[(8 * n + (lane & 7)) * LD + 16 * kk + 8 * (lane >> 3)]);
+                        mma_bf16_16816(s[n], qa[kk], b);
+                        mma_bf16_16816(s[n], qa[kk + 1], b + 2);
+                    }
                 }
-            }
-            float mx[2] = {-INFINITY, -INFINITY};
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int n = 0; n < MMA_BK / 8; n++)
+                for (int n = 0; n < MMA_BK / 8; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = 8 * n + 2 * tq + (e & 1), p = kv0 + i;
-                    bool ok = e < 2 ? in0 && p <= p0 : in1 && p <= p1;
-                    float sc = DT == KV_FP8 ? a.scale * s_ks[i] : a.scale;
-                    s[n][e] = ok ? s[n][e] * sc : -INFINITY;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-                }
-            float corr[2];
+                    for (int e = 0; e < 4; e++) {
+                        int i = 8 * n + 2 * tq + (e & 1), p = kv0 + i;
+                        bool ok = e < 2 ? in0 && p <= p0 : in1 && p <= p1;
+                        float sc = DT == KV_FP8 ? a.scale * s_ks[i] : a.scale;
+                        s[n][e] = ok ? s[n][e] * sc : -INFINITY;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                    }
+                float corr[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)); /* the row's quad */
-                float mn = fmaxf(m[i], mx[i]);
-                corr[i] = mma_corr(m[i], mn);
-                m[i] = mn;
-                l[i] *= corr[i];
-            }
-#pragma unroll
-            for (int n = 0; n < MMA_BK / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float mn = m[e >> 1];
-                    s[n][e] = mn == -INFINITY ? 0.f : expf(s[n][e] - mn);
-                    l[e >> 1] += s[n][e];
-                    if (DT == KV_FP8) s[n][e] *= s_vs[8 * n + 2 * tq + (e & 1)]; /* P V's rows carry V's scales */
+                for (int i = 0; i < 2; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)); /* the row's quad */
+                    float mn = fmaxf(m[i], mx[i]);
+                    corr[i] = mma_corr(m[i], mn);
+                    m[i] = mn;
+                    l[i] *= corr[i];
                 }
 #pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[n][0] *= corr[0];
-                o[n][1] *= corr[0];
-                o[n][2] *= corr[1];
-                o[n][3] *= corr[1];
+                for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float mn = m[e >> 1];
+                        s[n][e] = mn == -INFINITY ? 0.f : expf(s[n][e] - mn);
+                        l[e >> 1] += s[n][e];
+                    }
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    o[n][0] *= corr[0];
+                    o[n][1] *= corr[0];
+                    o[n][2] *= corr[1];
+                    o[n][3] *= corr[1];
+                }
             }
+            cp_async_wait<0>();
+            __syncthreads(); /* this tile's V landed for every thread; every warp is done with K */
+            int kn = kv0 + MMA_BK * n_splits;
+            mma_tile_load<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kn, maxp, sk, s_ks);
+            cp_async_commit();
+            if (!act) continue;
+            if (DT == KV_FP8)
+#pragma unroll
+                for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[n][e] *= s_vs[8 * n + 2 * tq + (e & 1)]; /* P V's rows carry V's scales */
             /* O += P V: P's accumulator layout of n tiles 2kk, 2kk + 1 is the A layout of k step kk */
 #pragma unroll
             for (int kk = 0; kk < MMA_BK / 16; kk++) {

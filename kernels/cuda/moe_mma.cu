@@ -15,7 +15,8 @@
  * experts are distinct) and runs moe_gemm.cu's GEMV, one pass; a larger step
  * runs this kernel for every expert. The GEMV is not inlined here as a per-expert
  * fallback: its registers (~255 at 8 tokens) would cap this kernel at one block
- * per SM (this one: 78-128 registers, no spills, sm_90).
+ * per SM (this one, sm_90: 80-126 registers, 2 blocks an SM; fmt 3 ~208, one
+ * block, where 128 would spill 100-270 bytes).
  *
  * Numerics (the weights are always decoded exactly), per expert on the device:
  *   BF16   more than CUDA_GEMV_MAX_N pairs: x rounded to bf16 (nearest even),
@@ -41,7 +42,10 @@
  *          accumulator bits, so no partial runs longer than 128 columns).
  * SwiGLU (two segments): the epilogue writes silu(gate) * up with
  * swiglu_kernel's expression, the bits of the two GEMMs then cuda_swiglu.
- * Not here: cp.async / double-buffered stages, the weighted unpermute
+ * Stages are double-buffered: stage k + 1 travels while stage k is multiplied,
+ * BF16 weights and fmt 3's two operands by cp.async (cp_async.cuh), the others
+ * through registers, one barrier a stage.
+ * Not here: more than two stages in flight, the weighted unpermute
  * (moe_gemm.cu), native NVFP4 activations (act_quant NVFP4 experts run the
  * weight-only path), which steps take fmt 3 (backend_cuda.cu cu_moe_mlp).
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
@@ -52,6 +56,7 @@
 
 #include "cuda_check.h"
 #include "cuda_device.cuh"
+#include "cp_async.cuh"
 #include "cuda_kernels.h"
 #include "gemv_tile.cuh" /* the exact e4m3 / e2m1 decoders */
 #include "mma_tile.cuh"
@@ -80,7 +85,8 @@ static __device__ __forceinline__ const CudaMoeSeg *mg_half(const CudaMoeGemv &g
 
 /* Stage k0 of the weights: both halves' MG_BN x MG_BK bf16 into sb (rows past
  * the matrix and columns past cols zero); fmt 3: MG_BN x 2 MG_BK e4m3 bytes
- * (the same 80-byte shared rows). */
+ * (the same 80-byte shared rows). BF16 and fmt 3 by cp.async (landing at the
+ * caller's wait), FP8 / NVFP4 decoded through registers and stored now. */
 template <int FMT, int SW>
 static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, int tile, int k0,
                                                  uint16_t (*sb)[MG_BN * MG_LD]) {
@@ -90,9 +96,8 @@ static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, in
             int h = i / (MG_BN * (MG_BK / 8)), row = (i / (MG_BK / 8)) % MG_BN, c = (i % (MG_BK / 8)) * 8, r0;
             const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
             int r = r0 + row;
-            uint4 v = {0, 0, 0, 0};
-            if (r < S->rows && k0 + c < cols) v = __ldg((const uint4 *)((const uint16_t *)S->w[e] + (size_t)r * cols + k0 + c));
-            *(uint4 *)&sb[h][row * MG_LD + c] = v;
+            bool in = r < S->rows && k0 + c < cols;
+            cp_async16(&sb[h][row * MG_LD + c], (const uint16_t *)S->w[e] + (in ? (size_t)r * cols + k0 + c : 0), in);
         }
         return;
     }
@@ -101,9 +106,8 @@ static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, in
             int h = i / (MG_BN * 4), row = (i / 4) % MG_BN, c = (i % 4) * 16, r0;
             const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
             int r = r0 + row;
-            uint4 v = {0, 0, 0, 0};
-            if (r < S->rows && k0 + c < cols) v = __ldg((const uint4 *)((const uint8_t *)S->w[e] + (size_t)r * cols + k0 + c));
-            *(uint4 *)((uint8_t *)&sb[h][row * MG_LD] + c) = v;
+            bool in = r < S->rows && k0 + c < cols;
+            cp_async16((uint8_t *)&sb[h][row * MG_LD] + c, (const uint8_t *)S->w[e] + (in ? (size_t)r * cols + k0 + c : 0), in);
         }
         return;
     }
@@ -161,16 +165,27 @@ static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, i
 }
 
 /* fmt 3, stage k0 of the activations: pairs m0.. of the expert as 64 e4m3 bytes
- * each from their xq rows (x_row) into sa[0]; past cnt / cols zero. */
+ * each from their xq rows (x_row) into sa[0] by cp.async; past cnt / cols zero. */
 static __device__ __forceinline__ void mg_load_xq(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0,
                                                   uint16_t (*sa)[MG_BM * MG_LD]) {
     int i = threadIdx.x, row = i >> 2, c = (i & 3) * 16; /* 64 rows x 4 chunks of 16 bytes: one a thread */
-    uint4 v = {0, 0, 0, 0};
-    if (m0 + row < cnt && k0 + c < g.cols) {
+    bool in = m0 + row < cnt && k0 + c < g.cols;
+    size_t off = 0;
+    if (in) {
         int p = p0 + m0 + row, xr = g.x_row ? __ldg(g.x_row + p) : p;
-        v = __ldg((const uint4 *)(g.xq + (size_t)xr * g.cols + k0 + c));
+        off = (size_t)xr * g.cols + k0 + c;
     }
-    *(uint4 *)((uint8_t *)&sa[0][row * MG_LD] + c) = v;
+    cp_async16((uint8_t *)&sa[0][row * MG_LD] + c, g.xq + off, in);
+}
+
+/* One stage k0 (both operands) into a buffer: sa [hi, lo][64, 32 (+pad)], sb [half][64, 32 (+pad)]. */
+template <int FMT, int SW>
+static __device__ __forceinline__ void mg_load_stage(const CudaMoeGemv &g, int e, int tile, int p0, int cnt, int m0,
+                                                     int k0, bool split, uint16_t (*sa)[MG_BM * MG_LD],
+                                                     uint16_t (*sb)[MG_BN * MG_LD]) {
+    if (FMT == 3) mg_load_xq(g, p0, cnt, m0, k0, sa);
+    else mg_load_x(g, p0, cnt, m0, k0, split, sa);
+    mg_load_w<FMT, SW>(g, e, tile, k0, sb);
 }
 
 /* The f32 promotion of FP8 partial sums at the end of a scale column kb: acc += part * s, part = 0,
@@ -201,8 +216,9 @@ static __device__ __forceinline__ void mg_promote(float (*acc)[2][2][4], float (
 template <int FMT2>
 __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, float *act) {
     constexpr int FMT = FMT2 / 2, SW = FMT2 % 2;
-    __shared__ __align__(16) uint16_t sa[2][MG_BM * MG_LD]; /* [2][64, 32 (+pad)] bf16 x: hi, lo */
-    __shared__ __align__(16) uint16_t sb[2][MG_BN * MG_LD];           /* [2][64, 32 (+pad)] bf16 weights */
+    /* two buffers of a stage (40 KB): [buffer][hi, lo][64, 32 (+pad)] bf16 x, [buffer][half][64, 32 (+pad)] bf16 weights */
+    __shared__ __align__(16) uint16_t sa[2][2][MG_BM * MG_LD];
+    __shared__ __align__(16) uint16_t sb[2][2][MG_BN * MG_LD];
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) return; /* the whole block */
@@ -249,18 +265,22 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     int m = m0 + 32 * wm + 16 * mt + gq + 8 * hi, p = p0 + (m < cnt ? m : 0);
                     xri[mt][hi] = g.x_row ? __ldg(g.x_row + p) : p;
                 }
-        for (int k0 = 0; k0 < cols; k0 += KSTAGE) {
-            __syncthreads(); /* the previous stage's readers are done */
-            if (FMT == 3) mg_load_xq(g, p0, cnt, m0, k0, sa);
-            else mg_load_x(g, p0, cnt, m0, k0, split, sa);
-            mg_load_w<FMT, SW>(g, e, tile, k0, sb);
-            __syncthreads();
+        __syncthreads(); /* every warp is done with the last pair tile's buffers */
+        mg_load_stage<FMT, SW>(g, e, tile, p0, cnt, m0, 0, split, sa[0], sb[0]);
+        cp_async_commit();
+        for (int k0 = 0, st = 0; k0 < cols; k0 += KSTAGE, st++) {
+            cp_async_wait<0>();
+            __syncthreads(); /* stage st landed for every thread; every warp is done with stage st - 1 */
+            if (k0 + KSTAGE < cols) /* the next stage travels while this one is multiplied */
+                mg_load_stage<FMT, SW>(g, e, tile, p0, cnt, m0, k0 + KSTAGE, split, sa[(st + 1) & 1], sb[(st + 1) & 1]);
+            cp_async_commit();
+            uint16_t (*xa)[MG_BM * MG_LD] = sa[st & 1], (*wb)[MG_BN * MG_LD] = sb[st & 1];
             uint32_t b[2][2][4]; /* [half][n8]: k 0..15 in 0, 1; k 16..31 in 2, 3 */
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)
-                    ldsm_x4<false>(b[h][nt], &sb[h][(16 * wn + 8 * nt + (lane & 7)) * MG_LD + 8 * (lane >> 3)]);
+                    ldsm_x4<false>(b[h][nt], &wb[h][(16 * wn + 8 * nt + (lane & 7)) * MG_LD + 8 * (lane >> 3)]);
 #pragma unroll
             for (int kk = 0; kk < MG_BK / 16; kk++) {
                 if (k0 + KSTEP * kk >= cols) break; /* block-uniform: the zero tail */
@@ -268,8 +288,8 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
                     const int off = (32 * wm + 16 * mt + (lane & 15)) * MG_LD + 16 * kk + 8 * (lane >> 4);
-                    ldsm_x4<false>(ah[mt], &sa[0][off]);
-                    if (split) ldsm_x4<false>(al[mt], &sa[1][off]);
+                    ldsm_x4<false>(ah[mt], &xa[0][off]);
+                    if (split) ldsm_x4<false>(al[mt], &xa[1][off]);
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++)

@@ -2,7 +2,8 @@
  * emu.cpp - the execution machinery of shim/cuda_runtime.h. Blocks run one
  * after another; the threads of a block run as fibers (ucontext) in one OS
  * thread, switching only at barriers: __syncthreads waits for the block,
- * __shfl_xor_sync for the warp. A fiber is entered once with setcontext (its
+ * __shfl_xor_sync for the warp. Between two block barriers the warps run one
+ * after another (emu_run says why). A fiber is entered once with setcontext (its
  * own stack), after that it and the scheduler switch with _setjmp/_longjmp,
  * which, unlike swapcontext, makes no system call. Under ASan every switch is
  * announced (__sanitizer_start_switch_fiber before, _finish_ after), so the
@@ -170,6 +171,61 @@ static struct {
     std::function<void()> *fn;
 } job;
 
+/* ---- cp.async (shim/cuda_runtime.h): each CUDA thread's copies not yet
+ * waited for. Blocks run one at a time, so a slot per thread index serves;
+ * cp_async_reset empties a thread's slot when its block starts. ---- */
+#define EMU_CP_MAX 64 /* copies in flight per thread (the kernels keep <= 16) */
+struct EmuCpAsync {
+    struct { uint8_t *dst; uint8_t data[16]; long group; } q[EMU_CP_MAX]; /* group 0: not committed */
+    int n;
+    long groups; /* committed so far */
+};
+static EmuCpAsync cp_q[EMU_MAX_THREADS];
+
+static void cp_async_reset(unsigned t) { cp_q[t].n = 0, cp_q[t].groups = 0; }
+
+/* The thread's kernel returned: every copy must have been waited for. */
+static void cp_async_exit(void) {
+    EmuCpAsync *c = &cp_q[threadIdx.x];
+    if (c->n) {
+        fprintf(stderr, "emulation: thread %u of block (%u, %u, %u) returned with %d cp.async copies not waited for\n",
+                threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z, c->n);
+        exit(1);
+    }
+}
+
+void emu_cp_async16(void *dst, const void *src, int src_bytes) {
+    EmuCpAsync *c = &cp_q[threadIdx.x];
+    if (((uintptr_t)dst | (src_bytes ? (uintptr_t)src : 0)) & 15u || src_bytes < 0 || src_bytes > 16 ||
+        c->n == EMU_CP_MAX) {
+        fprintf(stderr, "emulation: cp.async dst %p src %p bytes %d (%d in flight): misaligned, bad size or too many\n",
+                dst, src, src_bytes, c->n);
+        exit(1);
+    }
+    auto &e = c->q[c->n++];
+    e.dst = (uint8_t *)dst;
+    memset(e.data, 0, sizeof e.data);
+    if (src_bytes) memcpy(e.data, src, (size_t)src_bytes);
+    e.group = 0;
+    memset(dst, 0xff, 16); /* garbage until the wait */
+}
+
+void emu_cp_async_commit(void) {
+    EmuCpAsync *c = &cp_q[threadIdx.x];
+    c->groups++;
+    for (int i = 0; i < c->n; i++)
+        if (!c->q[i].group) c->q[i].group = c->groups;
+}
+
+void emu_cp_async_wait(int n) {
+    EmuCpAsync *c = &cp_q[threadIdx.x];
+    int k = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->q[i].group && c->q[i].group <= c->groups - n) memcpy(c->q[i].dst, c->q[i].data, 16); /* lands */
+        else c->q[k++] = c->q[i];
+    c->n = k;
+}
+
 #ifndef EMU_PTHREADS
 /* ---- fibers ---- */
 #if defined(__SANITIZE_ADDRESS__)
@@ -205,7 +261,10 @@ static void emu_yield(void) {
     FIB_FINISH(fib_fake[cur], NULL, NULL);
 }
 
-/* Barrier k (a warp, or 32 for the block) of n fibers. */
+/* Barrier k (a warp, or 32 for the block) of n fibers. A fiber held at the
+ * block barrier says so (fib_held, the generation it waits out), so the
+ * scheduler can move on to the next warp. */
+static unsigned fib_held[EMU_MAX_THREADS]; /* block barrier generation + 1, or 0 */
 static void emu_barrier(int k, unsigned n) {
     EmuBlock *b = emu_block;
     if (++b->arrived[k] == n) {
@@ -214,7 +273,9 @@ static void emu_barrier(int k, unsigned n) {
         return;
     }
     unsigned g = b->gen[k];
+    if (k == 32) fib_held[cur] = g + 1;
     while (b->gen[k] == g) emu_yield();
+    fib_held[cur] = 0;
 }
 
 float emu_shfl_xor(float v, int off) {
@@ -232,6 +293,7 @@ static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
 static void fiber_main(void) {
     FIB_FINISH(NULL, &sched_bottom, &sched_size);
     (*job.fn)();
+    cp_async_exit();
     fib_done[cur] = 1;
     FIB_START(NULL, sched_bottom, sched_size); /* NULL: this fiber's stack is done */
     _longjmp(sched_jb, 1);
@@ -255,27 +317,50 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                     fib_ctx[i].uc_link = NULL; /* fiber_main never returns */
                     makecontext(&fib_ctx[i], fiber_main, 0);
                     fib_done[i] = fib_started[i] = 0;
+                    fib_held[i] = 0;
+                    cp_async_reset(i);
                 }
+                /* Warps run one after another from block barrier to block barrier
+                 * (the lanes of a warp in turns, meeting at its warp barriers), in
+                 * ascending order in even blocks and descending in odd ones: a
+                 * warp that writes shared memory another warp still reads (or
+                 * reads what another has not written yet) without a barrier
+                 * between them sees the wrong bytes in one of the two orders,
+                 * where warps in lockstep would hide it. */
+                unsigned nw = nt / 32, down = (bx + by + bz) & 1;
                 for (unsigned left = nt; left;) {
-                    left = 0;
-                    for (unsigned i = 0; i < nt; i++) {
-                        if (fib_done[i]) continue;
-                        threadIdx = uint3{i, 0, 0};
-                        blockIdx = uint3{bx, by, bz};
-                        blockDim = c.block;
-                        gridDim = c.grid;
-                        emu_block = &blk;
-                        cur = i;
-                        if (!_setjmp(sched_jb)) {
-                            FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
-                            if (!fib_started[i]) {
-                                fib_started[i] = 1;
-                                setcontext(&fib_ctx[i]);
+                    unsigned any = 0;
+                    for (unsigned wi = 0; wi < nw; wi++) {
+                        unsigned w0 = 32 * (down ? nw - 1 - wi : wi);
+                        for (unsigned ran = 1; ran;) {
+                            ran = 0;
+                            for (unsigned i = w0; i < w0 + 32; i++) {
+                                if (fib_done[i] || (fib_held[i] && blk.gen[32] == fib_held[i] - 1)) continue;
+                                ran = any = 1;
+                                threadIdx = uint3{i, 0, 0};
+                                blockIdx = uint3{bx, by, bz};
+                                blockDim = c.block;
+                                gridDim = c.grid;
+                                emu_block = &blk;
+                                cur = i;
+                                if (!_setjmp(sched_jb)) {
+                                    FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
+                                    if (!fib_started[i]) {
+                                        fib_started[i] = 1;
+                                        setcontext(&fib_ctx[i]);
+                                    }
+                                    _longjmp(fib_jb[i], 1);
+                                }
+                                FIB_FINISH(sched_fake, NULL, NULL);
                             }
-                            _longjmp(fib_jb[i], 1);
                         }
-                        FIB_FINISH(sched_fake, NULL, NULL);
-                        left += !fib_done[i];
+                    }
+                    left = 0;
+                    for (unsigned i = 0; i < nt; i++) left += !fib_done[i];
+                    if (left && !any) {
+                        fprintf(stderr, "emu: block (%u, %u, %u): %u threads wait at a __syncthreads that the others "
+                                "returned without\n", bx, by, bz, left);
+                        exit(1);
                     }
                 }
             }
@@ -315,7 +400,9 @@ static void *worker(void *p) {
         blockDim = job.bd;
         gridDim = job.gd;
         emu_block = job_blk;
+        cp_async_reset(i);
         (*job.fn)();
+        cp_async_exit();
         sem_post(&done_sem);
     }
     return NULL;

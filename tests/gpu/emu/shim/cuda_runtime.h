@@ -240,6 +240,21 @@ void emu_mma_m16n8k32_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2],
  * lane l (g = l / 4, t = l % 4) gets matrix j's elements (g, 2t), (g, 2t+1), or
  * with .trans (2t, g), (2t+1, g), the first in the low half. */
 void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
+/* cp.async.cg.shared.global [dst], [src], 16, src_bytes (PTX ISA "Data
+ * Movement and Conversion Instructions: cp.async"), commit_group and
+ * wait_group n, per thread. The emulation makes the copy land as late as the
+ * ISA allows and makes its destination garbage until then: at the issue the
+ * 16 destination bytes become 0xff (a bf16 / e4m3 / f32 NaN), and the data
+ * (src_bytes of src, then zeros) land only when this thread's wait_group
+ * covers the copy's group. A read of the tile before the wait (or before the
+ * barrier that follows the other threads' waits) or a copy issued into bytes
+ * another thread still reads sees NaN, which the op checks catch. Both
+ * addresses must be 16-byte aligned (a device faults otherwise); a thread that
+ * exits with copies not waited for is a kernel bug (their bytes never land as
+ * the kernel meant) and stops the emulation. */
+void emu_cp_async16(void *dst, const void *src, int src_bytes);
+void emu_cp_async_commit(void);
+void emu_cp_async_wait(int n);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -91,6 +91,11 @@ int cuda_rope_kv_write(const RopeKvArgs *a, void *stream);
 #define CUDA_ATTN_GROUP 4   /* query heads of one KV head handled per block */
 #define CUDA_ATTN_CHUNK 32  /* positions per split chunk */
 int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream);
+/* 0: BF16 / FP8 caches take the warp-a-position kernel (attn_kernel) even where
+ * the vector kernel fits; 1 (the default): the vector kernel. For gpu_check's
+ * A/B of the two (bench_attn_decode) and nothing else; host state, read at
+ * each launch, not thread-safe. */
+void cuda_attention_vec_enable(int on);
 /* How many splits cuda_attention should use for a batch on a device with
  * sm_count SMs and contexts up to max_ctx (1 when the batch fills the GPU). */
 int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count);
@@ -176,6 +181,10 @@ typedef struct CudaMoeGemv {
     const int32_t *offsets; /* [n_experts + 1] int32 (moe_route) */
     const int32_t *active;  /* [n_experts] int32 experts with pairs, then -1 (moe_route) */
     int n_experts, n_pairs, fmt; /* fmt: 0 bf16, 1 fp8, 2 nvfp4 (gemv_tile.cuh's FMT), 3 fp8 x e4m3 */
+    int max_cnt;            /* cuda_moe_gemv: the most pairs one expert may have (a step's tokens: a token's
+                             * experts are distinct), or 0: unknown. It sizes the GEMV's tile (1, 2, 4 or 8
+                             * pairs a pass: a decode step of one token gets the registers of a one-pair
+                             * tile); any value gives the same result, an expert of more pairs takes more passes */
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);

@@ -535,6 +535,7 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     gu.active = ra->active;
     gu.n_experts = E;
     gu.n_pairs = NK;
+    gu.max_cnt = ra->n;
     gu.fmt = fmt;
     CudaMoeGemv dn = gu;
     dn.seg[0] = sg[2];

@@ -7,7 +7,10 @@
  * slots x row tiles, read from the device's active list: no size depends on a
  * host read of the routing (graph-capturable); empty slots exit at once.
  * Each block runs gemv_tile.cuh (the decode GEMV's tile and its BF16 / FP8
- * decoders) over its expert's rows, up to CUDA_GEMV_MAX_N pairs per pass.
+ * decoders) over its expert's rows, up to 1, 2, 4 or 8 pairs per pass: the
+ * bucket of the caller's max_cnt (the step's tokens), so a one-token decode
+ * step runs a one-pair tile at its registers (sm_90, FP8: 106 instead of 255
+ * with spills; BF16 56, NVFP4 80) and more blocks fit an SM.
  * FP8 experts run weight-only here also when their activations would be
  * quantized (act_quant): an expert's pairs per decode step are few, below
  * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
@@ -26,8 +29,13 @@
 #include "cuda_kernels.h"
 #include "gemv_tile.cuh"
 
-template <int FMT>
+/* FN = 16 * FMT + NM (one template argument: the emulation's launch macro splits
+ * on commas): NM pairs at most a pass (1, 2, 4, 8), so the kernel's registers are
+ * those of gemv_tile<NM> (255 with spills at 8 FP8 pairs, the decode step of one
+ * token needing a one-pair tile). */
+template <int FN>
 __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) {
+    constexpr int FMT = FN / 16, NM = FN % 16;
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) return; /* the whole block */
@@ -49,18 +57,18 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
         a.SF = (const uint16_t *)S->s[e];
         a.scale2 = (const float *)S->s2[e];
     }
-    for (int c0 = 0; c0 < cnt; c0 += CUDA_GEMV_MAX_N) {
+    for (int c0 = 0; c0 < cnt; c0 += NM) {
         a.x = g.x + (size_t)(p0 + c0) * g.cols;
         a.out = S->out + (size_t)(p0 + c0) * S->rows;
-        switch (cnt - c0) {
+        switch (cnt - c0 < NM ? cnt - c0 : NM) { /* cases above NM cannot occur: their tile is NM's */
         case 1: gemv_tile<1, FMT>(a, tile); break;
-        case 2: gemv_tile<2, FMT>(a, tile); break;
-        case 3: gemv_tile<3, FMT>(a, tile); break;
-        case 4: gemv_tile<4, FMT>(a, tile); break;
-        case 5: gemv_tile<5, FMT>(a, tile); break;
-        case 6: gemv_tile<6, FMT>(a, tile); break;
-        case 7: gemv_tile<7, FMT>(a, tile); break;
-        default: gemv_tile<8, FMT>(a, tile); break;
+        case 2: gemv_tile<(NM < 2 ? NM : 2), FMT>(a, tile); break;
+        case 3: gemv_tile<(NM < 3 ? NM : 3), FMT>(a, tile); break;
+        case 4: gemv_tile<(NM < 4 ? NM : 4), FMT>(a, tile); break;
+        case 5: gemv_tile<(NM < 5 ? NM : 5), FMT>(a, tile); break;
+        case 6: gemv_tile<(NM < 6 ? NM : 6), FMT>(a, tile); break;
+        case 7: gemv_tile<(NM < 7 ? NM : 7), FMT>(a, tile); break;
+        default: gemv_tile<NM, FMT>(a, tile); break;
         }
         __syncthreads(); /* the next pass reuses the tile's shared partial sums */
     }
@@ -92,7 +100,23 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
     unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
     cudaStream_t s = (cudaStream_t)stream;
-    void (*k)(CudaMoeGemv) = g->fmt == 0 ? moe_gemv_kernel<0> : g->fmt == 1 ? moe_gemv_kernel<1> : moe_gemv_kernel<2>;
+    int mc = g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
+    int nm = mc <= 1 ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8;
+    void (*k)(CudaMoeGemv) = NULL;
+    switch (16 * g->fmt + nm) {
+    case 1: k = moe_gemv_kernel<1>; break;
+    case 2: k = moe_gemv_kernel<2>; break;
+    case 4: k = moe_gemv_kernel<4>; break;
+    case 8: k = moe_gemv_kernel<8>; break;
+    case 17: k = moe_gemv_kernel<17>; break;
+    case 18: k = moe_gemv_kernel<18>; break;
+    case 20: k = moe_gemv_kernel<20>; break;
+    case 24: k = moe_gemv_kernel<24>; break;
+    case 33: k = moe_gemv_kernel<33>; break;
+    case 34: k = moe_gemv_kernel<34>; break;
+    case 36: k = moe_gemv_kernel<36>; break;
+    default: k = moe_gemv_kernel<40>; break;
+    }
     k<<<blocks, GT_WARPS * 32, 0, s>>>(*g);
     CUDA_CHECK_LAUNCH();
     return 0;

@@ -28,11 +28,16 @@
 #include "device_select.h"
 
 typedef struct NativeRow { char name[48]; double v; } NativeRow;
-static NativeRow native_rows[24];
+#define NATIVE_ROWS_MAX 48
+static NativeRow native_rows[NATIVE_ROWS_MAX];
 static int n_native_rows;
 
 static void native_row(const char *name, double v) {
-    if (n_native_rows >= 24) return;
+    if (n_native_rows >= NATIVE_ROWS_MAX) {
+        fprintf(stderr, "gpu_check: row %s dropped: more than %d named rows (raise NATIVE_ROWS_MAX)\n", name,
+                NATIVE_ROWS_MAX);
+        return;
+    }
     snprintf(native_rows[n_native_rows].name, sizeof native_rows[0].name, "%s", name);
     native_rows[n_native_rows++].v = v;
     printf("  row %-32s %.6g\n", name, v);

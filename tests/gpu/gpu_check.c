@@ -722,6 +722,89 @@ static void bench_attn_prefill(const ModelConfig *c) {
     free(hq); free(hpos); free(hseq); free(hbt);
 }
 
+/* One layer's decode attention alone (Qwen3-8B heads, one query token a
+ * sequence at the end of its context, BF16 and FP8 KV) at three shapes of 2^16
+ * .. 2^18 positions (268-537 MB a cache: no L2 reuse between launches): the
+ * vector kernel and the warp-a-position one (cuda_attention_vec_enable), each
+ * at the splits the backend picks, as the K / V bytes (and FP8's row scales)
+ * read per second against the copy bandwidth. Named rows
+ * attn_decode_<kv>_b<B>_ctx<C>_fraction (the kernel the backend runs),
+ * _warp_fraction and _vec_speedup (warp time / vector time). */
+static void bench_attn_decode(const ModelConfig *c) {
+    const int shapes[][2] = {{128, 512}, {32, 4096}, {8, 32768}}; /* batch, context */
+    const char *ctx_name[] = {"512", "4k", "32k"};
+    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, sms = 0, it = 20;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    for (int si = 0; si < 3; si++) {
+        int B = shapes[si][0], ctx = shapes[si][1], bps = ctx / BS + 1;
+        size_t rows = (size_t)B * bps * BS * nkv, qn = (size_t)B * nh * hd;
+        int splits = cuda_attention_splits(B, nh, nkv, ctx, sms);
+        int32_t *hpos = xmalloc(sizeof(int32_t) * B), *hseq = xmalloc(sizeof(int32_t) * B),
+                *hbt = xmalloc(sizeof(int32_t) * B * bps), *pos = NULL, *seq = NULL, *bt = NULL;
+        for (int b = 0; b < B; b++) { hpos[b] = ctx - 1; hseq[b] = b; }
+        for (int i = 0; i < B * bps; i++) hbt[i] = i;
+        float *q = NULL, *out = NULL, *part = NULL, *ks = NULL, *vs = NULL;
+        CUDA_CHECK(cudaMalloc((void **)&q, sizeof(float) * qn)); CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * qn));
+        CUDA_CHECK(cudaMalloc((void **)&part, sizeof(float) * (size_t)splits * B * nh * (hd + 2)));
+        CUDA_CHECK(cudaMalloc((void **)&ks, sizeof(float) * rows)); CUDA_CHECK(cudaMalloc((void **)&vs, sizeof(float) * rows));
+        CUDA_CHECK(cudaMalloc((void **)&pos, sizeof(int32_t) * B)); CUDA_CHECK(cudaMalloc((void **)&seq, sizeof(int32_t) * B));
+        CUDA_CHECK(cudaMalloc((void **)&bt, sizeof(int32_t) * B * bps));
+        CUDA_CHECK(cudaMemcpy(pos, hpos, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(seq, hseq, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(bt, hbt, sizeof(int32_t) * B * bps, cudaMemcpyHostToDevice));
+        CHECK(cuda_fill_bf16((uint16_t *)q, 2 * qn, 21, 0, 0.5f, NULL) == 0, "bench: fill"); /* any finite pattern */
+        CUDA_CHECK(cudaMemset(ks, 0x3c, sizeof(float) * rows)); CUDA_CHECK(cudaMemset(vs, 0x3c, sizeof(float) * rows));
+        for (int dt = 0; dt < 2; dt++) {
+            KvDtype kvt = dt ? KV_FP8 : KV_BF16;
+            size_t eb = dt ? 1 : 2;
+            void *kc = NULL, *vc = NULL;
+            CUDA_CHECK(cudaMalloc(&kc, rows * hd * eb)); CUDA_CHECK(cudaMalloc(&vc, rows * hd * eb));
+            if (dt) { /* e4m3 1.0 everywhere: no NaN bytes */
+                CUDA_CHECK(cudaMemset(kc, 0x38, rows * hd)); CUDA_CHECK(cudaMemset(vc, 0x38, rows * hd));
+            } else {
+                CHECK(cuda_fill_bf16(kc, rows * hd, 22, 0, 1, NULL) == 0 && cuda_fill_bf16(vc, rows * hd, 23, 0, 1, NULL) == 0,
+                      "bench: fill");
+            }
+            AttnArgs a = {out, q, kc, vc, pos, seq, bt, bps, B, nh, nkv, hd, BS, 1.0f / sqrtf((float)hd), kvt,
+                          dt ? ks : NULL, dt ? vs : NULL, B};
+            double us[2];
+            for (int v = 0; v < 2; v++) { /* 0: the vector kernel, 1: attn_kernel */
+                cuda_attention_vec_enable(v == 0);
+                for (int i = -3; i < it; i++) {
+                    if (i == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
+                    CHECK(cuda_attention(&a, part, splits, NULL) == 0, "bench: decode attention");
+                }
+                CUDA_CHECK(cudaEventRecord(e1, 0));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                us[v] = ms * 1e3 / it;
+            }
+            cuda_attention_vec_enable(1);
+            double bytes = 2.0 * B * (double)ctx * nkv * hd * eb + (dt ? 2.0 * B * (double)ctx * nkv * sizeof(float) : 0);
+            double fv = bytes / (us[0] * 1e-6) / 1e9 / bw_gbs, fw = bytes / (us[1] * 1e-6) / 1e9 / bw_gbs;
+            printf("  decode attention %s b%d ctx %d (%d splits): vector %.1f us (%.1f%% of copy), warp %.1f us "
+                   "(%.1f%%), %.2fx\n", kv_dtype_name(kvt), B, ctx, splits, us[0], 100 * fv, us[1], 100 * fw,
+                   us[1] / us[0]);
+            char nm[48];
+            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_fraction", dt ? "fp8" : "bf16", B, ctx_name[si]);
+            native_row(nm, fv);
+            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_warp_fraction", dt ? "fp8" : "bf16", B, ctx_name[si]);
+            native_row(nm, fw);
+            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_vec_speedup", dt ? "fp8" : "bf16", B, ctx_name[si]);
+            native_row(nm, us[1] / us[0]);
+            CUDA_CHECK(cudaFree(kc)); CUDA_CHECK(cudaFree(vc));
+        }
+        cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(ks); cudaFree(vs); cudaFree(pos); cudaFree(seq); cudaFree(bt);
+        free(hpos); free(hseq); free(hbt);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 /* The decode GEMVs alone (batch 1), per format and Qwen3-8B shape: GB/s of
  * weight bytes read, against the copy bandwidth. Several weight copies rotate
  * so that no run is served from the 50 MB L2; 20 timed launches after 3. */
@@ -1067,6 +1150,7 @@ static void part_bench(void) {
     bench_prefill(r, kvb, c, mat_params, logits, tables, bps_pre, "bf16/kv-bf16");
     runner_kvcache_free(r, kvb);
     bench_attn_prefill(c);
+    bench_attn_decode(c);
     const int batches[] = {1, 32, 128};
     for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
     bench_ops(m, rows_out[n_rows - 3].ms);

@@ -1043,11 +1043,14 @@ static float *native_act(int n, int cols) {
  * reading token rows through x_row as cu_moe_mlp does (down: pair rows),
  * against the CPU backend's matmul of the act_quant matrix (quant_act_fp8 +
  * quant_matmul_fp8_rows): the "native" class (op_checks_native.h). A machine
- * whose binary has no FP8 mma prints skip. */
+ * whose binary has no FP8 mma prints skip. a[6] > 0 (fmt 0..2, no swiglu): the
+ * grouped GEMV instead (moe_gemm.cu cuda_moe_gemv, f32 x at every pair count)
+ * with max_cnt = a[6], below the experts' counts: passes of 1, 2 or 4 pairs. */
 static void check_moe_gemm(const int *a) {
     static const int pats[][8] = {{0, 70, 9, 0, 8, 1, 17, 0}, {0, 0, 0, 129, 0, 0, 0, 0}, {64, 64, 1, 2, 3, 4, 5, 6}};
     enum { E = 8 };
-    int rows = a[0], cols = a[1], fmt = a[2], sw = a[3], nat = fmt == 3, wfmt = nat ? 1 : fmt;
+    int rows = a[0], cols = a[1], fmt = a[2], sw = a[3], nat = fmt == 3, wfmt = nat ? 1 : fmt, gemv = a[6];
+    CHECK(!gemv || (!nat && !sw), "check_moe_gemm: the GEMV rows take fmt 0..2 without swiglu (a table bug)");
     if (nat && !cuda_moe_gemm_fp8_native(a[5] ? cols : QUANT_FP8_GROUP, cols)) {
         printf("  skip moe_gemm fp8 native [%d x %d]: this binary has no FP8 mma (sm_80)\n", rows, cols);
         return;
@@ -1108,7 +1111,7 @@ static void check_moe_gemm(const int *a) {
     float *u = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
     for (int e = 0; e < E; e++) {
         if (!cnt[e]) continue;
-        int r16 = fmt == 0 && cnt[e] > CUDA_GEMV_MAX_N;
+        int r16 = fmt == 0 && cnt[e] > CUDA_GEMV_MAX_N && !gemv;
         for (size_t i = 0; i < (size_t)cnt[e] * cols; i++) {
             float v = x[(size_t)xrow[off[e] + i / cols] * cols + i % cols];
             xr[i] = r16 ? bf16_to_f32(f32_to_bf16(v)) : v;
@@ -1159,11 +1162,14 @@ static void check_moe_gemm(const int *a) {
     g.n_experts = E;
     g.n_pairs = NK;
     g.fmt = fmt;
-    int rc = cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
+    g.max_cnt = gemv;
+    int rc = gemv ? cuda_moe_gemv(&g, NULL) : cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
     float *got = dev_result(sw ? dact_out : dout[0], (size_t)NK * rows);
-    snprintf(what, sizeof what, "moe_gemm %s%s [%d x %d] pairs %d %d %d %d %d %d %d %d%s",
+    char gv[24] = "";
+    if (gemv) snprintf(gv, sizeof gv, " gemv max_cnt %d", gemv);
+    snprintf(what, sizeof what, "moe_gemm %s%s%s [%d x %d] pairs %d %d %d %d %d %d %d %d%s",
              nat ? (a[5] ? "fp8 native per-channel" : "fp8 native") : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16",
-             sw ? " swiglu" : "", rows, cols, cnt[0], cnt[1], cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7],
+             sw ? " swiglu" : "", gv, rows, cols, cnt[0], cnt[1], cnt[2], cnt[3], cnt[4], cnt[5], cnt[6], cnt[7],
              rc ? " REFUSED" : "");
     compare_op(what, nat ? TOL_NATIVE : TOL_F32, ref, got, (size_t)NK * rows);
     if (dxq) cudaFree(dxq);
@@ -1468,6 +1474,16 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {2, 3, 3, 24, 4, 0, 20, 12, 0, 0, 19, 60, 0, 0, KV_FP8}},
     {check_attention, OC_ALL, {1, 4, 1, 256, 8, 2, 1, 0, 0, 0, 33, 0, 0, 0, KV_FP8}},
     {check_attention, OC_ALL, {1, 4, 2, 16, 4, 1000, 40, 0, 0, 0, 39, 0, 0, 0, KV_BF16}},
+    /* attention.cu's vector kernel (BF16 / FP8 at head_dim 64, 128, 256: workers of head_dim / 8 lanes, 4
+     * positions a step): contexts of 1 and 4 positions (most workers empty), a tail of 2, partial head
+     * groups (G = 3, 12), block sizes 4 .. 32, split and unsplit, several tokens of one sequence */
+    {check_attention, OC_ALL, {4, 16, 4, 128, 16, 2, 1, 1, 1, 1, 0, 3, 37, 130, KV_BF16}},
+    {check_attention, OC_ALL, {4, 16, 4, 128, 16, 2, 1, 1, 1, 1, 0, 3, 37, 130, KV_FP8}},
+    {check_attention, OC_ALL, {2, 12, 1, 64, 8, 1, 1, 1, 0, 0, 61, 6, 0, 0, KV_FP8}},
+    {check_attention, OC_ALL, {2, 12, 1, 64, 8, 3, 1, 1, 0, 0, 61, 6, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {1, 6, 2, 256, 4, 3, 1, 0, 0, 0, 98, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_ALL, {3, 4, 4, 128, 32, 1000, 1, 2, 1, 0, 200, 51, 5, 0, KV_FP8}},
+    {check_attention, OC_FULL, {1, 8, 2, 128, 16, 2, 1, 0, 0, 0, 8191, 0, 0, 0, KV_BF16}},
     /* tensor cores (attention_mma.cu; sms 0: the backend chooses it, -1: its launcher): tiles of 64 query
      * rows, partial tiles, chunks deep in a context, two sequences in one tile, decode rows in a tile */
     {check_attention, OC_ALL, {1, 4, 1, 64, 16, 0, 70, 0, 0, 0, 69, 0, 0, 0, KV_BF16}},         /* G = 4 */
@@ -1547,6 +1563,7 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1, 0}},       /* 128 experts, fp8 */
     {check_moe, OC_FULL, {3, 40, 32, 0, 32, 16, 1, 0, 0}},       /* top 32 of 40 experts, E not a multiple of 32 */
     {check_moe, OC_ALL, {6, 8, 2, 1, 64, 32, 2, 0, 0}},         /* nvfp4 experts */
+    {check_moe, OC_ALL, {2, 16, 4, 1, 64, 32, 1, 0, 0}},        /* fp8, 2 tokens: the GEMV's 2-pair tile */
     {check_moe, OC_FULL, {19, 16, 4, 0, 96, 64, 2, 1, 0}},       /* nvfp4, > 8 pairs an expert: the mma */
     {check_moe, OC_ALL, {70, 16, 4, 1, 64, 40, 0, 0, 1}},       /* skewed: 70 pairs on one expert, 8 empty */
     {check_moe, OC_FULL, {70, 16, 4, 1, 160, 48, 1, 0, 1}},      /* fp8, skewed, two 128-column scale blocks */
@@ -1569,6 +1586,10 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe_gemm, OC_FULL, {72, 256, 3, 1, 2, 0}},   /* two full groups, swiglu, token rows */
     {check_moe_gemm, OC_FULL, {200, 384, 3, 0, 1, 0}},  /* three groups, 129 pairs on one expert */
     {check_moe_gemm, OC_ALL, {40, 96, 2, 1, 2}},
+    /* the grouped GEMV with its tile sized below the experts' counts (a[6] = max_cnt: passes of 2, 1, 4) */
+    {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0, 0, 2}},
+    {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 2, 0, 1}},
+    {check_moe_gemm, OC_ALL, {72, 96, 2, 0, 0, 0, 3}},
     {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
     {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
     {check_moe_gemm, OC_GPU, {768, 2048, 2, 1, 1}},

@@ -23,8 +23,8 @@
  * The tile loads overlap the mma work, FlashAttention-2's order with one
  * shared tile each: V of a tile travels while its scores are computed, K of
  * the next tile while P V runs; a BF16 cache's rows by cp.async (cp_async.cuh,
- * no registers), an FP8 cache's decoded to bf16 through registers at the same
- * points.
+ * no registers), an FP8 cache's loaded into registers at the same points and
+ * decoded to bf16 into shared memory after the mma work they overlap.
  * Long contexts: with n_splits > 1 (cuda_attention_mma_split) block z of a
  * tile takes the position tiles z, z + n_splits, ... and writes its rows'
  * unnormalised state to part; attention.cu's merge kernel combines them.
@@ -53,13 +53,9 @@
  * -inf (nothing seen yet, the state is zero either way). */
 static __device__ __forceinline__ float mma_corr(float m, float mn) { return mn == -INFINITY ? 1.f : expf(m - mn); }
 
-/* Eight cache elements from element i (i % 8 == 0) of a DT cache as bf16 bits:
- * BF16 as stored, FP8 the e4m3 values unscaled (exact: 3 mantissa bits, every
- * e4m3 exponent is a bf16 normal one). */
-template <int DT>
-static __device__ __forceinline__ uint4 kv_load8_bf16(const void *cache, size_t i) {
-    if (DT == KV_BF16) return *(const uint4 *)((const uint16_t *)cache + i);
-    uint2 u = *(const uint2 *)((const uint8_t *)cache + i);
+/* Eight e4m3 (the first in the low byte) as bf16 bits: the e4m3 values
+ * unscaled (exact: 3 mantissa bits, every e4m3 exponent is a bf16 normal one). */
+static __device__ __forceinline__ uint4 mma_e4m3x8_bf16(uint2 u) {
     uint32_t w[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -70,26 +66,80 @@ static __device__ __forceinline__ uint4 kv_load8_bf16(const void *cache, size_t 
     return uint4{w[0], w[1], w[2], w[3]};
 }
 
-/* The K (or V) rows of position tile kv0 (positions past maxp zero) into the
- * shared tile t [64, HD + pad] bf16, FP8's row scales into sc [64]: a BF16
- * cache by cp.async (the bytes land at the caller's wait), an FP8 one decoded
- * to bf16 and stored now. Nothing when the tile starts past maxp. */
+/* A thread's share of an FP8 K or V tile on its way to shared memory: fetched
+ * before the mma work it overlaps, decoded and stored after it (the BF16 tiles
+ * travel by cp.async instead and leave this empty). */
+#define MMA_CHUNKS(HD) (MMA_BK * (HD) / 8 / (MMA_WARPS * 32)) /* 8-element chunks a thread moves a tile */
+template <int HD>
+struct MmaTileRegs {
+    uint2 q[MMA_CHUNKS(HD)]; /* e4m3, zero past maxp */
+    float s[MMA_CHUNKS(HD)]; /* the row's scale for a chunk at dim 0, else 0 */
+};
+
+/* The K (or V) rows of position tile kv0 (positions past maxp zero) toward
+ * the shared tile t [64, HD + pad] bf16: a BF16 cache by cp.async (the bytes
+ * land at the caller's wait), an FP8 one into r for mma_tile_store. Nothing
+ * when the tile starts past maxp. */
 template <int HD, int DT>
-static __device__ __forceinline__ void mma_tile_load(const AttnArgs &a, const void *cache, const float *scale,
-                                                     const int32_t *bt, int kvh, int kv0, int maxp, uint16_t *t,
-                                                     float *sc) {
+static __device__ __forceinline__ void mma_tile_fetch(const AttnArgs &a, const void *cache, const float *scale,
+                                                      const int32_t *bt, int kvh, int kv0, int maxp, uint16_t *t,
+                                                      MmaTileRegs<HD> *r) {
     constexpr int LD = HD + MMA_PAD;
     if (kv0 > maxp) return; /* block-uniform */
-    for (int c = threadIdx.x; c < MMA_BK * HD / 8; c += MMA_WARPS * 32) {
-        int i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
+#pragma unroll
+    for (int k = 0; k < MMA_CHUNKS(HD); k++) {
+        int c = threadIdx.x + k * MMA_WARPS * 32, i = c / (HD / 8), d = c % (HD / 8) * 8, p = kv0 + i;
         bool in = p <= maxp;
         size_t row = in ? ((size_t)bt[p / a.block_size] * a.n_kv_heads + kvh) * a.block_size + p % a.block_size : 0;
         if (DT == KV_BF16) {
             cp_async16(&t[i * LD + d], (const uint16_t *)cache + row * HD + d, in);
             continue;
         }
-        if (d == 0) sc[i] = in ? scale[row] : 0.f; /* masked: no stale NaN into 0 * scale */
-        *(uint4 *)&t[i * LD + d] = in ? kv_load8_bf16<DT>(cache, row * HD + d) : uint4{0, 0, 0, 0};
+        r->q[k] = in ? __ldg((const uint2 *)((const uint8_t *)cache + row * HD + d)) : uint2{0u, 0u};
+        r->s[k] = in && d == 0 ? __ldg(scale + row) : 0.f; /* masked: no stale NaN into 0 * scale */
+    }
+}
+
+/* An FP8 tile fetched into r: decoded into t, its row scales into sc [64]. */
+template <int HD, int DT>
+static __device__ __forceinline__ void mma_tile_store(int kv0, int maxp, const MmaTileRegs<HD> &r, uint16_t *t,
+                                                      float *sc) {
+    constexpr int LD = HD + MMA_PAD;
+    if (DT == KV_BF16 || kv0 > maxp) return;
+#pragma unroll
+    for (int k = 0; k < MMA_CHUNKS(HD); k++) {
+        int c = threadIdx.x + k * MMA_WARPS * 32, i = c / (HD / 8), d = c % (HD / 8) * 8;
+        if (d == 0) sc[i] = r.s[k];
+        *(uint4 *)&t[i * LD + d] = mma_e4m3x8_bf16(r.q[k]);
+    }
+}
+
+/* O += P V for one warp's 16 rows over a position tile: P (s, the exp'd
+ * scores in the accumulator layout, FP8: scaled by V's row scales first, in
+ * place) rounded to bf16, V's fragments from the shared tile sv through
+ * ldmatrix .trans. o: [HD / 8][4] the warp's output accumulators. */
+template <int HD, int DT>
+static __device__ __forceinline__ void mma_pv(float (*s)[4], float (*o)[4], const uint16_t *sv, const float *s_vs,
+                                              int lane, int tq) {
+    constexpr int ND = HD / 8, LD = HD + MMA_PAD;
+    if (DT == KV_FP8)
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] *= s_vs[8 * n + 2 * tq + (e & 1)]; /* P V's rows carry V's scales */
+    /* P's accumulator layout of n tiles 2kk, 2kk + 1 is the A layout of k step kk */
+#pragma unroll
+    for (int kk = 0; kk < MMA_BK / 16; kk++) {
+        uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                          pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+            /* B[k][n] = V[pos k][dim n], transposed: matrices (positions 16kk + 8 (j & 1).., dims 8 (n + j / 2)..) */
+            uint32_t b[4];
+            ldsm_x4<true>(b, &sv[(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4))]);
+            mma_bf16_16816(o[n], pa, b);
+            mma_bf16_16816(o[n + 1], pa, b + 2);
+        }
     }
 }
 
@@ -157,12 +207,14 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, HDT / 4 == 64 ? 4 : 2) attn_mm
         /* The tile loads overlap the mma work (FlashAttention-2's order): V of a tile travels
          * while its scores are computed, K of the next tile while P V runs. */
         int kv0 = (int)blockIdx.z * MMA_BK;
-        mma_tile_load<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kv0, maxp, sk, s_ks);
+        MmaTileRegs<HD> rg;
+        mma_tile_fetch<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kv0, maxp, sk, &rg);
         cp_async_commit();
+        mma_tile_store<HD, DT>(kv0, maxp, rg, sk, s_ks);
         for (; kv0 <= maxp; kv0 += MMA_BK * n_splits) {
             cp_async_wait<0>();
             __syncthreads(); /* this tile's K landed for every thread; every warp is done with the last V */
-            mma_tile_load<HD, DT>(a, a.v_cache, a.v_scale, bt, kvh, kv0, maxp, sv, s_vs);
+            mma_tile_fetch<HD, DT>(a, a.v_cache, a.v_scale, bt, kvh, kv0, maxp, sv, &rg);
             cp_async_commit();
             const bool act = kv0 <= wmax; /* warp-uniform: some row of this warp sees this tile */
 
@@ -218,32 +270,14 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, HDT / 4 == 64 ? 4 : 2) attn_mm
                     o[n][3] *= corr[1];
                 }
             }
+            mma_tile_store<HD, DT>(kv0, maxp, rg, sv, s_vs); /* sv is free: every warp passed the last barrier */
             cp_async_wait<0>();
             __syncthreads(); /* this tile's V landed for every thread; every warp is done with K */
             int kn = kv0 + MMA_BK * n_splits;
-            mma_tile_load<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kn, maxp, sk, s_ks);
+            mma_tile_fetch<HD, DT>(a, a.k_cache, a.k_scale, bt, kvh, kn, maxp, sk, &rg);
             cp_async_commit();
-            if (!act) continue;
-            if (DT == KV_FP8)
-#pragma unroll
-                for (int n = 0; n < MMA_BK / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[n][e] *= s_vs[8 * n + 2 * tq + (e & 1)]; /* P V's rows carry V's scales */
-            /* O += P V: P's accumulator layout of n tiles 2kk, 2kk + 1 is the A layout of k step kk */
-#pragma unroll
-            for (int kk = 0; kk < MMA_BK / 16; kk++) {
-                uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                  pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-                for (int n = 0; n < ND; n += 2) {
-                    /* B[k][n] = V[pos k][dim n], transposed: matrices (positions 16kk + 8 (j & 1).., dims 8 (n + j / 2)..) */
-                    uint32_t b[4];
-                    ldsm_x4<true>(b, &sv[(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4))]);
-                    mma_bf16_16816(o[n], pa, b);
-                    mma_bf16_16816(o[n + 1], pa, b + 2);
-                }
-            }
+            if (act) mma_pv<HD, DT>(s, o, sv, s_vs, lane, tq);
+            mma_tile_store<HD, DT>(kn, maxp, rg, sk, s_ks);
         }
         rs = re;
     }

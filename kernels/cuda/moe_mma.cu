@@ -15,7 +15,8 @@
  * experts are distinct) and runs moe_gemm.cu's GEMV, one pass; a larger step
  * runs this kernel for every expert. The GEMV is not inlined here as a per-expert
  * fallback: its registers (~255 at 8 tokens) would cap this kernel at one block
- * per SM (this one, sm_90: 80-126 registers, 2 blocks an SM; fmt 3 ~208, one
+ * per SM (this one, sm_90: 108-128 registers for fmt 0..2, held to 2 blocks an
+ * SM by its launch bounds (fmt 1 gate/up spills 8 bytes); fmt 3 ~210, one
  * block, where 128 would spill 100-270 bytes).
  *
  * Numerics (the weights are always decoded exactly), per expert on the device:
@@ -44,7 +45,8 @@
  * swiglu_kernel's expression, the bits of the two GEMMs then cuda_swiglu.
  * Stages are double-buffered: stage k + 1 travels while stage k is multiplied,
  * BF16 weights and fmt 3's two operands by cp.async (cp_async.cuh), the others
- * through registers, one barrier a stage.
+ * loaded into registers before the multiply and decoded into shared memory
+ * after it (mg_fetch / mg_store), one barrier a stage.
  * Not here: more than two stages in flight, the weighted unpermute
  * (moe_gemm.cu), native NVFP4 activations (act_quant NVFP4 experts run the
  * weight-only path), which steps take fmt 3 (backend_cuda.cu cu_moe_mlp).
@@ -83,54 +85,113 @@ static __device__ __forceinline__ const CudaMoeSeg *mg_half(const CudaMoeGemv &g
     return &g.seg[SW ? h : 0];
 }
 
-/* Stage k0 of the weights: both halves' MG_BN x MG_BK bf16 into sb (rows past
- * the matrix and columns past cols zero); fmt 3: MG_BN x 2 MG_BK e4m3 bytes
- * (the same 80-byte shared rows). BF16 and fmt 3 by cp.async (landing at the
- * caller's wait), FP8 / NVFP4 decoded through registers and stored now. */
+/* A stage's operands that reach shared memory through registers (decoded on the
+ * way): fetched from global memory before the stage in flight is multiplied,
+ * stored after it (mg_store), so their load latency overlaps the mma work as
+ * the cp.async operands' does. */
+struct MgRegs {
+    float x[8]; /* fmt 0..2: this thread's 8 x values of the stage (zero past cnt / cols) */
+    uint4 wq;   /* fmt 1 / 2: its 16 weights, raw e4m3 (fmt 2: e2m1 in .x, .y) */
+    float ws;   /* fmt 2: their block scale */
+    bool wok;   /* fmt 1 / 2: the weight row and columns exist */
+};
+
+/* Stage k0 (both operands) into a buffer, sa [hi, lo][64, 32 (+pad)] x and sb
+ * [half][64, 32 (+pad)] weights, zero past cnt, the matrix rows and cols: the
+ * raw parts by cp.async (BF16 weights; fmt 3's e4m3 weights and activations,
+ * MG_BN x 2 MG_BK bytes in the same 80-byte rows), landing at the caller's
+ * wait; the others into r, for mg_store. Weights: both halves' rows (mg_half);
+ * x: the expert's pairs m0.. from row p0 (fmt 3: their xq rows through x_row). */
 template <int FMT, int SW>
-static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, int tile, int k0,
-                                                 uint16_t (*sb)[MG_BN * MG_LD]) {
-    int cols = g.cols;
-    if (FMT == 0) { /* 8 bf16 a chunk: 2 x 64 rows x 4 chunks = 2 a thread */
-        for (int i = threadIdx.x; i < 2 * MG_BN * (MG_BK / 8); i += MG_THREADS) {
-            int h = i / (MG_BN * (MG_BK / 8)), row = (i / (MG_BK / 8)) % MG_BN, c = (i % (MG_BK / 8)) * 8, r0;
-            const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
-            int r = r0 + row;
-            bool in = r < S->rows && k0 + c < cols;
-            cp_async16(&sb[h][row * MG_LD + c], (const uint16_t *)S->w[e] + (in ? (size_t)r * cols + k0 + c : 0), in);
+static __device__ __forceinline__ void mg_fetch(const CudaMoeGemv &g, int e, int tile, int p0, int cnt, int m0,
+                                                int k0, uint16_t (*sa)[MG_BM * MG_LD], uint16_t (*sb)[MG_BN * MG_LD],
+                                                MgRegs *r) {
+    int cols = g.cols, t = threadIdx.x;
+    if (FMT == 3) { /* x: 64 rows x 4 chunks of 16 bytes, one a thread */
+        int row = t >> 2, c = (t & 3) * 16;
+        bool in = m0 + row < cnt && k0 + c < cols;
+        size_t off = 0;
+        if (in) {
+            int p = p0 + m0 + row, xr = g.x_row ? __ldg(g.x_row + p) : p;
+            off = (size_t)xr * cols + k0 + c;
         }
-        return;
+        cp_async16((uint8_t *)&sa[0][row * MG_LD] + c, g.xq + off, in);
+    } else { /* x: 64 rows x 4 chunks of 8 f32, one a thread */
+        int row = t >> 2, c = (t & 3) * 8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) r->x[j] = 0.f;
+        if (m0 + row < cnt && k0 + c < cols) {
+            const float4 *xp = (const float4 *)(g.x + (size_t)(p0 + m0 + row) * cols + k0 + c);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            r->x[0] = a.x, r->x[1] = a.y, r->x[2] = a.z, r->x[3] = a.w;
+            r->x[4] = b.x, r->x[5] = b.y, r->x[6] = b.z, r->x[7] = b.w;
+        }
     }
-    if (FMT == 3) { /* 16 e4m3 a chunk: 2 x 64 rows x 4 chunks = 2 a thread */
-        for (int i = threadIdx.x; i < 2 * MG_BN * 4; i += MG_THREADS) {
-            int h = i / (MG_BN * 4), row = (i / 4) % MG_BN, c = (i % 4) * 16, r0;
+    if (FMT == 0 || FMT == 3) { /* raw: 2 x 64 rows x 4 chunks of 16 bytes (8 bf16 / 16 e4m3) = 2 a thread */
+        constexpr int EB = FMT == 0 ? 2 : 1, CH = 16 / EB; /* element bytes, elements a chunk */
+        for (int i = t; i < 2 * MG_BN * 4; i += MG_THREADS) {
+            int h = i / (MG_BN * 4), row = (i / 4) % MG_BN, c = (i % 4) * CH, r0;
             const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
-            int r = r0 + row;
-            bool in = r < S->rows && k0 + c < cols;
-            cp_async16((uint8_t *)&sb[h][row * MG_LD] + c, (const uint8_t *)S->w[e] + (in ? (size_t)r * cols + k0 + c : 0), in);
+            int wr = r0 + row;
+            bool in = wr < S->rows && k0 + c < cols;
+            cp_async16((uint8_t *)&sb[h][row * MG_LD] + c * EB,
+                       (const uint8_t *)S->w[e] + (in ? ((size_t)wr * cols + k0 + c) * EB : 0), in);
         }
         return;
     }
     /* FP8 / NVFP4: one thread a half row of 16 values */
-    int i = threadIdx.x, h = i >> 7, row = (i >> 1) & (MG_BN - 1), c = (i & 1) * 16, r0;
+    int h = t >> 7, row = (t >> 1) & (MG_BN - 1), c = (t & 1) * 16, r0;
     const CudaMoeSeg *S = mg_half<SW>(g, h, tile, &r0);
-    int r = r0 + row;
+    int wr = r0 + row;
+    r->wok = wr < S->rows && k0 + c < cols;
+    r->wq = uint4{0u, 0u, 0u, 0u};
+    r->ws = 0.f;
+    if (!r->wok) return;
+    if (FMT == 1) {
+        r->wq = __ldg((const uint4 *)((const uint8_t *)S->w[e] + (size_t)wr * cols + k0 + c));
+    } else {
+        uint2 q = __ldg((const uint2 *)((const uint8_t *)S->w[e] + (size_t)wr * (cols / 2) + (k0 + c) / 2));
+        r->wq = uint4{q.x, q.y, 0u, 0u};
+        r->ws = e4m3_to_f32(__ldg((const uint8_t *)S->s[e] + (size_t)wr * (cols / 16) + (k0 + c) / 16));
+    }
+}
+
+/* mg_fetch's register parts into the buffer: x as bf16 hi (and, when split,
+ * lo = bf16(x - hi)) into sa; FP8 / NVFP4 weights decoded (exactly) into sb. */
+template <int FMT>
+static __device__ __forceinline__ void mg_store(const MgRegs &r, bool split, uint16_t (*sa)[MG_BM * MG_LD],
+                                                uint16_t (*sb)[MG_BN * MG_LD]) {
+    int t = threadIdx.x;
+    if (FMT == 3) return;
+    {
+        int row = t >> 2, c = (t & 3) * 8;
+        uint32_t hi[4], lo[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            hi[j] = pack_bf16(r.x[2 * j], r.x[2 * j + 1]);
+            if (split) {
+                float h0 = __uint_as_float(hi[j] << 16), h1 = __uint_as_float(hi[j] & 0xffff0000u);
+                lo[j] = pack_bf16(r.x[2 * j] - h0, r.x[2 * j + 1] - h1); /* exact differences (Sterbenz) */
+            }
+        }
+        *(uint4 *)&sa[0][row * MG_LD + c] = uint4{hi[0], hi[1], hi[2], hi[3]};
+        if (split) *(uint4 *)&sa[1][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
+    }
+    if (FMT == 0) return;
+    int h = t >> 7, row = (t >> 1) & (MG_BN - 1), c = (t & 1) * 16;
     uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (r < S->rows && k0 + c < cols) {
+    if (r.wok) {
         float w[16];
         if (FMT == 1) {
-            uint4 q = __ldg((const uint4 *)((const uint8_t *)S->w[e] + (size_t)r * cols + k0 + c));
-            e4m3x4(q.x, w);
-            e4m3x4(q.y, w + 4);
-            e4m3x4(q.z, w + 8);
-            e4m3x4(q.w, w + 12);
+            e4m3x4(r.wq.x, w);
+            e4m3x4(r.wq.y, w + 4);
+            e4m3x4(r.wq.z, w + 8);
+            e4m3x4(r.wq.w, w + 12);
         } else {
-            uint2 q = __ldg((const uint2 *)((const uint8_t *)S->w[e] + (size_t)r * (cols / 2) + (k0 + c) / 2));
-            float s = e4m3_to_f32(__ldg((const uint8_t *)S->s[e] + (size_t)r * (cols / 16) + (k0 + c) / 16));
-            e2m1x8(q.x, w);
-            e2m1x8(q.y, w + 8);
+            e2m1x8(r.wq.x, w);
+            e2m1x8(r.wq.y, w + 8);
 #pragma unroll
-            for (int j = 0; j < 16; j++) w[j] *= s; /* exact (see the top) */
+            for (int j = 0; j < 16; j++) w[j] *= r.ws; /* exact (see the top) */
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) /* exact values: the bf16 is the f32's high half */
@@ -138,54 +199,6 @@ static __device__ __forceinline__ void mg_load_w(const CudaMoeGemv &g, int e, in
     }
     *(uint4 *)&sb[h][row * MG_LD + c] = uint4{o[0], o[1], o[2], o[3]};
     *(uint4 *)&sb[h][row * MG_LD + c + 8] = uint4{o[4], o[5], o[6], o[7]};
-}
-
-/* Stage k0 of the activations: pairs m0.. of the expert (from row p0 of x) as
- * bf16 hi (and, when split, lo = bf16(x - hi)) into sa; past cnt / cols zero. */
-static __device__ __forceinline__ void mg_load_x(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0, bool split,
-                                                 uint16_t (*sa)[MG_BM * MG_LD]) {
-    int i = threadIdx.x, row = i >> 2, c = (i & 3) * 8; /* 64 rows x 4 chunks of 8 f32: one a thread */
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (m0 + row < cnt && k0 + c < g.cols) {
-        const float4 *xp = (const float4 *)(g.x + (size_t)(p0 + m0 + row) * g.cols + k0 + c);
-        float4 a = __ldg(xp), b = __ldg(xp + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    uint32_t hi[4], lo[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        hi[j] = pack_bf16(v[2 * j], v[2 * j + 1]);
-        if (split) {
-            float h0 = __uint_as_float(hi[j] << 16), h1 = __uint_as_float(hi[j] & 0xffff0000u);
-            lo[j] = pack_bf16(v[2 * j] - h0, v[2 * j + 1] - h1); /* exact differences (Sterbenz) */
-        }
-    }
-    *(uint4 *)&sa[0][row * MG_LD + c] = uint4{hi[0], hi[1], hi[2], hi[3]};
-    if (split) *(uint4 *)&sa[1][row * MG_LD + c] = uint4{lo[0], lo[1], lo[2], lo[3]};
-}
-
-/* fmt 3, stage k0 of the activations: pairs m0.. of the expert as 64 e4m3 bytes
- * each from their xq rows (x_row) into sa[0] by cp.async; past cnt / cols zero. */
-static __device__ __forceinline__ void mg_load_xq(const CudaMoeGemv &g, int p0, int cnt, int m0, int k0,
-                                                  uint16_t (*sa)[MG_BM * MG_LD]) {
-    int i = threadIdx.x, row = i >> 2, c = (i & 3) * 16; /* 64 rows x 4 chunks of 16 bytes: one a thread */
-    bool in = m0 + row < cnt && k0 + c < g.cols;
-    size_t off = 0;
-    if (in) {
-        int p = p0 + m0 + row, xr = g.x_row ? __ldg(g.x_row + p) : p;
-        off = (size_t)xr * g.cols + k0 + c;
-    }
-    cp_async16((uint8_t *)&sa[0][row * MG_LD] + c, g.xq + off, in);
-}
-
-/* One stage k0 (both operands) into a buffer: sa [hi, lo][64, 32 (+pad)], sb [half][64, 32 (+pad)]. */
-template <int FMT, int SW>
-static __device__ __forceinline__ void mg_load_stage(const CudaMoeGemv &g, int e, int tile, int p0, int cnt, int m0,
-                                                     int k0, bool split, uint16_t (*sa)[MG_BM * MG_LD],
-                                                     uint16_t (*sb)[MG_BN * MG_LD]) {
-    if (FMT == 3) mg_load_xq(g, p0, cnt, m0, k0, sa);
-    else mg_load_x(g, p0, cnt, m0, k0, split, sa);
-    mg_load_w<FMT, SW>(g, e, tile, k0, sb);
 }
 
 /* The f32 promotion of FP8 partial sums at the end of a scale column kb: acc += part * s, part = 0,
@@ -214,7 +227,7 @@ static __device__ __forceinline__ void mg_promote(float (*acc)[2][2][4], float (
 /* FMT2 = 2 * FMT + SW (one template argument: the emulation's launch macro
  * splits on commas). act: SW's [n_pairs, rows] f32 output. */
 template <int FMT2>
-__global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, float *act) {
+__global__ void __launch_bounds__(MG_THREADS, FMT2 / 2 == 3 ? 1 : 2) moe_mma_kernel(CudaMoeGemv g, float *act) {
     constexpr int FMT = FMT2 / 2, SW = FMT2 % 2;
     /* two buffers of a stage (40 KB): [buffer][hi, lo][64, 32 (+pad)] bf16 x, [buffer][half][64, 32 (+pad)] bf16 weights */
     __shared__ __align__(16) uint16_t sa[2][2][MG_BM * MG_LD];
@@ -266,13 +279,15 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     xri[mt][hi] = g.x_row ? __ldg(g.x_row + p) : p;
                 }
         __syncthreads(); /* every warp is done with the last pair tile's buffers */
-        mg_load_stage<FMT, SW>(g, e, tile, p0, cnt, m0, 0, split, sa[0], sb[0]);
+        MgRegs rg;
+        mg_fetch<FMT, SW>(g, e, tile, p0, cnt, m0, 0, sa[0], sb[0], &rg);
         cp_async_commit();
+        mg_store<FMT>(rg, split, sa[0], sb[0]);
         for (int k0 = 0, st = 0; k0 < cols; k0 += KSTAGE, st++) {
             cp_async_wait<0>();
             __syncthreads(); /* stage st landed for every thread; every warp is done with stage st - 1 */
-            if (k0 + KSTAGE < cols) /* the next stage travels while this one is multiplied */
-                mg_load_stage<FMT, SW>(g, e, tile, p0, cnt, m0, k0 + KSTAGE, split, sa[(st + 1) & 1], sb[(st + 1) & 1]);
+            const bool next = k0 + KSTAGE < cols; /* the next stage travels while this one is multiplied */
+            if (next) mg_fetch<FMT, SW>(g, e, tile, p0, cnt, m0, k0 + KSTAGE, sa[(st + 1) & 1], sb[(st + 1) & 1], &rg);
             cp_async_commit();
             uint16_t (*xa)[MG_BM * MG_LD] = sa[st & 1], (*wb)[MG_BN * MG_LD] = sb[st & 1];
             uint32_t b[2][2][4]; /* [half][n8]: k 0..15 in 0, 1; k 16..31 in 2, 3 */
@@ -318,6 +333,7 @@ __global__ void __launch_bounds__(MG_THREADS) moe_mma_kernel(CudaMoeGemv g, floa
                     for (int hi = 0; hi < 2; hi++) xv[mt][hi] = __ldg(g.xs + (size_t)kg * g.xs_stride + xri[mt][hi]);
                 mg_promote(acc, part, srow, kg * MG_GROUP / g.seg[0].bc, xv);
             }
+            if (next) mg_store<FMT>(rg, split, sa[(st + 1) & 1], sb[(st + 1) & 1]); /* after the mma work */
         }
         /* the tile's outputs: fragment f of (mt, nt) is pair 32 wm + 16 mt + g (+8 for f >= 2), row
          * 16 wn + 8 nt + 2 tq + (f & 1) of its half */

@@ -164,19 +164,49 @@ static __device__ __forceinline__ void gt_decode8(const uint4 &wv, int j, float 
     }
 }
 
-/* One chunk column c of the tile: acc[rr][t] += (scaled) dot of row rr's chunk with x[t]. */
-template <int NT, int FMT>
-static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, int r0, int c, const uint4 *wv,
-                                                float (*acc)[NT]) {
-    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
-    float sc[GT_ROWS][2];
+/* The scale rows of a tile's GT_ROWS weight rows, found once per tile rather
+ * than once per chunk (an integer division by br and one by bc per chunk and
+ * row cost the FP8 GEMV more instructions than its decode): fp8 the row's
+ * [sc] f32 scale_inv row and the shift that maps a chunk to its column block
+ * (-1: divide, bc not 16 times a power of two), nvfp4 its [cols / 32] scale
+ * pairs. Rows past the end use the last row, as the weight loads do. */
+typedef struct GtScales {
+    const float *s8[GT_ROWS];
+    const uint16_t *s4[GT_ROWS];
+    int sh;
+} GtScales;
+
+template <int FMT>
+static __device__ __forceinline__ GtScales gt_scales(const GemvArgs &a, int r0) {
+    GtScales g;
+    g.sh = -1;
+    if (FMT == 1) {
+        int bcc = a.bc / 16, sh = 0; /* chunks a column block */
+        while (sh < 30 && (1 << sh) < bcc) sh++;
+        g.sh = a.bc >= a.cols ? 31 : (1 << sh) == bcc ? sh : -1; /* 31: one block, every chunk in block 0 */
+    }
 #pragma unroll
     for (int rr = 0; rr < GT_ROWS; rr++) {
         int r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
-        if (FMT == 1) sc[rr][0] = __ldg(a.S + (size_t)(r / a.br) * a.sc + (c * 16) / a.bc);
+        if (FMT == 1) g.s8[rr] = a.S + (size_t)(r / a.br) * a.sc;
+        if (FMT == 2) g.s4[rr] = a.SF + (size_t)r * (a.cols >> 5);
+    }
+    return g;
+}
+
+/* One chunk column c of the tile: acc[rr][t] += (scaled) dot of row rr's chunk with x[t]. */
+template <int NT, int FMT>
+static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, const GtScales &gs, int c, const uint4 *wv,
+                                                float (*acc)[NT]) {
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    float sc[GT_ROWS][2];
+    int kb = FMT != 1 ? 0 : gs.sh >= 0 ? c >> gs.sh : (c * 16) / a.bc;
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++) {
+        if (FMT == 1) sc[rr][0] = __ldg(gs.s8[rr] + kb);
         if (FMT == 2) {
             float s4[4]; /* s4[2], s4[3] are zero bytes, left unused */
-            e4m3x4(__ldg(a.SF + (size_t)r * (a.cols >> 5) + c), s4);
+            e4m3x4(__ldg(gs.s4[rr] + c), s4);
             sc[rr][0] = s4[0];
             sc[rr][1] = s4[1];
         }
@@ -240,6 +270,7 @@ static __device__ __forceinline__ float gemv_tile_sum(const GemvArgs &a, int blk
     const uint4 *wr[GT_ROWS];
 #pragma unroll
     for (int rr = 0; rr < GT_ROWS; rr++) wr[rr] = a.W + (size_t)(r0 + rr < a.rows ? r0 + rr : a.rows - 1) * nv;
+    GtScales gs = gt_scales<FMT>(a, r0);
     int c = lo + lane;
     for (; c + 32 < hi; c += 64) { /* two chunks deep: 2 * GT_ROWS 16-byte loads in flight */
         uint4 w0[GT_ROWS], w1[GT_ROWS];
@@ -248,14 +279,14 @@ static __device__ __forceinline__ float gemv_tile_sum(const GemvArgs &a, int blk
             w0[rr] = __ldg(wr[rr] + c);
             w1[rr] = __ldg(wr[rr] + c + 32);
         }
-        gt_chunk<NT, FMT>(a, r0, c, w0, acc);
-        gt_chunk<NT, FMT>(a, r0, c + 32, w1, acc);
+        gt_chunk<NT, FMT>(a, gs, c, w0, acc);
+        gt_chunk<NT, FMT>(a, gs, c + 32, w1, acc);
     }
     if (c < hi) {
         uint4 w0[GT_ROWS];
 #pragma unroll
         for (int rr = 0; rr < GT_ROWS; rr++) w0[rr] = __ldg(wr[rr] + c);
-        gt_chunk<NT, FMT>(a, r0, c, w0, acc);
+        gt_chunk<NT, FMT>(a, gs, c, w0, acc);
     }
 #pragma unroll
     for (int rr = 0; rr < GT_ROWS; rr++)

@@ -105,9 +105,9 @@ template <int HD, int DT>
 static __device__ __forceinline__ void mma_tile_store(int kv0, int maxp, const MmaTileRegs<HD> &r, uint16_t *t,
                                                       float *sc) {
     constexpr int LD = HD + MMA_PAD;
-    if (DT == KV_BF16 || kv0 > maxp) return;
+    if (kv0 > maxp) return; /* block-uniform; a BF16 tile came by cp.async: no chunks below */
 #pragma unroll
-    for (int k = 0; k < MMA_CHUNKS(HD); k++) {
+    for (int k = 0; k < MMA_CHUNKS(HD) * (DT == KV_FP8); k++) { /* (a loop bound: no unreachable code for BF16) */
         int c = threadIdx.x + k * MMA_WARPS * 32, i = c / (HD / 8), d = c % (HD / 8) * 8;
         if (d == 0) sc[i] = r.s[k];
         *(uint4 *)&t[i * LD + d] = mma_e4m3x8_bf16(r.q[k]);

@@ -1575,6 +1575,7 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0, 0}},   /* Qwen3-30B-A3B at nvfp4 */
     /* rows, cols, fmt, swiglu, pair pattern (check_moe_gemm's pats) */
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0}},
+    {check_moe_gemm, OC_ALL, {72, 136, 0, 0, 2}}, /* bf16, 5 stages: both buffers reused (a K tail of 8) */
     {check_moe_gemm, OC_FULL, {72, 40, 0, 1, 0}},
     {check_moe_gemm, OC_FULL, {136, 64, 0, 0, 1}},
     {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 0}},

@@ -226,6 +226,22 @@ static void moe_bench_io_free(MoeBenchIo *io) {
  * _per_expert_us and _speedup (per-expert / grouped, measured in the same run), plus the
  * grouped path's weight bytes over the copy bandwidth (every expert read once) as a roofline
  * fraction in the printout. The two outputs' difference is printed (the op check compares). */
+/* max |a - b| / max |b| over n device floats (max |a - b| when b is all zero): how far one
+ * path's layer output is from the other's. */
+static double moe_bench_rel_diff(Backend *b, const float *da, const float *db, size_t n) {
+    float *ha = xmalloc(sizeof(float) * n), *hb = xmalloc(sizeof(float) * n);
+    b->download(b, ha, da, sizeof(float) * n);
+    b->download(b, hb, db, sizeof(float) * n);
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)ha[i] - hb[i]));
+        mr = fmax(mr, fabs((double)hb[i]));
+    }
+    free(ha);
+    free(hb);
+    return mr > 0 ? md / mr : md;
+}
+
 static void bench_moe_prefill(void) {
     const int N = 1024, E = 128, K = 8, H = 2048, I = 768, reps = 10;
     size_t ew = (size_t)I * H, NK = (size_t)N * K;
@@ -251,22 +267,15 @@ static void bench_moe_prefill(void) {
                         moe_bench_alloc(&io, sizeof(float) * NK * I), moe_bench_alloc(&io, sizeof(float) * NK * I), H, I};
     double us_g = moe_time_us(b, moe_grouped_call, &m, m.ma.out, reps);
     double us_e = moe_time_us(b, moe_per_expert_call, &m, m.out_e, reps);
-    float *og = xmalloc(sizeof(float) * (size_t)N * H), *oe = xmalloc(sizeof(float) * (size_t)N * H);
-    b->download(b, og, m.ma.out, sizeof(float) * (size_t)N * H);
-    b->download(b, oe, m.out_e, sizeof(float) * (size_t)N * H);
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < (size_t)N * H; i++) {
-        md = fmax(md, fabs((double)og[i] - oe[i]));
-        mr = fmax(mr, fabs((double)oe[i]));
-    }
+    double rel = moe_bench_rel_diff(b, m.ma.out, m.out_e, (size_t)N * H);
     double roof_us = 3.0 * E * ew * 2 / (bw_gbs * 1e3);
     printf("  moe30b layer prefill 1024 x top 8 (BF16 experts): grouped %.0f us (%.0f%% of the %.0f us weight "
            "read), per-expert %.0f us, %.2fx; max|grouped - per-expert| / max|out| %.2e\n",
-           us_g, bw_gbs > 0 ? 100 * roof_us / us_g : 0.0, roof_us, us_e, us_e / us_g, mr > 0 ? md / mr : md);
+           us_g, bw_gbs > 0 ? 100 * roof_us / us_g : 0.0, roof_us, us_e, us_e / us_g, rel);
     native_row("moe30b_layer_prefill1024_grouped_us", us_g);
     native_row("moe30b_layer_prefill1024_per_expert_us", us_e);
     native_row("moe30b_layer_prefill1024_speedup", us_e / us_g);
-    free(og); free(oe); free(tab); free(m.h_off);
+    free(tab); free(m.h_off);
     moe_bench_io_free(&io);
     CUDA_CHECK(cudaFree(arena));
     free(ex);
@@ -343,22 +352,15 @@ static void bench_moe_prefill_fp8(void) {
     }
     double us_n = moe_time_us(b, moe_grouped_call, &mn, mn.ma.out, reps);
     double us_w = moe_time_us(b, moe_grouped_call, &mw, mw.ma.out, reps);
-    float *on = xmalloc(sizeof(float) * (size_t)N * H), *ow = xmalloc(sizeof(float) * (size_t)N * H);
-    b->download(b, on, mn.ma.out, sizeof(float) * (size_t)N * H);
-    b->download(b, ow, mw.ma.out, sizeof(float) * (size_t)N * H);
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < (size_t)N * H; i++) {
-        md = fmax(md, fabs((double)on[i] - ow[i]));
-        mr = fmax(mr, fabs((double)ow[i]));
-    }
+    double rel = moe_bench_rel_diff(b, mn.ma.out, mw.ma.out, (size_t)N * H);
     double roof_us = 3.0 * E * ew / (bw_gbs * 1e3);
     printf("  moe30b layer prefill 1024 x top 8 (FP8 experts): native %.0f us (%.0f%% of the %.0f us weight read), "
            "weight-only %.0f us, %.2fx; max|native - weight-only| / max|out| %.2e (quantized x: ~1e-2 expected)\n",
-           us_n, bw_gbs > 0 ? 100 * roof_us / us_n : 0.0, roof_us, us_w, us_w / us_n, mr > 0 ? md / mr : md);
+           us_n, bw_gbs > 0 ? 100 * roof_us / us_n : 0.0, roof_us, us_w, us_w / us_n, rel);
     native_row("moe30b_fp8_layer_prefill1024_native_us", us_n);
     native_row("moe30b_fp8_layer_prefill1024_weight_only_us", us_w);
     native_row("moe30b_fp8_layer_prefill1024_native_speedup", us_w / us_n);
-    free(on); free(ow); free(tab); free(hs);
+    free(tab); free(hs);
     moe_bench_io_free(&io);
     CUDA_CHECK(cudaFree(arena));
     CUDA_CHECK(cudaFree(dscale));

@@ -8,10 +8,22 @@ bench/RESULTS.md.
         [--gpu "NVIDIA H200"] [--commit C] [--date D] --out bench/gpu     # -> bench/gpu/h200.json
     python3 bench/gpu_json.py render [--brief] bench/gpu/h200.json      # markdown on stdout
     python3 bench/gpu_json.py check bench/gpu/h200.json                 # schema; exit 1 if broken
+    python3 bench/gpu_json.py resume TRY1.json [TRY2.json ...]          # check.sh: how to resume gpu_check
+    python3 bench/gpu_json.py merge TRY1.json [TRY2.json ...] --out GC.json   # the tries as one summary
+
+gpu_check runs in sections (tests/gpu/check_sections.h) and rewrites its JSON before and after
+every step, so a process that dies (a kernel fault that breaks the CUDA context, a hang stopped by
+its watchdog, a fatal exit) leaves a JSON with "sections": {"running": STEP, "complete": false}.
+`resume` reads the JSON of every try so far and prints the arguments of the next try (skip what is
+done and the step that died; the ops section restarts after its row that died; "roofline" runs
+again in each try, part 3 needs it), or exits 1 when the last try completed and 2 when it cannot
+go on (no JSON, or a death outside any step). `merge` folds the tries into one summary: parts
+summed, rows in order, "sections": {"done", "skipped", "died": [STEP of each try that died],
+"complete"}; `write` turns "died" into the row gpu_check_sections_died.
 
 Format: {"gpu", "commit", "date", "rows": [{"name", "value", "unit", "fraction_of_roofline"}]};
-a row may add "source" (what it was computed from) and, when value is null, must add "reason"
-(why it was not measured). Names are [a-z0-9_]+ and unique. Every name of REQUIRED (the rows
+a row may add "source" (what it was computed from) and "note" (for the table), and, when value is
+null, must add "reason" (why it was not measured). Names are [a-z0-9_]+ and unique. Every name of REQUIRED (the rows
 issues 17, 18 and 19 ask for) is present, null with a reason when this run did not measure it.
 
 Rows from gpu_check (its bench row names are parsed, so a row another change adds there is
@@ -62,7 +74,7 @@ REQUIRED = {
     # issue 19
     "served_fp8_c256_1000x1000_tok_s": "the served benchmark ran at bf16 only (check.sh --served-fp8 adds it)",
     "decode_fp8_b1_tok_s": "gpu_check's bench did not run",
-    "kl_bf16_fp8_mean": "gpu_check measures no KL(BF16 || FP8) yet (issue 19)",
+    "kl_bf16_fp8_mean": "gpu_check's kl_fp8 section did not run (tests/gpu/bench_native.h)",
 }
 
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
@@ -90,21 +102,35 @@ class Rows:
     def __init__(self):
         self.rows = {}
 
-    def add(self, name, value, unit, frac=None, source=None, reason=None):
+    def add(self, name, value, unit, frac=None, source=None, reason=None, note=None):
         assert NAME_RE.match(name), name
         r = {"name": name, "value": fnum(value), "unit": unit, "fraction_of_roofline": fnum(frac)}
         if source:
             r["source"] = source
+        if note:
+            r["note"] = note
         if r["value"] is None:
             r["reason"] = reason or "not measured"
         if name not in self.rows or self.rows[name]["value"] is None:
             self.rows[name] = r
 
 
+def died_steps(gc):
+    return list((gc or {}).get("sections", {}).get("died", []))
+
+
 def gpu_check_rows(R, gc):
     src = "gpu_check"
     R.add("gpu_check_ops_failed", gc["parts"]["ops"]["failed"], "checks", source=src)
     R.add("gpu_check_models_failed", gc["parts"]["models"]["failed"], "checks", source=src)
+    if "bench" in gc["parts"]:
+        R.add("gpu_check_bench_failed", gc["parts"]["bench"]["failed"], "checks", source=src)
+    if "sections" in gc:
+        died = died_steps(gc)
+        R.add("gpu_check_sections_died", len(died), "steps",
+              source=src + (": check.sh resumed after each; gpu_check.log says how" if died else
+                            ": every section ran to its end"),
+              note="died in " + ", ".join(died) if died else None)
     if not gc.get("bench_ran"):
         return
     R.add("roofline_copy_gbs", gc["copy_gbs"], "GB/s", source=src + ": device-to-device cudaMemcpy, read + write")
@@ -148,14 +174,14 @@ def decode_roofline(mc, batch, ctx, bw_gbs, kv_elem):
 
 def served_rows(R, sv, bw_gbs):
     prec = slug(sv.get("precision") or "bf16") + ("_" + slug(sv["tag"]) if sv.get("tag") else "")
-    mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes", 4)
+    mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes")  # what the server logged it stores
     src = f"bench/gpu_served.py ({sv.get('mode')}, {sv.get('model')})"
     big = max(sv.get("concurrency") or [0]) if sv.get("concurrency") else None
     first_shape = (sv.get("shapes") or [None])[0]
     for c in sv.get("configs", []):
         base = f"served_{prec}_{c['name']}"
         roof = None
-        if mc and bw_gbs:
+        if mc and bw_gbs and kv_elem:
             roof = decode_roofline(mc, c["concurrency"], c["prompt"] + c["output"] / 2, bw_gbs, kv_elem)
         why = (f"no token in the {c['window_s']:.0f} s window ({c['n_errors']} client errors: "
                f"{'; '.join(c['errors'][:2])})")
@@ -202,7 +228,10 @@ def build(gc, served, gpu, commit, date):
     for sv in served:
         served_rows(R, sv, bw)
         gpu = gpu or sv.get("gpu")
+    died = died_steps(gc)
     for name, reason in REQUIRED.items():
+        if died and not name.startswith("served_"):
+            reason = f"not measured: gpu_check died in {', '.join(died)} (gpu_check.log); else: {reason}"
         unit = ("tok/s" if name.endswith("_tok_s") else "fraction" if name.endswith(("_fraction", "_share"))
                 else "nats" if name.startswith("kl_") else "")
         R.add(name, None, unit, None, reason=reason)
@@ -245,6 +274,69 @@ def check(doc):
     return bad
 
 
+def merge_tries(docs):
+    """One gpu_check summary from the JSON of each try of a resumed run, in order (None: a try that
+    wrote none)."""
+    docs = [d for d in docs if d]
+    if not docs:
+        return None
+    out = {k: docs[0].get(k) for k in ("gpu", "sm", "sms", "mem_gib")}
+    parts = {}
+    for d in docs:
+        for p, c in d.get("parts", {}).items():
+            q = parts.setdefault(p, {"passed": 0, "failed": 0})
+            q["passed"] += c["passed"]
+            q["failed"] += c["failed"]
+    out["parts"] = parts
+    ran = [d for d in docs if d.get("bench_ran")]
+    out["bench_ran"] = bool(ran)
+    out["copy_gbs"] = ran[0]["copy_gbs"] if ran else 0
+    out["gemm_tflops"] = ran[0]["gemm_tflops"] if ran else 0
+    for k in ("rows", "gemv", "ops", "named_rows"):
+        out[k] = [r for d in docs for r in d.get(k, [])]
+    done, skipped, died = [], [], []
+    for d in docs:
+        sec = d.get("sections", {})
+        done += [n for n in sec.get("done", []) if n not in done]
+        skipped += [n for n in sec.get("skipped", []) if n not in skipped]
+        if not sec.get("complete"):
+            died.append(sec.get("running") or "(between steps)")
+    out["sections"] = {"done": done, "skipped": [n for n in skipped if n not in done and n not in died],
+                       "died": died, "complete": bool(docs[-1].get("sections", {}).get("complete"))}
+    out["tries"] = len(docs)
+    return out
+
+
+def resume_args(docs):
+    """(status, args, message) for the next try of gpu_check after these tries' JSON (None: a try
+    that wrote none). status 0: run again with args; 1: the last try completed; 2: cannot go on."""
+    if not docs or docs[-1] is None:
+        return 2, [], "the last try wrote no JSON (it died before its first step)"
+    last = docs[-1].get("sections")
+    if last is None:
+        return 2, [], "the JSON has no sections (a gpu_check older than check_sections.h)"
+    if last.get("complete"):
+        return 1, [], "complete"
+    if not last.get("running"):
+        return 2, [], "the last try died between steps"
+    done, died, ops_from = [], [], 0
+    for d in docs:
+        sec = (d or {}).get("sections", {})
+        done += [n for n in sec.get("done", []) if n not in done]
+        if d and not sec.get("complete") and sec.get("running"):
+            died.append(sec["running"])
+    skip = [n for n in done if n != "roofline" or "roofline" in died]
+    for step in died:
+        m = re.match(r"^ops@(\d+)$", step)
+        if m:
+            ops_from = max(ops_from, int(m.group(1)) + 1)
+        elif step not in skip:
+            skip.append(step)
+    args = (["--skip-sections", ",".join(skip)] if skip else []) + (["--ops-from", str(ops_from)]
+                                                                     if ops_from and "ops" not in skip else [])
+    return 0, args, f"gpu_check died in {last['running']} (try {len(docs)}); the next try: {' '.join(args)}"
+
+
 def fmt_value(r):
     v, u = r["value"], r["unit"]
     if v is None:
@@ -261,8 +353,10 @@ def fmt_value(r):
 
 
 def brief_row(name):
-    """The rows the brief table keeps: the issues' rows, throughput, fractions and host shares."""
-    return name in REQUIRED or name.endswith(("_tok_s", "_fraction", "_host_share", "_itl_p50_ms")) and \
+    """The rows the brief table keeps: the issues' rows, gpu_check's counts, throughput, fractions and
+    host shares."""
+    return name in REQUIRED or name.startswith("gpu_check_") or \
+        name.endswith(("_tok_s", "_fraction", "_host_share", "_itl_p50_ms")) and \
         not name.endswith("_steady_tok_s") and not re.match(r"^decode_.*_ctx512_", name)
 
 
@@ -274,7 +368,7 @@ def render(doc, brief=False):
         if brief and not brief_row(r["name"]):
             continue
         f = r["fraction_of_roofline"]
-        note = r.get("reason", "") if r["value"] is None else ""
+        note = r.get("reason", "") if r["value"] is None else r.get("note", "")
         out.append(f"| `{r['name']}` | {fmt_value(r)} | {r['unit']} | {'-' if f is None else f'{100 * f:.1f}%'} | "
                    f"{note.replace('|', '/')} |")
     return "\n".join(out) + "\n"
@@ -302,7 +396,33 @@ def main():
     rp.add_argument("file")
     rp.add_argument("--brief", action="store_true", help="only the issues' rows, throughput, fractions, host shares")
     sub.add_parser("check").add_argument("file")
+    rs = sub.add_parser("resume")
+    rs.add_argument("tries", nargs="+", help="gpu_check --json of each try so far, in order")
+    mg = sub.add_parser("merge")
+    mg.add_argument("tries", nargs="+")
+    mg.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.cmd in ("resume", "merge"):
+        docs = []
+        for p in a.tries:
+            try:
+                with open(p) as f:
+                    docs.append(json.load(f))
+            except (OSError, ValueError):
+                docs.append(None)
+        if a.cmd == "resume":
+            st, args, msg = resume_args(docs)
+            print(msg, file=sys.stderr)
+            print(" ".join(args))
+            return st
+        doc = merge_tries(docs)
+        if doc is None:
+            print("gpu_json merge: no try wrote a JSON", file=sys.stderr)
+            return 1
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        return 0
     if a.cmd == "write":
         def load(p):
             try:

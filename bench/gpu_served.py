@@ -114,6 +114,17 @@ def metrics_delta(m0, m1):
     return out
 
 
+KV_DTYPES = ("bfloat16", "fp8", "fp8_e4m3", "float32")  # the server's --kv-cache-dtype values, auto aside
+
+
+def kv_elem_bytes(dtype, config):
+    """Bytes a --kv-cache-dtype cache stores per K or V element, its scales spread over the elements
+    (include/kernels/kv_dtype.h: fp8 = e4m3 with one f32 scale per position and KV head), for the
+    roofline bench/gpu_json.py computes."""
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {"float32": 4.0, "bfloat16": 2.0, "fp8": 1.0 + 4.0 / hd, "fp8_e4m3": 1.0 + 4.0 / hd}[dtype]
+
+
 class ServerProc:
     def __init__(self, cmd, start_timeout):
         self.cmd = cmd
@@ -387,6 +398,7 @@ def server_cmd(a, concs, shapes, n_max):
             "--max-waiting", str(4 * big)]
     if a.kv_mem_mb:
         cmd += ["--kv-mem-mb", str(a.kv_mem_mb)]
+    cmd += ["--kv-cache-dtype", a.kv_cache_dtype]
     cmd += a.server_args.split()
     return cmd
 
@@ -410,10 +422,10 @@ def main():
                     help="client processes (few: the server samples on the same cores)")
     ap.add_argument("--kv-mem-mb", type=int, default=None, help="server KV pool (default 90000; --smoke 64)")
     ap.add_argument("--precision", default="bf16", help="the server's --precision (row names carry it)")
-    ap.add_argument("--kv-elem-bytes", type=int, default=4,
-                    help="bytes per KV element the server stores (4: f32, the engine's KV at this commit), "
-                         "for the roofline of bench/gpu_json.py")
-    ap.add_argument("--server-args", default="", help="more server flags")
+    ap.add_argument("--kv-cache-dtype", default="bfloat16", choices=KV_DTYPES,
+                    help="the server's --kv-cache-dtype, passed explicitly so that the roofline counts the KV bytes "
+                         "it stores (default bfloat16, what auto resolves to for these checkpoints)")
+    ap.add_argument("--server-args", default="", help="more server flags (not --kv-cache-dtype: the option above)")
     ap.add_argument("--tag", default="", help="a word the rows' names carry after the precision (e.g. sync for a "
                                               "run with --server-args --no-async-scheduling)")
     ap.add_argument("--start-timeout", type=float, default=180.0)
@@ -439,6 +451,9 @@ def main():
     else:
         a.bin = a.bin or os.path.join(ROOT, "build-gpu-check", "sampler-sm90")
         a.kv_mem_mb = a.kv_mem_mb or 90000
+    if "--kv-cache-dtype" in a.server_args.split():
+        ap.error("--server-args must not set --kv-cache-dtype: use this script's --kv-cache-dtype (the roofline "
+                 "counts its bytes)")
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     concs = [int(x) for x in a.concurrency.split(",")]
     rl_modes = [{"off": False, "on": True}[x] for x in a.rl.split(",")]
@@ -447,7 +462,7 @@ def main():
         print(f"[{time.monotonic() - t_run:6.1f} s] {msg}", flush=True)
 
     out = {"mode": "smoke" if a.smoke else "gpu", "gpu": a.gpu, "binary": os.path.basename(a.bin),
-           "precision": a.precision, "tag": a.tag, "kv_elem_bytes": a.kv_elem_bytes,
+           "precision": a.precision, "tag": a.tag, "kv_cache_dtype": a.kv_cache_dtype, "kv_elem_bytes": None,
            "shapes": [f"{p}x{o}" for p, o in shapes], "concurrency": concs, "n": a.n, "budget_s": a.budget_s,
            "model": None, "model_write_s": 0.0, "server_start_s": None, "server_exit": None, "configs": [],
            "not_run": []}
@@ -474,6 +489,7 @@ def main():
         srv = ServerProc(cmd, a.start_timeout)
         out["server_start_s"] = srv.start_s
         log(f"server: listening on {srv.url} after {srv.start_s:.1f} s")
+        out["kv_elem_bytes"] = kv_elem_bytes(a.kv_cache_dtype, c)
         for i, cfg in enumerate(plan(shapes, concs, a.n, rl_modes)):
             name = config_name(cfg)
             w = a.window_big_s if cfg["concurrency"] == max(concs) else a.window_s

@@ -21,6 +21,7 @@
 #   tests/gpu/check.sh                 # everything
 #   tests/gpu/check.sh --skip-bench    # parts 0-2 (and 4 unless --skip-served)
 #   tests/gpu/check.sh --skip-served   # no part 4 (its rows are written as not measured)
+#   tests/gpu/check.sh --skip-smoke    # no part 0 (the server smoke test)
 #   tests/gpu/check.sh --served-fp8    # part 4 also at --precision fp8 (c256 1000x1000 only; with
 #                                      # SERVED_BUDGET_S=120 to fit in CHECK_TOTAL_S)
 #   tests/gpu/check.sh --served-sync   # part 4 also with --no-async-scheduling (c256 1000x1000, RL
@@ -32,6 +33,8 @@
 #   SAMPLER_COMMIT=abc1234 ...         # the commit for the JSON where the tree has no .git
 #   CHECK_TOTAL_S=540 ...              # the whole run's target (default 9 minutes: the device
 #                                      # tool's command limit is 10): part 4 gets what is left
+#   GPU_CHECK_TIMEOUT=240 GPU_CHECK_TRIES=8 ...  # parts 1-3: all gpu_check tries together, how many
+#   GPU_JSON_OUT=bench/gpu ...         # where part 5 writes <gpu>.json
 # Outputs, written as each part ends into $OUT when set (the device tool brings
 # it back even when the call is cut short), else $BUILD: gpu_check.log,
 # gpu_check.json, served_bf16.json (+ served_fp8.json, served_sync.json), served.log,
@@ -40,15 +43,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 
-skip_bench=0 skip_served=0 served_fp8=0 served_sync=0
+skip_bench=0 skip_served=0 skip_smoke=0 served_fp8=0 served_sync=0
 gc_args=()
 for a in "$@"; do
   case "$a" in
     --skip-bench) skip_bench=1; gc_args+=(--skip-bench) ;;
     --skip-served) skip_served=1 ;;
+    --skip-smoke) skip_smoke=1 ;;
     --served-fp8) served_fp8=1 ;;
     --served-sync) served_sync=1 ;;
-    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --served-fp8, --served-sync)" >&2; exit 2 ;;
+    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --skip-smoke, --served-fp8, --served-sync)" >&2; exit 2 ;;
   esac
 done
 
@@ -102,27 +106,61 @@ echo "check.sh: build $((t1 - t0)) s; results in $RES"
 
 set +e
 # The product binary first (part 0): the server on the bundled model at each precision.
-echo "== 0. sampler-sm$SM serving models/tiny-qwen3 (tests/gpu/server_smoke.py) =="
 src=0
-for p in bf16 fp8 nvfp4; do
-  # Native NVFP4 needs sm_100/103 and native FP8 sm_90+; elsewhere the binary refuses them at start-up
-  # (checked below) and the weight-only path is what serves.
-  wo=""
-  if { [ "$p" = nvfp4 ] && [ "$SM" -lt 100 ]; } || { [ "$p" = fp8 ] && [ "$SM" = 80 ]; }; then wo="--weight-only"; fi
-  timeout 60 python3 tests/gpu/server_smoke.py "$BUILD/sampler-sm$SM" --precision "$p" $wo || src=1
-  if [ -n "$wo" ]; then
-    out=$(timeout 60 "$BUILD/sampler-sm$SM" --precision "$p" --port 0 2>&1); rrc=$?
-    if [ "$rrc" != 0 ] && [ "$rrc" != 124 ] && printf '%s' "$out" | grep -q -- "--weight-only"; then
-      echo "  ok   server $p: sampler-sm$SM refuses native $p at start-up and offers --weight-only"
-    else
-      echo "  FAIL server $p: sampler-sm$SM did not refuse native $p with a --weight-only fix (exit $rrc)"; src=1
+if [ "$skip_smoke" = 1 ]; then
+  echo "== 0. server smoke test skipped (--skip-smoke) =="
+else
+  echo "== 0. sampler-sm$SM serving models/tiny-qwen3 (tests/gpu/server_smoke.py) =="
+  for p in bf16 fp8 nvfp4; do
+    # Native NVFP4 needs sm_100/103 and native FP8 sm_90+; elsewhere the binary refuses them at start-up
+    # (checked below) and the weight-only path is what serves.
+    wo=""
+    if { [ "$p" = nvfp4 ] && [ "$SM" -lt 100 ]; } || { [ "$p" = fp8 ] && [ "$SM" = 80 ]; }; then wo="--weight-only"; fi
+    timeout 60 python3 tests/gpu/server_smoke.py "$BUILD/sampler-sm$SM" --precision "$p" $wo || src=1
+    if [ -n "$wo" ]; then
+      out=$(timeout 60 "$BUILD/sampler-sm$SM" --precision "$p" --port 0 2>&1); rrc=$?
+      if [ "$rrc" != 0 ] && [ "$rrc" != 124 ] && printf '%s' "$out" | grep -q -- "--weight-only"; then
+        echo "  ok   server $p: sampler-sm$SM refuses native $p at start-up and offers --weight-only"
+      else
+        echo "  FAIL server $p: sampler-sm$SM did not refuse native $p with a --weight-only fix (exit $rrc)"; src=1
+      fi
     fi
+  done
+fi
+# Parts 1-3: gpu_check, in sections (tests/gpu/check_sections.h). A try that dies part-way (a
+# kernel fault that breaks the CUDA context, a hang its watchdog stops, a fatal exit) leaves a JSON
+# naming the step it died in; the next try, a fresh process, skips what is done and that step
+# (bench/gpu_json.py resume). All tries together get GPU_CHECK_TIMEOUT (4 minutes; a clean run takes
+# ~1-2), at most GPU_CHECK_TRIES of them; the tries' JSON are merged into gpu_check.json.
+gc_deadline=$(( $(date +%s) + ${GPU_CHECK_TIMEOUT:-240} ))
+gc_tries=() resume=() rc=0 msg=$(mktemp)
+: > "$RES/gpu_check.log"
+rm -f "$RES"/gpu_check.try*.json*
+while :; do
+  n=$(( ${#gc_tries[@]} + 1 )) left=$(( gc_deadline - $(date +%s) ))
+  if [ "$left" -lt 15 ]; then
+    echo "check.sh: gpu_check not resumed: ${left} s left of GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-240}" | tee -a "$RES/gpu_check.log"
+    rc=1; break
   fi
+  j="$RES/gpu_check.try$n.json"
+  [ "$n" -gt 1 ] && echo "== gpu_check try $n: ${resume[*]} ==" | tee -a "$RES/gpu_check.log"
+  timeout "$left" "$BUILD/gpu_check-sm$SM" ${gc_args[@]+"${gc_args[@]}"} --json "$j" ${resume[@]+"${resume[@]}"} \
+    2>&1 | tee -a "$RES/gpu_check.log"
+  gc_rc=${PIPESTATUS[0]}
+  gc_tries+=("$j")
+  next=$(python3 bench/gpu_json.py resume "${gc_tries[@]}" 2>"$msg"); st=$?
+  tee -a "$RES/gpu_check.log" < "$msg"
+  if [ "$st" = 1 ]; then [ "$gc_rc" = 0 ] || rc=1; break; fi    # the try completed (exit 1: a check failed)
+  rc=1
+  echo "check.sh: gpu_check try $n died (exit $gc_rc)" | tee -a "$RES/gpu_check.log"
+  [ "$st" = 0 ] || break
+  if [ "$n" -ge "${GPU_CHECK_TRIES:-8}" ]; then
+    echo "check.sh: gpu_check not resumed: $n tries (GPU_CHECK_TRIES)" | tee -a "$RES/gpu_check.log"; break
+  fi
+  read -r -a resume <<< "$next"
 done
-# A hung kernel must not eat the GPU session: the run itself gets 4 minutes (it takes ~30 s).
-timeout "${GPU_CHECK_TIMEOUT:-240}" "$BUILD/gpu_check-sm$SM" ${gc_args[@]+"${gc_args[@]}"} --json "$RES/gpu_check.json" \
-  2>&1 | tee "$RES/gpu_check.log"
-rc=${PIPESTATUS[0]}
+python3 bench/gpu_json.py merge "${gc_tries[@]}" --out "$RES/gpu_check.json" || rm -f "$RES/gpu_check.json"
+rm -f "$RES"/gpu_check.try*.json* "$msg"
 [ "$src" = 0 ] || { echo "check.sh: the server smoke test failed (above)"; rc=1; }
 t2=$(date +%s)
 
@@ -178,11 +216,11 @@ if [ -z "$commit" ] && commit=$(git rev-parse --short HEAD 2>/dev/null); then
 fi
 commit=${commit:-unknown}
 json=$(python3 bench/gpu_json.py write ${gc_json[@]+"${gc_json[@]}"} ${served[@]+"${served[@]}"} \
-  --gpu "${gpu_name:-sm_$SM}" --commit "$commit" --out bench/gpu) || { echo "check.sh: gpu_json.py failed"; rc=1; }
+  --gpu "${gpu_name:-sm_$SM}" --commit "$commit" --out "${GPU_JSON_OUT:-bench/gpu}") || { echo "check.sh: gpu_json.py failed"; rc=1; }
 set -e
 if [ -n "${json:-}" ]; then
   python3 bench/gpu_json.py render "$json" > "$RES/gpu_table.md"
-  cp "$json" "$RES/"
+  [ "$(dirname "$json")" -ef "$RES" ] || cp "$json" "$RES/"
   echo
   echo "== bench/gpu table, brief ($json; every row: $RES/gpu_table.md) =="
   python3 bench/gpu_json.py render --brief "$json"

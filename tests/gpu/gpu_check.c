@@ -33,9 +33,15 @@
  * (op_checks_native.h), KL(bf16 || fp8) on the fixtures after part 2, the
  * weight-only vs native crossover and native FP8 decode at batch 32 / 128 in
  * part 3 (bench_native.h), machine rows in the summary.
- * Usage: gpu_check-smXX [--skip-bench] [--json FILE] (from the repo root; --json
- * writes the summary for bench/gpu_json.py, the native rows as "named_rows").
- * Exit 1 on any failed check.
+ * The three parts run as the sections of SECTIONS (tests/gpu/check_sections.h):
+ * each under a watchdog, the device context checked after each (and after
+ * every op row), and the JSON rewritten before and after each, so that a
+ * section that faults, hangs or exits costs only itself: check.sh resumes
+ * after it in a fresh process (bench/gpu_json.py resume).
+ * Usage: gpu_check-smXX [--skip-bench] [--skip-sections A,B,..] [--ops-from ROW]
+ * [--list-sections] [--json FILE] (from the repo root; --json writes the
+ * summary for bench/gpu_json.py, the native rows as "named_rows", and the
+ * sections' progress). Exit 1 on any failed check, 3 when a step died.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,6 +59,7 @@
 #include "quant.h"
 #include "safetensors.h"
 
+#include "check_sections.h"
 #include "op_checks.h"
 #include "../long_context.h"
 #include "lora_checks.h"
@@ -79,12 +86,33 @@
 #define MAX_KL_FLIP 3e-4
 
 /* ---- part 1: ops (the table of tests/gpu/op_checks.h) ---- */
-static void part_ops(void) {
+static size_t ops_from; /* --ops-from ROW: check.sh's resume after the row that died */
+static int ops_rows_begun;
+
+/* Each row of the table is a step of its own ("ops@ROW"): its own watchdog,
+ * the device context checked after it, the JSON naming it while it runs. */
+static void ops_row_begin(size_t row) {
+    char step[32];
+    if (ops_rows_begun++) check_step_end();
+    snprintf(step, sizeof step, "ops@%zu", row);
+    check_step_begin(step, 60);
+}
+
+static void section_ops(void) {
     printf("== 1. ops: CUDA backend vs CPU reference ops ==\n");
+    if (ops_from) printf("   from row %zu of %zu (--ops-from)\n", ops_from, op_checks_row_count());
     bc = backend_cpu_create(0, 32768); /* op_checks.h's long-context rows reach position 32767 */
     bg = backend_cuda_create_resident(0, 2048);
-    op_checks_run(1, 0);
+    op_checks_run_from(1, 0, ops_from, ops_row_begin);
+    if (ops_rows_begun) check_step_end();
+    bg->free(bg);
+    bc->free(bc);
+}
+
+static void section_sampling(void) {
     printf("   device sampler vs sampler_sample (tests/gpu/sampling_checks.h)\n");
+    bc = backend_cpu_create(0, 32768);
+    bg = backend_cuda_create_resident(0, 2048);
     sampling_checks_run(1);
     bg->free(bg);
     bc->free(bc);
@@ -343,37 +371,51 @@ static void run_long_fixture(KvDtype kvt) {
     model_free(m);
 }
 
-static void part_models(void) {
+/* Part 2 in sections, so that a fixture that breaks the device context costs
+ * only its own section (check.sh resumes after it). */
+static void section_models_bf16(void) {
     printf("== 2. fixture models: GPU vs transformers and vs the CPU backend ==\n");
     const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe",
                           "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31", "tests/fixtures/qwen2",
                           "models/tiny-qwen3"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) run_fixture(dirs[i], PREC_BF16);
-    /* weight-only FP8 (MoE experts too) and NVFP4 (llama31, tiny-qwen3: every width a multiple of 16) */
+}
+
+/* weight-only FP8 (MoE experts too) and NVFP4 (llama31, tiny-qwen3: every width a multiple of 16) */
+static void section_models_quant(void) {
     run_fixture("tests/fixtures/qwen3_moe", PREC_FP8);
     run_fixture("tests/fixtures/qwen2", PREC_FP8);
     run_fixture("models/tiny-qwen3", PREC_FP8);
     run_fixture("tests/fixtures/llama31", PREC_NVFP4);
     run_fixture("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4); /* NVFP4 experts grouped on the device */
     run_fixture("models/tiny-qwen3", PREC_NVFP4);
-    native_kl_fixtures();
-    /* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
+}
+
+/* LoRA adapters end to end (tests/gpu/lora_checks.h): f32 and bf16 storage */
+static void section_lora(void) {
     lora_model_check("qwen3_gqa2", 0, 0, NULL, NULL);
     lora_model_check("llama31", 1, 0, NULL, NULL);
     lora_model_check("qwen3_moe", 0, 0, NULL, NULL); /* the routed experts' pairs (both layouts) */
-    /* the engine: device sampling on vs off over the same device forward */
+}
+
+/* the engine: device sampling on vs off over the same device forward */
+static void section_devsample(void) {
     engine_devsample_check("tests/fixtures/qwen2");
     engine_devsample_check("models/tiny-qwen3");
-    /* the KV cache dtypes of --kv-cache-dtype (GQA, MoE, MHA; the bundled model) */
+}
+
+/* the KV cache dtypes of --kv-cache-dtype (GQA, MoE, MHA; the bundled model) */
+static void section_kv_dtypes(void) {
     run_fixture_kv("tests/fixtures/qwen3_gqa2", PREC_BF16, KV_BF16);
     run_fixture_kv("tests/fixtures/qwen3_moe", PREC_BF16, KV_BF16);
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_BF16);
     run_fixture_kv("tests/fixtures/qwen3_mha_sharded", PREC_BF16, KV_FP8);
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_FP8);
-    /* long contexts: 8k and 32k tokens (issue 18) */
-    run_long_fixture(KV_F32);
-    run_long_fixture(KV_BF16);
 }
+
+/* long contexts: 8k and 32k tokens (issue 18) */
+static void section_long_f32(void) { run_long_fixture(KV_F32); }
+static void section_long_bf16(void) { run_long_fixture(KV_BF16); }
 
 /* ---- part 3: benchmark ---- */
 static double now_s(void) {
@@ -1075,120 +1117,277 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
     CUDA_CHECK(cudaFree(arena));
 }
 
-/* bench_native.h's decode rows from the rows bench_decode just added: batch 1 of
- * bf16 and weight-only fp8, batch 32 / 128 of native fp8. */
-static void bench_native_decode_rows(int native) {
-    for (int i = 0; i < n_rows; i++) {
-        const char *nm = rows_out[i].name;
-        if (!native && !strncmp(nm, "bf16 decode batch 1 ", 20)) native_row("decode_bf16_b1_tok_s", rows_out[i].tok_s);
-        if (!native && !strncmp(nm, "fp8 decode batch 1 ", 19)) native_row("decode_fp8_b1_tok_s", rows_out[i].tok_s);
-        if (native && !strncmp(nm, "fp8 native decode batch 32 ", 27))
-            native_row("decode_fp8_native_b32_tok_s", rows_out[i].tok_s);
-        if (native && !strncmp(nm, "fp8 native decode batch 128 ", 28))
-            native_row("decode_fp8_native_b128_tok_s", rows_out[i].tok_s);
-    }
+/* bench_native.h's decode rows, from the bench rows of that name prefix:
+ * batch 1 of bf16 and weight-only fp8, batch 32 / 128 of native fp8. Each is
+ * written once, by the first section after its bench row exists. */
+static struct { const char *prefix, *row; int done; } native_decode[] = {
+    {"bf16 decode batch 1 ", "decode_bf16_b1_tok_s", 0},
+    {"fp8 decode batch 1 ", "decode_fp8_b1_tok_s", 0},
+    {"fp8 native decode batch 32 ", "decode_fp8_native_b32_tok_s", 0},
+    {"fp8 native decode batch 128 ", "decode_fp8_native_b128_tok_s", 0},
+};
+static void bench_native_decode_rows(void) {
+    for (size_t k = 0; k < sizeof native_decode / sizeof native_decode[0]; k++)
+        for (int i = 0; i < n_rows && !native_decode[k].done; i++)
+            if (!strncmp(rows_out[i].name, native_decode[k].prefix, strlen(native_decode[k].prefix))) {
+                native_row(native_decode[k].row, rows_out[i].tok_s);
+                native_decode[k].done = 1;
+            }
 }
 
-static void part_bench(void) {
+/* ---- part 3 in sections ----
+ * The dense Qwen3-8B-shaped model, made on the first section that needs it
+ * and kept for the next: weights (16 GiB), the f32 KV pool for decode at batch
+ * 128 (its "pool", dropped before the 32k decode, which needs the memory), the
+ * runner, pinned logits. NULL where the device has too little memory (said). */
+typedef struct DenseBench {
+    Model *m;
+    char *arena;        /* the weights, bf16 */
+    Backend *b;
+    Runner *r;
+    KVCache *kv;        /* f32, n_blocks blocks of BS */
+    int32_t *tables;    /* [n_blocks] = 0..n_blocks-1 */
+    float *logits;      /* pinned [128, vocab] */
+    double mat_params, weight_bytes;
+    int bps_dec, bps_pre, n_blocks, unfit;
+} DenseBench;
+static DenseBench dense;
+
+static void dense_release_pool(void) {
+    if (!dense.r) return;
+    free(dense.tables);
+    runner_kvcache_free(dense.r, dense.kv);
+    runner_free(dense.r); /* frees its backend */
+    dense.r = NULL;
+    dense.kv = NULL;
+    dense.tables = NULL;
+}
+
+static void dense_free(void) {
+    if (!dense.m) return;
+    dense_release_pool();
+    CUDA_CHECK(cudaFreeHost(dense.logits));
+    CUDA_CHECK(cudaFree(dense.arena));
+    free(dense.m->layers);
+    free(dense.m);
+    memset(&dense, 0, sizeof dense);
+}
+
+/* The model, with the KV pool and runner when pool is set. */
+static DenseBench *dense_get(int pool) {
+    if (dense.unfit) return NULL;
+    if (!dense.m) {
+        Model *m = xcalloc(1, sizeof *m);
+        ModelConfig *c = &m->cfg;
+        qwen3_8b_config(c);
+        size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
+               I = c->intermediate, V = c->vocab;
+        size_t per_layer = qd * H + 2 * kvd * H + H * qd + 3 * I * H;
+        dense.mat_params = (double)per_layer * c->n_layers;
+        size_t arena_bytes = ((per_layer + 4 * H) * c->n_layers + 2 * V * H + 8 * H) * 2 + (size_t)64 * 256 * c->n_layers;
+        /* KV: every decode sequence of the largest batch gets its own blocks; prefill reuses them */
+        int max_b = 128;
+        dense.bps_dec = (BENCH_CTX + BENCH_STEPS + BS) / BS;
+        dense.bps_pre = (PREFILL_LEN + BS - 1) / BS;
+        dense.n_blocks = max_b * dense.bps_dec;
+        CHECK(PREFILL_SEQS * dense.bps_pre <= dense.n_blocks, "bench: prefill needs more blocks than the pool (a bug)");
+        size_t kv_bytes = (size_t)dense.n_blocks * BS * c->n_layers * kvd * 4 * 2;
+        size_t runner_bytes = (size_t)PREFILL_SEQS * PREFILL_LEN * (V + 8 * H + 2 * I + 2 * qd) * 4;
+        size_t free_b = 0, total_b = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        size_t kvb_bytes = (size_t)PREFILL_SEQS * dense.bps_pre * BS * c->n_layers * kvd * 2 * 2; /* BF16-KV prefill's */
+        double need = (double)arena_bytes + kv_bytes + kvb_bytes + runner_bytes + (1u << 30);
+        printf("  memory: weights %.1f GiB + KV cache %.1f GiB + runner %.1f GiB; free %.1f GiB\n",
+               arena_bytes / 1073741824.0, kv_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
+        if (need > (double)free_b) {
+            printf("  SKIP the dense bench: needs %.1f GiB of device memory\n", need / 1073741824.0);
+            free(m);
+            dense.unfit = 1;
+            return NULL;
+        }
+        char *cur;
+        CUDA_CHECK(cudaMalloc((void **)&dense.arena, arena_bytes));
+        cur = dense.arena;
+        uint64_t seed = 100;
+        float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
+        carve_model_ends(m, &cur, &seed, ws);
+        for (int l = 0; l < c->n_layers; l++) {
+            LayerWeights *w = &m->layers[l];
+            carve_layer_attn(w, c, &cur, &seed, ws);
+            w->gate = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
+            w->up = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
+            w->down = wmat(H, I, carve(&cur, H * I, seed++, 0, ws));
+        }
+        CHECK((size_t)(cur - dense.arena) <= arena_bytes, "bench arena overflow (a bug)");
+        CUDA_CHECK(cudaDeviceSynchronize());
+        dense.weight_bytes = 2.0 * (dense.mat_params + (double)V * H); /* matmul weights + lm_head read per step */
+        printf("  model: %.2fB params, %.1f GiB of matmul weights read per decode step\n",
+               (dense.mat_params + 2.0 * V * H) / 1e9, dense.weight_bytes / 1073741824.0);
+        /* pinned, as a server that samples on the host would use: the per-step logits copy runs at PCIe speed */
+        CUDA_CHECK(cudaMallocHost((void **)&dense.logits, sizeof(float) * (size_t)max_b * V));
+        dense.m = m;
+    }
+    if (pool && !dense.r) {
+        const ModelConfig *c = &dense.m->cfg;
+        dense.b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
+        dense.r = runner_create_with(dense.m, dense.b, PREFILL_SEQS * PREFILL_LEN, BENCH_MAX_CTX);
+        dense.kv = runner_kvcache_create(dense.r, dense.n_blocks, BS);
+        dense.tables = xmalloc(sizeof(int32_t) * (size_t)dense.n_blocks);
+        for (int i = 0; i < dense.n_blocks; i++) dense.tables[i] = i;
+    }
+    return &dense;
+}
+
+/* Every bench section needs the roofline this process measured (the
+ * "roofline" section, first of part 3); without it a section says so. */
+static int bench_ready(const char *what) {
+    if (bw_gbs > 0 && gemm_tfs > 0) return 1;
+    printf("  SKIP %s: no roofline in this process (the roofline section was skipped or failed)\n", what);
+    return 0;
+}
+
+static void section_roofline(void) {
     printf("== 3. bench: Qwen3-8B-shaped random BF16 model in device memory ==\n");
     measure_roofline();
-    bench_gemv();
-    bench_native_crossover();
-    Model *m = xcalloc(1, sizeof *m);
-    ModelConfig *c = &m->cfg;
-    qwen3_8b_config(c);
-    size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
-           I = c->intermediate, V = c->vocab;
-    size_t per_layer = qd * H + 2 * kvd * H + H * qd + 3 * I * H;
-    double mat_params = (double)per_layer * c->n_layers;
-    size_t arena_bytes = ((per_layer + 4 * H) * c->n_layers + 2 * V * H + 8 * H) * 2 + (size_t)64 * 256 * c->n_layers;
-    /* KV: every decode sequence of the largest batch gets its own blocks; prefill reuses them */
-    int max_b = 128, bps_dec = (BENCH_CTX + BENCH_STEPS + BS) / BS, bps_pre = (PREFILL_LEN + BS - 1) / BS;
-    int n_blocks = max_b * bps_dec;
-    CHECK(PREFILL_SEQS * bps_pre <= n_blocks, "bench: prefill needs more blocks than the pool (a bug)");
-    size_t kv_bytes = (size_t)n_blocks * BS * c->n_layers * kvd * 4 * 2;
-    size_t runner_bytes = (size_t)PREFILL_SEQS * PREFILL_LEN * (V + 8 * H + 2 * I + 2 * qd) * 4;
-    size_t free_b = 0, total_b = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t kvb_bytes = (size_t)PREFILL_SEQS * bps_pre * BS * c->n_layers * kvd * 2 * 2; /* the BF16-KV prefill's */
-    double need = (double)arena_bytes + kv_bytes + kvb_bytes + runner_bytes + (1u << 30);
-    printf("  memory: weights %.1f GiB + KV cache %.1f GiB + runner %.1f GiB; free %.1f GiB\n",
-           arena_bytes / 1073741824.0, kv_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
-    if (need > (double)free_b) {
-        printf("  SKIP bench: needs %.1f GiB of device memory\n", need / 1073741824.0);
-        free(m);
-        return;
-    }
-    char *arena = NULL, *cur;
-    CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
-    cur = arena;
-    uint64_t seed = 100;
-    float ws = 0.02f; /* uniform +-0.02: std ~0.012, like a trained 4096-wide layer */
-    carve_model_ends(m, &cur, &seed, ws);
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerWeights *w = &m->layers[l];
-        carve_layer_attn(w, c, &cur, &seed, ws);
-        w->gate = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
-        w->up = wmat(I, H, carve(&cur, I * H, seed++, 0, ws));
-        w->down = wmat(H, I, carve(&cur, H * I, seed++, 0, ws));
-    }
-    CHECK((size_t)(cur - arena) <= arena_bytes, "bench arena overflow (a bug)");
-    CUDA_CHECK(cudaDeviceSynchronize());
-    double weight_bytes = 2.0 * (mat_params + (double)V * H); /* matmul weights + lm_head read per step */
-    printf("  model: %.2fB params, %.1f GiB of matmul weights read per decode step\n",
-           (mat_params + 2.0 * V * H) / 1e9, weight_bytes / 1073741824.0);
-    Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
-    Runner *r = runner_create_with(m, b, PREFILL_SEQS * PREFILL_LEN, BENCH_MAX_CTX);
-    KVCache *kv = runner_kvcache_create(r, n_blocks, BS);
-    int32_t *tables = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
-    for (int i = 0; i < n_blocks; i++) tables[i] = i;
-    /* pinned, as a server that samples on the host would use: the per-step logits copy runs at PCIe speed */
-    float *logits = NULL;
-    CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
-    bench_prefill(r, kv, c, mat_params, logits, tables, bps_pre, "bf16");
-    KVCache *kvb = runner_kvcache_create_dtype(r, PREFILL_SEQS * bps_pre, BS, KV_BF16); /* attention on tensor cores */
-    bench_prefill(r, kvb, c, mat_params, logits, tables, bps_pre, "bf16/kv-bf16");
-    runner_kvcache_free(r, kvb);
-    bench_attn_prefill(c);
-    bench_attn_decode(c);
-    const int batches[] = {1, 32, 128};
-    for (int i = 0; i < 3; i++) bench_decode(r, kv, c, batches[i], weight_bytes, logits, tables, bps_dec, "bf16");
-    bench_ops(m, rows_out[n_rows - 3].ms);
-    bench_mixed(r, kv, c, 32, 224, mat_params, weight_bytes, logits, tables, bps_dec);
-    bench_quant(m, PREC_FP8, 0, logits, tables, bps_dec);
-    bench_native_decode_rows(0);
-    if (cuda_native_caps()) {
-        bench_quant(m, PREC_FP8, 1, logits, tables, bps_dec);
-        bench_native_decode_rows(1);
-    }
-    bench_quant(m, PREC_NVFP4, 0, logits, tables, bps_dec);
-    free(tables);
-    runner_kvcache_free(r, kv);
-    runner_free(r);
-    bench_decode_long(m, weight_bytes, logits); /* after the f32 KV pool is freed */
-    CUDA_CHECK(cudaFreeHost(logits));
-    CUDA_CHECK(cudaFree(arena));
-    free(m->layers);
-    free(m);
-    bench_moe();
-    bench_moe_prefill();
-    bench_moe_prefill_fp8();
+}
+static void section_gemv(void) { if (bench_ready("gemv")) bench_gemv(); }
+static void section_crossover(void) { if (bench_ready("crossover")) bench_native_crossover(); }
+
+static void section_prefill(void) {
+    DenseBench *d = bench_ready("prefill") ? dense_get(1) : NULL;
+    if (!d) return;
+    const ModelConfig *c = &d->m->cfg;
+    bench_prefill(d->r, d->kv, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16");
+    KVCache *kvb = runner_kvcache_create_dtype(d->r, PREFILL_SEQS * d->bps_pre, BS, KV_BF16); /* tensor cores */
+    bench_prefill(d->r, kvb, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16/kv-bf16");
+    runner_kvcache_free(d->r, kvb);
 }
 
+static void section_attn_prefill(void) {
+    ModelConfig c;
+    qwen3_8b_config(&c);
+    if (bench_ready("attn_prefill")) bench_attn_prefill(&c);
+}
+
+static void section_attn_decode(void) {
+    ModelConfig c;
+    qwen3_8b_config(&c);
+    if (bench_ready("attn_decode")) bench_attn_decode(&c);
+}
+
+static void section_decode(void) {
+    DenseBench *d = bench_ready("decode") ? dense_get(1) : NULL;
+    if (!d) return;
+    const int batches[] = {1, 32, 128};
+    for (int i = 0; i < 3; i++)
+        bench_decode(d->r, d->kv, &d->m->cfg, batches[i], d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16");
+    bench_native_decode_rows();
+}
+
+/* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */
+static double bench_row_ms(const char *prefix) {
+    for (int i = 0; i < n_rows; i++)
+        if (!strncmp(rows_out[i].name, prefix, strlen(prefix))) return rows_out[i].ms;
+    return 0;
+}
+
+static void section_step_ops(void) {
+    DenseBench *d = bench_ready("step_ops") ? dense_get(0) : NULL;
+    if (d) bench_ops(d->m, bench_row_ms("bf16 decode batch 1 "));
+}
+
+static void section_mixed(void) {
+    DenseBench *d = bench_ready("mixed") ? dense_get(1) : NULL;
+    if (d) bench_mixed(d->r, d->kv, &d->m->cfg, 32, 224, d->mat_params, d->weight_bytes, d->logits, d->tables, d->bps_dec);
+}
+
+static void section_fp8(void) {
+    DenseBench *d = bench_ready("fp8") ? dense_get(1) : NULL;
+    if (!d) return;
+    bench_quant(d->m, PREC_FP8, 0, d->logits, d->tables, d->bps_dec);
+    bench_native_decode_rows();
+}
+
+static void section_fp8_native(void) {
+    DenseBench *d = bench_ready("fp8_native") ? dense_get(1) : NULL;
+    if (!d) return;
+    if (!cuda_native_caps()) {
+        printf("  fp8 native decode: no native GEMMs in this binary (cuda_native.h)\n");
+        return;
+    }
+    bench_quant(d->m, PREC_FP8, 1, d->logits, d->tables, d->bps_dec);
+    bench_native_decode_rows();
+}
+
+static void section_nvfp4(void) {
+    DenseBench *d = bench_ready("nvfp4") ? dense_get(1) : NULL;
+    if (d) bench_quant(d->m, PREC_NVFP4, 0, d->logits, d->tables, d->bps_dec);
+}
+
+static void section_decode_32k(void) {
+    DenseBench *d = bench_ready("decode_32k") ? dense_get(0) : NULL;
+    if (!d) return;
+    dense_release_pool(); /* 8 x 32k positions of BF16 KV need the f32 pool's memory */
+    bench_decode_long(d->m, d->weight_bytes, d->logits);
+}
+
+static void section_moe(void) { dense_free(); if (bench_ready("moe")) bench_moe(); }
+static void section_moe_prefill(void) { dense_free(); if (bench_ready("moe_prefill")) bench_moe_prefill(); }
+static void section_moe_prefill_fp8(void) { dense_free(); if (bench_ready("moe_prefill_fp8")) bench_moe_prefill_fp8(); }
+
+/* The whole check, in order. Limits are watchdogs for a hang (a section's
+ * usual time on an H200 is a few seconds to ~40 s); the ops section's rows
+ * have 60 s each. Part 3's sections all need "roofline" first. */
+static const CheckSection SECTIONS[] = {
+    {"ops", 1, 60, section_ops},
+    {"sampling", 1, 120, section_sampling},
+    {"models_bf16", 2, 120, section_models_bf16},
+    {"models_quant", 2, 120, section_models_quant},
+    {"kl_fp8", 2, 120, native_kl_fixtures},
+    {"lora", 2, 120, section_lora},
+    {"devsample", 2, 120, section_devsample},
+    {"kv_dtypes", 2, 120, section_kv_dtypes},
+    {"long_f32", 2, 150, section_long_f32},
+    {"long_bf16", 2, 150, section_long_bf16},
+    {"roofline", 3, 60, section_roofline},
+    {"gemv", 3, 60, section_gemv},
+    {"crossover", 3, 90, section_crossover},
+    {"prefill", 3, 90, section_prefill},
+    {"attn_prefill", 3, 60, section_attn_prefill},
+    {"attn_decode", 3, 90, section_attn_decode},
+    {"decode", 3, 90, section_decode},
+    {"step_ops", 3, 60, section_step_ops},
+    {"mixed", 3, 60, section_mixed},
+    {"fp8", 3, 90, section_fp8},
+    {"fp8_native", 3, 90, section_fp8_native},
+    {"nvfp4", 3, 90, section_nvfp4},
+    {"decode_32k", 3, 90, section_decode_32k},
+    {"moe", 3, 120, section_moe},
+    {"moe_prefill", 3, 90, section_moe_prefill},
+    {"moe_prefill_fp8", 3, 90, section_moe_prefill_fp8},
+};
+#define N_SECTIONS ((int)(sizeof SECTIONS / sizeof SECTIONS[0]))
+
 /* --json FILE: the summary for bench/gpu_json.py (which names the rows of
- * bench/gpu/<gpu>.json from these): the device, the parts' counts, the
- * rooflines and every bench, GEMV and op row as measured. Names are our own
- * printable ASCII without quotes or backslashes, so they need no escaping. */
-static void write_json(const char *path, const char *gpu, int major, int minor, int sms, size_t mem, int ops_pass,
-                       int ops_fail, int mod_pass, int mod_fail, int bench) {
-    FILE *f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "gpu_check: cannot write %s\n", path); return; }
-    fprintf(f, "{\"gpu\": \"%s\", \"sm\": %d, \"sms\": %d, \"mem_gib\": %.1f,\n", gpu, major * 10 + minor, sms,
-            mem / 1073741824.0);
-    fprintf(f, " \"parts\": {\"ops\": {\"passed\": %d, \"failed\": %d}, \"models\": {\"passed\": %d, \"failed\": %d}},\n",
-            ops_pass, ops_fail, mod_pass, mod_fail);
-    fprintf(f, " \"bench_ran\": %s, \"copy_gbs\": %.17g, \"gemm_tflops\": %.17g,\n \"rows\": [", bench && n_rows ? "true" : "false",
-            bw_gbs, gemm_tfs);
+ * bench/gpu/<gpu>.json from these): the device, the parts' counts and the
+ * sections' progress (check_sections.h), the rooflines and every bench, GEMV
+ * and op row as measured. Rewritten before and after every step, through a
+ * temporary file and rename(), so what is on disk is always a whole JSON.
+ * Names are our own printable ASCII without quotes or backslashes, so they
+ * need no escaping. */
+static const char *json_path;
+static struct { char name[256]; int major, minor, sms; size_t mem; } dev;
+
+static void write_json(void) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", json_path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) { fprintf(stderr, "gpu_check: cannot write %s\n", tmp); return; }
+    fprintf(f, "{\"gpu\": \"%s\", \"sm\": %d, \"sms\": %d, \"mem_gib\": %.1f,\n ", dev.name, dev.major * 10 + dev.minor,
+            dev.sms, dev.mem / 1073741824.0);
+    check_progress_json(f);
+    fprintf(f, ",\n \"bench_ran\": %s, \"copy_gbs\": %.17g, \"gemm_tflops\": %.17g,\n \"rows\": [",
+            bw_gbs > 0 ? "true" : "false", bw_gbs, gemm_tfs);
     for (int i = 0; i < n_rows; i++)
         fprintf(f, "%s\n  {\"name\": \"%s\", \"tok_s\": %.17g, \"ms\": %.17g, \"roof_tok_s\": %.17g, \"fraction\": %.17g}",
                 i ? "," : "", rows_out[i].name, rows_out[i].tok_s, rows_out[i].ms, rows_out[i].roof_tok_s, rows_out[i].frac);
@@ -1211,48 +1410,46 @@ static void write_json(const char *path, const char *gpu, int major, int minor, 
                 native_rows[i].v, unit);
     }
     fprintf(f, "]}\n");
-    fclose(f);
+    if (fclose(f) || rename(tmp, json_path)) fprintf(stderr, "gpu_check: cannot write %s\n", json_path);
+}
+
+/* A sticky CUDA error (an illegal address, a launch failure) makes every later
+ * call fail: the context is lost. Any other error left pending is reported,
+ * counted as a failure and cleared. */
+static int gpu_context_ok(const char *after) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return 1;
+    (void)cudaGetLastError();
+    cudaError_t e2 = cudaDeviceSynchronize();
+    printf("  FAIL a CUDA error was pending after %s: %s%s\n", after, cudaGetErrorString(e),
+           e2 == cudaSuccess ? " (cleared)" : "");
+    n_fail++;
+    return e2 == cudaSuccess;
 }
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a timeout kill (check.sh pipes us into tee) */
-    int bench = 1;
-    const char *json_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--skip-bench")) bench = 0;
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-        else { fprintf(stderr, "usage: %s [--skip-bench] [--json FILE]\n", argv[0]); return 2; }
-    }
-    int major = 0, minor = 0, sms = 0;
-    size_t mem = 0;
-    char name[256];
-    if (cuda_device_probe(&major, &minor, &sms, &mem, name, sizeof name)) {
+    char skip[2048];
+    check_args_parse(argc, argv, SECTIONS, N_SECTIONS, skip, &ops_from, &json_path);
+    if (cuda_device_probe(&dev.major, &dev.minor, &dev.sms, &dev.mem, dev.name, sizeof dev.name)) {
         fprintf(stderr, "gpu_check: no CUDA device\n");
         return 2;
     }
-    printf("gpu_check: %s, sm_%d%d, %d SMs, %.1f GiB; binary built for sm_%d\n", name, major, minor, sms,
-           mem / 1073741824.0, cuda_binary_sm());
+    printf("gpu_check: %s, sm_%d%d, %d SMs, %.1f GiB; binary built for sm_%d\n", dev.name, dev.major, dev.minor,
+           dev.sms, dev.mem / 1073741824.0, cuda_binary_sm());
     cpu_ops_init();
-    double t0 = now_s();
-    part_ops();
-    int ops_pass = n_pass, ops_fail = n_fail;
-    double t1 = now_s();
-    part_models();
-    int mod_pass = n_pass - ops_pass, mod_fail = n_fail - ops_fail;
-    double t2 = now_s();
-    printf("parts 1-2: %d passed, %d failed\n", n_pass, n_fail);
-    fflush(stdout);
-    if (bench) part_bench();
-    double t3 = now_s();
+    if (json_path) check_progress_write = write_json;
+    check_context_ok = gpu_context_ok;
+    check_sections_run(SECTIONS, N_SECTIONS, skip, &n_pass, &n_fail);
 
-    printf("\n== gpu_check summary: %s (sm_%d%d, %d SMs, %.0f GiB) ==\n", name, major, minor, sms,
-           mem / 1073741824.0);
-    printf("| part | result | time |\n|---|---|---|\n");
-    printf("| 1. ops vs CPU reference | %d passed, %d failed | %.1f s |\n", ops_pass, ops_fail, t1 - t0);
-    printf("| 2. fixture models vs transformers / CPU | %d passed, %d failed | %.1f s |\n", mod_pass, mod_fail, t2 - t1);
-    if (bench && n_rows) {
-        printf("| 3. bench (roofline: copy %.0f GB/s, BF16 GEMM %.0f TFLOP/s) | see below | %.1f s |\n\n", bw_gbs,
-               gemm_tfs, t3 - t2);
+    const CheckProgress *g = &check_progress;
+    printf("\n== gpu_check summary: %s (sm_%d%d, %d SMs, %.0f GiB) ==\n", dev.name, dev.major, dev.minor, dev.sms,
+           dev.mem / 1073741824.0);
+    printf("| part | result |\n|---|---|\n");
+    printf("| 1. ops vs CPU reference | %d passed, %d failed |\n", g->pass[1], g->fail[1]);
+    printf("| 2. fixture models vs transformers / CPU | %d passed, %d failed |\n", g->pass[2], g->fail[2]);
+    if (n_rows) {
+        printf("| 3. bench (roofline: copy %.0f GB/s, BF16 GEMM %.0f TFLOP/s) | see below |\n\n", bw_gbs, gemm_tfs);
         printf("| Qwen3-8B shapes | tok/s | ms/step | roofline tok/s | fraction of roofline |\n"
                "|---|---|---|---|---|\n");
         for (int i = 0; i < n_rows; i++)
@@ -1264,7 +1461,8 @@ int main(int argc, char **argv) {
                    100 * gemv_rows[i].gbs / bw_gbs);
     }
     native_summary();
-    if (json_path) write_json(json_path, name, major, minor, sms, mem, ops_pass, ops_fail, mod_pass, mod_fail, bench);
+    if (skip[0]) printf("\nskipped sections: %s\n", skip);
     printf("\n%d passed, %d failed\n", n_pass, n_fail);
+    dense_free();
     return n_fail ? 1 : 0;
 }

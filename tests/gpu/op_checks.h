@@ -1659,12 +1659,27 @@ static void check_upload_ring(int on_gpu) {
 static int op_check_runs(int where, int on_gpu, int quick) {
     return on_gpu || where == OC_ALL || (where == OC_FULL && !quick);
 }
-static void op_checks_run(int on_gpu, int quick) {
-    check_upload_ring(on_gpu);
-    for (size_t i = 0; i < sizeof OP_CHECKS / sizeof OP_CHECKS[0]; i++)
-        if (op_check_runs(OP_CHECKS[i].where, on_gpu, quick)) OP_CHECKS[i].fn(OP_CHECKS[i].a);
-    for (size_t i = 0; i < sizeof OP_CHECKS_NATIVE / sizeof OP_CHECKS_NATIVE[0]; i++)
-        if (op_check_runs(OP_CHECKS_NATIVE[i].where, on_gpu, quick)) OP_CHECKS_NATIVE[i].fn(OP_CHECKS_NATIVE[i].a);
+/* The table's rows as one numbering (what gpu_check's "ops@ROW" steps count):
+ * row 0 the upload ring, then OP_CHECKS, then OP_CHECKS_NATIVE. */
+#define OP_CHECKS_N (sizeof OP_CHECKS / sizeof OP_CHECKS[0])
+#define OP_CHECKS_NATIVE_N (sizeof OP_CHECKS_NATIVE / sizeof OP_CHECKS_NATIVE[0])
+static size_t op_checks_row_count(void) { return 1 + OP_CHECKS_N + OP_CHECKS_NATIVE_N; }
+
+/* Runs the rows from `from` on that this platform runs; before(row), when not
+ * NULL, is called before each (gpu_check's watchdog and progress). */
+static void op_checks_run_from(int on_gpu, int quick, size_t from, void (*before)(size_t row)) {
+    for (size_t row = from; row < op_checks_row_count(); row++) {
+        if (row == 0) {
+            if (before) before(row);
+            check_upload_ring(on_gpu);
+            continue;
+        }
+        const OpCheck *c = row <= OP_CHECKS_N ? &OP_CHECKS[row - 1] : &OP_CHECKS_NATIVE[row - 1 - OP_CHECKS_N];
+        if (!op_check_runs(c->where, on_gpu, quick)) continue;
+        if (before) before(row);
+        c->fn(c->a);
+    }
 }
+static void op_checks_run(int on_gpu, int quick) { op_checks_run_from(on_gpu, quick, 0, NULL); }
 
 #endif

@@ -20,6 +20,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpu_json  # noqa: E402
+import gpu_served  # noqa: E402
 
 SERVED = os.path.join(ROOT, "bench", "gpu_served.py")
 GPU_JSON = os.path.join(ROOT, "bench", "gpu_json.py")
@@ -64,6 +65,16 @@ def test_smoke_runs_every_configuration(smoke):
         if c["itl_n"]:
             assert 0 <= c["itl_p50_s"] <= c["itl_p99_s"]
         assert c["tok_s"] == pytest.approx(c["tokens"] / c["window_s"])
+
+
+def test_kv_dtype_from_the_server(smoke):
+    d, _ = smoke
+    # the dtype the bench gave the server (--kv-cache-dtype bfloat16 by default) is what the roofline counts
+    assert "--kv-cache-dtype bfloat16" in d["server_cmd"]
+    assert d["kv_cache_dtype"] == "bfloat16" and d["kv_elem_bytes"] == 2.0
+    mc = {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128}
+    assert gpu_served.kv_elem_bytes("fp8", mc) == 1 + 4 / 128  # one f32 scale per position and KV head
+    assert gpu_served.kv_elem_bytes("float32", mc) == 4
 
 
 def test_step_counters(smoke):
@@ -132,7 +143,8 @@ def sample_served():
            "ttft_n": 32, "ttft_p50_s": 2.0, "ttft_p99_s": 3.0, "itl_n": 19000, "itl_p50_s": 0.2, "itl_p99_s": 0.3,
            "server": {"host_share": 0.8, "ms_per_step": 50.0, "forward_ms_per_step": 10.0}, "drained": True}
     c1 = dict(cfg, name="c1_1000x1000", concurrency=1, n=1, slots=1, tokens=1000, tok_s=125.0, itl_p50_s=0.008)
-    return {"mode": "gpu", "gpu": "NVIDIA H200", "precision": "bf16", "kv_elem_bytes": 4, "model": "/dev/shm/x",
+    return {"mode": "gpu", "gpu": "NVIDIA H200", "precision": "bf16", "kv_cache_dtype": "bfloat16",
+            "kv_elem_bytes": 2.0, "model": "/dev/shm/x",
             "model_config": mc, "shapes": ["1000x1000", "128x2048"], "concurrency": [1, 16, 64, 256], "n": 8,
             "configs": [cfg, c1],
             "not_run": [{"name": "c16_128x2048_rl_fields", "reason": "time budget (270 s) spent"}]}
@@ -156,9 +168,9 @@ def test_gpu_json_rows_and_roofline():
     assert rows["served_bf16_c256_host_share"]["value"] == 0.8
     assert rows["served_bf16_c256_1000x1000_step_ms"]["value"] == 50.0
     assert rows["served_bf16_c256_1000x1000_forward_ms"]["value"] == 10.0
-    # served roofline: C * bw / (W + C * (P + O/2) * kv bytes per token), Qwen3-8B, f32 KV
+    # served roofline: C * bw / (W + C * (P + O/2) * kv bytes per token), Qwen3-8B, BF16 KV
     W = 2 * (36 * (4096 * 4096 * 2 + 2 * 1024 * 4096 + 3 * 12288 * 4096) + 151936 * 4096)
-    kv = 2 * 36 * 1024 * 4
+    kv = 2 * 36 * 1024 * 2
     roof = 256 * 4251e9 / (W + 256 * 1500 * kv)
     assert rows["served_bf16_c256_1000x1000_tok_s"]["fraction_of_roofline"] == pytest.approx(1000.0 / roof)
     step1 = (W + 1500 * kv) / 4251e9
@@ -170,6 +182,10 @@ def test_gpu_json_rows_and_roofline():
     for n in ("served_fp8_c256_1000x1000_tok_s", "decode_moe30b_b1_fraction",
               "served_bf16_c256_1000x1000_rl_fields_tok_s"):
         assert rows[n]["value"] is None and rows[n]["reason"], n
+    # a served run whose KV dtype is unknown has no roofline (rather than a guessed one)
+    unknown = gpu_json.build(gc, [dict(sample_served(), kv_elem_bytes=None)], "", "a", "d")
+    r = {x["name"]: x for x in unknown["rows"]}["served_bf16_c256_1000x1000_tok_s"]
+    assert r["value"] == 1000.0 and r["fraction_of_roofline"] is None
     # without any input every required row is there, null with its reason
     empty = gpu_json.build(None, [], "NVIDIA H200", "abc", "d")
     assert gpu_json.check(empty) == [] and all(r["value"] is None for r in empty["rows"])

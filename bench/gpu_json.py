@@ -174,12 +174,20 @@ def decode_roofline(mc, batch, ctx, bw_gbs, kv_elem):
 
 def served_rows(R, sv, bw_gbs):
     prec = slug(sv.get("precision") or "bf16") + ("_" + slug(sv["tag"]) if sv.get("tag") else "")
-    mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes")  # what the server logged it stores
+    mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes")  # of the --kv-cache-dtype it ran with
     src = f"bench/gpu_served.py ({sv.get('mode')}, {sv.get('model')})"
     big = max(sv.get("concurrency") or [0]) if sv.get("concurrency") else None
     first_shape = (sv.get("shapes") or [None])[0]
     for c in sv.get("configs", []):
         base = f"served_{prec}_{c['name']}"
+        if c.get("server_died") is not None:  # its window's numbers are partial: none of them is a row
+            dead = (f"the server died during this configuration (exit {c['server_died']}; served.log has the end of "
+                    f"its log); gpu_served.py restarted it for the rest")
+            for k, u in (("tok_s", "tok/s"), ("steady_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("ttft_p99_ms", "ms"),
+                         ("itl_p50_ms", "ms"), ("itl_p99_ms", "ms"), ("step_ms", "ms/step"),
+                         ("forward_ms", "ms/step"), ("host_share", "fraction")):
+                R.add(f"{base}_{k}", None, u, None, src, dead)
+            continue
         roof = None
         if mc and bw_gbs and kv_elem:
             roof = decode_roofline(mc, c["concurrency"], c["prompt"] + c["output"] / 2, bw_gbs, kv_elem)

@@ -12,8 +12,12 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     /dev/shm/sampler-bench/qwen3-8b when /dev/shm has room, else /tmp/...); reused when it
     is complete (a marker file). --smoke serves the bundled models/tiny-qwen3.
   - one server per run (the binary's own flags for the load: --max-running-seqs and
-    --max-step-rows at the largest concurrency, output budgets sized for the RL fields),
-    started once, stopped with SIGTERM at the end (its exit status is reported).
+    --max-step-rows at the largest concurrency, output budgets sized for the RL fields,
+    --kv-cache-dtype from this script's option of that name, default bfloat16, whose bytes
+    the roofline counts), started once, stopped with SIGTERM at the end (its exit status is
+    reported). A server that dies during a configuration (a fault at that batch) costs that
+    configuration only: its numbers are dropped (server_died, server_deaths with the end of
+    its log) and a fresh server runs the rest while the budget allows (server_restarts).
   - configurations: shapes PROMPTxOUTPUT (1000x1000, 128x2048) x concurrency (1, 16, 64,
     256 sequences in flight) x RL fields off / on. Concurrency counts sequences: requests
     carry n = min(8, C) (RL groups of 8), C / n of them in flight, each slot closed-loop
@@ -44,7 +48,7 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     async_steps counts the steps that overlapped.
 Clients: --workers processes (default: up to 4), each an asyncio loop over raw HTTP/1.1
 (bench/load.py's request()), so the client side is not what limits the rate.
-Exit status: 0 when every configuration run had no client error, 1 otherwise.
+Exit status: 0 when every configuration run had no client error and the server never died, 1 otherwise.
 """
 import argparse
 import asyncio
@@ -281,7 +285,7 @@ def _worker(host, port, cfg, slots, seed, t_start, t_end, conn):
     conn.close()
 
 
-def run_config(srv, cfg, window_s, n_workers, seed):
+def run_config(srv, cfg, window_s, n_workers, seed, kill_at=None):
     slots = max(1, cfg["concurrency"] // cfg["n"])
     n_workers = max(1, min(n_workers, slots))
     per = [slots // n_workers + (1 if i < slots % n_workers else 0) for i in range(n_workers)]
@@ -299,15 +303,21 @@ def run_config(srv, cfg, window_s, n_workers, seed):
         time.sleep(0.005)
     m0 = read_metrics(srv.url)
     while time.monotonic() < t_end:
+        if kill_at is not None and time.monotonic() >= t_start + kill_at * window_s and srv.proc.poll() is None:
+            srv.proc.kill()  # the planted death of the CPU test (--kill-server-during)
         time.sleep(min(0.05, max(0.0, t_end - time.monotonic())))
-    m1 = read_metrics(srv.url)
+    try:
+        m1 = read_metrics(srv.url)
+    except OSError:  # the server died during the window: what the clients saw is kept, the counters are not
+        m1 = None
     parts = []
     for p, a in zip(procs, pipes):
         parts.append(a.recv() if a.poll(120) else {"sent": 0, "completed": 0, "cut": 0, "errors": ["worker hung"],
                                                     "n_errors": 1, "ttft": [], "itl": [], "tokens": 0,
                                                     "tokens_2nd_half": 0})
         p.join(10)
-    drained = srv.wait_idle(60)
+    died = srv.proc.poll()
+    drained = died is None and srv.wait_idle(60)
     ttft = [x for q in parts for x in q["ttft"]]
     itl = [x for q in parts for x in q["itl"]]
     tokens = sum(q["tokens"] for q in parts)
@@ -321,7 +331,9 @@ def run_config(srv, cfg, window_s, n_workers, seed):
         "steady_tok_s": sum(q["tokens_2nd_half"] for q in parts) / (window_s / 2),
         "ttft_n": len(ttft), "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "itl_n": len(itl), "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99),
-        "server": metrics_delta(m0, m1), "drained": drained,
+        "server": metrics_delta(m0, m1) if m1 is not None else {"host_share": None, "ms_per_step": None,
+                                                                 "forward_ms_per_step": None},
+        "drained": drained, "server_died": died,
     })
     return r
 
@@ -433,6 +445,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="CPU binary, bundled tiny model, tiny sizes (the CI test)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--kill-server-during", default="", metavar="CONFIG",
+                    help="for the CPU test only: SIGKILL the server halfway through this configuration's window "
+                         "(the run must restart it and go on)")
     a = ap.parse_args()
     t_run = time.monotonic()
     if a.smoke:
@@ -465,7 +480,7 @@ def main():
            "precision": a.precision, "tag": a.tag, "kv_cache_dtype": a.kv_cache_dtype, "kv_elem_bytes": None,
            "shapes": [f"{p}x{o}" for p, o in shapes], "concurrency": concs, "n": a.n, "budget_s": a.budget_s,
            "model": None, "model_write_s": 0.0, "server_start_s": None, "server_exit": None, "configs": [],
-           "not_run": []}
+           "not_run": [], "server_deaths": [], "server_restarts": 0}
     rc = 0
     srv = None
 
@@ -494,10 +509,23 @@ def main():
             name = config_name(cfg)
             w = a.window_big_s if cfg["concurrency"] == max(concs) else a.window_s
             left = a.budget_s - (time.monotonic() - t_run)
+            if srv.proc.poll() is not None:
+                # the server died in the last configuration (a fault at that batch, say): a fresh one
+                # for the rest, when the budget holds its start and this window
+                if left < srv.start_s + w + 3:
+                    out["not_run"].append({"name": name, "reason": "the server died and no time is left to "
+                                           "restart it"})
+                    continue
+                srv.stop()
+                log("server: restarting after its death")
+                srv = ServerProc(cmd, a.start_timeout)
+                out["server_restarts"] += 1
+                left = a.budget_s - (time.monotonic() - t_run)
             if left < w + 3:
                 out["not_run"].append({"name": name, "reason": f"time budget ({a.budget_s:.0f} s) spent"})
                 continue
-            r = run_config(srv, cfg, w, a.workers, a.seed + 100 * i)
+            r = run_config(srv, cfg, w, a.workers, a.seed + 100 * i,
+                           0.5 if name == a.kill_server_during else None)
             r["name"] = name
             out["configs"].append(r)
             sv = r["server"]
@@ -510,7 +538,14 @@ def main():
                 log(f"  error: {e}")
             if r["n_errors"]:
                 rc = 1
-            if not r["drained"]:
+            if r["server_died"] is not None:
+                log(f"  the server died during {name} (exit {r['server_died']}); its log's end:")
+                for l in srv.log[-10:]:
+                    log("    " + l.rstrip())
+                out["server_deaths"].append({"during": name, "exit": r["server_died"],
+                                             "log_tail": "".join(srv.log[-20:])})
+                rc = 1
+            elif not r["drained"]:
                 log("  the engine did not drain in 60 s: stopping here")
                 rc = 1
                 break

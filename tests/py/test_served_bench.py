@@ -67,6 +67,28 @@ def test_smoke_runs_every_configuration(smoke):
         assert c["tok_s"] == pytest.approx(c["tokens"] / c["window_s"])
 
 
+def test_a_server_death_costs_one_configuration(sampler_bin, tmp_path):
+    """The server killed halfway through the first configuration's window (--kill-server-during, the
+    stand-in for a kernel fault at that batch): that configuration's rows are null with the reason,
+    a fresh server runs the rest, and the run exits 1."""
+    out = tmp_path / "served.json"
+    r = subprocess.run([sys.executable, SERVED, "--smoke", "--bin", sampler_bin, "--json", str(out),
+                        "--kill-server-during", "c4_16x6"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 1, r.stdout + r.stderr
+    d = json.loads(out.read_text())
+    assert [x["during"] for x in d["server_deaths"]] == ["c4_16x6"] and d["server_deaths"][0]["exit"] == -9
+    assert d["server_restarts"] == 1 and d["server_exit"] == 0 and "error" not in d
+    first, rest = d["configs"][0], d["configs"][1:]
+    assert first["name"] == "c4_16x6" and first["server_died"] == -9 and not first["drained"]
+    assert rest and all(c["server_died"] is None and c["n_errors"] == 0 and c["drained"] for c in rest)
+    assert any(c["requests_completed"] >= 1 for c in rest)
+    doc = gpu_json.build(json.load(open(SAMPLE_GC)), [d], "", "a", "d")
+    assert gpu_json.check(doc) == []
+    rows = {x["name"]: x for x in doc["rows"]}
+    assert rows["served_bf16_c4_16x6_tok_s"]["value"] is None and "died" in rows["served_bf16_c4_16x6_tok_s"]["reason"]
+    assert all(rows[f"served_bf16_{c['name']}_tok_s"]["value"] is not None for c in rest if c["tokens"])
+
+
 def test_kv_dtype_from_the_server(smoke):
     d, _ = smoke
     # the dtype the bench gave the server (--kv-cache-dtype bfloat16 by default) is what the roofline counts

@@ -77,7 +77,7 @@ static void bench_moe(void) {
     size_t arena_bytes = ((per_layer + 4 * H) * c->n_layers + 2 * V * H + 8 * H) * 2 +
                          (size_t)(3 * E + 64) * 256 * c->n_layers;
     int max_b = 64, bps = (BENCH_CTX + BENCH_STEPS + BS) / BS, n_blocks = max_b * bps;
-    size_t kv_bytes = (size_t)n_blocks * BS * c->n_layers * kvd * 4 * 2;
+    size_t kv_bytes = (size_t)n_blocks * BS * c->n_layers * kvd * 2 * 2; /* BF16, the server's default KV */
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     printf("  moe30b: weights %.1f GiB + KV cache %.1f GiB; free %.1f GiB\n", arena_bytes / 1073741824.0,
@@ -111,7 +111,7 @@ static void bench_moe(void) {
     CUDA_CHECK(cudaDeviceSynchronize());
     Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     Runner *r = runner_create_with(m, b, max_b, BENCH_MAX_CTX);
-    KVCache *kv = runner_kvcache_create(r, n_blocks, BS);
+    KVCache *kv = runner_kvcache_create_dtype(r, n_blocks, BS, KV_BF16);
     int32_t *tables = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     for (int i = 0; i < n_blocks; i++) tables[i] = i;
     float *logits = NULL;

@@ -616,7 +616,7 @@ static void bench_decode_long(Model *m, double weight_bytes, float *logits) {
     KVCache *kv = runner_kvcache_create_dtype(r, n_blocks, BS, KV_BF16);
     int32_t *tables = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     for (int i = 0; i < n_blocks; i++) tables[i] = i;
-    bench_decode_ctx(r, kv, c, LONG_BENCH_B, LONG_BENCH_CTX, weight_bytes, logits, tables, bps, "bf16 kv-bf16");
+    bench_decode_ctx(r, kv, c, LONG_BENCH_B, LONG_BENCH_CTX, weight_bytes, logits, tables, bps, "bf16");
     free(tables);
     runner_kvcache_free(r, kv);
     runner_free(r);
@@ -983,14 +983,14 @@ static void bench_ops(const Model *m, double step_ms) {
     ip = dev_copy(hip, sizeof hip);
     float *fill[] = {x, y, xn, q, k, v, g, u, cs, sn, kc, vc};
     size_t fn[] = {H, H, H, (size_t)nh * hd, (size_t)nkv * hd, (size_t)nkv * hd, I, I, hd, hd, kvn, kvn};
-    for (int i = 0; i < 12; i++) /* f32 buffers from bf16 noise: finite, non-zero */
+    for (int i = 0; i < 12; i++) /* bf16 noise: finite, non-zero as f32 and (kc, vc: the BF16 KV) as bf16 */
         if (cuda_fill_bf16((uint16_t *)fill[i], fn[i] * 2, 900 + i, 0, 0.01f, NULL)) exit(1);
     const uint16_t *wn = m->layers[0].attn_norm.dev, *qn = m->layers[0].q_norm.dev, *kn = m->layers[0].k_norm.dev;
     AttnArgs a = {.out = att, .q = q, .k_cache = kc, .v_cache = vc, .pos = ip, .seq = ip + 1, .block_table = ip + 4,
                   .bt_stride = 128, .n_tokens = 1, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .block_size = bsz,
-                  .scale = 1.0f / sqrtf((float)hd), .kv_dtype = KV_F32};
+                  .scale = 1.0f / sqrtf((float)hd), .kv_dtype = KV_BF16}; /* the server's default KV */
     KvWriteArgs kw = {.k_cache = kc, .v_cache = vc, .k = k, .v = v, .slots = ip + 2, .n = 1, .n_kv_heads = nkv,
-                      .head_dim = hd, .block_size = bsz, .dtype = KV_F32};
+                      .head_dim = hd, .block_size = bsz, .dtype = KV_BF16};
     const LayerWeights *lw = &m->layers[0];
     WeightMat qkv[3] = {lw->q, lw->k, lw->v}, gu[3] = {lw->gate, lw->up, lw->up};
     float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
@@ -1005,7 +1005,7 @@ static void bench_ops(const Model *m, double step_ms) {
     TIME_OP("norm_rope k (unfused)", 0, cuda_norm_rope(k, 1, nkv, hd, kn, c->rms_eps, cs, sn, ip + 1, NULL));
     TIME_OP("kv_write (unfused)", 0, cuda_kv_write(&kw, NULL));
     TIME_OP("rope_kv_write (q/k rope + kv)", L, cuda_rope_kv_write(&rk, NULL));
-    TIME_OP("attention (ctx 512)", L, cuda_attention(&a, part, splits, NULL));
+    TIME_OP("attention (ctx 512, bf16 KV)", L, cuda_attention(&a, part, splits, NULL));
     TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("gate/up GEMV (unfused)", 0, mm_multi_call(gu, gu_out, xn, 2));
@@ -1099,7 +1099,7 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
     Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     int nb = act_quant ? 128 : 8;
     Runner *r = runner_create_with(&q, b, nb < 64 ? 64 : nb, BENCH_MAX_CTX);
-    KVCache *kv = runner_kvcache_create(r, nb * bps, BS);
+    KVCache *kv = runner_kvcache_create_dtype(r, nb * bps, BS, KV_BF16);
     printf("  %s %s: %.1f GiB of weights read per decode step\n", precision_name(prec),
            act_quant ? "native (act_quant)" : "weight-only", bytes / 1073741824.0);
     char label[32];
@@ -1137,15 +1137,17 @@ static void bench_native_decode_rows(void) {
 
 /* ---- part 3 in sections ----
  * The dense Qwen3-8B-shaped model, made on the first section that needs it
- * and kept for the next: weights (16 GiB), the f32 KV pool for decode at batch
+ * and kept for the next: weights (16 GiB), the BF16 KV pool for decode at batch
  * 128 (its "pool", dropped before the 32k decode, which needs the memory), the
- * runner, pinned logits. NULL where the device has too little memory (said). */
+ * runner, pinned logits. The rows are measured with the server's default KV
+ * dtype (BF16); rows named "bf16/kv-f32 ..." repeat a few on an f32 cache, the
+ * 2026-11-29 H200 run's setting, for comparison. NULL where the device has too little memory (said). */
 typedef struct DenseBench {
     Model *m;
     char *arena;        /* the weights, bf16 */
     Backend *b;
     Runner *r;
-    KVCache *kv;        /* f32, n_blocks blocks of BS */
+    KVCache *kv;        /* BF16 (the server's default), n_blocks blocks of BS */
     int32_t *tables;    /* [n_blocks] = 0..n_blocks-1 */
     float *logits;      /* pinned [128, vocab] */
     double mat_params, weight_bytes;
@@ -1191,14 +1193,16 @@ static DenseBench *dense_get(int pool) {
         dense.bps_pre = (PREFILL_LEN + BS - 1) / BS;
         dense.n_blocks = max_b * dense.bps_dec;
         CHECK(PREFILL_SEQS * dense.bps_pre <= dense.n_blocks, "bench: prefill needs more blocks than the pool (a bug)");
-        size_t kv_bytes = (size_t)dense.n_blocks * BS * c->n_layers * kvd * 4 * 2;
+        /* the pool in BF16 (the server's default KV), and room for the f32-KV comparison rows' own pool */
+        size_t kv_bytes = (size_t)dense.n_blocks * BS * c->n_layers * kvd * 2 * 2;
+        size_t kvf_bytes = (size_t)dense.n_blocks * BS * c->n_layers * kvd * 4 * 2;
         size_t runner_bytes = (size_t)PREFILL_SEQS * PREFILL_LEN * (V + 8 * H + 2 * I + 2 * qd) * 4;
         size_t free_b = 0, total_b = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        size_t kvb_bytes = (size_t)PREFILL_SEQS * dense.bps_pre * BS * c->n_layers * kvd * 2 * 2; /* BF16-KV prefill's */
-        double need = (double)arena_bytes + kv_bytes + kvb_bytes + runner_bytes + (1u << 30);
-        printf("  memory: weights %.1f GiB + KV cache %.1f GiB + runner %.1f GiB; free %.1f GiB\n",
-               arena_bytes / 1073741824.0, kv_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
+        double need = (double)arena_bytes + kv_bytes + kvf_bytes + runner_bytes + (1u << 30);
+        printf("  memory: weights %.1f GiB + BF16 KV cache %.1f GiB (+ %.1f GiB f32 for the comparison rows) + runner "
+               "%.1f GiB; free %.1f GiB\n", arena_bytes / 1073741824.0, kv_bytes / 1073741824.0,
+               kvf_bytes / 1073741824.0, runner_bytes / 1073741824.0, free_b / 1073741824.0);
         if (need > (double)free_b) {
             printf("  SKIP the dense bench: needs %.1f GiB of device memory\n", need / 1073741824.0);
             free(m);
@@ -1231,7 +1235,7 @@ static DenseBench *dense_get(int pool) {
         const ModelConfig *c = &dense.m->cfg;
         dense.b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
         dense.r = runner_create_with(dense.m, dense.b, PREFILL_SEQS * PREFILL_LEN, BENCH_MAX_CTX);
-        dense.kv = runner_kvcache_create(dense.r, dense.n_blocks, BS);
+        dense.kv = runner_kvcache_create_dtype(dense.r, dense.n_blocks, BS, KV_BF16);
         dense.tables = xmalloc(sizeof(int32_t) * (size_t)dense.n_blocks);
         for (int i = 0; i < dense.n_blocks; i++) dense.tables[i] = i;
     }
@@ -1257,10 +1261,10 @@ static void section_prefill(void) {
     DenseBench *d = bench_ready("prefill") ? dense_get(1) : NULL;
     if (!d) return;
     const ModelConfig *c = &d->m->cfg;
-    bench_prefill(d->r, d->kv, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16");
-    KVCache *kvb = runner_kvcache_create_dtype(d->r, PREFILL_SEQS * d->bps_pre, BS, KV_BF16); /* tensor cores */
-    bench_prefill(d->r, kvb, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16/kv-bf16");
-    runner_kvcache_free(d->r, kvb);
+    bench_prefill(d->r, d->kv, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16"); /* attention on tensor cores */
+    KVCache *kvf = runner_kvcache_create_dtype(d->r, PREFILL_SEQS * d->bps_pre, BS, KV_F32); /* CUDA cores */
+    bench_prefill(d->r, kvf, c, d->mat_params, d->logits, d->tables, d->bps_pre, "bf16/kv-f32");
+    runner_kvcache_free(d->r, kvf);
 }
 
 static void section_attn_prefill(void) {
@@ -1282,6 +1286,11 @@ static void section_decode(void) {
     for (int i = 0; i < 3; i++)
         bench_decode(d->r, d->kv, &d->m->cfg, batches[i], d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16");
     bench_native_decode_rows();
+    KVCache *kvf = runner_kvcache_create_dtype(d->r, d->n_blocks, BS, KV_F32); /* the comparison rows */
+    for (int i = 1; i < 3; i++)
+        bench_decode(d->r, kvf, &d->m->cfg, batches[i], d->weight_bytes, d->logits, d->tables, d->bps_dec,
+                     "bf16/kv-f32");
+    runner_kvcache_free(d->r, kvf);
 }
 
 /* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */

@@ -32,6 +32,8 @@
  * delta path re-uploads, unchanged) into scratch on every call.
  * Sampling (sample_reserve / sample): the device sampler of sampling.cu on
  * the backend's stream.
+ * SAMPLER_CUDA_OFF (cuda_off_apply, at creation): named kernels replaced by
+ * the paths they replaced, for a kernel that misbehaves on a device.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +83,7 @@ typedef struct CudaCtx {
     uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call */
     size_t wsf_cap;
     int native_warned; /* a refused native GEMM was logged */
+    int off_attn_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
     int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
     float *lora_h;              /* [lora_tokens, lora_rank] f32 device: the shrink's output */
@@ -429,7 +432,7 @@ static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim,
 static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) { LAUNCH_OK(cuda_rope_kv_write(a, st(b))); }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
-    if (cuda_attention_mma_fits(a)) {
+    if (!c->off_attn_mma && cuda_attention_mma_fits(a)) {
         int ms = cuda_attention_mma_splits(a->n_tokens, a->n_heads, c->max_ctx, c->sms);
         if (ms > 1)
             scratch_grow(c, (void **)&c->part, &c->part_cap,
@@ -523,8 +526,9 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
      * pairs rounds x to bf16, as cu_matmul's cuBLAS path would for its rows; the others keep f32
      * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
      * runs the mma, its batch 1 row the GEMV). */
-    int mma = ra->n > CUDA_GEMV_MAX_N;
-    int native = moe_native_fp8(&ws[0][0], ra->n, NK, sg, H, I);
+    CudaCtx *c = ctx(b);
+    int mma = ra->n > CUDA_GEMV_MAX_N && !c->off_moe_mma;
+    int native = !c->off_moe_mma && moe_native_fp8(&ws[0][0], ra->n, NK, sg, H, I); /* moe_mma.cu's fmt 3 */
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];
     gu.seg[1] = sg[1];
@@ -736,6 +740,60 @@ static void cu_graph_free(Backend *b, void *g) {
     CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)g));
 }
 
+/* ---- SAMPLER_CUDA_OFF ----
+ * SAMPLER_CUDA_OFF=NAME[,NAME...] (or "all"): kernels this process does not
+ * use, each replaced by the path it was written to replace, for a kernel that
+ * misbehaves on some device or driver, and for a second GPU check after one
+ * died (tests/gpu/README.md). Read at each backend's creation (start-up); an
+ * unknown name stops it with the list. Every fallback is a path the op checks
+ * and fixtures cover, so results stay in their tolerance class (the MoE GEMV
+ * keeps x in f32 where the grouped GEMM rounds it to bf16). attn_vec is
+ * process-wide (cuda_attention_vec_enable); the others are per backend. */
+typedef struct CudaOff {
+    const char *name, *instead;
+    void (*apply)(Backend *b, int off);
+} CudaOff;
+static void off_attn_vec(Backend *, int off) { cuda_attention_vec_enable(!off); }
+static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
+static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
+static void off_rope_kv(Backend *b, int off) { if (off) b->rope_kv_write = NULL; }
+static void off_swiglu(Backend *b, int off) { if (off) b->matmul_swiglu = NULL; }
+static void off_moe_mlp(Backend *b, int off) { if (off) b->moe_mlp = NULL; }
+static void off_graphs(Backend *b, int off) { if (off) b->graph_begin = NULL; }
+static const CudaOff CUDA_OFF[] = {
+    {"attn_vec", "decode attention on the warp-a-position kernel (attention.cu attn_kernel)", off_attn_vec},
+    {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
+    {"moe_mma", "routed experts on the grouped GEMV at every batch, weight-only (moe_gemm.cu)", off_moe_mma},
+    {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
+    {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
+    {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
+    {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
+};
+#define N_CUDA_OFF ((int)(sizeof CUDA_OFF / sizeof CUDA_OFF[0]))
+
+static void cuda_off_apply(Backend *b) {
+    const char *env = getenv("SAMPLER_CUDA_OFF");
+    int off[N_CUDA_OFF] = {0};
+    for (const char *p = env; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        int all = l == 3 && !strncmp(p, "all", 3), found = all;
+        for (int i = 0; i < N_CUDA_OFF; i++)
+            if (all || (strlen(CUDA_OFF[i].name) == l && !strncmp(p, CUDA_OFF[i].name, l))) off[i] = found = 1;
+        if (!found && l) {
+            char names[256] = "";
+            for (int i = 0; i < N_CUDA_OFF; i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", CUDA_OFF[i].name);
+            CHECK(0, "SAMPLER_CUDA_OFF: no kernel named '%.*s'\n  fix: use all or a comma list of %s", (int)l, p, names);
+        }
+        p = e ? e + 1 : NULL;
+    }
+    for (int i = 0; i < N_CUDA_OFF; i++) {
+        CUDA_OFF[i].apply(b, off[i]);
+        if (off[i]) log_info("cuda backend: %s off (SAMPLER_CUDA_OFF): %s", CUDA_OFF[i].name, CUDA_OFF[i].instead);
+    }
+}
+
 static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     int n = 0;
     CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0, "no CUDA device: run sampler-cpu instead");
@@ -799,6 +857,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->sample_wait = cu_sample_wait;
     b->tokens_resolve = cu_tokens_resolve;
     b->free = cu_free;
+    cuda_off_apply(b);
     return b;
 }
 

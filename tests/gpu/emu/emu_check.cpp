@@ -593,6 +593,32 @@ static void t_delta_fault(const char *dir, Precision prec) {
     model_free(m);
 }
 
+/* SAMPLER_CUDA_OFF (backend_cuda.cu): the named kernels' ops are gone from a
+ * backend made under it and back in one made without it; with every kernel
+ * off, a MoE fixture on BF16 KV (prefill attention on CUDA cores, the routed
+ * experts one matmul at a time, no graphs, norm_rope + kv_write, gate/up +
+ * swiglu) matches transformers and the CPU in the usual bounds. */
+static void t_cuda_off(int quick) {
+    printf("== SAMPLER_CUDA_OFF: the fallback paths ==\n");
+    const char *envs[] = {"rope_kv_write,matmul_swiglu", "all", NULL};
+    for (int i = 0; i < 3; i++) {
+        if (envs[i]) setenv("SAMPLER_CUDA_OFF", envs[i], 1);
+        else unsetenv("SAMPLER_CUDA_OFF");
+        Backend *b = backend_cuda_create_resident(0, 128);
+        int fused_off = i < 2, all_off = i == 1;
+        int ok = (b->rope_kv_write == NULL) == fused_off && (b->matmul_swiglu == NULL) == fused_off &&
+                 (b->moe_mlp == NULL) == all_off && (b->graph_begin == NULL) == all_off;
+        printf("  %s SAMPLER_CUDA_OFF=%s: the ops it names are off, the others on\n", ok ? "ok  " : "FAIL",
+               envs[i] ? envs[i] : "(unset)");
+        ok ? n_pass++ : n_fail++;
+        b->free(b);
+    }
+    setenv("SAMPLER_CUDA_OFF", "all", 1);
+    t_model_kv("tests/fixtures/qwen3_moe", quick ? 1 : 3, PREC_BF16, KV_BF16);
+    unsetenv("SAMPLER_CUDA_OFF");
+    cuda_attention_vec_enable(1); /* process-wide: back to the default for what follows */
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* line by line: the ctest log interleaves stderr's info lines */
     if (getenv("EMU_FIXTURE")) { /* EMU_FIXTURE=dir [EMU_PREC=fp8|nvfp4]: one fixture end to end alone */
@@ -687,6 +713,7 @@ int main(void) {
     /* the KV cache dtypes: the device path's kv_write and attention at BF16 and FP8 */
     t_model_kv("tests/fixtures/qwen3_gqa2", quick ? 1 : 3, PREC_BF16, KV_BF16);
     if (!quick) t_model_kv("tests/fixtures/qwen3_moe", 3, PREC_BF16, KV_FP8);
+    t_cuda_off(quick);
     printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8);

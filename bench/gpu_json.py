@@ -327,12 +327,9 @@ def resume_args(docs):
         return 1, [], "complete"
     if not last.get("running"):
         return 2, [], "the last try died between steps"
-    done, died, ops_from = [], [], 0
-    for d in docs:
-        sec = (d or {}).get("sections", {})
-        done += [n for n in sec.get("done", []) if n not in done]
-        if d and not sec.get("complete") and sec.get("running"):
-            died.append(sec["running"])
+    # every earlier try died in a step too (else the resume had stopped there): merge's lists are the runs'
+    sec = merge_tries(docs)["sections"]
+    done, died, ops_from = sec["done"], sec["died"], 0
     skip = [n for n in done if n != "roofline" or "roofline" in died]
     for step in died:
         m = re.match(r"^ops@(\d+)$", step)

@@ -12,8 +12,9 @@
  *   "parts": {"ops"|"models"|"bench": {"passed": P, "failed": F}},
  *   "sections": {"done": [NAME...], "skipped": [NAME...],
  *                "running": "NAME" | "ops@ROW" | null, "complete": true|false}
- * A step is a section, or one row of a section that walks a table (the ops
- * section: "ops@ROW", ROW counted from 0 over op_checks_row_count()).
+ * A step is a section, or one row of a section that walks a table
+ * (check_row_begin; the ops section: "ops@ROW", ROW counted from 0 over
+ * op_checks_row_count()).
  * What it is not: the checks and benches (gpu_check.c), the JSON's rows (the
  * caller's writer), the decision to resume (gpu_json.py resume reads the JSON
  * of every try). No CUDA here: tests/gpu/fake_gpu_check.c runs it on the CPU in
@@ -140,6 +141,22 @@ static void check_step_end(void) {
         fflush(stdout);
         _exit(CHECK_EXIT_DIED);
     }
+}
+
+/* A table-walking section's rows as steps of their own, "SECTION@ROW": each
+ * its own watchdog, the JSON naming it while it runs, the device context
+ * checked when the next row begins and, for the last, at check_rows_end. */
+static int check_rows_open;
+static void check_row_begin(const char *section, size_t row, int limit_s) {
+    char step[48];
+    if (check_rows_open) check_step_end();
+    check_rows_open = 1;
+    snprintf(step, sizeof step, "%s@%zu", section, row);
+    check_step_begin(step, limit_s);
+}
+static void check_rows_end(void) {
+    if (check_rows_open) check_step_end();
+    check_rows_open = 0;
 }
 
 /* Runs the table in order, skipping the sections skip (a comma list) names;

@@ -92,19 +92,13 @@ static void add_named(const char *name, double v) {
     snprintf(named + l, sizeof named - l, "%s{\"name\": \"%s\", \"value\": %g, \"unit\": \"\"}", l ? ", " : "", name, v);
 }
 
-static int ops_begun;
-static void ops_row(size_t row) {
-    char step[32];
-    if (ops_begun++) check_step_end();
-    snprintf(step, sizeof step, "ops@%zu", row);
-    check_step_begin(step, limit_override ? limit_override : 60);
-    fake_step(step);
-}
-
 static size_t ops_from;
 static void section_ops(void) {
-    for (size_t row = ops_from; row < 6; row++) ops_row(row);
-    if (ops_begun) check_step_end();
+    for (size_t row = ops_from; row < 6; row++) {
+        check_row_begin("ops", row, limit_override ? limit_override : 60);
+        fake_step(check_progress.running);
+    }
+    check_rows_end();
 }
 static void section_sampling(void) { fake_step("sampling"); }
 static void section_models(void) { fake_step("models_bf16"); }

@@ -87,16 +87,9 @@
 
 /* ---- part 1: ops (the table of tests/gpu/op_checks.h) ---- */
 static size_t ops_from; /* --ops-from ROW: check.sh's resume after the row that died */
-static int ops_rows_begun;
 
-/* Each row of the table is a step of its own ("ops@ROW"): its own watchdog,
- * the device context checked after it, the JSON naming it while it runs. */
-static void ops_row_begin(size_t row) {
-    char step[32];
-    if (ops_rows_begun++) check_step_end();
-    snprintf(step, sizeof step, "ops@%zu", row);
-    check_step_begin(step, 60);
-}
+/* Each row of the table is a step of its own ("ops@ROW", 60 s). */
+static void ops_row_begin(size_t row) { check_row_begin("ops", row, 60); }
 
 static void section_ops(void) {
     printf("== 1. ops: CUDA backend vs CPU reference ops ==\n");
@@ -104,7 +97,7 @@ static void section_ops(void) {
     bc = backend_cpu_create(0, 32768); /* op_checks.h's long-context rows reach position 32767 */
     bg = backend_cuda_create_resident(0, 2048);
     op_checks_run_from(1, 0, ops_from, ops_row_begin);
-    if (ops_rows_begun) check_step_end();
+    check_rows_end();
     bg->free(bg);
     bc->free(bc);
 }

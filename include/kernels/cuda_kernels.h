@@ -122,6 +122,21 @@ int cuda_attention_mma(const AttnArgs *a, void *stream);
  * sm_count SMs and contexts up to max_ctx (1 when the tiles fill the GPU). */
 int cuda_attention_mma_split(const AttnArgs *a, float *part, int n_splits, void *stream);
 int cuda_attention_mma_splits(int n_tokens, int n_heads, int max_ctx, int sm_count);
+/* Decode attention on tensor cores for grouped heads (attention_dec_mma.cu):
+ * the same contract as cuda_attention for BF16 / FP8 caches, head_dim 64 or
+ * 128 and G = n_heads / n_kv_heads <= CUDA_ATTN_DEC_MMA_MAX_G (the G heads of
+ * a KV head are the rows of one m16n8k16 tile), Q and P rounded to bf16 in the
+ * products (op_checks.h's attn_bf16 class). Any token layout (each token
+ * alone). n_splits > 1 needs part as cuda_attention does; _splits is the
+ * choice for a device of sm_count SMs. _fits: 1 when the CUDA backend's
+ * attention op takes it for a call that is not prefill-shaped: G >=
+ * CUDA_ATTN_DEC_MMA_MIN_G (vLLM's rule for FlashInfer's tensor-core decode,
+ * G > 4; the vector kernel below that). Returns 0, or -1 on a bad shape. */
+#define CUDA_ATTN_DEC_MMA_MIN_G 5
+#define CUDA_ATTN_DEC_MMA_MAX_G 16
+int cuda_attention_dec_mma_fits(const AttnArgs *a);
+int cuda_attention_dec_mma(const AttnArgs *a, float *part, int n_splits, void *stream);
+int cuda_attention_dec_mma_splits(int n_tokens, int n_kv_heads, int max_ctx, int sm_count);
 /* out[rows, hd] f32 = the merge of part [n_splits, rows, hd + 2] (flash-decoding's second kernel). */
 int cuda_attention_merge(float *out, const float *part, int rows, int hd, int n_splits, void *stream);
 /* cuda_attention (unsplit) of the tokens whose tile cuda_attention_mma does

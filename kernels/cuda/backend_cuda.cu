@@ -83,7 +83,7 @@ typedef struct CudaCtx {
     uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call */
     size_t wsf_cap;
     int native_warned; /* a refused native GEMM was logged */
-    int off_attn_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
     int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
     float *lora_h;              /* [lora_tokens, lora_rank] f32 device: the shrink's output */
@@ -440,6 +440,14 @@ static void cu_attention(Backend *b, const AttnArgs *a) {
         LAUNCH_OK(cuda_attention_mma_split(a, c->part, ms, st(b)));
         return;
     }
+    if (!c->off_attn_dec_mma && cuda_attention_dec_mma_fits(a)) {
+        int ds = cuda_attention_dec_mma_splits(a->n_tokens, a->n_kv_heads, c->max_ctx, c->sms);
+        if (ds > 1)
+            scratch_grow(c, (void **)&c->part, &c->part_cap,
+                         sizeof(float) * (size_t)ds * a->n_tokens * a->n_heads * (a->head_dim + 2));
+        LAUNCH_OK(cuda_attention_dec_mma(a, c->part, ds, st(b)));
+        return;
+    }
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
     if (splits > 1)
         scratch_grow(c, (void **)&c->part, &c->part_cap,
@@ -755,6 +763,7 @@ typedef struct CudaOff {
 } CudaOff;
 static void off_attn_vec(Backend *, int off) { cuda_attention_vec_enable(!off); }
 static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
+static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = off; }
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
 static void off_rope_kv(Backend *b, int off) { if (off) b->rope_kv_write = NULL; }
 static void off_swiglu(Backend *b, int off) { if (off) b->matmul_swiglu = NULL; }
@@ -763,6 +772,7 @@ static void off_graphs(Backend *b, int off) { if (off) b->graph_begin = NULL; }
 static const CudaOff CUDA_OFF[] = {
     {"attn_vec", "decode attention on the warp-a-position kernel (attention.cu attn_kernel)", off_attn_vec},
     {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
+    {"attn_dec_mma", "grouped-head (G > 4) decode attention on CUDA cores (attention.cu)", off_attn_dec_mma},
     {"moe_mma", "routed experts on the grouped GEMV at every batch, weight-only (moe_gemm.cu)", off_moe_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
@@ -811,7 +821,9 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     if (cuda_native_caps()) c->lt = cuda_lt_create();
     /* Worst-case split scratch. CUDA cores: splits (<= 64) only when the batch is under 2 blocks
      * per SM (rows <= 2 sms GROUP). Tensor cores: only under 1 block (64 rows x a head) per SM,
-     * and splits x blocks <= 2 sms + blocks (cuda_attention_mma_splits), so splits x rows <= 64 x 3 sms. */
+     * and splits x blocks <= 2 sms + blocks (cuda_attention_mma_splits), so splits x rows <= 64 x 3 sms.
+     * Grouped decode (attention_dec_mma.cu): splits x blocks <= 8 sms + blocks < 12 sms, rows = G <= 16
+     * a block, so splits x rows < 192 sms, within the CUDA-core bound. */
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP, mma_rows = (size_t)64 * 3 * c->sms;
     c->part_cap = sizeof(float) * (64 * rows > mma_rows ? 64 * rows : mma_rows) * (size_t)(head_dim + 2);
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));

@@ -28,7 +28,7 @@
 #include "device_select.h"
 
 typedef struct NativeRow { char name[48]; double v; } NativeRow;
-#define NATIVE_ROWS_MAX 48
+#define NATIVE_ROWS_MAX 96
 static NativeRow native_rows[NATIVE_ROWS_MAX];
 static int n_native_rows;
 

@@ -757,18 +757,22 @@ static void bench_attn_prefill(const ModelConfig *c) {
     free(hq); free(hpos); free(hseq); free(hbt);
 }
 
-/* One layer's decode attention alone (Qwen3-8B heads, one query token a
- * sequence at the end of its context, BF16 and FP8 KV) at three shapes of 2^16
- * .. 2^18 positions (268-537 MB a cache: no L2 reuse between launches): the
- * vector kernel and the warp-a-position one (cuda_attention_vec_enable), each
- * at the splits the backend picks, as the K / V bytes (and FP8's row scales)
- * read per second against the copy bandwidth. Named rows
- * attn_decode_<kv>_b<B>_ctx<C>_fraction (the kernel the backend runs),
- * _warp_fraction and _vec_speedup (warp time / vector time). */
-static void bench_attn_decode(const ModelConfig *c) {
+/* One layer's decode attention alone (one query token a sequence at the end
+ * of its context, BF16 and FP8 KV) at three shapes of 2^16 .. 2^18 positions
+ * (268-537 MB a cache at Qwen3-8B's heads: no L2 reuse between launches), on
+ * each decode kernel at the splits the backend would give it: the vector
+ * kernel, the warp-a-position one (cuda_attention_vec_enable) and the grouped
+ * heads on tensor cores (attention_dec_mma.cu), as the K / V bytes (and FP8's
+ * row scales) read per second against the copy bandwidth. For Qwen3-8B's heads
+ * (G = 4: the backend runs the vector kernel) the named rows are
+ * attn_decode_<kv>_b<B>_ctx<C>_fraction, _warp_fraction, _mma_fraction and
+ * _vec_speedup (warp time / vector time); for Qwen3-30B-A3B's (G = 8: the
+ * backend runs the tensor cores) attn_decode_g8_<kv>_b<B>_ctx<C>_fraction,
+ * _vec_fraction and _mma_speedup (vector time / tensor-core time). */
+static void bench_attn_decode(const ModelConfig *c, const char *tag) {
     const int shapes[][2] = {{128, 512}, {32, 4096}, {8, 32768}}; /* batch, context */
     const char *ctx_name[] = {"512", "4k", "32k"};
-    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, sms = 0, it = 20;
+    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, sms = 0, it = 20, g8 = nh / nkv > 4;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
@@ -776,14 +780,15 @@ static void bench_attn_decode(const ModelConfig *c) {
     for (int si = 0; si < 3; si++) {
         int B = shapes[si][0], ctx = shapes[si][1], bps = ctx / BS + 1;
         size_t rows = (size_t)B * bps * BS * nkv, qn = (size_t)B * nh * hd;
-        int splits = cuda_attention_splits(B, nh, nkv, ctx, sms);
+        int splits = cuda_attention_splits(B, nh, nkv, ctx, sms), dsplits = cuda_attention_dec_mma_splits(B, nkv, ctx, sms);
+        int nsp = splits > dsplits ? splits : dsplits;
         int32_t *hpos = xmalloc(sizeof(int32_t) * B), *hseq = xmalloc(sizeof(int32_t) * B),
                 *hbt = xmalloc(sizeof(int32_t) * B * bps), *pos = NULL, *seq = NULL, *bt = NULL;
         for (int b = 0; b < B; b++) { hpos[b] = ctx - 1; hseq[b] = b; }
         for (int i = 0; i < B * bps; i++) hbt[i] = i;
         float *q = NULL, *out = NULL, *part = NULL, *ks = NULL, *vs = NULL;
         CUDA_CHECK(cudaMalloc((void **)&q, sizeof(float) * qn)); CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * qn));
-        CUDA_CHECK(cudaMalloc((void **)&part, sizeof(float) * (size_t)splits * B * nh * (hd + 2)));
+        CUDA_CHECK(cudaMalloc((void **)&part, sizeof(float) * (size_t)nsp * B * nh * (hd + 2)));
         CUDA_CHECK(cudaMalloc((void **)&ks, sizeof(float) * rows)); CUDA_CHECK(cudaMalloc((void **)&vs, sizeof(float) * rows));
         CUDA_CHECK(cudaMalloc((void **)&pos, sizeof(int32_t) * B)); CUDA_CHECK(cudaMalloc((void **)&seq, sizeof(int32_t) * B));
         CUDA_CHECK(cudaMalloc((void **)&bt, sizeof(int32_t) * B * bps));
@@ -805,12 +810,13 @@ static void bench_attn_decode(const ModelConfig *c) {
             }
             AttnArgs a = {out, q, kc, vc, pos, seq, bt, bps, B, nh, nkv, hd, BS, 1.0f / sqrtf((float)hd), kvt,
                           dt ? ks : NULL, dt ? vs : NULL, B};
-            double us[2];
-            for (int v = 0; v < 2; v++) { /* 0: the vector kernel, 1: attn_kernel */
+            double us[3];
+            for (int v = 0; v < 3; v++) { /* 0: the vector kernel, 1: attn_kernel, 2: tensor cores */
                 cuda_attention_vec_enable(v == 0);
                 for (int i = -3; i < it; i++) {
                     if (i == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
-                    CHECK(cuda_attention(&a, part, splits, NULL) == 0, "bench: decode attention");
+                    CHECK((v == 2 ? cuda_attention_dec_mma(&a, part, dsplits, NULL) : cuda_attention(&a, part, splits, NULL)) == 0,
+                          "bench: decode attention");
                 }
                 CUDA_CHECK(cudaEventRecord(e1, 0));
                 CUDA_CHECK(cudaEventSynchronize(e1));
@@ -820,17 +826,23 @@ static void bench_attn_decode(const ModelConfig *c) {
             }
             cuda_attention_vec_enable(1);
             double bytes = 2.0 * B * (double)ctx * nkv * hd * eb + (dt ? 2.0 * B * (double)ctx * nkv * sizeof(float) : 0);
-            double fv = bytes / (us[0] * 1e-6) / 1e9 / bw_gbs, fw = bytes / (us[1] * 1e-6) / 1e9 / bw_gbs;
-            printf("  decode attention %s b%d ctx %d (%d splits): vector %.1f us (%.1f%% of copy), warp %.1f us "
-                   "(%.1f%%), %.2fx\n", kv_dtype_name(kvt), B, ctx, splits, us[0], 100 * fv, us[1], 100 * fw,
-                   us[1] / us[0]);
-            char nm[48];
-            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_fraction", dt ? "fp8" : "bf16", B, ctx_name[si]);
-            native_row(nm, fv);
-            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_warp_fraction", dt ? "fp8" : "bf16", B, ctx_name[si]);
-            native_row(nm, fw);
-            snprintf(nm, sizeof nm, "attn_decode_%s_b%d_ctx%s_vec_speedup", dt ? "fp8" : "bf16", B, ctx_name[si]);
-            native_row(nm, us[1] / us[0]);
+            double f[3];
+            for (int v = 0; v < 3; v++) f[v] = bytes / (us[v] * 1e-6) / 1e9 / bw_gbs;
+            printf("  decode attention %s G %d %s b%d ctx %d: vector %.1f us (%.1f%% of copy, %d splits), warp %.1f us "
+                   "(%.1f%%), tensor cores %.1f us (%.1f%%, %d splits)\n", tag, nh / nkv, kv_dtype_name(kvt), B, ctx,
+                   us[0], 100 * f[0], splits, us[1], 100 * f[1], us[2], 100 * f[2], dsplits);
+            char nm[64], base[48];
+            snprintf(base, sizeof base, "attn_decode_%s%s_b%d_ctx%s", g8 ? "g8_" : "", dt ? "fp8" : "bf16", B, ctx_name[si]);
+            if (g8) { /* the backend runs the tensor cores */
+                snprintf(nm, sizeof nm, "%s_fraction", base); native_row(nm, f[2]);
+                snprintf(nm, sizeof nm, "%s_vec_fraction", base); native_row(nm, f[0]);
+                snprintf(nm, sizeof nm, "%s_mma_speedup", base); native_row(nm, us[0] / us[2]);
+            } else {
+                snprintf(nm, sizeof nm, "%s_fraction", base); native_row(nm, f[0]);
+                snprintf(nm, sizeof nm, "%s_warp_fraction", base); native_row(nm, f[1]);
+                snprintf(nm, sizeof nm, "%s_mma_fraction", base); native_row(nm, f[2]);
+                snprintf(nm, sizeof nm, "%s_vec_speedup", base); native_row(nm, us[1] / us[0]);
+            }
             CUDA_CHECK(cudaFree(kc)); CUDA_CHECK(cudaFree(vc));
         }
         cudaFree(q); cudaFree(out); cudaFree(part); cudaFree(ks); cudaFree(vs); cudaFree(pos); cudaFree(seq); cudaFree(bt);
@@ -1267,9 +1279,12 @@ static void section_attn_prefill(void) {
 }
 
 static void section_attn_decode(void) {
-    ModelConfig c;
+    ModelConfig c, m;
     qwen3_8b_config(&c);
-    if (bench_ready("attn_decode")) bench_attn_decode(&c);
+    qwen3_30b_a3b_config(&m);
+    if (!bench_ready("attn_decode")) return;
+    bench_attn_decode(&c, "Qwen3-8B");
+    bench_attn_decode(&m, "Qwen3-30B-A3B");
 }
 
 static void section_decode(void) {
@@ -1356,7 +1371,7 @@ static const CheckSection SECTIONS[] = {
     {"crossover", 3, 90, section_crossover},
     {"prefill", 3, 90, section_prefill},
     {"attn_prefill", 3, 60, section_attn_prefill},
-    {"attn_decode", 3, 90, section_attn_decode},
+    {"attn_decode", 3, 120, section_attn_decode},
     {"decode", 3, 90, section_decode},
     {"step_ops", 3, 60, section_step_ops},
     {"mixed", 3, 60, section_mixed},

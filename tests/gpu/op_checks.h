@@ -580,7 +580,9 @@ static void check_norm_rope(const int *a) {
  * cuda_attention_mma_fits, then in the attn_bf16 class); sms > 0: the launcher
  * with the splits a device of that many SMs gets (1: unsplit, large: prefill
  * tokens split); sms -1: the tensor-core launcher cuda_attention_mma; sms
- * -k (k > 1): cuda_attention_mma_split with k splits. */
+ * -k (1 < k < 100): cuda_attention_mma_split with k splits; sms -100 - k:
+ * the grouped-head decode launcher cuda_attention_dec_mma with k splits (the
+ * backend takes it itself for G > 4, sms 0). */
 static void check_attention(const int *a) {
     int n_seqs = a[0], nh = a[1], nkv = a[2], hd = a[3], bs = a[4], sms = a[5];
     KvDtype kvt = (KvDtype)a[14];
@@ -635,9 +637,14 @@ static void check_attention(const int *a) {
     d.pos = (int32_t *)dev_copy(pos, sizeof(int32_t) * n);
     d.seq = (int32_t *)dev_copy(seq, sizeof(int32_t) * n);
     d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
-    int splits = 1, rc = 0, mma = sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d));
+    int splits = 1, rc = 0, dec = sms <= -100 || (sms == 0 && !cuda_attention_mma_fits(&d) && cuda_attention_dec_mma_fits(&d));
+    int mma = dec || sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d));
     float *part = NULL;
-    if (sms == -1) {
+    if (sms <= -100) {
+        splits = -100 - sms;
+        part = (float *)dev_poisoned(sizeof(float) * (size_t)splits * n * nh * (hd + 2));
+        rc = cuda_attention_dec_mma(&d, part, splits, NULL);
+    } else if (sms == -1) {
         rc = cuda_attention_mma(&d, NULL);
     } else if (sms < 0) {
         splits = -sms;
@@ -656,7 +663,7 @@ static void check_attention(const int *a) {
     float *got = dev_result(d.out, N);
     char what[128];
     snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d %s%d kv %s%s", n_seqs,
-             n, max_pos, nh, nkv, hd, bs, mma ? "mma " : "splits ", mma && sms >= -1 ? sms : splits, kv_dtype_name(kvt),
+             n, max_pos, nh, nkv, hd, bs, dec ? "dec-mma " : mma ? "mma " : "splits ", (mma && !dec && sms >= -1) || (dec && !sms) ? sms : splits, kv_dtype_name(kvt),
              rc ? " LAUNCH REFUSED" : "");
     compare_op(what, mma ? TOL_ATTN_BF16 : TOL_F32, ref, got, N);
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
@@ -1513,6 +1520,17 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_ALL, {1, 4, 1, 64, 16, -9, 17, 0, 0, 0, 100, 0, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_FP8}},
+    /* grouped-head decode on tensor cores (attention_dec_mma.cu; sms 0: the backend takes it for G > 4,
+     * -100 - k: its launcher with k splits): one position, tiles that end mid-way, a prefill run among
+     * decode rows, more workers than tiles, G = 5 and 16, G = 2 through the launcher, FP8, block size 4 */
+    {check_attention, OC_ALL, {4, 8, 1, 128, 16, 0, 1, 1, 1, 1, 0, 33, 517, 130, KV_BF16}},
+    {check_attention, OC_ALL, {2, 16, 2, 64, 8, -103, 1, 1, 0, 0, 200, 47, 0, 0, KV_FP8}},
+    {check_attention, OC_FULL, {1, 16, 1, 128, 16, -105, 1, 0, 0, 0, 40, 0, 0, 0, KV_BF16}},
+    {check_attention, OC_FULL, {2, 5, 1, 64, 4, 0, 3, 1, 0, 0, 20, 9, 0, 0, KV_BF16}},
+    {check_attention, OC_FULL, {3, 4, 2, 128, 16, -101, 1, 1, 1, 0, 15, 16, 64, 0, KV_FP8}}, /* a tile starts at pos 64 */
+    {check_attention, OC_FULL, {2, 8, 1, 64, 16, -102, 2, 1, 0, 0, 700, 301, 0, 0, KV_FP8}},
+    {check_attention, OC_GPU, {4, 32, 4, 128, 16, 0, 1, 1, 1, 1, 32767, 12000, 511, 4095, KV_BF16}}, /* Qwen3-30B-A3B */
+    {check_attention, OC_GPU, {4, 32, 4, 128, 16, 0, 1, 1, 1, 1, 32767, 12000, 511, 4095, KV_FP8}},
     {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 64, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},
     {check_attention, OC_GPU, {1, 32, 8, 128, 16, -16, 64, 0, 0, 0, 32767, 0, 0, 0, KV_FP8}},
     /* n, kv heads, head_dim, block size, n_blocks, KV dtype */

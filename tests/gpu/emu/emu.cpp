@@ -289,6 +289,7 @@ float emu_shfl_xor(float v, int off) {
 
 void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
 static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
+void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
 static void fiber_main(void) {
     FIB_FINISH(NULL, &sched_bottom, &sched_size);
@@ -385,6 +386,7 @@ float emu_shfl_xor(float v, int off) {
 
 void emu_syncthreads(void) { pthread_barrier_wait(&emu_block->block_bar); }
 static void emu_warp_barrier(int w) { pthread_barrier_wait(&emu_block->warp_bar[w]); }
+void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
 static pthread_t pool[EMU_MAX_THREADS];
 static sem_t start_sem[EMU_MAX_THREADS], done_sem;

@@ -211,6 +211,10 @@ extern thread_local EmuBlock *emu_block;
 float emu_shfl_xor(float v, int off);
 void emu_syncthreads(void);
 #define __syncthreads() emu_syncthreads()
+/* __syncwarp() (full mask): a barrier of the calling warp, which also orders
+ * its lanes' shared-memory accesses (warp-private tiles, attention_dec_mma.cu) */
+void emu_syncwarp(void);
+#define __syncwarp() emu_syncwarp()
 #define __shfl_xor_sync(mask, v, off) emu_shfl_xor((v), (off))
 
 /* The kernels' inline-PTX paths are guarded by __CUDA_ARCH__; this says the

@@ -20,7 +20,8 @@ differences left against the sampler are the summation order and torch's roundin
 What it is not: a test (test_forward.c is), nor a bf16 transformers run (torch_dtype=bfloat16
 rounds every intermediate, which the sampler does not).
 
-Usage: python3 scripts/make_act_bf16_goldens.py   (run from the repo root, after make_fixtures.py)
+Usage: python3 scripts/make_act_bf16_goldens.py [NAME ...]   (run from the repo root, after
+make_fixtures.py; NAME: only those fixtures, default every one)
 """
 import os
 import sys
@@ -72,8 +73,13 @@ def make(out_dir, fx):
 
 def main():
     torch.set_num_threads(1)  # fixed summation order: reruns reproduce the same bytes
+    names = [fx["name"] for fx in mf.FIXTURES]
+    for n in sys.argv[1:]:
+        if n not in names:
+            sys.exit(f"unknown fixture {n}; known: {', '.join(names)}")
     for fx in mf.FIXTURES:
-        make(os.path.join(mf.FIX_DIR, fx["name"]), fx)
+        if not sys.argv[1:] or fx["name"] in sys.argv[1:]:
+            make(os.path.join(mf.FIX_DIR, fx["name"]), fx)
     # models/tiny-qwen3 gets none: its full-vocabulary logits would add 6.7 MB; test_forward runs it
     # against its f32 reference with the BF16-class bounds instead.
     print("versions:", {"torch": torch.__version__, "transformers": transformers.__version__})

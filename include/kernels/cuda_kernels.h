@@ -125,8 +125,8 @@ int cuda_attention_mma_splits(int n_tokens, int n_heads, int max_ctx, int sm_cou
 /* Decode attention on tensor cores for grouped heads (attention_dec_mma.cu):
  * the same contract as cuda_attention for BF16 / FP8 caches, head_dim 64 or
  * 128 and G = n_heads / n_kv_heads <= CUDA_ATTN_DEC_MMA_MAX_G (the G heads of
- * a KV head are the rows of one m16n8k16 tile), Q and P rounded to bf16 in the
- * products (op_checks.h's attn_bf16 class). Any token layout (each token
+ * a KV head are the rows of one m16n8k16 tile), Q and P as bf16 hi + lo in the
+ * products (two mmas each: op_checks.h's f32 class). Any token layout (each token
  * alone). n_splits > 1 needs part as cuda_attention does; _splits is the
  * choice for a device of sm_count SMs. _fits: 1 when the CUDA backend's
  * attention op takes it for a call that is not prefill-shaped: G >=

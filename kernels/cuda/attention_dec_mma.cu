@@ -17,10 +17,15 @@
  * travels (BF16 cache: cp.async; FP8: 8-byte loads into registers, decoded to
  * bf16 after the mma work, as attention_mma.cu does) while the warp computes
  * S = Q K^T (two n-tiles of 8 positions), the online softmax of its 16 rows
- * in f32, and O += P V (ldmatrix .trans of V). Q is rounded to bf16 when
- * loaded, P before P V (the attn_bf16 tolerance class of tests/gpu/op_checks.h,
- * as the prefill kernel); FP8 row scales apply in f32, K's to the scores, V's
- * to P before its rounding. At the end the block's warps merge their states
+ * in f32, and O += P V (ldmatrix .trans of V). Q and P enter the mmas as
+ * bf16 hi + lo (pack_bf16_split: two mmas each, 16 significant bits), so the
+ * scores and the weighted sum are f32-class against the CPU's f32 attention
+ * (the f32 tolerance of tests/gpu/op_checks.h), where bf16 Q and P alone (the
+ * prefill kernel's attn_bf16 class) moved a 2-layer model's decode logits
+ * 2e-2 from the CPU's. Decode is bound by the cache's bytes: the doubled mma
+ * work fits in what the tensor cores leave idle (2 G head_dim FMAs a K/V row
+ * pair, 4 G with the split, against ~200 a byte of H200 tensor throughput).
+ * FP8 row scales apply in f32, K's to the scores, V's to P before its split. At the end the block's warps merge their states
  * through shared memory into out (n_splits == 1) or into this split's rows of
  * part (attention.cu's layout and merge kernel).
  *
@@ -65,7 +70,7 @@ static __device__ __forceinline__ uint4 dm_e4m3x8_bf16(uint2 u) {
 template <int HD>
 struct DmRegs { /* FP8 only: the raw chunks and the row scales until they are stored */
     uint2 k[DM_CHUNKS(HD)], v[DM_CHUNKS(HD)]; /* e4m3, zero past the last position */
-    float ks[DM_CHUNKS(HD)], vs[DM_CHUNKS(HD)]; /* the row's scales (0 past the last position) */
+    float ks, vs; /* lanes 0..15: the scales of position p0 + lane (0 past the last position) */
 };
 
 /* One stage of a warp: the K and V tiles [16, HD + pad] bf16, the FP8 row scales [16]. */
@@ -93,8 +98,13 @@ static __device__ __forceinline__ void dm_fetch(const AttnArgs &a, const int32_t
         }
         r->k[k] = in ? __ldg((const uint2 *)((const uint8_t *)a.k_cache + row * HD + d)) : uint2{0u, 0u};
         r->v[k] = in ? __ldg((const uint2 *)((const uint8_t *)a.v_cache + row * HD + d)) : uint2{0u, 0u};
-        r->ks[k] = in && d == 0 ? __ldg(a.k_scale + row) : 0.f; /* masked: no stale NaN into 0 * scale */
-        r->vs[k] = in && d == 0 ? __ldg(a.v_scale + row) : 0.f;
+    }
+    if (DT == KV_FP8) {
+        int p = p0 + (lane & 15);
+        bool in = lane < 16 && p <= last;
+        size_t row = in ? ((size_t)bt[p / a.block_size] * a.n_kv_heads + kvh) * a.block_size + p % a.block_size : 0;
+        r->ks = in ? __ldg(a.k_scale + row) : 0.f; /* masked: no stale NaN into 0 * scale */
+        r->vs = in ? __ldg(a.v_scale + row) : 0.f;
     }
 }
 
@@ -102,13 +112,13 @@ static __device__ __forceinline__ void dm_fetch(const AttnArgs &a, const int32_t
 template <int HD, int DT>
 static __device__ __forceinline__ void dm_store(const DmRegs<HD> &r, DmStage<HD> *st, int lane) {
     constexpr int LD = HD + DM_PAD;
+    if (DT == KV_FP8 && lane < 16) {
+        st->ks[lane] = r.ks;
+        st->vs[lane] = r.vs;
+    }
 #pragma unroll
     for (int k = 0; k < DM_CHUNKS(HD) * (DT == KV_FP8); k++) { /* (a loop bound: no unreachable code for BF16) */
         int c = lane + 32 * k, i = c / (HD / 8), d = c % (HD / 8) * 8;
-        if (d == 0) {
-            st->ks[i] = r.ks[k];
-            st->vs[i] = r.vs[k];
-        }
         *(uint4 *)&st->k[i * LD + d] = dm_e4m3x8_bf16(r.k[k]);
         *(uint4 *)&st->v[i * LD + d] = dm_e4m3x8_bf16(r.v[k]);
     }
@@ -131,8 +141,8 @@ __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a,
     size_t head0 = (size_t)t * a.n_heads + (size_t)kvh * G; /* row of the group's first head in q / out */
     DmStage<HD> *stg = (DmStage<HD> *)smem + 2 * warp;
 
-    /* Q fragments (A operand): rows g, g + 8 = heads of the group, dims 16 kk + 2 tq (+1, +8, +9) */
-    uint32_t qa[KS][4];
+    /* Q fragments (A operand) as hi + lo: rows g, g + 8 = heads of the group, dims 16 kk + 2 tq (+1, +8, +9) */
+    uint32_t qa[KS][4], ql[KS][4];
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
 #pragma unroll
@@ -140,7 +150,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a,
             int r = (j & 1) ? g + 8 : g, d = 16 * kk + 2 * tq + (j & 2 ? 8 : 0);
             float2 v = {0.f, 0.f};
             if (r < G) v = *(const float2 *)(a.q + (head0 + r) * HD + d);
-            qa[kk][j] = pack_bf16(v.x, v.y);
+            pack_bf16_split(v.x, v.y, &qa[kk][j], &ql[kk][j]);
         }
     }
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -173,7 +183,9 @@ __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a,
                 uint32_t b[4];
                 ldsm_x4<false>(b, &cur->k[(8 * nt + (lane & 7)) * LD + 16 * kk + 8 * (lane >> 3)]);
                 mma_bf16_16816(sc[nt], qa[kk], b);
+                mma_bf16_16816(sc[nt], ql[kk], b);
                 mma_bf16_16816(sc[nt], qa[kk + 1], b + 2);
+                mma_bf16_16816(sc[nt], ql[kk + 1], b + 2);
             }
         }
         float mx[2] = {-INFINITY, -INFINITY};
@@ -212,15 +224,18 @@ __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a,
             o[n][3] *= corr[1];
         }
         /* O += P V: P's accumulator layout of n-tiles 0, 1 is the A layout of one k step of 16 positions */
-        uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]), pack_bf16(sc[1][0], sc[1][1]),
-                          pack_bf16(sc[1][2], sc[1][3])};
+        uint32_t pa[4], pl[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) pack_bf16_split(sc[j >> 1][2 * (j & 1)], sc[j >> 1][2 * (j & 1) + 1], &pa[j], &pl[j]);
 #pragma unroll
         for (int n = 0; n < ND; n += 2) {
             /* B[k][n] = V[pos k][dim n], transposed: matrices (positions 8 (j & 1).., dims 8 (n + j / 2)..) */
             uint32_t b[4];
             ldsm_x4<true>(b, &cur->v[(8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4))]);
             mma_bf16_16816(o[n], pa, b);
+            mma_bf16_16816(o[n], pl, b);
             mma_bf16_16816(o[n + 1], pa, b + 2);
+            mma_bf16_16816(o[n + 1], pl, b + 2);
         }
         if (pn <= last) dm_store<HD, DT>(rg, nxt, lane); /* FP8: nxt's last reader was the previous iteration */
         __syncwarp(); /* every lane is done with cur before the next iteration's copies into it */
@@ -280,7 +295,7 @@ extern "C" int cuda_attention_dec_mma_fits(const AttnArgs *a) {
 extern "C" int cuda_attention_dec_mma_splits(int n_tokens, int n_kv_heads, int max_ctx, int sm_count) {
     if (n_tokens <= 0 || n_kv_heads <= 0 || sm_count <= 0) return 1;
     long blocks = (long)n_tokens * n_kv_heads;
-    if (blocks >= 4L * sm_count) return 1; /* ~6 blocks an SM fit (shared memory, registers) */
+    if (blocks >= 4L * sm_count) return 1; /* 4 blocks an SM fit (registers: 64 threads of up to 255 at head_dim 128) */
     long s = (max_ctx + DM_SPLIT_MIN - 1) / DM_SPLIT_MIN, fill = (8L * sm_count + blocks - 1) / blocks;
     if (fill < s) s = fill;
     if (s > 64) s = 64;

@@ -311,8 +311,10 @@ static void run_fixture(const char *dir, Precision prec) { run_fixture_kv(dir, p
  * the CPU rounding matmul inputs as the GPU does. The decode rows read a KV
  * cache the bf16-activation prefill wrote, so every row is in the bf16-act
  * class: vs transformers (f32 KV only) MAX_*_BF16ACT, vs the CPU MAX_*_FLIP.
- * BF16 KV puts the prefill's attention on the tensor cores (attention_mma.cu)
- * 30k positions deep; f32 KV the CUDA-core kernel with its splits. */
+ * The fixture's head_dim is 16, so BF16 KV runs the CUDA-core kernel reading
+ * bf16 (attention.cu; the tensor-core kernels take head_dim 64 / 128 only: their
+ * model-level rows are qwen3_g8_hd128 / qwen3_hd64_g4 in section_kv_dtypes, and
+ * 8k-32k contexts are op_checks.h's long rows); f32 KV the same kernel on f32. */
 static void run_long_fixture(KvDtype kvt) {
     Err err = {0};
     Model *m = NULL;
@@ -370,7 +372,7 @@ static void section_models_bf16(void) {
     printf("== 2. fixture models: GPU vs transformers and vs the CPU backend ==\n");
     const char *dirs[] = {"tests/fixtures/qwen3_gqa2", "tests/fixtures/qwen3_mha_sharded", "tests/fixtures/qwen3_moe",
                           "tests/fixtures/qwen3_moe_nonorm", "tests/fixtures/llama31", "tests/fixtures/qwen2",
-                          "models/tiny-qwen3"};
+                          "tests/fixtures/qwen3_g8_hd128", "tests/fixtures/qwen3_hd64_g4", "models/tiny-qwen3"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) run_fixture(dirs[i], PREC_BF16);
 }
 
@@ -404,6 +406,12 @@ static void section_kv_dtypes(void) {
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_BF16);
     run_fixture_kv("tests/fixtures/qwen3_mha_sharded", PREC_BF16, KV_FP8);
     run_fixture_kv("models/tiny-qwen3", PREC_BF16, KV_FP8);
+    /* the production attention shapes: decode on the tensor cores (8 heads a KV head, head_dim
+     * 128: attention_dec_mma.cu) and the vector kernel (head_dim 64), prefill on attention_mma.cu */
+    run_fixture_kv("tests/fixtures/qwen3_g8_hd128", PREC_BF16, KV_BF16);
+    run_fixture_kv("tests/fixtures/qwen3_g8_hd128", PREC_BF16, KV_FP8);
+    run_fixture_kv("tests/fixtures/qwen3_hd64_g4", PREC_BF16, KV_BF16);
+    run_fixture_kv("tests/fixtures/qwen3_hd64_g4", PREC_BF16, KV_FP8);
 }
 
 /* long contexts: 8k and 32k tokens (issue 18) */

@@ -577,7 +577,8 @@ static void check_norm_rope(const int *a) {
 /* Paged attention over shuffled blocks: n_seqs (<= 4) sequences, sequence s
  * contributes toks[s] tokens ending at position last[s]. sms 0: through the
  * backend (its own split choice; the tensor-core kernel where
- * cuda_attention_mma_fits, then in the attn_bf16 class); sms > 0: the launcher
+ * cuda_attention_mma_fits, then in the attn_bf16 class; the grouped-head decode
+ * kernel splits Q and P into bf16 hi + lo, f32 class); sms > 0: the launcher
  * with the splits a device of that many SMs gets (1: unsplit, large: prefill
  * tokens split); sms -1: the tensor-core launcher cuda_attention_mma; sms
  * -k (1 < k < 100): cuda_attention_mma_split with k splits; sms -100 - k:
@@ -665,7 +666,7 @@ static void check_attention(const int *a) {
     snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d %s%d kv %s%s", n_seqs,
              n, max_pos, nh, nkv, hd, bs, dec ? "dec-mma " : mma ? "mma " : "splits ", (mma && !dec && sms >= -1) || (dec && !sms) ? sms : splits, kv_dtype_name(kvt),
              rc ? " LAUNCH REFUSED" : "");
-    compare_op(what, mma ? TOL_ATTN_BF16 : TOL_F32, ref, got, N);
+    compare_op(what, mma && !dec ? TOL_ATTN_BF16 : TOL_F32, ref, got, N); /* dec: Q and P as bf16 hi + lo */
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
     cudaFree((void *)d.pos); cudaFree((void *)d.seq); cudaFree((void *)d.block_table); cudaFree(part);
     if (kvt == KV_FP8) { cudaFree((void *)d.k_scale); cudaFree((void *)d.v_scale); }
@@ -1522,13 +1523,15 @@ static const OpCheck OP_CHECKS[] = {
     {check_attention, OC_GPU, {2, 32, 8, 128, 16, 0, 1, 1, 0, 0, 32767, 12000, 0, 0, KV_FP8}},
     /* grouped-head decode on tensor cores (attention_dec_mma.cu; sms 0: the backend takes it for G > 4,
      * -100 - k: its launcher with k splits): one position, tiles that end mid-way, a prefill run among
-     * decode rows, more workers than tiles, G = 5 and 16, G = 2 through the launcher, FP8, block size 4 */
+     * decode rows, more workers than tiles, G = 5 and 16, G = 2 through the launcher, FP8, block size 4,
+     * 8k positions (the hi + lo split's f32 class holds over a long sum) */
     {check_attention, OC_ALL, {4, 8, 1, 128, 16, 0, 1, 1, 1, 1, 0, 33, 517, 130, KV_BF16}},
     {check_attention, OC_ALL, {2, 16, 2, 64, 8, -103, 1, 1, 0, 0, 200, 47, 0, 0, KV_FP8}},
     {check_attention, OC_FULL, {1, 16, 1, 128, 16, -105, 1, 0, 0, 0, 40, 0, 0, 0, KV_BF16}},
     {check_attention, OC_FULL, {2, 5, 1, 64, 4, 0, 3, 1, 0, 0, 20, 9, 0, 0, KV_BF16}},
     {check_attention, OC_FULL, {3, 4, 2, 128, 16, -101, 1, 1, 1, 0, 15, 16, 64, 0, KV_FP8}}, /* a tile starts at pos 64 */
     {check_attention, OC_FULL, {2, 8, 1, 64, 16, -102, 2, 1, 0, 0, 700, 301, 0, 0, KV_FP8}},
+    {check_attention, OC_FULL, {1, 8, 1, 128, 16, -104, 1, 0, 0, 0, 8191, 0, 0, 0, KV_FP8}}, /* f32 class 8k deep */
     {check_attention, OC_GPU, {4, 32, 4, 128, 16, 0, 1, 1, 1, 1, 32767, 12000, 511, 4095, KV_BF16}}, /* Qwen3-30B-A3B */
     {check_attention, OC_GPU, {4, 32, 4, 128, 16, 0, 1, 1, 1, 1, 32767, 12000, 511, 4095, KV_FP8}},
     {check_attention, OC_GPU, {1, 32, 8, 128, 16, 0, 64, 0, 0, 0, 32767, 0, 0, 0, KV_BF16}},

@@ -318,6 +318,91 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
 
 static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(dir, n_decode, prec, KV_F32); }
 
+/* The attention kernels of the production shapes at the model level (qwen3_g8_hd128: 8 query
+ * heads a KV head at head_dim 128, attention_dec_mma.cu's decode; qwen3_hd64_g4: the vector
+ * kernel): the fixture's last sequence (70 tokens, two of attention_mma.cu's 64-position
+ * tiles) prefilled but for its last 4 tokens, then those decoded one at a time (contexts
+ * 67..70, across the tile edge), vs the CPU at the same KV dtype and, with the f32 cache, vs
+ * transformers. t_model_kv reads only the first two sequences (7 and 16 tokens: its mixed
+ * step of 17 tokens over two sequences stays under the tensor-core prefill's 16 a sequence).
+ * Bounds (ATTN_TOL, ~2x the worst of the two fixtures, measured 2026-12-04): the f32 cache's
+ * prefill (CUDA cores) is the bf16-act flip class, 0.1 / 3e-4 (4.0e-2 / 7.8e-5); with BF16 /
+ * FP8 K/V it runs on attention_mma.cu, which rounds Q and P to bf16 on the GPU side only
+ * (6.7e-2 / 2.0e-4 BF16, 1.33e-1 / 8.9e-4 FP8: an FP8 cache turns the upstream differences
+ * into e4m3 rounding flips of 2^-4 in layer 1's K/V). Decode steps read a cache that prefill
+ * wrote on each side, so they inherit its class: measured 2.3e-3 / 2.9e-7 (f32), 1.5e-2 /
+ * 7.2e-6 (BF16), 7.1e-2 / 2.6e-4 (FP8); the decode kernels alone are f32-class (op_checks.h:
+ * with SAMPLER_CUDA_OFF=attn_mma the same runs' BF16 decode rows fall to 4.1e-3 / 6.7e-7).
+ * vs transformers (f32 cache) 0.2 / 1e-3, t_model_kv's (5.4e-2 / 1.1e-4). */
+static const struct { double pre_abs, pre_kl, dec_abs, dec_kl; } ATTN_TOL[KV_DTYPE_COUNT] = {
+    [KV_F32] = {0.1, 3e-4, 0.1, 3e-4},
+    [KV_BF16] = {0.15, 5e-4, 0.1, 3e-4},
+    [KV_FP8] = {0.3, 2e-3, 0.2, 1e-3},
+};
+static void t_attn_long(const char *dir, KvDtype kvt) {
+    Err err = {};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    char path[512], what[160];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        model_free(m);
+        return;
+    }
+    const StTensor *tt = safetensors_get(ref, "seq2.tokens"), *lp = safetensors_get(ref, "seq2.prefill_logits");
+    CHECK(tt && lp && tt->numel > 8 && tt->numel <= 128, "t_attn_long: %s has no seq2 of 9..128 tokens", dir);
+    int V = m->cfg.vocab, T = (int)tt->numel, P = T - 4, exact_kv = kvt == KV_F32;
+    const int32_t *tok = (const int32_t *)tt->data;
+    const float *want = (const float *)lp->data; /* [T, V]: prefill rows equal decode rows (make_fixtures.py) */
+    Backend *cpu = backend_cpu_create(1, 128);
+    cpu_mm = cpu->matmul;
+    cpu->matmul = mm_bf16act;
+    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
+    Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, gb, 128, 128);
+    KVCache *kvc = runner_kvcache_create_dtype(rc, 40, 4, kvt), *kvg = runner_kvcache_create_dtype(rg, 40, 4, kvt);
+    int32_t bt[32], pos[128], seq[128], rows[128];
+    for (int i = 0; i < 32; i++) bt[i] = 39 - i; /* blocks out of order */
+    const int32_t *tables[1] = {bt};
+    for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+    float *oc = (float *)malloc(sizeof(float) * (size_t)P * V), *og = (float *)malloc(sizeof(float) * (size_t)P * V);
+    Batch b = {P, tok, pos, seq, 1, tables, P, rows, 0};
+    if (model_forward(rc, kvc, &b, oc, &err) || model_forward(rg, kvg, &b, og, &err)) {
+        printf("  FAIL %s prefill %d: %s\n", dir, P, err.msg);
+        n_fail++;
+    }
+    const char *kn = kv_dtype_name(kvt);
+    snprintf(what, sizeof what, "%s kv %s prefill %d vs cpu (bf16 act)", dir, kn, P);
+    logit_check(what, oc, og, P, V, ATTN_TOL[kvt].pre_abs, ATTN_TOL[kvt].pre_kl);
+    if (exact_kv) {
+        snprintf(what, sizeof what, "%s kv %s prefill %d vs transformers", dir, kn, P);
+        logit_check(what, want, og, P, V, 0.2, 1e-3);
+    }
+    for (int i = P; i < T; i++) {
+        int32_t zero = 0;
+        Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero, 0};
+        if (model_forward(rc, kvc, &b1, oc, &err) || model_forward(rg, kvg, &b1, og, &err)) {
+            printf("  FAIL %s decode pos %d: %s\n", dir, i, err.msg);
+            n_fail++;
+        }
+        snprintf(what, sizeof what, "%s kv %s decode pos %d vs cpu", dir, kn, i);
+        logit_check(what, oc, og, 1, V, ATTN_TOL[kvt].dec_abs, ATTN_TOL[kvt].dec_kl);
+        if (exact_kv) {
+            snprintf(what, sizeof what, "%s kv %s decode pos %d vs transformers", dir, kn, i);
+            logit_check(what, want + (size_t)i * V, og, 1, V, 0.2, 1e-3);
+        }
+    }
+    free(oc);
+    free(og);
+    runner_kvcache_free(rg, kvg);
+    runner_kvcache_free(rc, kvc);
+    runner_free(rg);
+    runner_free(rc);
+    safetensors_free(ref);
+    model_free(m);
+}
+
 /* An MoE prefill above RUNNER_GRAPH_MAX (256) tokens (issue 18): the routed experts
  * grouped on the device at any step size (moe_mma.cu's GEMM: ~n * top_k / E pairs an
  * expert), so the step runs as piecewise graphs (eager at its bucket, captured,
@@ -624,6 +709,11 @@ int main(void) {
     if (getenv("EMU_FIXTURE")) { /* EMU_FIXTURE=dir [EMU_PREC=fp8|nvfp4]: one fixture end to end alone */
         Precision p = PREC_BF16;
         if (getenv("EMU_PREC") && precision_parse(getenv("EMU_PREC"), &p)) return 2;
+        if (getenv("EMU_ATTN")) { /* EMU_ATTN=1: t_attn_long alone, at the three KV dtypes */
+            for (int t = 0; t < KV_DTYPE_COUNT; t++) t_attn_long(getenv("EMU_FIXTURE"), (KvDtype)t);
+            printf("%d passed, %d failed\n", n_pass, n_fail);
+            return n_fail ? 1 : 0;
+        }
         if (!getenv("EMU_LONG_ONLY")) t_model(getenv("EMU_FIXTURE"), 3, p); /* EMU_LONG_ONLY=1: t_moe_long alone */
         /* EMU_MOE_NATIVE=1 (with EMU_PREC=fp8): the native-FP8 MoE prefill of 40 tokens instead of 304 */
         if (strstr(getenv("EMU_FIXTURE"), "moe") && !getenv("EMU_QUICK"))
@@ -713,6 +803,17 @@ int main(void) {
     /* the KV cache dtypes: the device path's kv_write and attention at BF16 and FP8 */
     t_model_kv("tests/fixtures/qwen3_gqa2", quick ? 1 : 3, PREC_BF16, KV_BF16);
     if (!quick) t_model_kv("tests/fixtures/qwen3_moe", 3, PREC_BF16, KV_FP8);
+    printf("== the production attention shapes (head_dim 128 / 8 heads a KV head, head_dim 64 / 4) ==\n");
+    t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_BF16);
+    if (!quick) {
+        /* prefill of 7, decode, the mixed steps (17 tokens over two sequences) and their graphs
+         * all on the grouped-head kernel; the delta */
+        t_model_kv("tests/fixtures/qwen3_g8_hd128", 3, PREC_BF16, KV_BF16);
+        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_FP8);
+        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_F32);
+        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_BF16);
+        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8);
+    }
     t_cuda_off(quick);
     printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);

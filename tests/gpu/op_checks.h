@@ -113,7 +113,8 @@ static float *dev_result(const void *d, size_t n) {
 typedef struct Tol { const char *name; double nmse, rel; } Tol;
 static const Tol TOL_EXACT = {"exact", 0, 0}, TOL_F32 = {"f32", 1e-10, 3e-5}, TOL_BF16ACT = {"bf16act", 3e-5, 1e-2},
                  TOL_ATTN_BF16 = {"attn_bf16", 1e-5, 1e-2}, TOL_BF16KV = {"bf16kv", 1e-6, 1e-2},
-                 TOL_FP8KV = {"fp8kv", 1e-4, 0.13}, TOL_NATIVE = {"native", 1e-6, 1e-2}; /* op_checks_native.h */
+                 TOL_FP8KV = {"fp8kv", 1e-4, 0.13}, TOL_NATIVE = {"native", 1e-6, 1e-2}, /* op_checks_native.h */
+                 TOL_BF16FLIP = {"bf16flip", 1e-8, 1e-3}; /* check_moe: see there */
 
 static void compare_op(const char *what, Tol tol, const float *ref, const float *got, size_t n) {
     double se = 0, sr = 0, maxd = 0, maxr = 0;
@@ -1305,11 +1306,13 @@ static void check_moe(const int *a) {
     float *x = rand_f32((size_t)n * H, 1), *ref = (float *)xcalloc((size_t)n * H, sizeof(float));
     float *xg = (float *)xmalloc(sizeof(float) * (size_t)NK * H), *yg = (float *)xmalloc(sizeof(float) * (size_t)NK * H);
     float *g = (float *)xmalloc(sizeof(float) * (size_t)NK * I), *u = (float *)xmalloc(sizeof(float) * (size_t)NK * I);
+    int any16 = 0; /* some expert's SwiGLU output rounded to bf16 for its down GEMM */
     for (int e = 0; e < E; e++) {
         int o = hi[1][e], cnt = hi[1][e + 1] - o;
         if (!cnt) continue;
         bc->gather_rows(bc, xg, x, hi[2] + o, cnt, H);
         int r16 = fmt == 0 && cnt > CUDA_GEMV_MAX_N; /* the mma's bf16 x (moe_mma.cu), as cuBLAS's */
+        any16 |= r16;
         for (size_t i = 0; r16 && i < (size_t)cnt * H; i++) xg[i] = bf16_to_f32(f32_to_bf16(xg[i]));
         bc->matmul(bc, g, xg, cnt, &hm[e], NULL);
         bc->matmul(bc, u, xg, cnt, &hm[E + e], NULL);
@@ -1329,7 +1332,12 @@ static void check_moe(const int *a) {
     snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s",
              nat ? (pc ? "fp8 native per-channel" : "fp8 native") : aq ? "fp8 act_quant (weight-only)" : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E,
              K, I, H, taken ? " REFUSED" : "");
-    compare_op(what, nat ? TOL_NATIVE : TOL_F32, ref, got, (size_t)n * H);
+    /* any16: the SwiGLU outputs g come from f32 gate/up sums in two orders before both sides round
+     * them to bf16, so a g within an f32 ulp of a bf16 midpoint (~1e-4 of them: 1 or 2 in a
+     * 70-token step of top 4 x 40) rounds the other way on one side: a 2^-8 step of that element,
+     * measured NMSE 6.4e-10 / max rel 8.1e-5 for one. bf16flip admits a few of those and nothing
+     * systematic (g left unrounded on one side: every element 2^-9 off, NMSE ~1e-6). */
+    compare_op(what, nat ? TOL_NATIVE : any16 ? TOL_BF16FLIP : TOL_F32, ref, got, (size_t)n * H);
     free(got);
     for (int i = 0; i < 3 * E; i++) {
         cudaFree(dm[i].dev);

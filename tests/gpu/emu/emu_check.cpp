@@ -30,6 +30,7 @@
 #include "../lora_checks.h"
 #include "../sampling_checks.h"
 #include "../engine_devsample_check.h"
+#include "../attn_bounds.h"
 #include "cuda_kernels.h"
 #include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
 #include "gemv_tile.cuh"
@@ -325,20 +326,8 @@ static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(
  * 67..70, across the tile edge), vs the CPU at the same KV dtype and, with the f32 cache, vs
  * transformers. t_model_kv reads only the first two sequences (7 and 16 tokens: its mixed
  * step of 17 tokens over two sequences stays under the tensor-core prefill's 16 a sequence).
- * Bounds (ATTN_TOL, ~2x the worst of the two fixtures, measured 2026-12-04): the f32 cache's
- * prefill (CUDA cores) is the bf16-act flip class, 0.1 / 3e-4 (4.0e-2 / 7.8e-5); with BF16 /
- * FP8 K/V it runs on attention_mma.cu, which rounds Q and P to bf16 on the GPU side only
- * (6.7e-2 / 2.0e-4 BF16, 1.33e-1 / 8.9e-4 FP8: an FP8 cache turns the upstream differences
- * into e4m3 rounding flips of 2^-4 in layer 1's K/V). Decode steps read a cache that prefill
- * wrote on each side, so they inherit its class: measured 2.3e-3 / 2.9e-7 (f32), 1.5e-2 /
- * 7.2e-6 (BF16), 7.1e-2 / 2.6e-4 (FP8); the decode kernels alone are f32-class (op_checks.h:
- * with SAMPLER_CUDA_OFF=attn_mma the same runs' BF16 decode rows fall to 4.1e-3 / 6.7e-7).
- * vs transformers (f32 cache) 0.2 / 1e-3, t_model_kv's (5.4e-2 / 1.1e-4). */
-static const struct { double pre_abs, pre_kl, dec_abs, dec_kl; } ATTN_TOL[KV_DTYPE_COUNT] = {
-    [KV_F32] = {0.1, 3e-4, 0.1, 3e-4},
-    [KV_BF16] = {0.15, 5e-4, 0.1, 3e-4},
-    [KV_FP8] = {0.3, 2e-3, 0.2, 1e-3},
-};
+ * Bounds: ATTN_TOL (tests/gpu/attn_bounds.h, with what they measured); vs transformers
+ * (f32 cache) 0.2 / 1e-3, t_model_kv's (measured 5.4e-2 / 1.1e-4). */
 static void t_attn_long(const char *dir, KvDtype kvt) {
     Err err = {};
     Model *m = NULL;

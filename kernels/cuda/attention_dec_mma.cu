@@ -25,9 +25,10 @@
  * 2e-2 from the CPU's. Decode is bound by the cache's bytes: the doubled mma
  * work fits in what the tensor cores leave idle (2 G head_dim FMAs a K/V row
  * pair, 4 G with the split, against ~200 a byte of H200 tensor throughput).
- * FP8 row scales apply in f32, K's to the scores, V's to P before its split. At the end the block's warps merge their states
- * through shared memory into out (n_splits == 1) or into this split's rows of
- * part (attention.cu's layout and merge kernel).
+ * FP8 row scales apply in f32, K's to the scores, V's to P before its split.
+ * At the end the block's warps merge their states through shared memory into
+ * out (n_splits == 1) or into this split's rows of part (attention.cu's layout
+ * and merge kernel).
  *
  * Not here: f32 caches, head dims other than 64 / 128 (attention.cu), G > 16,
  * prefill-shaped batches (attention_mma.cu, which tiles query tokens instead).

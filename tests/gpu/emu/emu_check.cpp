@@ -324,8 +324,10 @@ static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(
  * kernel): the fixture's last sequence (70 tokens, two of attention_mma.cu's 64-position
  * tiles) prefilled but for its last 4 tokens, then those decoded one at a time (contexts
  * 67..70, across the tile edge), vs the CPU at the same KV dtype and, with the f32 cache, vs
- * transformers. t_model_kv reads only the first two sequences (7 and 16 tokens: its mixed
- * step of 17 tokens over two sequences stays under the tensor-core prefill's 16 a sequence).
+ * transformers; then those 66 tokens and seq1's 16 prefilled in one step on fresh caches (two
+ * sequences' tiles in one tensor-core launch). t_model_kv reads only the first two sequences
+ * (7 and 16 tokens: its mixed step of 17 tokens over two sequences stays under the
+ * tensor-core prefill's 16 a sequence).
  * Bounds: ATTN_TOL (tests/gpu/attn_bounds.h, with what they measured); vs transformers
  * (f32 cache) 0.2 / 1e-3, t_model_kv's (measured 5.4e-2 / 1.1e-4). */
 static void t_attn_long(const char *dir, KvDtype kvt) {
@@ -382,6 +384,40 @@ static void t_attn_long(const char *dir, KvDtype kvt) {
             logit_check(what, want + (size_t)i * V, og, 1, V, 0.2, 1e-3);
         }
     }
+    /* Two prompts prefilled in one step (the first P tokens and seq1's 16, on fresh caches): the
+     * tensor-core kernel's tiles split by sequence, each with its own block table, every row out */
+    const StTensor *t1 = safetensors_get(ref, "seq1.tokens"), *l1 = safetensors_get(ref, "seq1.prefill_logits");
+    CHECK(t1 && l1 && t1->numel >= 16 && P + t1->numel <= 128, "t_attn_long: %s seq1 of 16+ tokens", dir);
+    int T1 = (int)t1->numel, N2 = P + T1;
+    int32_t bt1[32], tok2[128];
+    for (int i = 0; i < 32; i++) bt1[i] = i; /* blocks 0.. (seq2 has 39 down to 23) */
+    const int32_t *tables2[2] = {bt, bt1};
+    for (int i = 0; i < N2; i++) {
+        int a = i < P;
+        tok2[i] = a ? tok[i] : ((const int32_t *)t1->data)[i - P];
+        pos[i] = a ? i : i - P;
+        seq[i] = a ? 0 : 1;
+        rows[i] = i;
+    }
+    float *oc2 = (float *)malloc(sizeof(float) * (size_t)N2 * V), *og2 = (float *)malloc(sizeof(float) * (size_t)N2 * V);
+    KVCache *kvc2 = runner_kvcache_create_dtype(rc, 40, 4, kvt), *kvg2 = runner_kvcache_create_dtype(rg, 40, 4, kvt);
+    Batch b2 = {N2, tok2, pos, seq, 2, tables2, N2, rows, 0};
+    if (model_forward(rc, kvc2, &b2, oc2, &err) || model_forward(rg, kvg2, &b2, og2, &err)) {
+        printf("  FAIL %s two prompts: %s\n", dir, err.msg);
+        n_fail++;
+    }
+    snprintf(what, sizeof what, "%s kv %s prompts %d + %d in one step vs cpu", dir, kn, P, T1);
+    logit_check(what, oc2, og2, N2, V, ATTN_TOL[kvt].pre_abs, ATTN_TOL[kvt].pre_kl);
+    if (exact_kv) {
+        snprintf(what, sizeof what, "%s kv %s prompts %d + %d: the %d vs transformers", dir, kn, P, T1, P);
+        logit_check(what, want, og2, P, V, 0.2, 1e-3);
+        snprintf(what, sizeof what, "%s kv %s prompts %d + %d: the %d vs transformers", dir, kn, P, T1, T1);
+        logit_check(what, (const float *)l1->data, og2 + (size_t)P * V, T1, V, 0.2, 1e-3);
+    }
+    free(oc2);
+    free(og2);
+    runner_kvcache_free(rg, kvg2);
+    runner_kvcache_free(rc, kvc2);
     free(oc);
     free(og);
     runner_kvcache_free(rg, kvg);

@@ -1,16 +1,19 @@
 /*
  * mma_tile.cuh - the tensor-core fragments the mma kernels share
- * (attention_mma.cu, moe_mma.cu): mma.sync m16n8k16 with bf16 inputs and f32
- * accumulators (sm_80+), m16n8k32 with e4m3 inputs (sm_89+: the sm_90 /
- * 100 / 103 binaries), ldmatrix loads of 8x8 b16 matrices from shared
- * memory, and the f32 -> bf16 pair packing (round to nearest even, as
- * dtype.h f32_to_bf16). On the CPU emulation each maps to its shim function
+ * (attention_mma.cu, attention_dec_mma.cu, moe_mma.cu): mma.sync m16n8k16
+ * with bf16 inputs and f32 accumulators (sm_80+), m16n8k32 with e4m3 inputs
+ * (sm_89+: the sm_90 / 100 / 103 binaries), ldmatrix loads of 8x8 b16
+ * matrices from shared memory, the f32 -> bf16 pair packing (round to nearest
+ * even, as dtype.h f32_to_bf16) and its hi + lo split, and what both attention
+ * kernels decode and rescale by (e4m3 x 8 -> bf16, the online-softmax
+ * correction). On the CPU emulation each maps to its shim function
  * (tests/gpu/emu/shim/cuda_runtime.h spells out the PTX fragment layouts).
  * Device code only; not a kernel, no tiling policy.
  */
 #ifndef SAMPLER_MMA_TILE_CUH
 #define SAMPLER_MMA_TILE_CUH
 
+#include <math.h>
 #include <stdint.h>
 
 #include "cuda_device.cuh"
@@ -73,6 +76,25 @@ static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *row)
     (void)r, (void)row; /* nvcc's host pass: never called there */
 #endif
 }
+
+/* Eight e4m3 (the first in the low byte) as bf16 bits: the e4m3 values
+ * unscaled (exact: 3 mantissa bits, every e4m3 exponent is a bf16 normal one),
+ * for FP8 K / V tiles on their way to the bf16 mma. */
+static __device__ __forceinline__ uint4 mma_e4m3x8_bf16(uint2 u) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t b = (j < 2 ? u.x : u.y) >> (16 * (j & 1));
+        w[j] = __float_as_uint(kv_e4m3_to_f32(b & 0xffu)) >> 16 |
+               (__float_as_uint(kv_e4m3_to_f32((b >> 8) & 0xffu)) & 0xffff0000u);
+    }
+    return uint4{w[0], w[1], w[2], w[3]};
+}
+
+/* Online softmax on tensor-core tiles: the weight of an old state with max m
+ * under the new max mn, 1 while both are -inf (nothing seen yet, the state is
+ * zero either way). */
+static __device__ __forceinline__ float mma_corr(float m, float mn) { return mn == -INFINITY ? 1.f : expf(m - mn); }
 
 /* Two f32 -> one register of two bf16 (lo in the low half), round to nearest even. */
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

@@ -51,21 +51,6 @@
 #define DM_PAD 8    /* bf16 of padding per shared row (ldmatrix rows on distinct banks) */
 #define DM_SPLIT_MIN 256 /* fewest positions a split (cuda_attention_dec_mma_splits) */
 
-/* Weight of an old state with max m under the new max mn (1 while both are -inf). */
-static __device__ __forceinline__ float dm_corr(float m, float mn) { return mn == -INFINITY ? 1.f : expf(m - mn); }
-
-/* Eight e4m3 (the first in the low byte) as bf16 bits, unscaled (exact). */
-static __device__ __forceinline__ uint4 dm_e4m3x8_bf16(uint2 u) {
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        uint32_t b = (j < 2 ? u.x : u.y) >> (16 * (j & 1));
-        w[j] = __float_as_uint(kv_e4m3_to_f32(b & 0xffu)) >> 16 |
-               (__float_as_uint(kv_e4m3_to_f32((b >> 8) & 0xffu)) & 0xffff0000u);
-    }
-    return uint4{w[0], w[1], w[2], w[3]};
-}
-
 /* A lane's share of one tile (K and V, 16 positions x HD / 8 chunks of 8 dims). */
 #define DM_CHUNKS(HD) (DM_T * (HD) / 8 / 32)
 template <int HD>
@@ -120,8 +105,8 @@ static __device__ __forceinline__ void dm_store(const DmRegs<HD> &r, DmStage<HD>
 #pragma unroll
     for (int k = 0; k < DM_CHUNKS(HD) * (DT == KV_FP8); k++) { /* (a loop bound: no unreachable code for BF16) */
         int c = lane + 32 * k, i = c / (HD / 8), d = c % (HD / 8) * 8;
-        *(uint4 *)&st->k[i * LD + d] = dm_e4m3x8_bf16(r.k[k]);
-        *(uint4 *)&st->v[i * LD + d] = dm_e4m3x8_bf16(r.v[k]);
+        *(uint4 *)&st->k[i * LD + d] = mma_e4m3x8_bf16(r.k[k]);
+        *(uint4 *)&st->v[i * LD + d] = mma_e4m3x8_bf16(r.v[k]);
     }
 }
 
@@ -205,7 +190,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a,
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)); /* the row's quad */
             float mn = fmaxf(m[i], mx[i]); /* finite: the tile's first position is <= last */
-            corr[i] = dm_corr(m[i], mn);
+            corr[i] = mma_corr(m[i], mn);
             m[i] = mn;
             l[i] *= corr[i];
         }

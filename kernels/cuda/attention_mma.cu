@@ -49,23 +49,6 @@
 #define MMA_PAD 8               /* bf16 of padding per shared row (bank spread) */
 #define MMA_SPLIT_MIN 1024      /* fewest positions per split (cuda_attention_mma_splits) */
 
-/* Weight of an old state with max m under the new max mn: 1 while both are
- * -inf (nothing seen yet, the state is zero either way). */
-static __device__ __forceinline__ float mma_corr(float m, float mn) { return mn == -INFINITY ? 1.f : expf(m - mn); }
-
-/* Eight e4m3 (the first in the low byte) as bf16 bits: the e4m3 values
- * unscaled (exact: 3 mantissa bits, every e4m3 exponent is a bf16 normal one). */
-static __device__ __forceinline__ uint4 mma_e4m3x8_bf16(uint2 u) {
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        uint32_t b = (j < 2 ? u.x : u.y) >> (16 * (j & 1));
-        w[j] = __float_as_uint(kv_e4m3_to_f32(b & 0xffu)) >> 16 |
-               (__float_as_uint(kv_e4m3_to_f32((b >> 8) & 0xffu)) & 0xffff0000u);
-    }
-    return uint4{w[0], w[1], w[2], w[3]};
-}
-
 /* A thread's share of an FP8 K or V tile on its way to shared memory: fetched
  * before the mma work it overlaps, decoded and stored after it (the BF16 tiles
  * travel by cp.async instead and leave this empty). */

@@ -430,29 +430,28 @@ static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim,
     LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, pos, st(b)));
 }
 static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) { LAUNCH_OK(cuda_rope_kv_write(a, st(b))); }
+/* The split partials of one attention call ([splits, n_tokens * n_heads, head_dim + 2] f32, the
+ * merge's input), in c->part; nothing for an unsplit call. */
+static float *attn_part(CudaCtx *c, const AttnArgs *a, int splits) {
+    if (splits > 1)
+        scratch_grow(c, (void **)&c->part, &c->part_cap,
+                     sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
+    return c->part;
+}
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
     if (!c->off_attn_mma && cuda_attention_mma_fits(a)) {
         int ms = cuda_attention_mma_splits(a->n_tokens, a->n_heads, c->max_ctx, c->sms);
-        if (ms > 1)
-            scratch_grow(c, (void **)&c->part, &c->part_cap,
-                         sizeof(float) * (size_t)ms * a->n_tokens * a->n_heads * (a->head_dim + 2));
-        LAUNCH_OK(cuda_attention_mma_split(a, c->part, ms, st(b)));
+        LAUNCH_OK(cuda_attention_mma_split(a, attn_part(c, a, ms), ms, st(b)));
         return;
     }
     if (!c->off_attn_dec_mma && cuda_attention_dec_mma_fits(a)) {
         int ds = cuda_attention_dec_mma_splits(a->n_tokens, a->n_kv_heads, c->max_ctx, c->sms);
-        if (ds > 1)
-            scratch_grow(c, (void **)&c->part, &c->part_cap,
-                         sizeof(float) * (size_t)ds * a->n_tokens * a->n_heads * (a->head_dim + 2));
-        LAUNCH_OK(cuda_attention_dec_mma(a, c->part, ds, st(b)));
+        LAUNCH_OK(cuda_attention_dec_mma(a, attn_part(c, a, ds), ds, st(b)));
         return;
     }
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
-    if (splits > 1)
-        scratch_grow(c, (void **)&c->part, &c->part_cap,
-                sizeof(float) * (size_t)splits * a->n_tokens * a->n_heads * (a->head_dim + 2));
-    LAUNCH_OK(cuda_attention(a, c->part, splits, st(b)));
+    LAUNCH_OK(cuda_attention(a, attn_part(c, a, splits), splits, st(b)));
 }
 static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
 static void cu_kv_write(Backend *b, const KvWriteArgs *a) { LAUNCH_OK(cuda_kv_write(a, st(b))); }

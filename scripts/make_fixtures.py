@@ -99,7 +99,7 @@ FIXTURES = [
                   rms_norm_eps=1e-5, max_position_embeddings=1024,
                   tie_word_embeddings=False, attention_bias=False, mlp_bias=False)),
     # The attention shapes of the production models, at a tiny width: head_dim 128 with 8 query
-    # heads per KV head (Qwen3-30B-A3B / Qwen3.6-35B-A3B), where the GPU decodes on the tensor
+    # heads per KV head (Qwen3-30B-A3B), where the GPU decodes on the tensor
     # cores (attention_dec_mma.cu), and head_dim 64 with 4 per KV head, where it runs the vector
     # kernel; BF16/FP8 KV prefill of 16+ tokens takes attention_mma.cu at both. The last sequence
     # spans two of its 64-position tiles. The other fixtures' head_dim (12-32) reaches none of those

@@ -640,7 +640,7 @@ static void check_attention(const int *a) {
     d.seq = (int32_t *)dev_copy(seq, sizeof(int32_t) * n);
     d.block_table = (int32_t *)dev_copy(bt, sizeof(int32_t) * n_seqs * stride);
     int splits = 1, rc = 0, dec = sms <= -100 || (sms == 0 && !cuda_attention_mma_fits(&d) && cuda_attention_dec_mma_fits(&d));
-    int mma = dec || sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d));
+    int mma = !dec && (sms < 0 || (sms == 0 && cuda_attention_mma_fits(&d))); /* the prefill kernel */
     float *part = NULL;
     if (sms <= -100) {
         splits = -100 - sms;
@@ -665,9 +665,9 @@ static void check_attention(const int *a) {
     float *got = dev_result(d.out, N);
     char what[128];
     snprintf(what, sizeof what, "attention seqs %d tokens %d pos<=%d heads %d/%d hd %d bs %d %s%d kv %s%s", n_seqs,
-             n, max_pos, nh, nkv, hd, bs, dec ? "dec-mma " : mma ? "mma " : "splits ", (mma && !dec && sms >= -1) || (dec && !sms) ? sms : splits, kv_dtype_name(kvt),
+             n, max_pos, nh, nkv, hd, bs, dec ? "dec-mma " : mma ? "mma " : "splits ", (mma && sms >= -1) || (dec && !sms) ? sms : splits, kv_dtype_name(kvt),
              rc ? " LAUNCH REFUSED" : "");
-    compare_op(what, mma && !dec ? TOL_ATTN_BF16 : TOL_F32, ref, got, N); /* dec: Q and P as bf16 hi + lo */
+    compare_op(what, mma ? TOL_ATTN_BF16 : TOL_F32, ref, got, N); /* dec: Q and P as bf16 hi + lo */
     cudaFree(d.out); cudaFree((void *)d.q); cudaFree((void *)d.k_cache); cudaFree((void *)d.v_cache);
     cudaFree((void *)d.pos); cudaFree((void *)d.seq); cudaFree((void *)d.block_table); cudaFree(part);
     if (kvt == KV_FP8) { cudaFree((void *)d.k_scale); cudaFree((void *)d.v_scale); }

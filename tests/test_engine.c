@@ -604,6 +604,14 @@ static void test_n_samples(void) {
         T_ASSERT(rows_match_reference(s, i, P, 23) == 0, "sample %d rows differ from the reference", i);
     }
     T_ASSERT(distinct > 0, "samples of one seeded request differ from each other");
+    /* its consumer is woken once a step for all four samples' tokens (engine_request_wake), once per
+     * sample's end and once at the request's: 11 steps publish tokens (the first samples all four from
+     * the prompt's row), the 12th ends the four samples, then the request: 11 + 4 + 1 changes. A wake
+     * per token would make 4 x 11 + 4 + 1 = 49; a step whose commits woke nobody, fewer than 16. */
+    uint64_t changes = 0;
+    engine_request_wait(s, &changes, 0);
+    T_ASSERT(changes == 11 + 4 + 1, "n=4 x 12 tokens: %llu changes published, expected 16",
+             (unsigned long long)changes);
     /* same seeded request next to other traffic */
     int32_t Q[40];
     prompt_of(Q, 33, 8);

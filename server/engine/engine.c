@@ -226,6 +226,8 @@ static void engine_start(Engine *e) {
         e->grammar_bits[i] = xmalloc((size_t)(e->mc.vocab + 63) / 64 * sizeof(uint64_t));
     }
     for (int k = 0; k < 2; k++) e->steps[k].jobs = xcalloc(c->max_running_seqs, sizeof(SampleJob));
+    e->wake = xcalloc(c->max_running_seqs, sizeof(EngineRequest *));
+    e->wake_stamp = 1;
     e->rows_cap = c->max_running_seqs + c->max_prompt_logprob_rows;
     e->logits = xmalloc((size_t)e->rows_cap * e->mc.vocab * sizeof(float));
     if (e->E) e->experts_buf = xcalloc((size_t)c->max_batched_tokens * e->E, sizeof(int32_t));
@@ -281,7 +283,7 @@ void engine_free(Engine *e) {
         free(e->mask_bufs[i]);
         free(e->grammar_bits[i]);
     }
-    free(e->samplers); free(e->mask_bufs); free(e->grammar_bits);
+    free(e->samplers); free(e->mask_bufs); free(e->grammar_bits); free(e->wake);
     free(e->steps[0].jobs); free(e->steps[1].jobs);
     engine_devsample_free(e);
     threadpool_free(e->stp);

@@ -106,6 +106,7 @@ struct EngineRequest {
     EngineCmd submit_cmd, abort_cmd;
     double t_submit;
     int got_first;
+    uint64_t wake_stamp;      /* engine thread: == Engine.wake_stamp while on the step's wake list */
     struct EngineRequest *next, *prev; /* the engine thread's active list */
 };
 
@@ -183,6 +184,10 @@ struct Engine {
     double mark;              /* engine thread: where the current step phase began (engine_step.c) */
     double drained;           /* engine thread: time in engine_step_drain (counted as step time) */
     EngineStepTimes st;       /* engine thread: step phase times, copied to m.step_times with the gauges */
+    EngineRequest **wake;     /* engine thread: [max_running_seqs] requests whose records a step's commits
+                               * published, woken once each when the commits end (engine_step.c) */
+    int n_wake;
+    uint64_t wake_stamp;      /* the commits' stamp (EngineRequest.wake_stamp); starts at 1 */
     /* under mmu */
     pthread_mutex_t mmu;
     EngineMetrics m;
@@ -194,6 +199,9 @@ int engine_check_params(Engine *e, const EngineRequestParams *p, Err *err);
 EngineRequest *engine_request_new(Engine *e, const EngineRequestParams *p, Err *err);
 void engine_request_destroy(EngineRequest *r);
 void engine_request_publish(EngineRequest *r); /* under r->mu */
+/* Not under r->mu: engine_request_publish, then the broadcast after the unlock
+ * (a woken consumer does not find the lock held). The caller keeps r alive. */
+void engine_request_wake(EngineRequest *r);
 /* Engine thread: finish one sequence (its record, if any, already written;
  * n_pub < 0 keeps the count). May retire and free the request. */
 void engine_seq_finish(Engine *e, Seq *q, FinishReason f, int32_t stop_token, int n_pub);

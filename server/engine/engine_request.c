@@ -371,6 +371,14 @@ void engine_request_publish(EngineRequest *r) {
     pthread_cond_broadcast(&r->cv);
 }
 
+void engine_request_wake(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    r->change++;
+    pthread_mutex_unlock(&r->mu);
+    /* a consumer that saw the old change was in pthread_cond_wait before the lock above, so it gets this */
+    pthread_cond_broadcast(&r->cv);
+}
+
 static void count_finish(Engine *e, const EngineRequest *r, int n_gen, FinishReason f) {
     double t = engine_now_s();
     pthread_mutex_lock(&e->mmu);

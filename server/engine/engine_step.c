@@ -368,8 +368,14 @@ static void sample_commit(Engine *e, SampleJob *j, double t) {
     pthread_mutex_lock(&r->mu);
     ASSERT(o->n_pub == k, "publishing record %d after %d records", k, o->n_pub);
     o->n_pub = k + 1;
-    engine_request_publish(r);
     pthread_mutex_unlock(&r->mu);
+    /* its consumer is woken once when the step's commits end (n = 8: one wake, not eight); r lives
+     * until then, since q, unfinished, can only be finished by its own job */
+    if (r->wake_stamp != e->wake_stamp) {
+        ASSERT(e->n_wake < e->cfg.max_running_seqs, "%d requests to wake in one step", e->n_wake + 1);
+        r->wake_stamp = e->wake_stamp;
+        e->wake[e->n_wake++] = r;
+    }
 }
 
 typedef struct PlpJob { Engine *e; Seq *q; } PlpJob;
@@ -482,7 +488,10 @@ static void step_end(Engine *e, EngineStep *st) {
     if (st->n_jobs == 1) fn(&rc, 0, 0);
     else if (st->n_jobs > 1) threadpool_run(e->stp, st->n_jobs, fn, &rc);
     double t = phase_to(e, &e->st.sample); /* tokens exist from here: TTFT/ITL include sampling */
+    e->n_wake = 0;
     for (int i = 0; i < st->n_jobs; i++) sample_commit(e, &st->jobs[i], t);
+    for (int i = 0; i < e->n_wake; i++) engine_request_wake(e->wake[i]);
+    e->wake_stamp++;
     phase_to(e, &e->st.publish);
 }
 

@@ -115,6 +115,30 @@ def test_step_counters(smoke):
         assert sum(sv["phase_shares"].values()) == pytest.approx(1.0, abs=1e-6)
 
 
+def test_host_path_over_a_modeled_device(tmp_path):
+    """bench/bench_host: the whole server over a modeled device (device sampling, async scheduling) under
+    the same smoke run: every stream well formed (with RL fields: a log-prob and a mask row per token id),
+    the steps sampled on the device and overlapped, and the device's busy seconds read from its
+    BENCH_DEVICE_STATS file at each window's ends (a share of the window: between 0 and 1)."""
+    from conftest import BUILD
+    host_bin = os.path.join(BUILD, "bench_host")
+    if not os.path.exists(host_bin):
+        pytest.skip("bench_host is not built here")
+    out, stats = tmp_path / "host.json", tmp_path / "device_stats"
+    r = subprocess.run([sys.executable, SERVED, "--smoke", "--bin", host_bin, "--json", str(out),
+                        "--device-stats", str(stats)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(out.read_text())
+    assert d["server_exit"] == 0 and "error" not in d and d["device_stats"] == str(stats)
+    assert {c["rl"] for c in d["configs"]} == {False, True}
+    for c in d["configs"]:
+        assert c["n_errors"] == 0 and c["drained"], c["errors"]
+        sv = c["server"]
+        assert sv["steps"] > 0 and sv["generated_tokens"] > 0, sv
+        assert sv["step_seconds"]["device_sample"] > 0 and sv["async_steps"] > 0, sv
+        assert c["device_busy_share"] is not None and 0 < c["device_busy_share"] <= 1.0 + 1e-3, c
+
+
 def test_gpu_json_from_smoke(smoke, tmp_path):
     _, served = smoke
     r = subprocess.run([sys.executable, GPU_JSON, "write", "--gpu-check", SAMPLE_GC, "--served", served,

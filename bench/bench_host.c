@@ -8,9 +8,9 @@
  * JSON, SSE, detokenization, scheduling, publishing (issue 17's "host time <
  * 5% of the step at batch 256").
  *
- *   [BENCH_DEVICE=key=value,...] [BENCH_DEVICE_STATS=FILE] bench_host SAMPLER FLAGS...
+ *   [BENCH_DEVICE=key=value,...] bench_host SAMPLER FLAGS...
  *   BENCH_DEVICE=help bench_host        (the keys and their defaults)
- *   python3 bench/gpu_served.py --bin build/bench_host --model models/tiny-qwen3 --device-stats FILE ...
+ *   python3 bench/gpu_served.py --bin build/bench_host --model models/tiny-qwen3 ...
  *
  * Not a server: its tokens, log-probs and masks are made up (a hash of seed,
  * sample and position; well formed, so every output path runs), and no
@@ -20,7 +20,7 @@
  * BENCH_DEVICE's keys.
  *
  * How it plugs in: a link seam. The binary is server/main.c plus this file,
- * which defines runner_backend_create and its two siblings (runner_backend.h),
+ * which defines runner_backend_create and its siblings (runner_backend.h),
  * so the linker takes them from here and never pulls
  * server/engine/runner_backend.c out of the engine library. Every other line
  * that runs is the product's.
@@ -33,20 +33,18 @@
  *     sequence's KV up to its last position in the step, flops = 2 x params
  *     x tokens + attention (attn_flops per position per token);
  *   sample: launch + rows x vocab x 4 bytes x 3 passes / bw.
- * When the server exits it logs the device's busy share; BENCH_DEVICE_STATS
- * names a file rewritten every 50 ms with "busy_s now_s" (seconds of device
- * work done, CLOCK_MONOTONIC now), which gpu_served.py --device-stats reads
- * at each window's ends: device_busy_share, the share of the window the
- * device computed (1.0: the host kept it fed).
+ * Each step's device time, from its forward's start to its sampled results,
+ * goes where a GPU's goes (runner_backend_count_device: /metrics
+ * sampler_device_step_seconds_total), so gpu_served.py reports the same
+ * device_busy_share for this and for a GPU; the log at exit says the same
+ * over the whole run.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "dev_sample.h"
@@ -108,10 +106,10 @@ typedef struct FakeDevice {
     /* totals, engine thread only (read at exit) */
     double busy_s, first_s, last_s;
     unsigned long long steps, tokens, rows;
-    _Atomic double busy_pub, free_pub; /* busy_s and free_at for the stats thread */
-    const char *stats_path;  /* BENCH_DEVICE_STATS, or NULL */
-    pthread_t stats;
-    atomic_int stats_stop;
+    double fwd_start;     /* when the last forward's device work began */
+    double slot_begin[DEV_SAMPLE_SLOTS]; /* when each sampling slot's step began */
+    double step_s;        /* device time of the steps sampled on the device, begin to results */
+    atomic_ullong *device_ns; /* step_s in ns for /metrics, or NULL */
 } FakeDevice;
 
 static double now_s(void) {
@@ -132,8 +130,6 @@ static double device_enqueue(FakeDevice *d, double dt) {
     d->free_at = start + dt;
     d->last_s = d->free_at;
     d->busy_s += dt;
-    atomic_store(&d->free_pub, d->free_at);
-    atomic_store(&d->busy_pub, d->busy_s);
     return d->free_at;
 }
 
@@ -156,7 +152,8 @@ static int fake_forward(void *ctx, const Batch *b, float *logits, Err *err) {
     double t0 = now_s();
     if (b->n_tokens > d->max_tokens || b->n_seqs > d->max_tokens)
         return ERR(err, 500, "batch of %d tokens over the %d the backend was made for", b->n_tokens, d->max_tokens);
-    double end = device_enqueue(d, forward_time(d, b));
+    double dt = forward_time(d, b), end = device_enqueue(d, dt);
+    d->fwd_start = end - dt;
     d->steps++;
     d->tokens += (unsigned long long)b->n_tokens;
     if (logits) { /* the host samples this step (prompt log-probs, a fallback): the copy waits for the step */
@@ -248,6 +245,7 @@ static int fake_sample_launch(void *ctx, int n_out, const DevSampleBatch *bt, in
     }
     double dt = g_dm.launch_s + (double)bt->n_rows * d->vocab * 4.0 * 3 / g_dm.bw;
     d->slot_done[slot] = device_enqueue(d, dt);
+    d->slot_begin[slot] = d->fwd_start;
     d->rows += (unsigned long long)bt->n_rows;
     (void)n_out;
     return 0;
@@ -256,6 +254,8 @@ static int fake_sample_launch(void *ctx, int n_out, const DevSampleBatch *bt, in
 static int fake_sample_wait(void *ctx, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
     FakeDevice *d = ctx;
     sleep_until(d->slot_done[slot]);
+    d->step_s += d->slot_done[slot] - d->slot_begin[slot];
+    if (d->device_ns) atomic_store(d->device_ns, (unsigned long long)(d->step_s * 1e9));
     *out = d->out[slot];
     *packed = d->packed[slot];
     return 0;
@@ -267,7 +267,7 @@ static void fake_fetch_logits(void *ctx, float *logits, int n_out) {
     memset(logits, 0, (size_t)n_out * (size_t)d->vocab * sizeof(float));
 }
 
-/* ---- start-up: BENCH_DEVICE's keys; BENCH_DEVICE_STATS's thread ---- */
+/* ---- start-up: BENCH_DEVICE's keys ---- */
 static void device_model_parse(const char *spec) {
     if (!strcmp(spec, "help")) {
         printf("BENCH_DEVICE=key=value,... (bench_host's modeled device):\n");
@@ -291,25 +291,6 @@ static void device_model_parse(const char *spec) {
     CHECK(g_dm.bw > 0 && g_dm.peak > 0, "BENCH_DEVICE: bw_gbs and tflops must be > 0");
 }
 
-/* The work done so far, for a driver that reads it at a window's ends. */
-static void *stats_thread(void *arg) {
-    FakeDevice *d = arg;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", d->stats_path);
-    while (!atomic_load(&d->stats_stop)) {
-        /* work queued and not yet done is not counted: busy minus what is left of the queue */
-        double t = now_s(), left = atomic_load(&d->free_pub) - t, busy = atomic_load(&d->busy_pub);
-        FILE *f = fopen(tmp, "w");
-        if (f) {
-            fprintf(f, "%.6f %.6f\n", busy - (left > 0 ? left : 0), t);
-            fclose(f);
-            rename(tmp, d->stats_path);
-        }
-        usleep(50000);
-    }
-    return NULL;
-}
-
 /* ---- the link seam (runner_backend.h) ---- */
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic_ullong *ns, atomic_ullong *calls,
                                     atomic_ullong *graphs) {
@@ -331,9 +312,6 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     d->ns = ns;
     d->calls = calls;
     (void)graphs;
-    d->stats_path = getenv("BENCH_DEVICE_STATS");
-    if (d->stats_path)
-        CHECK(pthread_create(&d->stats, NULL, stats_thread, d) == 0, "BENCH_DEVICE_STATS: no thread");
     EngineBackend be = {d, fake_forward, fake_copy_block, NULL, NULL, NULL, NULL, NULL};
     if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) {
         be.sample_launch = fake_sample_launch;
@@ -346,15 +324,15 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     return be;
 }
 
+void runner_backend_count_device(EngineBackend *be, atomic_ullong *device_ns) {
+    ((FakeDevice *)be->ctx)->device_ns = device_ns;
+}
+
 Runner *runner_backend_runner(const EngineBackend *be) { return ((const FakeDevice *)be->ctx)->r; }
 
 void runner_backend_free(EngineBackend *be) {
     FakeDevice *d = be->ctx;
     if (!d) return;
-    if (d->stats_path) {
-        atomic_store(&d->stats_stop, 1);
-        pthread_join(d->stats, NULL);
-    }
     double span = d->last_s - d->first_s;
     log_info("bench_host: device busy %.3f s of the %.3f s from its first work to its last (%.1f%%); %llu steps, "
              "%llu tokens, %llu sampled rows", d->busy_s, span, span > 0 ? 100 * d->busy_s / span : 0.0, d->steps,

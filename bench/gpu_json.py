@@ -39,8 +39,9 @@ named without an edit here):
 Rows from the served benchmark, per configuration c<C>_<P>x<O>[_rl_fields] and precision (and the
 run's --tag after it: served_bf16_sync_... for check.sh --served-sync, async scheduling off):
   served_<prec>_<cfg>_{tok_s, steady_tok_s, ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms,
-  step_ms, forward_ms (the server's engine step and the backend's forward in it), host_share};
-  served_<prec>_c<Cmax>_host_share is the first shape's at the largest
+  step_ms, forward_ms (the server's engine step and the backend's forward in it), host_share,
+  device_busy_share (the device's time on its steps / the window: 1 - it is the device's wait for the host)};
+  served_<prec>_c<Cmax>_host_share and _device_busy_share are the first shape's at the largest
   concurrency, RL fields off. fraction_of_roofline of a served tok/s row: the decode roofline
   at batch C and the mean context P + O/2 (weights + KV bytes read per step over gpu_check's
   copy bandwidth: roofline tok/s = C * bw / (W + C * (P + O/2) * kv_bytes_per_token)), of an
@@ -185,7 +186,7 @@ def served_rows(R, sv, bw_gbs):
                     f"its log); gpu_served.py restarted it for the rest")
             for k, u in (("tok_s", "tok/s"), ("steady_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("ttft_p99_ms", "ms"),
                          ("itl_p50_ms", "ms"), ("itl_p99_ms", "ms"), ("step_ms", "ms/step"),
-                         ("forward_ms", "ms/step"), ("host_share", "fraction")):
+                         ("forward_ms", "ms/step"), ("host_share", "fraction"), ("device_busy_share", "fraction")):
                 R.add(f"{base}_{k}", None, u, None, src, dead)
             continue
         roof = None
@@ -217,9 +218,14 @@ def served_rows(R, sv, bw_gbs):
         R.add(base + "_host_share", hs, "fraction", None,
               s + "; 1 - (forward + device_sample) / (step + control), /metrics sampler_step_*_seconds_total",
               "the server's step counters did not move")
+        db = sv_.get("device_busy_share")
+        no_db = "the server did not measure its device's time (sampler_device_step_seconds_total: the CPU)"
+        R.add(base + "_device_busy_share", db, "fraction", None,
+              s + "; the device's time on its steps (CUDA events, first op to sampled results) / the window", no_db)
         if f"{c['prompt']}x{c['output']}" == first_shape and c["concurrency"] == big and not c["rl"]:
             R.add(f"served_{prec}_c{big}_host_share", hs, "fraction", None, s + f"; of {c['name']}",
                   "the server's step counters did not move")
+            R.add(f"served_{prec}_c{big}_device_busy_share", db, "fraction", None, s + f"; of {c['name']}", no_db)
     for nr in sv.get("not_run", []):
         R.add(f"served_{prec}_{nr['name']}_tok_s", None, "tok/s", None, src, nr["reason"])
     if sv.get("error") and not sv.get("configs"):
@@ -361,7 +367,7 @@ def brief_row(name):
     """The rows the brief table keeps: the issues' rows, gpu_check's counts, throughput, fractions and
     host shares."""
     return name in REQUIRED or name.startswith("gpu_check_") or \
-        name.endswith(("_tok_s", "_fraction", "_host_share", "_itl_p50_ms")) and \
+        name.endswith(("_tok_s", "_fraction", "_host_share", "_device_busy_share", "_itl_p50_ms")) and \
         not name.endswith("_steady_tok_s") and not re.match(r"^decode_.*_ctx512_", name)
 
 

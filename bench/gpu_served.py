@@ -46,9 +46,10 @@ What it does (tests/gpu/check.sh part 4 runs it; tests/py/test_served_bench.py r
     launches, the wait for the device and the logits copy); with async scheduling (the default on the GPU)
     the host's share overlaps the device's next step, so it bounds the GPU's idle share from above;
     async_steps counts the steps that overlapped.
-With --device-stats FILE (bench/bench_host, the host path over a modeled device: bench/RESULTS.md) the
-server gets BENCH_DEVICE_STATS=FILE in its environment, and each configuration reports device_busy_share:
-the seconds of device work done in the window / the window (1.0: the host kept the device fed).
+    device_busy_share = the device's time on the steps sampled on the device (each from its first op to
+    its sampled results, /metrics sampler_device_step_seconds_total: CUDA events on a GPU, the modeled
+    device of bench/bench_host) / the window: 1 - it is the share the device waited for the host (null
+    where the server does not measure it, the CPU).
 Clients: --workers processes (default: up to 4), each an asyncio loop over raw HTTP/1.1
 (bench/load.py's request()), so the client side is not what limits the rate.
 Exit status: 0 when every configuration run had no client error and the server never died, 1 otherwise.
@@ -99,7 +100,7 @@ def read_metrics(url):
     return out
 
 
-def metrics_delta(m0, m1):
+def metrics_delta(m0, m1, window_s):
     d = {k: m1.get(f"sampler_step_{k}_seconds_total" if k != "step" else "sampler_step_seconds_total", 0.0) -
          m0.get(f"sampler_step_{k}_seconds_total" if k != "step" else "sampler_step_seconds_total", 0.0)
          for k in STEP_KEYS}
@@ -113,6 +114,9 @@ def metrics_delta(m0, m1):
                     ("full_graph_calls", "sampler_model_forward_full_graph_calls_total"),
                     ("piecewise_graph_calls", "sampler_model_forward_piecewise_graph_calls_total")):
         out[k] = m1.get(name, 0) - m0.get(name, 0)
+    dev = m1.get("sampler_device_step_seconds_total", 0.0) - m0.get("sampler_device_step_seconds_total", 0.0)
+    out["device_step_seconds"] = dev
+    out["device_busy_share"] = dev / window_s if dev > 0 and window_s > 0 else None
     busy = d["step"] + d["control"]
     out["host_share"] = 1.0 - (d["forward"] + d["device_sample"]) / busy if busy > 0 else None
     out["phase_shares"] = {k: d[k] / busy for k in STEP_KEYS if k != "step"} if busy > 0 else None
@@ -288,17 +292,7 @@ def _worker(host, port, cfg, slots, seed, t_start, t_end, conn):
     conn.close()
 
 
-def read_device_stats(path):
-    """bench_host's --device-stats file: (busy_s, now_s), or None."""
-    try:
-        with open(path) as f:
-            busy, now = (float(x) for x in f.read().split())
-        return busy, now
-    except (OSError, ValueError):
-        return None
-
-
-def run_config(srv, cfg, window_s, n_workers, seed, kill_at=None, device_stats=None):
+def run_config(srv, cfg, window_s, n_workers, seed, kill_at=None):
     slots = max(1, cfg["concurrency"] // cfg["n"])
     n_workers = max(1, min(n_workers, slots))
     per = [slots // n_workers + (1 if i < slots % n_workers else 0) for i in range(n_workers)]
@@ -315,16 +309,16 @@ def run_config(srv, cfg, window_s, n_workers, seed, kill_at=None, device_stats=N
     while time.monotonic() < t_start:
         time.sleep(0.005)
     m0 = read_metrics(srv.url)
-    d0 = read_device_stats(device_stats) if device_stats else None
+    t_m0 = time.monotonic()
     while time.monotonic() < t_end:
         if kill_at is not None and time.monotonic() >= t_start + kill_at * window_s and srv.proc.poll() is None:
             srv.proc.kill()  # the planted death of the CPU test (--kill-server-during)
         time.sleep(min(0.05, max(0.0, t_end - time.monotonic())))
     try:
         m1 = read_metrics(srv.url)
-        d1 = read_device_stats(device_stats) if device_stats else None
+        t_m1 = time.monotonic()
     except OSError:  # the server died during the window: what the clients saw is kept, the counters are not
-        m1 = d1 = None
+        m1 = None
     parts = []
     for p, a in zip(procs, pipes):
         parts.append(a.recv() if a.poll(120) else {"sent": 0, "completed": 0, "cut": 0, "errors": ["worker hung"],
@@ -346,12 +340,11 @@ def run_config(srv, cfg, window_s, n_workers, seed, kill_at=None, device_stats=N
         "steady_tok_s": sum(q["tokens_2nd_half"] for q in parts) / (window_s / 2),
         "ttft_n": len(ttft), "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "itl_n": len(itl), "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99),
-        "server": metrics_delta(m0, m1) if m1 is not None else {"host_share": None, "ms_per_step": None,
-                                                                 "forward_ms_per_step": None},
+        "server": metrics_delta(m0, m1, t_m1 - t_m0) if m1 is not None else {
+            "host_share": None, "ms_per_step": None, "forward_ms_per_step": None, "device_busy_share": None},
         "drained": drained, "server_died": died,
     })
-    if device_stats:
-        r["device_busy_share"] = (d1[0] - d0[0]) / (d1[1] - d0[1]) if d0 and d1 and d1[1] > d0[1] else None
+
     return r
 
 
@@ -462,9 +455,6 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="CPU binary, bundled tiny model, tiny sizes (the CI test)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--device-stats", metavar="FILE",
-                    help="bench_host only: give it BENCH_DEVICE_STATS=FILE and report each window's "
-                         "device_busy_share")
     ap.add_argument("--kill-server-during", default="", metavar="CONFIG",
                     help="for the CPU test only: SIGKILL the server halfway through this configuration's window "
                          "(the run must restart it and go on)")
@@ -519,9 +509,6 @@ def main():
                                                      "num_attention_heads", "num_key_value_heads", "head_dim",
                                                      "vocab_size", "tie_word_embeddings")}
         cmd = server_cmd(a, concs, shapes, a.n)
-        if a.device_stats:
-            os.environ["BENCH_DEVICE_STATS"] = a.device_stats  # the server processes inherit it
-            out["device_stats"] = a.device_stats
         out["server_cmd"] = " ".join(cmd)
         log("server: " + out["server_cmd"])
         srv = ServerProc(cmd, a.start_timeout)
@@ -548,13 +535,13 @@ def main():
                 out["not_run"].append({"name": name, "reason": f"time budget ({a.budget_s:.0f} s) spent"})
                 continue
             r = run_config(srv, cfg, w, a.workers, a.seed + 100 * i,
-                           0.5 if name == a.kill_server_during else None, a.device_stats)
+                           0.5 if name == a.kill_server_during else None)
             r["name"] = name
             out["configs"].append(r)
             sv = r["server"]
             hs = f"{100 * sv['host_share']:.1f}%" if sv["host_share"] is not None else "-"
-            if r.get("device_busy_share") is not None:
-                hs += f"  device busy {100 * r['device_busy_share']:.1f}%"
+            if sv.get("device_busy_share") is not None:
+                hs += f"  device busy {100 * sv['device_busy_share']:.1f}%"
             log(f"{name:28s} {r['tok_s']:9.1f} tok/s (steady {r['steady_tok_s']:.1f})  TTFT p50 "
                 f"{fmt_s(r['ttft_p50_s'])} p99 {fmt_s(r['ttft_p99_s'])}  ITL p50 {fmt_s(r['itl_p50_s'])} p99 "
                 f"{fmt_s(r['itl_p99_s'])}  host {hs}  req {r['requests_completed']}/{r['requests_sent']} "

@@ -28,6 +28,10 @@
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, atomic_ullong *ns,
                                     atomic_ullong *calls, atomic_ullong *graphs);
 void runner_backend_free(EngineBackend *be);
+/* From now on *device_ns holds the device time of the steps sampled on the
+ * device (runner_device_seconds, in ns; set after each step's results
+ * arrive), or stays 0 where the backend does not measure it. */
+void runner_backend_count_device(EngineBackend *be, atomic_ullong *device_ns);
 /* The runner a backend made by runner_backend_create drives. */
 Runner *runner_backend_runner(const EngineBackend *be);
 

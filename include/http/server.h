@@ -124,6 +124,7 @@ typedef struct ServerMetrics {
     atomic_ullong forward_ns;      /* model forward time (timed backend) */
     atomic_ullong forward_calls;
     atomic_ullong forward_graphs[2]; /* forwards through a whole-step CUDA graph, through piecewise graphs */
+    atomic_ullong device_ns;       /* device time of the steps sampled on the device (runner_backend_count_device) */
 } ServerMetrics;
 
 /* A live HTTP generation, findable by its response id for POST /abort_request. */

@@ -254,6 +254,15 @@ struct Backend {
                          int slot, struct Err *err);
     int (*sample_wait)(Backend *b, int slot, const DevSampleOut **out, const int32_t **packed, struct Err *err);
     int (*tokens_resolve)(Backend *b, int32_t *tokens, int n, int n_src);
+    /* Optional (NULL: not measured): step_begin marks, before any op of a
+     * forward step, where the step's device work begins; device_seconds is
+     * the device time of the steps whose sampling sample_wait has returned,
+     * each from its mark to its sampled results, summed. A gap inside a step
+     * (eager launches the device waited for) counts, the time between steps
+     * does not: over a window, 1 - device_seconds / window is the share the
+     * device sat idle waiting for the host. */
+    void (*step_begin)(Backend *b);
+    double (*device_seconds)(Backend *b);
     void (*free)(Backend *b);
 };
 

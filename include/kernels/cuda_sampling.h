@@ -56,6 +56,14 @@ int cuda_sampler_launch(CudaSampler *s, const float *logits, int n_logit_rows, i
  * launch. Returns 0, or -1 with err filled (a CUDA error, a result out of
  * range: nothing of the launch may be used). */
 int cuda_sampler_wait(CudaSampler *s, int slot, const DevSampleOut **out, const int32_t **packed, Err *err);
+/* Device time (Backend.step_begin / device_seconds): step_begin records on
+ * stream the mark where the next launch's step begins (before the step's
+ * first op); each wait then adds the device seconds from that mark to the
+ * launch's results (cudaEventElapsedTime) to busy_s. A step with no mark,
+ * or whose mark could not be recorded, adds nothing. step_begin: 0, or -1
+ * (no mark: the measurement skips that step, the step itself is unharmed). */
+int cuda_sampler_step_begin(CudaSampler *s, void *stream);
+double cuda_sampler_busy_s(const CudaSampler *s);
 /* Queue on stream: every tokens[i] < 0 (device int32 [n]) becomes the token
  * of row -1 - tokens[i] of the last launch, whose rows must be >= n_src >
  * every such index (the caller checked its tokens against n_src). 0, or -1. */

@@ -236,6 +236,9 @@ int runner_last_graph(const Runner *r);
 /* on = 0: every later step runs eagerly, no graph captured or replayed (vLLM's --enforce-eager);
  * on = 1 (the default): graphs where runner_graph_counts says they apply. */
 void runner_set_graphs(Runner *r, int on);
+/* The backend's device time of the steps sampled on the device (Backend.device_seconds: each step
+ * from its first op to its sampled results, summed), or -1 where it is not measured (the CPU). */
+double runner_device_seconds(const Runner *r);
 /* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
 void runner_fetch_logits(Runner *r, float *logits, int n_out);
 /* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */

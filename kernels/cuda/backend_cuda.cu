@@ -691,6 +691,11 @@ static int cu_sample_wait(Backend *b, int slot, const DevSampleOut **out, const 
     if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
     return cuda_sampler_wait(c->sampler, slot, out, packed, err) ? -1 : 0;
 }
+static void cu_step_begin(Backend *b) {
+    CudaCtx *c = ctx(b);
+    if (c->sampler) (void)cuda_sampler_step_begin(c->sampler, st(b));
+}
+static double cu_device_seconds(Backend *b) { return ctx(b)->sampler ? cuda_sampler_busy_s(ctx(b)->sampler) : -1; }
 static int cu_tokens_resolve(Backend *b, int32_t *tokens, int n, int n_src) {
     CudaCtx *c = ctx(b);
     return c->sampler ? cuda_sampler_resolve(c->sampler, tokens, n, n_src, st(b)) : -1;
@@ -867,6 +872,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->sample_launch = cu_sample_launch;
     b->sample_wait = cu_sample_wait;
     b->tokens_resolve = cu_tokens_resolve;
+    b->step_begin = cu_step_begin;
+    b->device_seconds = cu_device_seconds;
     b->free = cu_free;
     cuda_off_apply(b);
     return b;

@@ -641,9 +641,14 @@ typedef struct SampSlot {
     uint8_t *stage_h;     /* [stage_bytes] pinned: the packed batch */
     DevSampleOut *out_h;  /* [max_rows] pinned: the results */
     int32_t *packed_h;    /* [max_rows, W] pinned: the packed kept sets */
-    cudaEvent_t done;     /* recorded after the downloads */
+    cudaEvent_t done;     /* recorded after the downloads (timing: the step's device time ends here) */
     int n_rows, launched; /* the launch's rows; 1 between launch and wait */
+    int begin;            /* its step's mark in CudaSampler.begin, or -1: none (device time not counted) */
 } SampSlot;
+
+/* Step marks (cuda_sampler_step_begin): a ring, since a mark is read only at
+ * its step's wait, while at most one later step has marked its own. */
+#define SAMP_MARKS 4
 
 struct CudaSampler {
     DevSampleCaps caps;
@@ -655,6 +660,10 @@ struct CudaSampler {
     size_t stage_bytes;
     SampSlot slot[DEV_SAMPLE_SLOTS];
     int last_rows;     /* rows of the last launch (resolve's bound) */
+    cudaEvent_t mark[SAMP_MARKS]; /* timing events: where a step's device work began */
+    int mark_next;     /* the ring's next mark */
+    int mark_open;     /* the mark of the step not yet launched, or -1 */
+    double busy_s;     /* device seconds of the waited steps, mark to done (cuda_sampler_busy_s) */
 };
 
 static size_t al8(size_t x) { return (x + 7) & ~(size_t)7; }
@@ -684,8 +693,11 @@ extern "C" CudaSampler *cuda_sampler_create(const DevSampleCaps *caps, Err *err)
         ok = cudaMallocHost((void **)&q->stage_h, s->stage_bytes) == cudaSuccess &&
              cudaMallocHost((void **)&q->out_h, out_b) == cudaSuccess &&
              cudaMallocHost((void **)&q->packed_h, sizeof(int32_t) * rw) == cudaSuccess &&
-             cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming) == cudaSuccess;
+             cudaEventCreateWithFlags(&q->done, cudaEventDefault) == cudaSuccess;
+        q->begin = -1;
     }
+    for (int k = 0; ok && k < SAMP_MARKS; k++) ok = cudaEventCreateWithFlags(&s->mark[k], cudaEventDefault) == cudaSuccess;
+    s->mark_open = -1;
     if (!ok) {
         (void)cudaGetLastError();
         double dev = (4.0 * rv + 4.0 * rw + (double)s->stage_bytes) / 1048576.0,
@@ -710,6 +722,8 @@ extern "C" void cuda_sampler_free(CudaSampler *s) {
         if (q->out_h) cudaFreeHost(q->out_h);
         if (q->packed_h) cudaFreeHost(q->packed_h);
     }
+    for (int k = 0; k < SAMP_MARKS; k++)
+        if (s->mark[k]) cudaEventDestroy(s->mark[k]);
     free(s);
 }
 
@@ -766,6 +780,8 @@ extern "C" int cuda_sampler_launch(CudaSampler *s, const float *logits, int n_lo
     }
     if (n_masks != b->n_masks) return ERR(err, 500, "device sampler: %d mask rows, the batch says %d", n_masks, b->n_masks);
     q->n_rows = b->n_rows;
+    q->begin = s->mark_open; /* this launch ends the step that mark began */
+    s->mark_open = -1;
     if (b->n_rows == 0) { /* nothing to run: waiting on it returns at once */
         q->launched = 1;
         return 0;
@@ -814,6 +830,11 @@ extern "C" int cuda_sampler_wait(CudaSampler *s, int slot, const DevSampleOut **
     if (!q->launched) return ERR(err, 500, "device sampler: slot %d waited on without a launch", slot);
     q->launched = 0;
     if (q->n_rows > 0) CUDA_TRY(err, cudaEventSynchronize(q->done));
+    float ms = 0;
+    if (q->n_rows > 0 && q->begin >= 0) {
+        if (cudaEventElapsedTime(&ms, s->mark[q->begin], q->done) == cudaSuccess) s->busy_s += 1e-3 * ms;
+        else (void)cudaGetLastError(); /* a measurement only: not this launch's error, nor a later launch's */
+    }
     const int V = s->caps.vocab, W = DEV_MASK_WORDS(V);
     for (int r = 0; r < q->n_rows; r++) { /* what the host will index with */
         const DevSampleOut *o = &q->out_h[r];
@@ -825,6 +846,20 @@ extern "C" int cuda_sampler_wait(CudaSampler *s, int slot, const DevSampleOut **
     *packed = q->packed_h;
     return 0;
 }
+
+extern "C" int cuda_sampler_step_begin(CudaSampler *s, void *stream) {
+    if (!s) return -1;
+    if (cudaEventRecord(s->mark[s->mark_next], (cudaStream_t)stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->mark_open = -1;
+        return -1;
+    }
+    s->mark_open = s->mark_next;
+    s->mark_next = (s->mark_next + 1) % SAMP_MARKS;
+    return 0;
+}
+
+extern "C" double cuda_sampler_busy_s(const CudaSampler *s) { return s ? s->busy_s : -1; }
 
 extern "C" int cuda_sampler_resolve(CudaSampler *s, int32_t *tokens, int n, int n_src, void *stream) {
     if (!s || n < 0 || n_src < 1 || n_src > s->last_rows) return -1;

@@ -14,6 +14,7 @@ typedef struct RunnerBackend {
     KVCache *kv;
     atomic_ullong *ns, *calls; /* may be NULL */
     atomic_ullong *graphs;     /* [2] forwards through a whole-step graph, through piecewise graphs; or NULL */
+    atomic_ullong *device_ns;  /* runner_device_seconds in ns, or NULL (runner_backend_count_device) */
 } RunnerBackend;
 
 static uint64_t now_ns(void) {
@@ -47,7 +48,11 @@ static int sample_launch(void *ctx, int n_out, const DevSampleBatch *b, int slot
 }
 
 static int sample_wait(void *ctx, int slot, const DevSampleOut **out, const int32_t **packed, Err *err) {
-    return runner_sample_wait(((RunnerBackend *)ctx)->r, slot, out, packed, err);
+    RunnerBackend *t = ctx;
+    int rc = runner_sample_wait(t->r, slot, out, packed, err);
+    double s = t->device_ns && rc == 0 ? runner_device_seconds(t->r) : -1;
+    if (s >= 0) atomic_store(t->device_ns, (unsigned long long)(s * 1e9));
+    return rc;
 }
 
 static void fetch_logits(void *ctx, float *logits, int n_out) {
@@ -77,6 +82,10 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
         }
     }
     return be;
+}
+
+void runner_backend_count_device(EngineBackend *be, atomic_ullong *device_ns) {
+    ((RunnerBackend *)be->ctx)->device_ns = device_ns;
 }
 
 Runner *runner_backend_runner(const EngineBackend *be) { return ((RunnerBackend *)be->ctx)->r; }

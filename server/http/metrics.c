@@ -94,6 +94,10 @@ int api_metrics(HttpReq *q, json_t *body) {
     counter(&b, "sampler_model_forward_piecewise_graph_calls_total",
             "Model forward calls run as piecewise CUDA graphs, attention eager between them (0 on the CPU).",
             atomic_load(&s->metrics.forward_graphs[1]));
+    counter_s(&b, "sampler_device_step_seconds_total",
+              "Device time of the steps sampled on the device, each from its first op to its sampled results "
+              "(0 where not measured: the CPU); 1 - its rate is the share the device waited for the host.",
+              (double)atomic_load(&s->metrics.device_ns) / 1e9);
     /* the engine thread's time by phase (EngineStepTimes): the host share of a step is
      * 1 - (forward + device) / (step + control) */
     const EngineStepTimes *st = &m.step_times;

@@ -124,6 +124,7 @@ Server *server_create(const ServerConfig *c) {
         runner_reserve_lora(s->runner, ec->max_loras, c->max_lora_rank, (LoraDtype)c->lora_dtype);
     s->be = runner_backend_create(s->model, s->runner, ec, &s->metrics.forward_ns, &s->metrics.forward_calls,
                                   s->metrics.forward_graphs);
+    runner_backend_count_device(&s->be, &s->metrics.device_ns);
     s->vocab = s->model->cfg.vocab;
     if (c->engine_only) {
         ec->verbose = 0;

@@ -883,6 +883,7 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     const ModelConfig *c = &r->m->cfg;
     Backend *be = r->b;
     Step st;
+    if (be->step_begin) be->step_begin(be); /* before the step's uploads: its device work starts here */
     r->tok_lora = NULL;
     for (int i = 0; r->lora_tokens && i < b->n_tokens; i++)
         if (r->lora_tokens[i] >= 0) r->tok_lora = r->lora_tokens;
@@ -945,6 +946,8 @@ int runner_sample_wait(Runner *r, int slot, const DevSampleOut **out, const int3
     if (be->host || !be->sample_wait) return ERR(err, 500, "the %s backend does not sample on the device", be->name);
     return be->sample_wait(be, slot, out, packed, err) ? -1 : 0;
 }
+
+double runner_device_seconds(const Runner *r) { return r->b->device_seconds ? r->b->device_seconds(r->b) : -1; }
 
 void runner_fetch_logits(Runner *r, float *logits, int n_out) {
     Backend *be = r->b;

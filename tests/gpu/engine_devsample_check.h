@@ -23,6 +23,11 @@
  * tokens). Then, async only: a request released after its first token (an
  * abort while its next step is in flight), and one after it that must still
  * finish cleanly.
+ * The device time of the steps sampled on the device (Backend.device_seconds,
+ * CUDA events from each step's first op to its sampled results, through
+ * runner_backend_count_device's counter as the server's /metrics reads it):
+ * more than 0 and at most the run's wall time on the device runs (sync and
+ * async), 0 on the host run.
  * The includer provides n_pass / n_fail (op_checks.h).
  */
 #ifndef SAMPLER_ENGINE_DEVSAMPLE_CHECK_H
@@ -35,11 +40,22 @@ extern "C" {
  * same way: the two functions as C declares them (pointers either way). */
 EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *cfg, void *ns, void *calls, void *graphs);
 void runner_backend_free(EngineBackend *be);
+void runner_backend_count_device(EngineBackend *be, void *device_ns);
 }
+#include <atomic>
+typedef std::atomic<unsigned long long> EdsCounter;
 #else
 #include "engine.h"
 #include "runner_backend.h"
+typedef atomic_ullong EdsCounter;
 #endif
+#include <time.h>
+
+static double eds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 #define EDS_REQS 6
 #define EDS_MAX_TOK 8
@@ -154,6 +170,10 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
     Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
     Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
     EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL, NULL);
+    static EdsCounter dev_ns;
+    dev_ns = 0;
+    runner_backend_count_device(&be, &dev_ns);
+    double t_run = eds_now();
     Engine *e = engine_create(&m->cfg, &be, &c);
     {   /* the automatic row budget: every running sequence under device sampling, the host's otherwise */
         const EngineConfig *ec = engine_config(e);
@@ -274,6 +294,14 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
                ok ? "ok" : "FAIL");
     }
     engine_metrics(e, met);
+    {   /* the device's time on its steps: measured on the device runs, within the run's wall time */
+        double dev = (double)dev_ns / 1e9, wall = eds_now() - t_run;
+        int on = mode != ENGINE_DEVSAMPLE_OFF, ok = on ? dev > 0 && dev <= wall : dev == 0;
+        ok ? n_pass++ : n_fail++;
+        printf("  %-4s engine %s: device time of its steps %.3f s of the %.3f s run%s\n", ok ? "ok" : "FAIL",
+               on ? (async == ENGINE_ASYNC_OFF ? "sampling on the device, sync" : "sampling on the device, async")
+                  : "sampling on the host", dev, wall, on ? "" : " (none measured: right)");
+    }
     uint64_t gc, gr, pc, pr;
     runner_graph_counts(r, &gc, &gr);
     runner_piece_counts(r, &pc, &pr);

@@ -113,30 +113,32 @@ def test_step_counters(smoke):
         assert parts <= st["step"] * (1 + 1e-9) + 1e-6, st  # phases of one step, read on one clock
         assert 0 < sv["host_share"] < 1
         assert sum(sv["phase_shares"].values()) == pytest.approx(1.0, abs=1e-6)
+        assert sv["device_busy_share"] is None and sv["device_step_seconds"] == 0  # the CPU measures none
 
 
 def test_host_path_over_a_modeled_device(tmp_path):
     """bench/bench_host: the whole server over a modeled device (device sampling, async scheduling) under
     the same smoke run: every stream well formed (with RL fields: a log-prob and a mask row per token id),
-    the steps sampled on the device and overlapped, and the device's busy seconds read from its
-    BENCH_DEVICE_STATS file at each window's ends (a share of the window: between 0 and 1)."""
+    the steps sampled on the device and overlapped, and the device's time on its steps, read from
+    /metrics sampler_device_step_seconds_total at each window's ends (a share of the window: between 0
+    and 1; the CPU server does not measure it: null there)."""
     from conftest import BUILD
     host_bin = os.path.join(BUILD, "bench_host")
     if not os.path.exists(host_bin):
         pytest.skip("bench_host is not built here")
-    out, stats = tmp_path / "host.json", tmp_path / "device_stats"
-    r = subprocess.run([sys.executable, SERVED, "--smoke", "--bin", host_bin, "--json", str(out),
-                        "--device-stats", str(stats)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = tmp_path / "host.json"
+    r = subprocess.run([sys.executable, SERVED, "--smoke", "--bin", host_bin, "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads(out.read_text())
-    assert d["server_exit"] == 0 and "error" not in d and d["device_stats"] == str(stats)
+    assert d["server_exit"] == 0 and "error" not in d
     assert {c["rl"] for c in d["configs"]} == {False, True}
     for c in d["configs"]:
         assert c["n_errors"] == 0 and c["drained"], c["errors"]
         sv = c["server"]
         assert sv["steps"] > 0 and sv["generated_tokens"] > 0, sv
         assert sv["step_seconds"]["device_sample"] > 0 and sv["async_steps"] > 0, sv
-        assert c["device_busy_share"] is not None and 0 < c["device_busy_share"] <= 1.0 + 1e-3, c
+        assert sv["device_busy_share"] is not None and 0 < sv["device_busy_share"] <= 1.0 + 1e-2, sv
 
 
 def test_gpu_json_from_smoke(smoke, tmp_path):

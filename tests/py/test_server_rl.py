@@ -135,6 +135,9 @@ def test_metrics(srv):
     assert vals["sampler_model_forward_calls_total"] >= 1
     assert vals["sampler_model_forward_full_graph_calls_total"] == 0
     assert vals["sampler_model_forward_piecewise_graph_calls_total"] == 0
+    # the device's time on its steps: measured by the GPU backends only (the served bench's
+    # device_busy_share; emu_check's engine rows check it on the CUDA emulation)
+    assert vals["sampler_device_step_seconds_total"] == 0
 
 
 def test_routed_experts_moe():

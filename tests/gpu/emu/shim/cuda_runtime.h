@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <functional>
 
@@ -26,7 +27,8 @@
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
-enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorLaunchFailure = 719,
+enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidResourceHandle = 400,
+                 cudaErrorLaunchFailure = 719,
                  cudaErrorNotSupported = 801, cudaErrorStreamCaptureUnsupported = 900,
                  cudaErrorStreamCaptureInvalidated = 901, cudaErrorUnknown = 999 };
 typedef enum cudaError cudaError_t;
@@ -113,23 +115,44 @@ static inline cudaError_t cudaDeviceSynchronize(void) {
 }
 /* Events: a launch has run when it returns; an event holds the copy mark of
  * its record, and a wait (fallible like a stream synchronize) marks the copies
- * before it done. */
+ * before it done. A timing event also holds the host clock at its record (the
+ * emulated device computes while the host launches): cudaEventElapsedTime is
+ * the difference, refused as CUDA refuses it for a DisableTiming event. */
 typedef void *cudaEvent_t;
+#define cudaEventDefault 0
 #define cudaEventDisableTiming 2
-static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
-    *e = calloc(1, sizeof(uint64_t));
+typedef struct EmuEvent { uint64_t mark; double t; unsigned flags; int recorded; } EmuEvent;
+static inline double emu_clock_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    EmuEvent *ev = (EmuEvent *)calloc(1, sizeof(EmuEvent));
+    ev->flags = flags;
+    *e = ev;
     return cudaSuccess;
 }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
     EMU_FAULT(cudaErrorUnknown);
-    *(uint64_t *)e = emu_copy_mark();
+    EmuEvent *ev = (EmuEvent *)e;
+    ev->mark = emu_copy_mark();
+    ev->t = emu_clock_s();
+    ev->recorded = 1;
     return cudaSuccess;
 }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorUnknown);
-    emu_copies_done(*(uint64_t *)e);
+    emu_copies_done(((EmuEvent *)e)->mark);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    const EmuEvent *a = (const EmuEvent *)start, *b = (const EmuEvent *)end;
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return cudaErrorInvalidResourceHandle;
+    if (!a->recorded || !b->recorded) return cudaErrorInvalidResourceHandle;
+    *ms = (float)(1e3 * (b->t - a->t));
     return cudaSuccess;
 }
 /* Device memory comes uninitialized, as on a GPU; here every byte reads 0xff (f32 / bf16 NaN,

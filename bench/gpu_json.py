@@ -176,7 +176,7 @@ def decode_roofline(mc, batch, ctx, bw_gbs, kv_elem):
 def served_rows(R, sv, bw_gbs):
     prec = slug(sv.get("precision") or "bf16") + ("_" + slug(sv["tag"]) if sv.get("tag") else "")
     mc, kv_elem = sv.get("model_config"), sv.get("kv_elem_bytes")  # of the --kv-cache-dtype it ran with
-    src = f"bench/gpu_served.py ({sv.get('mode')}, {sv.get('model')})"
+    src = f"bench/gpu_served.py ({sv.get('mode')}, {sv.get('model')}, KV {sv.get('kv_cache_dtype')})"
     big = max(sv.get("concurrency") or [0]) if sv.get("concurrency") else None
     first_shape = (sv.get("shapes") or [None])[0]
     for c in sv.get("configs", []):

@@ -22,8 +22,10 @@
 #   tests/gpu/check.sh --skip-bench    # parts 0-2 (and 4 unless --skip-served)
 #   tests/gpu/check.sh --skip-served   # no part 4 (its rows are written as not measured)
 #   tests/gpu/check.sh --skip-smoke    # no part 0 (the server smoke test)
-#   tests/gpu/check.sh --served-fp8    # part 4 also at --precision fp8 (c256 1000x1000 only; with
-#                                      # SERVED_BUDGET_S=120 to fit in CHECK_TOTAL_S)
+#   tests/gpu/check.sh --served-fp8    # part 4 also at --precision fp8 with an FP8 KV cache (c256
+#                                      # 1000x1000 only; with SERVED_BUDGET_S=120 to fit in CHECK_TOTAL_S;
+#                                      # BF16 K/V would cap it at ~16,500 tok/s at the rooflines:
+#                                      # bench/RESULTS.md, "The host path at device speed")
 #   tests/gpu/check.sh --served-sync   # part 4 also with --no-async-scheduling (c256 1000x1000, RL
 #                                      # fields off / on: rows served_bf16_sync_*, the overlap's gain)
 #   SM=90 tests/gpu/check.sh           # force the architecture (no nvidia-smi)
@@ -187,7 +189,7 @@ if [ "$skip_served" = 0 ]; then
   elif [ "$served_fp8" = 1 ]; then
     b8=$(( left < 150 ? left : 150 ))
     PYTHONUNBUFFERED=1 timeout $((b8 + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" --gpu "$gpu_name" \
-      --precision fp8 --shapes 1000x1000 --concurrency 256 --rl off --budget-s "$b8" \
+      --precision fp8 --kv-cache-dtype fp8 --shapes 1000x1000 --concurrency 256 --rl off --budget-s "$b8" \
       --json "$RES/served_fp8.json" ${SERVED_ARGS:-} 2>&1 | tee -a "$RES/served.log"
     [ -f "$RES/served_fp8.json" ] && served+=(--served "$RES/served_fp8.json")
   fi

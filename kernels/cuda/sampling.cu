@@ -643,7 +643,7 @@ typedef struct SampSlot {
     int32_t *packed_h;    /* [max_rows, W] pinned: the packed kept sets */
     cudaEvent_t done;     /* recorded after the downloads (timing: the step's device time ends here) */
     int n_rows, launched; /* the launch's rows; 1 between launch and wait */
-    int begin;            /* its step's mark in CudaSampler.begin, or -1: none (device time not counted) */
+    int begin;            /* its step's mark in CudaSampler.mark, or -1: none (device time not counted) */
 } SampSlot;
 
 /* Step marks (cuda_sampler_step_begin): a ring, since a mark is read only at

@@ -319,6 +319,84 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
 
 static void t_model(const char *dir, int n_decode, Precision prec) { t_model_kv(dir, n_decode, prec, KV_F32); }
 
+/* Routed experts captured through the CUDA backend (runner_set_expert_capture, what a request's
+ * return_routed_experts records) against the CPU runner's: the prefill of the fixture's longest
+ * sequence (past 8 tokens: the router's matmul on cuBLAS, the experts on the grouped GEMM) and 3
+ * decode steps of an MoE fixture, every (token, MoE layer) row of top_k ids compared as the record carries them (in
+ * routing order). The two runners' router inputs differ by float order (bf16-rounded activations on
+ * both, as t_model_kv), so an id may differ only at a near tie of the router's top_k boundary; these
+ * fixtures have none (measured: every row equal), so any difference fails. Also: the rows are real
+ * routings (ids in range, distinct within a row, more than one expert used). */
+static void t_experts_capture(const char *dir) {
+    Err err = {};
+    Model *m = NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    SafeTensors *ref = NULL;
+    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    const ModelConfig *c = &m->cfg;
+    int n_moe = 0, K = c->top_k, E = c->n_experts;
+    for (int l = 0; l < c->n_layers; l++) n_moe += model_layer_is_moe(c, l);
+    Backend *cpu = backend_cpu_create(1, 128);
+    cpu_mm = cpu->matmul;
+    cpu->matmul = mm_bf16act;
+    Backend *gb = backend_cuda_create(&m->weights, c->head_dim, 128);
+    Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, gb, 128, 128);
+    KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
+    const StTensor *t0 = safetensors_get(ref, "seq2.tokens"); /* the longest: 33 tokens, a grouped-GEMM prefill */
+    int T0 = (int)t0->numel, quick = getenv("EMU_QUICK") != NULL;
+    if (quick && T0 > 3) T0 = 3;
+    if (T0 > 64) T0 = 64;
+    size_t row = (size_t)n_moe * K;
+    int32_t *ec = (int32_t *)malloc(sizeof(int32_t) * 64 * row), *eg = (int32_t *)malloc(sizeof(int32_t) * 64 * row);
+    float *oc = (float *)malloc(sizeof(float) * 64 * c->vocab), *og = (float *)malloc(sizeof(float) * 64 * c->vocab);
+    int32_t bt[32], pos[64], seq[64], rows[64];
+    for (int i = 0; i < 32; i++) bt[i] = 1 + 2 * i;
+    const int32_t *tables[1] = {bt};
+    int steps = quick ? 1 : 3, differ = 0, bad = 0, n_rows = 0, rc_ = 0;
+    uint64_t used = 0;
+    for (int st = 0; st <= steps && st < T0; st++) {
+        int n = st == 0 ? T0 - steps : 1, p0 = st == 0 ? 0 : T0 - steps + st - 1;
+        if (n < 1) break;
+        for (int i = 0; i < n; i++) { pos[i] = p0 + i; seq[i] = 0; rows[i] = i; }
+        memset(ec, 0xff, sizeof(int32_t) * (size_t)n * row);
+        memset(eg, 0xee, sizeof(int32_t) * (size_t)n * row); /* a row the capture does not write differs */
+        Batch b = {n, (const int32_t *)t0->data + p0, pos, seq, 1, tables, n, rows, 0};
+        runner_set_expert_capture(rc, ec);
+        runner_set_expert_capture(rg, eg);
+        rc_ |= model_forward(rc, kvc, &b, oc, &err) | model_forward(rg, kvg, &b, og, &err);
+        for (int t = 0; t < n; t++)
+            for (int l = 0; l < n_moe; l++, n_rows++) {
+                const int32_t *a = ec + ((size_t)t * n_moe + l) * K, *g = eg + ((size_t)t * n_moe + l) * K;
+                differ += memcmp(a, g, sizeof(int32_t) * K) != 0;
+                for (int k = 0; k < K; k++) {
+                    bad += a[k] < 0 || a[k] >= E;
+                    for (int j = 0; j < k; j++) bad += a[j] == a[k];
+                    if (a[k] >= 0 && a[k] < 64) used |= 1ull << a[k];
+                }
+            }
+    }
+    runner_set_expert_capture(rc, NULL);
+    runner_set_expert_capture(rg, NULL);
+    int ok = !rc_ && differ == 0 && bad == 0 && n_rows > 0 && __builtin_popcountll(used) > 1;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %s routed experts captured through the CUDA backend vs cpu: prefill %d + %d decode tokens x %d MoE "
+           "layers x top-%d: %d of %d rows differ, %d bad ids, %d experts used%s%s\n", ok ? "ok" : "FAIL", dir,
+           T0 - steps, steps, n_moe, K, differ, n_rows, bad, __builtin_popcountll(used), rc_ ? "; forward failed: " : "",
+           rc_ ? err.msg : "");
+    free(ec); free(eg); free(oc); free(og);
+    runner_kvcache_free(rg, kvg);
+    runner_kvcache_free(rc, kvc);
+    runner_free(rg);
+    runner_free(rc);
+    safetensors_free(ref);
+    model_free(m);
+}
+
 /* The attention kernels of the production shapes at the model level (qwen3_g8_hd128: 8 query
  * heads a KV head at head_dim 128, attention_dec_mma.cu's decode; qwen3_hd64_g4: the vector
  * kernel): the fixture's last sequence (70 tokens, two of attention_mma.cu's 64-position
@@ -786,6 +864,8 @@ int main(void) {
                               "tests/fixtures/llama31"};
         for (size_t i = 0; i < (quick ? 1 : sizeof dirs / sizeof dirs[0]); i++)
             t_model(dirs[i], quick ? 1 : 3, PREC_BF16);
+        t_experts_capture("tests/fixtures/qwen3_moe");
+        if (!quick) t_experts_capture("tests/fixtures/qwen3_moe_nonorm");
         /* weight-only FP8 / NVFP4 (llama31: every linear width a multiple of 16) vs the CPU at the same precision */
         if (!quick) t_model("tests/fixtures/qwen3_moe", 3, PREC_FP8); /* MoE experts at fp8 */
         t_model("tests/fixtures/qwen2", quick ? 1 : 3, PREC_FP8);

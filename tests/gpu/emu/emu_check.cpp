@@ -118,6 +118,17 @@ static void mm_native_ref(Backend *b, float *out, const float *x, int n, const W
  * KV cache dtype of both runners; BF16 / FP8 KV compare with the CPU at the same KV dtype
  * only, decode with the flip bounds (an element within an ulp of a rounding midpoint may
  * round the other way on the two sides; gpu_check.c run_fixture_kv). */
+/* The end of a model-level check: the CPU and CUDA runners with their caches, the reference
+ * file (or NULL) and the model. */
+static void t_pair_free(Runner *rc, KVCache *kvc, Runner *rg, KVCache *kvg, SafeTensors *ref, Model *m) {
+    runner_kvcache_free(rg, kvg);
+    runner_kvcache_free(rc, kvc);
+    runner_free(rg);
+    runner_free(rc);
+    if (ref) safetensors_free(ref);
+    model_free(m);
+}
+
 static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kvt) {
     Err err = {};
     Model *m = NULL;
@@ -308,12 +319,7 @@ static void t_model_kv(const char *dir, int n_decode, Precision prec, KvDtype kv
     }
     free(oc);
     free(og);
-    runner_kvcache_free(rg, kvg);
-    runner_kvcache_free(rc, kvc);
-    runner_free(rg);
-    runner_free(rc);
-    safetensors_free(ref);
-    model_free(m);
+    t_pair_free(rc, kvc, rg, kvg, ref, m);
 }
 
 
@@ -389,12 +395,7 @@ static void t_experts_capture(const char *dir) {
            T0 - steps, steps, n_moe, K, differ, n_rows, bad, __builtin_popcountll(used), rc_ ? "; forward failed: " : "",
            rc_ ? err.msg : "");
     free(ec); free(eg); free(oc); free(og);
-    runner_kvcache_free(rg, kvg);
-    runner_kvcache_free(rc, kvc);
-    runner_free(rg);
-    runner_free(rc);
-    safetensors_free(ref);
-    model_free(m);
+    t_pair_free(rc, kvc, rg, kvg, ref, m);
 }
 
 /* The attention kernels of the production shapes at the model level (qwen3_g8_hd128: 8 query
@@ -498,12 +499,7 @@ static void t_attn_long(const char *dir, KvDtype kvt) {
     runner_kvcache_free(rc, kvc2);
     free(oc);
     free(og);
-    runner_kvcache_free(rg, kvg);
-    runner_kvcache_free(rc, kvc);
-    runner_free(rg);
-    runner_free(rc);
-    safetensors_free(ref);
-    model_free(m);
+    t_pair_free(rc, kvc, rg, kvg, ref, m);
 }
 
 /* An MoE prefill above RUNNER_GRAPH_MAX (256) tokens (issue 18): the routed experts
@@ -583,11 +579,7 @@ static void t_moe_long(const char *dir, Precision prec, int n, int act) {
            (unsigned long long)(pr1 - pr0));
     t_moe_native = NULL;
     free(tok); free(pos); free(seq); free(oc); free(og);
-    runner_kvcache_free(rg, kvg);
-    runner_kvcache_free(rc, kvc);
-    runner_free(rg);
-    runner_free(rc);
-    model_free(m);
+    t_pair_free(rc, kvc, rg, kvg, NULL, m);
 }
 
 /* ---- 3. a CUDA failure while a delta updates the device copy ----

@@ -12,8 +12,8 @@
  *   BENCH_DEVICE=help bench_host        (the keys and their defaults)
  *   python3 bench/gpu_served.py --bin build/bench_host --model models/tiny-qwen3 ...
  *
- * Not a server: its tokens, log-probs and masks are made up (a hash of seed,
- * sample and position; well formed, so every output path runs), and no
+ * Not a server: its tokens, log-probs and masks are made up (the engine's
+ * counter RNG of seed, sample and position, sampling_uniform; well formed, so every output path runs), and no
  * forward pass runs at all. The model directory only supplies the
  * vocabulary, tokenizer, chat template and EOS ids; the device model's
  * shapes (default Qwen3-8B on an H200 at its measured rooflines) are
@@ -36,8 +36,7 @@
  * Each step's device time, from its forward's start to its sampled results,
  * goes where a GPU's goes (runner_backend_count_device: /metrics
  * sampler_device_step_seconds_total), so gpu_served.py reports the same
- * device_busy_share for this and for a GPU; the log at exit says the same
- * over the whole run.
+ * device_busy_share for this and for a GPU; the log at exit gives the total.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -51,6 +50,7 @@
 #include "engine.h"
 #include "log.h"
 #include "runner_backend.h"
+#include "sampling.h"
 
 /* The modeled device (flags below). */
 typedef struct DeviceModel {
@@ -103,9 +103,7 @@ typedef struct FakeDevice {
     int32_t *packed[DEV_SAMPLE_SLOTS];    /* [max_rows, DEV_MASK_WORDS(vocab)] */
     int max_rows;
     atomic_ullong *ns, *calls;
-    /* totals, engine thread only (read at exit) */
-    double busy_s, first_s, last_s;
-    unsigned long long steps, tokens, rows;
+    unsigned long long steps, tokens, rows; /* totals, engine thread only (logged at exit) */
     double fwd_start;     /* when the last forward's device work began */
     double slot_begin[DEV_SAMPLE_SLOTS]; /* when each sampling slot's step began */
     double step_s;        /* device time of the steps sampled on the device, begin to results */
@@ -125,11 +123,8 @@ static void sleep_until(double t) {
 
 /* Queue dt seconds of device work issued now; returns when it ends. */
 static double device_enqueue(FakeDevice *d, double dt) {
-    double t = now_s(), start = d->free_at > t ? d->free_at : t;
-    if (d->steps == 0 && d->busy_s == 0) d->first_s = start;
-    d->free_at = start + dt;
-    d->last_s = d->free_at;
-    d->busy_s += dt;
+    double t = now_s();
+    d->free_at = (d->free_at > t ? d->free_at : t) + dt;
     return d->free_at;
 }
 
@@ -166,15 +161,6 @@ static int fake_forward(void *ctx, const Batch *b, float *logits, Err *err) {
 }
 
 static void fake_copy_block(void *ctx, int src, int dst) { (void)device_enqueue(ctx, 2e-6); }
-
-/* xorshift-multiply hash of (seed, sample, position): the made-up draw. */
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
 
 static int bit_set(const uint64_t *bits, int off, int id) { return off < 0 || ((bits[off + id / 64] >> (id % 64)) & 1); }
 
@@ -219,7 +205,7 @@ static int fake_sample_launch(void *ctx, int n_out, const DevSampleBatch *bt, in
     for (int i = 0; i < bt->n_rows; i++) {
         const DevSampleRow *row = &bt->rows[i];
         DevSampleOut *o = &d->out[slot][i];
-        uint64_t h = mix(row->seed ^ mix(((uint64_t)(uint32_t)row->seq_index << 32) | (uint32_t)row->pos));
+        uint64_t h = (uint64_t)(sampling_uniform(row->seed, (uint64_t)row->seq_index, (uint64_t)row->pos) * 0x1p53);
         o->token = pick_token(d, bt, row, h);
         if (o->token < 0) return ERR(err, 500, "row %d allows no token", i);
         int constrained = row->allow_off >= 0 || row->gram_off >= 0 || row->n_ban > 0;
@@ -333,10 +319,8 @@ Runner *runner_backend_runner(const EngineBackend *be) { return ((const FakeDevi
 void runner_backend_free(EngineBackend *be) {
     FakeDevice *d = be->ctx;
     if (!d) return;
-    double span = d->last_s - d->first_s;
-    log_info("bench_host: device busy %.3f s of the %.3f s from its first work to its last (%.1f%%); %llu steps, "
-             "%llu tokens, %llu sampled rows", d->busy_s, span, span > 0 ? 100 * d->busy_s / span : 0.0, d->steps,
-             d->tokens, d->rows);
+    log_info("bench_host: %.3f s of device time on the steps sampled on the device; %llu steps, %llu tokens, %llu "
+             "sampled rows", d->step_s, d->steps, d->tokens, d->rows);
     for (int k = 0; k < DEV_SAMPLE_SLOTS; k++) {
         free(d->out[k]);
         free(d->packed[k]);

@@ -298,7 +298,7 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     d->ns = ns;
     d->calls = calls;
     (void)graphs;
-    EngineBackend be = {d, fake_forward, fake_copy_block, NULL, NULL, NULL, NULL, NULL};
+    EngineBackend be = {d, fake_forward, fake_copy_block, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) {
         be.sample_launch = fake_sample_launch;
         be.sample_wait = fake_sample_wait;

@@ -117,7 +117,11 @@ typedef struct EngineBackend {
     int (*forward)(void *ctx, const Batch *b, float *logits, Err *err);
     /* Copy all layers' K/V of block src into block dst. */
     void (*copy_block)(void *ctx, int src, int dst);
-    /* experts [n_tokens, n_moe_layers, top_k] int32 for the next forward, or NULL. */
+    /* experts [n_tokens, n_moe_layers, top_k] int32 for the next forward, or
+     * NULL. A forward given a logits buffer returns with them written; one
+     * without (device sampling) may return with them still on their way
+     * (host_alloc memory): they are there once the step's sample_wait or
+     * fetch_logits returned. */
     void (*set_expert_capture)(void *ctx, int32_t *experts);
     /* Optional (NULL: requests naming an adapter are refused): the LoRA slot of
      * each token [n_tokens] of the next forward (-1 the base), or NULL (all base). */
@@ -129,12 +133,18 @@ typedef struct EngineBackend {
      * (< DEV_SAMPLE_SLOTS) and returns (0, or -1 with err: nothing launched),
      * sample_wait blocks until that slot's results are on the host (*out,
      * *packed: the backend's, valid until the slot's next launch), and
-     * fetch_logits copies the logits to the host (the fallback). A forward
+     * fetch_logits copies the logits to the host (the fallback; n_out 0:
+     * returns once every op queued so far ran). A forward
      * whose Batch.n_pending > 0 takes tokens < 0 from the last launch's rows
      * on the device. */
     int (*sample_launch)(void *ctx, int n_out, const struct DevSampleBatch *b, int slot, Err *err);
     int (*sample_wait)(void *ctx, int slot, const struct DevSampleOut **out, const int32_t **packed, Err *err);
     void (*fetch_logits)(void *ctx, float *logits, int n_out);
+    /* Optional (NULL: the engine uses malloc): zeroed host memory the device
+     * writes without staging (pinned: set_expert_capture's buffers), and its
+     * release; start-up and shutdown only. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 } EngineBackend;
 
 typedef struct Engine Engine;

@@ -95,7 +95,7 @@ typedef struct LoraPair {
 #define MOE_MAX_TOPK 32
 typedef struct MoeRouteArgs {
     const float *logits; /* [n, n_experts] f32 router logits (read only) */
-    int32_t *ids;        /* [n, top_k] int32 chosen experts, p descending */
+    int32_t *ids;        /* [n, ids_ld] int32 chosen experts, p descending, in each row's first top_k */
     float *weights;      /* [n, top_k] f32 their routing weights */
     int32_t *offsets;    /* [n_experts + 1] int32: expert e's pairs are [offsets[e], offsets[e + 1]) */
     int32_t *pair_tok;   /* [n * top_k] int32 token of each pair, by expert, tokens ascending */
@@ -103,6 +103,8 @@ typedef struct MoeRouteArgs {
     int32_t *pair_of;    /* [n * top_k] int32 pair index of (t, k): pair_tok[pair_of[t * top_k + k]] == t */
     int32_t *active;     /* [n_experts] int32 experts with pairs, ascending, then -1 */
     int n, n_experts, top_k, norm; /* n_experts <= MOE_MAX_EXPERTS, top_k <= min(MOE_MAX_TOPK, n_experts) */
+    int ids_ld;          /* ids' row stride in int32s, >= top_k; 0: top_k. forward.c writes every MoE layer's
+                          * ids into one [n, n_moe_layers, top_k] array (the routed-expert capture's layout) */
 } MoeRouteArgs;
 
 /* One MoE layer's routed experts as a device op reads them; forward.c uploads
@@ -140,6 +142,16 @@ struct Backend {
     void (*upload)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*download)(Backend *b, void *dst, const void *src, size_t bytes);
     void (*zero)(Backend *b, void *p, size_t bytes);
+    /* Optional (device backends; NULL: download instead): host memory the
+     * device copies into without staging (pinned), zeroed, fatal when it
+     * cannot be had (start-up only), and its release; download_async queues
+     * dst (host_alloc memory) = src (backend memory) behind the ops queued so
+     * far and returns at once: dst holds it once a later wait returned (a
+     * download, sample_wait of a launch queued after it) and must not be read
+     * before. */
+    void *(*host_alloc)(Backend *b, size_t bytes);
+    void (*host_release)(Backend *b, void *p);
+    void (*download_async)(Backend *b, void *dst, const void *src, size_t bytes);
     /* Registered tensor t's host storage changed (a delta; a quantized matrix
      * was re-quantized on the host): refresh its device copy. idx: the touched
      * element indices [n_idx] (elem bytes each), or NULL when every element may

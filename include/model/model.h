@@ -241,8 +241,19 @@ void runner_set_graphs(Runner *r, int on);
 double runner_device_seconds(const Runner *r);
 /* Copy the last step's device logits [n_out, vocab] to the host (no-op on a host backend). */
 void runner_fetch_logits(Runner *r, float *logits, int n_out);
-/* Optional per-step outputs; NULL when not wanted. experts: [n_tokens, n_moe_layers, top_k] int32. */
+/* Routed-expert capture for the next forwards (NULL: none): experts [n_tokens, n_moe_layers, top_k]
+ * int32, each (token, MoE layer) row in routing order. It changes no op of a step (graphs apply as
+ * without it). It holds the step's ids once model_forward returned with a logits buffer (or on a
+ * host backend); a device step without one (logits left on the device) queues their download into
+ * experts behind the step's ops: from runner_host_alloc memory it lands while the host goes on, and
+ * is there once runner_sample_wait of a launch queued after the forward, or runner_fetch_logits,
+ * returned; from other memory the forward waits for it. */
 void runner_set_expert_capture(Runner *r, int32_t *experts);
+/* Host memory a device copies into without staging (pinned on a device backend, where available;
+ * plain memory otherwise), zeroed; fatal when it cannot be had (start-up only). runner_host_free
+ * releases it (NULL: nothing). */
+void *runner_host_alloc(Runner *r, size_t bytes);
+void runner_host_free(Runner *r, void *p);
 /* LoRA adapter slot per token of the next forwards (lora.h: runner_set_lora):
  * lora [n_tokens of each batch] int32, -1 the base model; NULL (default):
  * every token is the base model. The caller keeps it valid and in step with

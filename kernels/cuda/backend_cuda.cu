@@ -177,6 +177,25 @@ static void cu_download(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx(b)->stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
 }
+/* Pinned host memory (Backend.host_alloc): a download into it is a DMA the
+ * host need not wait for (into pageable memory cudaMemcpyAsync returns only
+ * once the copy is done). */
+static void *cu_host_alloc(Backend *b, size_t n) {
+    (void)b;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, n ? n : 1);
+    CHECK(e == cudaSuccess, "cudaMallocHost of %zu MiB failed: %s\n  fix: lower --max-num-batched-tokens", n >> 20,
+          cudaGetErrorString(e));
+    memset(p, 0, n);
+    return p;
+}
+static void cu_host_release(Backend *b, void *p) {
+    CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream)); /* no copy into it is still queued */
+    CUDA_CHECK(cudaFreeHost(p));
+}
+static void cu_download_async(Backend *b, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx(b)->stream));
+}
 static void cu_zero(Backend *b, void *p, size_t n) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
@@ -841,6 +860,9 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->release = cu_release;
     b->upload = cu_upload;
     b->download = cu_download;
+    b->host_alloc = cu_host_alloc;
+    b->host_release = cu_host_release;
+    b->download_async = cu_download_async;
     b->zero = cu_zero;
     b->copy = cu_copy;
     b->weights_changed = cu_weights_changed;

@@ -1,7 +1,7 @@
 /*
  * moe_route.cu - MoE routing on the device (Backend.moe_route of the CUDA
  * backend; backend.h MoeRouteArgs): router logits [n, E] f32 -> top-k expert
- * ids and weights, then the (token, k) pairs counting-sorted by expert
+ * ids (rows of ids_ld) and weights, then the (token, k) pairs counting-sorted by expert
  * (offsets, pair lists, the inverse permutation, the active experts). One
  * launch up to MR_FUSED_MAX tokens, two above, sized by n only, so a decode
  * step of a MoE model needs no host read and can be captured in a graph.
@@ -75,7 +75,7 @@ static __device__ __forceinline__ void topk_warp(const MoeRouteArgs &a, int t, i
         wsum += bv; /* in k order, as the CPU */
     }
     if (lane < K) {
-        a.ids[(size_t)t * K + lane] = my_id;
+        a.ids[(size_t)t * a.ids_ld + lane] = my_id;
         a.weights[(size_t)t * K + lane] = a.norm ? my_w / wsum : my_w;
     }
 }
@@ -85,11 +85,15 @@ __global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a)
     if (t < a.n) topk_warp(a, t, threadIdx.x & 31); /* whole warps: no block barrier */
 }
 
-/* ids[c0, c0 + m) into shared sid by the whole block, barriers on both sides
- * (the previous chunk's readers are done; this chunk is complete). */
+/* Pairs [c0, c0 + m) in (token, k) order (pair g: ids[g / top_k][g % top_k])
+ * into shared sid by the whole block, barriers on both sides (the previous
+ * chunk's readers are done; this chunk is complete). */
 static __device__ __forceinline__ void stage_ids(int32_t *sid, const MoeRouteArgs &a, int c0, int m) {
     __syncthreads();
-    for (int i = threadIdx.x; i < m; i += blockDim.x) sid[i] = a.ids[c0 + i];
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        int g = c0 + i;
+        sid[i] = a.ids[(size_t)(g / a.top_k) * a.ids_ld + g % a.top_k];
+    }
     __syncthreads();
 }
 
@@ -147,21 +151,24 @@ __global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArg
     perm_block(a);
 }
 
-extern "C" int cuda_moe_route(const MoeRouteArgs *a, void *stream) {
-    if (!a || a->n < 0 || a->n_experts < 1 || a->n_experts > MOE_MAX_EXPERTS || a->top_k < 1 ||
-        a->top_k > MOE_MAX_TOPK || a->top_k > a->n_experts || !a->logits || !a->ids || !a->weights ||
-        !a->offsets || !a->pair_tok || !a->pair_w || !a->pair_of || !a->active)
+extern "C" int cuda_moe_route(const MoeRouteArgs *args, void *stream) {
+    if (!args || args->n < 0 || args->n_experts < 1 || args->n_experts > MOE_MAX_EXPERTS || args->top_k < 1 ||
+        args->top_k > MOE_MAX_TOPK || args->top_k > args->n_experts || !args->logits || !args->ids ||
+        !args->weights || !args->offsets || !args->pair_tok || !args->pair_w || !args->pair_of || !args->active ||
+        (args->ids_ld && args->ids_ld < args->top_k))
         return -1;
-    if (a->n == 0) return 0;
+    if (args->n == 0) return 0;
+    MoeRouteArgs a = *args;
+    if (!a.ids_ld) a.ids_ld = a.top_k;
     cudaStream_t s = (cudaStream_t)stream;
-    if (a->n <= MR_FUSED_MAX) {
-        moe_route_fused_kernel<<<1, MP_THREADS, 0, s>>>(*a);
+    if (a.n <= MR_FUSED_MAX) {
+        moe_route_fused_kernel<<<1, MP_THREADS, 0, s>>>(a);
         CUDA_CHECK_LAUNCH();
         return 0;
     }
-    moe_topk_kernel<<<(a->n + MR_WARPS - 1) / MR_WARPS, MR_WARPS * 32, 0, s>>>(*a);
+    moe_topk_kernel<<<(a.n + MR_WARPS - 1) / MR_WARPS, MR_WARPS * 32, 0, s>>>(a);
     CUDA_CHECK_LAUNCH();
-    moe_perm_kernel<<<1, MP_THREADS, 0, s>>>(*a);
+    moe_perm_kernel<<<1, MP_THREADS, 0, s>>>(a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

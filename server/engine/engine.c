@@ -230,7 +230,11 @@ static void engine_start(Engine *e) {
     e->wake_stamp = 1;
     e->rows_cap = c->max_running_seqs + c->max_prompt_logprob_rows;
     e->logits = xmalloc((size_t)e->rows_cap * e->mc.vocab * sizeof(float));
-    if (e->E) e->experts_buf = xcalloc((size_t)c->max_batched_tokens * e->E, sizeof(int32_t));
+    for (int k = 0; k < 2 && e->E; k++) { /* a device backend's capture lands in them while the host goes on */
+        size_t bytes = (size_t)c->max_batched_tokens * e->E * sizeof(int32_t);
+        e->steps[k].experts = e->be.host_alloc ? e->be.host_alloc(e->be.ctx, bytes) : xcalloc(1, bytes);
+        e->steps[k].pexp = xcalloc(c->max_running_seqs, sizeof(PexpJob));
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->mmu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -287,7 +291,12 @@ void engine_free(Engine *e) {
     free(e->steps[0].jobs); free(e->steps[1].jobs);
     engine_devsample_free(e);
     threadpool_free(e->stp);
-    free(e->logits); free(e->experts_buf);
+    free(e->logits);
+    for (int k = 0; k < 2; k++) {
+        if (e->be.host_alloc) e->be.host_free(e->be.ctx, e->steps[k].experts);
+        else free(e->steps[k].experts);
+        free(e->steps[k].pexp);
+    }
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->mmu);
     pthread_cond_destroy(&e->cv);

@@ -120,6 +120,13 @@ typedef struct SampleJob {
     int held;                 /* 1: q->tokens[pos] holds the placeholder -1 - dev_row (async scheduling) */
 } SampleJob;
 
+/* Prompt tokens [pos0, pos0 + n) of q whose routed experts a step captured, at
+ * its token rows tok0.. (the request's prompt experts, written at step_end). */
+typedef struct PexpJob {
+    Seq *q;                   /* NULL: its sequence finished while the step ran */
+    int pos0, n, tok0;
+} PexpJob;
+
 /* One step from its launch to its end (engine_step.c). With async
  * scheduling the engine keeps at most one step in flight between two calls
  * of engine_step: its forward and device sampling queued, its records not yet
@@ -127,6 +134,13 @@ typedef struct SampleJob {
 typedef struct EngineStep {
     SampleJob *jobs;          /* [max_running_seqs] the rows it samples */
     int n_jobs;
+    int32_t *experts;         /* [max_batched_tokens, E] the routed experts of its tokens when it captures them
+                               * (EngineBackend.host_alloc memory, the device may still be writing it until
+                               * the step's results are waited for); NULL when E == 0 */
+    PexpJob *pexp;            /* [max_running_seqs] the prompt experts it captured */
+    int n_pexp;
+    int capture;              /* it captures routed experts (into experts) */
+    int on_host;              /* its logits came to the host: every op of it has run (else a wait must come first) */
     int live;                 /* launched, not ended */
     int slot;                 /* device sampling slot of its launch (< DEV_SAMPLE_SLOTS) */
     int on_dev;               /* its rows were launched on the device */
@@ -158,7 +172,6 @@ struct Engine {
     int async;                /* async scheduling is on (cfg.async_scheduling resolved with e->dev) */
     float *logits;            /* [rows_cap, vocab] f32 */
     int rows_cap;
-    int32_t *experts_buf;     /* [max_batched, E] */
     int n_moe, E;
     pthread_t thr;
     /* under mu */

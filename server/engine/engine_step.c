@@ -28,11 +28,16 @@
  *     orders before any later use;
  *   - a full block holding a placeholder is registered in the prefix cache
  *     only after the token is known (scheduler.c);
- *   - steps that need the host (prompt log-probs, the logits tap, routed
- *     experts, host sampling) end the step in flight before they run and are
- *     never left in flight; so do weight updates and every command other
- *     than a submission or an abort (engine_control.c), so a record's
- *     weight version is that of the weights that computed it.
+ *   - steps that need the host (prompt log-probs, the logits tap, host
+ *     sampling) end the step in flight before they run and are never left in
+ *     flight; so do weight updates and every command other than a submission
+ *     or an abort (engine_control.c), so a record's weight version is that of
+ *     the weights that computed it;
+ *   - routed experts (return_routed_experts) do not need the host: the
+ *     device copies a step's into that step's own buffer (EngineStep.experts,
+ *     pinned) behind its ops, read when the step ends, after its wait; its
+ *     prompt experts too (PexpJob, by then the sequence's plan is the next
+ *     step's).
  *
  * Engine thread only, except the record tasks (sample_task, sample_dev_task,
  * plp_task), which run on the sampling threads and touch only their own
@@ -395,8 +400,9 @@ static void plp_task(void *ctx, int k, int thread) {
                                          N ? r->ptop_lp + (size_t)(pos + 1) * N : NULL, &r->prank[pos + 1]);
 }
 
-/* Prompt log-probs and prompt experts for the rows/tokens of q's chunk. */
-static void prompt_outputs(Engine *e, Seq *q) {
+/* Prompt log-probs for the rows of q's chunk; its prompt experts are noted in
+ * st, written when st ends (prompt_experts: a device may still be copying them). */
+static void prompt_outputs(Engine *e, EngineStep *st, Seq *q) {
     EngineRequest *r = q->req;
     int published = 0;
     if (q->rows_all && q->plan_rows > 0) {
@@ -407,22 +413,36 @@ static void prompt_outputs(Engine *e, Seq *q) {
         if (last + 1 > r->plp_pub) published = last + 1;
         if (q->plan_start + q->plan_n >= q->n_prompt) q->rows_all = 0;
     }
-    int pe = 0;
-    if (r->pexp && q->index == 0) {
-        for (int k = 0; k < q->plan_n; k++) {
-            int pos = q->plan_start + k;
-            if (pos >= q->n_prompt - 1 || pos < r->pexp_pub) continue;
-            memcpy(r->pexp + (size_t)pos * e->E, e->experts_buf + (size_t)(q->plan_tok0 + k) * e->E,
+    if (r->pexp && q->index == 0 && q->plan_start < q->n_prompt - 1)
+        st->pexp[st->n_pexp++] = (PexpJob){ q, q->plan_start, q->plan_n, q->plan_tok0 };
+    if (published) {
+        pthread_mutex_lock(&r->mu);
+        ASSERT(published >= r->plp_pub, "published prompt log-probs went back");
+        r->plp_pub = published;
+        engine_request_publish(r);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* The prompt experts st captured (its results are on the host), in the
+ * requests' storage, published. */
+static void prompt_experts(Engine *e, EngineStep *st) {
+    for (int i = 0; i < st->n_pexp; i++) {
+        const PexpJob *j = &st->pexp[i];
+        if (!j->q) continue;
+        EngineRequest *r = j->q->req;
+        int pe = 0;
+        for (int k = 0; k < j->n; k++) {
+            int pos = j->pos0 + k;
+            if (pos >= j->q->n_prompt - 1 || pos < r->pexp_pub) continue;
+            memcpy(r->pexp + (size_t)pos * e->E, st->experts + (size_t)(j->tok0 + k) * e->E,
                    (size_t)e->E * sizeof(int32_t));
             pe = pos + 1;
         }
-    }
-    if (published || pe) {
+        if (!pe) continue;
         pthread_mutex_lock(&r->mu);
-        ASSERT((!published || published >= r->plp_pub) && (!pe || pe >= r->pexp_pub),
-               "published prompt outputs went back");
-        if (published) r->plp_pub = published;
-        if (pe) r->pexp_pub = pe;
+        ASSERT(pe >= r->pexp_pub, "published prompt experts went back");
+        r->pexp_pub = pe;
         engine_request_publish(r);
         pthread_mutex_unlock(&r->mu);
     }
@@ -481,8 +501,11 @@ static void step_end(Engine *e, EngineStep *st) {
             return; /* their aborts, queued, end the sequences (and forget their rows) at the next boundary */
         }
         rc.bt = dev_sample_builder_batch(e->dev->b[st->slot]);
+    } else if (st->capture && !st->on_host) {
+        e->be.fetch_logits(e->be.ctx, e->logits, 0); /* nothing waited for its ops: their experts' copy */
     }
     phase_to(e, &e->st.device);
+    prompt_experts(e, st);
     /* rows are independent: records in parallel, then commit in order */
     TaskFn fn = st->on_dev ? sample_dev_task : sample_task;
     if (st->n_jobs == 1) fn(&rc, 0, 0);
@@ -510,6 +533,8 @@ void engine_step_forget(Engine *e, const Seq *q) {
         if (!st->live) continue;
         for (int i = 0; i < st->n_jobs; i++)
             if (st->jobs[i].q == q) st->jobs[i].q = NULL;
+        for (int i = 0; i < st->n_pexp; i++)
+            if (st->pexp[i].q == q) st->pexp[i].q = NULL;
     }
 }
 
@@ -541,8 +566,9 @@ int engine_step(Engine *e) {
     }
     /* device sampling: the logits stay on the device unless a fallback fetches them */
     int dev = step_on_device(e, s);
-    /* a step that needs the host ends the one in flight first, and does not stay in flight itself */
-    int keep = e->async && dev && !want_exp;
+    /* a step that needs the host ends the one in flight first, and does not stay in flight itself;
+     * routed experts do not: they come back with the step's sampled results */
+    int keep = e->async && dev;
     if (fl->live && !keep) {
         step_end(e, fl);
         batch_take_tokens(s);
@@ -550,7 +576,7 @@ int engine_step(Engine *e) {
     int pending = fl->live ? fl->n_dev_rows : 0;
     Batch b = { .n_tokens = s->n_tok, .tokens = s->tok, .n_pending = pending, .pos = s->pos, .seq = s->seqi,
                 .n_seqs = s->n_sched, .block_table = s->tables, .n_out = s->n_out, .out_rows = s->out_rows };
-    if (e->be.set_expert_capture) e->be.set_expert_capture(e->be.ctx, want_exp ? e->experts_buf : NULL);
+    if (e->be.set_expert_capture) e->be.set_expert_capture(e->be.ctx, want_exp ? st->experts : NULL);
     if (e->be.set_lora_tokens) e->be.set_lora_tokens(e->be.ctx, lora ? s->lora : NULL);
     Err err = { 0 };
     st->prefill = 0;
@@ -576,14 +602,17 @@ int engine_step(Engine *e) {
     st->n_jobs = 0;
     st->on_dev = 0;
     st->n_dev_rows = 0;
+    st->n_pexp = 0;
+    st->capture = want_exp;
+    st->on_host = !dev;
     st->t_plan = t_plan;
     for (int i = 0; i < n_sched; i++) {
         Seq *q = s->sched[i];
         if (q->state != SEQ_RUNNING) continue; /* its request was aborted in this loop */
-        prompt_outputs(e, q);
+        prompt_outputs(e, st, q);
         if (q->plan_sample_row < 0) continue;
         const float *row = e->logits + (size_t)q->plan_sample_row * e->mc.vocab;
-        const int32_t *xrow = want_exp ? e->experts_buf + (size_t)(q->plan_tok0 + q->plan_n - 1) * e->E : NULL;
+        const int32_t *xrow = want_exp ? st->experts + (size_t)(q->plan_tok0 + q->plan_n - 1) * e->E : NULL;
         EngineRequest *r = q->req;
         int fork = q->index == 0 && r->n > 1 && q->n_tokens == q->n_prompt;
         if (fork) {
@@ -615,6 +644,7 @@ int engine_step(Engine *e) {
             keep = 0;
             if (fl->live) step_end(e, fl); /* the host's sampling reads the history */
             e->be.fetch_logits(e->be.ctx, e->logits, b.n_out);
+            st->on_host = 1;
         }
         phase_to(e, &e->st.device);
     } else if (fl->live) {

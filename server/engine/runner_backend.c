@@ -41,6 +41,9 @@ static void copy_block(void *ctx, int src, int dst) {
 
 static void set_capture(void *ctx, int32_t *experts) { runner_set_expert_capture(((RunnerBackend *)ctx)->r, experts); }
 
+static void *host_alloc(void *ctx, size_t bytes) { return runner_host_alloc(((RunnerBackend *)ctx)->r, bytes); }
+static void host_free(void *ctx, void *p) { runner_host_free(((RunnerBackend *)ctx)->r, p); }
+
 static void set_lora(void *ctx, const int32_t *lora) { runner_set_lora_tokens(((RunnerBackend *)ctx)->r, lora); }
 
 static int sample_launch(void *ctx, int n_out, const DevSampleBatch *b, int slot, Err *err) {
@@ -68,7 +71,7 @@ EngineBackend runner_backend_create(Model *m, Runner *r, EngineConfig *c, atomic
     t->ns = ns;
     t->calls = calls;
     t->graphs = graphs;
-    EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL, NULL};
+    EngineBackend be = {t, forward, copy_block, set_capture, set_lora, NULL, NULL, NULL, host_alloc, host_free};
     if (c->device_sampling != ENGINE_DEVSAMPLE_OFF) { /* a device backend with the op: reserve its caps */
         DevSampleCaps caps;
         Err err = {0};

@@ -47,7 +47,9 @@ struct Runner {
     float *logits;           /* [T, vocab] (device backends only) */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_rows; /* [T] */
     /* MoE routing (Backend.moe_route's outputs; backend.h MoeRouteArgs) */
-    int32_t *mr_ids, *mr_tok, *mr_of; /* [T * top_k] */
+    int32_t *mr_ids;         /* [T, n_moe, top_k] every MoE layer's chosen experts (MoeRouteArgs.ids_ld =
+                              * n_moe * top_k), the capture's layout: a step's routing is one download */
+    int32_t *mr_tok, *mr_of; /* [T * top_k] */
     float *mr_w, *mr_pw;     /* [T * top_k] */
     int32_t *mr_off;         /* [n_experts + 1] */
     int32_t *mr_active;      /* [n_experts] */
@@ -56,7 +58,7 @@ struct Runner {
     int32_t *d_bt;           /* [T, bt_stride] */
     /* host memory */
     float *inv_freq;         /* [head_dim / 2] */
-    int32_t *h_ids, *h_tok;  /* [T * top_k] host copies of mr_ids / mr_tok (the same on host backends) */
+    int32_t *h_tok;          /* [T * top_k] host copy of mr_tok (the same on host backends) */
     int32_t *h_off;          /* [n_experts + 1] host copy of mr_off */
     int n_moe;               /* MoE layers of the model */
     int moe_rows;            /* steps of up to this many tokens run moe_mlp: max_tokens, or 0 (never) */
@@ -82,7 +84,7 @@ struct Runner {
     int last_graph;          /* runner_last_graph: how the last model_forward ran (0, 1, 2) */
     int sample_rows;         /* rows of the last device sampling launch (Batch.n_pending's bound) */
     float *h_logits_out;     /* host backends: this step's logits [n_out, vocab] (the caller's) */
-    int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] */
+    int32_t *experts;        /* optional capture [T, n_moe_layers, top_k] (runner_set_expert_capture) */
     /* LoRA (lora.h): the adapter in each slot; this step's per-token slots (NULL when no
      * token of the step has an adapter: the base path, untouched); per-row pairs of one linear */
     const LoraAdapter *lora[RUNNER_MAX_LORAS];
@@ -334,14 +336,13 @@ Runner *runner_create_with(Model *m, Backend *b, int max_tokens, int max_ctx) {
     if (c->n_experts) {
         size_t NK = T * c->top_k, rows = T > TG ? T : TG; /* TG: 0 without moe_mlp */
         r->router = BALLOC(T * c->n_experts, float);
-        r->mr_ids = BALLOC(NK, int32_t);
+        r->mr_ids = BALLOC(NK * (r->n_moe ? r->n_moe : 1), int32_t);
         r->mr_tok = BALLOC(NK, int32_t);
         r->mr_of = BALLOC(NK, int32_t);
         r->mr_w = BALLOC(NK, float);
         r->mr_pw = BALLOC(NK, float);
         r->mr_off = BALLOC(c->n_experts + 1, int32_t);
         r->mr_active = BALLOC(c->n_experts, int32_t);
-        r->h_ids = b->host ? r->mr_ids : xcalloc(NK, sizeof(int32_t));
         r->h_tok = b->host ? r->mr_tok : xcalloc(NK, sizeof(int32_t));
         r->h_off = b->host ? r->mr_off : xcalloc(c->n_experts + 1, sizeof(int32_t));
         r->xg = BALLOC(rows * H, float);
@@ -362,7 +363,6 @@ void runner_free(Runner *r) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->release(b, dev[i]);
     if (!b->host) {
-        free(r->h_ids);
         free(r->h_tok);
         free(r->h_off);
     }
@@ -679,17 +679,11 @@ static void moe_mlp(Runner *r, int l, int n) {
     Backend *be = r->b;
     int H = c->hidden, K = c->top_k, E = c->n_experts, NK = n * K;
     be->matmul(be, r->router, r->xn, n, &w->router, NULL);
-    MoeRouteArgs ra = {.logits = r->router, .ids = r->mr_ids, .weights = r->mr_w, .offsets = r->mr_off,
-                       .pair_tok = r->mr_tok, .pair_w = r->mr_pw, .pair_of = r->mr_of, .active = r->mr_active,
-                       .n = n, .n_experts = E, .top_k = K, .norm = c->norm_topk_prob};
+    MoeRouteArgs ra = {.logits = r->router, .ids = r->mr_ids + (size_t)model_moe_index(c, l) * K,
+                       .weights = r->mr_w, .offsets = r->mr_off, .pair_tok = r->mr_tok, .pair_w = r->mr_pw,
+                       .pair_of = r->mr_of, .active = r->mr_active, .n = n, .n_experts = E, .top_k = K,
+                       .norm = c->norm_topk_prob, .ids_ld = r->n_moe * K};
     be->moe_route(be, &ra);
-    if (r->experts) {
-        int moe_layer = model_moe_index(c, l);
-        const int32_t *ids = from_backend(r, r->h_ids, r->mr_ids, sizeof(int32_t) * (size_t)NK);
-        for (int t = 0; t < n; t++)
-            memcpy(r->experts + ((size_t)t * r->n_moe + moe_layer) * K, ids + (size_t)t * K,
-                   sizeof(int32_t) * (size_t)K);
-    }
     if (n <= r->moe_rows && !r->tok_lora) {
         MoeMlpArgs ma = {.out = r->tmp, .x = r->xn, .route = &ra, .ex = moe_experts(r, l), .xg = r->xg,
                          .yg = r->xg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};
@@ -764,7 +758,10 @@ static void forward_ops(Runner *r, KVCache *kv, const Step *st, int n, int n_out
 }
 
 /* Whether steps may run as graphs here: a backend with graphs, no failed
- * capture, not --enforce-eager, MoE experts grouped on the device. */
+ * capture, not --enforce-eager, MoE experts grouped on the device. A routed-
+ * expert capture changes no op of the step (moe_route writes every layer's
+ * ids into mr_ids either way; model_forward downloads them after the ops), so
+ * capturing steps replay the same graphs. */
 static int graphs_apply(const Runner *r) {
     return r->b->graph_begin && !r->graphs_off && !r->graphs_eager && (!r->m->cfg.n_experts || r->moe_rows);
 }
@@ -776,7 +773,7 @@ static int graphs_apply(const Runner *r) {
  * only when moe_mlp takes their experts (no host read of the routing). */
 static int graph_eligible(const Runner *r, const Batch *b) {
     return graphs_apply(r) && b->n_tokens == b->n_seqs &&
-           b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->experts && !r->tok_lora;
+           b->n_out == b->n_tokens && b->n_tokens <= RUNNER_GRAPH_MAX && !r->tok_lora;
 }
 
 static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
@@ -811,8 +808,8 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
 
 /* Piecewise graphs (vLLM's piecewise CUDA graphs): any other step of n <=
  * RUNNER_PIECE_MAX tokens (prefill chunks, mixed prefill + decode, decode
- * beyond RUNNER_GRAPH_MAX) on a graph-capable backend, without LoRA or expert
- * capture, MoE models when moe_mlp takes their experts. The step is padded to its
+ * beyond RUNNER_GRAPH_MAX) on a graph-capable backend, without LoRA, MoE
+ * models when moe_mlp takes their experts. The step is padded to its
  * bucket's N tokens: the segments (segment_ops, the K/V writes included) run
  * as graphs of N tokens, attn_core and tail_ops eagerly on the real n tokens
  * and n_out rows (their launch shapes depend on the positions and sequences).
@@ -825,7 +822,7 @@ static void forward_graph(Runner *r, KVCache *kv, const Step *st, int n) {
  * Returns the bucket index and N, or -1: eager. */
 static int piece_bucket(const Runner *r, const Batch *b, int *N) {
     int n = b->n_tokens, idx, pad;
-    if (!graphs_apply(r) || r->experts || r->tok_lora || n > RUNNER_PIECE_MAX) return -1;
+    if (!graphs_apply(r) || r->tok_lora || n > RUNNER_PIECE_MAX) return -1;
     if (n <= 8) idx = n - 1, pad = n;
     else if (n <= 256) idx = 8 + (n + 7) / 8 - 2, pad = (n + 7) / 8 * 8;
     else idx = 39 + (n + 15) / 16 - 17, pad = (n + 15) / 16 * 16;
@@ -897,8 +894,26 @@ int model_forward(Runner *r, KVCache *kv, const Batch *b, float *logits, Err *er
     else if (piece >= 0) forward_pieces(r, kv, &st, b->n_tokens, N, piece, b->n_out);
     else forward_ops(r, kv, &st, b->n_tokens, b->n_out);
     ASSERT(logits || !be->host, "model_forward: a host backend needs a logits buffer");
+    if (r->experts && r->n_moe) { /* rows [0, n) of mr_ids: the capture's layout (padded rows beyond) */
+        size_t bytes = sizeof(int32_t) * (size_t)b->n_tokens * r->n_moe * c->top_k;
+        if (be->host) memcpy(r->experts, r->mr_ids, bytes);
+        else if (be->download_async && logits == NULL) be->download_async(be, r->experts, r->mr_ids, bytes);
+        else be->download(be, r->experts, r->mr_ids, bytes);
+    }
     if (!be->host && logits) be->download(be, logits, r->logits, sizeof(float) * (size_t)b->n_out * c->vocab);
     return 0;
+}
+
+void *runner_host_alloc(Runner *r, size_t bytes) {
+    Backend *b = r->b;
+    return b->host_alloc && !b->host ? b->host_alloc(b, bytes) : xcalloc(1, bytes ? bytes : 1);
+}
+
+void runner_host_free(Runner *r, void *p) {
+    Backend *b = r->b;
+    if (!p) return;
+    if (b->host_alloc && !b->host) b->host_release(b, p);
+    else free(p);
 }
 
 /* ---- device sampling over the last step's logits (model.h) ---- */

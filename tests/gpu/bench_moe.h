@@ -116,6 +116,7 @@ static void bench_moe(void) {
     for (int i = 0; i < n_blocks; i++) tables[i] = i;
     float *logits = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
+    int32_t *capture = (int32_t *)runner_host_alloc(r, sizeof(int32_t) * (size_t)max_b * c->n_layers * c->top_k);
     const int batches[] = {1, 64};
     for (int i = 0; i < 2; i++) {
         double touched = moe_touched(r, kv, c, batches[i], logits, tables, bps);
@@ -123,7 +124,13 @@ static void bench_moe(void) {
         printf("  moe30b batch %d: %.1f experts per layer touched, %.2f GB of weights per step\n", batches[i],
                touched / c->n_layers, bytes / 1e9);
         bench_decode(r, kv, c, batches[i], bytes, logits, tables, bps, "moe30b");
+        /* the same steps capturing every layer's routed experts (return_routed_experts, routing
+         * replay): the same graphs, one more copy a step (it ran eagerly, a host wait per layer, before) */
+        runner_set_expert_capture(r, capture);
+        bench_decode(r, kv, c, batches[i], bytes, logits, tables, bps, "moe30b_experts");
+        runner_set_expert_capture(r, NULL);
     }
+    runner_host_free(r, capture);
     CUDA_CHECK(cudaFreeHost(logits));
     free(tables);
     runner_kvcache_free(r, kv);
@@ -211,7 +218,7 @@ static void moe_bench_io_create(MoeBenchIo *io, const void **tab, int N, int E, 
     io->ra = (MoeRouteArgs){dlg, moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * NK),
                             moe_bench_alloc(io, 4 * (E + 1)), moe_bench_alloc(io, 4 * NK),
                             moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * NK), moe_bench_alloc(io, 4 * E),
-                            N, E, K, 1};
+                            N, E, K, 1, 0};
     b->moe_route(b, &io->ra);
     free(lg);
     free(x);

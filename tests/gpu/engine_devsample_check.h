@@ -28,6 +28,8 @@
  * runner_backend_count_device's counter as the server's /metrics reads it):
  * more than 0 and at most the run's wall time on the device runs (sync and
  * async), 0 on the host run.
+ * engine_experts_check: routed experts captured by steps left in flight
+ * (its own header below).
  * The includer provides n_pass / n_fail (op_checks.h).
  */
 #ifndef SAMPLER_ENGINE_DEVSAMPLE_CHECK_H
@@ -288,10 +290,25 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             ok &= engine_request_done(all[k]) && !engine_request_failed(all[k], &err);
             engine_request_release(all[k]);
         }
+        /* two 10-token prompts one after the other, nothing else running: two prefill steps of the same
+         * bucket, so the piecewise graphs are used whatever the timing above (the first runs eagerly,
+         * the second captures) */
+        for (int k = 0; k < 2 && ok; k++) {
+            EngineRequest *w = NULL;
+            static int32_t fresh[10]; /* no block of it is cached: the whole prompt is computed */
+            for (int i = 0; i < 10; i++) fresh[i] = (int32_t)(5 + (i * 13 + k * 211 + 97) % (m->cfg.vocab - 5));
+            eds_params(&p, 3, fresh, 10);
+            p.sampling.max_tokens = 2;
+            ok &= engine_submit(e, &p, &w, &err) == 0;
+            seen = 0;
+            for (int i = 0; ok && i < 18000 && !engine_request_done(w); i++) engine_request_wait(w, &seen, 100);
+            ok &= w && engine_request_done(w) && !engine_request_failed(w, &err);
+            if (w) engine_request_release(w);
+        }
         ok ? n_pass++ : n_fail++;
         printf("  %-4s engine with async scheduling: a request released after its first token, then one that "
-               "finishes cleanly; sequences ending on stop ids beside a prompt log-prob request\n",
-               ok ? "ok" : "FAIL");
+               "finishes cleanly; sequences ending on stop ids beside a prompt log-prob request; two prefills "
+               "alone\n", ok ? "ok" : "FAIL");
     }
     engine_metrics(e, met);
     {   /* the device's time on its steps: measured on the device runs, within the run's wall time */
@@ -381,6 +398,163 @@ static void engine_devsample_check(const char *dir) {
     printf("  %-4s %s engine, device sampling without async scheduling vs the host: %d tokens compared, %d differ, "
            "%llu steps overlapped\n", ok ? "ok" : "FAIL", dir, tokens_sync, bad_sync,
            (unsigned long long)msync.async_steps);
+}
+
+/* Routed experts (return_routed_experts) with device sampling and async
+ * scheduling, against the host-sampled run of the same device forwards: an
+ * MoE fixture serves, submitted while paused, a 30-token prompt (prefilled in
+ * chunks of max_batched_tokens 16: a chunk with no row to sample, then one
+ * with), an n = 2 request and one without experts; every generated token's
+ * experts and every prompt position's must be equal, in range, and the
+ * capturing steps must have stayed in flight (EngineMetrics.async_steps) and
+ * run through graphs: the device copies the ids behind the step's ops into
+ * the step's own pinned buffer, read after the step's wait (the emulation
+ * lands such a copy only at that wait, and poisons it until then). */
+#define EEX_REQS 3
+#define EEX_MAX (64 * 64)
+typedef struct EexOut {
+    int n_tok[EEX_REQS][2], n_pexp[EEX_REQS];
+    int32_t tok[EEX_REQS][2][EDS_MAX_TOK];
+    int32_t *gen[EEX_REQS][2]; /* [EDS_MAX_TOK * E] */
+    int32_t *pexp[EEX_REQS];   /* [32 * E] */
+    EngineMetrics met;
+    uint64_t graph_steps;
+    int E;
+} EexOut;
+
+static int eex_run(const char *dir, int mode, int async, EexOut *o) {
+    Err err = {0};
+    Model *m = NULL;
+    if (model_load(&m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
+    EngineConfig c;
+    engine_config_default(&c);
+    c.max_running_seqs = 8;
+    c.max_batched_tokens = 16;
+    c.max_model_len = 64;
+    c.n_blocks = 64;
+    c.block_size = 4;
+    c.n_threads = 2;
+    c.verbose = 0;
+    c.device_sampling = mode;
+    c.async_scheduling = async;
+    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
+    Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
+    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL, NULL);
+    Engine *e = engine_create(&m->cfg, &be, &c);
+    int E = engine_experts_per_token(e), rc = E > 0 ? 0 : -1;
+    o->E = E;
+    static int32_t prompts[EEX_REQS][30];
+    int np[EEX_REQS] = {30, 7, 5};
+    EngineRequest *req[EEX_REQS];
+    if (engine_pause(e, PAUSE_KEEP, &err)) { printf("  FAIL pause: %s\n", err.msg); rc = -1; }
+    for (int k = 0; k < EEX_REQS; k++) {
+        for (int i = 0; i < np[k]; i++) prompts[k][i] = (int32_t)(3 + (i * 53 + k * 71) % (m->cfg.vocab - 3));
+        EngineRequestParams p;
+        engine_request_params_default(&p);
+        p.prompt = prompts[k];
+        p.n_prompt = np[k];
+        p.n = k == 1 ? 2 : 1;
+        p.want_experts = k < 2;
+        p.sampling.max_tokens = getenv("EMU_QUICK") ? EDS_MAX_TOK / 2 : EDS_MAX_TOK;
+        p.sampling.ignore_eos = 1;
+        p.sampling.has_seed = 1;
+        p.sampling.seed = 77 + (uint64_t)k;
+        p.sampling.temperature = k == 0 ? 0.0f : 1.0f;
+        if (engine_submit(e, &p, &req[k], &err)) { printf("  FAIL submit %d: %s\n", k, err.msg); rc = -1; req[k] = NULL; }
+    }
+    engine_resume(e);
+    for (int k = 0; k < EEX_REQS; k++) {
+        if (!req[k]) continue;
+        uint64_t seen = 0;
+        for (int i = 0; i < 18000 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
+        if (!engine_request_done(req[k]) || engine_request_failed(req[k], &err)) {
+            printf("  FAIL request %d did not finish cleanly\n", k);
+            rc = -1;
+        }
+        const int32_t *pe = NULL;
+        int npe = E ? engine_request_prompt_experts(req[k], &pe) : 0;
+        o->n_pexp[k] = npe;
+        if (npe > 0 && npe <= 32 && E) memcpy(o->pexp[k], pe, sizeof(int32_t) * (size_t)npe * E);
+        for (int q = 0; q < engine_request_n_seqs(req[k]) && q < 2; q++) {
+            EngineSeqView v;
+            engine_request_seq(req[k], q, &v);
+            o->n_tok[k][q] = v.n_tokens < EDS_MAX_TOK ? v.n_tokens : EDS_MAX_TOK;
+            for (int t = 0; t < o->n_tok[k][q]; t++) {
+                o->tok[k][q][t] = v.tokens[t].token;
+                if (v.tokens[t].experts && E)
+                    memcpy(o->gen[k][q] + (size_t)t * E, v.tokens[t].experts, sizeof(int32_t) * (size_t)E);
+                else if (E)
+                    memset(o->gen[k][q] + (size_t)t * E, 0xee, sizeof(int32_t) * (size_t)E); /* none: differs */
+            }
+        }
+        engine_request_release(req[k]);
+    }
+    engine_metrics(e, &o->met);
+    uint64_t gc, gr, pc, pr;
+    runner_graph_counts(r, &gc, &gr);
+    runner_piece_counts(r, &pc, &pr);
+    o->graph_steps = gc + gr + pc + pr;
+    engine_free(e);
+    runner_backend_free(&be);
+    model_free(m);
+    return rc;
+}
+
+static void engine_experts_check(const char *dir) {
+    static EexOut a, h;
+    EexOut *runs[2] = {&a, &h};
+    for (int i = 0; i < 2; i++) {
+        EexOut *o = runs[i];
+        memset(o, 0, sizeof *o);
+        for (int k = 0; k < EEX_REQS; k++) {
+            o->pexp[k] = (int32_t *)calloc(EEX_MAX, sizeof(int32_t));
+            for (int q = 0; q < 2; q++) o->gen[k][q] = (int32_t *)calloc(EEX_MAX, sizeof(int32_t));
+        }
+    }
+    int rc = eex_run(dir, ENGINE_DEVSAMPLE_ON, ENGINE_ASYNC_ON, &a) | eex_run(dir, ENGINE_DEVSAMPLE_OFF, ENGINE_ASYNC_AUTO, &h);
+    int E = a.E, differ = 0, bad = 0, rows = 0, prompt_rows = 0, n_experts = 0;
+    {
+        Err err = {0};
+        Model *m = NULL;
+        if (model_load(&m, dir, &err) == 0) n_experts = m->cfg.n_experts;
+        model_free(m);
+    }
+    for (int k = 0; k < EEX_REQS && E > 0 && E <= 64; k++) {
+        differ += a.n_pexp[k] != h.n_pexp[k];
+        for (int i = 0; i < a.n_pexp[k] && i < h.n_pexp[k] && i < 32; i++, prompt_rows++)
+            for (int j = 0; j < E; j++) {
+                int32_t x = a.pexp[k][i * E + j];
+                bad += x < 0 || x >= n_experts;
+                differ += x != h.pexp[k][i * E + j];
+            }
+        for (int q = 0; q < 2; q++) {
+            differ += a.n_tok[k][q] != h.n_tok[k][q];
+            for (int t = 0; t < a.n_tok[k][q] && t < h.n_tok[k][q]; t++) {
+                differ += a.tok[k][q][t] != h.tok[k][q][t];
+                if (k == 2) continue; /* no experts asked for */
+                rows++;
+                for (int j = 0; j < E; j++) {
+                    int32_t x = a.gen[k][q][t * E + j];
+                    bad += x < 0 || x >= n_experts;
+                    differ += x != h.gen[k][q][t * E + j];
+                }
+            }
+        }
+    }
+    int want_rows = getenv("EMU_QUICK") ? 12 : 24; /* 3 sequences with experts x max_tokens */
+    int ok = rc == 0 && E > 0 && differ == 0 && bad == 0 && rows >= want_rows && prompt_rows == 29 + 6 &&
+             a.met.async_steps > 0 && a.met.device_sampled_tokens > 0 && a.met.device_sampling_fallbacks == 0 &&
+             a.graph_steps > 0;
+    ok ? n_pass++ : n_fail++;
+    printf("  %-4s %s engine, routed experts with device sampling and async scheduling vs the host: %d generated + %d "
+           "prompt rows of %d ids, %d differ, %d out of range; %llu steps overlapped, %llu through graphs\n",
+           ok ? "ok" : "FAIL", dir, rows, prompt_rows, E, differ, bad, (unsigned long long)a.met.async_steps,
+           (unsigned long long)a.graph_steps);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < EEX_REQS; k++) {
+            free(runs[i]->pexp[k]);
+            for (int q = 0; q < 2; q++) free(runs[i]->gen[k][q]);
+        }
 }
 
 #endif

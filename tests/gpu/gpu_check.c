@@ -402,6 +402,7 @@ static void section_lora(void) {
 static void section_devsample(void) {
     engine_devsample_check("tests/fixtures/qwen2");
     engine_devsample_check("models/tiny-qwen3");
+    engine_experts_check("tests/fixtures/qwen3_moe");
 }
 
 /* the KV cache dtypes of --kv-cache-dtype (GQA, MoE, MHA; the bundled model) */

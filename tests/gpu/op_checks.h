@@ -1240,17 +1240,34 @@ static void check_moe(const int *a) {
     size_t ni[5] = {(size_t)NK, (size_t)E + 1, (size_t)NK, (size_t)NK, (size_t)E}; /* ids, offsets, tok, of, active */
     for (int i = 0; i < 5; i++) hi[i] = (int32_t *)xmalloc(sizeof(int32_t) * ni[i]);
     for (int i = 0; i < 2; i++) hf[i] = (float *)xmalloc(sizeof(float) * NK); /* weights, pair_w */
-    MoeRouteArgs rc = {lg, hi[0], hf[0], hi[1], hi[2], hf[1], hi[3], hi[4], n, E, K, norm};
+    MoeRouteArgs rc = {lg, hi[0], hf[0], hi[1], hi[2], hf[1], hi[3], hi[4], n, E, K, norm, 0};
     bc->moe_route(bc, &rc);
+    /* the device writes its ids in rows of LD (forward.c's layout: every MoE layer's ids of a token in
+     * one row): the top_k of each row equal the CPU's, the LD - top_k slots between stay untouched */
+    int LD = K + 3;
     void *di[5], *df[2];
-    for (int i = 0; i < 5; i++) di[i] = dev_poisoned(sizeof(int32_t) * ni[i]);
+    for (int i = 0; i < 5; i++) di[i] = dev_poisoned(sizeof(int32_t) * (i ? ni[i] : (size_t)n * LD));
     for (int i = 0; i < 2; i++) df[i] = dev_poisoned(sizeof(float) * NK);
     float *dlg = (float *)dev_copy(lg, sizeof(float) * (size_t)n * E);
     MoeRouteArgs rg = {dlg, (int32_t *)di[0], (float *)df[0], (int32_t *)di[1], (int32_t *)di[2], (float *)df[1],
-                       (int32_t *)di[3], (int32_t *)di[4], n, E, K, norm};
+                       (int32_t *)di[3], (int32_t *)di[4], n, E, K, norm, LD};
     bg->moe_route(bg, &rg);
     const char *names[5] = {"ids", "offsets", "pair_tok", "pair_of", "active"};
-    for (int i = 0; i < 5; i++) {
+    {   /* the rows of LD: compacted to [n, top_k]; every slot between must still read -1 (the poison) */
+        int32_t *wide = (int32_t *)dev_result(di[0], (size_t)n * LD), untouched = 1;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < LD; j++) {
+                if (j < K) wide[t * K + j] = wide[(size_t)t * LD + j]; /* t * K + j <= t * LD + j: in place */
+                else untouched &= wide[(size_t)t * LD + j] == -1;
+            }
+        snprintf(what, sizeof what, "moe_route ids (rows of %d) n %d E %d top %d%s%s", LD, n, E, K,
+                 norm ? " norm" : "", ties ? " ties" : "");
+        compare_bytes(what, hi[0], wide, sizeof(int32_t) * ni[0]);
+        free(wide);
+        untouched ? n_pass++ : n_fail++;
+        if (!untouched) printf("  FAIL %s: wrote between the rows' top_k\n", what);
+    }
+    for (int i = 1; i < 5; i++) {
         float *got = dev_result(di[i], ni[i]); /* int32 bytes */
         snprintf(what, sizeof what, "moe_route %s n %d E %d top %d%s%s", names[i], n, E, K, norm ? " norm" : "",
                  ties ? " ties" : "");

@@ -51,6 +51,8 @@ cudaError_t cudaGetLastError(void) {
 /* ---- pinned host memory in flight (shim/cuda_runtime.h); any thread ---- */
 struct EmuRange { const char *p; size_t n; uint64_t mark; };
 static std::vector<EmuRange> pinned, in_flight; /* cudaMallocHost'ed; async copies out of them not yet waited for */
+struct EmuLanding { char *dst; char *bytes; size_t n; uint64_t mark; };
+static std::vector<EmuLanding> landing;          /* async copies into pinned memory, not yet waited for */
 static uint64_t copy_mark, done_mark;
 static long hazards;
 static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -67,6 +69,13 @@ void emu_pinned_del(const void *p) {
             for (size_t j = 0; j < in_flight.size();) /* freed: nothing reads it any more (cudaFreeHost syncs) */
                 if (in_flight[j].p >= a && in_flight[j].p < z) in_flight.erase(in_flight.begin() + (long)j);
                 else j++;
+            for (size_t j = 0; j < landing.size();) /* copies into it: dropped with it */
+                if (landing[j].dst >= a && landing[j].dst < z) {
+                    free(landing[j].bytes);
+                    landing.erase(landing.begin() + (long)j);
+                } else {
+                    j++;
+                }
             pinned.erase(pinned.begin() + (long)i);
             break;
         }
@@ -90,6 +99,20 @@ void emu_pinned_copy(const void *src, size_t n) {
     }
     pthread_mutex_unlock(&pin_mu);
 }
+int emu_pinned_defer(void *dst, const void *src, size_t n) {
+    char *d = (char *)dst;
+    pthread_mutex_lock(&pin_mu);
+    int is_pinned = 0;
+    for (const EmuRange &r : pinned) is_pinned |= d >= r.p && d < r.p + r.n;
+    if (is_pinned) {
+        char *bytes = (char *)malloc(n ? n : 1);
+        memcpy(bytes, src, n); /* the device's bytes as the stream reaches the copy */
+        landing.push_back({d, bytes, n, ++copy_mark});
+        memset(d, 0xa5, n); /* until a wait covers it: a read shows (int32 -1515870811, a token no vocabulary has) */
+    }
+    pthread_mutex_unlock(&pin_mu);
+    return is_pinned;
+}
 uint64_t emu_copy_mark(void) {
     pthread_mutex_lock(&pin_mu);
     uint64_t m = copy_mark;
@@ -99,6 +122,14 @@ uint64_t emu_copy_mark(void) {
 void emu_copies_done(uint64_t mark) {
     pthread_mutex_lock(&pin_mu);
     if (mark > done_mark) done_mark = mark;
+    for (size_t j = 0; j < landing.size();) /* in issue order: a later copy to the same bytes wins */
+        if (landing[j].mark <= done_mark) {
+            memcpy(landing[j].dst, landing[j].bytes, landing[j].n);
+            free(landing[j].bytes);
+            landing.erase(landing.begin() + (long)j);
+        } else {
+            j++;
+        }
     pthread_mutex_unlock(&pin_mu);
 }
 long emu_pinned_hazards(void) {

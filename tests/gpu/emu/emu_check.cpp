@@ -846,7 +846,10 @@ int main(void) {
         bg->free(bg);
         bc->free(bc);
         if (only_sampling) {
-            if (!strcmp(getenv("EMU_SAMPLING_ONLY"), "engine")) engine_devsample_check("tests/fixtures/qwen2");
+            if (!strcmp(getenv("EMU_SAMPLING_ONLY"), "engine")) {
+                engine_devsample_check("tests/fixtures/qwen2");
+                engine_experts_check("tests/fixtures/qwen3_moe");
+            }
             printf("%d passed, %d failed\n", n_pass, n_fail);
             return n_fail ? 1 : 0;
         }
@@ -897,6 +900,9 @@ int main(void) {
         printf("== the engine sampling on the device vs on the host (tests/gpu/engine_devsample_check.h) ==\n");
         engine_devsample_check("tests/fixtures/qwen2");
     }
+    /* routed experts kept in flight with the step that routed them (quick too: the sanitizers see the
+     * pinned buffers and the copies' landing) */
+    engine_experts_check("tests/fixtures/qwen3_moe");
     /* the KV cache dtypes: the device path's kv_write and attention at BF16 and FP8 */
     t_model_kv("tests/fixtures/qwen3_gqa2", quick ? 1 : 3, PREC_BF16, KV_BF16);
     if (!quick) t_model_kv("tests/fixtures/qwen3_moe", 3, PREC_BF16, KV_FP8);

@@ -94,10 +94,17 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cu
  * keeps every async copy out of pinned memory (cudaMallocHost) as in flight
  * until such a wait covers it; a copy that reads pinned bytes an in-flight copy
  * also reads is a hazard (that is how a rewrite before the wait shows):
- * counted, the first few printed, emu_pinned_hazards() tells. */
+ * counted, the first few printed, emu_pinned_hazards() tells.
+ * The other way, an async copy into pinned memory lands, on a device, when
+ * the stream gets there, so the host may read it only after such a wait: here
+ * it lands at that wait (emu_pinned_defer keeps the source bytes as the copy
+ * was issued, the destination reads 0xa5 bytes until then), so a read before
+ * the wait gets those bytes, not the result. Into pageable memory it returns
+ * once done, as CUDA's does. */
 void emu_pinned_add(const void *p, size_t n);
 void emu_pinned_del(const void *p);
 void emu_pinned_copy(const void *src, size_t n); /* an async copy reads [src, src + n) */
+int emu_pinned_defer(void *dst, const void *src, size_t n); /* 1: dst is pinned, the copy lands at a wait */
 uint64_t emu_copy_mark(void);                    /* what an event recorded now covers */
 void emu_copies_done(uint64_t mark);             /* a wait covering mark returned */
 long emu_pinned_hazards(void);
@@ -199,7 +206,7 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cuda
         return cudaSuccess;
     }
     emu_pinned_copy(s, n);
-    memcpy(d, s, n);
+    if (!emu_pinned_defer(d, s, n)) memcpy(d, s, n);
     return cudaSuccess;
 }
 

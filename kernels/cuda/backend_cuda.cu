@@ -70,7 +70,8 @@ typedef struct CudaCtx {
     size_t part_cap;   /* bytes */
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
     size_t sc_dev_cap;
-    uint8_t *sc_host;  /* [2 * n * elem]: values sent, values read back */
+    uint8_t *sc_host;  /* scatter: [max(2 n elem, 8 n)] values sent, values read back (first the indices read
+                        * back); rewrite: [min(bytes, RW_CHUNK)] the device copy read back */
     size_t sc_host_cap;
     /* native FP8 / NVFP4 (cuda_native.h), sized by cu_reserve / at creation */
     CudaLt *lt;
@@ -231,34 +232,60 @@ static int mat_parts(WeightMat *w, const void **host, void ***dev, size_t *bytes
 }
 
 /* Rewrite a device copy from the host (delta path: returns <0 with err, never fatal). */
+/* The host staging of the delta paths (sc_host, bytes), grown here only. */
+static int sc_host_grow(CudaCtx *c, size_t bytes, Err *err) {
+    if (c->sc_host_cap >= bytes) return 0;
+    free(c->sc_host);
+    c->sc_host = (uint8_t *)malloc(bytes);
+    c->sc_host_cap = c->sc_host ? bytes : 0;
+    return c->sc_host ? 0 : ERR(err, 500, "out of host memory for %zu bytes of delta staging", bytes);
+}
+
+/* A device copy rewritten from the host (a dense delta, a re-quantized
+ * matrix's parts), read back in chunks of at most RW_CHUNK and compared byte
+ * for byte with what was sent: a copy that did not land as sent fails the
+ * update (the commit restores), as the scatter's read-back does. */
+#define RW_CHUNK ((size_t)4 << 20)
 static int cu_rewrite(CudaCtx *c, void *dev, const void *host, size_t bytes, Err *err) {
     CUDA_TRY(err, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
-    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    size_t chunk = bytes < RW_CHUNK ? bytes : RW_CHUNK;
+    int rc = sc_host_grow(c, chunk, err);
+    if (rc) return rc;
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        CUDA_TRY(err, cudaMemcpyAsync(c->sc_host, (const uint8_t *)dev + off, n, cudaMemcpyDeviceToHost, c->stream));
+        CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+        if (memcmp(c->sc_host, (const uint8_t *)host + off, n))
+            return ERR(err, 500, "the device copy read back after rewriting %zu bytes differs from them (at byte %zu "
+                       "onwards)", bytes, off);
+    }
     return 0;
 }
 
-/* Sparse delta on a registered device copy: upload (idx, values), scatter, gather
- * the touched elements back and compare them with what was sent (the verified
- * copy back). Staging grows on this path only (deltas, never a step). */
+/* Sparse delta on a registered device copy: upload (idx, values), read the
+ * indices back (a wrong index would scatter, and gather back, elsewhere:
+ * unseen by the values' check), scatter, gather the touched elements back and
+ * compare them with what was sent (the verified copy back). Staging grows on
+ * this path only (deltas, never a step). */
 static int cu_scatter_verified(Backend *b, void *dev, size_t dev_bytes, const void *host, const int64_t *idx, int64_t n,
                                int elem, Err *err) {
     CudaCtx *c = ctx(b);
-    size_t vb = (size_t)n * elem, need = sizeof(int64_t) * (size_t)n + 2 * vb;
+    size_t vb = (size_t)n * elem, ib = sizeof(int64_t) * (size_t)n, need = ib + 2 * vb;
     int rc = scratch_grow_try(c, &c->sc_dev, &c->sc_dev_cap, need, err);
     if (rc) return rc;
-    if (c->sc_host_cap < 2 * vb) {
-        free(c->sc_host);
-        c->sc_host = (uint8_t *)malloc(2 * vb);
-        c->sc_host_cap = c->sc_host ? 2 * vb : 0;
-        if (!c->sc_host) return ERR(err, 500, "out of host memory for a %zu-byte delta scatter", 2 * vb);
-    }
+    if ((rc = sc_host_grow(c, 2 * vb > ib ? 2 * vb : ib, err))) return rc;
     const uint8_t *h = (const uint8_t *)host;
     uint8_t *vals = c->sc_host, *back = c->sc_host + vb;
-    for (int64_t i = 0; i < n; i++) memcpy(vals + (size_t)i * elem, h + (size_t)idx[i] * elem, (size_t)elem);
     int64_t *didx = (int64_t *)c->sc_dev;
     uint8_t *dval = (uint8_t *)c->sc_dev + sizeof(int64_t) * (size_t)n, *dback = dval + vb;
     int64_t numel = (int64_t)(dev_bytes / (size_t)elem);
     CUDA_TRY(err, cudaMemcpyAsync(didx, idx, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(err, cudaMemcpyAsync(c->sc_host, didx, ib, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (memcmp(c->sc_host, idx, ib))
+        return ERR(err, 500, "the indices of a %lld-element delta scatter read back from the device differ from "
+                   "those sent; nothing was scattered", (long long)n);
+    for (int64_t i = 0; i < n; i++) memcpy(vals + (size_t)i * elem, h + (size_t)idx[i] * elem, (size_t)elem);
     CUDA_TRY(err, cudaMemcpyAsync(dval, vals, vb, cudaMemcpyHostToDevice, c->stream));
     if ((rc = cuda_scatter(dev, numel, didx, dval, n, elem, st(b), err))) return rc;
     if ((rc = cuda_gather(dback, dev, numel, didx, n, elem, st(b), err))) return rc;

@@ -42,6 +42,15 @@ int emu_launch_fault(void) {
     pending_launch_error = cudaErrorLaunchFailure;
     return 1;
 }
+static long corrupt_countdown;
+static int corrupt_fired;
+void emu_corrupt_nth(long k) { corrupt_countdown = k; corrupt_fired = 0; }
+int emu_corrupted(void) { return corrupt_fired; }
+int emu_corrupt(void) {
+    if (corrupt_countdown <= 0 || --corrupt_countdown) return 0;
+    corrupt_fired = 1;
+    return 1;
+}
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = pending_launch_error;
     pending_launch_error = cudaSuccess;

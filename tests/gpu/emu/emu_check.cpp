@@ -15,8 +15,9 @@
  *      in-place replacement, and a failure injected into each CUDA call of an
  *      adapter's upload (refused, the old adapter keeps serving);
  *   3. a CUDA failure injected into every CUDA call of a delta's device update
- *      in turn (shim: emu_fail_nth): the commit fails and restores the host
- *      and device copies bit for bit.
+ *      in turn (shim: emu_fail_nth), then a bit flipped in every host-to-device
+ *      copy of it in turn (emu_corrupt_nth): the commit fails and restores the
+ *      host and device copies bit for bit.
  * Same tolerance classes as tests/gpu/gpu_check.c. Small shapes (every
  * emulated CUDA thread is a thread). Not covered: real cuBLAS, timing, and
  * anything about real device memory or stream ordering.
@@ -656,57 +657,73 @@ static int fault_bufs_device_is_host(Backend *gb, FaultBuf *b, int n) {
     return bad;
 }
 
-static void t_delta_fault(const char *dir, Precision prec) {
+/* The delta of the header from the current weights to target_version: down_proj's every 8th element
+ * moved by step, a sparse o_proj (24 elements set to +-step * 3, their indices into o_idx), the final
+ * norm scaled. NULL with a FAIL printed. */
+static const char *fault_names[3] = {"model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                                     "model.norm.weight"};
+static uint8_t *fault_delta(const char *dir, Model *m, const WeightVersion *wv, uint64_t target_version, float step,
+                            int64_t *o_idx, int *n_o, size_t *size) {
     Err err = {};
-    Model *m = NULL;
-    LoadOptions o = {prec, 1, 0};
-    const char *pn = precision_name(prec);
-    if (model_load_opts(&m, dir, &o, &err)) {
-        printf("  FAIL %s: %s\n", dir, err.msg);
-        n_fail++;
-        return;
-    }
-    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
-    Runner *r = runner_create_with(m, gb, 16, 128);
-    WeightVersion *wv = weight_version_from_safetensors(m->st, 1);
-    const char *names[3] = {"model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-                            "model.norm.weight"};
     DeltaRecord rec[3];
-    int64_t o_idx[24], n_o = 0;
+    *n_o = 0;
     for (int t = 0; t < 3; t++) {
-        const StTensor *st = safetensors_get(m->st, names[t]);
+        const StTensor *st = safetensors_get(m->st, fault_names[t]);
         Dtype dt;
         int64_t numel = 0;
-        uint16_t *cur = (uint16_t *)delta_lookup_model(m, names[t], &dt, &numel);
+        uint16_t *cur = (uint16_t *)delta_lookup_model(m, fault_names[t], &dt, &numel);
         if (!st || !cur || dt != DT_BF16) {
-            printf("  FAIL %s: no BF16 tensor %s\n", dir, names[t]);
+            printf("  FAIL %s: no BF16 tensor %s\n", dir, fault_names[t]);
             n_fail++;
-            return;
+            for (int j = 0; j < t; j++) delta_record_free(&rec[j]);
+            return NULL;
         }
         uint16_t *nw = (uint16_t *)malloc(2 * (size_t)numel);
         memcpy(nw, cur, 2 * (size_t)numel);
         if (t == 0)
-            for (int64_t i = 0; i < numel; i += 8) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) + 0.25f);
+            for (int64_t i = 0; i < numel; i += 8) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) + step);
         else if (t == 2)
-            for (int64_t i = 0; i < numel; i++) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) * 1.5f + 0.125f);
+            for (int64_t i = 0; i < numel; i++) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) * (1.0f + 2 * step) + step / 2);
         else
             for (int i = 0; i < 24; i++) {
                 int64_t j = (int64_t)i * (numel / 24) + 5;
-                nw[j] = f32_to_bf16(i % 2 ? 0.75f : -0.75f);
-                if (nw[j] != cur[j]) o_idx[n_o++] = j;
+                nw[j] = f32_to_bf16(i % 2 ? 3 * step : -3 * step);
+                if (nw[j] != cur[j]) o_idx[(*n_o)++] = j;
             }
-        if (delta_encode_tensor(&rec[t], names[t], dt, st->ndim, st->shape, cur, nw, 3, 0, &err)) {
+        if (delta_encode_tensor(&rec[t], fault_names[t], dt, st->ndim, st->shape, cur, nw, 3, 0, &err)) {
             printf("  FAIL %s: encode: %s\n", dir, err.msg);
             n_fail++;
-            return;
+            free(nw);
+            for (int j = 0; j < t; j++) delta_record_free(&rec[j]);
+            return NULL;
         }
         free(nw);
     }
     DeltaHeader h = {};
     h.fingerprint = wv->fingerprint;
-    h.target_version = 1;
+    h.base_version = target_version - 1;
+    h.target_version = target_version;
+    uint8_t *buf = delta_serialize(&h, rec, 3, size);
+    for (int t = 0; t < 3; t++) delta_record_free(&rec[t]);
+    return buf;
+}
+
+/* One injection mode over a delta to wv->version + 1: corrupt = 0, the k-th fallible CUDA call of the
+ * commit fails (emu_fail_nth); 1, the k-th host-to-device copy lands with a bit flipped
+ * (emu_corrupt_nth: every copy of weights to the device is read back, so each must be caught). For
+ * k = 1, 2, ... until the commit runs out of them: the commit fails, keeps the version, and every
+ * touched buffer (BF16 master, quantized host bytes, device copies) stays bit-identical; then the
+ * commit with nothing injected succeeds and the device copies equal the host. */
+static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, WeightVersion *wv, int corrupt, float step) {
+    const char *pn = precision_name(m->layers[0].o.fmt == WF_FP8 ? PREC_FP8
+                                    : m->layers[0].o.fmt == WF_NVFP4 ? PREC_NVFP4 : PREC_BF16);
+    Err err = {};
+    int64_t o_idx[24];
+    int n_o = 0;
     size_t size = 0;
-    uint8_t *buf = delta_serialize(&h, rec, 3, &size);
+    uint64_t v0 = wv->version;
+    uint8_t *buf = fault_delta(dir, m, wv, v0 + 1, step, o_idx, &n_o, &size);
+    if (!buf) return;
     FaultBuf bufs[12];
     int nb = 0;
     fault_bufs_mat(bufs, &nb, &m->layers[0].down);
@@ -736,9 +753,11 @@ static void t_delta_fault(const char *dir, Precision prec) {
             wrong++;
             break;
         }
-        emu_fail_nth(k);
+        if (corrupt) emu_corrupt_nth(k);
+        else emu_fail_nth(k);
         int rc = delta_commit(plan, &tgt, wv, &res, &e);
-        int fired = emu_failed();
+        int fired = corrupt ? emu_corrupted() : emu_failed();
+        emu_corrupt_nth(0);
         emu_fail_nth(0);
         delta_plan_free(plan);
         if (!fired) {
@@ -748,26 +767,40 @@ static void t_delta_fault(const char *dir, Precision prec) {
         }
         injected++;
         int diff = fault_bufs_diff(gb, bufs, nb, 0);
-        if (rc == 0 || wv->version != 0 || diff) { /* the state moved: later tries would not start from it */
+        if (rc == 0 || wv->version != v0 || diff) { /* the state moved: later tries would not start from it */
             wrong++;
-            snprintf(first_err, sizeof first_err, "; call %ld failed: commit rc %d, version %llu, %d buffers changed",
-                     k, rc, (unsigned long long)wv->version, diff);
+            snprintf(first_err, sizeof first_err, "; %s %ld: commit rc %d, version %llu, %d buffers changed",
+                     corrupt ? "copy" : "call", k, rc, (unsigned long long)wv->version, diff);
             break;
         }
-        if (injected == 1) {
-            printf("       (the first failure: %s)\n", e.msg);
-        }
+        if (injected == 1) printf("       (the first %s: %s)\n", corrupt ? "corruption" : "failure", e.msg);
     }
-    int synced = final_rc == 0 && wv->version == 1 && fault_bufs_device_is_host(gb, bufs, nb) == 0 &&
+    int synced = final_rc == 0 && wv->version == v0 + 1 && fault_bufs_device_is_host(gb, bufs, nb) == 0 &&
                  fault_bufs_diff(gb, bufs, nb, 0) > 0;
-    int ok = !bad && !wrong && injected >= 8 && synced;
+    int ok = !bad && !wrong && injected >= (corrupt ? 3 : 8) && synced;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %s %s delta: %d CUDA calls of the device update failed in turn, each commit failed and restored "
-           "host + device (%d wrong); the commit with no failure: %s%s\n", ok ? "ok" : "FAIL", dir, pn, injected, wrong,
-           synced ? "applied, device == host" : "NOT applied or device != host", first_err);
+    printf("  %-4s %s %s delta: %d %s in turn, each commit failed and restored host + device (%d wrong); the commit "
+           "with none: %s%s\n", ok ? "ok" : "FAIL", dir, pn, injected,
+           corrupt ? "host-to-device copies of the update landed corrupted" : "CUDA calls of the device update failed",
+           wrong, synced ? "applied, device == host" : "NOT applied or device != host", first_err);
     for (int i = 0; i < nb; i++) { free(bufs[i].h0); free(bufs[i].d0); }
-    for (int t = 0; t < 3; t++) delta_record_free(&rec[t]);
     free(buf);
+}
+
+static void t_delta_fault(const char *dir, Precision prec) {
+    Err err = {};
+    Model *m = NULL;
+    LoadOptions o = {prec, 1, 0};
+    if (model_load_opts(&m, dir, &o, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
+    Runner *r = runner_create_with(m, gb, 16, 128);
+    WeightVersion *wv = weight_version_from_safetensors(m->st, 1);
+    fault_loop(dir, m, gb, r, wv, 0, 0.25f);
+    fault_loop(dir, m, gb, r, wv, 1, 0.125f); /* the next version, from the weights the first left */
     weight_version_free(wv);
     runner_free(r);
     model_free(m);
@@ -813,6 +846,13 @@ int main(void) {
         /* EMU_MOE_NATIVE=1 (with EMU_PREC=fp8): the native-FP8 MoE prefill of 40 tokens instead of 304 */
         if (strstr(getenv("EMU_FIXTURE"), "moe") && !getenv("EMU_QUICK"))
             t_moe_long(getenv("EMU_FIXTURE"), p, getenv("EMU_MOE_NATIVE") ? 40 : 304, getenv("EMU_MOE_NATIVE") != NULL);
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
+    if (getenv("EMU_DELTA_ONLY")) { /* EMU_DELTA_ONLY=1: the delta fault checks alone (working on an update path) */
+        t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
+        t_delta_fault("tests/fixtures/qwen2", PREC_FP8);
+        t_delta_fault("tests/fixtures/llama31", PREC_NVFP4);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
@@ -918,7 +958,7 @@ int main(void) {
         t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8);
     }
     t_cuda_off(quick);
-    printf("== a CUDA failure during a delta's device update: the commit fails and restores ==\n");
+    printf("== a CUDA failure, or a corrupted copy, during a delta's device update: the commit fails and restores ==\n");
     t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8);
     t_delta_fault("tests/fixtures/llama31", PREC_NVFP4);

@@ -51,6 +51,13 @@ int emu_fault(void);        /* 1: this call is the one to fail */
 int emu_launch_fault(void); /* emu_fault for a launch: also records the pending launch error */
 cudaError_t cudaGetLastError(void);
 #define EMU_FAULT(err) do { if (emu_fault()) return (err); } while (0)
+/* Silent corruption (emu.cpp): after emu_corrupt_nth(k) the k-th host-to-device
+ * copy from then on (cudaMemcpy, cudaMemcpyAsync) succeeds but lands with bit 0
+ * of its first byte flipped, once: what a check that reads back what it sent
+ * must see. emu_corrupt_nth(0) disarms; emu_corrupted() says whether it fired. */
+void emu_corrupt_nth(long k);
+int emu_corrupted(void);
+int emu_corrupt(void); /* 1: this copy is the one to corrupt */
 
 /* Stream capture (graphs, emu.cpp): between cudaStreamBeginCapture and
  * cudaStreamEndCapture every launch, async copy, async memset and library
@@ -193,13 +200,14 @@ static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t
     else memset(p, v, n);
     return cudaSuccess;
 }
-static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
     EMU_CAPTURE_REFUSE();
     EMU_FAULT(cudaErrorUnknown);
     memcpy(d, s, n);
+    if (k == cudaMemcpyHostToDevice && n && emu_corrupt()) *(unsigned char *)d ^= 1u;
     return cudaSuccess;
 }
-static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
     EMU_FAULT(cudaErrorUnknown);
     if (emu_capturing()) {
         emu_record([=]() { memcpy(d, s, n); });
@@ -207,6 +215,7 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cuda
     }
     emu_pinned_copy(s, n);
     if (!emu_pinned_defer(d, s, n)) memcpy(d, s, n);
+    if (k == cudaMemcpyHostToDevice && n && emu_corrupt()) *(unsigned char *)d ^= 1u;
     return cudaSuccess;
 }
 

@@ -849,6 +849,11 @@ int main(void) {
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
+    if (getenv("EMU_EXPERTS_ONLY")) { /* EMU_EXPERTS_ONLY=1: the engine's routed-experts check alone */
+        engine_experts_check("tests/fixtures/qwen3_moe");
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
     if (getenv("EMU_DELTA_ONLY")) { /* EMU_DELTA_ONLY=1: the delta fault checks alone (working on an update path) */
         t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
         t_delta_fault("tests/fixtures/qwen2", PREC_FP8);

@@ -6,13 +6,23 @@
  *   bench_delta CKPT_DIR step.delta [--threads T]   apply a real delta to a checkpoint mapping
  *   bench_delta --synthetic MB FRAC [--threads T]    one BF16 model of MB MiB in 64 MiB tensors,
  *                                                     FRAC of its elements changed at random positions
+ *   bench_delta --requant FRAC                        a quantized sampler's part of an update: the FP8
+ *                                                     (128x128, per channel) and NVFP4 re-quantization
+ *                                                     of a Qwen3-8B MLP matrix [12288, 4096] (normal
+ *                                                     weights, sd 0.02) after FRAC of its elements moved
+ *                                                     by an optimizer step's size (1e-4), against
+ *                                                     quantizing the matrix from scratch in the same run,
+ *                                                     and the share of the quantized bytes that changed
+ *                                                     (what a device copy must take)
  */
+#include <math.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "delta.h"
+#include "quant.h"
 
 static int g_xor; /* --xor: SPARSE_XOR values */
 
@@ -170,7 +180,80 @@ static void synthetic(size_t mb, double frac, int threads, double bw) {
     free(d);
 }
 
+static uint64_t rq_state = 88172645463325252ull;
+static double rq_uniform(void) { /* xorshift64*, (0, 1) */
+    rq_state ^= rq_state >> 12;
+    rq_state ^= rq_state << 25;
+    rq_state ^= rq_state >> 27;
+    return ((double)((rq_state * 2685821657736338717ull) >> 11) + 0.5) / 9007199254740992.0;
+}
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void requant_bench(double frac) {
+    int rows = 12288, cols = 4096;
+    size_t n = (size_t)rows * cols, k = (size_t)(frac * (double)n);
+    uint16_t *m = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        m[i] = f32_to_bf16((float)(0.02 * sqrt(-2 * log(rq_uniform())) * cos(6.283185307179586 * rq_uniform())));
+    int64_t *idx = xmalloc(sizeof(int64_t) * (k ? k : 1));
+    for (size_t i = 0; i < k; i++) idx[i] = (int64_t)(rq_uniform() * (double)n);
+    qsort(idx, k, sizeof *idx, cmp_i64);
+    size_t nu = 0;
+    for (size_t i = 0; i < k; i++)
+        if (!nu || idx[i] != idx[nu - 1]) idx[nu++] = idx[i];
+    printf("[%d, %d] bf16 master, %zu elements touched (%.3f%%)\n", rows, cols, nu, 100.0 * (double)nu / (double)n);
+    printf("| format | re-quantize ms | from scratch ms | speedup | blocks redone whole | quantized bytes changed |\n");
+    printf("| --- | --- | --- | --- | --- | --- |\n");
+    for (int f = 0; f < 3; f++) {
+        Err e = {0};
+        uint16_t *mm = xmalloc(n * 2);
+        memcpy(mm, m, n * 2);
+        QuantFp8 *q8 = f < 2 ? quant_fp8_from_bf16(mm, rows, cols, f ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128, &e)
+                             : NULL;
+        QuantNvfp4 *q4 = f == 2 ? quant_nvfp4_from_bf16(mm, rows, cols, &e) : NULL;
+        CHECK(q8 || q4, "quantize: %s", e.msg);
+        size_t qb = f < 2 ? n : n / 2;
+        uint8_t *before = xmalloc(qb);
+        memcpy(before, f < 2 ? q8->q : q4->packed, qb);
+        for (size_t i = 0; i < nu; i++)
+            mm[idx[i]] = f32_to_bf16(bf16_to_f32(mm[idx[i]]) + 1e-4f * (rq_uniform() < 0.5 ? -1.0f : 1.0f));
+        double t0 = now_s();
+        int rc = f < 2 ? quant_fp8_requant(q8, mm, idx, nu, &e) : quant_nvfp4_requant(q4, mm, idx, nu, &e);
+        double t_re = now_s() - t0;
+        CHECK(rc >= 0, "requant: %s", e.msg);
+        t0 = now_s();
+        QuantFp8 *r8 = f < 2 ? quant_fp8_from_bf16(mm, rows, cols, f ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128, &e)
+                             : NULL;
+        QuantNvfp4 *r4 = f == 2 ? quant_nvfp4_from_bf16(mm, rows, cols, &e) : NULL;
+        double t_full = now_s() - t0;
+        const uint8_t *after = f < 2 ? q8->q : q4->packed, *ref = f < 2 ? r8->q : r4->packed;
+        CHECK(memcmp(after, ref, qb) == 0, "re-quantized bytes differ from quantizing from scratch (a bug)");
+        size_t changed = 0;
+        for (size_t i = 0; i < qb; i++) changed += before[i] != after[i];
+        char whole[64];
+        if (f < 2) snprintf(whole, sizeof whole, "%d of %d", rc, q8->scale_rows * q8->scale_cols);
+        else snprintf(whole, sizeof whole, "%s", rc == QUANT_REQUANT_FULL ? "all (amax moved)" : "touched 16-blocks");
+        printf("| %s | %.1f | %.1f | %.1fx | %s | %.3f%% |\n", f == 0 ? "fp8 128x128" : f == 1 ? "fp8 per channel" : "nvfp4",
+               t_re * 1e3, t_full * 1e3, t_full / t_re, whole, 100.0 * (double)changed / (double)qb);
+        quant_fp8_free(q8);
+        quant_fp8_free(r8);
+        quant_nvfp4_free(q4);
+        quant_nvfp4_free(r4);
+        free(before);
+        free(mm);
+    }
+    free(idx);
+    free(m);
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "--requant") == 0) {
+        requant_bench(atof(argv[2]));
+        return 0;
+    }
     int threads = 2;
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);

@@ -159,24 +159,45 @@ int quant_check_touched(const uint16_t *m, int64_t n, const int64_t *idx, size_t
     return 0;
 }
 
-/* Validate everything first, then mark each touched block's scale NaN and
- * re-quantize the marked blocks once: no allocation, exact dedup. */
+/* The block amax a scale was made from (fp8_quant_block: s = amax / 448 in
+ * f32, amax a bf16), or -1 when s is not of that form or is ambiguous (1.0:
+ * an all-zero block, or amax 448). */
+static int fp8_scale_amax(float s) {
+    if (!(s > 0) || s == 1.0f || !isfinite(s)) return -1;
+    uint16_t a = f32_to_bf16(s * QUANT_FP8_MAX);
+    return bf16_to_f32(a) / QUANT_FP8_MAX == s ? (int)BF16_ABS(a) : -1;
+}
+
+/* Validate everything first. Then per touched element: its block keeps its
+ * scale when its amax cannot have moved: the new |value| is at most the amax
+ * the scale was made from, and the old byte is not +-448 (e4m3 0x7e): the
+ * amax element quantizes to exactly +-448, so an element that did not is
+ * below the amax, and the amax element is untouched. Such a block needs only
+ * its touched elements re-quantized (e4m3(v / s), what a from-scratch pass
+ * computes for them; every other byte stands): O(touched), not O(block).
+ * Otherwise the block's scale is marked NaN and the block re-quantized whole,
+ * once. No allocation; the same bits as quantizing master from scratch. */
 int quant_fp8_requant(QuantFp8 *w, const uint16_t *m, const int64_t *idx, size_t n_idx, Err *e) {
     ENSURE(e, w->owns_q, 409, "FP8 tensor [%d, %d] borrows read-only checkpoint memory; cannot re-quantize",
            w->rows, w->cols);
     int rc = quant_check_touched(m, (int64_t)w->rows * w->cols, idx, n_idx, e);
     if (rc) return rc;
-    for (size_t i = 0; i < n_idx; i++) {
+    for (size_t i = 0; i < n_idx; i++) { /* reads only the old bytes and scales: nothing is rewritten yet */
         int r = (int)(idx[i] / w->cols), c = (int)(idx[i] % w->cols);
-        w->scale_inv[(size_t)(r / w->block_rows) * w->scale_cols + c / w->block_cols] = NAN;
+        float *sp = &w->scale_inv[(size_t)(r / w->block_rows) * w->scale_cols + c / w->block_cols];
+        int amax = isnan(*sp) ? -1 : fp8_scale_amax(*sp);
+        if (amax < 0 || (w->q[idx[i]] & 0x7f) == 0x7e || BF16_ABS(m[idx[i]]) > amax) *sp = NAN;
     }
     int count = 0;
     for (size_t i = 0; i < n_idx; i++) {
         int r = (int)(idx[i] / w->cols), c = (int)(idx[i] % w->cols);
         int bi = r / w->block_rows, bj = c / w->block_cols;
-        if (isnan(w->scale_inv[(size_t)bi * w->scale_cols + bj])) {
+        float sc = w->scale_inv[(size_t)bi * w->scale_cols + bj];
+        if (isnan(sc)) {
             fp8_quant_block(w, m, bi, bj);
             count++;
+        } else {
+            w->q[idx[i]] = quant_f32_to_e4m3(bf16_to_f32(m[idx[i]]) / sc);
         }
     }
     return count;

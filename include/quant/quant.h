@@ -230,9 +230,10 @@ typedef enum { QUANT_REQUANT_BLOCKS = 0, QUANT_REQUANT_FULL = 1 } QuantRequant;
 /* Both requant functions first check every touched index: in [0, n) and a
  * finite master value there. 0, or <0 with Err (400). */
 int quant_check_touched(const uint16_t *master, int64_t n, const int64_t *idx, size_t n_idx, Err *e);
-/* FP8: re-quantizes every scale block holding a touched element (for
- * per-tensor scales that block is the tensor). Returns the number of blocks
- * re-quantized (>= 0) or <0. */
+/* FP8: re-quantizes the touched elements of each scale block whose amax
+ * cannot have changed (its scale stands), and whole every other scale block
+ * holding a touched element (for per-tensor scales that block is the tensor).
+ * Returns the number of blocks re-quantized whole (>= 0) or <0. */
 int quant_fp8_requant(QuantFp8 *w, const uint16_t *master, const int64_t *idx, size_t n_idx, Err *e);
 /* NVFP4: re-quantizes the touched 16-element blocks and returns
  * QUANT_REQUANT_BLOCKS, unless the tensor amax (hence weight_scale_2) changed:

@@ -300,6 +300,9 @@ Backend *backend_cuda_create_resident(int head_dim, int max_ctx); /* head_dim <=
  * the device: hash it against the host master). -1 if w has none or bytes
  * exceeds it. */
 int backend_cuda_read_weight(Backend *b, const WeightMat *w, void *dst, size_t bytes);
+/* Delta updates of quantized matrices since creation: by their changed bytes (scattered, verified) and
+ * rewritten whole (many changed, an NVFP4 amax moved, or no indices). */
+void backend_cuda_update_counts(Backend *b, uint64_t *sparse, uint64_t *full);
 
 #ifdef __cplusplus
 }

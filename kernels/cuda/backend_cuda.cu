@@ -70,6 +70,7 @@ typedef struct CudaCtx {
     size_t part_cap;   /* bytes */
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
     size_t sc_dev_cap;
+    uint64_t q_sparse, q_full; /* quantized matrices' delta updates by path (backend_cuda_update_counts) */
     uint8_t *sc_host;  /* scatter: [max(2 n elem, 8 n)] values sent, values read back (first the indices read
                         * back); rewrite: [min(bytes, RW_CHUNK)] the device copy read back */
     size_t sc_host_cap;
@@ -297,21 +298,116 @@ static int cu_scatter_verified(Backend *b, void *dev, size_t dev_bytes, const vo
     return 0;
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* idx [n] ascending (delta commit's order; duplicates allowed) -> out [<= n]
+ * ascending distinct idx[i] / div * mul + add. */
+static int64_t map_unique(const int64_t *idx, int64_t n, int64_t div, int64_t mul, int64_t add, int64_t *out) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = idx[i] / div * mul + add;
+        if (!m || out[m - 1] != v) out[m++] = v;
+    }
+    return m;
+}
+
+/* A re-quantized matrix's device copy from the bytes that changed, when few
+ * did (admin_touched re-quantized the host copy in place; idx: the touched
+ * elements, ascending; the device copy held the host's bytes before it):
+ *   FP8: the device's scales are read back; a block whose scale moved may
+ *   have every byte changed, a block whose scale stands only its touched
+ *   elements (quant_fp8_requant); so the scales are rewritten (verified) and
+ *   the bytes of the touched elements and of the moved blocks scattered
+ *   (verified);
+ *   NVFP4: the device's tensor scale is read back; when it moved every byte
+ *   may have (the amax changed: QUANT_REQUANT_FULL), else only the touched
+ *   16-element blocks did: their 8 packed bytes (2 words) and scale byte are
+ *   scattered (verified).
+ * Returns 0, <0 with err, or 1: too many changed (more than a quarter of the
+ * bytes' worth of scatter), rewrite it whole. */
+static int quant_update_sparse(Backend *b, WeightMat *w, const int64_t *idx, int64_t n, Err *err) {
+    CudaCtx *c = ctx(b);
+    int64_t numel = (int64_t)w->rows * w->cols;
+    if (n <= 0 || (uint64_t)n * 9 > (uint64_t)numel / 4) return 1;
+    int rc;
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        int64_t ns = (int64_t)q->scale_rows * q->scale_cols, moved = 0;
+        size_t sb = sizeof(float) * (size_t)ns;
+        if ((rc = sc_host_grow(c, sb, err))) return rc;
+        CUDA_TRY(err, cudaMemcpyAsync(c->sc_host, w->dev_scale, sb, cudaMemcpyDeviceToHost, c->stream));
+        CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+        const float *old = (const float *)c->sc_host;
+        for (int64_t s = 0; s < ns; s++) moved += memcmp(&old[s], &q->scale_inv[s], sizeof(float)) != 0;
+        int64_t per = (int64_t)q->block_rows * q->block_cols, total = n + moved * per;
+        if ((uint64_t)total * 9 > (uint64_t)numel / 4) return 1;
+        int64_t *all = (int64_t *)malloc(sizeof(int64_t) * (size_t)total);
+        if (!all) return ERR(err, 500, "out of host memory for a %lld-index update", (long long)total);
+        int64_t m = 0;
+        for (int64_t s = 0; s < ns; s++) { /* old is sc_host: read before cu_rewrite reuses it */
+            if (!memcmp(&old[s], &q->scale_inv[s], sizeof(float))) continue;
+            int r0 = (int)(s / q->scale_cols) * q->block_rows, c0 = (int)(s % q->scale_cols) * q->block_cols;
+            for (int r = r0; r < r0 + q->block_rows && r < w->rows; r++)
+                for (int cc = c0; cc < c0 + q->block_cols && cc < w->cols; cc++) all[m++] = (int64_t)r * w->cols + cc;
+        }
+        for (int64_t i = 0; i < n; i++) all[m++] = idx[i];
+        qsort(all, (size_t)m, sizeof *all, cmp_i64);
+        m = map_unique(all, m, 1, 1, 0, all);
+        rc = cu_rewrite(c, w->dev_scale, q->scale_inv, sb, err);
+        if (!rc) rc = cu_scatter_verified(b, w->dev, (size_t)numel, q->q, all, m, 1, err);
+        free(all);
+        return rc;
+    }
+    const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+    float s2 = 0;
+    CUDA_TRY(err, cudaMemcpyAsync(&s2, w->dev_s2, sizeof s2, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (memcmp(&s2, &q->scale2, sizeof s2)) return 1; /* the amax moved: every byte may have */
+    int64_t *blk = (int64_t *)malloc(sizeof(int64_t) * 3 * (size_t)n); /* nb <= n blocks, then 2 nb words */
+    if (!blk) return ERR(err, 500, "out of host memory for a %lld-index update", (long long)n);
+    int64_t nb = map_unique(idx, n, QUANT_NVFP4_BLOCK, 1, 0, blk), nw = 0; /* 16-blocks: their scale bytes */
+    int64_t *words = blk + nb;                                             /* then their packed words */
+    for (int64_t i = 0; i < nb; i++) {
+        words[nw++] = blk[i] * 2;
+        words[nw++] = blk[i] * 2 + 1;
+    }
+    rc = cu_scatter_verified(b, w->dev_scale, (size_t)numel / QUANT_NVFP4_BLOCK, q->scale, blk, nb, 1, err);
+    if (!rc) rc = cu_scatter_verified(b, w->dev, (size_t)numel / 2, q->packed, words, nw, 4, err);
+    free(blk);
+    return rc;
+}
+
 /* A BF16 tensor: scatter the touched elements when that moves well under the
  * tensor's bytes, else re-upload it. A quantized matrix's BF16 master is not on
- * the device: the host re-quantized it (admin_touched), so its quantized buffers
- * are re-uploaded. Returns 0, or <0 with err filled (the caller restores the host
- * weights and calls again, which rewrites the device copy from them). */
+ * the device: the host re-quantized it (admin_touched), so the bytes that
+ * changed are scattered (quant_update_sparse) or, when many did or no indices
+ * came, its quantized buffers re-uploaded. Returns 0, or <0 with err filled
+ * (the caller restores the host weights and calls again, which rewrites the
+ * device copy from them). */
 static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
                               Err *err) {
     CudaCtx *c = ctx(b);
     if (c->resident) return ERR(err, 500, "deltas are not supported on a resident backend (benchmarks)");
     if (t->mat && !t->vec && t->mat->fmt != WF_BF16) {
+        if (idx && elem == 2 && t->mat->dev && t->mat->dev_scale && (t->mat->fmt != WF_NVFP4 || t->mat->dev_s2)) {
+            int rc = quant_update_sparse(b, t->mat, idx, n_idx, err);
+            if (rc <= 0) {
+                c->q_sparse += rc == 0;
+                return rc;
+            }
+        }
+        c->q_full++;
         const void *host[MAT_PARTS];
         void **dev[MAT_PARTS];
         size_t bytes[MAT_PARTS];
         int np = mat_parts(t->mat, host, dev, bytes);
-        for (int i = 0; i < np; i++) {
+        /* scales first (NVFP4's tensor scale, then the block scales): after a failure part way, the
+         * bytes differ from the host's only where a scale differs too, or at touched elements, which
+         * is what the restore's quant_update_sparse rewrites */
+        for (int i = np - 1; i >= 0; i--) {
             if (!*dev[i]) return ERR(err, 500, "'%s' has no device copy", t->name);
             int rc = cu_rewrite(c, *dev[i], host[i], bytes[i], err);
             if (rc) return rc;
@@ -990,6 +1086,11 @@ extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx
 
 extern "C" Backend *backend_cuda_create_resident(int head_dim, int max_ctx) {
     return cuda_backend_new(head_dim > 0 ? head_dim : CUDA_ATTN_MAX_HEAD_DIM, max_ctx, 1);
+}
+
+extern "C" void backend_cuda_update_counts(Backend *b, uint64_t *sparse, uint64_t *full) {
+    *sparse = ctx(b)->q_sparse;
+    *full = ctx(b)->q_full;
 }
 
 extern "C" int backend_cuda_read_weight(Backend *b, const WeightMat *w, void *dst, size_t bytes) {

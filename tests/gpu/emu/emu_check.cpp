@@ -659,7 +659,11 @@ static int fault_bufs_device_is_host(Backend *gb, FaultBuf *b, int n) {
 
 /* The delta of the header from the current weights to target_version: down_proj's every 8th element
  * moved by step, a sparse o_proj (24 elements set to +-step * 3, their indices into o_idx), the final
- * norm scaled. NULL with a FAIL printed. */
+ * norm scaled. step 0: an optimizer step's size instead: those elements and 24 others of o_proj
+ * (far below its amax) move by one bf16 ulp, so no FP8 / NVFP4 scale of o_proj moves and its device
+ * copy takes only the changed bytes (quant_update_sparse); step < 0: that, and one element of o_proj's
+ * row 3 raised to 1.5 times the row's amax (a per-channel FP8 scale moves: that row's bytes must all
+ * follow). NULL with a FAIL printed. */
 static const char *fault_names[3] = {"model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight",
                                      "model.norm.weight"};
 static uint8_t *fault_delta(const char *dir, Model *m, const WeightVersion *wv, uint64_t target_version, float step,
@@ -681,15 +685,25 @@ static uint8_t *fault_delta(const char *dir, Model *m, const WeightVersion *wv, 
         uint16_t *nw = (uint16_t *)malloc(2 * (size_t)numel);
         memcpy(nw, cur, 2 * (size_t)numel);
         if (t == 0)
-            for (int64_t i = 0; i < numel; i += 8) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) + step);
+            for (int64_t i = 0; i < numel; i += 8) nw[i] = step ? f32_to_bf16(bf16_to_f32(nw[i]) + step) : nw[i] ^ 1;
         else if (t == 2)
-            for (int64_t i = 0; i < numel; i++) nw[i] = f32_to_bf16(bf16_to_f32(nw[i]) * (1.0f + 2 * step) + step / 2);
-        else
+            for (int64_t i = 0; i < numel; i++)
+                nw[i] = step ? f32_to_bf16(bf16_to_f32(nw[i]) * (1.0f + 2 * step) + step / 2) : nw[i] ^ 1;
+        else {
+            float up = step > 0 ? step : 0.0f; /* step <= 0: the optimizer-sized kinds */
             for (int i = 0; i < 24; i++) {
-                int64_t j = (int64_t)i * (numel / 24) + 5;
-                nw[j] = f32_to_bf16(i % 2 ? 3 * step : -3 * step);
+                int64_t j = (int64_t)i * (numel / 24) + (up ? 5 : 11);
+                nw[j] = up ? f32_to_bf16(i % 2 ? 3 * up : -3 * up) : nw[j] ^ 1;
                 if (nw[j] != cur[j]) o_idx[(*n_o)++] = j;
             }
+            if (step < 0) {
+                int64_t cols = st->shape[1], j0 = 3 * cols + 7;
+                float amax = 0;
+                for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(bf16_to_f32(cur[3 * cols + c])));
+                nw[j0] = f32_to_bf16(amax * 1.5f);
+                o_idx[(*n_o)++] = j0;
+            }
+        }
         if (delta_encode_tensor(&rec[t], fault_names[t], dt, st->ndim, st->shape, cur, nw, 3, 0, &err)) {
             printf("  FAIL %s: encode: %s\n", dir, err.msg);
             n_fail++;
@@ -715,10 +729,12 @@ static uint8_t *fault_delta(const char *dir, Model *m, const WeightVersion *wv, 
  * touched buffer (BF16 master, quantized host bytes, device copies) stays bit-identical; then the
  * commit with nothing injected succeeds and the device copies equal the host. */
 static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, WeightVersion *wv, int corrupt, float step) {
-    const char *pn = precision_name(m->layers[0].o.fmt == WF_FP8 ? PREC_FP8
-                                    : m->layers[0].o.fmt == WF_NVFP4 ? PREC_NVFP4 : PREC_BF16);
+    const WeightMat *o = &m->layers[0].o;
+    const char *pn = o->fmt == WF_NVFP4 ? "nvfp4"
+                     : o->fmt != WF_FP8 ? "bf16"
+                     : ((const QuantFp8 *)o->q)->block_rows == 1 ? "fp8 per-channel" : "fp8";
     Err err = {};
-    int64_t o_idx[24];
+    int64_t o_idx[32]; /* 24, + 1 with step < 0 */
     int n_o = 0;
     size_t size = 0;
     uint64_t v0 = wv->version;
@@ -743,6 +759,8 @@ static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, Weight
     tgt.touched_ctx = &fc;
     tgt.n_threads = 1;
     int injected = 0, wrong = 0, final_rc = -1;
+    uint64_t sp0 = 0, sp1 = 0, full0 = 0, full1 = 0;
+    backend_cuda_update_counts(gb, &sp0, &full0);
     char first_err[640] = "";
     for (long k = 1; k < 1000; k++) {
         DeltaPlan *plan = NULL;
@@ -777,20 +795,25 @@ static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, Weight
     }
     int synced = final_rc == 0 && wv->version == v0 + 1 && fault_bufs_device_is_host(gb, bufs, nb) == 0 &&
                  fault_bufs_diff(gb, bufs, nb, 0) > 0;
-    int ok = !bad && !wrong && injected >= (corrupt ? 3 : 8) && synced;
+    backend_cuda_update_counts(gb, &sp1, &full1);
+    /* an optimizer-sized step on a quantized model: o_proj's copy took only its changed bytes */
+    int quantized = m->layers[0].o.fmt != WF_BF16, sparse_ok = !quantized || step > 0 || sp1 > sp0;
+    int ok = !bad && !wrong && injected >= (corrupt ? 3 : 8) && synced && sparse_ok;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %s %s delta: %d %s in turn, each commit failed and restored host + device (%d wrong); the commit "
-           "with none: %s%s\n", ok ? "ok" : "FAIL", dir, pn, injected,
+    printf("  %-4s %s %s %sdelta: %d %s in turn, each commit failed and restored host + device (%d wrong); the commit "
+           "with none: %s%s; quantized matrices updated by their changed bytes %llu times, whole %llu\n",
+           ok ? "ok" : "FAIL", dir, pn, step > 0 ? "" : step < 0 ? "optimizer-sized + a row's amax raised " : "optimizer-sized ", injected,
            corrupt ? "host-to-device copies of the update landed corrupted" : "CUDA calls of the device update failed",
-           wrong, synced ? "applied, device == host" : "NOT applied or device != host", first_err);
+           wrong, synced ? "applied, device == host" : "NOT applied or device != host", first_err,
+           (unsigned long long)(sp1 - sp0), (unsigned long long)(full1 - full0));
     for (int i = 0; i < nb; i++) { free(bufs[i].h0); free(bufs[i].d0); }
     free(buf);
 }
 
-static void t_delta_fault(const char *dir, Precision prec) {
+static void t_delta_fault(const char *dir, Precision prec, int per_channel) {
     Err err = {};
     Model *m = NULL;
-    LoadOptions o = {prec, 1, 0};
+    LoadOptions o = {prec, 1, per_channel};
     if (model_load_opts(&m, dir, &o, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
@@ -799,8 +822,15 @@ static void t_delta_fault(const char *dir, Precision prec) {
     Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     Runner *r = runner_create_with(m, gb, 16, 128);
     WeightVersion *wv = weight_version_from_safetensors(m->st, 1);
-    fault_loop(dir, m, gb, r, wv, 0, 0.25f);
-    fault_loop(dir, m, gb, r, wv, 1, 0.125f); /* the next version, from the weights the first left */
+    if (per_channel) { /* FP8 per channel: a row's scale moves inside the sparse update */
+        fault_loop(dir, m, gb, r, wv, 0, -1.0f);
+        fault_loop(dir, m, gb, r, wv, 1, -1.0f);
+    } else {
+        fault_loop(dir, m, gb, r, wv, 0, 0.25f);
+        fault_loop(dir, m, gb, r, wv, 1, 0.125f); /* the next version, from the weights the first left */
+        fault_loop(dir, m, gb, r, wv, 0, 0.0f);   /* optimizer-sized: the quantized copies' sparse update */
+        fault_loop(dir, m, gb, r, wv, 1, 0.0f);
+    }
     weight_version_free(wv);
     runner_free(r);
     model_free(m);
@@ -855,9 +885,10 @@ int main(void) {
         return n_fail ? 1 : 0;
     }
     if (getenv("EMU_DELTA_ONLY")) { /* EMU_DELTA_ONLY=1: the delta fault checks alone (working on an update path) */
-        t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
-        t_delta_fault("tests/fixtures/qwen2", PREC_FP8);
-        t_delta_fault("tests/fixtures/llama31", PREC_NVFP4);
+        t_delta_fault("tests/fixtures/qwen2", PREC_BF16, 0);
+        t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
+        t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
+        t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
@@ -964,9 +995,10 @@ int main(void) {
     }
     t_cuda_off(quick);
     printf("== a CUDA failure, or a corrupted copy, during a delta's device update: the commit fails and restores ==\n");
-    t_delta_fault("tests/fixtures/qwen2", PREC_BF16);
-    t_delta_fault("tests/fixtures/qwen2", PREC_FP8);
-    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4);
+    t_delta_fault("tests/fixtures/qwen2", PREC_BF16, 0);
+    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
+    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
+    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

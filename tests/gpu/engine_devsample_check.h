@@ -154,24 +154,36 @@ static uint64_t eds_hash(const int32_t *ids, int n) {
 /* The graph use of the last eds_run: steps captured or replayed as whole-step graphs, as piecewise graphs. */
 static uint64_t eds_graph_steps, eds_piece_steps;
 
+/* The checks' engine: dir's model on backend_cuda, 8 sequences of up to 64 tokens, steps of
+ * max_batched tokens, device sampling `mode`, async scheduling `async`. 0, or -1 (printed). */
+static int eds_open(const char *dir, int mode, int async, int max_batched, Model **m, Runner **r, EngineConfig *c,
+                    EngineBackend *be) {
+    Err err = {0};
+    *m = NULL;
+    if (model_load(m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
+    engine_config_default(c);
+    c->max_running_seqs = 8;
+    c->max_batched_tokens = max_batched;
+    c->max_model_len = 64;
+    c->n_blocks = 64;
+    c->block_size = 4;
+    c->n_threads = 2;
+    c->verbose = 0;
+    c->device_sampling = mode;
+    c->async_scheduling = async;
+    Backend *gb = backend_cuda_create(&(*m)->weights, (*m)->cfg.head_dim, c->max_model_len);
+    *r = runner_create_with(*m, gb, c->max_batched_tokens, c->max_model_len);
+    *be = runner_backend_create(*m, *r, c, NULL, NULL, NULL);
+    return 0;
+}
+
 static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[][2], EngineMetrics *met) {
     Err err = {0};
-    Model *m = NULL;
-    if (model_load(&m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
+    Model *m;
+    Runner *r;
     EngineConfig c;
-    engine_config_default(&c);
-    c.max_running_seqs = 8;
-    c.max_batched_tokens = 64;
-    c.max_model_len = 64;
-    c.n_blocks = 64;
-    c.block_size = 4;
-    c.n_threads = 2;
-    c.verbose = 0;
-    c.device_sampling = mode;
-    c.async_scheduling = async;
-    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
-    Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
-    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL, NULL);
+    EngineBackend be;
+    if (eds_open(dir, mode, async, 64, &m, &r, &c, &be)) return -1;
     static EdsCounter dev_ns;
     dev_ns = 0;
     runner_backend_count_device(&be, &dev_ns);
@@ -425,22 +437,11 @@ typedef struct EexOut {
 
 static int eex_run(const char *dir, int mode, int async, EexOut *o) {
     Err err = {0};
-    Model *m = NULL;
-    if (model_load(&m, dir, &err)) { printf("  FAIL %s: %s\n", dir, err.msg); return -1; }
+    Model *m;
+    Runner *r;
     EngineConfig c;
-    engine_config_default(&c);
-    c.max_running_seqs = 8;
-    c.max_batched_tokens = 16;
-    c.max_model_len = 64;
-    c.n_blocks = 64;
-    c.block_size = 4;
-    c.n_threads = 2;
-    c.verbose = 0;
-    c.device_sampling = mode;
-    c.async_scheduling = async;
-    Backend *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, c.max_model_len);
-    Runner *r = runner_create_with(m, gb, c.max_batched_tokens, c.max_model_len);
-    EngineBackend be = runner_backend_create(m, r, &c, NULL, NULL, NULL);
+    EngineBackend be;
+    if (eds_open(dir, mode, async, 16, &m, &r, &c, &be)) return -1;
     Engine *e = engine_create(&m->cfg, &be, &c);
     int E = engine_experts_per_token(e), rc = E > 0 ? 0 : -1;
     o->E = E;

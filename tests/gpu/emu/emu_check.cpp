@@ -836,6 +836,14 @@ static void t_delta_fault(const char *dir, Precision prec, int per_channel) {
     model_free(m);
 }
 
+static void t_delta_faults(void) {
+    printf("== a CUDA failure, or a corrupted copy, during a delta's device update: the commit fails and restores ==\n");
+    t_delta_fault("tests/fixtures/qwen2", PREC_BF16, 0);
+    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
+    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
+    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
+}
+
 /* SAMPLER_CUDA_OFF (backend_cuda.cu): the named kernels' ops are gone from a
  * backend made under it and back in one made without it; with every kernel
  * off, a MoE fixture on BF16 KV (prefill attention on CUDA cores, the routed
@@ -885,10 +893,7 @@ int main(void) {
         return n_fail ? 1 : 0;
     }
     if (getenv("EMU_DELTA_ONLY")) { /* EMU_DELTA_ONLY=1: the delta fault checks alone (working on an update path) */
-        t_delta_fault("tests/fixtures/qwen2", PREC_BF16, 0);
-        t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
-        t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
-        t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
+        t_delta_faults();
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
@@ -994,11 +999,7 @@ int main(void) {
         t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8);
     }
     t_cuda_off(quick);
-    printf("== a CUDA failure, or a corrupted copy, during a delta's device update: the commit fails and restores ==\n");
-    t_delta_fault("tests/fixtures/qwen2", PREC_BF16, 0);
-    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
-    t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
-    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
+    t_delta_faults();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -630,6 +630,7 @@ static void bench_decode_long(Model *m, double weight_bytes, float *logits) {
 }
 
 #include "bench_moe.h" /* the Qwen3-30B-A3B-shaped MoE decode rows */
+#include "bench_delta_quant.h" /* a quantized matrix's device update after a delta */
 
 static void bench_prefill(Runner *r, KVCache *kv, const ModelConfig *c, double mat_params, float *logits,
                           int32_t *tables_mem, int blocks_per_seq, const char *label) {
@@ -1364,6 +1365,13 @@ static void section_decode_32k(void) {
 
 static void section_moe(void) { dense_free(); if (bench_ready("moe")) bench_moe(); }
 static void section_moe_prefill(void) { dense_free(); if (bench_ready("moe_prefill")) bench_moe_prefill(); }
+/* Issue 19's deltas on quantized devices: the two device update paths on a Qwen3-8B MLP matrix. */
+static void section_delta_quant(void) {
+    for (int f = 0; f < 2; f++) {
+        dq_run(12288, 4096, f ? WF_NVFP4 : WF_FP8, 0.001, native_row);
+        dq_run(12288, 4096, f ? WF_NVFP4 : WF_FP8, 0.01, native_row);
+    }
+}
 static void section_moe_prefill_fp8(void) { dense_free(); if (bench_ready("moe_prefill_fp8")) bench_moe_prefill_fp8(); }
 
 /* The whole check, in order. Limits are watchdogs for a hang (a section's
@@ -1396,6 +1404,7 @@ static const CheckSection SECTIONS[] = {
     {"moe", 3, 120, section_moe},
     {"moe_prefill", 3, 90, section_moe_prefill},
     {"moe_prefill_fp8", 3, 90, section_moe_prefill_fp8},
+    {"delta_quant", 3, 90, section_delta_quant},
 };
 #define N_SECTIONS ((int)(sizeof SECTIONS / sizeof SECTIONS[0]))
 

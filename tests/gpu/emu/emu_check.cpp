@@ -31,6 +31,7 @@
 #include "../lora_checks.h"
 #include "../sampling_checks.h"
 #include "../engine_devsample_check.h"
+#include "../bench_delta_quant.h"
 #include "../attn_bounds.h"
 #include "cuda_kernels.h"
 #include "cuda_runtime.h" /* the shim: gemv_tile.cuh is device code */
@@ -842,6 +843,9 @@ static void t_delta_faults(void) {
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
     t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
+    /* the two update paths on a matrix of 2 x 4 FP8 blocks (bench_delta_quant.h; timed on a GPU by gpu_check) */
+    dq_run(256, 512, WF_FP8, 0.01, NULL);
+    dq_run(256, 512, WF_NVFP4, 0.01, NULL);
 }
 
 /* SAMPLER_CUDA_OFF (backend_cuda.cu): the named kernels' ops are gone from a

@@ -58,6 +58,8 @@ extern "C" {
 
 #define UP_SEGS 8                       /* cu_upload's ring: segments of */
 #define UP_SEG_BYTES ((size_t)1 << 20)  /* pinned host bytes each */
+#define RW_CHUNK ((size_t)4 << 20) /* cu_rewrite's read-back chunk (pinned, CudaCtx.rw_pin) */
+
 typedef struct CudaCtx {
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -71,8 +73,10 @@ typedef struct CudaCtx {
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
     size_t sc_dev_cap;
     uint64_t q_sparse, q_full; /* quantized matrices' delta updates by path (backend_cuda_update_counts) */
+    uint8_t *rw_pin;   /* [RW_CHUNK] pinned: cu_rewrite's read-back lands here by DMA (from pageable memory
+                        * the driver stages it through its own buffer, at a fraction of the bandwidth) */
     uint8_t *sc_host;  /* scatter: [max(2 n elem, 8 n)] values sent, values read back (first the indices read
-                        * back); rewrite: [min(bytes, RW_CHUNK)] the device copy read back */
+                        * back); quant_update_sparse: the device's scales read back */
     size_t sc_host_cap;
     /* native FP8 / NVFP4 (cuda_native.h), sized by cu_reserve / at creation */
     CudaLt *lt;
@@ -246,17 +250,14 @@ static int sc_host_grow(CudaCtx *c, size_t bytes, Err *err) {
  * matrix's parts), read back in chunks of at most RW_CHUNK and compared byte
  * for byte with what was sent: a copy that did not land as sent fails the
  * update (the commit restores), as the scatter's read-back does. */
-#define RW_CHUNK ((size_t)4 << 20)
 static int cu_rewrite(CudaCtx *c, void *dev, const void *host, size_t bytes, Err *err) {
     CUDA_TRY(err, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
     size_t chunk = bytes < RW_CHUNK ? bytes : RW_CHUNK;
-    int rc = sc_host_grow(c, chunk, err);
-    if (rc) return rc;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t n = bytes - off < chunk ? bytes - off : chunk;
-        CUDA_TRY(err, cudaMemcpyAsync(c->sc_host, (const uint8_t *)dev + off, n, cudaMemcpyDeviceToHost, c->stream));
+        CUDA_TRY(err, cudaMemcpyAsync(c->rw_pin, (const uint8_t *)dev + off, n, cudaMemcpyDeviceToHost, c->stream));
         CUDA_TRY(err, cudaStreamSynchronize(c->stream));
-        if (memcmp(c->sc_host, (const uint8_t *)host + off, n))
+        if (memcmp(c->rw_pin, (const uint8_t *)host + off, n))
             return ERR(err, 500, "the device copy read back after rewriting %zu bytes differs from them (at byte %zu "
                        "onwards)", bytes, off);
     }
@@ -848,6 +849,7 @@ static void cu_free(Backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     cuda_sampler_free(c->sampler);
     if (c->up) CUDA_CHECK(cudaFreeHost(c->up));
+    if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
                     c->lora_h, c->lora_rows_d};
@@ -974,6 +976,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     c->part_cap = sizeof(float) * (64 * rows > mma_rows ? 64 * rows : mma_rows) * (size_t)(head_dim + 2);
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
     CUDA_CHECK(cudaMallocHost((void **)&c->up, UP_SEGS * UP_SEG_BYTES));
+    CUDA_CHECK(cudaMallocHost((void **)&c->rw_pin, RW_CHUNK));
     for (int i = 0; i < UP_SEGS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->up_ev[i], cudaEventDisableTiming));
     Backend *b = (Backend *)xcalloc(1, sizeof *b);
     b->name = "cuda";

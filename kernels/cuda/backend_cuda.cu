@@ -345,6 +345,10 @@ static int quant_update_sparse(Backend *b, WeightMat *w, const int64_t *idx, int
         for (int64_t s = 0; s < ns; s++) moved += memcmp(&old[s], &q->scale_inv[s], sizeof(float)) != 0;
         int64_t per = (int64_t)q->block_rows * q->block_cols, total = n + moved * per;
         if ((uint64_t)total * 9 > (uint64_t)numel / 4) return 1;
+        if (!moved) { /* the usual step: the touched elements' bytes only, idx as it came */
+            rc = cu_rewrite(c, w->dev_scale, q->scale_inv, sb, err);
+            return rc ? rc : cu_scatter_verified(b, w->dev, (size_t)numel, q->q, idx, n, 1, err);
+        }
         int64_t *all = (int64_t *)malloc(sizeof(int64_t) * (size_t)total);
         if (!all) return ERR(err, 500, "out of host memory for a %lld-index update", (long long)total);
         int64_t m = 0;

@@ -14,8 +14,8 @@
  * delta_<fmt>_12288x4096_<frac>_{host_requant_ms, device_sparse_ms,
  * device_whole_ms}; emu_check: [256, 512], correctness only.
  * Not here: the delta format and commit (server/delta), the fault paths
- * (emu_check's t_delta_fault). The includer provides n_pass / n_fail and
- * rng_u64 (op_checks.h).
+ * (emu_check's t_delta_fault). The includer provides n_pass / n_fail,
+ * rng_u64 and wmat_bf16 (op_checks.h).
  */
 #ifndef SAMPLER_BENCH_DELTA_QUANT_H
 #define SAMPLER_BENCH_DELTA_QUANT_H
@@ -74,12 +74,8 @@ static void dq_run(int rows, int cols, WeightFormat fmt, double frac, void (*row
     uint16_t *m = (uint16_t *)xmalloc(numel * 2);
     for (size_t i = 0; i < numel; i++)
         m[i] = f32_to_bf16((float)(0.02 * sqrt(-2 * log(dq_uniform())) * cos(6.283185307179586 * dq_uniform())));
-    WeightMat w;
-    memset(&w, 0, sizeof w);
+    WeightMat w = wmat_bf16(rows, cols, m); /* op_checks.h; then the quantized form */
     w.fmt = fmt;
-    w.rows = rows;
-    w.cols = cols;
-    w.bf16 = m;
     w.q = fmt == WF_FP8 ? (void *)quant_fp8_from_bf16(m, rows, cols, QUANT_FP8_BLOCK128, &err)
                         : (void *)quant_nvfp4_from_bf16(m, rows, cols, &err);
     CHECK(w.q, "bench_delta_quant: quantize: %s", err.msg);

@@ -59,6 +59,17 @@ static double eds_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Wait for r to finish (a generous deadline, 30 min: the emulation under a sanitizer on a loaded machine
+ * is slow): 0 when it finished cleanly, else -1 with a FAIL line naming request k. */
+static int eds_wait_clean(EngineRequest *r, int k) {
+    Err err = {0};
+    uint64_t seen = 0;
+    for (int i = 0; i < 18000 && !engine_request_done(r); i++) engine_request_wait(r, &seen, 100);
+    if (engine_request_done(r) && !engine_request_failed(r, &err)) return 0;
+    printf("  FAIL request %d did not finish cleanly\n", k);
+    return -1;
+}
+
 #define EDS_REQS 6
 #define EDS_MAX_TOK 8
 
@@ -214,13 +225,7 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
     engine_resume(e);
     for (int k = 0; k < EDS_REQS; k++) {
         if (!req[k]) continue;
-        uint64_t seen = 0;
-        /* a generous deadline (30 min): the emulation under a sanitizer on a loaded machine is slow */
-        for (int i = 0; i < 18000 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
-        if (!engine_request_done(req[k]) || engine_request_failed(req[k], &err)) {
-            printf("  FAIL request %d did not finish cleanly\n", k);
-            rc = -1;
-        }
+        if (eds_wait_clean(req[k], k)) rc = -1;
         for (int q = 0; q < engine_request_n_seqs(req[k]) && q < 2; q++) {
             EngineSeqView v;
             engine_request_seq(req[k], q, &v);
@@ -312,9 +317,7 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             eds_params(&p, 3, fresh, 10);
             p.sampling.max_tokens = 2;
             ok &= engine_submit(e, &p, &w, &err) == 0;
-            seen = 0;
-            for (int i = 0; ok && i < 18000 && !engine_request_done(w); i++) engine_request_wait(w, &seen, 100);
-            ok &= w && engine_request_done(w) && !engine_request_failed(w, &err);
+            ok &= w && eds_wait_clean(w, 100 + k) == 0;
             if (w) engine_request_release(w);
         }
         ok ? n_pass++ : n_fail++;
@@ -468,12 +471,7 @@ static int eex_run(const char *dir, int mode, int async, EexOut *o) {
     engine_resume(e);
     for (int k = 0; k < EEX_REQS; k++) {
         if (!req[k]) continue;
-        uint64_t seen = 0;
-        for (int i = 0; i < 18000 && !engine_request_done(req[k]); i++) engine_request_wait(req[k], &seen, 100);
-        if (!engine_request_done(req[k]) || engine_request_failed(req[k], &err)) {
-            printf("  FAIL request %d did not finish cleanly\n", k);
-            rc = -1;
-        }
+        if (eds_wait_clean(req[k], k)) rc = -1;
         const int32_t *pe = NULL;
         int npe = E ? engine_request_prompt_experts(req[k], &pe) : 0;
         o->n_pexp[k] = npe;

@@ -27,30 +27,26 @@ thread_local EmuBlock *emu_block;
 #define EMU_MAX_THREADS 1024
 
 /* ---- fault injection (shim/cuda_runtime.h); host thread only ---- */
-static long fail_countdown;
-static int fail_fired;
-static cudaError_t pending_launch_error = cudaSuccess;
-void emu_fail_nth(long k) { fail_countdown = k; fail_fired = 0; }
-int emu_failed(void) { return fail_fired; }
-int emu_fault(void) {
-    if (fail_countdown <= 0 || --fail_countdown) return 0;
-    fail_fired = 1;
+/* An armed "the k-th one" trigger: fires once, on the k-th call of emu_countdown_fire. */
+typedef struct EmuCountdown { long left; int fired; } EmuCountdown;
+static int emu_countdown_fire(EmuCountdown *c) {
+    if (c->left <= 0 || --c->left) return 0;
+    c->fired = 1;
     return 1;
 }
+static EmuCountdown fail_at, corrupt_at;
+static cudaError_t pending_launch_error = cudaSuccess;
+void emu_fail_nth(long k) { fail_at = EmuCountdown{k, 0}; }
+int emu_failed(void) { return fail_at.fired; }
+int emu_fault(void) { return emu_countdown_fire(&fail_at); }
 int emu_launch_fault(void) {
     if (!emu_fault()) return 0;
     pending_launch_error = cudaErrorLaunchFailure;
     return 1;
 }
-static long corrupt_countdown;
-static int corrupt_fired;
-void emu_corrupt_nth(long k) { corrupt_countdown = k; corrupt_fired = 0; }
-int emu_corrupted(void) { return corrupt_fired; }
-int emu_corrupt(void) {
-    if (corrupt_countdown <= 0 || --corrupt_countdown) return 0;
-    corrupt_fired = 1;
-    return 1;
-}
+void emu_corrupt_nth(long k) { corrupt_at = EmuCountdown{k, 0}; }
+int emu_corrupted(void) { return corrupt_at.fired; }
+int emu_corrupt(void) { return emu_countdown_fire(&corrupt_at); }
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = pending_launch_error;
     pending_launch_error = cudaSuccess;

@@ -61,6 +61,7 @@ typedef struct ServerConfig {
     const char *served_model_name; /* NULL: the model directory's base name */
     LoadOptions load;              /* precision (default bf16) and weight_only (default 0) */
     int force_cpu;                 /* 1: the CPU backend even in a GPU binary (--device cpu) */
+    int native_crossover;          /* --native-crossover: 0 = measured per shape at start-up, N: from N tokens */
     const char *deltas[SERVER_MAX_DELTAS]; /* applied at start-up, in this order */
     int n_deltas;
     uint64_t weight_version;       /* version of the checkpoint in model_dir; default 0 */

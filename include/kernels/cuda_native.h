@@ -48,10 +48,11 @@
 extern "C" {
 #endif
 
-/* Tokens at and above which an act_quant matrix takes the tensor-core GEMM;
- * below it the weight-only GEMV (f32 activations). A constant for now, TO BE
- * MEASURED ON THE DEVICE: gpu_check's benchmark times both paths per batch size
- * on Qwen3-8B shapes and prints the measured crossover (`native_fp8_crossover_n`). */
+/* Tokens at and above which an act_quant matrix takes the tensor-core GEMM when
+ * nothing was measured (WeightMat.native_min_n == 0: the op checks, a server
+ * started with --native-crossover off the GPU); below it the weight-only GEMV
+ * (f32 activations). A server measures each shape's own crossover on its
+ * device at start-up (device_native_calibrate, backend_cuda_native_time). */
 #define CUDA_NATIVE_MIN_N 16
 
 /* FP8 activations, per token and `group` columns (128, or cols for per token):
@@ -129,6 +130,17 @@ int cuda_native_caps(void);
  * not take): the backend's per-matrix choice, also for start-up logs. */
 struct WeightMat;
 int backend_cuda_native_kind(const struct WeightMat *w);
+
+/* Start-up (device_native_calibrate): the two paths a matmul of w at n tokens
+ * chooses between, as the backend runs them (the weight-only GEMV; the
+ * activation quantizer + the native GEMM), each the best of `reps` runs after
+ * one warm-up, timed by CUDA events on the backend's stream, in microseconds.
+ * *native_us = -1 when w has no native path or cuBLASLt refused the shape.
+ * Allocates and frees its own x [n, cols] f32 and out [n, rows] f32 (start-up
+ * only). 0, or -1 on a CUDA error (the caller keeps the constant). */
+struct Backend;
+int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *wo_us,
+                             float *native_us);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,10 @@ typedef struct WeightMat {
     uint16_t *bf16;  /* [rows, cols] bf16: the master (also the compute copy for WF_BF16) */
     void *q;         /* quantized form (quant.h: QuantFp8 / QuantNvfp4), NULL for WF_BF16 */
     int act_quant;   /* quantized formats: 1 = quantize activations too (native GPU path) */
+    /* act_quant matrices on the CUDA backend: tokens from which a matmul takes the native tensor-core
+     * GEMM (below: the weight-only GEMV). 0: CUDA_NATIVE_MIN_N; INT_MAX: never. Set at start-up,
+     * measured per shape on the device (device_native_calibrate) or from --native-crossover */
+    int native_min_n;
     /* A device backend's copy of what the kernels read (NULL on host backends):
      * WF_BF16 bf16 [rows, cols]; WF_FP8 e4m3 [rows, cols]; WF_NVFP4 u8 [rows, cols / 2] (e2m1 pairs) */
     void *dev;

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 
+#include "backend.h"
 #include "check.h"
 #include "model.h"
 
@@ -26,6 +27,7 @@ typedef struct DeviceChoice {
     size_t mem_bytes;
     char name[256];     /* device name, or "cpu" */
     Precision precision; /* model.h; precision_parse / precision_name live there */
+    int native_crossover; /* --native-crossover: 0 = measured per shape at start-up, N: native from N tokens */
 } DeviceChoice;
 
 /* The binary built for compute capability major.minor ("sampler-sm90"), or
@@ -53,6 +55,32 @@ int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight
                        Err *err);
 /* device_native_plan for the chosen device; sets load->fp8_per_channel and logs the path. */
 int device_native_check(const DeviceChoice *d, LoadOptions *load, Err *err);
+
+/* The crossover between an act_quant matrix's two GPU paths (the weight-only
+ * GEMV, the native GEMM), measured: time(ctx, n, ...) gives both paths' us at
+ * n tokens (native_us < 0: refused) for the ladder 1, 2, 3, 4, 6, 8, 12, 16,
+ * ... up to max_n, every point to 64 and beyond it until native has won at two
+ * points in a row there. min_n: the point after the last one native lost (or was
+ * refused at), INT_MAX when it lost the last one measured. 0, or -1 when
+ * time failed. */
+#define NATIVE_XOVER_MAX 32
+typedef struct NativeCrossover {
+    int min_n;                      /* native from min_n tokens; INT_MAX: weight-only at every size */
+    int points;                     /* measured ladder points */
+    int n[NATIVE_XOVER_MAX];        /* tokens */
+    float wo_us[NATIVE_XOVER_MAX];  /* weight-only GEMV, best of the runs */
+    float native_us[NATIVE_XOVER_MAX]; /* quantizer + native GEMM; < 0: refused */
+} NativeCrossover;
+typedef int (*NativeTimeFn)(void *ctx, int n, float *wo_us, float *native_us);
+int device_native_crossover(NativeTimeFn time, void *ctx, int max_n, NativeCrossover *out);
+
+/* Start-up, on a GPU: every act_quant matrix that has a native GEMM (routed
+ * experts aside: their grouped GEMM keeps CUDA_NATIVE_MIN_N) gets its
+ * WeightMat.native_min_n: fixed > 0 sets it; 0 measures each distinct shape on
+ * the device (backend_cuda_native_time, up to max_tokens) and logs its table.
+ * 0, or -1 when timing failed (every matrix then keeps the constant). A no-op
+ * off the GPU and for weight-only models. */
+int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).
  * Its KV cache comes from runner_kvcache_create (model.h). */

@@ -9,8 +9,10 @@
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
  * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
- * quant_gemv.cu below CUDA_NATIVE_MIN_N tokens; act_quant matrices take the
- * native tensor-core GEMMs of lt_gemm.cu at and above it (routed FP8 experts:
+ * quant_gemv.cu below the matrix's crossover (WeightMat.native_min_n, measured
+ * per shape at start-up through backend_cuda_native_time; CUDA_NATIVE_MIN_N
+ * when unmeasured); act_quant matrices take the native tensor-core GEMMs of
+ * lt_gemm.cu at and above it (routed FP8 experts, from CUDA_NATIVE_MIN_N:
  * moe_mma.cu's e4m3 grouped GEMM, cu_moe_mlp) where the binary has
  * one for their layout and shape (native_matmul; cuda_native.h), weight-only
  * otherwise.
@@ -495,11 +497,14 @@ static int native_matmul(Backend *b, float *out, const float *x, int n, const We
     return rc ? -1 : 0;
 }
 
-static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+/* The per-shape choice: an act_quant matrix takes the native GEMM from its crossover on
+ * (WeightMat.native_min_n, measured at start-up; 0: CUDA_NATIVE_MIN_N). */
+static int native_at(const WeightMat *w, int n) {
+    return w->fmt != WF_BF16 && w->act_quant && n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
+}
+/* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
+static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
-    /* The per-shape choice: weight-only GEMV below the crossover, tensor cores at and above it. */
-    if (w->fmt != WF_BF16 && w->act_quant && n >= CUDA_NATIVE_MIN_N && native_matmul(b, out, x, n, w, bias) == 0)
-        return;
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
         const QuantFp8 *q = (const QuantFp8 *)w->q;
         LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
@@ -520,6 +525,51 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
+static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    if (native_at(w, n) && native_matmul(b, out, x, n, w, bias) == 0) return;
+    plain_matmul(b, out, x, n, w, bias);
+}
+
+/* Start-up (cuda_native.h): both paths of cu_matmul for w at n tokens, timed. x is a constant
+ * (the times do not depend on its values); bias none (a per-row add, the same in both). */
+extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, int reps, float *wo_us,
+                                        float *native_us) {
+    CudaCtx *c = ctx(b);
+    *wo_us = *native_us = -1;
+    if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
+    float *x = NULL, *out = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    if (cudaMalloc((void **)&x, sizeof(float) * (size_t)n * w->cols) != cudaSuccess ||
+        cudaMalloc((void **)&out, sizeof(float) * (size_t)n * w->rows) != cudaSuccess ||
+        cudaMemsetAsync(x, 0x3c, sizeof(float) * (size_t)n * w->cols, c->stream) != cudaSuccess || /* 0.0115 each */
+        cudaEventCreateWithFlags(&e0, cudaEventDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e1, cudaEventDefault) != cudaSuccess)
+        goto done;
+    for (int native = 0; native < 2; native++) {
+        float best = -1;
+        for (int r = -1; r < reps; r++) { /* r = -1: the warm-up (cuBLASLt's heuristic, the first launch) */
+            if (cudaEventRecord(e0, c->stream) != cudaSuccess) goto done;
+            if (native ? native_matmul(b, out, x, n, w, NULL) != 0 : (plain_matmul(b, out, x, n, w, NULL), 0)) {
+                best = -1; /* refused: no native path for this matrix here */
+                break;
+            }
+            float ms = 0;
+            if (cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+                goto done;
+            if (r >= 0 && (best < 0 || 1e3f * ms < best)) best = 1e3f * ms;
+        }
+        *(native ? native_us : wo_us) = best;
+    }
+    rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(x);
+    cudaFree(out);
+    return rc;
+}
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
  * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
 static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const float *x, int n,
@@ -527,11 +577,10 @@ static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const fl
     *m = GemvMulti{};
     *fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2;
     int ok = count <= GT_MAX_SEG && n <= CUDA_GEMV_MAX_N;
-    ok = ok && !(ws[0]->act_quant && n >= CUDA_NATIVE_MIN_N); /* native GEMMs: one matmul each */
     for (int i = 0; ok && i < count; i++) {
         const WeightMat *w = ws[i];
         const uint16_t *bias = biases[i];
-        ok = w->fmt == ws[0]->fmt;
+        ok = w->fmt == ws[0]->fmt && !native_at(w, n); /* a native GEMM: one matmul each */
         if (w->fmt == WF_BF16) {
             m->seg[i] = gemv_args(outs[i], x, (const uint16_t *)w->dev, bias, w->rows, w->cols);
         } else if (w->fmt == WF_FP8) {
@@ -809,7 +858,7 @@ static int cu_upload_try(Backend *b, void *dst, const void *src, size_t n, Err *
 static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     CudaCtx *c = ctx(b);
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
-    if (cuda_native_caps() && max_tokens >= CUDA_NATIVE_MIN_N) { /* native activations: the worst case of both formats */
+    if (cuda_native_caps()) { /* native activations (from any measured crossover): the worst case of both formats */
         scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)max_tokens * max_cols);
         scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)max_tokens * quant_fp8_groups(max_cols));
         if (cuda_native_caps() & CUDA_NATIVE_NVFP4)

@@ -170,6 +170,12 @@ static const Flag FLAGS[] = {
     {.name = "--weight-only", .section = S_MODEL, .kind = K_SWITCH, .off = AT(server.load.weight_only), .lo = 1,
      .help = "keep activations f32 with fp8/nvfp4 weights (the weight-only GEMV; needed for fp8 on A100 and nvfp4 "
              "below Blackwell); without it activations are quantized (the native tensor-core GEMMs on the GPU)"},
+    {.name = "--native-crossover", .metavar = "N", .section = S_MODEL, .kind = K_INT,
+     .off = AT(server.native_crossover), .lo = 0, .hi = 65535, .show_range = 1,
+     .unset = "0: measured on the device at start-up, per shape",
+     .help = "GPU, fp8/nvfp4 with quantized activations: batches of N tokens and more take the native tensor-core "
+             "GEMM, smaller ones the weight-only GEMV (f32 activations); 0 times both paths for every matrix shape "
+             "of the model at start-up and logs the table. No effect on the CPU backend or with --weight-only"},
     {.name = "--delta", .metavar = "FILE", .section = S_MODEL, .kind = K_LIST, .off = AT(server.deltas),
      .hi = SERVER_MAX_DELTAS, .count_off = AT(server.n_deltas), .unset = "none",
      .help = "apply a weight delta at start-up (repeatable, in version order)"},

@@ -106,6 +106,10 @@ Server *server_create(const ServerConfig *c) {
     Err err = {0};
     DeviceChoice dev;
     CHECK(device_select(&dev, c->force_cpu, c->load.precision, &err) == 0, "%s", err.msg);
+    dev.native_crossover = c->native_crossover;
+    if (c->native_crossover && (!dev.gpu || c->load.precision == PREC_BF16 || c->load.weight_only))
+        log_info("--native-crossover %d: no effect (it chooses between the GPU's weight-only and native paths of "
+                 "fp8 / nvfp4 with quantized activations)", c->native_crossover);
     CHECK(device_native_check(&dev, &s->cfg.load, &err) == 0, "%s", err.msg);
     CHECK(model_load_opts(&s->model, c->model_dir, &s->cfg.load, &err) == 0,
           "%s\n  fix: pass --model with a Hugging Face model directory (and a --precision it supports)", err.msg);

@@ -69,10 +69,10 @@ int device_select(DeviceChoice *out, int force_cpu, Precision p, Err *err) {
                  CUDA_GEMV_MAX_N);
     else /* native or weight-only: device_native_check decides and logs, the backend counts per matrix */
         log_info("device: %s (sm_%d%d, %d SMs, %.1f GiB) with sampler-sm%d; precision %s: weight-only GEMV below "
-                 "%d tokens, the native tensor-core GEMM at and above it for act_quant matrices that have one "
-                 "(cuda_native.h), paged flash-decoding attention",
+                 "each shape's crossover, the native tensor-core GEMM at and above it for act_quant matrices that "
+                 "have one (cuda_native.h), paged flash-decoding attention",
                  out->name, out->major, out->minor, out->sm_count, out->mem_bytes / 1073741824.0, out->binary_sm,
-                 precision_name(p), CUDA_NATIVE_MIN_N);
+                 precision_name(p));
     return 0;
 }
 
@@ -95,11 +95,13 @@ Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, in
         else n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
     }
     if (n_q)
-        log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM at >= %d tokens (activations "
-                 "quantized on the device)%s, the rest and every smaller batch the weight-only GEMV (f32 "
-                 "activations)%s", n_q, precision_name(m->precision), n_native + n_ex_native, CUDA_NATIVE_MIN_N,
+        log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM from their crossover (the routed "
+                 "experts' from %d tokens; activations quantized on the device)%s, the rest and every smaller batch "
+                 "the weight-only GEMV (f32 activations)%s", n_q, precision_name(m->precision), n_native + n_ex_native,
+                 CUDA_NATIVE_MIN_N,
                  n_ex_native ? " (the routed experts' among them: the grouped e4m3 GEMM)" : "",
                  m->act_quant && n_native + n_ex_native < n_q ? "; the weight-only ones differ from the CPU backend, "
                                                                 "which quantizes activations for every matrix" : "");
+    if (n_native) device_native_calibrate(b, m, max_tokens, d->native_crossover); /* before any graph */
     return runner_create_with(m, b, max_tokens, max_ctx);
 }

@@ -79,18 +79,8 @@ static void dq_run(int rows, int cols, WeightFormat fmt, double frac, void (*row
     w.q = fmt == WF_FP8 ? (void *)quant_fp8_from_bf16(m, rows, cols, QUANT_FP8_BLOCK128, &err)
                         : (void *)quant_nvfp4_from_bf16(m, rows, cols, &err);
     CHECK(w.q, "bench_delta_quant: quantize: %s", err.msg);
-    WeightTensor t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "model.layers.0.mlp.down_proj.weight");
-    t.mat = &w;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.numel = (int64_t)numel;
-    t.quantizable = 1;
-    int by_name = 0, by_host = 0;
-    WeightSet ws = {&t, 1, &by_name, &by_host};
-    Backend *b = backend_cuda_create(&ws, 128, 128);
+    OneMat om;
+    Backend *b = backend_cuda_create(one_mat_set(&om, &w), 128, 128);
     int64_t *idx = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(frac * (double)numel + 1));
     int64_t n = 0;
     uint64_t s0, f0, s1, f1, s2, f2;
@@ -100,14 +90,14 @@ static void dq_run(int rows, int cols, WeightFormat fmt, double frac, void (*row
     int rc = dq_requant(&w, idx, n, &err);
     double host_ms = (dq_now() - t0) * 1e3;
     t0 = dq_now();
-    rc |= rc ? 0 : b->weights_changed(b, &t, idx, n, 2, &err); /* returns once verified (synchronous) */
+    rc |= rc ? 0 : b->weights_changed(b, &om.t, idx, n, 2, &err); /* returns once verified (synchronous) */
     double sparse_ms = (dq_now() - t0) * 1e3;
     backend_cuda_update_counts(b, &s1, &f1);
     int same1 = dq_device_is_host(&w);
     dq_step(m, numel, frac, idx, &n);
     rc |= rc ? 0 : dq_requant(&w, idx, n, &err);
     t0 = dq_now();
-    rc |= rc ? 0 : b->weights_changed(b, &t, NULL, 0, 2, &err);
+    rc |= rc ? 0 : b->weights_changed(b, &om.t, NULL, 0, 2, &err);
     double whole_ms = (dq_now() - t0) * 1e3;
     backend_cuda_update_counts(b, &s2, &f2);
     int same2 = dq_device_is_host(&w);

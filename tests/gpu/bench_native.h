@@ -6,8 +6,10 @@
  *   native_fp8_crossover_n   the smallest batch from which the native FP8 GEMM
  *                            (device quantization + cuBLASLt) beats the
  *                            weight-only GEMV at every larger tested batch, on
- *                            both Qwen3-8B MLP shapes: the value
- *                            CUDA_NATIVE_MIN_N (cuda_native.h) should take;
+ *                            both Qwen3-8B MLP shapes (the larger of the two
+ *                            rows native_fp8_crossover_n_<rows>x<cols>), by the
+ *                            measurement a server makes at start-up
+ *                            (device_native_crossover);
  *   native_nvfp4_crossover_n the same for NVFP4 (Blackwell binaries only);
  *   decode_bf16_b1_tok_s, decode_fp8_b1_tok_s   batch-1 decode of part 3's
  *                            Qwen3-8B-shaped model (batch 1 is below the
@@ -23,6 +25,8 @@
  */
 #ifndef SAMPLER_BENCH_NATIVE_H
 #define SAMPLER_BENCH_NATIVE_H
+
+#include <limits.h>
 
 #include "cuda_native.h"
 #include "device_select.h"
@@ -140,84 +144,63 @@ static void native_kl_fixtures(void) {
 }
 
 /* ---- part 3 addition: weight-only GEMV vs native GEMM per batch size ---- */
-static double native_time_us(int native, int fp4, int n, int rows, int cols, uint8_t *W, void *S, uint8_t *wsf,
-                             const float *x, float *out, uint8_t *xq, float *xs, uint8_t *xsf) {
-    const int it = 10;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    int caps = cuda_native_caps(), block = (caps & CUDA_NATIVE_FP8_BLOCK) != 0, rc = 0;
-    for (int i = -2; i < it; i++) {
-        if (i == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
-        if (!native && !fp4) rc |= cuda_gemv_fp8(out, x, n, W, (float *)S, rows, cols, 128, 128, NULL, NULL);
-        else if (!native) rc |= cuda_gemv_nvfp4(out, x, n, W, (uint8_t *)S, bench_scale2(), rows, cols, NULL, NULL);
-        else if (!fp4) {
-            rc |= cuda_quant_act_fp8(xq, xs, x, n, cols, block ? 128 : cols, NULL);
-            rc |= block ? cuda_gemm_fp8_block(oc_lt, out, xq, xs, n, W, (float *)S, rows, cols, NULL, NULL)
-                        : cuda_gemm_fp8_rowwise(oc_lt, out, xq, xs, n, W, (float *)S, rows, cols, NULL, NULL);
-        } else {
-            rc |= cuda_nvfp4_swizzle(wsf, (uint8_t *)S, rows, cols, NULL);
-            rc |= cuda_quant_act_nvfp4(xq, xsf, xs, x, n, cols, 0.0f, 1, NULL);
-            rc |= cuda_gemm_nvfp4(oc_lt, out, xq, xsf, xs, n, W, wsf, bench_scale2(), rows, cols, NULL, NULL);
-        }
-    }
-    CUDA_CHECK(cudaEventRecord(e1, 0));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return rc ? -1 : ms * 1e3 / it;
+/* The server's own measurement (device_native.c's ladder and rule over backend_cuda_native_time,
+ * what a sampler does at start-up) on one Qwen3-8B MLP matrix: a backend holding it alone. */
+static int native_xover_time(void *ctx, int n, float *wo_us, float *native_us) {
+    void **c = (void **)ctx;
+    return backend_cuda_native_time((Backend *)c[0], (const WeightMat *)c[1], n, 5, wo_us, native_us);
+}
+static int native_xover_shape(int fp4, int rows, int cols) {
+    Err err = {0};
+    int caps = cuda_native_caps();
+    uint16_t *m = rand_bf16((size_t)rows * cols, 0.0f, 0.04f);
+    WeightMat w = wmat_bf16(rows, cols, m);
+    w.fmt = fp4 ? WF_NVFP4 : WF_FP8;
+    w.act_quant = 1;
+    w.q = fp4 ? (void *)quant_nvfp4_from_bf16(m, rows, cols, &err)
+              : (void *)quant_fp8_from_bf16(m, rows, cols, caps & CUDA_NATIVE_FP8_BLOCK ? QUANT_FP8_BLOCK128
+                                                                                       : QUANT_FP8_PER_CHANNEL, &err);
+    CHECK(w.q, "crossover: quantize: %s", err.msg);
+    OneMat om;
+    Backend *b = backend_cuda_create(one_mat_set(&om, &w), 128, 128);
+    NativeCrossover x;
+    void *ctx[2] = {b, &w};
+    int rc = backend_cuda_native_kind(&w) ? device_native_crossover(native_xover_time, ctx, 512, &x) : -1;
+    for (int i = 0; rc == 0 && i < x.points; i++)
+        printf("  %s [%d x %d] n=%-3d weight-only %9.1f us  native %9.1f us%s\n", fp4 ? "nvfp4" : "fp8", rows, cols,
+               x.n[i], x.wo_us[i], x.native_us[i], x.native_us[i] < 0 ? " (native refused)" : "");
+    int cross = rc ? -1 : x.min_n == INT_MAX ? -1 : x.min_n;
+    printf("  %s [%d x %d]: native from n = %d (-1: never, or no native path)\n", fp4 ? "nvfp4" : "fp8", rows, cols,
+           cross);
+    char name[48];
+    snprintf(name, sizeof name, "native_%s_crossover_n_%dx%d", fp4 ? "nvfp4" : "fp8", rows, cols);
+    native_row(name, cross);
+    b->free(b);
+    if (fp4) quant_nvfp4_free((QuantNvfp4 *)w.q);
+    else quant_fp8_free((QuantFp8 *)w.q);
+    free(m);
+    return cross;
 }
 
-/* Both paths at n = 1 .. 512 on the two Qwen3-8B MLP shapes; the crossover row. */
+/* Both paths on the two Qwen3-8B MLP shapes by the server's ladder (1, 2, 3, 4, 6, 8, ... to 64,
+ * then on until native has won twice in a row); per-shape rows and the crossover row (the larger). */
 static void bench_native_crossover(void) {
-    const int shapes[2][2] = {{12288, 4096}, {4096, 12288}}, ns[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    const int nn = (int)(sizeof ns / sizeof ns[0]), maxn = 512;
+    const int shapes[2][2] = {{12288, 4096}, {4096, 12288}};
     int caps = cuda_native_caps();
     if (!caps) {
         printf("  native GEMMs: none in this binary (cuda_native.h)\n");
         return;
     }
-    if (!oc_lt) oc_lt = cuda_lt_create();
     for (int fp4 = 0; fp4 < 2; fp4++) {
         if (fp4 && !(caps & CUDA_NATIVE_NVFP4)) continue;
-        int cross = 0; /* the smallest n with native faster at every tested m >= n, over both shapes */
+        int cross = 0; /* over both shapes: -1 when either never takes native */
         for (int sh = 0; sh < 2; sh++) {
-            int rows = shapes[sh][0], cols = shapes[sh][1];
-            size_t wb = fp4 ? (size_t)rows * cols / 2 : (size_t)rows * cols;
-            size_t sb = fp4 ? (size_t)rows * cols / 16 : sizeof(float) * (size_t)(rows > 4096 ? rows : 4096) * 96;
-            uint8_t *W, *wsf, *xq, *xsf;
-            void *S;
-            float *x, *out, *xs;
-            CUDA_CHECK(cudaMalloc((void **)&W, wb));
-            CUDA_CHECK(cudaMalloc(&S, sb));
-            CUDA_CHECK(cudaMalloc((void **)&wsf, cuda_nvfp4_sf_bytes(rows, cols)));
-            CUDA_CHECK(cudaMalloc((void **)&x, sizeof(float) * (size_t)maxn * cols));
-            CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * (size_t)maxn * rows));
-            CUDA_CHECK(cudaMalloc((void **)&xq, (size_t)maxn * cols));
-            CUDA_CHECK(cudaMalloc((void **)&xs, sizeof(float) * (size_t)maxn * (cols / 128 + 1)));
-            CUDA_CHECK(cudaMalloc((void **)&xsf, cuda_nvfp4_sf_bytes(maxn, cols)));
-            if (cuda_fill_bf16((uint16_t *)W, wb / 2, 91, 0, 0.02f, NULL) ||
-                cuda_fill_bf16((uint16_t *)x, (size_t)maxn * cols * 2, 92, 0, 0.5f, NULL))
-                exit(1);
-            CUDA_CHECK(cudaMemset(S, fp4 ? 0x38 : 0x3a, sb));
-            int last_slow = -1;
-            for (int i = 0; i < nn; i++) {
-                double wo = native_time_us(0, fp4, ns[i], rows, cols, W, S, wsf, x, out, xq, xs, xsf);
-                double na = native_time_us(1, fp4, ns[i], rows, cols, W, S, wsf, x, out, xq, xs, xsf);
-                printf("  %s [%d x %d] n=%-3d weight-only %9.1f us  native %9.1f us%s\n", fp4 ? "nvfp4" : "fp8", rows,
-                       cols, ns[i], wo, na, na < 0 ? " (native refused)" : "");
-                if (na < 0 || na >= wo) last_slow = i;
-            }
-            int c = last_slow + 1 < nn ? ns[last_slow + 1] : -1;
-            if (c < 0 || cross < 0) cross = -1;
-            else if (c > cross) cross = c;
-            cudaFree(W); cudaFree(S); cudaFree(wsf); cudaFree(x); cudaFree(out); cudaFree(xq); cudaFree(xs);
-            cudaFree(xsf);
+            int c = native_xover_shape(fp4, shapes[sh][0], shapes[sh][1]);
+            cross = c < 0 || cross < 0 ? -1 : c > cross ? c : cross;
         }
-        printf("  %s crossover: native from n = %d (CUDA_NATIVE_MIN_N is %d, a constant to be set from this; -1: "
-               "native never won)\n", fp4 ? "nvfp4" : "fp8", cross, CUDA_NATIVE_MIN_N);
+        printf("  %s crossover: native from n = %d on both shapes (what a server measures at start-up for them; "
+               "unmeasured, CUDA_NATIVE_MIN_N = %d; -1: native never won)\n", fp4 ? "nvfp4" : "fp8", cross,
+               CUDA_NATIVE_MIN_N);
         native_row(fp4 ? "native_nvfp4_crossover_n" : "native_fp8_crossover_n", cross);
     }
 }

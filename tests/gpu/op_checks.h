@@ -225,6 +225,25 @@ static WeightMat wmat_bf16(int rows, int cols, uint16_t *w) {
     return m;
 }
 
+/* One matrix as a model's only tensor (a down_proj, quantizable), for a backend that holds it alone:
+ * backend_cuda_create(one_mat_set(&om, &w), ...); om outlives the backend. */
+typedef struct OneMat { WeightTensor t; int by_name, by_host; WeightSet ws; } OneMat;
+static WeightSet *one_mat_set(OneMat *o, WeightMat *w) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->t.name, sizeof o->t.name, "model.layers.0.mlp.down_proj.weight");
+    o->t.mat = w;
+    o->t.ndim = 2;
+    o->t.shape[0] = w->rows;
+    o->t.shape[1] = w->cols;
+    o->t.numel = (int64_t)w->rows * w->cols;
+    o->t.quantizable = 1;
+    o->ws.t = &o->t;
+    o->ws.n = 1;
+    o->ws.by_name = &o->by_name;
+    o->ws.by_host = &o->by_host;
+    return &o->ws;
+}
+
 /* BF16 matmul; n selects the GPU path (GEMV up to CUDA_GEMV_MAX_N, else cuBLAS).
  * rounded: feed the CPU the bf16-rounded x the GEMM path uses; misalign: x one
  * float past a 16-byte boundary (the GEMV's scalar path). */

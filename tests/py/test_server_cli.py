@@ -20,7 +20,9 @@ def test_help_lists_every_flag(sampler_bin):
 def test_bad_flags_are_clear_errors(sampler_bin):
     for args, words in ((["--port", "70000"], "--port"), (["--logprobs-mode", "odd"], "--logprobs-mode"),
                         (["--bogus", "1"], "--bogus"), (["--precision", "int4"], "--precision"),
-                        (["--weight-version", "3"], "--model-fingerprint")):
+                        (["--weight-version", "3"], "--model-fingerprint"),
+                        (["--native-crossover", "70000"], "--native-crossover"),
+                        (["--native-crossover", "-1"], "--native-crossover")):
         r = subprocess.run([sampler_bin] + args, capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and words in r.stderr, (args, r.stderr)
 
@@ -144,6 +146,19 @@ def test_help_defaults_are_the_defaults_used(sampler_bin, tmp_path):
     out = r.stdout.splitlines()
     gen = next(l for l in out if l.startswith("generated:")).split()[1:]
     assert "finish: length" in out and len(gen) == num("--max-tokens"), out  # greedy on the tiny model: no EOS
+
+
+def test_native_crossover_off_the_gpu_says_it_does_nothing(sampler_bin):
+    """--native-crossover picks between two GPU paths of quantized-activation
+    models: on the CPU backend it is accepted, changes nothing, and says so."""
+    base = [sampler_bin, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--threads", "1"]
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(base + ["--native-crossover", "16"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and r.returncode == 0, r.stderr
+    assert "--native-crossover 16: no effect" in r.stderr, r.stderr
+    assert "no effect" not in plain.stderr
+    gen = lambda p: next(l for l in p.stdout.splitlines() if l.startswith("generated:"))
+    assert gen(r) == gen(plain)
 
 
 def test_device_sampling_on_needs_a_device(sampler_bin):

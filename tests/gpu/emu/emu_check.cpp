@@ -22,6 +22,7 @@
  * emulated CUDA thread is a thread). Not covered: real cuBLAS, timing, and
  * anything about real device memory or stream ordering.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@
 extern "C" {
 #include "backend.h"
 #include "delta.h"
+#include "device_select.h"
 #include "dtype.h"
 #include "model.h"
 #include "quant.h"
@@ -874,6 +876,143 @@ static void t_cuda_off(int quick) {
     cuda_attention_vec_enable(1); /* process-wide: back to the default for what follows */
 }
 
+/* The per-shape crossover (device_native.c, backend_cuda_native_time): a model at native FP8 per
+ * channel (qwen2) and NVFP4 (llama31) on the emulation. The timer answers for both paths; the
+ * calibration gives every native matrix a crossover, one per shape; a matmul then takes the path
+ * recorded, bit for bit (the weight-only GEMV below it, the quantizer + native GEMM from it; the two
+ * differ, so a backend that ignored the record fails), through matmul_multi's fused GEMV too;
+ * --native-crossover N sets N everywhere. The emulation's timings mean nothing: only the
+ * bookkeeping is checked here, the crossovers themselves on a GPU (gpu_check's crossover rows). */
+static void nx_run(Backend *b, const WeightMat *w, int n, const float *dx, float *dout, float *host) {
+    b->matmul(b, dout, dx, n, w, NULL);
+    CUDA_CHECK(cudaMemcpy(host, dout, sizeof(float) * (size_t)n * w->rows, cudaMemcpyDeviceToHost));
+}
+static void t_native_crossover(const char *dir, Precision prec) {
+    Err err = {};
+    Model *m = NULL;
+    LoadOptions o = {prec, 0, prec == PREC_FP8};
+    if (model_load_opts(&m, dir, &o, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
+    WeightMat *q = &m->layers[0].q;
+    float wo = -1, na = -1;
+    int trc = backend_cuda_native_time(b, q, 4, 2, &wo, &na);
+    int nonnative_rc = backend_cuda_native_time(b, &m->lm_head, 4, 2, &wo, &na); /* BF16: nothing to time */
+    int ok = backend_cuda_native_kind(q) != 0 && trc == 0 && nonnative_rc == -1;
+    printf("  %s %s %s: the device timer answers for both paths (rc %d), refuses a BF16 matrix (rc %d)\n",
+           ok ? "ok  " : "FAIL", dir, precision_name(prec), trc, nonnative_rc);
+    ok ? n_pass++ : n_fail++;
+
+    /* measured (up to 8 tokens: every emulated GEMV thread is a thread): every native matrix gets a
+     * crossover in [1, 8] or never, one per shape */
+    int crc = device_native_calibrate(b, m, 8, 0), n_nat = 0, bad = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
+        if (!w || !backend_cuda_native_kind(w)) continue;
+        n_nat++;
+        bad += !(w->native_min_n == INT_MAX || (w->native_min_n >= 1 && w->native_min_n <= 8));
+        for (int j = 0; j < i; j++) {
+            const WeightMat *v = m->weights.t[j].vec ? NULL : m->weights.t[j].mat;
+            if (v && backend_cuda_native_kind(v) && v->rows == w->rows && v->cols == w->cols)
+                bad += v->native_min_n != w->native_min_n;
+        }
+    }
+    ok = crc == 0 && n_nat > 0 && bad == 0;
+    printf("  %s %s %s: measured, %d native matrices got a crossover (q_proj: %d), one per shape (%d wrong)\n",
+           ok ? "ok  " : "FAIL", dir, precision_name(prec), n_nat, q->native_min_n, bad);
+    ok ? n_pass++ : n_fail++;
+
+    /* the path recorded is the path taken, for the measured record and one of 9 (both sides of it
+     * whatever the emulation measured): references with the record forced each way */
+    const int N = 64, measured = q->native_min_n;
+    float *x = rand_f32((size_t)N * q->cols, 1.0f), *dx = NULL, *dout = NULL;
+    size_t ob = sizeof(float) * (size_t)N * q->rows;
+    float *ref_wo = (float *)xmalloc(ob), *ref_na = (float *)xmalloc(ob), *got = (float *)xmalloc(ob);
+    CUDA_CHECK(cudaMalloc((void **)&dx, sizeof(float) * (size_t)N * q->cols));
+    CUDA_CHECK(cudaMalloc((void **)&dout, ob));
+    CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * (size_t)N * q->cols, cudaMemcpyHostToDevice));
+    const int ns[] = {1, 2, 3, 5, 8, 16, 17, 33, 64};
+    int wrong = 0, differ = 1, checked = 0, below = 0;
+    for (int r = 0; r < 2; r++) {
+        int rec = r ? 9 : measured;
+        for (int t = 0; t < (int)(sizeof ns / sizeof ns[0]) + 2; t++) {
+            int n = t < 2 ? (rec == INT_MAX ? N : rec) - 1 + t : ns[t - 2]; /* the record's two sides */
+            if (n < 1 || n > N) continue;
+            size_t cnt = (size_t)n * q->rows;
+            q->native_min_n = INT_MAX;
+            nx_run(b, q, n, dx, dout, ref_wo);
+            q->native_min_n = 1;
+            nx_run(b, q, n, dx, dout, ref_na);
+            differ &= memcmp(ref_wo, ref_na, sizeof(float) * cnt) != 0;
+            q->native_min_n = rec;
+            nx_run(b, q, n, dx, dout, got);
+            wrong += memcmp(got, n >= rec ? ref_na : ref_wo, sizeof(float) * cnt) != 0;
+            below += n < rec;
+            checked++;
+        }
+    }
+    q->native_min_n = measured;
+    ok = wrong == 0 && differ && below >= 5 && checked >= 20;
+    printf("  %s %s %s: matmul takes the path recorded (the measured %d, and 9) at %d batch sizes, %d of them "
+           "below it (%d wrong; the two paths %s)\n", ok ? "ok  " : "FAIL", dir, precision_name(prec), measured,
+           checked, below, wrong, differ ? "differ at every size" : "AGREE somewhere: the check cannot tell them apart");
+    ok ? n_pass++ : n_fail++;
+
+    /* q/k/v through matmul_multi (the fused GEMV below CUDA_GEMV_MAX_N): a native record there takes
+     * one native GEMM each */
+    const WeightMat *qkv[3] = {&m->layers[0].q, &m->layers[0].k, &m->layers[0].v};
+    float *outs[3], *multi[3], *single[3];
+    const uint16_t *nob[3] = {NULL, NULL, NULL};
+    int n4 = 4, mwrong = 0;
+    for (int pass = 0; pass < 2; pass++) { /* 0: forced native from 2; 1: never */
+        for (int j = 0; j < 3; j++) ((WeightMat *)qkv[j])->native_min_n = pass ? INT_MAX : 2;
+        for (int j = 0; j < 3; j++) {
+            size_t bj = sizeof(float) * (size_t)n4 * qkv[j]->rows;
+            CUDA_CHECK(cudaMalloc((void **)&outs[j], bj));
+            multi[j] = (float *)xmalloc(bj);
+            single[j] = (float *)xmalloc(bj);
+        }
+        b->matmul_multi(b, outs, dx, n4, qkv, nob, 3);
+        for (int j = 0; j < 3; j++) {
+            size_t bj = sizeof(float) * (size_t)n4 * qkv[j]->rows;
+            CUDA_CHECK(cudaMemcpy(multi[j], outs[j], bj, cudaMemcpyDeviceToHost));
+            nx_run(b, qkv[j], n4, dx, dout, single[j]);
+            mwrong += memcmp(multi[j], single[j], bj) != 0;
+            cudaFree(outs[j]);
+            free(multi[j]);
+            free(single[j]);
+        }
+    }
+    ok = mwrong == 0;
+    printf("  %s %s %s: matmul_multi of q/k/v at 4 tokens == one matmul each, with a native record from 2 and "
+           "with none (%d differ)\n", ok ? "ok  " : "FAIL", dir, precision_name(prec), mwrong);
+    ok ? n_pass++ : n_fail++;
+
+    /* --native-crossover 12: every native matrix, no measurement */
+    device_native_calibrate(b, m, 64, 12);
+    int not12 = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
+        if (w && backend_cuda_native_kind(w)) not12 += w->native_min_n != 12;
+    }
+    printf("  %s %s %s: --native-crossover 12 sets every native matrix (%d not)\n", not12 ? "FAIL" : "ok  ", dir,
+           precision_name(prec), not12);
+    not12 ? n_fail++ : n_pass++;
+    cudaFree(dx);
+    cudaFree(dout);
+    free(x); free(ref_wo); free(ref_na); free(got);
+    b->free(b);
+    model_free(m);
+}
+static void t_native_crossovers(int quick) {
+    printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
+    t_native_crossover("tests/fixtures/qwen2", PREC_FP8);
+    if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* line by line: the ctest log interleaves stderr's info lines */
     if (getenv("EMU_FIXTURE")) { /* EMU_FIXTURE=dir [EMU_PREC=fp8|nvfp4]: one fixture end to end alone */
@@ -893,6 +1032,11 @@ int main(void) {
     }
     if (getenv("EMU_EXPERTS_ONLY")) { /* EMU_EXPERTS_ONLY=1: the engine's routed-experts check alone */
         engine_experts_check("tests/fixtures/qwen3_moe");
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
+    if (getenv("EMU_CROSSOVER_ONLY")) { /* EMU_CROSSOVER_ONLY=1: the native crossover checks alone */
+        t_native_crossovers(getenv("EMU_QUICK") != NULL);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
@@ -960,6 +1104,7 @@ int main(void) {
             t_model("tests/fixtures/llama31", 1, PREC_NVFP4);
             t_act_pc = -1;
         }
+        t_native_crossovers(quick);
     }
     if (!part2) {
         printf("%d passed, %d failed\n", n_pass, n_fail);

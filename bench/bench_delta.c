@@ -231,11 +231,14 @@ static void requant_bench(double frac) {
         double t_full = now_s() - t0;
         const uint8_t *after = f < 2 ? q8->q : q4->packed, *ref = f < 2 ? r8->q : r4->packed;
         CHECK(memcmp(after, ref, qb) == 0, "re-quantized bytes differ from quantizing from scratch (a bug)");
+        CHECK(f < 2 ? memcmp(q8->scale_inv, r8->scale_inv, sizeof(float) * (size_t)q8->scale_rows * q8->scale_cols) == 0
+                    : memcmp(q4->scale, r4->scale, n / QUANT_NVFP4_BLOCK) == 0 && q4->scale2 == r4->scale2,
+              "re-quantized scales differ from quantizing from scratch (a bug)");
         size_t changed = 0;
         for (size_t i = 0; i < qb; i++) changed += before[i] != after[i];
         char whole[64];
         if (f < 2) snprintf(whole, sizeof whole, "%d of %d", rc, q8->scale_rows * q8->scale_cols);
-        else snprintf(whole, sizeof whole, "%s", rc == QUANT_REQUANT_FULL ? "all (amax moved)" : "touched 16-blocks");
+        else snprintf(whole, sizeof whole, "%s", rc == QUANT_REQUANT_FULL ? "all (amax moved)" : "touched 16-blocks (most keep their scale)");
         printf("| %s | %.1f | %.1f | %.1fx | %s | %.3f%% |\n", f == 0 ? "fp8 128x128" : f == 1 ? "fp8 per channel" : "nvfp4",
                t_re * 1e3, t_full * 1e3, t_full / t_re, whole, 100.0 * (double)changed / (double)qb);
         quant_fp8_free(q8);

@@ -13,7 +13,6 @@
 #define BF16_ABS(b) ((uint16_t)((b) & 0x7fff))
 #define BF16_NONFINITE(b) (BF16_ABS(b) >= 0x7f80)
 #define NVFP4_SCALE2_DIV 2688.0f /* 6 * 448 */
-#define NVFP4_DIRTY 0xff         /* -NaN: never a scale the quantizer writes */
 
 /* Model Optimizer get_weights_scaling_factor + quantize for one block, with
  * f32 operations in its order: s = bamax / (6 * g); s==0 -> 1; clamp at 2^-9;
@@ -147,15 +146,57 @@ QuantNvfp4 *quant_nvfp4_from_checkpoint(const uint8_t *weight, Dtype wdt, const 
     return w;
 }
 
-/* Did the tensor amax change? It grew if a touched value exceeds it; it
- * shrank if no element still attains it (scan with early exit). */
+/* Old code (magnitude, 0..7) of element c of row r: read before it is rewritten. */
+static uint8_t old_code(const QuantNvfp4 *w, int64_t r, int64_t c) {
+    return (uint8_t)(w->packed[r * (w->cols / 2) + c / 2] >> (4 * (c % 2))) & 0x7;
+}
+
+/* Could element i have been at the old amax? Every such element quantized to
+ * code +-6 (0x7 below the sign) in a block scaled by e4m3(448) (0x7e): its
+ * block's amax is the tensor's, so s = amax / (6 * amax / 2688) = 448 up to
+ * an f32 rounding that e4m3 rounds back to 448, and v / (448 g) = 6 up to one
+ * that e2m1 rounds to 6. Read before the element's block is re-quantized. */
+static int was_amax_candidate(const QuantNvfp4 *w, int64_t i) {
+    int64_t r = i / w->cols, c = i % w->cols;
+    return old_code(w, r, c) == 0x7 && w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK] == 0x7e;
+}
+
+/* Can touched element i's 16-block keep its scale (and every untouched code)? Its
+ * scale is a function of the block's amax alone (quant_nvfp4_block), and the
+ * amax holder's code is +-6 (0x7) whenever any code of the block is: codes
+ * grow with |v|. So when (1) some old code of the block is 0x7 (else: an
+ * all-zero block, or a scale clamped where nothing reached 6; redo it), (2) i's
+ * old code was not (the holder, and with it the amax, is untouched; other
+ * touched elements of the block are asked in turn), and (3) i's new value
+ * codes below 0x7 under the old scale (|v| <= 5 d, while the holder, coded 6,
+ * has |v| > 5 d: ties round to 4), the block's amax is unchanged and only i's
+ * code moves. The tensor scale g is unchanged here (amax_changed said so). */
+static int code_keeps(const QuantNvfp4 *w, const uint16_t *m, int64_t i) {
+    int64_t r = i / w->cols, c = i % w->cols, c0 = c / QUANT_NVFP4_BLOCK * QUANT_NVFP4_BLOCK;
+    if (old_code(w, r, c) == 0x7) return 0;
+    int has6 = 0;
+    for (int k = 0; k < QUANT_NVFP4_BLOCK && !has6; k++) has6 = old_code(w, r, c0 + k) == 0x7;
+    if (!has6) return 0;
+    uint8_t sb = w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK];
+    return (quant_f32_to_e2m1(bf16_to_f32(m[i]) / (quant_e4m3_to_f32(sb) * w->scale2)) & 0x7) != 0x7;
+}
+
+/* Did the tensor amax change? It grew if a touched value exceeds it. It can
+ * only have shrunk if a touched element was at it (was_amax_candidate: else
+ * the amax elements are untouched and still attain it); then it shrank if no
+ * element still attains it (scan with early exit). O(touched) in the common
+ * case, where no touched element was near the amax. */
 static int amax_changed(const QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, size_t n_idx,
                         uint16_t *new_amax) {
     size_t n = (size_t)w->rows * w->cols;
     uint16_t old = f32_to_bf16(w->amax), top = 0;
-    for (size_t i = 0; i < n_idx; i++)
+    int candidate = 0;
+    for (size_t i = 0; i < n_idx; i++) {
         if (BF16_ABS(m[idx[i]]) > top) top = BF16_ABS(m[idx[i]]);
+        candidate |= was_amax_candidate(w, idx[i]);
+    }
     if (isnan(w->amax) || top > old) goto rescan;
+    if (!candidate) return 0;
     for (size_t i = 0; i < n; i++)
         if (BF16_ABS(m[i]) == old) return 0;
 rescan:
@@ -175,12 +216,22 @@ int quant_nvfp4_requant(QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, si
         nvfp4_quant_all(w, m, amax);
         return QUANT_REQUANT_FULL;
     }
-    int nb = w->cols / QUANT_NVFP4_BLOCK;
-    for (size_t i = 0; i < n_idx; i++)
-        w->scale[(idx[i] / w->cols) * nb + (idx[i] % w->cols) / QUANT_NVFP4_BLOCK] = NVFP4_DIRTY;
+    /* One pass: a touched element whose 16-block keeps its scale (code_keeps) gets its own code
+     * under that scale; any other redoes its block whole from the master, which holds every touched
+     * value. A block's kept elements never change what code_keeps reads for the next ones (their old
+     * and new codes are both below 0x7), and an element met after its block was redone, or a second
+     * time, is asked against the new state, which is from-scratch already: either answer writes the
+     * same bits. */
     for (size_t i = 0; i < n_idx; i++) {
-        int r = (int)(idx[i] / w->cols), b = (int)(idx[i] % w->cols) / QUANT_NVFP4_BLOCK;
-        if (w->scale[(size_t)r * nb + b] == NVFP4_DIRTY) nvfp4_quant_block(w, m, r, b);
+        int64_t r = idx[i] / w->cols, c = idx[i] % w->cols;
+        if (!code_keeps(w, m, idx[i])) {
+            nvfp4_quant_block(w, m, (int)r, (int)(c / QUANT_NVFP4_BLOCK));
+            continue;
+        }
+        uint8_t sb = w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK];
+        uint8_t code = quant_f32_to_e2m1(bf16_to_f32(m[idx[i]]) / (quant_e4m3_to_f32(sb) * w->scale2));
+        uint8_t *p = w->packed + r * (w->cols / 2) + c / 2;
+        *p = c % 2 ? (uint8_t)((*p & 0x0f) | (code << 4)) : (uint8_t)((*p & 0xf0) | code);
     }
     return QUANT_REQUANT_BLOCKS;
 }

@@ -157,6 +157,45 @@ int main(void) {
         T_ASSERT(edge_bad == 0, "%d FP8 edge cases differ from scratch", edge_bad);
         T_ASSERT(edge_full == 4, "FP8 edge cases redid %d blocks whole, want 4", edge_full);
     }
+    {   /* NVFP4's amax rule at its edges (on a copy of the master, against from scratch): a touched
+         * element only counts as a possible amax holder when its old code was +-6 in a block scaled
+         * by 448; one that was, without being the amax, lowered (the amax stands: blocks); the amax
+         * holder itself lowered (full); a tie written at the amax (stands: blocks); a touch far below */
+        uint16_t *m2 = malloc((size_t)ROWS * COLS * 2);
+        memcpy(m2, m, (size_t)ROWS * COLS * 2);
+        uint16_t a = amax_bits(m2);
+        int64_t at = 0;
+        while ((m2[at] & 0x7fff) != a) at++;
+        int64_t nb = at / 16 * 16, near = nb + (at % 16 == 0 ? 1 : 0); /* another element of the amax's block */
+        m2[near] = f32_to_bf16(bf16_to_f32(a) * 0.95f); /* quantizes to 6 under a 448 scale */
+        QuantNvfp4 *g = quant_nvfp4_from_bf16(m2, ROWS, COLS, &e);
+        int ecase_bad = 0, kinds_got[4];
+        for (int c = 0; c < 4; c++) {
+            int64_t ix[1];
+            if (c == 0) { ix[0] = near; m2[near] = f32_to_bf16(bf16_to_f32(a) * 0.5f); }
+            if (c == 1) { ix[0] = 17; m2[17] = f32_to_bf16(bf16_to_f32(m2[17]) + 0.001f); }
+            if (c == 2) { ix[0] = 2 * COLS + 3; m2[ix[0]] = a; } /* a tie: now two holders */
+            if (c == 3) { ix[0] = at; m2[at] = f32_to_bf16(bf16_to_f32(a) * 0.25f); } /* one of them lowered */
+            kinds_got[c] = quant_nvfp4_requant(g, m2, ix, 1, &e);
+            QuantNvfp4 *ref = quant_nvfp4_from_bf16(m2, ROWS, COLS, &e);
+            ecase_bad += !same_nvfp4(g, ref);
+            quant_nvfp4_free(ref);
+        }
+        T_ASSERT(ecase_bad == 0, "%d NVFP4 edge cases differ from scratch", ecase_bad);
+        T_ASSERT(kinds_got[0] == QUANT_REQUANT_BLOCKS && kinds_got[1] == QUANT_REQUANT_BLOCKS &&
+                 kinds_got[2] == QUANT_REQUANT_BLOCKS && kinds_got[3] == QUANT_REQUANT_BLOCKS,
+                 "NVFP4 edge kinds %d %d %d %d, want blocks in each (the amax stands throughout)", kinds_got[0],
+                 kinds_got[1], kinds_got[2], kinds_got[3]);
+        int64_t ix2[1] = {2 * COLS + 3}; /* the last holder lowered: the amax moves */
+        m2[ix2[0]] = f32_to_bf16(bf16_to_f32(a) * 0.25f);
+        int k = quant_nvfp4_requant(g, m2, ix2, 1, &e);
+        QuantNvfp4 *ref = quant_nvfp4_from_bf16(m2, ROWS, COLS, &e);
+        T_ASSERT(k == QUANT_REQUANT_FULL && same_nvfp4(g, ref), "NVFP4: the last amax holder lowered: kind %d, %s", k,
+                 same_nvfp4(g, ref) ? "same" : "DIFFERS from scratch");
+        quant_nvfp4_free(ref);
+        quant_nvfp4_free(g);
+        free(m2);
+    }
     T_ASSERT(nv_bad == 0, "%d NVFP4 re-quantizations differ from scratch", nv_bad);
     T_ASSERT(kind_bad == 0, "%d NVFP4 rounds reported the wrong kind (blocks vs full)", kind_bad);
     T_ASSERT(full == 4, "amax changes (2 up, 2 down) forced %d full recomputes", full);

@@ -237,7 +237,10 @@ int quant_check_touched(const uint16_t *master, int64_t n, const int64_t *idx, s
 int quant_fp8_requant(QuantFp8 *w, const uint16_t *master, const int64_t *idx, size_t n_idx, Err *e);
 /* NVFP4: re-quantizes the touched 16-element blocks and returns
  * QUANT_REQUANT_BLOCKS, unless the tensor amax (hence weight_scale_2) changed:
- * then the whole tensor is recomputed and QUANT_REQUANT_FULL returned. */
+ * then the whole tensor is recomputed and QUANT_REQUANT_FULL returned.
+ * O(touched) unless a touched element's new value exceeds the amax or its old
+ * code could have been the amax's (+-6 under a 448 block scale): only then is
+ * the tensor scanned for the amax. */
 int quant_nvfp4_requant(QuantNvfp4 *w, const uint16_t *master, const int64_t *idx, size_t n_idx, Err *e);
 
 #endif

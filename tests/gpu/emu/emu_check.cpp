@@ -887,7 +887,7 @@ static void nx_run(Backend *b, const WeightMat *w, int n, const float *dx, float
     b->matmul(b, dout, dx, n, w, NULL);
     CUDA_CHECK(cudaMemcpy(host, dout, sizeof(float) * (size_t)n * w->rows, cudaMemcpyDeviceToHost));
 }
-static void t_native_crossover(const char *dir, Precision prec) {
+static void t_native_crossover(const char *dir, Precision prec, int quick) {
     Err err = {};
     Model *m = NULL;
     LoadOptions o = {prec, 0, prec == PREC_FP8};
@@ -906,9 +906,9 @@ static void t_native_crossover(const char *dir, Precision prec) {
            ok ? "ok  " : "FAIL", dir, precision_name(prec), trc, nonnative_rc);
     ok ? n_pass++ : n_fail++;
 
-    /* measured (up to 8 tokens: every emulated GEMV thread is a thread): every native matrix gets a
-     * crossover in [1, 8] or never, one per shape */
-    int crc = device_native_calibrate(b, m, 8, 0), n_nat = 0, bad = 0;
+    /* measured (up to 8 tokens, 3 under the sanitizers: every emulated GEMV thread is a thread): every
+     * native matrix gets a crossover in [1, 8] or never, one per shape */
+    int crc = device_native_calibrate(b, m, quick ? 3 : 8, 0), n_nat = 0, bad = 0;
     for (int i = 0; i < m->weights.n; i++) {
         const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
         if (!w || !backend_cuda_native_kind(w)) continue;
@@ -935,10 +935,10 @@ static void t_native_crossover(const char *dir, Precision prec) {
     CUDA_CHECK(cudaMalloc((void **)&dout, ob));
     CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * (size_t)N * q->cols, cudaMemcpyHostToDevice));
     const int ns[] = {1, 2, 3, 5, 8, 16, 17, 33, 64};
-    int wrong = 0, differ = 1, checked = 0, below = 0;
+    int wrong = 0, differ = 1, checked = 0, below = 0, n_ns = quick ? 3 : (int)(sizeof ns / sizeof ns[0]);
     for (int r = 0; r < 2; r++) {
         int rec = r ? 9 : measured;
-        for (int t = 0; t < (int)(sizeof ns / sizeof ns[0]) + 2; t++) {
+        for (int t = 0; t < n_ns + 2; t++) {
             int n = t < 2 ? (rec == INT_MAX ? N : rec) - 1 + t : ns[t - 2]; /* the record's two sides */
             if (n < 1 || n > N) continue;
             size_t cnt = (size_t)n * q->rows;
@@ -955,7 +955,7 @@ static void t_native_crossover(const char *dir, Precision prec) {
         }
     }
     q->native_min_n = measured;
-    ok = wrong == 0 && differ && below >= 5 && checked >= 20;
+    ok = wrong == 0 && differ && below >= (quick ? 3 : 5) && checked >= (quick ? 8 : 20);
     printf("  %s %s %s: matmul takes the path recorded (the measured %d, and 9) at %d batch sizes, %d of them "
            "below it (%d wrong; the two paths %s)\n", ok ? "ok  " : "FAIL", dir, precision_name(prec), measured,
            checked, below, wrong, differ ? "differ at every size" : "AGREE somewhere: the check cannot tell them apart");
@@ -1009,8 +1009,8 @@ static void t_native_crossover(const char *dir, Precision prec) {
 }
 static void t_native_crossovers(int quick) {
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
-    t_native_crossover("tests/fixtures/qwen2", PREC_FP8);
-    if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4);
+    t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
+    if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);
 }
 
 int main(void) {

@@ -87,6 +87,10 @@ static inline size_t cuda_nvfp4_sf_bytes(int outer, int cols) {
 }
 /* Row-major scales src [rows, cols / 16] -> the swizzled layout in dst (padding zeroed). */
 int cuda_nvfp4_swizzle(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream);
+/* The same for the update path (a delta's refresh of a matrix's swizzled copy): every CUDA error
+ * returned in err instead of fatal. */
+struct Err;
+int cuda_nvfp4_swizzle_try(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream, struct Err *err);
 
 /* out[n, rows] = out * alpha * (ad ? ad[0] : 1) * (rs ? rs[t] : 1) * (cs ? cs[r] : 1) (+ bias[rows]
  * bf16); ad: [1] f32 device memory or NULL (a scale read at run time, NVFP4's scale2). */

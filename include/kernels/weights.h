@@ -34,6 +34,10 @@ typedef struct WeightMat {
     /* WF_NVFP4 f32 [1] (QuantNvfp4.scale2): the kernels read it from here at run time, so a delta
      * that re-quantizes the matrix (a new tensor scale) reaches captured graphs; else NULL */
     void *dev_s2;
+    /* WF_NVFP4 matrices the CUDA backend's native GEMM takes: dev_scale in cuBLASLt's swizzled layout,
+     * e4m3 [cuda_nvfp4_sf_bytes(rows, cols)] (padding zero), made at upload and after every delta of
+     * the matrix (the GEMM reads it, so nothing is swizzled per call); else NULL */
+    void *dev_scale_sw;
 } WeightMat;
 
 /* A BF16 tensor that is not a linear's matrix. Ops are handed the pointer in

@@ -30,8 +30,9 @@
  * re-uploads, backend_cuda_read_weight) returns every CUDA error
  * (CUDA_TRY) so that delta_commit can restore the weights.
  * The native NVFP4 GEMM reads its weight scales in cuBLASLt's swizzled
- * layout: they are swizzled from the row-major device copy (the layout the
- * delta path re-uploads, unchanged) into scratch on every call.
+ * layout: a second device copy of them (WeightMat.dev_scale_sw), swizzled
+ * from the row-major one (what the delta path writes and verifies) at
+ * creation and again after every delta of the matrix.
  * Sampling (sample_reserve / sample): the device sampler of sampling.cu on
  * the backend's stream.
  * SAMPLER_CUDA_OFF (cuda_off_apply, at creation): named kernels replaced by
@@ -88,8 +89,9 @@ typedef struct CudaCtx {
     size_t ns_cap;
     uint8_t *nsf;      /* NVFP4 activation block scales, swizzled */
     size_t nsf_cap;
-    uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call */
+    uint8_t *wsf;      /* NVFP4 weight block scales, swizzled per call (a matrix without dev_scale_sw) */
     size_t wsf_cap;
+    void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
     int off_attn_mma, off_attn_dec_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
@@ -394,8 +396,8 @@ static int quant_update_sparse(Backend *b, WeightMat *w, const int64_t *idx, int
  * came, its quantized buffers re-uploaded. Returns 0, or <0 with err filled
  * (the caller restores the host weights and calls again, which rewrites the
  * device copy from them). */
-static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
-                              Err *err) {
+static int weights_changed_once(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
+                                Err *err) {
     CudaCtx *c = ctx(b);
     if (c->resident) return ERR(err, 500, "deltas are not supported on a resident backend (benchmarks)");
     if (t->mat && !t->vec && t->mat->fmt != WF_BF16) {
@@ -429,6 +431,26 @@ static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *
         (size_t)n_idx * (sizeof(int64_t) + 2 * (size_t)elem) < bytes / 4)
         return cu_scatter_verified(b, dev, bytes, host, idx, n_idx, elem, err);
     return cu_rewrite(c, dev, host, bytes, err);
+}
+/* The update, then a native NVFP4 matrix's swizzled scales made again from its device scales, whatever
+ * the update did (after a failure part way they mirror what the device holds, and the restore's own
+ * call refreshes them again): the first error is returned. */
+static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
+                              Err *err) {
+    int rc = weights_changed_once(b, t, idx, n_idx, elem, err);
+    WeightMat *w = t->vec ? NULL : t->mat;
+    if (!w || !w->dev_scale_sw) return rc;
+    Err e2 = {0};
+    CudaCtx *c = ctx(b);
+    int r2 = cuda_nvfp4_swizzle_try((uint8_t *)w->dev_scale_sw, (const uint8_t *)w->dev_scale, w->rows, w->cols,
+                                    c->stream, &e2);
+    if (!r2 && cudaStreamSynchronize(c->stream) != cudaSuccess)
+        r2 = ERR(&e2, 500, "'%s': swizzling the NVFP4 scales: %s", t->name, cudaGetErrorString(cudaGetLastError()));
+    if (r2 && !rc) {
+        *err = e2;
+        return r2;
+    }
+    return rc;
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
@@ -483,10 +505,14 @@ static int native_matmul(Backend *b, float *out, const float *x, int n, const We
         scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)n * cols / 2);
         scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)n);
         scratch_grow(c, (void **)&c->nsf, &c->nsf_cap, cuda_nvfp4_sf_bytes(n, cols));
-        scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, cuda_nvfp4_sf_bytes(rows, cols));
-        LAUNCH_OK(cuda_nvfp4_swizzle(c->wsf, (const uint8_t *)w->dev_scale, rows, cols, st(b)));
+        const uint8_t *wsf = (const uint8_t *)w->dev_scale_sw;
+        if (!wsf) { /* a matrix uploaded outside backend_cuda_create (the op checks): swizzled per call */
+            scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, cuda_nvfp4_sf_bytes(rows, cols));
+            LAUNCH_OK(cuda_nvfp4_swizzle(c->wsf, (const uint8_t *)w->dev_scale, rows, cols, st(b)));
+            wsf = c->wsf;
+        }
         LAUNCH_OK(cuda_quant_act_nvfp4(c->nq, c->nsf, c->ns, x, n, cols, q->input_scale, 1, st(b)));
-        rc = cuda_gemm_nvfp4(c->lt, out, c->nq, c->nsf, c->ns, n, (const uint8_t *)w->dev, c->wsf,
+        rc = cuda_gemm_nvfp4(c->lt, out, c->nq, c->nsf, c->ns, n, (const uint8_t *)w->dev, wsf,
                              (const float *)w->dev_s2, rows, cols, bias, st(b));
     }
     if (rc && !c->native_warned) {
@@ -905,7 +931,7 @@ static void cu_free(Backend *b) {
     if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
-                    c->lora_h, c->lora_rows_d};
+                    c->sw_arena, c->lora_h, c->lora_rows_d};
     cuda_lt_free(c->lt);
     free(c->sc_host);
     free(c->lora_rows);
@@ -1126,17 +1152,34 @@ extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx
     });
     for (int i = 0; i < ws->n; i++)
         if (ws->t[i].vec && ws->t[i].mat) ws->t[i].mat->dev = (void *)ws->t[i].vec->dev;
-    size_t wsf = 0; /* the native NVFP4 path's weight-scale scratch: the largest matrix's */
+    /* the native NVFP4 matrices' scales, swizzled once into cuBLASLt's layout (dev_scale_sw; refreshed
+     * by every delta of the matrix): 1/16 byte an element more, no swizzle per GEMM */
+    size_t swb = 0;
     for (int i = 0; i < ws->n; i++) {
         const WeightMat *w = ws->t[i].vec ? NULL : ws->t[i].mat;
-        if (w && backend_cuda_native_kind(w) == CUDA_NATIVE_NVFP4 && cuda_nvfp4_sf_bytes(w->rows, w->cols) > wsf)
-            wsf = cuda_nvfp4_sf_bytes(w->rows, w->cols);
+        if (w && backend_cuda_native_kind(w) == CUDA_NATIVE_NVFP4)
+            swb += (cuda_nvfp4_sf_bytes(w->rows, w->cols) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
-    if (wsf) scratch_grow(c, (void **)&c->wsf, &c->wsf_cap, wsf);
+    if (swb) {
+        err = cudaMalloc(&c->sw_arena, swb);
+        CHECK(err == cudaSuccess, "the native NVFP4 matrices' swizzled scales (%.1f MiB) do not fit on the GPU: %s\n"
+              "  fix: use a GPU with more memory, or --weight-only", swb / 1048576.0, cudaGetErrorString(err));
+        size_t so = 0;
+        for (int i = 0; i < ws->n; i++) {
+            WeightMat *w = ws->t[i].vec ? NULL : ws->t[i].mat;
+            if (!w || backend_cuda_native_kind(w) != CUDA_NATIVE_NVFP4) continue;
+            w->dev_scale_sw = (char *)c->sw_arena + so;
+            so += (cuda_nvfp4_sf_bytes(w->rows, w->cols) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            LAUNCH_OK(cuda_nvfp4_swizzle((uint8_t *)w->dev_scale_sw, (const uint8_t *)w->dev_scale, w->rows, w->cols,
+                                         c->stream));
+        }
+    }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    log_info("cuda backend: %d weight tensors (%d buffers), %.2f GiB copied to the device in %.2f s; %d SMs", ws->n,
-             n_parts, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, c->sms);
+    char sw[96] = "";
+    if (swb) snprintf(sw, sizeof sw, ", + %.1f MiB of NVFP4 scales swizzled for the native GEMM", swb / 1048576.0);
+    log_info("cuda backend: %d weight tensors (%d buffers), %.2f GiB copied to the device in %.2f s%s; %d SMs", ws->n,
+             n_parts, total / 1073741824.0, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, sw, c->sms);
     return b;
 }
 

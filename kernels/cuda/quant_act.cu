@@ -124,6 +124,17 @@ extern "C" int cuda_nvfp4_swizzle(uint8_t *dst, const uint8_t *src, int rows, in
     CUDA_CHECK_LAUNCH();
     return 0;
 }
+extern "C" int cuda_nvfp4_swizzle_try(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream, Err *err) {
+    if (rows <= 0 || cols <= 0 || cols % 16 || !dst || !src)
+        return ERR(err, 500, "nvfp4 swizzle: bad shape [%d x %d]", rows, cols);
+    cudaStream_t s = (cudaStream_t)stream;
+    int nb = cols / 16;
+    CUDA_TRY(err, cudaMemsetAsync(dst, 0, cuda_nvfp4_sf_bytes(rows, cols), s));
+    size_t total = (size_t)rows * nb;
+    nvfp4_swizzle_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(dst, src, rows, nb);
+    CUDA_TRY_LAUNCH(err);
+    return 0;
+}
 
 /* out [n, rows] f32 in place; one thread per element. */
 __global__ void scale_outer_kernel(float *out, int n, int rows, const float *rs, const float *cs, float alpha,

@@ -660,6 +660,30 @@ static int fault_bufs_device_is_host(Backend *gb, FaultBuf *b, int n) {
     return bad;
 }
 
+/* Every native NVFP4 matrix's swizzled scales (WeightMat.dev_scale_sw) == its host scales put in
+ * cuBLASLt's layout (cuda_nvfp4_sf_offset, padding zero): the count of matrices that differ, and in
+ * *n_sw how many have such a copy. */
+static int sw_mismatches(const Model *m, int *n_sw) {
+    int bad = 0;
+    *n_sw = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
+        if (!w || !w->dev_scale_sw) continue;
+        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
+        int nb = w->cols / QUANT_NVFP4_BLOCK;
+        size_t bytes = cuda_nvfp4_sf_bytes(w->rows, w->cols);
+        uint8_t *want = (uint8_t *)calloc(bytes, 1), *got = (uint8_t *)malloc(bytes);
+        for (int r = 0; r < w->rows; r++)
+            for (int b = 0; b < nb; b++) want[cuda_nvfp4_sf_offset(r, b, nb)] = q->scale[(size_t)r * nb + b];
+        bad += cudaMemcpy(got, w->dev_scale_sw, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+               memcmp(got, want, bytes) != 0;
+        (*n_sw)++;
+        free(want);
+        free(got);
+    }
+    return bad;
+}
+
 /* The delta of the header from the current weights to target_version: down_proj's every 8th element
  * moved by step, a sparse o_proj (24 elements set to +-step * 3, their indices into o_idx), the final
  * norm scaled. step 0: an optimizer step's size instead: those elements and 24 others of o_proj
@@ -787,7 +811,7 @@ static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, Weight
             break;
         }
         injected++;
-        int diff = fault_bufs_diff(gb, bufs, nb, 0);
+        int n_sw = 0, diff = fault_bufs_diff(gb, bufs, nb, 0) + sw_mismatches(m, &n_sw);
         if (rc == 0 || wv->version != v0 || diff) { /* the state moved: later tries would not start from it */
             wrong++;
             snprintf(first_err, sizeof first_err, "; %s %ld: commit rc %d, version %llu, %d buffers changed",
@@ -796,16 +820,17 @@ static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, Weight
         }
         if (injected == 1) printf("       (the first %s: %s)\n", corrupt ? "corruption" : "failure", e.msg);
     }
+    int n_sw = 0, sw_bad = sw_mismatches(m, &n_sw);
     int synced = final_rc == 0 && wv->version == v0 + 1 && fault_bufs_device_is_host(gb, bufs, nb) == 0 &&
-                 fault_bufs_diff(gb, bufs, nb, 0) > 0;
+                 fault_bufs_diff(gb, bufs, nb, 0) > 0 && sw_bad == 0 && (m->act_quant == 0 || o->fmt != WF_NVFP4 || n_sw > 0);
     backend_cuda_update_counts(gb, &sp1, &full1);
     /* an optimizer-sized step on a quantized model: o_proj's copy took only its changed bytes */
     int quantized = m->layers[0].o.fmt != WF_BF16, sparse_ok = !quantized || step > 0 || sp1 > sp0;
     int ok = !bad && !wrong && injected >= (corrupt ? 3 : 8) && synced && sparse_ok;
     ok ? n_pass++ : n_fail++;
-    printf("  %-4s %s %s %sdelta: %d %s in turn, each commit failed and restored host + device (%d wrong); the commit "
-           "with none: %s%s; quantized matrices updated by their changed bytes %llu times, whole %llu\n",
-           ok ? "ok" : "FAIL", dir, pn, step > 0 ? "" : step < 0 ? "optimizer-sized + a row's amax raised " : "optimizer-sized ", injected,
+    printf("  %-4s %s %s%s %sdelta: %d %s in turn, each commit failed and restored host + device (%d wrong); the "
+           "commit with none: %s%s; quantized matrices updated by their changed bytes %llu times, whole %llu\n",
+           ok ? "ok" : "FAIL", dir, pn, n_sw ? " native (swizzled scales checked)" : "", step > 0 ? "" : step < 0 ? "optimizer-sized + a row's amax raised " : "optimizer-sized ", injected,
            corrupt ? "host-to-device copies of the update landed corrupted" : "CUDA calls of the device update failed",
            wrong, synced ? "applied, device == host" : "NOT applied or device != host", first_err,
            (unsigned long long)(sp1 - sp0), (unsigned long long)(full1 - full0));
@@ -813,10 +838,10 @@ static void fault_loop(const char *dir, Model *m, Backend *gb, Runner *r, Weight
     free(buf);
 }
 
-static void t_delta_fault(const char *dir, Precision prec, int per_channel) {
+static void t_delta_fault(const char *dir, Precision prec, int per_channel, int native = 0) {
     Err err = {};
     Model *m = NULL;
-    LoadOptions o = {prec, 1, per_channel};
+    LoadOptions o = {prec, !native, per_channel};
     if (model_load_opts(&m, dir, &o, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
@@ -845,6 +870,7 @@ static void t_delta_faults(void) {
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 0);
     t_delta_fault("tests/fixtures/qwen2", PREC_FP8, 1);
     t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0);
+    t_delta_fault("tests/fixtures/llama31", PREC_NVFP4, 0, 1); /* native: the swizzled scales follow every commit */
     /* the two update paths on a matrix of 2 x 4 FP8 blocks (bench_delta_quant.h; timed on a GPU by gpu_check) */
     dq_run(256, 512, WF_FP8, 0.01, NULL);
     dq_run(256, 512, WF_NVFP4, 0.01, NULL);
@@ -1046,7 +1072,8 @@ int main(void) {
         return n_fail ? 1 : 0;
     }
     /* EMU_PART=1 | 2: half of the run, so that ctest runs the halves side by side (cuda_emu and
-     * cuda_emu_2): 1 the op and sampler checks and the fixture models, 2 the MoE prefills, LoRA,
+     * cuda_emu_2): 1 the op and sampler checks, the fixture models, the native crossover and two MoE
+     * prefills, 2 the other MoE prefills, LoRA,
      * the engine's device sampling, the KV cache dtypes and the delta faults; unset: both. */
     const char *part = getenv("EMU_PART");
     int part1 = !part || !strcmp(part, "1"), part2 = !part || !strcmp(part, "2");
@@ -1105,19 +1132,21 @@ int main(void) {
             t_act_pc = -1;
         }
         t_native_crossovers(quick);
+        if (!quick) { /* two of the MoE prefills (part 2 has the others): the halves take about as long */
+            t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40, 1); /* native FP8 experts (moe_mma.cu fmt 3) */
+            t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 40, 0);
+        }
     }
     if (!part2) {
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail ? 1 : 0;
     }
     /* MoE prefills: the grouped GEMM (moe_mma.cu) in piecewise graphs, BF16 above 256 tokens (the
-     * x16 buckets), FP8 / NVFP4 at 40 (their decoders; ~3 minutes of emulation per 304-token run);
-     * not under EMU_QUICK (over 15 minutes under ASan; the op checks' moe_gemm rows run there) */
+     * x16 buckets), FP8 at 40 (its decoder; part 1 runs the native FP8 and NVFP4 ones); not under
+     * EMU_QUICK (over 15 minutes under ASan; the op checks' moe_gemm rows run there) */
     if (!quick) {
         t_moe_long("tests/fixtures/qwen3_moe", PREC_BF16, 304, 0);
         t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40, 0);
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_FP8, 40, 1); /* native FP8 experts (moe_mma.cu fmt 3) */
-        t_moe_long("tests/fixtures/qwen3_moe_fp4", PREC_NVFP4, 40, 0);
     }
     printf("== LoRA adapters through backend_cuda (tests/gpu/lora_checks.h) ==\n");
     lora_model_check("qwen3_gqa2", 0, quick, emu_fail_nth, emu_failed);

@@ -22,6 +22,11 @@
 #   tests/gpu/check.sh --skip-bench    # parts 0-2 (and 4 unless --skip-served)
 #   tests/gpu/check.sh --skip-served   # no part 4 (its rows are written as not measured)
 #   tests/gpu/check.sh --skip-smoke    # no part 0 (the server smoke test)
+#   tests/gpu/check.sh --skip-gpu-check  # no parts 1-3 (gpu_check)
+#   tests/gpu/check.sh --skip-served-bf16 --served-fp8  # part 4: the fp8 configuration alone
+#   PREVIOUS_RESULTS=DIR ...           # part 5 also takes an earlier run's gpu_check.json and served_*.json
+#                                      # (its $OUT, same commit) for whatever this run did not produce:
+#                                      # a second device call that measures what the first had no time for
 #   tests/gpu/check.sh --served-fp8    # part 4 also at --precision fp8 with an FP8 KV cache (c256
 #                                      # 1000x1000 only; with SERVED_BUDGET_S=120 to fit in CHECK_TOTAL_S;
 #                                      # BF16 K/V would cap it at ~16,500 tok/s at the rooflines:
@@ -45,7 +50,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 
-skip_bench=0 skip_served=0 skip_smoke=0 served_fp8=0 served_sync=0
+skip_bench=0 skip_served=0 skip_smoke=0 served_fp8=0 served_sync=0 skip_gc=0 skip_bf16=0
 gc_args=()
 for a in "$@"; do
   case "$a" in
@@ -54,7 +59,10 @@ for a in "$@"; do
     --skip-smoke) skip_smoke=1 ;;
     --served-fp8) served_fp8=1 ;;
     --served-sync) served_sync=1 ;;
-    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --skip-smoke, --served-fp8, --served-sync)" >&2; exit 2 ;;
+    --skip-gpu-check) skip_gc=1 ;;
+    --skip-served-bf16) skip_bf16=1 ;;
+    *) echo "check.sh: unknown option $a (--skip-bench, --skip-served, --skip-smoke, --skip-gpu-check," \
+            "--skip-served-bf16, --served-fp8, --served-sync)" >&2; exit 2 ;;
   esac
 done
 
@@ -136,32 +144,37 @@ fi
 # ~1-2), at most GPU_CHECK_TRIES of them; the tries' JSON are merged into gpu_check.json.
 gc_deadline=$(( $(date +%s) + ${GPU_CHECK_TIMEOUT:-240} ))
 gc_tries=() resume=() rc=0 msg=$(mktemp)
-: > "$RES/gpu_check.log"
 rm -f "$RES"/gpu_check.try*.json*
-while :; do
-  n=$(( ${#gc_tries[@]} + 1 )) left=$(( gc_deadline - $(date +%s) ))
-  if [ "$left" -lt 15 ]; then
-    echo "check.sh: gpu_check not resumed: ${left} s left of GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-240}" | tee -a "$RES/gpu_check.log"
-    rc=1; break
-  fi
-  j="$RES/gpu_check.try$n.json"
-  [ "$n" -gt 1 ] && echo "== gpu_check try $n: ${resume[*]} ==" | tee -a "$RES/gpu_check.log"
-  timeout "$left" "$BUILD/gpu_check-sm$SM" ${gc_args[@]+"${gc_args[@]}"} --json "$j" ${resume[@]+"${resume[@]}"} \
-    2>&1 | tee -a "$RES/gpu_check.log"
-  gc_rc=${PIPESTATUS[0]}
-  gc_tries+=("$j")
-  next=$(python3 bench/gpu_json.py resume "${gc_tries[@]}" 2>"$msg"); st=$?
-  tee -a "$RES/gpu_check.log" < "$msg"
-  if [ "$st" = 1 ]; then [ "$gc_rc" = 0 ] || rc=1; break; fi    # the try completed (exit 1: a check failed)
-  rc=1
-  echo "check.sh: gpu_check try $n died (exit $gc_rc)" | tee -a "$RES/gpu_check.log"
-  [ "$st" = 0 ] || break
-  if [ "$n" -ge "${GPU_CHECK_TRIES:-8}" ]; then
-    echo "check.sh: gpu_check not resumed: $n tries (GPU_CHECK_TRIES)" | tee -a "$RES/gpu_check.log"; break
-  fi
-  read -r -a resume <<< "$next"
-done
-python3 bench/gpu_json.py merge "${gc_tries[@]}" --out "$RES/gpu_check.json" || rm -f "$RES/gpu_check.json"
+if [ "$skip_gc" = 1 ]; then
+  echo "== 1-3. gpu_check skipped (--skip-gpu-check) =="
+  rm -f "$RES/gpu_check.json"
+else
+  : > "$RES/gpu_check.log"
+  while :; do
+    n=$(( ${#gc_tries[@]} + 1 )) left=$(( gc_deadline - $(date +%s) ))
+    if [ "$left" -lt 15 ]; then
+      echo "check.sh: gpu_check not resumed: ${left} s left of GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-240}" | tee -a "$RES/gpu_check.log"
+      rc=1; break
+    fi
+    j="$RES/gpu_check.try$n.json"
+    [ "$n" -gt 1 ] && echo "== gpu_check try $n: ${resume[*]} ==" | tee -a "$RES/gpu_check.log"
+    timeout "$left" "$BUILD/gpu_check-sm$SM" ${gc_args[@]+"${gc_args[@]}"} --json "$j" ${resume[@]+"${resume[@]}"} \
+      2>&1 | tee -a "$RES/gpu_check.log"
+    gc_rc=${PIPESTATUS[0]}
+    gc_tries+=("$j")
+    next=$(python3 bench/gpu_json.py resume "${gc_tries[@]}" 2>"$msg"); st=$?
+    tee -a "$RES/gpu_check.log" < "$msg"
+    if [ "$st" = 1 ]; then [ "$gc_rc" = 0 ] || rc=1; break; fi    # the try completed (exit 1: a check failed)
+    rc=1
+    echo "check.sh: gpu_check try $n died (exit $gc_rc)" | tee -a "$RES/gpu_check.log"
+    [ "$st" = 0 ] || break
+    if [ "$n" -ge "${GPU_CHECK_TRIES:-8}" ]; then
+      echo "check.sh: gpu_check not resumed: $n tries (GPU_CHECK_TRIES)" | tee -a "$RES/gpu_check.log"; break
+    fi
+    read -r -a resume <<< "$next"
+  done
+  python3 bench/gpu_json.py merge "${gc_tries[@]}" --out "$RES/gpu_check.json" || rm -f "$RES/gpu_check.json"
+fi
 rm -f "$RES"/gpu_check.try*.json* "$msg"
 [ "$src" = 0 ] || { echo "check.sh: the server smoke test failed (above)"; rc=1; }
 t2=$(date +%s)
@@ -179,9 +192,15 @@ fi
 if [ "$skip_served" = 0 ]; then
   echo "== 4. served benchmark: sampler-sm$SM, Qwen3-8B-shaped random BF16 (bench/gpu_served.py, budget ${budget} s) =="
   rm -f "$RES/served_bf16.json" "$RES/served_fp8.json" "$RES/served_sync.json"
-  PYTHONUNBUFFERED=1 timeout $((budget + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" \
-    --gpu "$gpu_name" --budget-s "$budget" --json "$RES/served_bf16.json" ${SERVED_ARGS:-} 2>&1 | tee "$RES/served.log"
-  src4=${PIPESTATUS[0]}
+  src4=0
+  : > "$RES/served.log"
+  if [ "$skip_bf16" = 1 ]; then
+    echo "check.sh: the bf16 served configurations skipped (--skip-served-bf16)" | tee -a "$RES/served.log"
+  else
+    PYTHONUNBUFFERED=1 timeout $((budget + 40)) python3 bench/gpu_served.py --bin "$BUILD/sampler-sm$SM" \
+      --gpu "$gpu_name" --budget-s "$budget" --json "$RES/served_bf16.json" ${SERVED_ARGS:-} 2>&1 | tee -a "$RES/served.log"
+    src4=${PIPESTATUS[0]}
+  fi
   [ -f "$RES/served_bf16.json" ] && served+=(--served "$RES/served_bf16.json")
   left=$(( ${CHECK_TOTAL_S:-540} - ($(date +%s) - t0) - 45 ))
   if [ "$served_fp8" = 1 ] && [ "$left" -lt 90 ]; then
@@ -211,6 +230,23 @@ t3=$(date +%s)
 # Part 5: bench/gpu/<gpu>.json and its table (rows not measured here: null, with the reason).
 gc_json=()
 [ -f "$RES/gpu_check.json" ] && gc_json=(--gpu-check "$RES/gpu_check.json")
+# PREVIOUS_RESULTS: an earlier run's outputs (same commit) for what this run did not produce
+if [ -n "${PREVIOUS_RESULTS:-}" ]; then
+  if [ ! -d "$PREVIOUS_RESULTS" ]; then
+    echo "check.sh: PREVIOUS_RESULTS=$PREVIOUS_RESULTS is not a folder"; rc=1
+  else
+    if [ ! -f "$RES/gpu_check.json" ] && [ -f "$PREVIOUS_RESULTS/gpu_check.json" ]; then
+      gc_json=(--gpu-check "$PREVIOUS_RESULTS/gpu_check.json")
+      echo "check.sh: part 5 takes gpu_check.json from $PREVIOUS_RESULTS (an earlier run)"
+    fi
+    for k in bf16 fp8 sync; do
+      if [ ! -f "$RES/served_$k.json" ] && [ -f "$PREVIOUS_RESULTS/served_$k.json" ]; then
+        served+=(--served "$PREVIOUS_RESULTS/served_$k.json")
+        echo "check.sh: part 5 takes served_$k.json from $PREVIOUS_RESULTS (an earlier run)"
+      fi
+    done
+  fi
+fi
 # the device tool's copy of the tree may have no .git: SAMPLER_COMMIT names the commit then
 commit=${SAMPLER_COMMIT:-}
 if [ -z "$commit" ] && commit=$(git rev-parse --short HEAD 2>/dev/null); then

@@ -110,6 +110,45 @@ def test_skip_bench_is_kept_across_tries(tmp_path):
     assert not gc["bench_ran"] and rows["decode_bf16_b1_tok_s"]["value"] is None
 
 
+def test_a_second_run_completes_the_first(tmp_path):
+    """A second device call (--skip-gpu-check, as for the served fp8 run the first had no time for)
+    takes the first call's gpu_check.json through PREVIOUS_RESULTS, so its <gpu>.json has every row;
+    without it those rows are null, and a PREVIOUS_RESULTS that is not a folder fails the run."""
+    (tmp_path / "first").mkdir()
+    r1, _, rows1 = run_check(tmp_path / "first")
+    assert r1.returncode == 0 and rows1["decode_bf16_b1_tok_s"]["value"] == 10
+    first_out = tmp_path / "first" / "out"
+    pre = tmp_path / "first" / "prebuilt"
+
+    def second(name, previous, args=("--skip-served",)):
+        out, js = tmp_path / name / "out", tmp_path / name / "json"
+        env = dict(os.environ, SM="90", SAMPLER_GPU_PREBUILT=str(pre), OUT=str(out), GPU_JSON_OUT=str(js),
+                   SAMPLER_COMMIT="test", FAKE_DIE="ops@1:crash")  # a gpu_check run would show the death
+        if previous is not None:
+            env["PREVIOUS_RESULTS"] = str(previous)
+        r = subprocess.run(["bash", CHECK, "--skip-smoke", "--skip-gpu-check", *args], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT, env=env)
+        doc = json.loads((js / "sm-90.json").read_text())
+        assert gpu_json.check(doc) == [], gpu_json.check(doc)
+        assert "gpu_check.json" not in os.listdir(out) and "gpu_check skipped" in r.stdout
+        return r, {x["name"]: x for x in doc["rows"]}
+
+    r, rows = second("alone", None)
+    assert r.returncode == 0 and rows["decode_bf16_b1_tok_s"]["value"] is None
+    r, rows = second("with", first_out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "takes gpu_check.json from" in r.stdout
+    assert rows["decode_bf16_b1_tok_s"]["value"] == 10 and rows["gpu_check_sections_died"]["value"] == 0
+    assert rows["prefill_bf16_4x1024_fraction"]["value"] == 0.25
+    r, _ = second("missing", tmp_path / "nowhere")
+    assert r.returncode == 1 and "is not a folder" in r.stdout
+    # part 4 without its bf16 configurations and nothing else asked for: it starts no server
+    r, rows = second("nobf16", first_out, ("--skip-served-bf16",))
+    assert r.returncode == 0 and "bf16 served configurations skipped" in r.stdout, r.stdout + r.stderr
+    assert not [f for f in os.listdir(tmp_path / "nobf16" / "out") if f.startswith("served_")]
+    assert rows["served_bf16_c256_1000x1000_tok_s"]["value"] is None
+
+
 @pytest.mark.parametrize("docs,status", [
     ([], 2),
     ([None], 2),

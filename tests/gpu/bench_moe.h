@@ -8,7 +8,9 @@
  * experts the step routes to: 8 per layer at batch 1, those a capture step of
  * the same batch size touched at 64, and the KV cache) over the copy bandwidth.
  * Rows "moe30b decode batch B (ctx 512)" -> decode_moe30b_bB_fraction
- * (bench/gpu_json.py). Included by gpu_check.c after bench_decode; not run by
+ * (bench/gpu_json.py), B = 1, 16, 32, 64; "moe30b_gemv" at 16, 32, 64: the
+ * same steps with the grouped GEMV instead of the tensor-core GEMM (the
+ * backend's tokens > 8 rule, unmeasured until these rows). Included by gpu_check.c after bench_decode; not run by
  * the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
@@ -67,7 +69,9 @@ static double moe_touched(Runner *r, KVCache *kv, const ModelConfig *c, int B, f
     return touched;
 }
 
-static void bench_moe(void) {
+/* mid = 0: batch 1 and 64 (+ their routed-experts twins); 1: the 16-64 rows of both paths (a section
+ * of its own, so that a failure there cannot cost the first rows). */
+static void bench_moe(int mid) {
     Model *m = xcalloc(1, sizeof *m);
     ModelConfig *c = &m->cfg;
     qwen3_30b_a3b_config(c);
@@ -118,7 +122,7 @@ static void bench_moe(void) {
     CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
     int32_t *capture = (int32_t *)runner_host_alloc(r, sizeof(int32_t) * (size_t)max_b * c->n_layers * c->top_k);
     const int batches[] = {1, 64};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (mid ? 0 : 2); i++) {
         double touched = moe_touched(r, kv, c, batches[i], logits, tables, bps);
         double bytes = 2.0 * ((double)(attn + E * H) * c->n_layers + touched * expert + (double)V * H);
         printf("  moe30b batch %d: %.1f experts per layer touched, %.2f GB of weights per step\n", batches[i],
@@ -131,6 +135,38 @@ static void bench_moe(void) {
         runner_set_expert_capture(r, NULL);
     }
     runner_host_free(r, capture);
+    /* Which path should a decode step of 16-64 tokens take? The backend's rule is tokens > 8: the
+     * grouped tensor-core GEMM (moe_mma.cu), not measured; at 64 tokens x top-8 over 128 experts an
+     * expert has ~4 pairs, which the grouped GEMV (moe_gemm.cu) also reads its weights once for.
+     * Rows moe30b at 16 and 32 beside moe30b_gemv at 16, 32, 64: the same steps on a backend made
+     * with SAMPLER_CUDA_OFF=moe_mma (the GEMV at every batch), for the rule's next revision. */
+    if (mid) {
+        const char *off = getenv("SAMPLER_CUDA_OFF");
+        char *off_saved = off ? strdup(off) : NULL;
+        setenv("SAMPLER_CUDA_OFF", "moe_mma", 1);
+        Backend *b2 = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
+        if (off_saved) setenv("SAMPLER_CUDA_OFF", off_saved, 1);
+        else unsetenv("SAMPLER_CUDA_OFF");
+        free(off_saved);
+        Runner *r2 = runner_create_with(m, b2, max_b, BENCH_MAX_CTX);
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        if ((double)kv_bytes + (1u << 30) > (double)free_b) {
+            printf("  SKIP moe30b_gemv rows: too little device memory for a second KV cache\n");
+        } else {
+            KVCache *kv2 = runner_kvcache_create_dtype(r2, n_blocks, BS, KV_BF16);
+            const int bm[] = {16, 32, 64};
+            for (int i = 0; i < 3; i++) {
+                double touched = moe_touched(r, kv, c, bm[i], logits, tables, bps);
+                double bytes = 2.0 * ((double)(attn + E * H) * c->n_layers + touched * expert + (double)V * H);
+                printf("  moe30b batch %d: %.1f experts per layer touched, %.2f GB of weights per step\n", bm[i],
+                       touched / c->n_layers, bytes / 1e9);
+                if (bm[i] < 64) bench_decode(r, kv, c, bm[i], bytes, logits, tables, bps, "moe30b");
+                bench_decode(r2, kv2, c, bm[i], bytes, logits, tables, bps, "moe30b_gemv");
+            }
+            runner_kvcache_free(r2, kv2);
+        }
+        runner_free(r2);
+    }
     CUDA_CHECK(cudaFreeHost(logits));
     free(tables);
     runner_kvcache_free(r, kv);

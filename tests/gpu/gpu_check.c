@@ -1363,7 +1363,8 @@ static void section_decode_32k(void) {
     bench_decode_long(d->m, d->weight_bytes, d->logits);
 }
 
-static void section_moe(void) { dense_free(); if (bench_ready("moe")) bench_moe(); }
+static void section_moe(void) { dense_free(); if (bench_ready("moe")) bench_moe(0); }
+static void section_moe_mid(void) { dense_free(); if (bench_ready("moe_mid")) bench_moe(1); }
 static void section_moe_prefill(void) { dense_free(); if (bench_ready("moe_prefill")) bench_moe_prefill(); }
 /* Issue 19's deltas on quantized devices: the two device update paths on a Qwen3-8B MLP matrix. */
 static void section_delta_quant(void) {
@@ -1402,6 +1403,7 @@ static const CheckSection SECTIONS[] = {
     {"nvfp4", 3, 90, section_nvfp4},
     {"decode_32k", 3, 90, section_decode_32k},
     {"moe", 3, 120, section_moe},
+    {"moe_mid", 3, 120, section_moe_mid},
     {"moe_prefill", 3, 90, section_moe_prefill},
     {"moe_prefill_fp8", 3, 90, section_moe_prefill_fp8},
     {"delta_quant", 3, 90, section_delta_quant},

@@ -115,7 +115,7 @@ static void crossover_describe(const NativeCrossover *x, char *buf, size_t cap) 
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     if (!backend_cuda_native_kind || !backend_cuda_native_time || !m->act_quant) return 0;
     enum { MAX_SHAPES = 64 };
-    struct { int fmt, kind, rows, cols, min_n, count; } shapes[MAX_SHAPES];
+    struct { int fmt, kind, rows, cols, min_n; } shapes[MAX_SHAPES];
     int n_shapes = 0, n_mats = 0;
     for (int i = 0; i < m->weights.n; i++) {
         WeightMat *w = m->weights.t[i].vec ? NULL : m->weights.t[i].mat;
@@ -152,10 +152,8 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
             shapes[n_shapes].rows = w->rows;
             shapes[n_shapes].cols = w->cols;
             shapes[n_shapes].min_n = x.min_n;
-            shapes[n_shapes].count = 0;
             n_shapes++;
         }
-        shapes[s].count++;
         w->native_min_n = shapes[s].min_n;
     }
     if (fixed > 0 && n_mats)

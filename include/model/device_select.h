@@ -7,7 +7,9 @@
  * memory, SM count), refuses a device it was not built for with a message
  * naming the binary that fits, refuses a native (quantized-activation)
  * precision its tensor cores cannot run (device_native_check: NVFP4 below
- * sm_100, FP8 on sm_80; --weight-only runs them weight-only), and logs the choice.
+ * sm_100, FP8 on sm_80; --weight-only runs them weight-only), logs the choice,
+ * and, on a GPU, measures each act_quant shape's crossover between the
+ * weight-only GEMV and the native GEMM (device_native_calibrate).
  * Not here: the forward pass (model.h), argument parsing (flags.c).
  */
 #ifndef SAMPLER_DEVICE_SELECT_H

@@ -594,6 +594,7 @@ done:
     if (e1) cudaEventDestroy(e1);
     cudaFree(x);
     cudaFree(out);
+    if (rc) (void)cudaGetLastError(); /* a failed cudaMalloc must not surface at the next launch check */
     return rc;
 }
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they

@@ -30,6 +30,7 @@
 
 #include "cuda_native.h"
 #include "device_select.h"
+#include "bench_crossover.h"
 
 typedef struct NativeRow { char name[48]; double v; } NativeRow;
 #define NATIVE_ROWS_MAX 96
@@ -143,45 +144,7 @@ static void native_kl_fixtures(void) {
     native_row("kl_bf16_fp8_cpu_mean", kl_cpu / positions);
 }
 
-/* ---- part 3 addition: weight-only GEMV vs native GEMM per batch size ---- */
-/* The server's own measurement (device_native.c's ladder and rule over backend_cuda_native_time,
- * what a sampler does at start-up) on one Qwen3-8B MLP matrix: a backend holding it alone. */
-static int native_xover_time(void *ctx, int n, float *wo_us, float *native_us) {
-    void **c = (void **)ctx;
-    return backend_cuda_native_time((Backend *)c[0], (const WeightMat *)c[1], n, 5, wo_us, native_us);
-}
-static int native_xover_shape(int fp4, int rows, int cols) {
-    Err err = {0};
-    int caps = cuda_native_caps();
-    uint16_t *m = rand_bf16((size_t)rows * cols, 0.0f, 0.04f);
-    WeightMat w = wmat_bf16(rows, cols, m);
-    w.fmt = fp4 ? WF_NVFP4 : WF_FP8;
-    w.act_quant = 1;
-    w.q = fp4 ? (void *)quant_nvfp4_from_bf16(m, rows, cols, &err)
-              : (void *)quant_fp8_from_bf16(m, rows, cols, caps & CUDA_NATIVE_FP8_BLOCK ? QUANT_FP8_BLOCK128
-                                                                                       : QUANT_FP8_PER_CHANNEL, &err);
-    CHECK(w.q, "crossover: quantize: %s", err.msg);
-    OneMat om;
-    Backend *b = backend_cuda_create(one_mat_set(&om, &w), 128, 128);
-    NativeCrossover x;
-    void *ctx[2] = {b, &w};
-    int rc = backend_cuda_native_kind(&w) ? device_native_crossover(native_xover_time, ctx, 512, &x) : -1;
-    for (int i = 0; rc == 0 && i < x.points; i++)
-        printf("  %s [%d x %d] n=%-3d weight-only %9.1f us  native %9.1f us%s\n", fp4 ? "nvfp4" : "fp8", rows, cols,
-               x.n[i], x.wo_us[i], x.native_us[i], x.native_us[i] < 0 ? " (native refused)" : "");
-    int cross = rc ? -1 : x.min_n == INT_MAX ? -1 : x.min_n;
-    printf("  %s [%d x %d]: native from n = %d (-1: never, or no native path)\n", fp4 ? "nvfp4" : "fp8", rows, cols,
-           cross);
-    char name[48];
-    snprintf(name, sizeof name, "native_%s_crossover_n_%dx%d", fp4 ? "nvfp4" : "fp8", rows, cols);
-    native_row(name, cross);
-    b->free(b);
-    if (fp4) quant_nvfp4_free((QuantNvfp4 *)w.q);
-    else quant_fp8_free((QuantFp8 *)w.q);
-    free(m);
-    return cross;
-}
-
+/* ---- part 3 addition: weight-only GEMV vs native GEMM per batch size (bench_crossover.h) ---- */
 /* Both paths on the two Qwen3-8B MLP shapes by the server's ladder (1, 2, 3, 4, 6, 8, ... to 64,
  * then on until native has won twice in a row); per-shape rows and the crossover row (the larger). */
 static void bench_native_crossover(void) {
@@ -195,7 +158,7 @@ static void bench_native_crossover(void) {
         if (fp4 && !(caps & CUDA_NATIVE_NVFP4)) continue;
         int cross = 0; /* over both shapes: -1 when either never takes native */
         for (int sh = 0; sh < 2; sh++) {
-            int c = native_xover_shape(fp4, shapes[sh][0], shapes[sh][1]);
+            int c = native_xover_shape(fp4, shapes[sh][0], shapes[sh][1], 512, native_row);
             cross = c < 0 || cross < 0 ? -1 : c > cross ? c : cross;
         }
         printf("  %s crossover: native from n = %d on both shapes (what a server measures at start-up for them; "

@@ -47,6 +47,7 @@ extern "C" {
 #include "quant.h"
 #include "safetensors.h"
 }
+#include "../bench_crossover.h" /* after the C headers: their declarations keep C linkage */
 
 /* The tiled GEMV's decoders (gemv_tile.cuh; their portable paths, which share the
  * PRMT selectors with the device) against the scalar references, bit for bit: every
@@ -1037,6 +1038,14 @@ static void t_native_crossovers(int quick) {
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
     t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
     if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);
+    /* gpu_check's crossover rows (bench_crossover.h) at a small shape and a few tokens: they run,
+     * and native wins somewhere (the emulated cuBLASLt is a plain loop, the GEMV a thread per lane) */
+    for (int fp4 = 0; fp4 < (quick ? 1 : 2); fp4++) {
+        int c = native_xover_shape(fp4, fp4 ? 128 : 256, fp4 ? 256 : 512, quick ? 1 : 2, NULL);
+        printf("  %s gpu_check's crossover measurement of a %s matrix runs (native from %d)\n", c >= 1 ? "ok  " : "FAIL",
+               fp4 ? "nvfp4 [128, 256]" : "fp8 128x128 [256, 512]", c);
+        c >= 1 ? n_pass++ : n_fail++;
+    }
 }
 
 int main(void) {

@@ -161,8 +161,9 @@ static int was_amax_candidate(const QuantNvfp4 *w, int64_t i) {
     return old_code(w, r, c) == 0x7 && w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK] == 0x7e;
 }
 
-/* Can touched element i's 16-block keep its scale (and every untouched code)? Its
- * scale is a function of the block's amax alone (quant_nvfp4_block), and the
+/* Can touched element i's 16-block keep its scale (and every untouched code)?
+ * Then i's new code (sign included), else -1. A block's scale is a function
+ * of the block's amax alone (quant_nvfp4_block), and the
  * amax holder's code is +-6 (0x7) whenever any code of the block is: codes
  * grow with |v|. So when (1) some old code of the block is 0x7 (else: an
  * all-zero block, or a scale clamped where nothing reached 6; redo it), (2) i's
@@ -173,12 +174,13 @@ static int was_amax_candidate(const QuantNvfp4 *w, int64_t i) {
  * code moves. The tensor scale g is unchanged here (amax_changed said so). */
 static int code_keeps(const QuantNvfp4 *w, const uint16_t *m, int64_t i) {
     int64_t r = i / w->cols, c = i % w->cols, c0 = c / QUANT_NVFP4_BLOCK * QUANT_NVFP4_BLOCK;
-    if (old_code(w, r, c) == 0x7) return 0;
+    if (old_code(w, r, c) == 0x7) return -1;
     int has6 = 0;
     for (int k = 0; k < QUANT_NVFP4_BLOCK && !has6; k++) has6 = old_code(w, r, c0 + k) == 0x7;
-    if (!has6) return 0;
+    if (!has6) return -1;
     uint8_t sb = w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK];
-    return (quant_f32_to_e2m1(bf16_to_f32(m[i]) / (quant_e4m3_to_f32(sb) * w->scale2)) & 0x7) != 0x7;
+    uint8_t code = quant_f32_to_e2m1(bf16_to_f32(m[i]) / (quant_e4m3_to_f32(sb) * w->scale2));
+    return (code & 0x7) == 0x7 ? -1 : code;
 }
 
 /* Did the tensor amax change? It grew if a touched value exceeds it. It can
@@ -224,12 +226,11 @@ int quant_nvfp4_requant(QuantNvfp4 *w, const uint16_t *m, const int64_t *idx, si
      * same bits. */
     for (size_t i = 0; i < n_idx; i++) {
         int64_t r = idx[i] / w->cols, c = idx[i] % w->cols;
-        if (!code_keeps(w, m, idx[i])) {
+        int code = code_keeps(w, m, idx[i]);
+        if (code < 0) {
             nvfp4_quant_block(w, m, (int)r, (int)(c / QUANT_NVFP4_BLOCK));
             continue;
         }
-        uint8_t sb = w->scale[r * (w->cols / QUANT_NVFP4_BLOCK) + c / QUANT_NVFP4_BLOCK];
-        uint8_t code = quant_f32_to_e2m1(bf16_to_f32(m[idx[i]]) / (quant_e4m3_to_f32(sb) * w->scale2));
         uint8_t *p = w->packed + r * (w->cols / 2) + c / 2;
         *p = c % 2 ? (uint8_t)((*p & 0x0f) | (code << 4)) : (uint8_t)((*p & 0xf0) | code);
     }

@@ -75,6 +75,9 @@ typedef struct NativeCrossover {
 } NativeCrossover;
 typedef int (*NativeTimeFn)(void *ctx, int n, float *wo_us, float *native_us);
 int device_native_crossover(NativeTimeFn time, void *ctx, int max_n, NativeCrossover *out);
+/* device_native_crossover of w on the CUDA backend b (backend_cuda_native_time, best of 5): what
+ * device_native_calibrate measures for w's shape. -1 in a binary without CUDA code. */
+int device_native_crossover_on(Backend *b, const WeightMat *w, int max_n, NativeCrossover *out);
 
 /* Start-up, on a GPU: every act_quant matrix that has a native GEMM (routed
  * experts aside: their grouped GEMM keeps CUDA_NATIVE_MIN_N) gets its

@@ -1155,12 +1155,12 @@ extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx
         if (ws->t[i].vec && ws->t[i].mat) ws->t[i].mat->dev = (void *)ws->t[i].vec->dev;
     /* the native NVFP4 matrices' scales, swizzled once into cuBLASLt's layout (dev_scale_sw; refreshed
      * by every delta of the matrix): 1/16 byte an element more, no swizzle per GEMM */
+    auto sw_bytes = [](const WeightMat *w) -> size_t { /* a native NVFP4 matrix's share of sw_arena, else 0 */
+        if (!w || backend_cuda_native_kind(w) != CUDA_NATIVE_NVFP4) return 0;
+        return (cuda_nvfp4_sf_bytes(w->rows, w->cols) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    };
     size_t swb = 0;
-    for (int i = 0; i < ws->n; i++) {
-        const WeightMat *w = ws->t[i].vec ? NULL : ws->t[i].mat;
-        if (w && backend_cuda_native_kind(w) == CUDA_NATIVE_NVFP4)
-            swb += (cuda_nvfp4_sf_bytes(w->rows, w->cols) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-    }
+    for (int i = 0; i < ws->n; i++) swb += sw_bytes(ws->t[i].vec ? NULL : ws->t[i].mat);
     if (swb) {
         err = cudaMalloc(&c->sw_arena, swb);
         CHECK(err == cudaSuccess, "the native NVFP4 matrices' swizzled scales (%.1f MiB) do not fit on the GPU: %s\n"
@@ -1168,9 +1168,10 @@ extern "C" Backend *backend_cuda_create(WeightSet *ws, int head_dim, int max_ctx
         size_t so = 0;
         for (int i = 0; i < ws->n; i++) {
             WeightMat *w = ws->t[i].vec ? NULL : ws->t[i].mat;
-            if (!w || backend_cuda_native_kind(w) != CUDA_NATIVE_NVFP4) continue;
+            size_t bytes = sw_bytes(w);
+            if (!bytes) continue;
             w->dev_scale_sw = (char *)c->sw_arena + so;
-            so += (cuda_nvfp4_sf_bytes(w->rows, w->cols) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            so += bytes;
             LAUNCH_OK(cuda_nvfp4_swizzle((uint8_t *)w->dev_scale_sw, (const uint8_t *)w->dev_scale, w->rows, w->cols,
                                          c->stream));
         }

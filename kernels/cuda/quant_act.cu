@@ -116,12 +116,8 @@ __global__ void nvfp4_swizzle_kernel(uint8_t *dst, const uint8_t *src, int rows,
 
 extern "C" int cuda_nvfp4_swizzle(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream) {
     if (rows <= 0 || cols <= 0 || cols % 16 || !dst || !src) return -1;
-    cudaStream_t s = (cudaStream_t)stream;
-    int nb = cols / 16;
-    CUDA_CHECK(cudaMemsetAsync(dst, 0, cuda_nvfp4_sf_bytes(rows, cols), s));
-    size_t total = (size_t)rows * nb;
-    nvfp4_swizzle_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(dst, src, rows, nb);
-    CUDA_CHECK_LAUNCH();
+    Err err = {0};
+    CHECK(cuda_nvfp4_swizzle_try(dst, src, rows, cols, stream, &err) == 0, "%s", err.msg);
     return 0;
 }
 extern "C" int cuda_nvfp4_swizzle_try(uint8_t *dst, const uint8_t *src, int rows, int cols, void *stream, Err *err) {

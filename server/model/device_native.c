@@ -101,6 +101,11 @@ static int time_on_device(void *ctx, int n, float *wo_us, float *native_us) {
     const TimeCtx *t = (const TimeCtx *)ctx;
     return backend_cuda_native_time(t->b, t->w, n, 5, wo_us, native_us);
 }
+int device_native_crossover_on(Backend *b, const WeightMat *w, int max_n, NativeCrossover *out) {
+    if (!backend_cuda_native_time) return -1;
+    TimeCtx t = {b, w};
+    return device_native_crossover(time_on_device, &t, max_n, out);
+}
 
 /* "native from n = 24 (n: weight-only / native us) 1: 10.2 / 31.0, 2: ..." into buf. */
 static void crossover_describe(const NativeCrossover *x, char *buf, size_t cap) {
@@ -136,8 +141,7 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
                 continue;
             }
             NativeCrossover x;
-            TimeCtx t = {b, w};
-            if (device_native_crossover(time_on_device, &t, max_tokens, &x) != 0) {
+            if (device_native_crossover_on(b, w, max_tokens, &x) != 0) {
                 log_warn("native crossover: timing [%d x %d] on the device failed; every act_quant matrix keeps "
                          "the constant (native from %d tokens)", w->rows, w->cols, CUDA_NATIVE_MIN_N);
                 for (int j = 0; j < m->weights.n; j++)

@@ -1,7 +1,7 @@
 /*
  * bench_crossover.h - one matrix's crossover between the weight-only GEMV and
  * the native GEMM, measured the way a server measures it at start-up
- * (device_native_crossover's ladder and rule over backend_cuda_native_time) on
+ * (device_native_crossover_on: the ladder and rule over backend_cuda_native_time) on
  * a backend holding that matrix alone: random weights (sd ~0.02), quantized
  * FP8 (128x128 blocks where the binary has that GEMM, else per channel) or
  * NVFP4, act_quant. gpu_check (bench_native.h): the Qwen3-8B MLP shapes up to
@@ -18,10 +18,6 @@
 #include "device_select.h"
 #include "quant.h"
 
-static int native_xover_time(void *ctx, int n, float *wo_us, float *native_us) {
-    void **c = (void **)ctx;
-    return backend_cuda_native_time((Backend *)c[0], (const WeightMat *)c[1], n, 5, wo_us, native_us);
-}
 /* The crossover of one [rows, cols] matrix up to max_n tokens: its table printed, row(name, value) when
  * row is given; the crossover (-1: never, or no native path for it in this binary). */
 static int native_xover_shape(int fp4, int rows, int cols, int max_n, void (*row)(const char *, double)) {
@@ -38,8 +34,7 @@ static int native_xover_shape(int fp4, int rows, int cols, int max_n, void (*row
     OneMat om;
     Backend *b = backend_cuda_create(one_mat_set(&om, &w), 128, 128);
     NativeCrossover x;
-    void *ctx[2] = {b, &w};
-    int rc = backend_cuda_native_kind(&w) ? device_native_crossover(native_xover_time, ctx, max_n, &x) : -1;
+    int rc = backend_cuda_native_kind(&w) ? device_native_crossover_on(b, &w, max_n, &x) : -1;
     for (int i = 0; rc == 0 && i < x.points; i++)
         printf("  %s [%d x %d] n=%-3d weight-only %9.1f us  native %9.1f us%s\n", fp4 ? "nvfp4" : "fp8", rows, cols,
                x.n[i], x.wo_us[i], x.native_us[i], x.native_us[i] < 0 ? " (native refused)" : "");

@@ -146,6 +146,17 @@ struct Backend;
 int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *wo_us,
                              float *native_us);
 
+/* Start-up (device_native_calibrate): the routed experts of one MoE step, a->x
+ * set and routed (moe_route's outputs in a->route), as moe_mlp runs them
+ * weight-only (the grouped GEMV, or above CUDA_GEMV_MAX_N tokens the grouped
+ * weight-only GEMM) and native (x quantized on the device, the e4m3 grouped
+ * GEMM), each the best of `reps` runs after one warm-up, in microseconds, in
+ * the buffers of a (out and the scratch are overwritten). *native_us = -1 when
+ * these experts have no native path here. -1 for experts that are not
+ * act_quant FP8 (nothing to choose) or on a CUDA error. */
+struct MoeMlpArgs;
+int backend_cuda_moe_time(struct Backend *b, const struct MoeMlpArgs *a, int reps, float *wo_us, float *native_us);
+
 #ifdef __cplusplus
 }
 #endif

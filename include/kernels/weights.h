@@ -24,7 +24,8 @@ typedef struct WeightMat {
     int act_quant;   /* quantized formats: 1 = quantize activations too (native GPU path) */
     /* act_quant matrices on the CUDA backend: tokens from which a matmul takes the native tensor-core
      * GEMM (below: the weight-only GEMV). 0: CUDA_NATIVE_MIN_N; INT_MAX: never. Set at start-up,
-     * measured per shape on the device (device_native_calibrate) or from --native-crossover */
+     * measured per shape on the device (device_native_calibrate) or from --native-crossover. Routed
+     * experts: one value on all of them, of the grouped step (the backend reads the first gate's) */
     int native_min_n;
     /* A device backend's copy of what the kernels read (NULL on host backends):
      * WF_BF16 bf16 [rows, cols]; WF_FP8 e4m3 [rows, cols]; WF_NVFP4 u8 [rows, cols / 2] (e2m1 pairs) */

@@ -79,12 +79,33 @@ int device_native_crossover(NativeTimeFn time, void *ctx, int max_n, NativeCross
  * device_native_calibrate measures for w's shape. -1 in a binary without CUDA code. */
 int device_native_crossover_on(Backend *b, const WeightMat *w, int max_n, NativeCrossover *out);
 
-/* Start-up, on a GPU: every act_quant matrix that has a native GEMM (routed
- * experts aside: their grouped GEMM keeps CUDA_NATIVE_MIN_N) gets its
+/* One MoE layer's routed step on a device backend (start-up timing, checks):
+ * backend memory for up to max_n tokens (x, out, the routing, moe_mlp's
+ * scratch), x and the router logits a fixed pseudo-random pattern in [-1, 1)
+ * (random logits spread the pairs about evenly over the experts). route: n
+ * tokens through b->moe_route, *a ready for b->moe_mlp (a->out [n, hidden] in
+ * backend memory, valid until the next route or free). Fatal when memory runs
+ * out (start-up). */
+typedef struct DeviceMoeBench DeviceMoeBench;
+DeviceMoeBench *device_moe_bench_create(Backend *b, const Model *m, int layer, int max_n);
+void device_moe_bench_route(DeviceMoeBench *mb, int n, MoeMlpArgs *a);
+void device_moe_bench_free(DeviceMoeBench *mb);
+/* device_native_crossover of MoE layer `layer`'s routed step (backend_cuda_moe_time on a
+ * DeviceMoeBench, best of 5), up to max_n tokens. -1 in a binary without CUDA code. */
+int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, NativeCrossover *out);
+/* The routed experts' ladder stops here (scratch of 4 max_n top_k (hidden + 2 moe_inter) bytes;
+ * native that has not won by then is not taken). */
+#define DEVICE_MOE_XOVER_MAX_N 1024
+
+/* Start-up, on a GPU: every act_quant matrix that has a native GEMM gets its
  * WeightMat.native_min_n: fixed > 0 sets it; 0 measures each distinct shape on
  * the device (backend_cuda_native_time, up to max_tokens) and logs its table.
- * 0, or -1 when timing failed (every matrix then keeps the constant). A no-op
- * off the GPU and for weight-only models. */
+ * Routed act_quant FP8 experts: one crossover for all of them, of the grouped
+ * step (device_moe_crossover_on on the first MoE layer, up to
+ * min(max_tokens, DEVICE_MOE_XOVER_MAX_N)), on every expert's matrix (the
+ * backend reads the first gate's). 0, or -1 when timing failed (the matrices
+ * concerned then keep the constant). A no-op off the GPU and for weight-only
+ * models. */
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).

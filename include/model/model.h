@@ -136,6 +136,9 @@ void model_quant_free(Model *m);
 void model_free(Model *m);
 /* 1 when w is a routed expert's matrix (one of the layers' egate / eup / edown arrays). */
 int model_is_routed_expert(const Model *m, const WeightMat *w);
+/* MoE layer l's routed experts as a device moe_mlp reads them (MoeExperts.w / s / s2, backend.h):
+ * t [9 * n_experts] = gate, up, down dev [3][E], their dev_scale [3][E], their dev_s2 [3][E]. */
+void model_moe_pointers(const Model *m, int l, const void **t);
 /* Every weight tensor by its checkpoint name, for deltas and hashing:
  * returns the bf16 storage the forward pass reads, or NULL. */
 uint16_t *model_tensor(Model *m, const char *name, int64_t *numel);

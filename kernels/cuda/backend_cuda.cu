@@ -12,8 +12,9 @@
  * quant_gemv.cu below the matrix's crossover (WeightMat.native_min_n, measured
  * per shape at start-up through backend_cuda_native_time; CUDA_NATIVE_MIN_N
  * when unmeasured); act_quant matrices take the native tensor-core GEMMs of
- * lt_gemm.cu at and above it (routed FP8 experts, from CUDA_NATIVE_MIN_N:
- * moe_mma.cu's e4m3 grouped GEMM, cu_moe_mlp) where the binary has
+ * lt_gemm.cu at and above it (routed FP8 experts, from their one crossover,
+ * measured through backend_cuda_moe_time: moe_mma.cu's e4m3 grouped GEMM,
+ * cu_moe_mlp) where the binary has
  * one for their layout and shape (native_matmul; cuda_native.h), weight-only
  * otherwise.
  * Deltas (weights_changed): BF16 tensors get a verified scatter of the touched
@@ -94,6 +95,7 @@ typedef struct CudaCtx {
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
     int off_attn_mma, off_attn_dec_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
+    int moe_force;     /* backend_cuda_moe_time: 0 the experts' record, 1 weight-only, 2 native FP8 */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
     int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
     float *lora_h;              /* [lora_tokens, lora_rank] f32 device: the shrink's output */
@@ -525,9 +527,10 @@ static int native_matmul(Backend *b, float *out, const float *x, int n, const We
 
 /* The per-shape choice: an act_quant matrix takes the native GEMM from its crossover on
  * (WeightMat.native_min_n, measured at start-up; 0: CUDA_NATIVE_MIN_N). */
-static int native_at(const WeightMat *w, int n) {
-    return w->fmt != WF_BF16 && w->act_quant && n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
+static int native_from(const WeightMat *w, int n) {
+    return n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
 }
+static int native_at(const WeightMat *w, int n) { return w->fmt != WF_BF16 && w->act_quant && native_from(w, n); }
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
 static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
@@ -711,17 +714,18 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
  * five launches sized by n * top_k (moe_gemm.cu); above CUDA_GEMV_MAX_N tokens
  * four: gather, the grouped GEMM of gate/up with the SwiGLU in its epilogue and
  * of down (moe_mma.cu), the unpermute. yg may be xg (x is dead after gate/up).
- * Native FP8 (act_quant FP8 experts, steps of at least CUDA_NATIVE_MIN_N tokens,
- * as cu_matmul's rule for one matrix, where moe_native_fp8 holds): quantize x
+ * Native FP8 (act_quant FP8 experts where moe_native_fp8 holds, steps of at least
+ * their record's tokens: the first gate's native_min_n, measured at start-up by
+ * device_native_calibrate as for one matrix; 0: CUDA_NATIVE_MIN_N): quantize x
  * (the n token rows, into xg: n hidden bytes + its scales, within xg's
  * 4 n top_k hidden), the e4m3 GEMM of gate/up reading the token rows through
  * pair_tok (no gather), quantize the SwiGLU output (into u, unused there:
  * n top_k inter bytes + scales), the e4m3 GEMM of down, the unpermute. The x
  * groups follow the CPU backend's rule (cpu_matmul): per token when the
  * weights' scale blocks span every column, else per 128 columns. */
-static int moe_native_fp8(const WeightMat *w, int n, int NK, const CudaMoeSeg *sg, int H, int I) {
-    return w->fmt == WF_FP8 && w->act_quant && n >= CUDA_NATIVE_MIN_N && NK <= 65535 &&
-           cuda_moe_gemm_fp8_native(sg[0].bc, H) && cuda_moe_gemm_fp8_native(sg[2].bc, I);
+static int moe_native_fp8(const WeightMat *w, int NK, const CudaMoeSeg *sg, int H, int I) {
+    return w->fmt == WF_FP8 && w->act_quant && NK <= 65535 && cuda_moe_gemm_fp8_native(sg[0].bc, H) &&
+           cuda_moe_gemm_fp8_native(sg[2].bc, I);
 }
 /* The activation layout for FP8 weights of scale blocks bc over cols: its group, and xs_stride for n rows. */
 static int moe_fp8_group(int bc, int cols, int n, int *stride) {
@@ -758,7 +762,8 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
      * runs the mma, its batch 1 row the GEMV). */
     CudaCtx *c = ctx(b);
     int mma = ra->n > CUDA_GEMV_MAX_N && !c->off_moe_mma;
-    int native = !c->off_moe_mma && moe_native_fp8(&ws[0][0], ra->n, NK, sg, H, I); /* moe_mma.cu's fmt 3 */
+    int native = !c->off_moe_mma && moe_native_fp8(&ws[0][0], NK, sg, H, I) && /* moe_mma.cu's fmt 3 */
+                 (c->moe_force ? c->moe_force == 2 : native_from(&ws[0][0], ra->n));
     CudaMoeGemv gu = {};
     gu.seg[0] = sg[0];
     gu.seg[1] = sg[1];
@@ -805,6 +810,45 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     }
     LAUNCH_OK(cuda_moe_unpermute(a->out, a->yg, ra->pair_of, ra->weights, ra->n, K, H, st(b)));
     return 0;
+}
+
+/* Start-up (cuda_native.h): cu_moe_mlp of a routed step, weight-only and native, timed. */
+extern "C" int backend_cuda_moe_time(Backend *b, const MoeMlpArgs *a, int reps, float *wo_us, float *native_us) {
+    CudaCtx *c = ctx(b);
+    *wo_us = *native_us = -1;
+    const WeightMat *g = a->ex.gate;
+    if (reps < 1 || !a->x || !g || g[0].fmt != WF_FP8 || !g[0].act_quant) return -1;
+    int E = a->route->n_experts, NK = a->route->n * a->route->top_k;
+    CudaMoeSeg sg[3] = {};
+    if (E < 1 || !moe_kind_ok(a, a->ex.gate, a->inter, a->hidden, &sg[0]) ||
+        !moe_kind_ok(a, a->ex.down, a->hidden, a->inter, &sg[2]))
+        return -1;
+    int can = !c->off_moe_mma && moe_native_fp8(&g[0], NK, sg, a->hidden, a->inter);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    if (cudaEventCreateWithFlags(&e0, cudaEventDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e1, cudaEventDefault) != cudaSuccess)
+        goto done;
+    for (int native = 0; native < 1 + can; native++) {
+        float best = -1;
+        c->moe_force = native ? 2 : 1;
+        for (int r = -1; r < reps; r++) { /* r = -1: the warm-up */
+            float ms = 0;
+            if (cudaEventRecord(e0, c->stream) != cudaSuccess || cu_moe_mlp(b, a) != 0 ||
+                cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+                goto done;
+            if (r >= 0 && (best < 0 || 1e3f * ms < best)) best = 1e3f * ms;
+        }
+        *(native ? native_us : wo_us) = best;
+    }
+    rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+done:
+    c->moe_force = 0;
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (rc) (void)cudaGetLastError();
+    return rc;
 }
 
 /* The batched LoRA of one linear (backend.h): rows grouped by pair on the host

@@ -12,8 +12,8 @@
  * step runs a one-pair tile at its registers (sm_90, FP8: 106 instead of 255
  * with spills; BF16 56, NVFP4 80) and more blocks fit an SM.
  * FP8 experts run weight-only here also when their activations would be
- * quantized (act_quant): an expert's pairs per decode step are few, below
- * CUDA_NATIVE_MIN_N, where cu_matmul also takes the weight-only GEMV.
+ * quantized (act_quant) in steps below the experts' crossover (measured at
+ * start-up, as cu_matmul's weight-only GEMV below a matrix's).
  * Reference: forward.c's per-expert loop on the CPU backend (cpu_matmul_rows
  * per expert, cpu_axpy into the token rows in expert order).
  * NVFP4 experts likewise, weight-only, each expert's scale2 read through a

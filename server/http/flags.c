@@ -175,7 +175,8 @@ static const Flag FLAGS[] = {
      .unset = "0: measured on the device at start-up, per shape",
      .help = "GPU, fp8/nvfp4 with quantized activations: batches of N tokens and more take the native tensor-core "
              "GEMM, smaller ones the weight-only GEMV (f32 activations); 0 times both paths for every matrix shape "
-             "of the model at start-up and logs the table. No effect on the CPU backend or with --weight-only"},
+             "of the model (and for the routed experts' grouped step) at start-up and logs the table. No effect "
+             "on the CPU backend or with --weight-only"},
     {.name = "--delta", .metavar = "FILE", .section = S_MODEL, .kind = K_LIST, .off = AT(server.deltas),
      .hi = SERVER_MAX_DELTAS, .count_off = AT(server.n_deltas), .unset = "none",
      .help = "apply a weight delta at start-up (repeatable, in version order)"},

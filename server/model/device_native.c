@@ -15,10 +15,16 @@
  * act_quant matrix (device_native_crossover's ladder and rule, and
  * device_native_calibrate, which measures every distinct shape of the model
  * on the device at start-up and records the result in WeightMat.native_min_n).
+ * The routed experts of act_quant FP8 MoE models likewise: one crossover for
+ * the whole grouped step (weight-only grouped GEMV / GEMM against the native
+ * e4m3 grouped GEMM), timed on the first MoE layer with a routed step of n
+ * tokens (DeviceMoeBench: random router logits, so pairs spread about evenly
+ * over the experts), recorded on every routed expert's matrix.
  * Not here: the per-matrix path itself and the timing (backend_cuda.cu).
  */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_native.h"
@@ -28,6 +34,7 @@
 #pragma weak cuda_native_caps
 #pragma weak backend_cuda_native_kind
 #pragma weak backend_cuda_native_time
+#pragma weak backend_cuda_moe_time
 
 int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight_only, int *fp8_per_channel,
                        Err *err) {
@@ -117,8 +124,152 @@ static void crossover_describe(const NativeCrossover *x, char *buf, size_t cap) 
                               x->n[i], x->wo_us[i], x->native_us[i]);
 }
 
+/* ---- the routed experts ---- */
+
+struct DeviceMoeBench {
+    Backend *b;
+    int max_n, hidden, inter;
+    const void **tab;            /* backend memory [9 E]: model_moe_pointers of the layer */
+    float *x, *out, *xg, *g, *u; /* backend memory: x / out [max_n, hidden], xg [max_n top_k, hidden],
+                                  * g / u [max_n top_k, inter] f32 */
+    float *logits;               /* backend memory [max_n, n_experts] f32 router logits */
+    MoeRouteArgs ra;             /* its ids, weights, offsets, pair lists, active: backend memory, max_n tokens */
+    MoeExperts ex;
+};
+
+/* A fixed pseudo-random pattern in [-1, 1) (xorshift), the same for every run. */
+static void fill_pattern(float *v, size_t n, uint32_t seed) {
+    uint32_t s = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        v[i] = (float)(s >> 8) / 8388608.0f - 1.0f;
+    }
+}
+
+DeviceMoeBench *device_moe_bench_create(Backend *b, const Model *m, int layer, int max_n) {
+    const ModelConfig *c = &m->cfg;
+    CHECK(!b->host && b->moe_route && b->moe_mlp && model_layer_is_moe(c, layer) && max_n >= 1,
+          "device_moe_bench_create: a device backend and an MoE layer (a bug in the caller)");
+    DeviceMoeBench *mb = xcalloc(1, sizeof *mb);
+    int E = c->n_experts, K = c->top_k, H = c->hidden, I = c->moe_intermediate;
+    size_t NK = (size_t)max_n * K, big = (size_t)max_n * (H > E ? H : E);
+    mb->b = b;
+    mb->max_n = max_n;
+    mb->hidden = H;
+    mb->inter = I;
+    const void **h = xcalloc((size_t)9 * E, sizeof *h);
+    model_moe_pointers(m, layer, h);
+    mb->tab = b->alloc(b, (size_t)9 * E * sizeof *h);
+    b->upload(b, (void *)mb->tab, h, (size_t)9 * E * sizeof *h);
+    free(h);
+    const LayerWeights *w = &m->layers[layer];
+    mb->ex = (MoeExperts){w->egate, w->eup, w->edown, mb->tab, mb->tab + 3 * E,
+                          w->egate[0].fmt == WF_NVFP4 ? mb->tab + 6 * E : NULL};
+    float *host = xmalloc(sizeof(float) * big);
+    mb->x = b->alloc(b, sizeof(float) * (size_t)max_n * H);
+    fill_pattern(host, (size_t)max_n * H, 1);
+    b->upload(b, mb->x, host, sizeof(float) * (size_t)max_n * H);
+    mb->logits = b->alloc(b, sizeof(float) * (size_t)max_n * E);
+    fill_pattern(host, (size_t)max_n * E, 2);
+    b->upload(b, mb->logits, host, sizeof(float) * (size_t)max_n * E);
+    free(host);
+    mb->out = b->alloc(b, sizeof(float) * (size_t)max_n * H);
+    mb->xg = b->alloc(b, sizeof(float) * NK * H);
+    mb->g = b->alloc(b, sizeof(float) * NK * I);
+    mb->u = b->alloc(b, sizeof(float) * NK * I);
+    mb->ra = (MoeRouteArgs){.logits = mb->logits, .n_experts = E, .top_k = K, .norm = c->norm_topk_prob};
+    mb->ra.ids = b->alloc(b, sizeof(int32_t) * NK);
+    mb->ra.weights = b->alloc(b, sizeof(float) * NK);
+    mb->ra.offsets = b->alloc(b, sizeof(int32_t) * (size_t)(E + 1));
+    mb->ra.pair_tok = b->alloc(b, sizeof(int32_t) * NK);
+    mb->ra.pair_w = b->alloc(b, sizeof(float) * NK);
+    mb->ra.pair_of = b->alloc(b, sizeof(int32_t) * NK);
+    mb->ra.active = b->alloc(b, sizeof(int32_t) * (size_t)E);
+    return mb;
+}
+
+void device_moe_bench_route(DeviceMoeBench *mb, int n, MoeMlpArgs *a) {
+    CHECK(n >= 1 && n <= mb->max_n, "device_moe_bench_route: %d tokens, %d reserved (a bug in the caller)", n,
+          mb->max_n);
+    mb->ra.n = n;
+    mb->b->moe_route(mb->b, &mb->ra);
+    *a = (MoeMlpArgs){.out = mb->out, .x = mb->x, .route = &mb->ra, .ex = mb->ex, .xg = mb->xg, .yg = mb->xg,
+                      .g = mb->g, .u = mb->u, .hidden = mb->hidden, .inter = mb->inter};
+}
+
+void device_moe_bench_free(DeviceMoeBench *mb) {
+    if (!mb) return;
+    Backend *b = mb->b;
+    void *bufs[] = {(void *)mb->tab, mb->x, mb->out, mb->xg, mb->g, mb->u, mb->logits, mb->ra.ids, mb->ra.weights,
+                    mb->ra.offsets, mb->ra.pair_tok, mb->ra.pair_w, mb->ra.pair_of, mb->ra.active};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) b->release(b, bufs[i]);
+    free(mb);
+}
+
+/* The backend's MoE timer as a NativeTimeFn: route n tokens, time both paths. */
+static int time_moe(void *ctx, int n, float *wo_us, float *native_us) {
+    DeviceMoeBench *mb = (DeviceMoeBench *)ctx;
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, n, &a);
+    return backend_cuda_moe_time(mb->b, &a, 5, wo_us, native_us);
+}
+
+int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, NativeCrossover *out) {
+    if (!backend_cuda_moe_time) return -1;
+    DeviceMoeBench *mb = device_moe_bench_create(b, m, layer, max_n);
+    int rc = device_native_crossover(time_moe, mb, max_n, out);
+    device_moe_bench_free(mb);
+    return rc;
+}
+
+/* Every routed expert matrix of the model gets native_min_n = min_n. */
+static void experts_record(Model *m, int min_n) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        for (int e = 0; w->egate && e < m->cfg.n_experts; e++) {
+            w->egate[e].native_min_n = min_n;
+            w->eup[e].native_min_n = min_n;
+            w->edown[e].native_min_n = min_n;
+        }
+    }
+}
+
+/* The routed experts' crossover (act_quant FP8 experts; others: nothing to choose). */
+static int experts_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
+    int layer = -1;
+    for (int l = 0; layer < 0 && l < m->cfg.n_layers; l++)
+        if (model_layer_is_moe(&m->cfg, l) && m->layers[l].egate && m->layers[l].egate[0].fmt == WF_FP8 &&
+            m->layers[l].egate[0].act_quant)
+            layer = l;
+    if (layer < 0 || b->host || !b->moe_mlp) return 0;
+    if (fixed > 0) {
+        experts_record(m, fixed);
+        log_info("native crossover: --native-crossover %d: the routed experts take the native grouped GEMM from "
+                 "%d tokens", fixed, fixed);
+        return 0;
+    }
+    NativeCrossover x;
+    int max_n = max_tokens < DEVICE_MOE_XOVER_MAX_N ? max_tokens : DEVICE_MOE_XOVER_MAX_N;
+    if (device_moe_crossover_on(b, m, layer, max_n, &x) != 0) {
+        experts_record(m, 0);
+        log_warn("native crossover: timing the routed experts on the device failed; they keep the constant "
+                 "(native from %d tokens)", CUDA_NATIVE_MIN_N);
+        return -1;
+    }
+    experts_record(m, x.min_n);
+    char desc[1024];
+    crossover_describe(&x, desc, sizeof desc);
+    log_info("native crossover: fp8 routed experts (%d of [%d x %d] / [%d x %d], top %d; layer %d, random routing): "
+             "%s", m->cfg.n_experts, m->cfg.moe_intermediate, m->cfg.hidden, m->cfg.hidden, m->cfg.moe_intermediate,
+             m->cfg.top_k, layer, desc);
+    return 0;
+}
+
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     if (!backend_cuda_native_kind || !backend_cuda_native_time || !m->act_quant) return 0;
+    int ex_rc = experts_calibrate(b, m, max_tokens, fixed);
     enum { MAX_SHAPES = 64 };
     struct { int fmt, kind, rows, cols, min_n; } shapes[MAX_SHAPES];
     int n_shapes = 0, n_mats = 0;
@@ -166,5 +317,5 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     else if (n_mats)
         log_info("native crossover: %d act_quant matrices of %d shapes measured on the device (up to %d tokens)",
                  n_mats, n_shapes, max_tokens);
-    return 0;
+    return ex_rc;
 }

@@ -95,13 +95,12 @@ Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, in
         else n_native += backend_cuda_native_kind && backend_cuda_native_kind(w) != 0;
     }
     if (n_q)
-        log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM from their crossover (the routed "
-                 "experts' from %d tokens; activations quantized on the device)%s, the rest and every smaller batch "
-                 "the weight-only GEMV (f32 activations)%s", n_q, precision_name(m->precision), n_native + n_ex_native,
-                 CUDA_NATIVE_MIN_N,
-                 n_ex_native ? " (the routed experts' among them: the grouped e4m3 GEMM)" : "",
+        log_info("cuda backend: %d %s matrices; %d take the native tensor-core GEMM from their crossover "
+                 "(activations quantized on the device)%s, the rest and every smaller batch the weight-only GEMV "
+                 "(f32 activations)%s", n_q, precision_name(m->precision), n_native + n_ex_native,
+                 n_ex_native ? " (the routed experts' among them: the grouped e4m3 GEMM, one crossover for all)" : "",
                  m->act_quant && n_native + n_ex_native < n_q ? "; the weight-only ones differ from the CPU backend, "
                                                                 "which quantizes activations for every matrix" : "");
-    if (n_native) device_native_calibrate(b, m, max_tokens, d->native_crossover); /* before any graph */
+    if (n_native || n_ex_native) device_native_calibrate(b, m, max_tokens, d->native_crossover); /* before any graph */
     return runner_create_with(m, b, max_tokens, max_ctx);
 }

@@ -242,19 +242,8 @@ static void moe_setup(Runner *r) {
     int E = c->n_experts;
     size_t nt = (size_t)c->n_layers * 9 * E;
     const void **h = xcalloc(nt, sizeof *h);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!model_layer_is_moe(c, l)) continue;
-        const LayerWeights *w = &r->m->layers[l];
-        const void **t = h + (size_t)l * 9 * E;
-        for (int e = 0; e < E; e++) {
-            const WeightMat *m3[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
-            for (int j = 0; j < 3; j++) {
-                t[j * E + e] = m3[j]->dev;
-                t[3 * E + j * E + e] = m3[j]->dev_scale;
-                t[6 * E + j * E + e] = m3[j]->dev_s2; /* NVFP4's tensor scale, else NULL */
-            }
-        }
-    }
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_layer_is_moe(c, l)) model_moe_pointers(r->m, l, h + (size_t)l * 9 * E);
     r->moe_tab = b->alloc(b, nt * sizeof *h);
     b->upload(b, (void *)r->moe_tab, h, nt * sizeof *h);
     free(h);

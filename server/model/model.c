@@ -216,6 +216,19 @@ int model_is_routed_expert(const Model *m, const WeightMat *w) {
     return 0;
 }
 
+void model_moe_pointers(const Model *m, int l, const void **t) {
+    const LayerWeights *w = &m->layers[l];
+    int E = m->cfg.n_experts;
+    for (int e = 0; e < E; e++) {
+        const WeightMat *m3[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
+        for (int j = 0; j < 3; j++) {
+            t[j * E + e] = m3[j]->dev;
+            t[3 * E + j * E + e] = m3[j]->dev_scale;
+            t[6 * E + j * E + e] = m3[j]->dev_s2; /* NVFP4's tensor scale, else NULL */
+        }
+    }
+}
+
 void model_free(Model *m) {
     if (!m) return;
     model_quant_free(m);

@@ -16,7 +16,10 @@
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
  * bench_moe_prefill_fp8: the same layer with FP8 experts (128x128 blocks), the
  * native grouped GEMM (e4m3 activations, moe_mma.cu fmt 3) against the
- * weight-only grouped GEMM (f32 activations as bf16 hi + lo).
+ * weight-only grouped GEMM (f32 activations as bf16 hi + lo); then that
+ * layer's crossover between the two, measured as a server measures it at
+ * start-up (device_moe_crossover_on, up to 512 tokens; row
+ * moe30b_fp8_native_crossover_n, -1: native never won).
  * Not here: a whole-model MoE prefill, NVFP4 experts.
  */
 #ifndef SAMPLER_BENCH_MOE_H
@@ -403,6 +406,25 @@ static void bench_moe_prefill_fp8(void) {
     native_row("moe30b_fp8_layer_prefill1024_native_us", us_n);
     native_row("moe30b_fp8_layer_prefill1024_weight_only_us", us_w);
     native_row("moe30b_fp8_layer_prefill1024_native_speedup", us_w / us_n);
+    { /* the crossover: a one-layer model holding these experts, through the server's own measurement */
+        Model fm = {0};
+        LayerWeights lw = {0};
+        qwen3_30b_a3b_config(&fm.cfg);
+        fm.cfg.n_layers = 1;
+        lw.egate = ex;
+        lw.eup = ex + E;
+        lw.edown = ex + 2 * E;
+        fm.layers = &lw;
+        NativeCrossover x;
+        int rc = device_moe_crossover_on(b, &fm, 0, 512, &x);
+        for (int i = 0; rc == 0 && i < x.points; i++)
+            printf("  moe30b fp8 experts n=%-3d weight-only %9.1f us  native %9.1f us\n", x.n[i], x.wo_us[i],
+                   x.native_us[i]);
+        int cross = rc ? -1 : x.min_n == INT_MAX ? -1 : x.min_n;
+        printf("  moe30b fp8 experts: native from n = %d (what a server measures at start-up; unmeasured, "
+               "CUDA_NATIVE_MIN_N = %d; -1: native never won)\n", cross, CUDA_NATIVE_MIN_N);
+        native_row("moe30b_fp8_native_crossover_n", cross);
+    }
     free(tab); free(hs);
     moe_bench_io_free(&io);
     CUDA_CHECK(cudaFree(arena));

@@ -407,14 +407,14 @@ static void t_experts_capture(const char *dir) {
  * heads a KV head at head_dim 128, attention_dec_mma.cu's decode; qwen3_hd64_g4: the vector
  * kernel): the fixture's last sequence (70 tokens, two of attention_mma.cu's 64-position
  * tiles) prefilled but for its last 4 tokens, then those decoded one at a time (contexts
- * 67..70, across the tile edge), vs the CPU at the same KV dtype and, with the f32 cache, vs
+ * 67..70, across the tile edge; n_dec < 4: the first n_dec of them, EMU_QUICK), vs the CPU at the same KV dtype and, with the f32 cache, vs
  * transformers; then those 66 tokens and seq1's 16 prefilled in one step on fresh caches (two
  * sequences' tiles in one tensor-core launch). t_model_kv reads only the first two sequences
  * (7 and 16 tokens: its mixed step of 17 tokens over two sequences stays under the
  * tensor-core prefill's 16 a sequence).
  * Bounds: ATTN_TOL (tests/gpu/attn_bounds.h, with what they measured); vs transformers
  * (f32 cache) 0.2 / 1e-3, t_model_kv's (measured 5.4e-2 / 1.1e-4). */
-static void t_attn_long(const char *dir, KvDtype kvt) {
+static void t_attn_long(const char *dir, KvDtype kvt, int n_dec) {
     Err err = {};
     Model *m = NULL;
     SafeTensors *ref = NULL;
@@ -454,7 +454,7 @@ static void t_attn_long(const char *dir, KvDtype kvt) {
         snprintf(what, sizeof what, "%s kv %s prefill %d vs transformers", dir, kn, P);
         logit_check(what, want, og, P, V, 0.2, 1e-3);
     }
-    for (int i = P; i < T; i++) {
+    for (int i = P; i < T && i < P + n_dec; i++) {
         int32_t zero = 0;
         Batch b1 = {1, tok + i, pos + i, seq, 1, tables, 1, &zero, 0};
         if (model_forward(rc, kvc, &b1, oc, &err) || model_forward(rg, kvg, &b1, og, &err)) {
@@ -1034,10 +1034,109 @@ static void t_native_crossover(const char *dir, Precision prec, int quick) {
     b->free(b);
     model_free(m);
 }
+/* Every routed expert matrix of m gets the record rec (what device_native.c's calibration writes). */
+static void experts_set(Model *m, int rec) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++)
+            m->layers[l].egate[e].native_min_n = m->layers[l].eup[e].native_min_n =
+                m->layers[l].edown[e].native_min_n = rec;
+}
+static void moe_run(Backend *b, DeviceMoeBench *mb, int n, int H, float *host) {
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, n, &a);
+    CHECK(b->moe_mlp(b, &a) == 0, "moe_run: the backend refused the experts");
+    CUDA_CHECK(cudaMemcpy(host, a.out, sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToHost));
+}
+/* The routed experts' crossover (device_native.c experts_calibrate) on act_quant FP8 experts (the
+ * qwen3_moe_fp4 fixture, 128x128 blocks): the timer answers, calibration records one crossover on
+ * every expert matrix, moe_mlp takes the path recorded (references with the record forced each way,
+ * which differ), --native-crossover 12 sets them all. */
+static void t_moe_crossover(int quick) {
+    const char *dir = "tests/fixtures/qwen3_moe_fp4";
+    Err err = {};
+    Model *m = NULL;
+    if (model_load(&m, dir, &err) || model_quantize(m, PREC_FP8, 0, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    int layer = 0, H = m->cfg.hidden;
+    while (!model_layer_is_moe(&m->cfg, layer)) layer++;
+    Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
+    const int N = 24;
+    DeviceMoeBench *mb = device_moe_bench_create(b, m, layer, N);
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, quick ? 1 : 4, &a); /* under ASan a token of the emulated GEMV costs ~1 s */
+    float wo = -1, na = -1, wo2 = -1, na2 = -1;
+    int trc = backend_cuda_moe_time(b, &a, 1, &wo, &na);
+    m->layers[layer].egate[0].act_quant = 0; /* weight-only experts: nothing to choose */
+    int wrc = backend_cuda_moe_time(b, &a, 1, &wo2, &na2);
+    m->layers[layer].egate[0].act_quant = 1;
+    int ok = trc == 0 && wo > 0 && na > 0 && wrc == -1;
+    printf("  %s %s fp8 experts: the device timer answers for both paths (rc %d, %.0f / %.0f us), refuses "
+           "weight-only experts (rc %d)\n", ok ? "ok  " : "FAIL", dir, trc, wo, na, wrc);
+    ok ? n_pass++ : n_fail++;
+
+    /* measured up to 8 tokens (1 under the sanitizers): one record on every expert matrix */
+    const int max_cal = quick ? 1 : 8;
+    int crc = device_native_calibrate(b, m, max_cal, 0), bad = 0, n_ex = 0;
+    const int measured = m->layers[layer].egate[0].native_min_n;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++, n_ex += 3)
+            bad += (m->layers[l].egate[e].native_min_n != measured) + (m->layers[l].eup[e].native_min_n != measured) +
+                   (m->layers[l].edown[e].native_min_n != measured);
+    ok = crc == 0 && n_ex > 0 && bad == 0 && (measured == INT_MAX || (measured >= 1 && measured <= max_cal));
+    printf("  %s %s fp8 experts: measured, native from %d on all %d expert matrices (%d differ)\n",
+           ok ? "ok  " : "FAIL", dir, measured, n_ex, bad);
+    ok ? n_pass++ : n_fail++;
+
+    /* the path recorded is the path taken, at the measured record and at 5, both sides of each */
+    size_t ob = sizeof(float) * (size_t)N * H;
+    float *ref_wo = (float *)xmalloc(ob), *ref_na = (float *)xmalloc(ob), *got = (float *)xmalloc(ob);
+    const int ns[] = {1, 2, 9, 16, 24};
+    int wrong = 0, differ = 1, checked = 0, below = 0, n_ns = quick ? 0 : (int)(sizeof ns / sizeof ns[0]);
+    for (int r = 0; r < 2; r++) {
+        int rec = r ? 5 : measured;
+        for (int t = 0; t < n_ns + 2; t++) {
+            int n = t < 2 ? (rec == INT_MAX ? N : rec) - 1 + t : ns[t - 2];
+            if (n < 1 || n > N) continue;
+            experts_set(m, INT_MAX);
+            moe_run(b, mb, n, H, ref_wo);
+            experts_set(m, 1);
+            moe_run(b, mb, n, H, ref_na);
+            differ &= memcmp(ref_wo, ref_na, sizeof(float) * (size_t)n * H) != 0;
+            experts_set(m, rec);
+            moe_run(b, mb, n, H, got);
+            wrong += memcmp(got, n >= rec ? ref_na : ref_wo, sizeof(float) * (size_t)n * H) != 0;
+            below += n < rec;
+            checked++;
+        }
+    }
+    ok = wrong == 0 && differ && below >= (quick ? 1 : 2) && checked >= (quick ? 3 : 11);
+    printf("  %s %s fp8 experts: moe_mlp takes the path recorded (the measured %d, and 5) at %d batch sizes, %d "
+           "below it (%d wrong; the two paths %s)\n", ok ? "ok  " : "FAIL", dir, measured, checked, below, wrong,
+           differ ? "differ at every size" : "AGREE somewhere: the check cannot tell them apart");
+    ok ? n_pass++ : n_fail++;
+
+    /* --native-crossover 12 */
+    device_native_calibrate(b, m, 64, 12);
+    int not12 = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++)
+            not12 += (m->layers[l].egate[e].native_min_n != 12) + (m->layers[l].edown[e].native_min_n != 12);
+    printf("  %s %s fp8 experts: --native-crossover 12 sets every expert matrix (%d not)\n", not12 ? "FAIL" : "ok  ",
+           dir, not12);
+    not12 ? n_fail++ : n_pass++;
+    free(ref_wo); free(ref_na); free(got);
+    device_moe_bench_free(mb);
+    b->free(b);
+    model_free(m);
+}
 static void t_native_crossovers(int quick) {
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
     t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
     if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);
+    t_moe_crossover(quick);
     /* gpu_check's crossover rows (bench_crossover.h) at a small shape and a few tokens: they run,
      * and native wins somewhere (the emulated cuBLASLt is a plain loop, the GEMV a thread per lane) */
     for (int fp4 = 0; fp4 < (quick ? 1 : 2); fp4++) {
@@ -1054,7 +1153,7 @@ int main(void) {
         Precision p = PREC_BF16;
         if (getenv("EMU_PREC") && precision_parse(getenv("EMU_PREC"), &p)) return 2;
         if (getenv("EMU_ATTN")) { /* EMU_ATTN=1: t_attn_long alone, at the three KV dtypes */
-            for (int t = 0; t < KV_DTYPE_COUNT; t++) t_attn_long(getenv("EMU_FIXTURE"), (KvDtype)t);
+            for (int t = 0; t < KV_DTYPE_COUNT; t++) t_attn_long(getenv("EMU_FIXTURE"), (KvDtype)t, 4);
             printf("%d passed, %d failed\n", n_pass, n_fail);
             return n_fail ? 1 : 0;
         }
@@ -1175,15 +1274,15 @@ int main(void) {
     t_model_kv("tests/fixtures/qwen3_gqa2", quick ? 1 : 3, PREC_BF16, KV_BF16);
     if (!quick) t_model_kv("tests/fixtures/qwen3_moe", 3, PREC_BF16, KV_FP8);
     printf("== the production attention shapes (head_dim 128 / 8 heads a KV head, head_dim 64 / 4) ==\n");
-    t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_BF16);
+    t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_BF16, quick ? 1 : 4); /* under ASan ~20 s a decode step */
     if (!quick) {
         /* prefill of 7, decode, the mixed steps (17 tokens over two sequences) and their graphs
          * all on the grouped-head kernel; the delta */
         t_model_kv("tests/fixtures/qwen3_g8_hd128", 3, PREC_BF16, KV_BF16);
-        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_FP8);
-        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_F32);
-        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_BF16);
-        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8);
+        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_FP8, 4);
+        t_attn_long("tests/fixtures/qwen3_g8_hd128", KV_F32, 4);
+        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_BF16, 4);
+        t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8, 4);
     }
     t_cuda_off(quick);
     t_delta_faults();

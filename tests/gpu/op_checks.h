@@ -1390,10 +1390,9 @@ static void check_moe(const int *a) {
     free(u);
 }
 
-/* Where a row runs: OC_ALL everywhere; OC_FULL on the GPU and the release emulation, not in the
- * sanitizer builds' quick subset (EMU_QUICK: an emulated kernel runs ~10x slower under ASan, and
- * the quick subset keeps one row of each kernel and format); OC_GPU on the GPU only (too big for
- * the emulation). */
+/* Where a row runs: OC_ALL everywhere; OC_FULL on the GPU and the whole emulation, not in its
+ * quick subset (EMU_QUICK, ASan's first half of the emulation: one row of each kernel and format);
+ * OC_GPU on the GPU only (too big for the emulation). */
 enum { OC_ALL = 0, OC_GPU = 1, OC_FULL = 2 };
 typedef struct OpCheck {
     void (*fn)(const int *a);
@@ -1652,12 +1651,10 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe_gemm, OC_FULL, {72, 256, 3, 1, 2, 0}},   /* two full groups, swiglu, token rows */
     {check_moe_gemm, OC_FULL, {200, 384, 3, 0, 1, 0}},  /* three groups, 129 pairs on one expert */
     {check_moe_gemm, OC_ALL, {40, 96, 2, 1, 2}},
-    /* the grouped GEMV with its tile sized below the experts' counts (a[6] = max_cnt: passes of 2, 1, 4);
-     * the passes are the same code at every format, so the sanitizers run the bf16 row (the other two
-     * take ~90 s under ASan: one pair a pass over 149 pairs) */
+    /* the grouped GEMV with its tile sized below the experts' counts (a[6] = max_cnt: passes of 2, 1, 4) */
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0, 0, 2}},
-    {check_moe_gemm, OC_FULL, {136, 160, 1, 0, 2, 0, 1}},
-    {check_moe_gemm, OC_FULL, {72, 96, 2, 0, 0, 0, 3}},
+    {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 2, 0, 1}},
+    {check_moe_gemm, OC_ALL, {72, 96, 2, 0, 0, 0, 3}},
     {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
     {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
     {check_moe_gemm, OC_GPU, {768, 2048, 2, 1, 1}},

@@ -1,19 +1,23 @@
 /*
  * emu.cpp - the execution machinery of shim/cuda_runtime.h. Blocks run one
- * after another; the threads of a block run as fibers (ucontext) in one OS
- * thread, switching only at barriers: __syncthreads waits for the block,
+ * after another; the threads of a block run as fibers in one OS thread,
+ * switching only at barriers: __syncthreads waits for the block,
  * __shfl_xor_sync for the warp. Between two block barriers the warps run one
- * after another (emu_run says why). A fiber is entered once with setcontext (its
- * own stack), after that it and the scheduler switch with _setjmp/_longjmp,
- * which, unlike swapcontext, makes no system call. Under ASan every switch is
- * announced (__sanitizer_start_switch_fiber before, _finish_ after), so the
- * sanitizer knows which stack is live and checks the kernels as in any other
- * code. Built with -DEMU_PTHREADS (the ThreadSanitizer build, whose fiber API
- * this does not speak) every CUDA thread of a block is an OS thread of a
- * persistent pool instead, with pthread barriers (~5x slower than fibers).
+ * after another (emu_run says why). A fiber is made once per CUDA thread index
+ * (per host thread that launches): after its thread's kernel returns it parks
+ * at the scheduler and runs the next block's from there. On x86-64 a switch
+ * is emu_swap, a few instructions (the callee-saved registers and the stack
+ * pointer): swapcontext makes a system call per switch, and ASan intercepts
+ * longjmp with one per jump (sigaltstack), over a third of the run time
+ * either way; elsewhere (and with -DEMU_SWAPCONTEXT) swapcontext. Under ASan
+ * every switch is announced (__sanitizer_start_switch_fiber before, _finish_
+ * after), so the sanitizer knows which stack is live and checks the kernels
+ * as in any other code. Built with -DEMU_PTHREADS (the ThreadSanitizer build,
+ * whose fiber API this does not speak) every CUDA thread of a block is an OS
+ * thread of a persistent pool instead, with pthread barriers (~5x slower than
+ * fibers).
  */
 #include <semaphore.h>
-#include <setjmp.h>
 #include <ucontext.h>
 
 #include <vector>
@@ -265,12 +269,15 @@ void emu_cp_async_wait(int n) {
 #ifndef EMU_PTHREADS
 /* ---- fibers ---- */
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#define FIB_CLEAN(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n)) /* a stack reused: no redzone of an old frame stays */
 #define FIB_START(save, bottom, size) __sanitizer_start_switch_fiber((save), (bottom), (size))
 #define FIB_FINISH(save, bottom, size) __sanitizer_finish_switch_fiber((save), (bottom), (size))
 #else
 #define FIB_START(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
 #define FIB_FINISH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define FIB_CLEAN(p, n) ((void)(p), (void)(n))
 #endif
 struct EmuBlock {
     unsigned arrived[33], gen[33]; /* [0..31] per warp, [32] the block */
@@ -278,10 +285,49 @@ struct EmuBlock {
 };
 
 #define FIBER_STACK (128 * 1024)
-static ucontext_t fib_ctx[EMU_MAX_THREADS];
-static jmp_buf sched_jb, fib_jb[EMU_MAX_THREADS];
+static void fiber_main(void);
+#if defined(__x86_64__) && !defined(EMU_SWAPCONTEXT)
+/* emu_swap(save, to): push the callee-saved registers (and MXCSR / the x87
+ * control word, callee-saved too) on this stack, *save = the stack pointer,
+ * then the same in reverse from the stack pointer `to`. A fiber's first
+ * switch-in "returns" into fiber_main from the frame fib_make builds. */
+asm(".text\n.globl emu_swap\n.type emu_swap,@function\nemu_swap:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "subq $8, %rsp\nstmxcsr (%rsp)\nfnstcw 4(%rsp)\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "ldmxcsr (%rsp)\nfldcw 4(%rsp)\naddq $8, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size emu_swap, .-emu_swap\n");
+extern "C" void emu_swap(void **save, void *to);
+typedef void *FibCtx; /* a parked side's stack pointer */
+static void fib_switch(FibCtx *from, FibCtx *to) { emu_swap(from, *to); }
+static void fib_make(FibCtx *c, char *stack, size_t size) {
+    FIB_CLEAN(stack, size);
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)(top - 72); /* fiber_main entered with sp % 16 == 8, as after a call */
+    uint32_t csr[2] = {0x1f80, 0x037f};    /* MXCSR, x87 control word: the ABI's initial values */
+    memcpy(&sp[0], csr, 8);
+    for (int i = 1; i <= 6; i++) sp[i] = 0;  /* r15 .. rbp */
+    sp[7] = (uint64_t)(uintptr_t)fiber_main; /* emu_swap's ret */
+    sp[8] = 0;                               /* fiber_main's return address: it never returns */
+    *c = sp;
+}
+#else
+typedef ucontext_t FibCtx;
+static void fib_switch(FibCtx *from, FibCtx *to) { swapcontext(from, to); }
+static void fib_make(FibCtx *c, char *stack, size_t size) {
+    FIB_CLEAN(stack, size);
+    getcontext(c);
+    c->uc_stack.ss_sp = stack;
+    c->uc_stack.ss_size = size;
+    c->uc_link = NULL; /* fiber_main never returns */
+    makecontext(c, fiber_main, 0);
+}
+#endif
+static FibCtx sched_ctx, fib_ctx[EMU_MAX_THREADS];
 static char *stacks;
 static int fib_done[EMU_MAX_THREADS], fib_started[EMU_MAX_THREADS];
+static pthread_t fib_owner; /* the host thread whose launches the fibers ran (fib_started) */
 static unsigned cur, cur_nt;
 /* ASan's bookkeeping of the switches: the scheduler's stack (learnt at the
  * first switch into a fiber) and each side's fake-stack handle. */
@@ -290,11 +336,10 @@ static size_t sched_size;
 static void *sched_fake, *fib_fake[EMU_MAX_THREADS];
 
 static void emu_yield(void) {
-    if (!_setjmp(fib_jb[cur])) {
-        FIB_START(&fib_fake[cur], sched_bottom, sched_size);
-        _longjmp(sched_jb, 1);
-    }
-    FIB_FINISH(fib_fake[cur], NULL, NULL);
+    unsigned me = cur;
+    FIB_START(&fib_fake[me], sched_bottom, sched_size);
+    fib_switch(&fib_ctx[me], &sched_ctx);
+    FIB_FINISH(fib_fake[me], NULL, NULL);
 }
 
 /* Barrier k (a warp, or 32 for the block) of n fibers. A fiber held at the
@@ -327,13 +372,16 @@ void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
 static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
 void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
+/* A fiber's life: its CUDA thread of every block emu_run gives it, parked in
+ * between (emu_yield: the scheduler resumes it at the next block). */
 static void fiber_main(void) {
     FIB_FINISH(NULL, &sched_bottom, &sched_size);
-    (*job.fn)();
-    cp_async_exit();
-    fib_done[cur] = 1;
-    FIB_START(NULL, sched_bottom, sched_size); /* NULL: this fiber's stack is done */
-    _longjmp(sched_jb, 1);
+    for (;;) {
+        (*job.fn)();
+        cp_async_exit();
+        fib_done[cur] = 1;
+        emu_yield();
+    }
 }
 
 void emu_run(EmuCfg c, std::function<void()> fn) {
@@ -341,6 +389,12 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
     if (c.block.y != 1 || c.block.z != 1 || nt % 32 || nt > EMU_MAX_THREADS) { fprintf(stderr, "emu: unsupported block\n"); exit(1); }
     if (!stacks && !(stacks = (char *)malloc((size_t)EMU_MAX_THREADS * FIBER_STACK))) { fprintf(stderr, "emu: stacks\n"); exit(1); }
     job.fn = &fn;
+    /* fibers parked by another host thread are dropped (made again here): a fiber resumes on
+     * the thread it parked on, whose stack bookkeeping (ASan's) it carries */
+    if (!pthread_equal(fib_owner, pthread_self())) {
+        memset(fib_started, 0, sizeof fib_started);
+        fib_owner = pthread_self();
+    }
     EmuBlock blk;
     for (unsigned bz = 0; bz < c.grid.z; bz++)
         for (unsigned by = 0; by < c.grid.y; by++)
@@ -348,12 +402,11 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                 memset(&blk, 0, sizeof blk);
                 cur_nt = nt;
                 for (unsigned i = 0; i < nt; i++) {
-                    getcontext(&fib_ctx[i]);
-                    fib_ctx[i].uc_stack.ss_sp = stacks + (size_t)i * FIBER_STACK;
-                    fib_ctx[i].uc_stack.ss_size = FIBER_STACK;
-                    fib_ctx[i].uc_link = NULL; /* fiber_main never returns */
-                    makecontext(&fib_ctx[i], fiber_main, 0);
-                    fib_done[i] = fib_started[i] = 0;
+                    if (!fib_started[i]) {
+                        fib_make(&fib_ctx[i], stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
+                        fib_started[i] = 1;
+                    }
+                    fib_done[i] = 0;
                     fib_held[i] = 0;
                     cp_async_reset(i);
                 }
@@ -380,14 +433,8 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                                 gridDim = c.grid;
                                 emu_block = &blk;
                                 cur = i;
-                                if (!_setjmp(sched_jb)) {
-                                    FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
-                                    if (!fib_started[i]) {
-                                        fib_started[i] = 1;
-                                        setcontext(&fib_ctx[i]);
-                                    }
-                                    _longjmp(fib_jb[i], 1);
-                                }
+                                FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
+                                fib_switch(&sched_ctx, &fib_ctx[i]);
                                 FIB_FINISH(sched_fake, NULL, NULL);
                             }
                         }

@@ -165,8 +165,9 @@ static json_t *dialect_error_json(HttpReq *q, int status, const char *param, con
     return error_json_code(status, param, code, set_code, msg);
 }
 
-static int send_error_v(HttpReq *q, int status, const char *param, const char *code, int set_code,
-                        const char *fmt, va_list ap) {
+__attribute__((format(printf, 6, 0))) static int send_error_v(HttpReq *q, int status, const char *param,
+                                                              const char *code, int set_code, const char *fmt,
+                                                              va_list ap) {
     char msg[768];
     vsnprintf(msg, sizeof msg, fmt, ap);
     if (status >= 500) log_warn("%s %s -> %d: %s", q->method, q->url, status, msg);

@@ -33,7 +33,7 @@
 
 void server_config_default(ServerConfig *c) {
     *c = (ServerConfig){
-        .model_dir = SAMPLER_SOURCE_DIR "/models/tiny-qwen3", .load = {PREC_BF16, 0},
+        .model_dir = SAMPLER_SOURCE_DIR "/models/tiny-qwen3", .load = {.precision = PREC_BF16},
         .host = "127.0.0.1", .port = 8000, .max_body_bytes = 8u << 20, .max_delta_bytes = 4ull << 30,
         .max_connections = 1024, .connection_timeout_s = 30, .header_timeout_s = 10, .max_header_bytes = 32u << 10, .shutdown_timeout_s = 30,
         .max_logprobs = SAMPLING_MAX_TOP_N, .max_n = 128, .reasoning_parser = 1, .tool_parser = 1,

@@ -559,42 +559,65 @@ static void cu_matmul(Backend *b, float *out, const float *x, int n, const Weigh
     plain_matmul(b, out, x, n, w, bias);
 }
 
+/* Start-up timing (backend_cuda_native_time, backend_cuda_moe_time): run(b, arg, native), the
+ * best of reps runs after one warm-up (cuBLASLt's heuristic, the first launch), in us by CUDA
+ * events on the backend's stream. 0 with *us; 0 with *us = -1 when run refused (returned nonzero);
+ * -1 on a CUDA error. */
+typedef int (*TimedRun)(Backend *b, const void *arg, int native);
+static int time_best(Backend *b, TimedRun run, const void *arg, int native, int reps, float *us) {
+    cudaStream_t s = ctx(b)->stream;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    *us = -1;
+    if (cudaEventCreateWithFlags(&e0, cudaEventDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e1, cudaEventDefault) != cudaSuccess)
+        goto done;
+    for (int r = -1; r < reps; r++) {
+        float ms = 0;
+        if (cudaEventRecord(e0, s) != cudaSuccess) goto done;
+        if (run(b, arg, native) != 0) {
+            *us = -1;
+            break;
+        }
+        if (cudaEventRecord(e1, s) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            goto done;
+        if (r >= 0 && (*us < 0 || 1e3f * ms < *us)) *us = 1e3f * ms;
+    }
+    rc = 0;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
+}
+
 /* Start-up (cuda_native.h): both paths of cu_matmul for w at n tokens, timed. x is a constant
  * (the times do not depend on its values); bias none (a per-row add, the same in both). */
+typedef struct { float *out; const float *x; int n; const WeightMat *w; } MatmulRun;
+static int matmul_run(Backend *b, const void *arg, int native) {
+    const MatmulRun *m = (const MatmulRun *)arg;
+    if (native) return native_matmul(b, m->out, m->x, m->n, m->w, NULL); /* nonzero: no native path here */
+    plain_matmul(b, m->out, m->x, m->n, m->w, NULL);
+    return 0;
+}
 extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, int reps, float *wo_us,
                                         float *native_us) {
     CudaCtx *c = ctx(b);
     *wo_us = *native_us = -1;
     if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
     float *x = NULL, *out = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
     int rc = -1;
     if (cudaMalloc((void **)&x, sizeof(float) * (size_t)n * w->cols) != cudaSuccess ||
         cudaMalloc((void **)&out, sizeof(float) * (size_t)n * w->rows) != cudaSuccess ||
-        cudaMemsetAsync(x, 0x3c, sizeof(float) * (size_t)n * w->cols, c->stream) != cudaSuccess || /* 0.0115 each */
-        cudaEventCreateWithFlags(&e0, cudaEventDefault) != cudaSuccess ||
-        cudaEventCreateWithFlags(&e1, cudaEventDefault) != cudaSuccess)
+        cudaMemsetAsync(x, 0x3c, sizeof(float) * (size_t)n * w->cols, c->stream) != cudaSuccess) /* 0.0115 each */
         goto done;
-    for (int native = 0; native < 2; native++) {
-        float best = -1;
-        for (int r = -1; r < reps; r++) { /* r = -1: the warm-up (cuBLASLt's heuristic, the first launch) */
-            if (cudaEventRecord(e0, c->stream) != cudaSuccess) goto done;
-            if (native ? native_matmul(b, out, x, n, w, NULL) != 0 : (plain_matmul(b, out, x, n, w, NULL), 0)) {
-                best = -1; /* refused: no native path for this matrix here */
-                break;
-            }
-            float ms = 0;
-            if (cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
-                goto done;
-            if (r >= 0 && (best < 0 || 1e3f * ms < best)) best = 1e3f * ms;
-        }
-        *(native ? native_us : wo_us) = best;
+    {
+        MatmulRun m = {out, x, n, w};
+        if (time_best(b, matmul_run, &m, 0, reps, wo_us) || time_best(b, matmul_run, &m, 1, reps, native_us))
+            goto done;
     }
     rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
 done:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     cudaFree(x);
     cudaFree(out);
     if (rc) (void)cudaGetLastError(); /* a failed cudaMalloc must not surface at the next launch check */
@@ -813,6 +836,10 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
 }
 
 /* Start-up (cuda_native.h): cu_moe_mlp of a routed step, weight-only and native, timed. */
+static int moe_run(Backend *b, const void *arg, int native) {
+    ctx(b)->moe_force = native ? 2 : 1;
+    return cu_moe_mlp(b, (const MoeMlpArgs *)arg);
+}
 extern "C" int backend_cuda_moe_time(Backend *b, const MoeMlpArgs *a, int reps, float *wo_us, float *native_us) {
     CudaCtx *c = ctx(b);
     *wo_us = *native_us = -1;
@@ -824,29 +851,10 @@ extern "C" int backend_cuda_moe_time(Backend *b, const MoeMlpArgs *a, int reps, 
         !moe_kind_ok(a, a->ex.down, a->hidden, a->inter, &sg[2]))
         return -1;
     int can = !c->off_moe_mma && moe_native_fp8(&g[0], NK, sg, a->hidden, a->inter);
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    int rc = -1;
-    if (cudaEventCreateWithFlags(&e0, cudaEventDefault) != cudaSuccess ||
-        cudaEventCreateWithFlags(&e1, cudaEventDefault) != cudaSuccess)
-        goto done;
-    for (int native = 0; native < 1 + can; native++) {
-        float best = -1;
-        c->moe_force = native ? 2 : 1;
-        for (int r = -1; r < reps; r++) { /* r = -1: the warm-up */
-            float ms = 0;
-            if (cudaEventRecord(e0, c->stream) != cudaSuccess || cu_moe_mlp(b, a) != 0 ||
-                cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
-                goto done;
-            if (r >= 0 && (best < 0 || 1e3f * ms < best)) best = 1e3f * ms;
-        }
-        *(native ? native_us : wo_us) = best;
-    }
-    rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
-done:
+    int rc = time_best(b, moe_run, a, 0, reps, wo_us) || *wo_us < 0 ||
+             (can && time_best(b, moe_run, a, 1, reps, native_us)) ? -1 : 0;
     c->moe_force = 0;
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+    if (!rc) rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
     if (rc) (void)cudaGetLastError();
     return rc;
 }

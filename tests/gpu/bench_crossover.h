@@ -18,6 +18,17 @@
 #include "device_select.h"
 #include "quant.h"
 
+/* A measured crossover's table and result printed under label (rc: the measurement's); the
+ * crossover, -1 when native never won or there is no native path (rc != 0). */
+static int xover_report(const char *label, int rc, const NativeCrossover *x) {
+    for (int i = 0; rc == 0 && i < x->points; i++)
+        printf("  %s n=%-3d weight-only %9.1f us  native %9.1f us%s\n", label, x->n[i], x->wo_us[i], x->native_us[i],
+               x->native_us[i] < 0 ? " (native refused)" : "");
+    int cross = rc ? -1 : x->min_n == INT_MAX ? -1 : x->min_n;
+    printf("  %s: native from n = %d (-1: never, or no native path)\n", label, cross);
+    return cross;
+}
+
 /* The crossover of one [rows, cols] matrix up to max_n tokens: its table printed, row(name, value) when
  * row is given; the crossover (-1: never, or no native path for it in this binary). */
 static int native_xover_shape(int fp4, int rows, int cols, int max_n, void (*row)(const char *, double)) {
@@ -35,13 +46,9 @@ static int native_xover_shape(int fp4, int rows, int cols, int max_n, void (*row
     Backend *b = backend_cuda_create(one_mat_set(&om, &w), 128, 128);
     NativeCrossover x;
     int rc = backend_cuda_native_kind(&w) ? device_native_crossover_on(b, &w, max_n, &x) : -1;
-    for (int i = 0; rc == 0 && i < x.points; i++)
-        printf("  %s [%d x %d] n=%-3d weight-only %9.1f us  native %9.1f us%s\n", fp4 ? "nvfp4" : "fp8", rows, cols,
-               x.n[i], x.wo_us[i], x.native_us[i], x.native_us[i] < 0 ? " (native refused)" : "");
-    int cross = rc ? -1 : x.min_n == INT_MAX ? -1 : x.min_n;
-    printf("  %s [%d x %d]: native from n = %d (-1: never, or no native path)\n", fp4 ? "nvfp4" : "fp8", rows, cols,
-           cross);
     char name[48];
+    snprintf(name, sizeof name, "%s [%d x %d]", fp4 ? "nvfp4" : "fp8", rows, cols);
+    int cross = xover_report(name, rc, &x);
     snprintf(name, sizeof name, "native_%s_crossover_n_%dx%d", fp4 ? "nvfp4" : "fp8", rows, cols);
     if (row) row(name, cross);
     b->free(b);

@@ -416,14 +416,8 @@ static void bench_moe_prefill_fp8(void) {
         lw.edown = ex + 2 * E;
         fm.layers = &lw;
         NativeCrossover x;
-        int rc = device_moe_crossover_on(b, &fm, 0, 512, &x);
-        for (int i = 0; rc == 0 && i < x.points; i++)
-            printf("  moe30b fp8 experts n=%-3d weight-only %9.1f us  native %9.1f us\n", x.n[i], x.wo_us[i],
-                   x.native_us[i]);
-        int cross = rc ? -1 : x.min_n == INT_MAX ? -1 : x.min_n;
-        printf("  moe30b fp8 experts: native from n = %d (what a server measures at start-up; unmeasured, "
-               "CUDA_NATIVE_MIN_N = %d; -1: native never won)\n", cross, CUDA_NATIVE_MIN_N);
-        native_row("moe30b_fp8_native_crossover_n", cross);
+        int cross = xover_report("moe30b fp8 experts", device_moe_crossover_on(b, &fm, 0, 512, &x), &x);
+        native_row("moe30b_fp8_native_crossover_n", cross); /* an unmeasured server: CUDA_NATIVE_MIN_N */
     }
     free(tab); free(hs);
     moe_bench_io_free(&io);

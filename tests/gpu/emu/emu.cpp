@@ -159,6 +159,13 @@ int emu_capturing(void) { return capture != NULL; }
 void emu_capture_bad(void) { capture_bad = 1; }
 void emu_record(std::function<void()> fn) { capture->nodes.push_back(std::move(fn)); }
 void emu_submit(EmuCfg c, std::function<void()> fn) {
+    if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.x > 0x7fffffffu || c.grid.y > 65535u || c.grid.z > 65535u) {
+        fprintf(stderr, "emulation: launch of grid (%u, %u, %u) x block %u: invalid configuration, refused as on a device\n",
+                c.grid.x, c.grid.y, c.grid.z, c.block.x);
+        pending_launch_error = cudaErrorInvalidConfiguration;
+        if (capture) capture_bad = 1;
+        return;
+    }
     if (capture) capture->nodes.push_back([c, fn]() { emu_run(c, fn); });
     else emu_run(c, fn);
 }
@@ -576,6 +583,11 @@ static const uint16_t *ldm_rows[32][32];
 
 void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    if ((uintptr_t)row & 15u) { /* a device faults: each row is 16 bytes at a 16-byte boundary */
+        fprintf(stderr, "emulation: ldmatrix row %p of lane %d (thread %u of block (%u, %u, %u)): misaligned\n", row, l,
+                threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+        exit(1);
+    }
     ldm_rows[w][l] = (const uint16_t *)row;
     emu_warp_barrier(w);
     uint32_t v[4];

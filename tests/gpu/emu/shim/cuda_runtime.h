@@ -27,7 +27,8 @@
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
-enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidResourceHandle = 400,
+enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
+                 cudaErrorInvalidResourceHandle = 400,
                  cudaErrorLaunchFailure = 719,
                  cudaErrorNotSupported = 801, cudaErrorStreamCaptureUnsupported = 900,
                  cudaErrorStreamCaptureInvalidated = 901, cudaErrorUnknown = 999 };
@@ -237,10 +238,14 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-struct uint2 { unsigned x, y; };
-struct uint4 { unsigned x, y, z, w; };
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
+/* CUDA's alignments (vector_types.h): a device faults on a uint4 load from an
+ * address that is not a multiple of 16, so the emulation's types demand the
+ * same, and UBSan (-fsanitize=alignment, the sanitizer build) reports a
+ * misaligned vector access in a kernel as the GPU would. */
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 
 struct EmuBlock;
 extern thread_local uint3 threadIdx, blockIdx;
@@ -327,7 +332,10 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 struct EmuCfg { dim3 grid, block; };
 static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t = 0, cudaStream_t = 0) { return EmuCfg{g, b}; }
 void emu_run(EmuCfg c, std::function<void()> fn);
-/* A launch runs now, or is recorded while a capture is open (emu.cpp). */
+/* A launch runs now, or is recorded while a capture is open (emu.cpp). A
+ * configuration a device refuses (an empty grid, grid y or z above 65535,
+ * grid x above 2^31 - 1) runs nothing and leaves cudaErrorInvalidConfiguration
+ * for cudaGetLastError, as a device's launch does (and says so on stderr). */
 void emu_submit(EmuCfg c, std::function<void()> fn);
 /* kernel<<<cfg>>>(args) (to_cpp.py writes EMU_LAUNCH((cfg), kernel, (args))):
  * the arguments are converted to the kernel's parameter types and copied at

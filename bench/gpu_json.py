@@ -32,6 +32,7 @@ named without an edit here):
       or Nk when C is a multiple of 1024 (32768 -> 32k); at ctx 512 also decode_<prec>_b<B>_*;
   "<prec> prefill <S> x <L> tokens" -> prefill_<prec>_<S>x<L>_{tok_s,ms,fraction};
   "<fmt> gemv n=1 [<R> x <C>]" -> gemv_<fmt>_<R>x<C>_{gbs,fraction} (fraction of copy bandwidth);
+      at N > 1 tokens "<fmt> gemv[ mma] n=<N> [<R> x <C>]" -> gemv_<fmt>[_mma]_n<N>_<R>x<C>_{gbs,fraction};
   any other name: its slug, with _tok_s / _ms / _fraction;
   "named_rows": [{"name", "value", "unit", "fraction_of_roofline"}] in its JSON: copied as they
       are (a measurement with no tok/s shape, e.g. kl_bf16_fp8_mean);
@@ -153,9 +154,11 @@ def gpu_check_rows(R, gc):
             R.add(k + "_fraction", row["fraction"], "fraction", row["fraction"],
                   source=f"{src}: {name}, roofline {row['roof_tok_s']:.1f} tok/s")
     for g in gc.get("gemv", []):
-        m = re.match(r"^(\S+) gemv n=1 \[(\d+) x (\d+)\]$", g["name"])
-        k = f"gemv_{slug(m.group(1))}_{m.group(2)}x{m.group(3)}" if m else slug(g["name"])
+        m = re.match(r"^(\S+) gemv( mma)? n=(\d+) \[(\d+) x (\d+)\]$", g["name"])
+        tag = (m.group(2) or "").strip() + ("" if m.group(3) == "1" else f" n{m.group(3)}") if m else ""
+        k = f"gemv_{slug(m.group(1) + ' ' + tag if tag else m.group(1))}_{m.group(4)}x{m.group(5)}" if m else slug(g["name"])
         R.add(k + "_gbs", g["gbs"], "GB/s", g["fraction"], source=f"{src}: {g['name']}")
+        R.add(k + "_fraction", g["fraction"], "fraction", g["fraction"], source=f"{src}: {g['name']}, of copy bandwidth")
     for r in gc.get("named_rows", []):
         R.add(r["name"], r.get("value"), r.get("unit", ""), r.get("fraction_of_roofline"), source=src,
               reason=r.get("reason"))

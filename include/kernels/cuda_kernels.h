@@ -47,6 +47,10 @@ int cuda_add_rmsnorm(float *out, float *x, const float *y, const uint16_t *w, in
 #define CUDA_GEMV_MAX_N 8
 int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
                    const uint16_t *bias, void *stream);
+/* cuda_gemv_bf16 on tensor cores (gemv_mma.cuh: x as bf16 hi + lo, f32 class, not the tiled GEMV's
+ * bits): 2 <= n <= CUDA_GEMV_MAX_N, cols % 8 == 0, W and x 16-byte aligned; -1 otherwise. */
+int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
+                       const uint16_t *bias, void *stream);
 
 /* Weight-only quantized matmul (kernels/cuda/quant_gemv.cu), any n >= 0 (up to 8
  * tokens per launch), f32 activations, weights dequantized in the kernel, f32

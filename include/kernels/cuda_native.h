@@ -146,6 +146,14 @@ struct Backend;
 int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *wo_us,
                              float *native_us);
 
+/* Start-up (device_gemv_calibrate): a BF16 matrix w's two decode GEMVs at n (1..8) tokens, the tiled
+ * one (gemv_tile.cuh) and the tensor-core one (gemv_mma.cuh), each the best of `reps` runs after one
+ * warm-up, in microseconds, on x / out buffers of its own. *mma_us = -1 when the tensor-core GEMV is
+ * off (SAMPLER_CUDA_OFF=gemv_mma), n is 1 or w's shape does not qualify (cols % 8, alignment). 0, or -1 on a
+ * CUDA error or a matrix that is not BF16 on the device. */
+int backend_cuda_gemv_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *tile_us,
+                           float *mma_us);
+
 /* Start-up (device_native_calibrate): the routed experts of one MoE step, a->x
  * set and routed (moe_route's outputs in a->route), as moe_mlp runs them
  * weight-only (the grouped GEMV, or above CUDA_GEMV_MAX_N tokens the grouped

@@ -49,6 +49,7 @@ typedef struct GemvMulti {
     GemvArgs seg[GT_MAX_SEG];
     int end[GT_MAX_SEG]; /* cumulative block counts */
     int nseg;
+    int mma; /* 1: BF16 at 2..8 tokens on tensor cores (gemv_mma.cuh, GM_ROWS rows a block) */
 } GemvMulti;
 
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */

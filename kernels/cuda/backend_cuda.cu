@@ -7,7 +7,9 @@
  * slots are set; ops read WeightMat.dev / dev_scale and are handed vectors as
  * device pointers, so nothing is looked up per op. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
- * beyond (prefill). FP8/NVFP4 weights: their quantized bytes and scales are
+ * beyond (prefill); a BF16 matrix at 2..8 tokens takes the tensor-core GEMV
+ * (gemv_mma.cuh) from its WeightMat.mma_min_n on (measured per shape at
+ * start-up through backend_cuda_gemv_time; 0: never). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
  * quant_gemv.cu below the matrix's crossover (WeightMat.native_min_n, measured
  * per shape at start-up through backend_cuda_native_time; CUDA_NATIVE_MIN_N
@@ -94,7 +96,7 @@ typedef struct CudaCtx {
     size_t wsf_cap;
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
-    int off_attn_mma, off_attn_dec_mma, off_moe_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
     int moe_force;     /* backend_cuda_moe_time: 0 the experts' record, 1 weight-only, 2 native FP8 */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
     int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
@@ -531,6 +533,11 @@ static int native_from(const WeightMat *w, int n) {
     return n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
 }
 static int native_at(const WeightMat *w, int n) { return w->fmt != WF_BF16 && w->act_quant && native_from(w, n); }
+/* A BF16 matrix at n decode tokens takes the tensor-core GEMV (gemv_mma.cuh) from its measured
+ * WeightMat.mma_min_n on (0: never; SAMPLER_CUDA_OFF=gemv_mma: never). */
+static int mma_at(const CudaCtx *c, const WeightMat *w, int n) {
+    return !c->off_gemv_mma && w->fmt == WF_BF16 && w->mma_min_n >= 2 && n >= w->mma_min_n && n <= CUDA_GEMV_MAX_N;
+}
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
 static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
@@ -548,7 +555,8 @@ static void plain_matmul(Backend *b, float *out, const float *x, int n, const We
     }
     const uint16_t *W = (const uint16_t *)w->dev, *bs = bias;
     if (n <= CUDA_GEMV_MAX_N) {
-        LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
+        if (!(mma_at(c, w, n) && cuda_gemv_bf16_mma(out, x, n, W, w->rows, w->cols, bs, st(b)) == 0)) /* -1: shape */
+            LAUNCH_OK(cuda_gemv_bf16(out, x, n, W, w->rows, w->cols, bs, st(b)));
         return;
     }
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)n * w->cols);
@@ -600,11 +608,10 @@ static int matmul_run(Backend *b, const void *arg, int native) {
     plain_matmul(b, m->out, m->x, m->n, m->w, NULL);
     return 0;
 }
-extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, int reps, float *wo_us,
-                                        float *native_us) {
+/* run(b, m, 0) and run(b, m, 1) for w at n tokens, each timed by time_best, on x [n, cols] / out
+ * [n, rows] f32 of their own (x a constant: the times do not depend on its values). */
+static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun run, float *us0, float *us1) {
     CudaCtx *c = ctx(b);
-    *wo_us = *native_us = -1;
-    if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
     float *x = NULL, *out = NULL;
     int rc = -1;
     if (cudaMalloc((void **)&x, sizeof(float) * (size_t)n * w->cols) != cudaSuccess ||
@@ -613,8 +620,7 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
         goto done;
     {
         MatmulRun m = {out, x, n, w};
-        if (time_best(b, matmul_run, &m, 0, reps, wo_us) || time_best(b, matmul_run, &m, 1, reps, native_us))
-            goto done;
+        if (time_best(b, run, &m, 0, reps, us0) || time_best(b, run, &m, 1, reps, us1)) goto done;
     }
     rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
 done:
@@ -623,9 +629,30 @@ done:
     if (rc) (void)cudaGetLastError(); /* a failed cudaMalloc must not surface at the next launch check */
     return rc;
 }
+extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, int reps, float *wo_us,
+                                        float *native_us) {
+    *wo_us = *native_us = -1;
+    if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
+    return time_pair(b, w, n, reps, matmul_run, wo_us, native_us);
+}
+
+/* Start-up (cuda_native.h): a BF16 matrix's two decode GEMVs at n tokens, the tiled one (mma 0) and the
+ * tensor-core one (mma 1; refused: nonzero, when off or the shape does not qualify). */
+static int gemv_run(Backend *b, const void *arg, int mma) {
+    const MatmulRun *r = (const MatmulRun *)arg;
+    const WeightMat *w = r->w;
+    const uint16_t *W = (const uint16_t *)w->dev;
+    if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
+    return ctx(b)->off_gemv_mma ? -1 : cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
+}
+extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
+    *tile_us = *mma_us = -1;
+    if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || w->fmt != WF_BF16 || !w->dev) return -1;
+    return time_pair(b, w, n, reps, gemv_run, tile_us, mma_us);
+}
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
  * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
-static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const float *x, int n,
+static int gemv_multi_build(const CudaCtx *c, GemvMulti *m, int *fmt, float *const *outs, const float *x, int n,
                             const WeightMat *const *ws, const uint16_t *const *biases, int count) {
     *m = GemvMulti{};
     *fmt = ws[0]->fmt == WF_BF16 ? 0 : ws[0]->fmt == WF_FP8 ? 1 : 2;
@@ -646,6 +673,7 @@ static int gemv_multi_build(GemvMulti *m, int *fmt, float *const *outs, const fl
         }
     }
     m->nseg = count;
+    m->mma = *fmt == 0 && mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
     return ok;
 }
 
@@ -655,7 +683,8 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
                             const uint16_t *const *biases, int count) {
     GemvMulti m;
     int fmt;
-    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) return;
+    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0)
+        return;
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
 static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
@@ -670,7 +699,8 @@ static void cu_matmul_swiglu(Backend *b, float *out, const float *x, int n, cons
     float *outs[2] = {g, u};
     const WeightMat *ws[2] = {gate, up};
     const uint16_t *bs[2] = {NULL, NULL};
-    if (gemv_multi_build(&m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0) return;
+    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0)
+        return;
     cu_matmul_multi(b, outs, x, n, ws, bs, 2);
     cu_swiglu(b, out, g, u, n * gate->rows);
 }
@@ -1045,6 +1075,7 @@ static void off_attn_vec(Backend *, int off) { cuda_attention_vec_enable(!off); 
 static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
 static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = off; }
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
+static void off_gemv_mma(Backend *b, int off) { ctx(b)->off_gemv_mma = off; }
 static void off_rope_kv(Backend *b, int off) { if (off) b->rope_kv_write = NULL; }
 static void off_swiglu(Backend *b, int off) { if (off) b->matmul_swiglu = NULL; }
 static void off_moe_mlp(Backend *b, int off) { if (off) b->moe_mlp = NULL; }
@@ -1054,6 +1085,7 @@ static const CudaOff CUDA_OFF[] = {
     {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
     {"attn_dec_mma", "grouped-head (G > 4) decode attention on CUDA cores (attention.cu)", off_attn_dec_mma},
     {"moe_mma", "routed experts on the grouped GEMV at every batch, weight-only (moe_gemm.cu)", off_moe_mma},
+    {"gemv_mma", "BF16 decode GEMVs of 2..8 tokens on CUDA cores (gemv_tile.cuh) whatever start-up measured", off_gemv_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},

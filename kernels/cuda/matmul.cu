@@ -4,6 +4,8 @@
  *   - decode (n <= CUDA_GEMV_MAX_N): a bandwidth-bound GEMV (gemv_tile.cuh:
  *     4 rows x 8 column slices per block, 16-byte weight loads, f32
  *     activations and accumulation); the rows are read once for all n tokens.
+ *     At 2..8 tokens a launch may ask for the tensor-core tile instead
+ *     (GemvMulti.mma: gemv_mma.cuh, x as bf16 hi + lo, f32 class).
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
@@ -13,6 +15,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "gemv_mma.cuh"
 #include "gemv_tile.cuh"
 
 #define GEMV_WARPS 8 /* rows per block (the scalar kernel) */
@@ -55,19 +58,35 @@ static void tile_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream
     }
 }
 
+template <int NT>
+static void mma_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
+    gemv_mma_kernel<NT><<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+}
+
 void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
-    int tot = 0;
+    int tot = 0, R = m->mma ? GM_ROWS : GT_ROWS;
     for (int i = 0; i < GT_MAX_SEG; i++) {
-        if (i < m->nseg) tot += (m->seg[i].rows + GT_ROWS - 1) / GT_ROWS;
+        if (i < m->nseg) tot += (m->seg[i].rows + R - 1) / R;
         m->end[i] = tot;
     }
-    if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);
+    if (m->mma) { /* BF16, 2..8 tokens (gemv_multi_check) */
+        switch (n) {
+        case 2: mma_launch<2>(m, (unsigned)tot, s); break;
+        case 3: mma_launch<3>(m, (unsigned)tot, s); break;
+        case 4: mma_launch<4>(m, (unsigned)tot, s); break;
+        case 5: mma_launch<5>(m, (unsigned)tot, s); break;
+        case 6: mma_launch<6>(m, (unsigned)tot, s); break;
+        case 7: mma_launch<7>(m, (unsigned)tot, s); break;
+        default: mma_launch<8>(m, (unsigned)tot, s); break;
+        }
+    } else if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);
     else if (fmt == 1) tile_launch_n<1>(m, n, (unsigned)tot, s);
     else tile_launch_n<2>(m, n, (unsigned)tot, s);
 }
 
 int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || m->nseg < 1 || m->nseg > GT_MAX_SEG || fmt < 0 || fmt > 2) return -1;
+    if (m->mma && (fmt != 0 || n < 2)) return -1; /* gemv_mma.cuh: BF16, 2..8 tokens */
     int V = 8 << fmt, cols = m->seg[0].cols;
     for (int i = 0; i < m->nseg; i++) {
         const GemvArgs *a = &m->seg[i];
@@ -104,6 +123,16 @@ extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t 
     }
     CUDA_CHECK_LAUNCH();
     return 0;
+}
+
+extern "C" int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
+                                  const uint16_t *bias, void *stream) {
+    if (n < 2 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || !out || !x || !W) return -1;
+    GemvMulti m = {};
+    m.nseg = 1;
+    m.seg[0] = gemv_args(out, x, W, bias, rows, cols);
+    m.mma = 1;
+    return cuda_gemv_multi(&m, n, 0, stream);
 }
 
 extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,

@@ -4,7 +4,8 @@
  * (gemv_tile.cuh) over the same GT_ROWS rows of gate and of up and writes
  * silu(gate) * up directly, instead of a gate/up launch that stores g and u
  * and a swiglu launch that reads them back. BF16, FP8 and NVFP4 weight-only
- * formats. Reference: the CPU ops it replaces (matmul of gate and up, then
+ * formats; BF16 at 2..8 tokens on tensor cores instead when the launch asks
+ * (GemvMulti.mma: gemv_mma.cuh, GM_ROWS rows a block). Reference: the CPU ops it replaces (matmul of gate and up, then
  * swiglu; tests/gpu/op_checks.h check_matmul_swiglu), and on the GPU the same
  * bits as cuda_gemv_multi followed by cuda_swiglu. Not here: n > 8 tokens
  * (cuBLAS / the 8-token GEMV then swiglu, backend_cuda.cu), LoRA steps
@@ -13,12 +14,24 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "gemv_mma.cuh"
 #include "gemv_tile.cuh"
 
 /* m.seg[0]: gate, m.seg[1]: up, out [NT, rows] f32. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m, float *out) {
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
+}
+
+/* BF16 at 2..8 tokens on tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block. */
+template <int NT>
+__global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
+    gemv_mma_swiglu<NT>(m.seg[0], m.seg[1], out, blockIdx.x);
+}
+
+template <int NT>
+static void mma_swiglu_launch(const GemvMulti *m, float *out, unsigned blocks, cudaStream_t s) {
+    gemv_mma_swiglu_kernel<NT><<<blocks, GT_WARPS * 32, 0, s>>>(*m, out);
 }
 
 template <int NT, int FMT>
@@ -43,9 +56,20 @@ static void swiglu_launch_n(const GemvMulti *m, float *out, int n, unsigned bloc
 
 int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream) {
     if (!m || !out || m->nseg != 2 || gemv_multi_check(m, n, fmt) || m->seg[0].rows != m->seg[1].rows) return -1;
-    unsigned blocks = (unsigned)((m->seg[0].rows + GT_ROWS - 1) / GT_ROWS);
+    int R = m->mma ? GM_ROWS : GT_ROWS;
+    unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
     cudaStream_t s = (cudaStream_t)stream;
-    if (fmt == 0) swiglu_launch_n<0>(m, out, n, blocks, s);
+    if (m->mma) { /* BF16, 2..8 tokens (gemv_multi_check) */
+        switch (n) {
+        case 2: mma_swiglu_launch<2>(m, out, blocks, s); break;
+        case 3: mma_swiglu_launch<3>(m, out, blocks, s); break;
+        case 4: mma_swiglu_launch<4>(m, out, blocks, s); break;
+        case 5: mma_swiglu_launch<5>(m, out, blocks, s); break;
+        case 6: mma_swiglu_launch<6>(m, out, blocks, s); break;
+        case 7: mma_swiglu_launch<7>(m, out, blocks, s); break;
+        default: mma_swiglu_launch<8>(m, out, blocks, s); break;
+        }
+    } else if (fmt == 0) swiglu_launch_n<0>(m, out, n, blocks, s);
     else if (fmt == 1) swiglu_launch_n<1>(m, out, n, blocks, s);
     else swiglu_launch_n<2>(m, out, n, blocks, s);
     CUDA_CHECK_LAUNCH();

@@ -20,6 +20,9 @@
  * e4m3 grouped GEMM), timed on the first MoE layer with a routed step of n
  * tokens (DeviceMoeBench: random router logits, so pairs spread about evenly
  * over the experts), recorded on every routed expert's matrix.
+ * And the same ladder and rule for a BF16 matrix's two decode GEMVs, tiled
+ * on CUDA cores or on tensor cores at 2..8 tokens (device_gemv_calibrate,
+ * WeightMat.mma_min_n).
  * Not here: the per-matrix path itself and the timing (backend_cuda.cu).
  */
 #include <limits.h>
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_kernels.h" /* CUDA_GEMV_MAX_N */
 #include "cuda_native.h"
 #include "device_select.h"
 #include "log.h"
@@ -35,6 +39,7 @@
 #pragma weak backend_cuda_native_kind
 #pragma weak backend_cuda_native_time
 #pragma weak backend_cuda_moe_time
+#pragma weak backend_cuda_gemv_time
 
 int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight_only, int *fp8_per_channel,
                        Err *err) {
@@ -114,14 +119,19 @@ int device_native_crossover_on(Backend *b, const WeightMat *w, int max_n, Native
     return device_native_crossover(time_on_device, &t, max_n, out);
 }
 
-/* "native from n = 24 (n: weight-only / native us) 1: 10.2 / 31.0, 2: ..." into buf. */
-static void crossover_describe(const NativeCrossover *x, char *buf, size_t cap) {
+/* "native from n = 24 (n: weight-only / native us) 1: 10.2 / 31.0, 2: ..." into buf (a, b: the
+ * two paths' names, "weight-only" and "native" for the native GEMM). */
+static void crossover_describe_as(const NativeCrossover *x, const char *a, const char *b, char *buf, size_t cap) {
     size_t o = 0;
-    if (x->min_n == INT_MAX) o += (size_t)snprintf(buf, cap, "weight-only at every size measured");
-    else o += (size_t)snprintf(buf, cap, "native from n = %d", x->min_n);
+    if (x->min_n == INT_MAX) o += (size_t)snprintf(buf, cap, "%s at every size measured", a);
+    else o += (size_t)snprintf(buf, cap, "%s from n = %d", b, x->min_n);
+    if (o < cap) o += (size_t)snprintf(buf + o, cap - o, " (n: %s / %s us)", a, b);
     for (int i = 0; i < x->points && o < cap; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%d: %.1f / %.1f", i ? ", " : " (n: weight-only / native us) ",
-                              x->n[i], x->wo_us[i], x->native_us[i]);
+        o += (size_t)snprintf(buf + o, cap - o, "%s%d: %.1f / %.1f", i ? ", " : " ", x->n[i], x->wo_us[i],
+                              x->native_us[i]);
+}
+static void crossover_describe(const NativeCrossover *x, char *buf, size_t cap) {
+    crossover_describe_as(x, "weight-only", "native", buf, cap);
 }
 
 /* ---- the routed experts ---- */
@@ -318,4 +328,54 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
         log_info("native crossover: %d act_quant matrices of %d shapes measured on the device (up to %d tokens)",
                  n_mats, n_shapes, max_tokens);
     return ex_rc;
+}
+
+/* ---- BF16 decode GEMVs: tiled or on tensor cores ---- */
+
+static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
+    const TimeCtx *t = (const TimeCtx *)ctx;
+    return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
+}
+
+int device_gemv_calibrate(Backend *b, Model *m) {
+    if (!backend_cuda_gemv_time || b->host) return 0;
+    enum { MAX_SHAPES = 64 };
+    struct { int rows, cols, min_n; } shapes[MAX_SHAPES];
+    int n_shapes = 0, n_mats = 0, n_mma = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
+        if (!w || w->fmt != WF_BF16 || !w->dev || model_is_routed_expert(m, w)) continue; /* experts: moe_gemm.cu */
+        int s = 0;
+        while (s < n_shapes && !(shapes[s].rows == w->rows && shapes[s].cols == w->cols)) s++;
+        if (s == n_shapes) {
+            if (n_shapes == MAX_SHAPES) { /* more distinct shapes than any model we know: the tiled GEMV */
+                w->mma_min_n = 0;
+                continue;
+            }
+            NativeCrossover x;
+            TimeCtx t = {b, w};
+            if (device_native_crossover(time_gemv, &t, CUDA_GEMV_MAX_N, &x) != 0) {
+                log_warn("gemv: timing [%d x %d] on the device failed; every BF16 matrix keeps the tiled GEMV",
+                         w->rows, w->cols);
+                for (int j = 0; j < m->weights.n; j++)
+                    if (m->weights.t[j].mat) m->weights.t[j].mat->mma_min_n = 0;
+                return -1;
+            }
+            char desc[1024];
+            crossover_describe_as(&x, "tiled", "tensor cores", desc, sizeof desc);
+            log_info("gemv: bf16 [%d x %d] at decode sizes: %s", w->rows, w->cols, desc);
+            shapes[n_shapes].rows = w->rows;
+            shapes[n_shapes].cols = w->cols;
+            shapes[n_shapes].min_n = x.min_n == INT_MAX ? 0 : x.min_n;
+            n_shapes++;
+        }
+        w->mma_min_n = shapes[s].min_n;
+        n_mats++;
+        n_mma += w->mma_min_n > 0;
+    }
+    if (n_mats)
+        log_info("gemv: %d BF16 matrices of %d shapes measured on the device; %d take the tensor-core GEMV from "
+                 "their crossover (x as bf16 hi + lo), the rest the tiled GEMV at every decode size",
+                 n_mats, n_shapes, n_mma);
+    return 0;
 }

@@ -246,9 +246,12 @@ static WeightSet *one_mat_set(OneMat *o, WeightMat *w) {
 
 /* BF16 matmul; n selects the GPU path (GEMV up to CUDA_GEMV_MAX_N, else cuBLAS).
  * rounded: feed the CPU the bf16-rounded x the GEMM path uses; misalign: x one
- * float past a 16-byte boundary (the GEMV's scalar path). */
+ * float past a 16-byte boundary (the GEMV's scalar path); mma > 0: the matrix's
+ * mma_min_n (gemv_mma.cuh from that many tokens; start-up measures it), and the
+ * same call with mma_min_n 0 (the tiled GEMV) must give other bits exactly when
+ * n >= mma on an aligned x (the record is followed, both ways). */
 static void check_matmul(const int *a) {
-    int n = a[0], rows = a[1], cols = a[2], bias = a[3], rounded = a[4], misalign = a[5];
+    int n = a[0], rows = a[1], cols = a[2], bias = a[3], rounded = a[4], misalign = a[5], mma = a[6];
     size_t N = (size_t)n * cols;
     float *x = rand_f32(N, 1), *xr = (float *)xmalloc(sizeof(float) * N);
     for (size_t i = 0; i < N; i++) xr[i] = rounded ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
@@ -262,13 +265,25 @@ static void check_matmul(const int *a) {
     WeightMat dwm = wmat_bf16(rows, cols, (uint16_t *)dev_copy(w, sizeof(uint16_t) * (size_t)rows * cols));
     dwm.dev = dwm.bf16; /* the ops read dev */
     uint16_t *db = bias ? (uint16_t *)dev_copy(b, sizeof(uint16_t) * rows) : NULL;
+    dwm.mma_min_n = mma;
     bg->matmul(bg, dout, dx, n, &dwm, db);
     float *got = dev_result(dout, (size_t)n * rows);
     int gemv = n <= CUDA_GEMV_MAX_N;
-    char what[128];
-    snprintf(what, sizeof what, "matmul %s n %d [%d x %d]%s%s%s", gemv ? "gemv" : "cublas", n, rows, cols,
+    char what[160];
+    snprintf(what, sizeof what, "matmul %s n %d [%d x %d]%s%s%s", gemv ? n >= 2 && mma >= 2 && n >= mma && !misalign ? "gemv mma" : "gemv" : "cublas", n, rows, cols,
              bias ? " +bias" : "", !gemv && rounded ? " (cpu x->bf16)" : "", misalign ? " misaligned x" : "");
+    if (mma) snprintf(what + strlen(what), sizeof what - strlen(what), " (mma_min_n %d)", mma);
     compare_op(what, gemv || rounded ? TOL_F32 : TOL_BF16ACT, ref, got, (size_t)n * rows);
+    if (mma && gemv) {
+        dwm.mma_min_n = 0;
+        bg->matmul(bg, dout, dx, n, &dwm, db);
+        float *tiled = dev_result(dout, (size_t)n * rows);
+        int differ = memcmp(tiled, got, sizeof(float) * (size_t)n * rows) != 0, want = n >= mma && !misalign;
+        differ == want ? n_pass++ : n_fail++;
+        printf("  %-4s %-60s %s the tiled GEMV's bits\n", differ == want ? "ok" : "FAIL", what,
+               differ ? "differs from" : "equals");
+        free(tiled);
+    }
     cudaFree(xbuf); cudaFree(dout); cudaFree(dwm.bf16); cudaFree(db);
     free(x); free(xr); free(w); free(b); free(ref); free(got);
 }
@@ -361,7 +376,7 @@ static void check_qgemv_sweep(const int *a) {
 /* Several matrices over one x in one launch (matmul_multi: q/k/v, gate/up) against
  * the CPU's matmul of each, f32 class; fmt 0 bf16, 1 fp8 (128x128), 2 nvfp4. */
 static void check_matmul_multi(const int *a) {
-    int fmt = a[0], n = a[1], count = a[2], cols = a[6];
+    int fmt = a[0], n = a[1], count = a[2], cols = a[6], mma = a[7]; /* mma: every matrix's mma_min_n */
     const int *rows = a + 3;
     Err err = {0};
     float *x = rand_f32((size_t)n * cols, 1), *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * cols);
@@ -409,14 +424,15 @@ static void check_matmul_multi(const int *a) {
         bc->matmul(bc, refs[i], x, n, &hw[i], hb[i]);
         db[i] = hb[i] ? (const uint16_t *)(dev[3 * i + 2] = dev_copy(hb[i], sizeof(uint16_t) * rows[i])) : NULL;
         outs[i] = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows[i]);
+        dwm[i].mma_min_n = mma;
         wp[i] = &dwm[i];
     }
     bg->matmul_multi(bg, outs, dx, n, wp, db, count);
     for (int i = 0; i < count; i++) {
         float *got = dev_result(outs[i], (size_t)n * rows[i]);
         char what[96];
-        snprintf(what, sizeof what, "%s matmul_multi %d/%d n %d [%d x %d]%s", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
-                 i + 1, count, n, rows[i], cols, hb[i] ? " +bias" : "");
+        snprintf(what, sizeof what, "%s matmul_multi %d/%d n %d [%d x %d]%s%s", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
+                 i + 1, count, n, rows[i], cols, hb[i] ? " +bias" : "", mma ? " mma" : "");
         compare_op(what, TOL_F32, refs[i], got, (size_t)n * rows[i]);
         free(got);
         cudaFree(outs[i]);
@@ -480,7 +496,7 @@ static void test_weight_free(int fmt, WeightMat *hw, void **dev) {
  * class; bf16act for BF16 beyond 8 tokens, cuBLAS), and bitwise against the CUDA backend's own composition (matmul_multi + swiglu: the
  * epilogue uses swiglu's expression on the same sums). */
 static void check_matmul_swiglu(const int *a) {
-    int fmt = a[0], n = a[1], rows = a[2], cols = a[3];
+    int fmt = a[0], n = a[1], rows = a[2], cols = a[3], mma = a[4]; /* mma: gate's and up's mma_min_n */
     size_t NX = (size_t)n * cols, NO = (size_t)n * rows;
     float *x = rand_f32(NX, 1), *dx = (float *)dev_copy(x, sizeof(float) * NX);
     WeightMat hg, hu, dg, du;
@@ -496,6 +512,7 @@ static void check_matmul_swiglu(const int *a) {
     bc->swiglu(bc, ref, g, u, (int)NO);
     float *dout = (float *)dev_poisoned(sizeof(float) * NO), *dgs = (float *)dev_poisoned(sizeof(float) * NO),
           *dus = (float *)dev_poisoned(sizeof(float) * NO), *dout2 = (float *)dev_poisoned(sizeof(float) * NO);
+    dg.mma_min_n = du.mma_min_n = mma;
     bg->matmul_swiglu(bg, dout, dx, n, &dg, &du, dgs, dus);
     float *outs[2] = {dgs, dus};
     const WeightMat *ws[2] = {&dg, &du};
@@ -506,7 +523,8 @@ static void check_matmul_swiglu(const int *a) {
     float *got2 = dev_result(dout2, NO);
     char what[128];
     const char *fn = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4";
-    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d]%s", fn, n, rows, cols, n <= CUDA_GEMV_MAX_N ? "" : " (unfused)");
+    snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d]%s%s", fn, n, rows, cols, n <= CUDA_GEMV_MAX_N ? "" : " (unfused)",
+             mma ? " mma" : "");
     compare_op(what, fmt == 0 && n > CUDA_GEMV_MAX_N ? TOL_BF16ACT : TOL_F32, ref, got, NO); /* cuBLAS: bf16 x */
     snprintf(what, sizeof what, "%s matmul_swiglu n %d [%d x %d] = gate/up + swiglu", fn, n, rows, cols);
     compare_bytes(what, got2, got, sizeof(float) * NO);
@@ -1431,6 +1449,14 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul, OC_ALL, {3, 33, 100, 0, 0, 0}},
     {check_matmul, OC_ALL, {1, 20, 64, 1, 0, 1}},
     {check_matmul, OC_ALL, {11, 40, 72, 1, 1, 0}}, /* the cuBLAS path's call and layout */
+    /* gemv_mma.cuh: partial 16-row tiles, slices of whole 16-chunk groups and tails, bias, the record */
+    {check_matmul, OC_ALL, {2, 37, 384, 1, 0, 0, 2}}, {check_matmul, OC_ALL, {3, 37, 2056, 0, 0, 0, 2}},
+    {check_matmul, OC_ALL, {5, 16, 1032, 1, 0, 0, 2}}, {check_matmul, OC_ALL, {8, 37, 1024, 1, 0, 0, 2}},
+    {check_matmul, OC_ALL, {8, 5, 2056, 0, 0, 0, 2}}, {check_matmul, OC_ALL, {7, 33, 64, 1, 0, 0, 6}},
+    {check_matmul, OC_ALL, {3, 33, 512, 1, 0, 0, 4}}, /* below its record: the tiled GEMV */
+    {check_matmul, OC_ALL, {4, 20, 64, 1, 0, 1, 2}},  /* misaligned x: the scalar GEMV */
+    {check_matmul, OC_ALL, {1, 37, 384, 1, 0, 0, 2}}, /* one token: never on tensor cores */
+    {check_matmul, OC_GPU, {8, 4096, 4096, 0, 0, 0, 2}}, {check_matmul, OC_GPU, {4, 151936, 4096, 1, 0, 0, 2}},
     /* rows, cols, s: FP8 block128 (+ NVFP4 when cols % 16 == 0), n = 1, 2, 3, 11, 19 */
     {check_qgemv_sweep, OC_GPU, {4096, 4096, 0}}, {check_qgemv_sweep, OC_GPU, {12288, 4096, 1}},
     {check_qgemv_sweep, OC_GPU, {4096, 12288, 2}}, {check_qgemv_sweep, OC_GPU, {130, 272, 3}},
@@ -1466,6 +1492,8 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_multi, OC_GPU, {0, 1, 3, 4096, 1024, 1024, 4096}}, /* q/k/v */
     {check_matmul_multi, OC_GPU, {0, 5, 2, 12288, 12288, 0, 4096}}, /* gate/up */
     {check_matmul_multi, OC_ALL, {0, 2, 3, 130, 33, 7, 512}},        /* partial tiles */
+    {check_matmul_multi, OC_ALL, {0, 6, 3, 130, 33, 7, 512, 2}},     /* on tensor cores */
+    {check_matmul_multi, OC_GPU, {0, 8, 3, 4096, 1024, 1024, 4096, 2}},
     {check_matmul_multi, OC_GPU, {1, 1, 3, 4096, 1024, 1024, 4096}},
     {check_matmul_multi, OC_GPU, {1, 5, 2, 12288, 12288, 0, 4096}},
     {check_matmul_multi, OC_ALL, {1, 2, 3, 130, 33, 7, 512}},
@@ -1479,6 +1507,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_swiglu, OC_ALL, {0, 1, 37, 384}},  /* a partial row tile */
     {check_matmul_swiglu, OC_ALL, {0, 3, 40, 200}},
     {check_matmul_swiglu, OC_ALL, {0, 8, 9, 640}},
+    {check_matmul_swiglu, OC_ALL, {0, 8, 37, 1024, 2}}, /* on tensor cores */
+    {check_matmul_swiglu, OC_ALL, {0, 3, 40, 200, 2}},
+    {check_matmul_swiglu, OC_GPU, {0, 8, 12288, 4096, 2}},
     {check_matmul_swiglu, OC_ALL, {0, 2, 20, 100}},  /* cols % 8: the scalar GEMVs + swiglu */
     {check_matmul_swiglu, OC_ALL, {0, 11, 20, 64}},  /* n > 8: cuBLAS + swiglu */
     {check_matmul_swiglu, OC_ALL, {1, 1, 37, 384}},

@@ -213,6 +213,8 @@ def test_gpu_json_rows_and_roofline():
     assert rows["kl_bf16_fp8_mean"]["value"] == 0.0012            # named_rows copied
     assert rows["roofline_copy_gbs"]["value"] == 4251 and rows["gpu_check_ops_failed"]["value"] == 0
     assert rows["gemv_bf16_4096x4096_gbs"]["value"] == 2700
+    assert rows["gemv_bf16_n8_4096x4096_gbs"]["value"] == 1677  # 8 tokens, tiled
+    assert rows["gemv_bf16_mma_n8_4096x4096_fraction"]["value"] == 0.8  # 8 tokens, tensor cores
     assert rows["served_bf16_c256_host_share"]["value"] == 0.8
     assert rows["served_bf16_c256_1000x1000_step_ms"]["value"] == 50.0
     assert rows["served_bf16_c256_1000x1000_forward_ms"]["value"] == 10.0

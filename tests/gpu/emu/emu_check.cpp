@@ -1132,7 +1132,88 @@ static void t_moe_crossover(int quick) {
     b->free(b);
     model_free(m);
 }
+/* The BF16 decode GEMV's choice (device_gemv_calibrate, backend_cuda_gemv_time, gemv_mma.cuh) on a
+ * BF16 fixture: the timer answers for both GEMVs from 2 tokens and refuses the tensor cores at 1 and
+ * an FP8 matrix; the calibration gives every BF16 matrix a record in {0, 2..8}, one per shape; with
+ * every record forced to 2, a prefill of 2..6 tokens (every linear of the model, q/k/v and gate/up
+ * fused, on tensor cores) matches the CPU backend and transformers as the tiled GEMV does, and its
+ * logits are not the tiled GEMV's bits (the record is followed). Timings mean nothing here. */
+static void t_gemv_crossover(const char *dir, int quick) {
+    Err err = {};
+    Model *m = NULL;
+    SafeTensors *ref = NULL;
+    char path[512], what[160];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    Backend *cpu = backend_cpu_create(1, 128), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
+    WeightMat *q = &m->layers[0].q;
+    float tile = -1, mma = -1, tile1 = -1, mma1 = -1;
+    int trc = backend_cuda_gemv_time(gb, q, 4, 2, &tile, &mma), trc1 = backend_cuda_gemv_time(gb, q, 1, 2, &tile1, &mma1);
+    WeightMat fake = *q;
+    fake.fmt = WF_FP8;
+    float a = 0, b = 0;
+    int frc = backend_cuda_gemv_time(gb, &fake, 4, 2, &a, &b);
+    int ok = trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && mma1 < 0 && frc == -1;
+    printf("  %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f (refused), "
+           "fp8 refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, tile, mma, tile1, mma1, frc);
+    ok ? n_pass++ : n_fail++;
+
+    int crc = device_gemv_calibrate(gb, m), n_bf = 0, bad = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        const WeightMat *w = m->weights.t[i].mat;
+        if (!w || w->fmt != WF_BF16) continue;
+        n_bf++;
+        bad += !(w->mma_min_n == 0 || (w->mma_min_n >= 2 && w->mma_min_n <= 8));
+        for (int j = 0; j < i; j++) {
+            const WeightMat *v = m->weights.t[j].mat;
+            if (v && v->fmt == WF_BF16 && v->rows == w->rows && v->cols == w->cols) bad += v->mma_min_n != w->mma_min_n;
+        }
+    }
+    ok = crc == 0 && n_bf > 0 && bad == 0;
+    printf("  %s %s gemv calibration: %d BF16 matrices got a record (q_proj: %d), one per shape (%d wrong)\n",
+           ok ? "ok  " : "FAIL", dir, n_bf, q->mma_min_n, bad);
+    ok ? n_pass++ : n_fail++;
+
+    /* prefills of 2..6 tokens: every record forced to 2 (tensor cores), then 0 (tiled) */
+    const StTensor *t0 = safetensors_get(ref, "seq0.tokens"), *lp = safetensors_get(ref, "seq0.prefill_logits");
+    int V = m->cfg.vocab, T0 = (int)t0->numel;
+    Runner *rc = runner_create_with(m, cpu, 128, 128), *rg = runner_create_with(m, gb, 128, 128);
+    KVCache *kvc = runner_kvcache_create(rc, 80, 4), *kvg = runner_kvcache_create(rg, 80, 4);
+    float *oc = (float *)malloc(sizeof(float) * 8 * V), *og = (float *)malloc(sizeof(float) * 8 * V),
+          *ot = (float *)malloc(sizeof(float) * 8 * V);
+    int32_t bt0[32], pos[8], seq[8], rows[8];
+    for (int i = 0; i < 32; i++) bt0[i] = 1 + 2 * i;
+    const int32_t *tables[1] = {bt0};
+    for (int T = 2; T <= (quick ? 3 : 6) && T <= T0; T++) {
+        for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+        Batch bt = {T, (const int32_t *)t0->data, pos, seq, 1, tables, T, rows, 0};
+        int differ = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < m->weights.n; i++)
+                if (m->weights.t[i].mat && m->weights.t[i].mat->fmt == WF_BF16) m->weights.t[i].mat->mma_min_n = pass ? 0 : 2;
+            int r1 = pass ? 0 : model_forward(rc, kvc, &bt, oc, &err), r2 = model_forward(rg, kvg, &bt, pass ? ot : og, &err);
+            if (r1 || r2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
+        }
+        differ = memcmp(og, ot, sizeof(float) * (size_t)T * V) != 0;
+        snprintf(what, sizeof what, "%s prefill %d, gemv on tensor cores, vs cpu", dir, T);
+        logit_check(what, oc, og, T, V, 1e-3, 1e-7);
+        snprintf(what, sizeof what, "%s prefill %d, gemv on tensor cores, vs transformers", dir, T);
+        logit_check(what, (const float *)lp->data, og, T, V, 0.2, 1e-3);
+        differ ? n_pass++ : n_fail++;
+        printf("  %-4s %s prefill %d: the logits %s the tiled GEMV's bits\n", differ ? "ok" : "FAIL", dir, T,
+               differ ? "differ from" : "EQUAL (the record was not followed)");
+    }
+    free(oc); free(og); free(ot);
+    t_pair_free(rc, kvc, rg, kvg, ref, m);
+}
+
 static void t_native_crossovers(int quick) {
+    printf("== the BF16 decode GEMV's choice, measured per shape at start-up (device_native.c) ==\n");
+    t_gemv_crossover("tests/fixtures/qwen3_gqa2", quick);
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
     t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
     if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);

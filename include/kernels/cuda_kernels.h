@@ -51,6 +51,9 @@ int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int row
  * bits): 2 <= n <= CUDA_GEMV_MAX_N, cols % 8 == 0, W and x 16-byte aligned; -1 otherwise. */
 int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
                        const uint16_t *bias, void *stream);
+/* Scratch bytes the tensor-core FP8 GEMV splits x [n, cols] into (f16 hi + lo pairs and one scale a
+ * token): n cols 4 + n 4. */
+size_t cuda_gemv_mma_scratch(int n, int cols);
 
 /* Weight-only quantized matmul (kernels/cuda/quant_gemv.cu), any n >= 0 (up to 8
  * tokens per launch), f32 activations, weights dequantized in the kernel, f32
@@ -61,6 +64,12 @@ int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint16_t *W, int
  * a multiple of 16 (or >= cols) and Q, x are 16-byte aligned. */
 int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv, int rows,
                   int cols, int block_rows, int block_cols, const uint16_t *bias, void *stream);
+/* cuda_gemv_fp8 on tensor cores (gemv_mma.cuh: e4m3 -> f16 weights, x split into f16 hi + lo in
+ * scratch of cuda_gemv_mma_scratch(n, cols) bytes, 16-byte aligned; f32 class, not the tiled GEMV's
+ * bits): 1 <= n <= CUDA_GEMV_MAX_N, cols % 16 == 0, block_cols % 64 == 0 or >= cols, Q and x
+ * 16-byte aligned, a binary for sm_89+; -1 otherwise. */
+int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv, int rows,
+                      int cols, int block_rows, int block_cols, const uint16_t *bias, void *scratch, void *stream);
 /* NVFP4: out[n, rows] = (x @ (e2m1(packed) * e4m3(scale))^T) * scale2[0] (+ bias);
  * packed: [rows, cols / 2] (element 2i in the low nibble), scale: [rows, cols / 16]
  * e4m3, scale2: [1] f32 device memory (read by the kernel), cols % 16 == 0. 16-byte loads when cols % 32 == 0 and packed, x are 16-byte

@@ -146,11 +146,12 @@ struct Backend;
 int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *wo_us,
                              float *native_us);
 
-/* Start-up (device_gemv_calibrate): a BF16 matrix w's two decode GEMVs at n (1..8) tokens, the tiled
- * one (gemv_tile.cuh) and the tensor-core one (gemv_mma.cuh), each the best of `reps` runs after one
- * warm-up, in microseconds, on x / out buffers of its own. *mma_us = -1 when the tensor-core GEMV is
- * off (SAMPLER_CUDA_OFF=gemv_mma), n is 1 or w's shape does not qualify (cols % 8, alignment). 0, or -1 on a
- * CUDA error or a matrix that is not BF16 on the device. */
+/* Start-up (device_gemv_calibrate): a BF16 or FP8 matrix w's two decode GEMVs at n (1..8) tokens, the
+ * tiled one (gemv_tile.cuh; FP8: weight-only) and the tensor-core one (gemv_mma.cuh), each the best of
+ * `reps` runs after one warm-up, in microseconds, on x / out buffers of its own. *mma_us = -1 when
+ * the tensor-core GEMV is off (SAMPLER_CUDA_OFF=gemv_mma), does not take n (BF16 at 1 token) or w's
+ * shape (cols % 8 or 16, FP8 block_cols % 64, the sm_80 binary's FP8). 0, or -1 on a CUDA error or a
+ * matrix that is neither BF16 nor FP8 on the device. */
 int backend_cuda_gemv_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *tile_us,
                            float *mma_us);
 

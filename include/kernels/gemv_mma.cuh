@@ -26,9 +26,19 @@
  * partial sums meet in shared memory and are added in warp order: the result
  * does not depend on timing. Rows past the end read the last row again; their
  * sums are dropped.
- * Device code only; the launchers are matmul.cu (gemv_tile_run) and
- * matmul_swiglu.cu. Not here: FP8 / NVFP4 (decoding them to bf16 costs what
- * the tensor cores save at one token), one token, more than 8.
+ * FP8 (FMT 1, e4m3 weights with f32 block scales, 1..8 tokens): the weights
+ * enter as f16 (cvt e4m3x2 -> f16x2, exact: e4m3 is a subset of f16; half an
+ * instruction a value where the tiled GEMV spends 1.5 converting to f32), x as
+ * f16 hi + lo of x * 2^k_t, split once per launch (matmul.cu gm_split_kernel: k_t per
+ * token puts its largest |x| in [2^14, 2^15), inside f16's range: relative
+ * error 2^-22 per element, f32 class), m16n8k16 f16 mmas; a group of four
+ * chunks (64 columns) lies in one scale block (block_cols % 64 == 0), so each
+ * group's sums take their two rows' scales once, and the token's 2^-k_t is
+ * applied to the final sum. sm_89+ (the e4m3 convert; the sm_80 binary keeps
+ * the tiled GEMV).
+ * Device code only; the launchers are matmul.cu (gemv_tile_run),
+ * quant_gemv.cu and matmul_swiglu.cu. Not here: NVFP4 (its scale per 16 values
+ * varies inside an mma's k range), more than 8 tokens.
  */
 #ifndef SAMPLER_GEMV_MMA_CUH
 #define SAMPLER_GEMV_MMA_CUH
@@ -37,10 +47,17 @@
 #include "mma_tile.cuh"
 
 #define GM_ROWS 16 /* weight rows per block: one m16 fragment */
+/* the FP8 tile needs the e4m3 convert: not in the sm_80 binary */
+#if !defined(SAMPLER_GPU_SM) || SAMPLER_GPU_SM >= 89
+#define GM_FP8 1
+#else
+#define GM_FP8 0
+#endif
 #define GM_DEPTH 4 /* groups of 4 chunks loaded ahead per lane */
+#define GM_FP8_DEPTH 2 /* the FP8 tile's: each group also loads 64 bytes of split x a lane */
 
 /* x[g, 8 c .. 8 c + 7] (xc: its first float, 16-byte aligned) as the B fragments of chunk c's two mmas
- * (hi[2j], hi[2j + 1]: mma j's b0, b1; lo likewise): zero for a token past NT or a chunk past the slice. */
+ * (hi[2j], hi[2j + 1]: mma j's b0, b1; lo likewise): zero for a chunk past the slice. */
 template <int NT>
 static __device__ __forceinline__ void gm_bfrag(const float *xc, bool in, uint32_t *hi, uint32_t *lo) {
     if (in) {
@@ -67,6 +84,157 @@ static __device__ __forceinline__ void gm_chunk(const float *xc, bool in, const 
     mma_bf16_16816(d, A1, lo + 2);
 }
 
+/* ---- FP8 ---- */
+
+/* f32 -> IEEE binary16 bits, round to nearest even (overflow to infinity, subnormals kept), as the
+ * device's cvt.rn.f16x2.f32 rounds. The device uses the instruction; this is the emulation's. */
+static __device__ __forceinline__ uint32_t gm_f16_bits(float f) {
+    uint32_t u = __float_as_uint(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return s | 0x7e00u;          /* NaN */
+    if (a >= 0x477ff000u) return s | 0x7c00u;         /* >= 65520: infinity */
+    if (a >= 0x38800000u) {                           /* >= 2^-14: a normal f16 */
+        uint32_t r = a - 0x38000000u;                 /* exponent bias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);               /* round the 13 dropped bits to nearest even */
+        return s | (r >> 13);
+    }
+    return s | (uint32_t)rintf(__uint_as_float(a) * 16777216.0f); /* units of 2^-24 (1024: the least normal) */
+}
+static __device__ __forceinline__ float gm_f16_f32(uint32_t h) {
+    uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+    float f = e ? __uint_as_float(((e + 112u) << 23) | (m << 13)) : (float)m * 5.9604644775390625e-8f; /* 2^-24 */
+    return (h & 0x8000u) ? -f : f; /* finite h only (all the split makes from finite x) */
+}
+/* Two f32 -> f16 pair (lo in the low half), round to nearest even. */
+static __device__ __forceinline__ uint32_t gm_f16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return gm_f16_bits(lo) | gm_f16_bits(hi) << 16;
+#endif
+}
+/* Four e4m3 (u, the first in the low byte) -> two f16 pairs (bytes 0, 1 -> *p01; 2, 3 -> *p23), exact. */
+static __device__ __forceinline__ void gm_e4m3x4_f16x2(uint32_t u, uint32_t *p01, uint32_t *p23) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short b01, b23;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(b01), "=h"(b23) : "r"(u)); /* the converts read each half in place */
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p01) : "h"(b01));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p23) : "h"(b23));
+#else
+    uint32_t f[4];
+    for (int i = 0; i < 4; i++) f[i] = gm_f16_bits(kv_e4m3_to_f32((u >> (8 * i)) & 0xffu));
+    *p01 = f[0] | f[1] << 16;
+    *p23 = f[2] | f[3] << 16;
+#endif
+}
+
+/* One group of four chunks (lane t: chunk c + t of rows g, g + 8: w0, w1; its x pairs h*, l*): e (rows
+ * g, g + 8 x tokens 2t, 2t + 1) = the unscaled sums of the group's 64 columns. */
+static __device__ __forceinline__ void gm_group_fp8(const uint4 &w0, const uint4 &w1, const uint4 &h0,
+                                                    const uint4 &h1, const uint4 &l0, const uint4 &l1, float *e) {
+    const uint32_t W0[4] = {w0.x, w0.y, w0.z, w0.w}, W1[4] = {w1.x, w1.y, w1.z, w1.w};
+    const uint32_t H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const uint32_t L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* mma j: bytes 4j .. 4j + 3 of each row's chunk */
+        uint32_t A[4];
+        gm_e4m3x4_f16x2(W0[j], &A[0], &A[2]);
+        gm_e4m3x4_f16x2(W1[j], &A[1], &A[3]);
+        mma_f16_16816(e, A, H + 2 * j);
+        mma_f16_16816(e, A, L + 2 * j);
+    }
+}
+
+/* gemv_mma_sum for FP8 weights (a.S, a.br, a.bc, a.sc as the tiled GEMV reads them; a.bc % 64 == 0 or
+ * a.bc >= a.cols) and x split in xs. */
+template <int NT>
+static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, const GmSplit &xs, int blk,
+                                                         float (*red)[GM_ROWS][8]) {
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS;
+    int nv = a.cols / 16, ng = (nv + 3) / 4; /* chunks of 16 e4m3, groups of 4 (one scale block) */
+    int lo = 4 * (int)((long long)ng * wp / GT_WARPS), hi = 4 * (int)((long long)ng * (wp + 1) / GT_WARPS);
+    if (hi > nv) hi = nv;
+    int ra = r0 + g < a.rows ? r0 + g : a.rows - 1, rb = r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1;
+    const uint4 *wr0 = a.W + (size_t)ra * nv + lo + t, *wr1 = a.W + (size_t)rb * nv + lo + t;
+    const float *s0 = a.S + (size_t)(ra / a.br) * a.sc, *s1 = a.S + (size_t)(rb / a.br) * a.sc;
+    /* lanes of tokens past NT read token NT - 1's x: their D columns are never read, and the loads need
+     * no predicate (a warp's same addresses are one request) */
+    size_t xo = (size_t)(g < NT ? g : NT - 1) * (a.cols / 2) + (size_t)(lo + t) * 8; /* 8 pairs a chunk */
+    const uint4 *xh = (const uint4 *)(xs.hi + xo), *xl = (const uint4 *)(xs.lo + xo);
+    const uint4 z = uint4{0u, 0u, 0u, 0u};
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    /* the scale block of the current group: cb, and the groups left in it (no division in the loop) */
+    const int gpb = a.bc >= a.cols ? 0x7fffffff : a.bc / 64;
+    int cb = a.bc >= a.cols ? 0 : (lo / 4) / gpb, left = gpb - (lo / 4) % gpb;
+    float sa = __ldg(s0 + cb), sb = __ldg(s1 + cb);
+    int c = lo;
+    for (; c + 4 * GM_FP8_DEPTH <= hi; c += 4 * GM_FP8_DEPTH) { /* whole groups: no bounds tests */
+        uint4 w0[GM_FP8_DEPTH], w1[GM_FP8_DEPTH], h0[GM_FP8_DEPTH], h1[GM_FP8_DEPTH], l0[GM_FP8_DEPTH],
+            l1[GM_FP8_DEPTH];
+#pragma unroll
+        for (int k = 0; k < GM_FP8_DEPTH; k++) {
+            w0[k] = __ldg(wr0 + 4 * k);
+            w1[k] = __ldg(wr1 + 4 * k);
+            h0[k] = __ldg(xh + 8 * k);
+            h1[k] = __ldg(xh + 8 * k + 1);
+            l0[k] = __ldg(xl + 8 * k);
+            l1[k] = __ldg(xl + 8 * k + 1);
+        }
+#pragma unroll
+        for (int k = 0; k < GM_FP8_DEPTH; k++) {
+            if (left == 0) { /* the group starts a new scale block */
+                cb++;
+                left = gpb;
+                sa = __ldg(s0 + cb);
+                sb = __ldg(s1 + cb);
+            }
+            left--;
+            float e[4] = {0.f, 0.f, 0.f, 0.f};
+            gm_group_fp8(w0[k], w1[k], h0[k], h1[k], l0[k], l1[k], e);
+            d[0] = fmaf(sa, e[0], d[0]);
+            d[1] = fmaf(sa, e[1], d[1]);
+            d[2] = fmaf(sb, e[2], d[2]);
+            d[3] = fmaf(sb, e[3], d[3]);
+        }
+        wr0 += 4 * GM_FP8_DEPTH;
+        wr1 += 4 * GM_FP8_DEPTH;
+        xh += 8 * GM_FP8_DEPTH;
+        xl += 8 * GM_FP8_DEPTH;
+    }
+    for (; c < hi; c += 4, wr0 += 4, wr1 += 4, xh += 8, xl += 8) { /* the tail, a group at a time */
+        bool in = c + t < hi;
+        uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
+        uint4 h0 = in ? __ldg(xh) : z, h1 = in ? __ldg(xh + 1) : z, l0 = in ? __ldg(xl) : z,
+              l1 = in ? __ldg(xl + 1) : z;
+        if (left == 0) {
+            cb++;
+            left = gpb;
+            sa = __ldg(s0 + cb);
+            sb = __ldg(s1 + cb);
+        }
+        left--;
+        float e[4] = {0.f, 0.f, 0.f, 0.f};
+        gm_group_fp8(w0, w1, h0, h1, l0, l1, e);
+        d[0] = fmaf(sa, e[0], d[0]);
+        d[1] = fmaf(sa, e[1], d[1]);
+        d[2] = fmaf(sb, e[2], d[2]);
+        d[3] = fmaf(sb, e[3], d[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int tk = 2 * t + (i & 1);
+        if (tk < NT) red[wp][g + 8 * (i >> 1)][tk] = d[i];
+    }
+    __syncthreads();
+    int i = threadIdx.x;
+    if (i >= GM_ROWS * NT) return 0.f;
+    int rr = i / NT, tt = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
+    float v = 0.f;
+    for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][tt];
+    return v * __ldg(xs.inv + tt) + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+}
+
 /* The block's GM_ROWS x NT outputs of tile blk: thread i < GM_ROWS * NT gets output (row r0 + i / NT,
  * token i % NT) with its bias (garbage for rows past the end), the others 0. red: the block's shared
  * scratch, free again after the call's last __syncthreads. */
@@ -79,8 +247,8 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
     const uint4 *wr1 = a.W + (size_t)(r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1) * nv;
     float d[4] = {0.f, 0.f, 0.f, 0.f};
     const uint4 z = uint4{0u, 0u, 0u, 0u};
-    const bool tok = g < NT; /* lanes of tokens past NT feed zeros */
-    const float *xc = a.x + (size_t)(tok ? g : 0) * a.cols + (size_t)(lo + t) * 8; /* chunk lo + t of token g */
+    /* chunk lo + t of token g; lanes of tokens past NT read token NT - 1 (their D columns are never read) */
+    const float *xc = a.x + (size_t)(g < NT ? g : NT - 1) * a.cols + (size_t)(lo + t) * 8;
     wr0 += lo + t;
     wr1 += lo + t;
     int c = lo;
@@ -92,12 +260,12 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
             w1[k] = __ldg(wr1 + 4 * k);
         }
 #pragma unroll
-        for (int k = 0; k < GM_DEPTH; k++) gm_chunk<NT>(xc + 32 * k, tok, w0[k], w1[k], d);
+        for (int k = 0; k < GM_DEPTH; k++) gm_chunk<NT>(xc + 32 * k, true, w0[k], w1[k], d);
     }
     for (; c < hi; c += 4, wr0 += 4, wr1 += 4, xc += 32) { /* the slice's tail, a group at a time */
         bool in = c + t < hi;
         uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
-        gm_chunk<NT>(xc, tok && in, w0, w1, d);
+        gm_chunk<NT>(xc, in, w0, w1, d);
     }
     /* d: rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at tokens 2t, 2t + 1 */
 #pragma unroll
@@ -114,29 +282,38 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
     return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
 }
 
-template <int NT>
-static __device__ __forceinline__ void gemv_mma(const GemvArgs a, int blk) {
+/* FMT 0: bf16 (x split here), 1: fp8 (x split in xs). */
+template <int NT, int FMT>
+static __device__ __forceinline__ float gemv_mma_any(const GemvArgs &a, const GmSplit &xs, int blk,
+                                                     float (*red)[GM_ROWS][8]) {
+    if (FMT == 1) return gemv_mma_sum_fp8<NT>(a, xs, blk, red);
+    return gemv_mma_sum<NT>(a, blk, red);
+}
+
+template <int NT, int FMT>
+static __device__ __forceinline__ void gemv_mma(const GemvArgs a, const GmSplit &xs, int blk) {
     __shared__ float red[GT_WARPS][GM_ROWS][8];
-    float v = gemv_mma_sum<NT>(a, blk, red);
+    float v = gemv_mma_any<NT, FMT>(a, xs, blk, red);
     int i = threadIdx.x, r = blk * GM_ROWS + i / NT;
     if (i < GM_ROWS * NT && r < a.rows) a.out[(size_t)(i % NT) * a.rows + r] = v;
 }
 
 /* gemv_tile_swiglu's epilogue on this tile: out[t, r] = silu(g) * u, swiglu_kernel's expression. */
-template <int NT>
-static __device__ __forceinline__ void gemv_mma_swiglu(const GemvArgs g, const GemvArgs u, float *out, int blk) {
+template <int NT, int FMT>
+static __device__ __forceinline__ void gemv_mma_swiglu(const GemvArgs g, const GemvArgs u, const GmSplit &xs,
+                                                       float *out, int blk) {
     __shared__ float red[GT_WARPS][GM_ROWS][8];
-    float gv = gemv_mma_sum<NT>(g, blk, red);
+    float gv = gemv_mma_any<NT, FMT>(g, xs, blk, red);
     __syncthreads(); /* every thread has read red: the up tile may overwrite it */
-    float uv = gemv_mma_sum<NT>(u, blk, red);
+    float uv = gemv_mma_any<NT, FMT>(u, xs, blk, red);
     int i = threadIdx.x, r = blk * GM_ROWS + i / NT;
     if (i < GM_ROWS * NT && r < g.rows) out[(size_t)(i % NT) * g.rows + r] = (gv / (1.0f + expf(-gv))) * uv;
 }
 
-template <int NT>
+template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_kernel(GemvMulti m) {
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
-    gemv_mma<NT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], s == 0 ? b : b - m.end[s - 1]);
+    gemv_mma<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], m.xs, s == 0 ? b : b - m.end[s - 1]);
 }
 
 #endif

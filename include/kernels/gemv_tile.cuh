@@ -45,11 +45,17 @@ typedef struct GemvArgs {
 /* Up to GT_MAX_SEG matrices over the same x in one launch (q/k/v, gate/up):
  * blocks [end[s-1], end[s]) run segment s. */
 #define GT_MAX_SEG 3
+/* The split of x that gemv_mma.cuh's FP8 tile reads (gm_split_kernel writes it). */
+typedef struct GmSplit {
+    uint32_t *hi, *lo; /* [n, cols / 2] f16 pairs of x * 2^k_t and of what they left */
+    float *inv;        /* [n] 2^-k_t */
+} GmSplit;
 typedef struct GemvMulti {
     GemvArgs seg[GT_MAX_SEG];
     int end[GT_MAX_SEG]; /* cumulative block counts */
     int nseg;
-    int mma; /* 1: BF16 at 2..8 tokens on tensor cores (gemv_mma.cuh, GM_ROWS rows a block) */
+    int mma; /* 1: on tensor cores (gemv_mma.cuh, GM_ROWS rows a block): BF16 at 2..8 tokens, FP8 at 1..8 */
+    GmSplit xs; /* mma FP8: scratch of cuda_gemv_mma_scratch(n, cols) bytes that the launch splits x into */
 } GemvMulti;
 
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
@@ -371,6 +377,10 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
 int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
 /* cuda_gemv_multi's shape and alignment rules: 0 when m qualifies for n tokens, else -1. */
 int gemv_multi_check(const GemvMulti *m, int n, int fmt);
+/* m->mma with fmt 1: split x into m->xs before the FP8 tile reads it (matmul.cu); the split's layout
+ * in scratch of cuda_gemv_mma_scratch(n, cols) bytes. */
+GmSplit gemv_mma_split_at(void *scratch, int n, int cols);
+void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s);
 /* gate / up (m->seg[0], m->seg[1]: the same rows, no bias needed) in one launch with the SwiGLU
  * epilogue: out[n, rows] f32 = silu(x @ gate^T) * (x @ up^T), the bits of cuda_gemv_multi then
  * cuda_swiglu; the segments' out are not written (matmul_swiglu.cu). 0, or -1 without a launch

@@ -35,6 +35,20 @@ static __device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *
 #endif
 }
 
+/* mma_bf16_16816 with IEEE binary16 A and B (the same fragment layout). */
+static __device__ __forceinline__ void mma_f16_16816(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDA_EMULATION)
+    emu_mma_m16n8k16_f16(d, a, b, d);
+#else
+    (void)d, (void)a, (void)b; /* nvcc's host pass: never called there */
+#endif
+}
+
 /* D[16x8] f32 = A[16x32] e4m3 (row) x B[32x8] e4m3 (col) + D (sm_89+; the
  * sm_80 binary traps: its host code never launches it, MG_FP8_MMA). Each
  * register holds four e4m3, the lowest k in the low byte; in b16 units (two

@@ -27,10 +27,10 @@ typedef struct WeightMat {
      * measured per shape on the device (device_native_calibrate) or from --native-crossover. Routed
      * experts: one value on all of them, of the grouped step (the backend reads the first gate's) */
     int native_min_n;
-    /* WF_BF16 matrices on the CUDA backend: tokens (2..8) from which a decode-size matmul takes the
-     * tensor-core GEMV (gemv_mma.cuh) instead of the tiled one. 0: never. Set at start-up, measured
-     * per shape on the device (device_gemv_calibrate) or from --gemv-mma; a fused q/k/v or gate/up
-     * launch follows its first matrix's */
+    /* WF_BF16 / WF_FP8 matrices on the CUDA backend: tokens (BF16 2..8, FP8 1..8) from which a
+     * decode-size matmul takes the tensor-core GEMV (gemv_mma.cuh) instead of the tiled one (FP8: its
+     * weight-only GEMV, below native_min_n). 0: never. Set at start-up, measured per shape on the
+     * device (device_gemv_calibrate); a fused q/k/v or gate/up launch follows its first matrix's */
     int mma_min_n;
     /* A device backend's copy of what the kernels read (NULL on host backends):
      * WF_BF16 bf16 [rows, cols]; WF_FP8 e4m3 [rows, cols]; WF_NVFP4 u8 [rows, cols / 2] (e2m1 pairs) */

@@ -108,11 +108,12 @@ int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, Na
  * models. */
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
 
-/* Start-up, on a GPU: every BF16 matrix (not the routed experts) gets its WeightMat.mma_min_n, the
- * tokens from which its decode GEMV runs on tensor cores (gemv_mma.cuh) rather than tiled on CUDA
- * cores: each distinct shape timed both ways at 1, 2, 3, 4, 6, 8 tokens (backend_cuda_gemv_time) with
- * device_native_crossover's rule, its table logged; 0 (never) where the tensor cores lost at 8. 0, or
- * -1 when timing failed (every BF16 matrix then keeps the tiled GEMV). A no-op off the GPU. */
+/* Start-up, on a GPU: every BF16 and FP8 matrix (not the routed experts) gets its
+ * WeightMat.mma_min_n, the tokens from which its decode GEMV runs on tensor cores (gemv_mma.cuh)
+ * rather than tiled on CUDA cores: each distinct format and shape timed both ways at 1, 2, 3, 4, 6, 8
+ * tokens (backend_cuda_gemv_time) with device_native_crossover's rule, its table logged; 0 (never)
+ * where the tensor cores lost at 8. 0, or -1 when timing failed (every matrix then keeps the tiled
+ * GEMV). A no-op off the GPU. Before device_native_calibrate, whose weight-only side it sets. */
 int device_gemv_calibrate(Backend *b, Model *m);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).

@@ -74,6 +74,8 @@ typedef struct CudaCtx {
     void *arena;       /* weights copied at creation */
     uint16_t *xbf;     /* [xbf_cap] bf16 GEMM activations */
     size_t xbf_cap;
+    void *xsplit;      /* [xsplit_cap] the tensor-core FP8 GEMV's split of x (cuda_gemv_mma_scratch) */
+    size_t xsplit_cap;
     float *part;       /* attention split scratch */
     size_t part_cap;   /* bytes */
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
@@ -533,16 +535,23 @@ static int native_from(const WeightMat *w, int n) {
     return n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
 }
 static int native_at(const WeightMat *w, int n) { return w->fmt != WF_BF16 && w->act_quant && native_from(w, n); }
-/* A BF16 matrix at n decode tokens takes the tensor-core GEMV (gemv_mma.cuh) from its measured
- * WeightMat.mma_min_n on (0: never; SAMPLER_CUDA_OFF=gemv_mma: never). */
+/* A BF16 (2..8 tokens) or FP8 (1..8) matrix at n decode tokens takes the tensor-core GEMV
+ * (gemv_mma.cuh) from its measured WeightMat.mma_min_n on (0: never; SAMPLER_CUDA_OFF=gemv_mma:
+ * never). FP8 splits x into c->xsplit (reserved for CUDA_GEMV_MAX_N tokens of the widest matrix). */
 static int mma_at(const CudaCtx *c, const WeightMat *w, int n) {
-    return !c->off_gemv_mma && w->fmt == WF_BF16 && w->mma_min_n >= 2 && n >= w->mma_min_n && n <= CUDA_GEMV_MAX_N;
+    if (c->off_gemv_mma || w->mma_min_n < 1 || n < w->mma_min_n || n > CUDA_GEMV_MAX_N) return 0;
+    if (w->fmt == WF_FP8) return c->xsplit && cuda_gemv_mma_scratch(n, w->cols) <= c->xsplit_cap;
+    return w->fmt == WF_BF16 && n >= 2;
 }
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
 static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
         const QuantFp8 *q = (const QuantFp8 *)w->q;
+        if (mma_at(c, w, n) && cuda_gemv_fp8_mma(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
+                                                 q->rows, q->cols, q->block_rows, q->block_cols, bias, c->xsplit,
+                                                 st(b)) == 0) /* -1: a shape it does not take */
+            return;
         LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
                                 q->rows, q->cols, q->block_rows, q->block_cols, bias, st(b)));
         return;
@@ -641,13 +650,26 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
 static int gemv_run(Backend *b, const void *arg, int mma) {
     const MatmulRun *r = (const MatmulRun *)arg;
     const WeightMat *w = r->w;
+    CudaCtx *c = ctx(b);
+    if (mma && c->off_gemv_mma) return -1;
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        const uint8_t *Q = (const uint8_t *)w->dev;
+        const float *S = (const float *)w->dev_scale;
+        if (!mma) return cuda_gemv_fp8(r->out, r->x, r->n, Q, S, w->rows, w->cols, q->block_rows, q->block_cols, NULL, st(b));
+        scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
+        return cuda_gemv_fp8_mma(r->out, r->x, r->n, Q, S, w->rows, w->cols, q->block_rows, q->block_cols, NULL,
+                                 c->xsplit, st(b));
+    }
     const uint16_t *W = (const uint16_t *)w->dev;
     if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
-    return ctx(b)->off_gemv_mma ? -1 : cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
+    return cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
 }
 extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
     *tile_us = *mma_us = -1;
-    if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || w->fmt != WF_BF16 || !w->dev) return -1;
+    if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || (w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev ||
+        (w->fmt == WF_FP8 && !w->q))
+        return -1;
     return time_pair(b, w, n, reps, gemv_run, tile_us, mma_us);
 }
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
@@ -673,7 +695,9 @@ static int gemv_multi_build(const CudaCtx *c, GemvMulti *m, int *fmt, float *con
         }
     }
     m->nseg = count;
-    m->mma = *fmt == 0 && mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
+    m->mma = *fmt <= 1 && mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
+    if (m->mma && *fmt == 1) m->xs = gemv_mma_split_at(c->xsplit, n, ws[0]->cols);
+    if (m->mma && gemv_multi_check(m, n, *fmt)) m->mma = 0; /* a shape the tensor-core tile does not take */
     return ok;
 }
 
@@ -967,6 +991,8 @@ static int cu_upload_try(Backend *b, void *dst, const void *src, size_t n, Err *
 static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     CudaCtx *c = ctx(b);
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
+    scratch_grow(c, &c->xsplit, &c->xsplit_cap,
+                 cuda_gemv_mma_scratch(max_tokens < CUDA_GEMV_MAX_N ? max_tokens : CUDA_GEMV_MAX_N, max_cols));
     if (cuda_native_caps()) { /* native activations (from any measured crossover): the worst case of both formats */
         scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)max_tokens * max_cols);
         scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)max_tokens * quant_fp8_groups(max_cols));
@@ -1013,7 +1039,7 @@ static void cu_free(Backend *b) {
     if (c->up) CUDA_CHECK(cudaFreeHost(c->up));
     if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
-    void *bufs[] = {c->arena, c->xbf, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
+    void *bufs[] = {c->arena, c->xbf, c->xsplit, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
                     c->sw_arena, c->lora_h, c->lora_rows_d};
     cuda_lt_free(c->lt);
     free(c->sc_host);

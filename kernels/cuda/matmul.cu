@@ -58,9 +58,74 @@ static void tile_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream
     }
 }
 
-template <int NT>
+template <int NT, int FMT>
 static void mma_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
-    gemv_mma_kernel<NT><<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+    void (*k)(GemvMulti) = gemv_mma_kernel<NT, FMT>; /* a template's comma would split the emulation's launch macro */
+    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+}
+template <int FMT>
+static void mma_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_t s) {
+    switch (n) {
+    case 1: mma_launch<1, FMT>(m, blocks, s); break;
+    case 2: mma_launch<2, FMT>(m, blocks, s); break;
+    case 3: mma_launch<3, FMT>(m, blocks, s); break;
+    case 4: mma_launch<4, FMT>(m, blocks, s); break;
+    case 5: mma_launch<5, FMT>(m, blocks, s); break;
+    case 6: mma_launch<6, FMT>(m, blocks, s); break;
+    case 7: mma_launch<7, FMT>(m, blocks, s); break;
+    default: mma_launch<8, FMT>(m, blocks, s); break;
+    }
+}
+
+/* One block per token t of x [n, cols] f32 (cols even): k_t with max |x_t| * 2^k_t in [2^14, 2^15) (0
+ * for an all-zero or non-finite row; at most 126), hi [t, i] = the f16 pair of x_t[2i], x_t[2i + 1]
+ * times 2^k_t, lo [t, i] the f16 pair of what hi left, inv[t] = 2^-k_t. */
+#define GM_SPLIT_THREADS 256
+__global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float *x, int cols, uint32_t *hi,
+                                                                      uint32_t *lo, float *inv) {
+    __shared__ float wmax[GM_SPLIT_THREADS / 32];
+    __shared__ int kk;
+    int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const float *xt = x + (size_t)t * cols;
+    float m = 0.f;
+    for (int c = threadIdx.x; c < cols; c += GM_SPLIT_THREADS) m = fmaxf(m, fabsf(xt[c]));
+    m = warp_max(m);
+    if (lane == 0) wmax[w] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = 0.f;
+        for (int i = 0; i < GM_SPLIT_THREADS / 32; i++) a = fmaxf(a, wmax[i]);
+        int e = 0, k = 0;
+        if (a > 0.f && a <= 3.402823466e38f) {
+            frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+            k = 15 - e < 126 ? 15 - e : 126;
+        }
+        kk = k;
+        inv[t] = ldexpf(1.0f, -k);
+    }
+    __syncthreads();
+    float sc = ldexpf(1.0f, kk);
+    size_t o = (size_t)t * (cols / 2);
+    for (int i = threadIdx.x; i < cols / 2; i += GM_SPLIT_THREADS) {
+        float v0 = xt[2 * i] * sc, v1 = xt[2 * i + 1] * sc; /* exact: a power of two */
+        uint32_t h = gm_f16x2(v0, v1);
+        hi[o + i] = h;
+        lo[o + i] = gm_f16x2(v0 - gm_f16_f32(h & 0xffffu), v1 - gm_f16_f32(h >> 16)); /* exact differences */
+    }
+}
+
+/* FP8 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it. */
+void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s) {
+    gm_split_kernel<<<n, GM_SPLIT_THREADS, 0, s>>>(m->seg[0].x, m->seg[0].cols, m->xs.hi, m->xs.lo, m->xs.inv);
+}
+
+extern "C" size_t cuda_gemv_mma_scratch(int n, int cols) { return (size_t)n * cols * 4 + (size_t)n * 4; }
+GmSplit gemv_mma_split_at(void *scratch, int n, int cols) {
+    GmSplit x;
+    x.hi = (uint32_t *)scratch;
+    x.lo = x.hi + (size_t)n * (cols / 2);
+    x.inv = (float *)(x.lo + (size_t)n * (cols / 2));
+    return x;
 }
 
 void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
@@ -69,16 +134,11 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
         if (i < m->nseg) tot += (m->seg[i].rows + R - 1) / R;
         m->end[i] = tot;
     }
-    if (m->mma) { /* BF16, 2..8 tokens (gemv_multi_check) */
-        switch (n) {
-        case 2: mma_launch<2>(m, (unsigned)tot, s); break;
-        case 3: mma_launch<3>(m, (unsigned)tot, s); break;
-        case 4: mma_launch<4>(m, (unsigned)tot, s); break;
-        case 5: mma_launch<5>(m, (unsigned)tot, s); break;
-        case 6: mma_launch<6>(m, (unsigned)tot, s); break;
-        case 7: mma_launch<7>(m, (unsigned)tot, s); break;
-        default: mma_launch<8>(m, (unsigned)tot, s); break;
-        }
+    if (m->mma && fmt == 1) { /* FP8, 1..8 tokens (gemv_multi_check) */
+        gemv_mma_split(m, n, s);
+        mma_launch_n<1>(m, n, (unsigned)tot, s);
+    } else if (m->mma) { /* BF16, 2..8 tokens */
+        mma_launch_n<0>(m, n, (unsigned)tot, s);
     } else if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);
     else if (fmt == 1) tile_launch_n<1>(m, n, (unsigned)tot, s);
     else tile_launch_n<2>(m, n, (unsigned)tot, s);
@@ -86,7 +146,8 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
 
 int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || m->nseg < 1 || m->nseg > GT_MAX_SEG || fmt < 0 || fmt > 2) return -1;
-    if (m->mma && (fmt != 0 || n < 2)) return -1; /* gemv_mma.cuh: BF16, 2..8 tokens */
+    if (m->mma && !(fmt == 0 ? n >= 2 : fmt == 1 && GM_FP8 && m->xs.hi && m->xs.lo && m->xs.inv))
+        return -1; /* gemv_mma.cuh: BF16 at 2..8 tokens, FP8 at 1..8 with the split's scratch */
     int V = 8 << fmt, cols = m->seg[0].cols;
     for (int i = 0; i < m->nseg; i++) {
         const GemvArgs *a = &m->seg[i];
@@ -94,6 +155,9 @@ int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
             ((uintptr_t)a->W & 15) || ((uintptr_t)a->x & 15))
             return -1;
         if (fmt == 1 && (!a->S || a->br <= 0 || a->bc <= 0 || (a->bc % 16 && a->bc < cols))) return -1;
+        if (fmt == 1 && m->mma && (cols % 16 || (a->bc % 64 && a->bc < cols) || ((uintptr_t)m->xs.hi & 15) ||
+                                   ((uintptr_t)m->xs.lo & 15)))
+            return -1; /* a group of 4 chunks in one scale block; the split's 16-byte loads */
         if (fmt == 2 && (!a->SF || ((uintptr_t)a->SF & 1))) return -1;
     }
     return 0;
@@ -133,6 +197,20 @@ extern "C" int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint1
     m.seg[0] = gemv_args(out, x, W, bias, rows, cols);
     m.mma = 1;
     return cuda_gemv_multi(&m, n, 0, stream);
+}
+
+extern "C" int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv,
+                                 int rows, int cols, int block_rows, int block_cols, const uint16_t *bias,
+                                 void *scratch, void *stream) {
+    if (n < 1 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || block_rows <= 0 || block_cols <= 0 || !out ||
+        !x || !Q || !scale_inv || !scratch)
+        return -1;
+    GemvMulti m = {};
+    m.nseg = 1;
+    m.seg[0] = gemv_args_fp8(out, x, Q, scale_inv, block_rows, block_cols, bias, rows, cols);
+    m.mma = 1;
+    m.xs = gemv_mma_split_at(scratch, n, cols);
+    return cuda_gemv_multi(&m, n, 1, stream);
 }
 
 extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,

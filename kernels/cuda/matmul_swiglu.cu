@@ -23,15 +23,29 @@ __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m,
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
 }
 
-/* BF16 at 2..8 tokens on tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block. */
-template <int NT>
+/* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens) or FP8. */
+template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
-    gemv_mma_swiglu<NT>(m.seg[0], m.seg[1], out, blockIdx.x);
+    gemv_mma_swiglu<NT, FMT>(m.seg[0], m.seg[1], m.xs, out, blockIdx.x);
 }
 
-template <int NT>
+template <int NT, int FMT>
 static void mma_swiglu_launch(const GemvMulti *m, float *out, unsigned blocks, cudaStream_t s) {
-    gemv_mma_swiglu_kernel<NT><<<blocks, GT_WARPS * 32, 0, s>>>(*m, out);
+    void (*k)(GemvMulti, float *) = gemv_mma_swiglu_kernel<NT, FMT>; /* (the emulation's launch macro) */
+    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m, out);
+}
+template <int FMT>
+static void mma_swiglu_launch_n(const GemvMulti *m, float *out, int n, unsigned blocks, cudaStream_t s) {
+    switch (n) {
+    case 1: mma_swiglu_launch<1, FMT>(m, out, blocks, s); break;
+    case 2: mma_swiglu_launch<2, FMT>(m, out, blocks, s); break;
+    case 3: mma_swiglu_launch<3, FMT>(m, out, blocks, s); break;
+    case 4: mma_swiglu_launch<4, FMT>(m, out, blocks, s); break;
+    case 5: mma_swiglu_launch<5, FMT>(m, out, blocks, s); break;
+    case 6: mma_swiglu_launch<6, FMT>(m, out, blocks, s); break;
+    case 7: mma_swiglu_launch<7, FMT>(m, out, blocks, s); break;
+    default: mma_swiglu_launch<8, FMT>(m, out, blocks, s); break;
+    }
 }
 
 template <int NT, int FMT>
@@ -59,16 +73,11 @@ int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream) {
     int R = m->mma ? GM_ROWS : GT_ROWS;
     unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
     cudaStream_t s = (cudaStream_t)stream;
-    if (m->mma) { /* BF16, 2..8 tokens (gemv_multi_check) */
-        switch (n) {
-        case 2: mma_swiglu_launch<2>(m, out, blocks, s); break;
-        case 3: mma_swiglu_launch<3>(m, out, blocks, s); break;
-        case 4: mma_swiglu_launch<4>(m, out, blocks, s); break;
-        case 5: mma_swiglu_launch<5>(m, out, blocks, s); break;
-        case 6: mma_swiglu_launch<6>(m, out, blocks, s); break;
-        case 7: mma_swiglu_launch<7>(m, out, blocks, s); break;
-        default: mma_swiglu_launch<8>(m, out, blocks, s); break;
-        }
+    if (m->mma && fmt == 1) { /* FP8, 1..8 tokens (gemv_multi_check) */
+        gemv_mma_split(m, n, s);
+        mma_swiglu_launch_n<1>(m, out, n, blocks, s);
+    } else if (m->mma) { /* BF16, 2..8 tokens */
+        mma_swiglu_launch_n<0>(m, out, n, blocks, s);
     } else if (fmt == 0) swiglu_launch_n<0>(m, out, n, blocks, s);
     else if (fmt == 1) swiglu_launch_n<1>(m, out, n, blocks, s);
     else swiglu_launch_n<2>(m, out, n, blocks, s);

@@ -20,9 +20,9 @@
  * e4m3 grouped GEMM), timed on the first MoE layer with a routed step of n
  * tokens (DeviceMoeBench: random router logits, so pairs spread about evenly
  * over the experts), recorded on every routed expert's matrix.
- * And the same ladder and rule for a BF16 matrix's two decode GEMVs, tiled
- * on CUDA cores or on tensor cores at 2..8 tokens (device_gemv_calibrate,
- * WeightMat.mma_min_n).
+ * And the same ladder and rule for a BF16 or FP8 matrix's two decode GEMVs,
+ * tiled on CUDA cores or on tensor cores (BF16 at 2..8 tokens, FP8 at 1..8;
+ * device_gemv_calibrate, WeightMat.mma_min_n).
  * Not here: the per-matrix path itself and the timing (backend_cuda.cu).
  */
 #include <limits.h>
@@ -340,13 +340,15 @@ static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
 int device_gemv_calibrate(Backend *b, Model *m) {
     if (!backend_cuda_gemv_time || b->host) return 0;
     enum { MAX_SHAPES = 64 };
-    struct { int rows, cols, min_n; } shapes[MAX_SHAPES];
+    struct { int fmt, rows, cols, min_n; } shapes[MAX_SHAPES];
     int n_shapes = 0, n_mats = 0, n_mma = 0;
     for (int i = 0; i < m->weights.n; i++) {
         WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
-        if (!w || w->fmt != WF_BF16 || !w->dev || model_is_routed_expert(m, w)) continue; /* experts: moe_gemm.cu */
+        if (!w || (w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev || model_is_routed_expert(m, w))
+            continue; /* experts: moe_gemm.cu; NVFP4: the tiled GEMV only */
         int s = 0;
-        while (s < n_shapes && !(shapes[s].rows == w->rows && shapes[s].cols == w->cols)) s++;
+        while (s < n_shapes && !(shapes[s].fmt == (int)w->fmt && shapes[s].rows == w->rows && shapes[s].cols == w->cols))
+            s++;
         if (s == n_shapes) {
             if (n_shapes == MAX_SHAPES) { /* more distinct shapes than any model we know: the tiled GEMV */
                 w->mma_min_n = 0;
@@ -355,7 +357,7 @@ int device_gemv_calibrate(Backend *b, Model *m) {
             NativeCrossover x;
             TimeCtx t = {b, w};
             if (device_native_crossover(time_gemv, &t, CUDA_GEMV_MAX_N, &x) != 0) {
-                log_warn("gemv: timing [%d x %d] on the device failed; every BF16 matrix keeps the tiled GEMV",
+                log_warn("gemv: timing [%d x %d] on the device failed; every matrix keeps the tiled GEMV",
                          w->rows, w->cols);
                 for (int j = 0; j < m->weights.n; j++)
                     if (m->weights.t[j].mat) m->weights.t[j].mat->mma_min_n = 0;
@@ -363,7 +365,9 @@ int device_gemv_calibrate(Backend *b, Model *m) {
             }
             char desc[1024];
             crossover_describe_as(&x, "tiled", "tensor cores", desc, sizeof desc);
-            log_info("gemv: bf16 [%d x %d] at decode sizes: %s", w->rows, w->cols, desc);
+            log_info("gemv: %s [%d x %d] at decode sizes: %s", w->fmt == WF_FP8 ? "fp8" : "bf16", w->rows, w->cols,
+                     desc);
+            shapes[n_shapes].fmt = (int)w->fmt;
             shapes[n_shapes].rows = w->rows;
             shapes[n_shapes].cols = w->cols;
             shapes[n_shapes].min_n = x.min_n == INT_MAX ? 0 : x.min_n;
@@ -374,8 +378,8 @@ int device_gemv_calibrate(Backend *b, Model *m) {
         n_mma += w->mma_min_n > 0;
     }
     if (n_mats)
-        log_info("gemv: %d BF16 matrices of %d shapes measured on the device; %d take the tensor-core GEMV from "
-                 "their crossover (x as bf16 hi + lo), the rest the tiled GEMV at every decode size",
+        log_info("gemv: %d BF16 / FP8 matrices of %d shapes measured on the device; %d take the tensor-core GEMV "
+                 "from their crossover (x as bf16 or f16 hi + lo), the rest the tiled GEMV at every decode size",
                  n_mats, n_shapes, n_mma);
     return 0;
 }

@@ -101,7 +101,7 @@ Runner *device_runner_create(const DeviceChoice *d, Model *m, int max_tokens, in
                  n_ex_native ? " (the routed experts' among them: the grouped e4m3 GEMM, one crossover for all)" : "",
                  m->act_quant && n_native + n_ex_native < n_q ? "; the weight-only ones differ from the CPU backend, "
                                                                 "which quantizes activations for every matrix" : "");
+    device_gemv_calibrate(b, m); /* first: the native crossover times the weight-only GEMV it chose */
     if (n_native || n_ex_native) device_native_calibrate(b, m, max_tokens, d->native_crossover); /* before any graph */
-    device_gemv_calibrate(b, m);
     return runner_create_with(m, b, max_tokens, max_ctx);
 }

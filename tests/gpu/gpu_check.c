@@ -870,11 +870,12 @@ static void bench_attn_decode(const ModelConfig *c, const char *tag) {
 /* The decode GEMVs alone (batch 1), per format and Qwen3-8B shape: GB/s of
  * weight bytes read, against the copy bandwidth. Several weight copies rotate
  * so that no run is served from the 50 MB L2; 20 timed launches after 3. BF16
- * also at 4 and 8 tokens, tiled and on tensor cores (mma: gemv_mma.cuh), the
- * data behind the start-up choice (device_gemv_calibrate) and the n = 8 served
- * groups' decode. */
+ * also at 4 and 8 tokens, tiled and on tensor cores (mma: gemv_mma.cuh), FP8
+ * on tensor cores at 1 and 8 tokens (and tiled at 8): the data behind the
+ * start-up choice (device_gemv_calibrate), the n = 8 served groups' decode and
+ * the FP8 batch-1 decode. */
 typedef struct GemvRow { char name[64]; double gbs, us; } GemvRow;
-static GemvRow gemv_rows[40];
+static GemvRow gemv_rows[56];
 static int n_gemv_rows;
 
 static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
@@ -889,6 +890,8 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
         CUDA_CHECK(cudaMemset(sc[i], fmt == 1 ? 0x3a : 0x38, sbytes + 16));
     }
     float *x, *out;
+    void *split = NULL; /* the tensor-core FP8 GEMV's split of x */
+    if (fmt == 1 && mma) CUDA_CHECK(cudaMalloc(&split, cuda_gemv_mma_scratch(nt, cols)));
     CUDA_CHECK(cudaMalloc((void **)&x, sizeof(float) * nt * cols));
     CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * nt * rows));
     if (cuda_fill_bf16((uint16_t *)x, (size_t)2 * nt * cols, 5, 0, 0.5f, NULL)) exit(1); /* any finite pattern */
@@ -900,7 +903,9 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
         int k = (i + 3) % copies, rc;
         if (fmt == 0 && mma) rc = cuda_gemv_bf16_mma(out, x, nt, (uint16_t *)w[k], rows, cols, NULL, NULL);
         else if (fmt == 0) rc = cuda_gemv_bf16(out, x, nt, (uint16_t *)w[k], rows, cols, NULL, NULL);
-        else if (fmt == 1) rc = cuda_gemv_fp8(out, x, 1, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
+        else if (fmt == 1 && mma)
+            rc = cuda_gemv_fp8_mma(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, split, NULL);
+        else if (fmt == 1) rc = cuda_gemv_fp8(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
         else rc = cuda_gemv_nvfp4(out, x, 1, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL, NULL);
         CHECK(rc == 0, "gemv bench launch");
     }
@@ -915,7 +920,7 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
              mma ? " mma" : "", nt, rows, cols);
     printf("  %-34s %8.1f us  %7.0f GB/s  %5.1f%% of copy\n", g->name, g->us, g->gbs, 100 * g->gbs / bw_gbs);
     for (int i = 0; i < copies; i++) { CUDA_CHECK(cudaFree(w[i])); CUDA_CHECK(cudaFree(sc[i])); }
-    CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(out)); CUDA_CHECK(cudaFree(split));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -928,6 +933,11 @@ static void bench_gemv(void) {
     for (int nt = 4; nt <= 8; nt += 4)
         for (int i = 0; i < 5; i++)
             for (int mma = 0; mma < 2; mma++) bench_gemv_one(0, shapes[i][0], shapes[i][1], nt, mma);
+    for (int nt = 1; nt <= 8; nt += 7) /* FP8 on tensor cores at 1 token (issue 19's decode_fp8_b1) and 8 */
+        for (int i = 0; i < 4; i++) {
+            if (nt > 1) bench_gemv_one(1, shapes[i][0], shapes[i][1], nt, 0);
+            bench_gemv_one(1, shapes[i][0], shapes[i][1], nt, 1);
+        }
 }
 
 /* Where a batch-1 BF16 decode step's time goes: each op of a Qwen3-8B layer
@@ -1101,6 +1111,41 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
  * norms and lm_head BF16, as model_quantize leaves them); roofline bytes = the
  * quantized matrices + scales + the BF16 lm_head. act_quant: the same matrices
  * with quantized activations at batch 32 and 128 (the native GEMMs, issue 19). */
+/* device_gemv_calibrate's choice for the quantized copy's layer matrices (which the model's WeightSet,
+ * the BF16 originals', does not list): per distinct format and shape, the same ladder and rule. */
+typedef struct { Backend *b; const WeightMat *w; } GemvTimeCtx;
+static int bench_gemv_time(void *ctx, int n, float *tile_us, float *mma_us) {
+    const GemvTimeCtx *t = (const GemvTimeCtx *)ctx;
+    return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
+}
+static void bench_gemv_choose(Backend *b, Model *q) {
+    struct { int fmt, rows, cols, min_n; } seen[8];
+    int n_seen = 0;
+    for (int l = 0; l < q->cfg.n_layers; l++) {
+        LayerWeights *w = &q->layers[l];
+        WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++) {
+            WeightMat *mt = ms[i];
+            int s = 0;
+            while (s < n_seen && !(seen[s].fmt == (int)mt->fmt && seen[s].rows == mt->rows && seen[s].cols == mt->cols)) s++;
+            if (s == n_seen && n_seen < 8) {
+                NativeCrossover x;
+                GemvTimeCtx t = {b, mt};
+                int min_n = mt->fmt != WF_NVFP4 && device_native_crossover(bench_gemv_time, &t, CUDA_GEMV_MAX_N, &x) == 0 &&
+                                    x.min_n != INT_MAX ? x.min_n : 0;
+                printf("  gemv choice %s [%d x %d]: tensor cores from n = %d (0: tiled at every size)\n",
+                       mt->fmt == WF_FP8 ? "fp8" : mt->fmt == WF_NVFP4 ? "nvfp4" : "bf16", mt->rows, mt->cols, min_n);
+                seen[n_seen].fmt = (int)mt->fmt;
+                seen[n_seen].rows = mt->rows;
+                seen[n_seen].cols = mt->cols;
+                seen[n_seen].min_n = min_n;
+                n_seen++;
+            }
+            mt->mma_min_n = s < n_seen ? seen[s].min_n : 0;
+        }
+    }
+}
+
 static void bench_quant(const Model *m, Precision prec, int act_quant, float *logits, int32_t *tables, int bps) {
     bench_act_quant = act_quant;
     const ModelConfig *c = &m->cfg;
@@ -1126,6 +1171,7 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
     CUDA_CHECK(cudaDeviceSynchronize());
     Backend *b = backend_cuda_create_resident(c->head_dim, BENCH_MAX_CTX);
     int nb = act_quant ? 128 : 8;
+    bench_gemv_choose(b, &q); /* as the server's start-up (device_gemv_calibrate) on these matrices */
     Runner *r = runner_create_with(&q, b, nb < 64 ? 64 : nb, BENCH_MAX_CTX);
     KVCache *kv = runner_kvcache_create_dtype(r, nb * bps, BS, KV_BF16);
     printf("  %s %s: %.1f GiB of weights read per decode step\n", precision_name(prec),

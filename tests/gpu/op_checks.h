@@ -307,7 +307,7 @@ static void check_matmul_sweep(const int *a) {
  * exactly (e4m3/e2m1 times an f32 or e4m3 scale) and sums in f32. n > 8 runs
  * several launches; misalign: x one float past a 16-byte boundary. */
 static void check_qgemv(const int *a) {
-    int nvfp4 = a[0], n = a[1], rows = a[2], cols = a[3], bias = a[5], misalign = a[6];
+    int nvfp4 = a[0], n = a[1], rows = a[2], cols = a[3], bias = a[5], misalign = a[6], mma = a[7];
     QuantFp8Layout layout = (QuantFp8Layout)a[4];
     Err err = {0};
     size_t N = (size_t)n * cols;
@@ -349,13 +349,27 @@ static void check_qgemv(const int *a) {
     CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * N, cudaMemcpyHostToDevice));
     float *dout = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows);
     uint16_t *db = bias ? (uint16_t *)dev_copy(b, sizeof(uint16_t) * rows) : NULL;
+    if (mma) bg->reserve(bg, CUDA_GEMV_MAX_N, cols); /* the tensor-core FP8 GEMV's split of x */
+    dwm.mma_min_n = mma;
     bg->matmul(bg, dout, dx, n, &dwm, db);
     float *got = dev_result(dout, (size_t)n * rows);
-    char what[128];
-    snprintf(what, sizeof what, "%s gemv n %d [%d x %d]%s%s", nvfp4 ? "nvfp4" : layout == QUANT_FP8_BLOCK128 ? "fp8 block128"
-             : layout == QUANT_FP8_PER_CHANNEL ? "fp8 per-channel" : "fp8 per-tensor", n, rows, cols, bias ? " +bias" : "",
-             misalign ? " misaligned x" : "");
+    char what[160];
+    int on_tc = mma && !nvfp4 && n >= mma && !misalign; /* gemv_mma.cuh takes it (the table's shapes qualify) */
+    snprintf(what, sizeof what, "%s gemv%s n %d [%d x %d]%s%s", nvfp4 ? "nvfp4" : layout == QUANT_FP8_BLOCK128 ? "fp8 block128"
+             : layout == QUANT_FP8_PER_CHANNEL ? "fp8 per-channel" : "fp8 per-tensor", on_tc ? " mma" : "", n, rows, cols,
+             bias ? " +bias" : "", misalign ? " misaligned x" : "");
+    if (mma) snprintf(what + strlen(what), sizeof what - strlen(what), " (mma_min_n %d)", mma);
     compare_op(what, TOL_F32, ref, got, (size_t)n * rows);
+    if (mma) { /* the record is followed: other bits than the tiled GEMV's exactly when the tensor cores run */
+        dwm.mma_min_n = 0;
+        bg->matmul(bg, dout, dx, n, &dwm, db);
+        float *tiled = dev_result(dout, (size_t)n * rows);
+        int differ = memcmp(tiled, got, sizeof(float) * (size_t)n * rows) != 0;
+        differ == on_tc ? n_pass++ : n_fail++;
+        printf("  %-4s %-60s %s the tiled GEMV's bits\n", differ == on_tc ? "ok" : "FAIL", what,
+               differ ? "differs from" : "equals");
+        free(tiled);
+    }
     cudaFree(xbuf); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
     free(x); free(w); free(b); free(ref); free(got);
 }
@@ -425,11 +439,32 @@ static void check_matmul_multi(const int *a) {
         db[i] = hb[i] ? (const uint16_t *)(dev[3 * i + 2] = dev_copy(hb[i], sizeof(uint16_t) * rows[i])) : NULL;
         outs[i] = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows[i]);
         dwm[i].mma_min_n = mma;
+        if (mma) bg->reserve(bg, CUDA_GEMV_MAX_N, cols);
         wp[i] = &dwm[i];
     }
     bg->matmul_multi(bg, outs, dx, n, wp, db, count);
+    float *tiled[3] = {NULL, NULL, NULL};
+    if (mma) { /* the same launch with every record 0 (the tiled GEMV) into fresh outputs */
+        float *outs2[3];
+        for (int i = 0; i < count; i++) {
+            dwm[i].mma_min_n = 0;
+            outs2[i] = (float *)dev_poisoned(sizeof(float) * (size_t)n * rows[i]);
+        }
+        bg->matmul_multi(bg, outs2, dx, n, wp, db, count);
+        for (int i = 0; i < count; i++) {
+            tiled[i] = dev_result(outs2[i], (size_t)n * rows[i]);
+            cudaFree(outs2[i]);
+        }
+    }
     for (int i = 0; i < count; i++) {
         float *got = dev_result(outs[i], (size_t)n * rows[i]);
+        if (tiled[i]) { /* the fused launch followed the record (every segment on tensor cores) */
+            int differ = memcmp(tiled[i], got, sizeof(float) * (size_t)n * rows[i]) != 0;
+            differ ? n_pass++ : n_fail++;
+            printf("  %-4s %s matmul_multi %d/%d n %d mma: %s the tiled GEMV's bits\n", differ ? "ok" : "FAIL",
+                   fmt == 0 ? "bf16" : "fp8", i + 1, count, n, differ ? "differs from" : "EQUALS");
+            free(tiled[i]);
+        }
         char what[96];
         snprintf(what, sizeof what, "%s matmul_multi %d/%d n %d [%d x %d]%s%s", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
                  i + 1, count, n, rows[i], cols, hb[i] ? " +bias" : "", mma ? " mma" : "");
@@ -513,6 +548,7 @@ static void check_matmul_swiglu(const int *a) {
     float *dout = (float *)dev_poisoned(sizeof(float) * NO), *dgs = (float *)dev_poisoned(sizeof(float) * NO),
           *dus = (float *)dev_poisoned(sizeof(float) * NO), *dout2 = (float *)dev_poisoned(sizeof(float) * NO);
     dg.mma_min_n = du.mma_min_n = mma;
+    if (mma) bg->reserve(bg, CUDA_GEMV_MAX_N, cols);
     bg->matmul_swiglu(bg, dout, dx, n, &dg, &du, dgs, dus);
     float *outs[2] = {dgs, dus};
     const WeightMat *ws[2] = {&dg, &du};
@@ -1465,6 +1501,16 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_GPU, {0, 4, 1024, 4096, FP8C, 1, 0}},
     {check_qgemv, OC_GPU, {0, 2, 1024, 4096, FP8T, 0, 0}},
     {check_qgemv, OC_ALL, {0, 3, 21, 200, FP8C, 0, 0}},
+    /* FP8 on tensor cores (gemv_mma.cuh): block128 groups in slices, per-channel / per-tensor single
+     * blocks with a partial group, bias, the record both ways, a misaligned x (the tiled GEMV) */
+    {check_qgemv, OC_ALL, {0, 1, 37, 384, FP8B, 1, 0, 1}}, {check_qgemv, OC_ALL, {0, 3, 37, 640, FP8B, 0, 0, 1}},
+    {check_qgemv, OC_ALL, {0, 8, 33, 2048, FP8B, 1, 0, 1}}, {check_qgemv, OC_ALL, {0, 2, 21, 208, FP8C, 1, 0, 1}},
+    {check_qgemv, OC_ALL, {0, 5, 16, 256, FP8T, 0, 0, 1}}, {check_qgemv, OC_ALL, {0, 6, 20, 1024, FP8B, 1, 0, 4}},
+    {check_qgemv, OC_ALL, {0, 3, 20, 512, FP8B, 1, 0, 4}}, /* below its record */
+    {check_qgemv, OC_ALL, {0, 4, 20, 256, FP8B, 1, 1, 1}}, /* misaligned x */
+    {check_qgemv, OC_ALL, {1, 2, 20, 256, 0, 1, 0, 1}},    /* NVFP4: never on tensor cores */
+    {check_qgemv, OC_GPU, {0, 1, 4096, 4096, FP8B, 0, 0, 1}}, {check_qgemv, OC_GPU, {0, 8, 12288, 4096, FP8B, 1, 0, 1}},
+    {check_qgemv, OC_GPU, {0, 1, 1024, 4096, FP8C, 0, 0, 1}},
     /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), > 8 tokens */
     {check_qgemv, OC_ALL, {0, 1, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 2, 37, 640, FP8B, 0, 0}},
     {check_qgemv, OC_ALL, {0, 3, 37, 128, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 4, 37, 384, FP8B, 0, 0}},
@@ -1493,6 +1539,8 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_multi, OC_GPU, {0, 5, 2, 12288, 12288, 0, 4096}}, /* gate/up */
     {check_matmul_multi, OC_ALL, {0, 2, 3, 130, 33, 7, 512}},        /* partial tiles */
     {check_matmul_multi, OC_ALL, {0, 6, 3, 130, 33, 7, 512, 2}},     /* on tensor cores */
+    {check_matmul_multi, OC_ALL, {1, 1, 3, 130, 33, 7, 512, 1}},
+    {check_matmul_multi, OC_ALL, {1, 5, 2, 40, 40, 0, 1024, 1}},
     {check_matmul_multi, OC_GPU, {0, 8, 3, 4096, 1024, 1024, 4096, 2}},
     {check_matmul_multi, OC_GPU, {1, 1, 3, 4096, 1024, 1024, 4096}},
     {check_matmul_multi, OC_GPU, {1, 5, 2, 12288, 12288, 0, 4096}},
@@ -1509,6 +1557,8 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_swiglu, OC_ALL, {0, 8, 9, 640}},
     {check_matmul_swiglu, OC_ALL, {0, 8, 37, 1024, 2}}, /* on tensor cores */
     {check_matmul_swiglu, OC_ALL, {0, 3, 40, 200, 2}},
+    {check_matmul_swiglu, OC_ALL, {1, 1, 37, 384, 1}}, {check_matmul_swiglu, OC_ALL, {1, 7, 20, 640, 1}},
+    {check_matmul_swiglu, OC_GPU, {1, 1, 12288, 4096, 1}},
     {check_matmul_swiglu, OC_GPU, {0, 8, 12288, 4096, 2}},
     {check_matmul_swiglu, OC_ALL, {0, 2, 20, 100}},  /* cols % 8: the scalar GEMVs + swiglu */
     {check_matmul_swiglu, OC_ALL, {0, 11, 20, 64}},  /* n > 8: cuBLAS + swiglu */

@@ -566,6 +566,17 @@ void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2],
     emu_mma(d, a, b, c, 2, mma_bf16);
 }
 
+/* IEEE binary16 (1 sign, 5 exponent bits of bias 15, 10 mantissa bits) to f32, from the format's definition. */
+static float mma_f16(uint32_t reg, int hi) {
+    uint32_t h = hi ? reg >> 16 : reg & 0xffffu, e = h >> 10 & 31u, m = h & 1023u;
+    float f = e == 31u ? (m ? NAN : INFINITY) : e ? ldexpf(1.0f + (float)m / 1024.0f, (int)e - 15) : ldexpf((float)m, -24);
+    return h & 0x8000u ? -f : f;
+}
+
+void emu_mma_m16n8k16_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    emu_mma(d, a, b, c, 2, mma_f16);
+}
+
 /* e4m3 (OCP FP8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
  * infinities, S.1111.111 NaN) to f32, from the format's definition. */
 static float mma_e4m3(uint32_t reg, int byte) {

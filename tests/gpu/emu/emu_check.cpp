@@ -1132,50 +1132,54 @@ static void t_moe_crossover(int quick) {
     b->free(b);
     model_free(m);
 }
-/* The BF16 decode GEMV's choice (device_gemv_calibrate, backend_cuda_gemv_time, gemv_mma.cuh) on a
- * BF16 fixture: the timer answers for both GEMVs from 2 tokens and refuses the tensor cores at 1 and
- * an FP8 matrix; the calibration gives every BF16 matrix a record in {0, 2..8}, one per shape; with
- * every record forced to 2, a prefill of 2..6 tokens (every linear of the model, q/k/v and gate/up
- * fused, on tensor cores) matches the CPU backend and transformers as the tiled GEMV does, and its
- * logits are not the tiled GEMV's bits (the record is followed). Timings mean nothing here. */
-static void t_gemv_crossover(const char *dir, int quick) {
+/* The decode GEMV's choice (device_gemv_calibrate, backend_cuda_gemv_time, gemv_mma.cuh) on a fixture
+ * at BF16 or FP8 weight-only: the timer answers for both GEMVs (BF16 from 2 tokens: it refuses the
+ * tensor cores at 1; FP8 from 1) and refuses an NVFP4 matrix; the calibration gives every matrix a
+ * record in {0, lo..8}, one per shape; with every record forced to lo, a prefill of lo..6 tokens
+ * (every linear of the model, q/k/v and gate/up fused, on tensor cores) matches the CPU backend (and
+ * transformers, at BF16) as the tiled GEMV does, and its logits are not the tiled GEMV's bits (the
+ * record is followed). Timings mean nothing here. */
+static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
     Err err = {};
     Model *m = NULL;
     SafeTensors *ref = NULL;
     char path[512], what[160];
     snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-    if (model_load(&m, dir, &err) || safetensors_open(&ref, path, &err)) {
+    int fp8 = prec == PREC_FP8, lo_n = fp8 ? 1 : 2;
+    if (model_load(&m, dir, &err) || (fp8 && model_quantize(m, prec, 1, &err)) || safetensors_open(&ref, path, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
         return;
     }
+    const char *pn = precision_name(prec);
+    WeightFormat wf = fp8 ? WF_FP8 : WF_BF16;
     Backend *cpu = backend_cpu_create(1, 128), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     WeightMat *q = &m->layers[0].q;
     float tile = -1, mma = -1, tile1 = -1, mma1 = -1;
     int trc = backend_cuda_gemv_time(gb, q, 4, 2, &tile, &mma), trc1 = backend_cuda_gemv_time(gb, q, 1, 2, &tile1, &mma1);
     WeightMat fake = *q;
-    fake.fmt = WF_FP8;
+    fake.fmt = WF_NVFP4;
     float a = 0, b = 0;
     int frc = backend_cuda_gemv_time(gb, &fake, 4, 2, &a, &b);
-    int ok = trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && mma1 < 0 && frc == -1;
-    printf("  %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f (refused), "
-           "fp8 refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, tile, mma, tile1, mma1, frc);
+    int ok = trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && (fp8 ? mma1 > 0 : mma1 < 0) && frc == -1;
+    printf("  %s %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f%s, "
+           "nvfp4 refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, pn, tile, mma, tile1, mma1, fp8 ? "" : " (refused)", frc);
     ok ? n_pass++ : n_fail++;
 
     int crc = device_gemv_calibrate(gb, m), n_bf = 0, bad = 0;
     for (int i = 0; i < m->weights.n; i++) {
         const WeightMat *w = m->weights.t[i].mat;
-        if (!w || w->fmt != WF_BF16) continue;
+        if (!w || w->fmt != wf) continue;
         n_bf++;
-        bad += !(w->mma_min_n == 0 || (w->mma_min_n >= 2 && w->mma_min_n <= 8));
+        bad += !(w->mma_min_n == 0 || (w->mma_min_n >= lo_n && w->mma_min_n <= 8));
         for (int j = 0; j < i; j++) {
             const WeightMat *v = m->weights.t[j].mat;
-            if (v && v->fmt == WF_BF16 && v->rows == w->rows && v->cols == w->cols) bad += v->mma_min_n != w->mma_min_n;
+            if (v && v->fmt == wf && v->rows == w->rows && v->cols == w->cols) bad += v->mma_min_n != w->mma_min_n;
         }
     }
     ok = crc == 0 && n_bf > 0 && bad == 0;
-    printf("  %s %s gemv calibration: %d BF16 matrices got a record (q_proj: %d), one per shape (%d wrong)\n",
-           ok ? "ok  " : "FAIL", dir, n_bf, q->mma_min_n, bad);
+    printf("  %s %s %s gemv calibration: %d matrices got a record (q_proj: %d), one per shape (%d wrong)\n",
+           ok ? "ok  " : "FAIL", dir, pn, n_bf, q->mma_min_n, bad);
     ok ? n_pass++ : n_fail++;
 
     /* prefills of 2..6 tokens: every record forced to 2 (tensor cores), then 0 (tiled) */
@@ -1188,23 +1192,25 @@ static void t_gemv_crossover(const char *dir, int quick) {
     int32_t bt0[32], pos[8], seq[8], rows[8];
     for (int i = 0; i < 32; i++) bt0[i] = 1 + 2 * i;
     const int32_t *tables[1] = {bt0};
-    for (int T = 2; T <= (quick ? 3 : 6) && T <= T0; T++) {
+    for (int T = lo_n; T <= (quick ? 3 : 6) && T <= T0; T++) {
         for (int i = 0; i < T; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
         Batch bt = {T, (const int32_t *)t0->data, pos, seq, 1, tables, T, rows, 0};
         int differ = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < m->weights.n; i++)
-                if (m->weights.t[i].mat && m->weights.t[i].mat->fmt == WF_BF16) m->weights.t[i].mat->mma_min_n = pass ? 0 : 2;
+                if (m->weights.t[i].mat) m->weights.t[i].mat->mma_min_n = pass ? 0 : lo_n;
             int r1 = pass ? 0 : model_forward(rc, kvc, &bt, oc, &err), r2 = model_forward(rg, kvg, &bt, pass ? ot : og, &err);
             if (r1 || r2) { printf("  FAIL %s prefill: %s\n", dir, err.msg); n_fail++; }
         }
         differ = memcmp(og, ot, sizeof(float) * (size_t)T * V) != 0;
-        snprintf(what, sizeof what, "%s prefill %d, gemv on tensor cores, vs cpu", dir, T);
+        snprintf(what, sizeof what, "%s %s prefill %d, gemv on tensor cores, vs cpu", dir, pn, T);
         logit_check(what, oc, og, T, V, 1e-3, 1e-7);
-        snprintf(what, sizeof what, "%s prefill %d, gemv on tensor cores, vs transformers", dir, T);
-        logit_check(what, (const float *)lp->data, og, T, V, 0.2, 1e-3);
+        if (!fp8) {
+            snprintf(what, sizeof what, "%s prefill %d, gemv on tensor cores, vs transformers", dir, T);
+            logit_check(what, (const float *)lp->data, og, T, V, 0.2, 1e-3);
+        }
         differ ? n_pass++ : n_fail++;
-        printf("  %-4s %s prefill %d: the logits %s the tiled GEMV's bits\n", differ ? "ok" : "FAIL", dir, T,
+        printf("  %-4s %s %s prefill %d: the logits %s the tiled GEMV's bits\n", differ ? "ok" : "FAIL", dir, pn, T,
                differ ? "differ from" : "EQUAL (the record was not followed)");
     }
     free(oc); free(og); free(ot);
@@ -1212,8 +1218,9 @@ static void t_gemv_crossover(const char *dir, int quick) {
 }
 
 static void t_native_crossovers(int quick) {
-    printf("== the BF16 decode GEMV's choice, measured per shape at start-up (device_native.c) ==\n");
-    t_gemv_crossover("tests/fixtures/qwen3_gqa2", quick);
+    printf("== the decode GEMV's choice, measured per shape at start-up (device_native.c) ==\n");
+    t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_BF16, quick);
+    t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_FP8, quick);
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
     t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
     if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);

@@ -274,6 +274,8 @@ void emu_syncwarp(void);
  * Every lane of the warp must call it (as on a device: .aligned); d = A B + c
  * with the bf16 products exact in f32, summed over k in order, then c added. */
 void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+/* mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the same layout with IEEE binary16 elements. */
+void emu_mma_m16n8k16_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 /* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 likewise ("Matrix
  * Fragments for mma.m16n8k32" with .e4m3; each register holds four e4m3, the
  * lower k in the lower byte, i = 0..3):

@@ -84,6 +84,28 @@ static __device__ __forceinline__ void gm_chunk(const float *xc, bool in, const 
     mma_bf16_16816(d, A1, lo + 2);
 }
 
+/* The warps' d (lane 4 g + t: rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at tokens 2t, 2t + 1) summed in
+ * warp order through red: thread i < GM_ROWS * NT returns output (row r0 + i / NT, token i % NT), times
+ * inv[token] when inv is given, plus its bias (garbage for rows past the end); the others 0. */
+template <int NT>
+static __device__ __forceinline__ float gm_reduce(const GemvArgs &a, const float *d, int r0, float (*red)[GM_ROWS][8],
+                                                  const float *inv) {
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int tk = 2 * t + (i & 1);
+        if (tk < NT) red[wp][g + 8 * (i >> 1)][tk] = d[i];
+    }
+    __syncthreads();
+    int i = threadIdx.x;
+    if (i >= GM_ROWS * NT) return 0.f;
+    int rr = i / NT, tt = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
+    float v = 0.f;
+    for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][tt];
+    if (inv) v *= __ldg(inv + tt);
+    return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+}
+
 /* ---- FP8 ---- */
 
 /* f32 -> IEEE binary16 bits, round to nearest even (overflow to infinity, subnormals kept), as the
@@ -146,6 +168,33 @@ static __device__ __forceinline__ void gm_group_fp8(const uint4 &w0, const uint4
     }
 }
 
+/* The scale block of the current group (no division in the loop): its index cb, the groups left in it,
+ * its scales for rows g (sa) and g + 8 (sb) read from the rows' scale rows s0, s1. */
+typedef struct GmScales {
+    const float *s0, *s1;
+    int gpb, cb, left; /* groups a block (block_cols / 64; huge for one block) */
+    float sa, sb;
+} GmScales;
+
+/* One group: its sums (gm_group_fp8) times its block's scales into d, the block advanced first when the
+ * group starts a new one. */
+static __device__ __forceinline__ void gm_step_fp8(const uint4 &w0, const uint4 &w1, const uint4 &h0, const uint4 &h1,
+                                                   const uint4 &l0, const uint4 &l1, GmScales &s, float *d) {
+    if (s.left == 0) {
+        s.cb++;
+        s.left = s.gpb;
+        s.sa = __ldg(s.s0 + s.cb);
+        s.sb = __ldg(s.s1 + s.cb);
+    }
+    s.left--;
+    float e[4] = {0.f, 0.f, 0.f, 0.f};
+    gm_group_fp8(w0, w1, h0, h1, l0, l1, e);
+    d[0] = fmaf(s.sa, e[0], d[0]);
+    d[1] = fmaf(s.sa, e[1], d[1]);
+    d[2] = fmaf(s.sb, e[2], d[2]);
+    d[3] = fmaf(s.sb, e[3], d[3]);
+}
+
 /* gemv_mma_sum for FP8 weights (a.S, a.br, a.bc, a.sc as the tiled GEMV reads them; a.bc % 64 == 0 or
  * a.bc >= a.cols) and x split in xs. */
 template <int NT>
@@ -164,10 +213,14 @@ static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, cons
     const uint4 *xh = (const uint4 *)(xs.hi + xo), *xl = (const uint4 *)(xs.lo + xo);
     const uint4 z = uint4{0u, 0u, 0u, 0u};
     float d[4] = {0.f, 0.f, 0.f, 0.f};
-    /* the scale block of the current group: cb, and the groups left in it (no division in the loop) */
-    const int gpb = a.bc >= a.cols ? 0x7fffffff : a.bc / 64;
-    int cb = a.bc >= a.cols ? 0 : (lo / 4) / gpb, left = gpb - (lo / 4) % gpb;
-    float sa = __ldg(s0 + cb), sb = __ldg(s1 + cb);
+    GmScales sb_;
+    sb_.s0 = s0;
+    sb_.s1 = s1;
+    sb_.gpb = a.bc >= a.cols ? 0x7fffffff : a.bc / 64;
+    sb_.cb = a.bc >= a.cols ? 0 : (lo / 4) / sb_.gpb;
+    sb_.left = sb_.gpb - (lo / 4) % sb_.gpb;
+    sb_.sa = __ldg(s0 + sb_.cb);
+    sb_.sb = __ldg(s1 + sb_.cb);
     int c = lo;
     for (; c + 4 * GM_FP8_DEPTH <= hi; c += 4 * GM_FP8_DEPTH) { /* whole groups: no bounds tests */
         uint4 w0[GM_FP8_DEPTH], w1[GM_FP8_DEPTH], h0[GM_FP8_DEPTH], h1[GM_FP8_DEPTH], l0[GM_FP8_DEPTH],
@@ -182,21 +235,7 @@ static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, cons
             l1[k] = __ldg(xl + 8 * k + 1);
         }
 #pragma unroll
-        for (int k = 0; k < GM_FP8_DEPTH; k++) {
-            if (left == 0) { /* the group starts a new scale block */
-                cb++;
-                left = gpb;
-                sa = __ldg(s0 + cb);
-                sb = __ldg(s1 + cb);
-            }
-            left--;
-            float e[4] = {0.f, 0.f, 0.f, 0.f};
-            gm_group_fp8(w0[k], w1[k], h0[k], h1[k], l0[k], l1[k], e);
-            d[0] = fmaf(sa, e[0], d[0]);
-            d[1] = fmaf(sa, e[1], d[1]);
-            d[2] = fmaf(sb, e[2], d[2]);
-            d[3] = fmaf(sb, e[3], d[3]);
-        }
+        for (int k = 0; k < GM_FP8_DEPTH; k++) gm_step_fp8(w0[k], w1[k], h0[k], h1[k], l0[k], l1[k], sb_, d);
         wr0 += 4 * GM_FP8_DEPTH;
         wr1 += 4 * GM_FP8_DEPTH;
         xh += 8 * GM_FP8_DEPTH;
@@ -207,32 +246,9 @@ static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, cons
         uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
         uint4 h0 = in ? __ldg(xh) : z, h1 = in ? __ldg(xh + 1) : z, l0 = in ? __ldg(xl) : z,
               l1 = in ? __ldg(xl + 1) : z;
-        if (left == 0) {
-            cb++;
-            left = gpb;
-            sa = __ldg(s0 + cb);
-            sb = __ldg(s1 + cb);
-        }
-        left--;
-        float e[4] = {0.f, 0.f, 0.f, 0.f};
-        gm_group_fp8(w0, w1, h0, h1, l0, l1, e);
-        d[0] = fmaf(sa, e[0], d[0]);
-        d[1] = fmaf(sa, e[1], d[1]);
-        d[2] = fmaf(sb, e[2], d[2]);
-        d[3] = fmaf(sb, e[3], d[3]);
+        gm_step_fp8(w0, w1, h0, h1, l0, l1, sb_, d);
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int tk = 2 * t + (i & 1);
-        if (tk < NT) red[wp][g + 8 * (i >> 1)][tk] = d[i];
-    }
-    __syncthreads();
-    int i = threadIdx.x;
-    if (i >= GM_ROWS * NT) return 0.f;
-    int rr = i / NT, tt = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
-    float v = 0.f;
-    for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][tt];
-    return v * __ldg(xs.inv + tt) + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+    return gm_reduce<NT>(a, d, r0, red, xs.inv);
 }
 
 /* The block's GM_ROWS x NT outputs of tile blk: thread i < GM_ROWS * NT gets output (row r0 + i / NT,
@@ -267,19 +283,7 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
         uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
         gm_chunk<NT>(xc, in, w0, w1, d);
     }
-    /* d: rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at tokens 2t, 2t + 1 */
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int tok = 2 * t + (i & 1);
-        if (tok < NT) red[wp][g + 8 * (i >> 1)][tok] = d[i];
-    }
-    __syncthreads();
-    int i = threadIdx.x;
-    if (i >= GM_ROWS * NT) return 0.f;
-    int rr = i / NT, tt = i % NT, r = r0 + rr < a.rows ? r0 + rr : a.rows - 1;
-    float v = 0.f;
-    for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][tt];
-    return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
+    return gm_reduce<NT>(a, d, r0, red, NULL);
 }
 
 /* FMT 0: bf16 (x split here), 1: fp8 (x split in xs). */

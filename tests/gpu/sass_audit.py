@@ -86,17 +86,19 @@ def main_loop(cuobjdump, obj, fn):
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
-    # the main loop: the longest loop whose weight loads are unpredicated (a tail loop the compiler
-    # unrolled is as long, but its loads are guarded)
-    best = None
+    # the main loop: of the loops that load, the one with the smallest share of guarded loads (a tail
+    # loop the compiler unrolled is as long, but its loads are guarded), the longest of those
+    best, best_key = None, None
     for a, t in ins:
         m = re.search(r"\bBRA (?:!?P\d, )?0x([0-9a-f]+)", t)
         if m and int(m.group(1), 16) <= a:
             body = [u for b, u in ins if int(m.group(1), 16) <= b <= a]
-            if any(u.startswith("@") and " LDG" in u for u in body):
+            loads = [u for u in body if " LDG" in u or u.startswith("LDG")]
+            if not loads:
                 continue
-            if best is None or len(body) > len(best):
-                best = body
+            key = (sum(u.startswith("@") for u in loads) / len(loads), -len(body))
+            if best_key is None or key < best_key:
+                best, best_key = body, key
     if not best:
         return None
     mix = collections.Counter(re.sub(r"^@!?U?P\d+\s+", "", u).split()[0].split(".")[0] for u in best)

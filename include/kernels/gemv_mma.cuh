@@ -1,12 +1,14 @@
 /*
- * gemv_mma.cuh - the decode GEMV of BF16 weights on tensor cores: out[NT, rows]
- * = x[NT, cols] @ W^T for 2 <= NT <= 8 tokens, the tokens being the eight
- * columns of mma.sync m16n8k16. Why: the tiled GEMV (gemv_tile.cuh) spends NT
- * f32 FMAs per weight on CUDA cores, about 4.5 instructions per weight byte at
- * 8 tokens, more than an SM can issue at the memory's rate; here a warp's 16 x 16
- * weight block goes to the tensor cores as loaded (no decode at all), about one
- * instruction per weight byte at any NT. Served decode runs there: n = 8
- * samples of one prompt are an 8-token step.
+ * gemv_mma.cuh - the decode GEMV on tensor cores: out[NT, rows] = x[NT, cols]
+ * @ W^T for BF16 weights at 2 <= NT <= 8 tokens and FP8 weights at 1 <= NT <= 8,
+ * the tokens being the eight columns of mma.sync m16n8k16. Why: the tiled GEMV
+ * (gemv_tile.cuh) spends NT f32 FMAs per weight on CUDA cores (sm_90 SASS,
+ * tests/gpu/sass_audit.py: 6.3 instructions per weight byte for BF16 at 8
+ * tokens, 3.8 for FP8 at one), more than an SM can issue at the memory's rate;
+ * here a warp's 16 x 16 weight block goes to the tensor cores as loaded (BF16)
+ * or after one convert a pair (FP8): 1.6 / 1.8 instructions per weight byte at
+ * any NT. Served decode runs there: n = 8 samples of one prompt are an 8-token
+ * step; FP8 batch-1 decode is issue 19's row.
  *
  * Numerics: x enters as bf16 hi + lo (mma_tile.cuh pack_bf16_split: 16
  * significant bits, a relative error of at most 2^-18 per element), two mmas
@@ -58,7 +60,6 @@
 
 /* x[g, 8 c .. 8 c + 7] (xc: its first float, 16-byte aligned) as the B fragments of chunk c's two mmas
  * (hi[2j], hi[2j + 1]: mma j's b0, b1; lo likewise): zero for a chunk past the slice. */
-template <int NT>
 static __device__ __forceinline__ void gm_bfrag(const float *xc, bool in, uint32_t *hi, uint32_t *lo) {
     if (in) {
         float4 p = __ldg((const float4 *)xc), q = __ldg((const float4 *)xc + 1);
@@ -73,10 +74,9 @@ static __device__ __forceinline__ void gm_bfrag(const float *xc, bool in, uint32
 }
 
 /* One chunk column: d (rows g, g + 8 x tokens 2t, 2t + 1) += W[rows, chunk] x[tokens, chunk]. */
-template <int NT>
 static __device__ __forceinline__ void gm_chunk(const float *xc, bool in, const uint4 &w0, const uint4 &w1, float *d) {
     uint32_t hi[4], lo[4];
-    gm_bfrag<NT>(xc, in, hi, lo);
+    gm_bfrag(xc, in, hi, lo);
     const uint32_t A0[4] = {w0.x, w1.x, w0.y, w1.y}, A1[4] = {w0.z, w1.z, w0.w, w1.w};
     mma_bf16_16816(d, A0, hi);
     mma_bf16_16816(d, A0, lo);
@@ -108,24 +108,6 @@ static __device__ __forceinline__ float gm_reduce(const GemvArgs &a, const float
 
 /* ---- FP8 ---- */
 
-/* f32 -> IEEE binary16 bits, round to nearest even (overflow to infinity, subnormals kept), as the
- * device's cvt.rn.f16x2.f32 rounds. The device uses the instruction; this is the emulation's. */
-static __device__ __forceinline__ uint32_t gm_f16_bits(float f) {
-    uint32_t u = __float_as_uint(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return s | 0x7e00u;          /* NaN */
-    if (a >= 0x477ff000u) return s | 0x7c00u;         /* >= 65520: infinity */
-    if (a >= 0x38800000u) {                           /* >= 2^-14: a normal f16 */
-        uint32_t r = a - 0x38000000u;                 /* exponent bias 127 -> 15 */
-        r += 0xfffu + ((r >> 13) & 1u);               /* round the 13 dropped bits to nearest even */
-        return s | (r >> 13);
-    }
-    return s | (uint32_t)rintf(__uint_as_float(a) * 16777216.0f); /* units of 2^-24 (1024: the least normal) */
-}
-static __device__ __forceinline__ float gm_f16_f32(uint32_t h) {
-    uint32_t e = (h >> 10) & 31u, m = h & 1023u;
-    float f = e ? __uint_as_float(((e + 112u) << 23) | (m << 13)) : (float)m * 5.9604644775390625e-8f; /* 2^-24 */
-    return (h & 0x8000u) ? -f : f; /* finite h only (all the split makes from finite x) */
-}
 /* Two f32 -> f16 pair (lo in the low half), round to nearest even. */
 static __device__ __forceinline__ uint32_t gm_f16x2(float lo, float hi) {
 #if defined(__CUDA_ARCH__)
@@ -133,24 +115,9 @@ static __device__ __forceinline__ uint32_t gm_f16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 #else
-    return gm_f16_bits(lo) | gm_f16_bits(hi) << 16;
+    return gt_f32_to_f16_bits(lo) | gt_f32_to_f16_bits(hi) << 16;
 #endif
 }
-/* Four e4m3 (u, the first in the low byte) -> two f16 pairs (bytes 0, 1 -> *p01; 2, 3 -> *p23), exact. */
-static __device__ __forceinline__ void gm_e4m3x4_f16x2(uint32_t u, uint32_t *p01, uint32_t *p23) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    unsigned short b01, b23;
-    asm("mov.b32 {%0, %1}, %2;" : "=h"(b01), "=h"(b23) : "r"(u)); /* the converts read each half in place */
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p01) : "h"(b01));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p23) : "h"(b23));
-#else
-    uint32_t f[4];
-    for (int i = 0; i < 4; i++) f[i] = gm_f16_bits(kv_e4m3_to_f32((u >> (8 * i)) & 0xffu));
-    *p01 = f[0] | f[1] << 16;
-    *p23 = f[2] | f[3] << 16;
-#endif
-}
-
 /* One group of four chunks (lane t: chunk c + t of rows g, g + 8: w0, w1; its x pairs h*, l*): e (rows
  * g, g + 8 x tokens 2t, 2t + 1) = the unscaled sums of the group's 64 columns. */
 static __device__ __forceinline__ void gm_group_fp8(const uint4 &w0, const uint4 &w1, const uint4 &h0,
@@ -161,8 +128,8 @@ static __device__ __forceinline__ void gm_group_fp8(const uint4 &w0, const uint4
 #pragma unroll
     for (int j = 0; j < 4; j++) { /* mma j: bytes 4j .. 4j + 3 of each row's chunk */
         uint32_t A[4];
-        gm_e4m3x4_f16x2(W0[j], &A[0], &A[2]);
-        gm_e4m3x4_f16x2(W1[j], &A[1], &A[3]);
+        e4m3x4_f16x2(W0[j], &A[0], &A[2]);
+        e4m3x4_f16x2(W1[j], &A[1], &A[3]);
         mma_f16_16816(e, A, H + 2 * j);
         mma_f16_16816(e, A, L + 2 * j);
     }
@@ -276,12 +243,12 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
             w1[k] = __ldg(wr1 + 4 * k);
         }
 #pragma unroll
-        for (int k = 0; k < GM_DEPTH; k++) gm_chunk<NT>(xc + 32 * k, true, w0[k], w1[k], d);
+        for (int k = 0; k < GM_DEPTH; k++) gm_chunk(xc + 32 * k, true, w0[k], w1[k], d);
     }
     for (; c < hi; c += 4, wr0 += 4, wr1 += 4, xc += 32) { /* the slice's tail, a group at a time */
         bool in = c + t < hi;
         uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
-        gm_chunk<NT>(xc, in, w0, w1, d);
+        gm_chunk(xc, in, w0, w1, d);
     }
     return gm_reduce<NT>(a, d, r0, red, NULL);
 }

@@ -74,21 +74,60 @@ static __device__ __forceinline__ float e2m1_to_f32(uint32_t c) {
     return __uint_as_float(s | mag);
 }
 
-/* Four e4m3 bytes of u (byte i -> w[i]) -> f32, exact, NaN kept. sm_89+: the
- * hardware e4m3x2 -> f16x2 convert (e4m3 is a subset of f16) then f16 -> f32.
- * Older GPUs and the CPU emulation: the byte's bits placed in an f32 (exponent
- * bias 127 instead of 7, subnormals included, no FTZ in this build) times 2^120. */
+/* The f16 in bits 15..0 of h -> f32, exact for finite h (all that is passed
+ * here). Device: one HADD2.F32 on sm_80+, which reads either half in place. */
+static __device__ __forceinline__ float gt_f16_to_f32(uint32_t h) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+#else
+    return __uint_as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 5.192296858534828e33f; /* 2^112 */
+#endif
+}
+
+/* f32 -> IEEE binary16 bits, round to nearest even (overflow to infinity, subnormals kept), as the
+ * device's cvt.rn.f16x2.f32 rounds: the CPU emulation's side of that instruction. */
+static __device__ __forceinline__ uint32_t gt_f32_to_f16_bits(float f) {
+    uint32_t u = __float_as_uint(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return s | 0x7e00u;          /* NaN */
+    if (a >= 0x477ff000u) return s | 0x7c00u;         /* >= 65520: infinity */
+    if (a >= 0x38800000u) {                           /* >= 2^-14: a normal f16 */
+        uint32_t r = a - 0x38000000u;                 /* exponent bias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);               /* round the 13 dropped bits to nearest even */
+        return s | (r >> 13);
+    }
+    return s | (uint32_t)rintf(__uint_as_float(a) * 16777216.0f); /* units of 2^-24 (1024: the least normal) */
+}
+
+/* Four e4m3 bytes of u (the first in the low byte) -> two f16 pairs (bytes 0, 1 -> *p01; 2, 3 -> *p23),
+ * exact (e4m3 is a subset of f16). sm_89+: the hardware convert, each half read in place; elsewhere
+ * (the CPU emulation) from the format's definition. */
+static __device__ __forceinline__ void e4m3x4_f16x2(uint32_t u, uint32_t *p01, uint32_t *p23) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short b01, b23;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(b01), "=h"(b23) : "r"(u)); /* split so the convert reads .H1 in place, no shift */
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p01) : "h"(b01));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(*p23) : "h"(b23));
+#else
+    uint32_t f[4];
+    for (int i = 0; i < 4; i++) f[i] = gt_f32_to_f16_bits(e4m3_to_f32((u >> (8 * i)) & 0xffu));
+    *p01 = f[0] | f[1] << 16;
+    *p23 = f[2] | f[3] << 16;
+#endif
+}
+
+/* Four e4m3 bytes of u (byte i -> w[i]) -> f32, exact, NaN kept. sm_89+: e4m3x4_f16x2, then f16 ->
+ * f32. Older GPUs and the CPU emulation: the byte's bits placed in an f32 (exponent bias 127
+ * instead of 7, subnormals included, no FTZ in this build) times 2^120. */
 static __device__ __forceinline__ void e4m3x4(uint32_t u, float *w) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     uint32_t h0, h1;
-    unsigned short b01, b23;
-    asm("mov.b32 {%0, %1}, %2;" : "=h"(b01), "=h"(b23) : "r"(u)); /* split so the convert reads .H1 in place, no shift */
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h0) : "h"(b01));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h1) : "h"(b23));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h0 & 0xffffu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h0 >> 16)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h1 & 0xffffu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h1 >> 16)));
+    e4m3x4_f16x2(u, &h0, &h1);
+    w[0] = gt_f16_to_f32(h0 & 0xffffu);
+    w[1] = gt_f16_to_f32(h0 >> 16);
+    w[2] = gt_f16_to_f32(h1 & 0xffffu);
+    w[3] = gt_f16_to_f32(h1 >> 16);
 #else
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -114,17 +153,6 @@ static __device__ __forceinline__ uint32_t gt_prmt(uint32_t a, uint32_t b, uint3
 #endif
 }
 
-/* The f16 in bits 15..0 of h -> f32, exact for finite h (all that is passed
- * here). Device: one HADD2.F32 on sm_80+, which reads either half in place. */
-static __device__ __forceinline__ float gt_f16_to_f32(uint32_t h) {
-#if defined(__CUDA_ARCH__)
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-    return f;
-#else
-    return __uint_as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 5.192296858534828e33f; /* 2^112 */
-#endif
-}
 
 /* Eight e2m1 nibbles of u (nibble i -> w[i]), exact (code 8 is -0.0), about 21
  * instructions for the eight values on sm_90 instead of ~5 integer ops and an

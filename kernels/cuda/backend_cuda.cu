@@ -7,9 +7,9 @@
  * slots are set; ops read WeightMat.dev / dev_scale and are handed vectors as
  * device pointers, so nothing is looked up per op. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
- * beyond (prefill); a BF16 matrix at 2..8 tokens takes the tensor-core GEMV
- * (gemv_mma.cuh) from its WeightMat.mma_min_n on (measured per shape at
- * start-up through backend_cuda_gemv_time; 0: never). FP8/NVFP4 weights: their quantized bytes and scales are
+ * beyond (prefill); a BF16 (2..8 tokens) or FP8 (1..8) matrix takes the
+ * tensor-core GEMV (gemv_mma.cuh) from its WeightMat.mma_min_n on (measured per
+ * shape at start-up through backend_cuda_gemv_time; 0: never). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
  * quant_gemv.cu below the matrix's crossover (WeightMat.native_min_n, measured
  * per shape at start-up through backend_cuda_native_time; CUDA_NATIVE_MIN_N
@@ -645,8 +645,8 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
     return time_pair(b, w, n, reps, matmul_run, wo_us, native_us);
 }
 
-/* Start-up (cuda_native.h): a BF16 matrix's two decode GEMVs at n tokens, the tiled one (mma 0) and the
- * tensor-core one (mma 1; refused: nonzero, when off or the shape does not qualify). */
+/* Start-up (cuda_native.h): a BF16 or FP8 matrix's two decode GEMVs at n tokens, the tiled one (mma 0)
+ * and the tensor-core one (mma 1; refused: nonzero, when off or n / the shape does not qualify). */
 static int gemv_run(Backend *b, const void *arg, int mma) {
     const MatmulRun *r = (const MatmulRun *)arg;
     const WeightMat *w = r->w;
@@ -1111,7 +1111,7 @@ static const CudaOff CUDA_OFF[] = {
     {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
     {"attn_dec_mma", "grouped-head (G > 4) decode attention on CUDA cores (attention.cu)", off_attn_dec_mma},
     {"moe_mma", "routed experts on the grouped GEMV at every batch, weight-only (moe_gemm.cu)", off_moe_mma},
-    {"gemv_mma", "BF16 decode GEMVs of 2..8 tokens on CUDA cores (gemv_tile.cuh) whatever start-up measured", off_gemv_mma},
+    {"gemv_mma", "BF16 / FP8 decode GEMVs on CUDA cores (gemv_tile.cuh) whatever start-up measured", off_gemv_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},

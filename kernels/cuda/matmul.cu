@@ -4,8 +4,9 @@
  *   - decode (n <= CUDA_GEMV_MAX_N): a bandwidth-bound GEMV (gemv_tile.cuh:
  *     4 rows x 8 column slices per block, 16-byte weight loads, f32
  *     activations and accumulation); the rows are read once for all n tokens.
- *     At 2..8 tokens a launch may ask for the tensor-core tile instead
- *     (GemvMulti.mma: gemv_mma.cuh, x as bf16 hi + lo, f32 class).
+ *     A launch may ask for the tensor-core tile instead (GemvMulti.mma:
+ *     gemv_mma.cuh, f32 class): BF16 at 2..8 tokens, FP8 at 1..8 (its x
+ *     split first by gm_split_kernel, here).
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float 
         float v0 = xt[2 * i] * sc, v1 = xt[2 * i + 1] * sc; /* exact: a power of two */
         uint32_t h = gm_f16x2(v0, v1);
         hi[o + i] = h;
-        lo[o + i] = gm_f16x2(v0 - gm_f16_f32(h & 0xffffu), v1 - gm_f16_f32(h >> 16)); /* exact differences */
+        lo[o + i] = gm_f16x2(v0 - gt_f16_to_f32(h & 0xffffu), v1 - gt_f16_to_f32(h >> 16)); /* exact differences */
     }
 }
 

@@ -4,8 +4,8 @@
  * (gemv_tile.cuh) over the same GT_ROWS rows of gate and of up and writes
  * silu(gate) * up directly, instead of a gate/up launch that stores g and u
  * and a swiglu launch that reads them back. BF16, FP8 and NVFP4 weight-only
- * formats; BF16 at 2..8 tokens on tensor cores instead when the launch asks
- * (GemvMulti.mma: gemv_mma.cuh, GM_ROWS rows a block). Reference: the CPU ops it replaces (matmul of gate and up, then
+ * formats; on tensor cores instead when the launch asks (GemvMulti.mma:
+ * gemv_mma.cuh, GM_ROWS rows a block; BF16 at 2..8 tokens, FP8 at 1..8). Reference: the CPU ops it replaces (matmul of gate and up, then
  * swiglu; tests/gpu/op_checks.h check_matmul_swiglu), and on the GPU the same
  * bits as cuda_gemv_multi followed by cuda_swiglu. Not here: n > 8 tokens
  * (cuBLAS / the 8-token GEMV then swiglu, backend_cuda.cu), LoRA steps

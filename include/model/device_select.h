@@ -115,6 +115,9 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
  * where the tensor cores lost at 8. 0, or -1 when timing failed (every matrix then keeps the tiled
  * GEMV). A no-op off the GPU. Before device_native_calibrate, whose weight-only side it sets. */
 int device_gemv_calibrate(Backend *b, Model *m);
+/* The same over an explicit list of matrices (BF16 / FP8 ones measured, others skipped): for matrices
+ * a model's WeightSet does not list (gpu_check's quantized bench copies). */
+int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).
  * Its KV cache comes from runner_kvcache_create (model.h). */

@@ -330,22 +330,21 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     return ex_rc;
 }
 
-/* ---- BF16 decode GEMVs: tiled or on tensor cores ---- */
+/* ---- BF16 / FP8 decode GEMVs: tiled or on tensor cores ---- */
 
 static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
     const TimeCtx *t = (const TimeCtx *)ctx;
     return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
 }
 
-int device_gemv_calibrate(Backend *b, Model *m) {
+int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
     if (!backend_cuda_gemv_time || b->host) return 0;
     enum { MAX_SHAPES = 64 };
     struct { int fmt, rows, cols, min_n; } shapes[MAX_SHAPES];
     int n_shapes = 0, n_mats = 0, n_mma = 0;
-    for (int i = 0; i < m->weights.n; i++) {
-        WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
-        if (!w || (w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev || model_is_routed_expert(m, w))
-            continue; /* experts: moe_gemm.cu; NVFP4: the tiled GEMV only */
+    for (int i = 0; i < n; i++) {
+        WeightMat *w = mats[i];
+        if ((w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev) continue; /* NVFP4: the tiled GEMV only */
         int s = 0;
         while (s < n_shapes && !(shapes[s].fmt == (int)w->fmt && shapes[s].rows == w->rows && shapes[s].cols == w->cols))
             s++;
@@ -359,8 +358,7 @@ int device_gemv_calibrate(Backend *b, Model *m) {
             if (device_native_crossover(time_gemv, &t, CUDA_GEMV_MAX_N, &x) != 0) {
                 log_warn("gemv: timing [%d x %d] on the device failed; every matrix keeps the tiled GEMV",
                          w->rows, w->cols);
-                for (int j = 0; j < m->weights.n; j++)
-                    if (m->weights.t[j].mat) m->weights.t[j].mat->mma_min_n = 0;
+                for (int j = 0; j < n; j++) mats[j]->mma_min_n = 0;
                 return -1;
             }
             char desc[1024];
@@ -382,4 +380,16 @@ int device_gemv_calibrate(Backend *b, Model *m) {
                  "from their crossover (x as bf16 or f16 hi + lo), the rest the tiled GEMV at every decode size",
                  n_mats, n_shapes, n_mma);
     return 0;
+}
+
+int device_gemv_calibrate(Backend *b, Model *m) {
+    WeightMat **mats = xmalloc(sizeof *mats * (size_t)(m->weights.n ? m->weights.n : 1));
+    int n = 0;
+    for (int i = 0; i < m->weights.n; i++) {
+        WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
+        if (w && !model_is_routed_expert(m, w)) mats[n++] = w; /* experts: moe_gemm.cu */
+    }
+    int rc = device_gemv_calibrate_mats(b, mats, n);
+    free(mats);
+    return rc;
 }

@@ -1111,39 +1111,18 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
  * norms and lm_head BF16, as model_quantize leaves them); roofline bytes = the
  * quantized matrices + scales + the BF16 lm_head. act_quant: the same matrices
  * with quantized activations at batch 32 and 128 (the native GEMMs, issue 19). */
-/* device_gemv_calibrate's choice for the quantized copy's layer matrices (which the model's WeightSet,
- * the BF16 originals', does not list): per distinct format and shape, the same ladder and rule. */
-typedef struct { Backend *b; const WeightMat *w; } GemvTimeCtx;
-static int bench_gemv_time(void *ctx, int n, float *tile_us, float *mma_us) {
-    const GemvTimeCtx *t = (const GemvTimeCtx *)ctx;
-    return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
-}
+/* device_gemv_calibrate's choice for the quantized copy's layer matrices, which the model's WeightSet
+ * (the BF16 originals') does not list. */
 static void bench_gemv_choose(Backend *b, Model *q) {
-    struct { int fmt, rows, cols, min_n; } seen[8];
-    int n_seen = 0;
+    WeightMat **mats = xmalloc(sizeof *mats * 7 * (size_t)q->cfg.n_layers);
+    int n = 0;
     for (int l = 0; l < q->cfg.n_layers; l++) {
         LayerWeights *w = &q->layers[l];
         WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
-        for (int i = 0; i < 7; i++) {
-            WeightMat *mt = ms[i];
-            int s = 0;
-            while (s < n_seen && !(seen[s].fmt == (int)mt->fmt && seen[s].rows == mt->rows && seen[s].cols == mt->cols)) s++;
-            if (s == n_seen && n_seen < 8) {
-                NativeCrossover x;
-                GemvTimeCtx t = {b, mt};
-                int min_n = mt->fmt != WF_NVFP4 && device_native_crossover(bench_gemv_time, &t, CUDA_GEMV_MAX_N, &x) == 0 &&
-                                    x.min_n != INT_MAX ? x.min_n : 0;
-                printf("  gemv choice %s [%d x %d]: tensor cores from n = %d (0: tiled at every size)\n",
-                       mt->fmt == WF_FP8 ? "fp8" : mt->fmt == WF_NVFP4 ? "nvfp4" : "bf16", mt->rows, mt->cols, min_n);
-                seen[n_seen].fmt = (int)mt->fmt;
-                seen[n_seen].rows = mt->rows;
-                seen[n_seen].cols = mt->cols;
-                seen[n_seen].min_n = min_n;
-                n_seen++;
-            }
-            mt->mma_min_n = s < n_seen ? seen[s].min_n : 0;
-        }
+        for (int i = 0; i < 7; i++) mats[n++] = ms[i];
     }
+    device_gemv_calibrate_mats(b, mats, n);
+    free(mats);
 }
 
 static void bench_quant(const Model *m, Precision prec, int act_quant, float *logits, int32_t *tables, int bps) {

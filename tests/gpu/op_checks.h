@@ -244,6 +244,16 @@ static WeightSet *one_mat_set(OneMat *o, WeightMat *w) {
     return &o->ws;
 }
 
+/* A decode GEMV's result got against the same call with its record 0 (tiled): their bits must differ
+ * exactly when the tensor-core GEMV should have run (want_differ), so a backend that ignores
+ * WeightMat.mma_min_n, either way, fails. */
+static void compare_tiled(const char *what, const float *tiled, const float *got, size_t count, int want_differ) {
+    int differ = memcmp(tiled, got, sizeof(float) * count) != 0;
+    differ == want_differ ? n_pass++ : n_fail++;
+    printf("  %-4s %-60s %s the tiled GEMV's bits\n", differ == want_differ ? "ok" : "FAIL", what,
+           differ ? "differs from" : "equals");
+}
+
 /* BF16 matmul; n selects the GPU path (GEMV up to CUDA_GEMV_MAX_N, else cuBLAS).
  * rounded: feed the CPU the bf16-rounded x the GEMM path uses; misalign: x one
  * float past a 16-byte boundary (the GEMV's scalar path); mma > 0: the matrix's
@@ -278,10 +288,7 @@ static void check_matmul(const int *a) {
         dwm.mma_min_n = 0;
         bg->matmul(bg, dout, dx, n, &dwm, db);
         float *tiled = dev_result(dout, (size_t)n * rows);
-        int differ = memcmp(tiled, got, sizeof(float) * (size_t)n * rows) != 0, want = n >= mma && !misalign;
-        differ == want ? n_pass++ : n_fail++;
-        printf("  %-4s %-60s %s the tiled GEMV's bits\n", differ == want ? "ok" : "FAIL", what,
-               differ ? "differs from" : "equals");
+        compare_tiled(what, tiled, got, (size_t)n * rows, n >= mma && !misalign);
         free(tiled);
     }
     cudaFree(xbuf); cudaFree(dout); cudaFree(dwm.bf16); cudaFree(db);
@@ -364,10 +371,7 @@ static void check_qgemv(const int *a) {
         dwm.mma_min_n = 0;
         bg->matmul(bg, dout, dx, n, &dwm, db);
         float *tiled = dev_result(dout, (size_t)n * rows);
-        int differ = memcmp(tiled, got, sizeof(float) * (size_t)n * rows) != 0;
-        differ == on_tc ? n_pass++ : n_fail++;
-        printf("  %-4s %-60s %s the tiled GEMV's bits\n", differ == on_tc ? "ok" : "FAIL", what,
-               differ ? "differs from" : "equals");
+        compare_tiled(what, tiled, got, (size_t)n * rows, on_tc);
         free(tiled);
     }
     cudaFree(xbuf); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
@@ -459,10 +463,9 @@ static void check_matmul_multi(const int *a) {
     for (int i = 0; i < count; i++) {
         float *got = dev_result(outs[i], (size_t)n * rows[i]);
         if (tiled[i]) { /* the fused launch followed the record (every segment on tensor cores) */
-            int differ = memcmp(tiled[i], got, sizeof(float) * (size_t)n * rows[i]) != 0;
-            differ ? n_pass++ : n_fail++;
-            printf("  %-4s %s matmul_multi %d/%d n %d mma: %s the tiled GEMV's bits\n", differ ? "ok" : "FAIL",
-                   fmt == 0 ? "bf16" : "fp8", i + 1, count, n, differ ? "differs from" : "EQUALS");
+            char tw[64];
+            snprintf(tw, sizeof tw, "%s matmul_multi %d/%d n %d mma", fmt == 0 ? "bf16" : "fp8", i + 1, count, n);
+            compare_tiled(tw, tiled[i], got, (size_t)n * rows[i], 1);
             free(tiled[i]);
         }
         char what[96];

@@ -51,7 +51,7 @@ int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t *W, int row
  * bits): 2 <= n <= CUDA_GEMV_MAX_N, cols % 8 == 0, W and x 16-byte aligned; -1 otherwise. */
 int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint16_t *W, int rows, int cols,
                        const uint16_t *bias, void *stream);
-/* Scratch bytes the tensor-core FP8 GEMV splits x [n, cols] into (f16 hi + lo pairs and one scale a
+/* Scratch bytes the tensor-core FP8 / NVFP4 GEMVs split x [n, cols] into (f16 hi + lo pairs and one scale a
  * token): n cols 4 + n 4. */
 size_t cuda_gemv_mma_scratch(int n, int cols);
 
@@ -76,6 +76,12 @@ int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_t *Q, const
  * aligned. */
 int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
                     const float *scale2, int rows, int cols, const uint16_t *bias, void *stream);
+/* cuda_gemv_nvfp4 on tensor cores (gemv_mma.cuh: e2m1 times its block scale -> f16 weights, exact;
+ * x split as cuda_gemv_fp8_mma's, in scratch of cuda_gemv_mma_scratch(n, cols) bytes, 16-byte
+ * aligned; f32 class, not the tiled GEMV's bits): 1 <= n <= CUDA_GEMV_MAX_N, cols % 32 == 0, packed
+ * and x 16-byte aligned, scale 2-byte aligned; -1 otherwise. */
+int cuda_gemv_nvfp4_mma(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
+                        const float *scale2, int rows, int cols, const uint16_t *bias, void *scratch, void *stream);
 
 /* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
  * stream with cublasSetStream; -1 if it is bound to another stream):

@@ -1,14 +1,15 @@
 /*
  * gemv_mma.cuh - the decode GEMV on tensor cores: out[NT, rows] = x[NT, cols]
- * @ W^T for BF16 weights at 2 <= NT <= 8 tokens and FP8 weights at 1 <= NT <= 8,
+ * @ W^T for BF16 weights at 2 <= NT <= 8 tokens and FP8 / NVFP4 weights at 1 <= NT <= 8,
  * the tokens being the eight columns of mma.sync m16n8k16. Why: the tiled GEMV
  * (gemv_tile.cuh) spends NT f32 FMAs per weight on CUDA cores (sm_90 SASS,
  * tests/gpu/sass_audit.py: 6.3 instructions per weight byte for BF16 at 8
  * tokens, 3.8 for FP8 at one), more than an SM can issue at the memory's rate;
  * here a warp's 16 x 16 weight block goes to the tensor cores as loaded (BF16)
  * or after one convert a pair (FP8): 1.6 / 1.8 instructions per weight byte at
- * any NT. Served decode runs there: n = 8 samples of one prompt are an 8-token
- * step; FP8 batch-1 decode is issue 19's row.
+ * any NT (NVFP4: 6.0, against the tiled GEMV's 8.6 at one token and 26 at 8).
+ * Served decode runs there: n = 8 samples of one prompt are an 8-token step;
+ * FP8 batch-1 decode is issue 19's row.
  *
  * Numerics: x enters as bf16 hi + lo (mma_tile.cuh pack_bf16_split: 16
  * significant bits, a relative error of at most 2^-18 per element), two mmas
@@ -38,9 +39,17 @@
  * group's sums take their two rows' scales once, and the token's 2^-k_t is
  * applied to the final sum. sm_89+ (the e4m3 convert; the sm_80 binary keeps
  * the tiled GEMV).
- * Device code only; the launchers are matmul.cu (gemv_tile_run),
- * quant_gemv.cu and matmul_swiglu.cu. Not here: NVFP4 (its scale per 16 values
- * varies inside an mma's k range), more than 8 tokens.
+ * NVFP4 (FMT 2, e2m1 pairs with an e4m3 scale per 16 values and a global f32
+ * scale2, 1..8 tokens): chunks of 32 values, x split as for FP8. A lane's four
+ * values of one mma lie in one scale block, but the four lanes' in four, so the
+ * scale cannot wait for the mma's sum: the weights are decoded to f16 pairs
+ * (e2m1x8_f16x2, the tiled GEMV's PRMT table) and multiplied by their block's
+ * scale in f16 (mul.f16x2, exact: at most 6 significant bits, in [2^-10,
+ * 2688]); scale2 and 2^-k_t are applied to the final sum. Needs no e4m3 weight
+ * convert, so the sm_80 binary has it too (the two scales a chunk take the
+ * software path there).
+ * Device code only; the launchers are matmul.cu (gemv_tile_run) and
+ * matmul_swiglu.cu. Not here: more than 8 tokens, MoE experts (moe_gemv.cu).
  */
 #ifndef SAMPLER_GEMV_MMA_CUH
 #define SAMPLER_GEMV_MMA_CUH
@@ -86,10 +95,11 @@ static __device__ __forceinline__ void gm_chunk(const float *xc, bool in, const 
 
 /* The warps' d (lane 4 g + t: rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at tokens 2t, 2t + 1) summed in
  * warp order through red: thread i < GM_ROWS * NT returns output (row r0 + i / NT, token i % NT), times
- * inv[token] when inv is given, plus its bias (garbage for rows past the end); the others 0. */
+ * inv[token] when inv is given, times s2[0] when given (NVFP4's global scale), plus its bias (garbage
+ * for rows past the end); the others 0. */
 template <int NT>
 static __device__ __forceinline__ float gm_reduce(const GemvArgs &a, const float *d, int r0, float (*red)[GM_ROWS][8],
-                                                  const float *inv) {
+                                                  const float *inv, const float *s2) {
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -103,6 +113,7 @@ static __device__ __forceinline__ float gm_reduce(const GemvArgs &a, const float
     float v = 0.f;
     for (int k = 0; k < GT_WARPS; k++) v += red[k][rr][tt];
     if (inv) v *= __ldg(inv + tt);
+    if (s2) v *= __ldg(s2);
     return v + (a.bias ? bf16_bits_to_f32(a.bias[r]) : 0.f);
 }
 
@@ -215,7 +226,112 @@ static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, cons
               l1 = in ? __ldg(xl + 1) : z;
         gm_step_fp8(w0, w1, h0, h1, l0, l1, sb_, d);
     }
-    return gm_reduce<NT>(a, d, r0, red, xs.inv);
+    return gm_reduce<NT>(a, d, r0, red, xs.inv, NULL);
+}
+
+/* ---- NVFP4 ---- */
+
+#define GM_FP4_DEPTH 2 /* the NVFP4 tile's groups loaded ahead: each also loads 128 bytes of split x a lane */
+
+/* a * b per f16 half, round to nearest even. Here always exact: an e2m1 value (2 significant bits)
+ * times an e4m3 scale (4) has at most 6 significant bits and lies in [2^-10, 2688] (or is 0): an f16. */
+static __device__ __forceinline__ uint32_t gm_hmul2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return gt_f32_to_f16_bits(gt_f16_to_f32(a & 0xffffu) * gt_f16_to_f32(b & 0xffffu)) | /* f32: exact */
+           gt_f32_to_f16_bits(gt_f16_to_f32(a >> 16) * gt_f16_to_f32(b >> 16)) << 16;
+#endif
+}
+
+/* One chunk column (lane t: chunk c + t, 32 e2m1 values, of rows g and g + 8: w0, w1; their scale
+ * pairs f0, f1, e4m3 bytes for values 0..15 and 16..31; x's split pairs h[0..3] / l[0..3], pair i =
+ * values 2i, 2i + 1): d (rows g, g + 8 x tokens 2t, 2t + 1) += the chunk's products, eight mmas a
+ * split half (mma m: values 4m .. 4m + 3). The block scales go into the weights before the mma,
+ * exactly (gm_hmul2): inside one mma the four lanes' values lie in four different scale blocks, so no
+ * scale could be applied to its sum. */
+static __device__ __forceinline__ void gm_chunk_nvfp4(const uint4 &w0, const uint4 &w1, uint32_t f0, uint32_t f1,
+                                                      const uint4 *h, const uint4 *l, float *d) {
+    uint32_t s0, s1, z0, z1;
+    e4m3x4_f16x2(f0, &s0, &z0); /* (scale of values 0..15, of 16..31) as f16; bytes 2, 3 are zero */
+    e4m3x4_f16x2(f1, &s1, &z1);
+    const uint32_t sa[2] = {gt_prmt(s0, 0, 0x1010u), gt_prmt(s0, 0, 0x3232u)}; /* each broadcast to a pair */
+    const uint32_t sb[2] = {gt_prmt(s1, 0, 0x1010u), gt_prmt(s1, 0, 0x3232u)};
+    const uint32_t W0[4] = {w0.x, w0.y, w0.z, w0.w}, W1[4] = {w1.x, w1.y, w1.z, w1.w};
+    const uint32_t H[16] = {h[0].x, h[0].y, h[0].z, h[0].w, h[1].x, h[1].y, h[1].z, h[1].w,
+                            h[2].x, h[2].y, h[2].z, h[2].w, h[3].x, h[3].y, h[3].z, h[3].w};
+    const uint32_t L[16] = {l[0].x, l[0].y, l[0].z, l[0].w, l[1].x, l[1].y, l[1].z, l[1].w,
+                            l[2].x, l[2].y, l[2].z, l[2].w, l[3].x, l[3].y, l[3].z, l[3].w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* word j: values 8j .. 8j + 7, scale block j / 2 */
+        uint32_t p0[4], p1[4];
+        e2m1x8_f16x2(W0[j], p0);
+        e2m1x8_f16x2(W1[j], p1);
+#pragma unroll
+        for (int q = 0; q < 2; q++) { /* mma 2j + q: values 8j + 4q .. 8j + 4q + 3 */
+            const uint32_t A[4] = {gm_hmul2(p0[2 * q], sa[j >> 1]), gm_hmul2(p1[2 * q], sb[j >> 1]),
+                                   gm_hmul2(p0[2 * q + 1], sa[j >> 1]), gm_hmul2(p1[2 * q + 1], sb[j >> 1])};
+            mma_f16_16816(d, A, H + 4 * j + 2 * q);
+            mma_f16_16816(d, A, L + 4 * j + 2 * q);
+        }
+    }
+}
+
+/* gemv_mma_sum for NVFP4 weights (a.W packed e2m1, a.SF [rows, cols / 32] scale pairs, a.scale2; cols
+ * % 32 == 0) and x split in xs. */
+template <int NT>
+static __device__ __forceinline__ float gemv_mma_sum_nvfp4(const GemvArgs &a, const GmSplit &xs, int blk,
+                                                           float (*red)[GM_ROWS][8]) {
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS;
+    int nv = a.cols / 32; /* chunks of 32 e2m1 values, one scale pair each */
+    int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+    int ra = r0 + g < a.rows ? r0 + g : a.rows - 1, rb = r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1;
+    const uint4 *wr0 = a.W + (size_t)ra * nv + lo + t, *wr1 = a.W + (size_t)rb * nv + lo + t;
+    const uint16_t *f0 = a.SF + (size_t)ra * nv + lo + t, *f1 = a.SF + (size_t)rb * nv + lo + t;
+    /* lanes of tokens past NT read token NT - 1's x (as the FP8 tile) */
+    size_t xo = (size_t)(g < NT ? g : NT - 1) * (a.cols / 2) + (size_t)(lo + t) * 16; /* 16 pairs a chunk */
+    const uint4 *xh = (const uint4 *)(xs.hi + xo), *xl = (const uint4 *)(xs.lo + xo);
+    const uint4 z = uint4{0u, 0u, 0u, 0u};
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    int c = lo;
+    for (; c + 4 * GM_FP4_DEPTH <= hi; c += 4 * GM_FP4_DEPTH) { /* whole groups: no bounds tests */
+        uint4 w0[GM_FP4_DEPTH], w1[GM_FP4_DEPTH], h[GM_FP4_DEPTH][4], l[GM_FP4_DEPTH][4];
+        uint32_t s0[GM_FP4_DEPTH], s1[GM_FP4_DEPTH];
+#pragma unroll
+        for (int k = 0; k < GM_FP4_DEPTH; k++) {
+            w0[k] = __ldg(wr0 + 4 * k);
+            w1[k] = __ldg(wr1 + 4 * k);
+            s0[k] = __ldg(f0 + 4 * k);
+            s1[k] = __ldg(f1 + 4 * k);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                h[k][i] = __ldg(xh + 16 * k + i);
+                l[k][i] = __ldg(xl + 16 * k + i);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GM_FP4_DEPTH; k++) gm_chunk_nvfp4(w0[k], w1[k], s0[k], s1[k], h[k], l[k], d);
+        wr0 += 4 * GM_FP4_DEPTH;
+        wr1 += 4 * GM_FP4_DEPTH;
+        f0 += 4 * GM_FP4_DEPTH;
+        f1 += 4 * GM_FP4_DEPTH;
+        xh += 16 * GM_FP4_DEPTH;
+        xl += 16 * GM_FP4_DEPTH;
+    }
+    for (; c < hi; c += 4, wr0 += 4, wr1 += 4, f0 += 4, f1 += 4, xh += 16, xl += 16) { /* the tail, a group at a time */
+        bool in = c + t < hi;
+        uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z, h[4], l[4];
+        uint32_t s0 = in ? __ldg(f0) : 0u, s1 = in ? __ldg(f1) : 0u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            h[i] = in ? __ldg(xh + i) : z;
+            l[i] = in ? __ldg(xl + i) : z;
+        }
+        gm_chunk_nvfp4(w0, w1, s0, s1, h, l, d);
+    }
+    return gm_reduce<NT>(a, d, r0, red, xs.inv, a.scale2);
 }
 
 /* The block's GM_ROWS x NT outputs of tile blk: thread i < GM_ROWS * NT gets output (row r0 + i / NT,
@@ -250,14 +366,15 @@ static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk,
         uint4 w0 = in ? __ldg(wr0) : z, w1 = in ? __ldg(wr1) : z;
         gm_chunk(xc, in, w0, w1, d);
     }
-    return gm_reduce<NT>(a, d, r0, red, NULL);
+    return gm_reduce<NT>(a, d, r0, red, NULL, NULL);
 }
 
-/* FMT 0: bf16 (x split here), 1: fp8 (x split in xs). */
+/* FMT 0: bf16 (x split here), 1: fp8, 2: nvfp4 (x split in xs). */
 template <int NT, int FMT>
 static __device__ __forceinline__ float gemv_mma_any(const GemvArgs &a, const GmSplit &xs, int blk,
                                                      float (*red)[GM_ROWS][8]) {
     if (FMT == 1) return gemv_mma_sum_fp8<NT>(a, xs, blk, red);
+    if (FMT == 2) return gemv_mma_sum_nvfp4<NT>(a, xs, blk, red);
     return gemv_mma_sum<NT>(a, blk, red);
 }
 

@@ -45,7 +45,7 @@ typedef struct GemvArgs {
 /* Up to GT_MAX_SEG matrices over the same x in one launch (q/k/v, gate/up):
  * blocks [end[s-1], end[s]) run segment s. */
 #define GT_MAX_SEG 3
-/* The split of x that gemv_mma.cuh's FP8 tile reads (gm_split_kernel writes it). */
+/* The split of x that gemv_mma.cuh's FP8 and NVFP4 tiles read (gm_split_kernel writes it). */
 typedef struct GmSplit {
     uint32_t *hi, *lo; /* [n, cols / 2] f16 pairs of x * 2^k_t and of what they left */
     float *inv;        /* [n] 2^-k_t */
@@ -54,8 +54,8 @@ typedef struct GemvMulti {
     GemvArgs seg[GT_MAX_SEG];
     int end[GT_MAX_SEG]; /* cumulative block counts */
     int nseg;
-    int mma; /* 1: on tensor cores (gemv_mma.cuh, GM_ROWS rows a block): BF16 at 2..8 tokens, FP8 at 1..8 */
-    GmSplit xs; /* mma FP8: scratch of cuda_gemv_mma_scratch(n, cols) bytes that the launch splits x into */
+    int mma; /* 1: on tensor cores (gemv_mma.cuh, GM_ROWS rows a block): BF16 at 2..8 tokens, FP8 / NVFP4 at 1..8 */
+    GmSplit xs; /* mma FP8 / NVFP4: scratch of cuda_gemv_mma_scratch(n, cols) bytes that the launch splits x into */
 } GemvMulti;
 
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
@@ -154,15 +154,14 @@ static __device__ __forceinline__ uint32_t gt_prmt(uint32_t a, uint32_t b, uint3
 }
 
 
-/* Eight e2m1 nibbles of u (nibble i -> w[i]), exact (code 8 is -0.0), about 21
- * instructions for the eight values on sm_90 instead of ~5 integer ops and an
- * FMUL per value. Every e2m1 value is an f16 with a zero low byte, so a PRMT
- * table lookup of the three magnitude bits gives four values' high bytes at once
- * (0, 0.5, 1, 1.5, 2, 3, 4, 6 -> 0x00 0x38 0x3c 0x3e 0x40 0x42 0x44 0x46); a
- * second PRMT lines the sign bits up on bit 7 of those bytes (the msbs of u << 4
- * are the even nibbles' signs, those of u the odd ones'), a third spreads the
- * bytes into f16 pairs, and the f16 -> f32 convert reads each half in place. */
-static __device__ __forceinline__ void e2m1x8(uint32_t u, float *w) {
+/* Eight e2m1 nibbles of u -> four f16 pairs (p[i]: nibble 2i in the low half, 2i + 1 in the high),
+ * exact (code 8 is -0.0), 13 instructions on sm_90. Every e2m1 value is an f16 with a zero low byte,
+ * so a PRMT table lookup of the three magnitude bits gives four values' high bytes at once (0, 0.5,
+ * 1, 1.5, 2, 3, 4, 6 -> 0x00 0x38 0x3c 0x3e 0x40 0x42 0x44 0x46); a second PRMT lines the sign bits up
+ * on bit 7 of those bytes (the msbs of u << 4 are the even nibbles' signs, those of u the odd ones'),
+ * and a third spreads the bytes into f16 pairs. The tiled GEMV converts the halves to f32
+ * (e2m1x8); the tensor-core one (gemv_mma.cuh) feeds the pairs to the mma. */
+static __device__ __forceinline__ void e2m1x8_f16x2(uint32_t u, uint32_t *p) {
     uint32_t t_lo = 0x3e3c3800u, t_hi = 0x46444240u; /* the table: codes 0..3, 4..7 */
 #if defined(__CUDA_ARCH__)
     /* t_lo again as (popc(laneid) >> 6 = 0) | t_lo, which ptxas cannot fold: a
@@ -174,8 +173,18 @@ static __device__ __forceinline__ void e2m1x8(uint32_t u, float *w) {
     uint32_t m = u & 0x77777777u, u4 = u << 4;
     uint32_t lo = gt_prmt(t_lo, t_hi, m) | (gt_prmt(u4, u, 0x5140u) & 0x80808080u);       /* nibbles 0..3 */
     uint32_t hi = gt_prmt(t_lo, t_hi, m >> 16) | (gt_prmt(u4, u, 0x7362u) & 0x80808080u); /* nibbles 4..7 */
-    uint32_t p[4] = {gt_prmt(lo, 0, 0x1404u), gt_prmt(lo, 0, 0x3424u), gt_prmt(hi, 0, 0x1404u),
-                     gt_prmt(hi, 0, 0x3424u)}; /* f16 pairs: a high byte over a zero byte */
+    p[0] = gt_prmt(lo, 0, 0x1404u); /* f16 pairs: a high byte over a zero byte */
+    p[1] = gt_prmt(lo, 0, 0x3424u);
+    p[2] = gt_prmt(hi, 0, 0x1404u);
+    p[3] = gt_prmt(hi, 0, 0x3424u);
+}
+
+/* Eight e2m1 nibbles of u (nibble i -> w[i]) -> f32, exact: e2m1x8_f16x2, and the f16 -> f32
+ * convert reads each half in place (about 21 instructions for the eight values on sm_90 instead of
+ * ~5 integer ops and an FMUL per value). */
+static __device__ __forceinline__ void e2m1x8(uint32_t u, float *w) {
+    uint32_t p[4];
+    e2m1x8_f16x2(u, p);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         w[2 * i] = gt_f16_to_f32(p[i] & 0xffffu);
@@ -405,7 +414,7 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
 int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
 /* cuda_gemv_multi's shape and alignment rules: 0 when m qualifies for n tokens, else -1. */
 int gemv_multi_check(const GemvMulti *m, int n, int fmt);
-/* m->mma with fmt 1: split x into m->xs before the FP8 tile reads it (matmul.cu); the split's layout
+/* m->mma with fmt 1 or 2: split x into m->xs before the FP8 / NVFP4 tile reads it (matmul.cu); the split's layout
  * in scratch of cuda_gemv_mma_scratch(n, cols) bytes. */
 GmSplit gemv_mma_split_at(void *scratch, int n, int cols);
 void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s);

@@ -27,10 +27,13 @@ typedef struct WeightMat {
      * measured per shape on the device (device_native_calibrate) or from --native-crossover. Routed
      * experts: one value on all of them, of the grouped step (the backend reads the first gate's) */
     int native_min_n;
-    /* WF_BF16 / WF_FP8 matrices on the CUDA backend: tokens (BF16 2..8, FP8 1..8) from which a
-     * decode-size matmul takes the tensor-core GEMV (gemv_mma.cuh) instead of the tiled one (FP8: its
+    /* Matrices on the CUDA backend: tokens (BF16 2..8, FP8 / NVFP4 1..8) from which a decode-size
+     * matmul takes the tensor-core GEMV (gemv_mma.cuh) instead of the tiled one (FP8 / NVFP4: its
      * weight-only GEMV, below native_min_n). 0: never. Set at start-up, measured per shape on the
-     * device (device_gemv_calibrate); a fused q/k/v or gate/up launch follows its first matrix's */
+     * device (device_gemv_calibrate); a fused q/k/v or gate/up launch follows its first matrix's.
+     * Routed experts: one value on all of them, the tokens from which a step up to CUDA_GEMV_MAX_N
+     * takes the grouped mma (moe_mma.cu) instead of the grouped GEMV (the backend reads the first
+     * gate's) */
     int mma_min_n;
     /* A device backend's copy of what the kernels read (NULL on host backends):
      * WF_BF16 bf16 [rows, cols]; WF_FP8 e4m3 [rows, cols]; WF_NVFP4 u8 [rows, cols / 2] (e2m1 pairs) */

@@ -93,6 +93,9 @@ void device_moe_bench_free(DeviceMoeBench *mb);
 /* device_native_crossover of MoE layer `layer`'s routed step (backend_cuda_moe_time on a
  * DeviceMoeBench, best of 5), up to max_n tokens. -1 in a binary without CUDA code. */
 int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, NativeCrossover *out);
+/* The same for the grouped GEMV against the grouped mma at up to CUDA_GEMV_MAX_N tokens
+ * (backend_cuda_moe_gemv_time; "native" in out is the mma). */
+int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCrossover *out);
 /* The routed experts' ladder stops here (scratch of 4 max_n top_k (hidden + 2 moe_inter) bytes;
  * native that has not won by then is not taken). */
 #define DEVICE_MOE_XOVER_MAX_N 1024
@@ -108,14 +111,17 @@ int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, Na
  * models. */
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
 
-/* Start-up, on a GPU: every BF16 and FP8 matrix (not the routed experts) gets its
+/* Start-up, on a GPU: every BF16, FP8 and NVFP4 matrix (not the routed experts) gets its
  * WeightMat.mma_min_n, the tokens from which its decode GEMV runs on tensor cores (gemv_mma.cuh)
  * rather than tiled on CUDA cores: each distinct format and shape timed both ways at 1, 2, 3, 4, 6, 8
  * tokens (backend_cuda_gemv_time) with device_native_crossover's rule, its table logged; 0 (never)
- * where the tensor cores lost at 8. 0, or -1 when timing failed (every matrix then keeps the tiled
- * GEMV). A no-op off the GPU. Before device_native_calibrate, whose weight-only side it sets. */
+ * where the tensor cores lost at 8. The routed experts likewise, one record for all of them: the
+ * first MoE layer's routed step (a DeviceMoeBench) through the grouped GEMV and the grouped mma
+ * (backend_cuda_moe_gemv_time). 0, or -1 when timing failed (every matrix, or every expert, then
+ * keeps the tiled GEMV). A no-op off the GPU. Before device_native_calibrate, whose weight-only side
+ * it sets. */
 int device_gemv_calibrate(Backend *b, Model *m);
-/* The same over an explicit list of matrices (BF16 / FP8 ones measured, others skipped): for matrices
+/* The same over an explicit list of matrices (each one with a device copy): for matrices
  * a model's WeightSet does not list (gpu_check's quantized bench copies). */
 int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n);
 

@@ -7,7 +7,7 @@
  * slots are set; ops read WeightMat.dev / dev_scale and are handed vectors as
  * device pointers, so nothing is looked up per op. Matmul
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
- * beyond (prefill); a BF16 (2..8 tokens) or FP8 (1..8) matrix takes the
+ * beyond (prefill); a BF16 (2..8 tokens), FP8 or NVFP4 (1..8) matrix takes the
  * tensor-core GEMV (gemv_mma.cuh) from its WeightMat.mma_min_n on (measured per
  * shape at start-up through backend_cuda_gemv_time; 0: never). FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
@@ -100,6 +100,8 @@ typedef struct CudaCtx {
     int native_warned; /* a refused native GEMM was logged */
     int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
     int moe_force;     /* backend_cuda_moe_time: 0 the experts' record, 1 weight-only, 2 native FP8 */
+    int moe_mma_force; /* backend_cuda_moe_gemv_time: 0 the experts' record, 1 the grouped GEMV, 2 the grouped
+                        * mma, at up to CUDA_GEMV_MAX_N tokens */
     /* LoRA (cu_lora; sized by cu_lora_reserve): */
     int lora_tokens, lora_rank; /* rows and rank reserved (0: no LoRA) */
     float *lora_h;              /* [lora_tokens, lora_rank] f32 device: the shrink's output */
@@ -535,12 +537,14 @@ static int native_from(const WeightMat *w, int n) {
     return n >= (w->native_min_n > 0 ? w->native_min_n : CUDA_NATIVE_MIN_N);
 }
 static int native_at(const WeightMat *w, int n) { return w->fmt != WF_BF16 && w->act_quant && native_from(w, n); }
-/* A BF16 (2..8 tokens) or FP8 (1..8) matrix at n decode tokens takes the tensor-core GEMV
+/* A BF16 (2..8 tokens), FP8 or NVFP4 (1..8) matrix at n decode tokens takes the tensor-core GEMV
  * (gemv_mma.cuh) from its measured WeightMat.mma_min_n on (0: never; SAMPLER_CUDA_OFF=gemv_mma:
- * never). FP8 splits x into c->xsplit (reserved for CUDA_GEMV_MAX_N tokens of the widest matrix). */
+ * never). FP8 / NVFP4 split x into c->xsplit (reserved for CUDA_GEMV_MAX_N tokens of the widest
+ * matrix). */
 static int mma_at(const CudaCtx *c, const WeightMat *w, int n) {
     if (c->off_gemv_mma || w->mma_min_n < 1 || n < w->mma_min_n || n > CUDA_GEMV_MAX_N) return 0;
-    if (w->fmt == WF_FP8) return c->xsplit && cuda_gemv_mma_scratch(n, w->cols) <= c->xsplit_cap;
+    if (w->fmt == WF_FP8 || w->fmt == WF_NVFP4)
+        return c->xsplit && cuda_gemv_mma_scratch(n, w->cols) <= c->xsplit_cap;
     return w->fmt == WF_BF16 && n >= 2;
 }
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
@@ -558,8 +562,11 @@ static void plain_matmul(Backend *b, float *out, const float *x, int n, const We
     }
     if (w->fmt == WF_NVFP4) {
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, (const uint8_t *)w->dev, (const uint8_t *)w->dev_scale,
-                                  (const float *)w->dev_s2, q->rows, q->cols, bias, st(b)));
+        const uint8_t *P = (const uint8_t *)w->dev, *SF = (const uint8_t *)w->dev_scale;
+        if (mma_at(c, w, n) && cuda_gemv_nvfp4_mma(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias,
+                                                   c->xsplit, st(b)) == 0) /* -1: a shape it does not take */
+            return;
+        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias, st(b)));
         return;
     }
     const uint16_t *W = (const uint16_t *)w->dev, *bs = bias;
@@ -645,8 +652,9 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
     return time_pair(b, w, n, reps, matmul_run, wo_us, native_us);
 }
 
-/* Start-up (cuda_native.h): a BF16 or FP8 matrix's two decode GEMVs at n tokens, the tiled one (mma 0)
- * and the tensor-core one (mma 1; refused: nonzero, when off or n / the shape does not qualify). */
+/* Start-up (cuda_native.h): a BF16, FP8 or NVFP4 matrix's two decode GEMVs at n tokens, the tiled one
+ * (mma 0) and the tensor-core one (mma 1; refused: nonzero, when off or n / the shape does not
+ * qualify). */
 static int gemv_run(Backend *b, const void *arg, int mma) {
     const MatmulRun *r = (const MatmulRun *)arg;
     const WeightMat *w = r->w;
@@ -661,14 +669,21 @@ static int gemv_run(Backend *b, const void *arg, int mma) {
         return cuda_gemv_fp8_mma(r->out, r->x, r->n, Q, S, w->rows, w->cols, q->block_rows, q->block_cols, NULL,
                                  c->xsplit, st(b));
     }
+    if (w->fmt == WF_NVFP4) {
+        const uint8_t *P = (const uint8_t *)w->dev, *SF = (const uint8_t *)w->dev_scale;
+        const float *s2 = (const float *)w->dev_s2;
+        if (!mma) return cuda_gemv_nvfp4(r->out, r->x, r->n, P, SF, s2, w->rows, w->cols, NULL, st(b));
+        scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
+        return cuda_gemv_nvfp4_mma(r->out, r->x, r->n, P, SF, s2, w->rows, w->cols, NULL, c->xsplit, st(b));
+    }
     const uint16_t *W = (const uint16_t *)w->dev;
     if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
     return cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
 }
 extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
     *tile_us = *mma_us = -1;
-    if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || (w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev ||
-        (w->fmt == WF_FP8 && !w->q))
+    if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || !w->dev || (w->fmt != WF_BF16 && !w->q) ||
+        (w->fmt == WF_NVFP4 && (!w->dev_scale || !w->dev_s2)))
         return -1;
     return time_pair(b, w, n, reps, gemv_run, tile_us, mma_us);
 }
@@ -695,8 +710,8 @@ static int gemv_multi_build(const CudaCtx *c, GemvMulti *m, int *fmt, float *con
         }
     }
     m->nseg = count;
-    m->mma = *fmt <= 1 && mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
-    if (m->mma && *fmt == 1) m->xs = gemv_mma_split_at(c->xsplit, n, ws[0]->cols);
+    m->mma = mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
+    if (m->mma && *fmt >= 1) m->xs = gemv_mma_split_at(c->xsplit, n, ws[0]->cols);
     if (m->mma && gemv_multi_check(m, n, *fmt)) m->mma = 0; /* a shape the tensor-core tile does not take */
     return ok;
 }
@@ -831,14 +846,16 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
         sg[j].s = fmt ? a->ex.s + (size_t)j * E : NULL;
         sg[j].s2 = fmt == 2 ? a->ex.s2 + (size_t)j * E : NULL;
     }
-    /* An expert's pairs are at most n (a token's top_k experts are distinct): a step of up to
-     * CUDA_GEMV_MAX_N tokens runs the GEMVs (one pass each, f32 x); a larger one the tensor-core
-     * grouped GEMM for every expert (moe_mma.cu: a BF16 expert of more than CUDA_GEMV_MAX_N
-     * pairs rounds x to bf16, as cu_matmul's cuBLAS path would for its rows; the others keep f32
-     * class). The crossover is this rule, not a measured one (bench_moe's decode batch 64 row
-     * runs the mma, its batch 1 row the GEMV). */
+    /* An expert's pairs are at most n (a token's top_k experts are distinct): a step of more than
+     * CUDA_GEMV_MAX_N tokens runs the tensor-core grouped GEMM for every expert (moe_mma.cu: a BF16
+     * expert of more than CUDA_GEMV_MAX_N pairs rounds x to bf16, as cu_matmul's cuBLAS path would
+     * for its rows; the others keep f32 class); a step of up to CUDA_GEMV_MAX_N tokens the GEMVs
+     * (one pass each, f32 x), or the same grouped GEMM from the experts' record on (the first
+     * gate's mma_min_n, measured at start-up by device_gemv_calibrate; 0: never), where every
+     * expert has at most CUDA_GEMV_MAX_N pairs, so x is carried as hi + lo: f32 class too. */
     CudaCtx *c = ctx(b);
-    int mma = ra->n > CUDA_GEMV_MAX_N && !c->off_moe_mma;
+    int small_mma = c->moe_mma_force ? c->moe_mma_force == 2 : ws[0][0].mma_min_n > 0 && ra->n >= ws[0][0].mma_min_n;
+    int mma = !c->off_moe_mma && (ra->n > CUDA_GEMV_MAX_N || small_mma);
     int native = !c->off_moe_mma && moe_native_fp8(&ws[0][0], NK, sg, H, I) && /* moe_mma.cu's fmt 3 */
                  (c->moe_force ? c->moe_force == 2 : native_from(&ws[0][0], ra->n));
     CudaMoeGemv gu = {};
@@ -908,6 +925,27 @@ extern "C" int backend_cuda_moe_time(Backend *b, const MoeMlpArgs *a, int reps, 
     int rc = time_best(b, moe_run, a, 0, reps, wo_us) || *wo_us < 0 ||
              (can && time_best(b, moe_run, a, 1, reps, native_us)) ? -1 : 0;
     c->moe_force = 0;
+    if (!rc) rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+    if (rc) (void)cudaGetLastError();
+    return rc;
+}
+
+/* Start-up (cuda_native.h): cu_moe_mlp of a routed step of at most CUDA_GEMV_MAX_N tokens, the
+ * grouped GEMV and the grouped mma, timed (weight-only: the native path is not taken here). */
+static int moe_gemv_run(Backend *b, const void *arg, int mma) {
+    ctx(b)->moe_mma_force = mma ? 2 : 1;
+    return cu_moe_mlp(b, (const MoeMlpArgs *)arg);
+}
+extern "C" int backend_cuda_moe_gemv_time(Backend *b, const MoeMlpArgs *a, int reps, float *gemv_us, float *mma_us) {
+    CudaCtx *c = ctx(b);
+    *gemv_us = *mma_us = -1;
+    if (reps < 1 || !a->x || !a->ex.gate || a->route->n < 1 || a->route->n > CUDA_GEMV_MAX_N) return -1;
+    int rc = 0, force = c->moe_force;
+    c->moe_force = 1; /* weight-only, whatever the native record says */
+    rc = time_best(b, moe_gemv_run, a, 0, reps, gemv_us) || *gemv_us < 0 ? -1 : 0; /* -1 too: experts it refuses */
+    if (!rc && !c->off_moe_mma && time_best(b, moe_gemv_run, a, 1, reps, mma_us)) rc = -1;
+    c->moe_force = force;
+    c->moe_mma_force = 0;
     if (!rc) rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
     if (rc) (void)cudaGetLastError();
     return rc;
@@ -1111,7 +1149,8 @@ static const CudaOff CUDA_OFF[] = {
     {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
     {"attn_dec_mma", "grouped-head (G > 4) decode attention on CUDA cores (attention.cu)", off_attn_dec_mma},
     {"moe_mma", "routed experts on the grouped GEMV at every batch, weight-only (moe_gemm.cu)", off_moe_mma},
-    {"gemv_mma", "BF16 / FP8 decode GEMVs on CUDA cores (gemv_tile.cuh) whatever start-up measured", off_gemv_mma},
+    {"gemv_mma", "BF16 / FP8 / NVFP4 decode GEMVs on CUDA cores (gemv_tile.cuh) whatever start-up measured",
+     off_gemv_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},

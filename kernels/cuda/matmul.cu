@@ -5,13 +5,14 @@
  *     4 rows x 8 column slices per block, 16-byte weight loads, f32
  *     activations and accumulation); the rows are read once for all n tokens.
  *     A launch may ask for the tensor-core tile instead (GemvMulti.mma:
- *     gemv_mma.cuh, f32 class): BF16 at 2..8 tokens, FP8 at 1..8 (its x
- *     split first by gm_split_kernel, here).
+ *     gemv_mma.cuh, f32 class): BF16 at 2..8 tokens, FP8 and NVFP4 at
+ *     1..8 (their x split first by gm_split_kernel, here).
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
  * by the bf16 rounding of x; tolerances in tests/gpu/op_checks.h).
- * Not here: FP8/NVFP4 weights (quant_gemv.cu).
+ * Not here: the weight-only FP8/NVFP4 tiled and scalar GEMVs (quant_gemv.cu;
+ * their tensor-core launchers are here, beside BF16's).
  */
 #include "cuda_check.h"
 #include "cuda_device.cuh"
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float 
     }
 }
 
-/* FP8 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it. */
+/* FP8 / NVFP4 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it. */
 void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s) {
     gm_split_kernel<<<n, GM_SPLIT_THREADS, 0, s>>>(m->seg[0].x, m->seg[0].cols, m->xs.hi, m->xs.lo, m->xs.inv);
 }
@@ -135,9 +136,10 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
         if (i < m->nseg) tot += (m->seg[i].rows + R - 1) / R;
         m->end[i] = tot;
     }
-    if (m->mma && fmt == 1) { /* FP8, 1..8 tokens (gemv_multi_check) */
+    if (m->mma && fmt >= 1) { /* FP8 / NVFP4, 1..8 tokens (gemv_multi_check) */
         gemv_mma_split(m, n, s);
-        mma_launch_n<1>(m, n, (unsigned)tot, s);
+        if (fmt == 1) mma_launch_n<1>(m, n, (unsigned)tot, s);
+        else mma_launch_n<2>(m, n, (unsigned)tot, s);
     } else if (m->mma) { /* BF16, 2..8 tokens */
         mma_launch_n<0>(m, n, (unsigned)tot, s);
     } else if (fmt == 0) tile_launch_n<0>(m, n, (unsigned)tot, s);
@@ -147,8 +149,10 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
 
 int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || m->nseg < 1 || m->nseg > GT_MAX_SEG || fmt < 0 || fmt > 2) return -1;
-    if (m->mma && !(fmt == 0 ? n >= 2 : fmt == 1 && GM_FP8 && m->xs.hi && m->xs.lo && m->xs.inv))
-        return -1; /* gemv_mma.cuh: BF16 at 2..8 tokens, FP8 at 1..8 with the split's scratch */
+    if (m->mma && !(fmt == 0 ? n >= 2 : (fmt == 2 || GM_FP8) && m->xs.hi && m->xs.lo && m->xs.inv))
+        return -1; /* gemv_mma.cuh: BF16 at 2..8 tokens, FP8 (sm_89+) and NVFP4 at 1..8 with the split's scratch */
+    if (m->mma && fmt >= 1 && (((uintptr_t)m->xs.hi & 15) || ((uintptr_t)m->xs.lo & 15)))
+        return -1; /* the split's 16-byte loads */
     int V = 8 << fmt, cols = m->seg[0].cols;
     for (int i = 0; i < m->nseg; i++) {
         const GemvArgs *a = &m->seg[i];
@@ -156,9 +160,7 @@ int gemv_multi_check(const GemvMulti *m, int n, int fmt) {
             ((uintptr_t)a->W & 15) || ((uintptr_t)a->x & 15))
             return -1;
         if (fmt == 1 && (!a->S || a->br <= 0 || a->bc <= 0 || (a->bc % 16 && a->bc < cols))) return -1;
-        if (fmt == 1 && m->mma && (cols % 16 || (a->bc % 64 && a->bc < cols) || ((uintptr_t)m->xs.hi & 15) ||
-                                   ((uintptr_t)m->xs.lo & 15)))
-            return -1; /* a group of 4 chunks in one scale block; the split's 16-byte loads */
+        if (fmt == 1 && m->mma && a->bc % 64 && a->bc < cols) return -1; /* a group of 4 chunks in one scale block */
         if (fmt == 2 && (!a->SF || ((uintptr_t)a->SF & 1))) return -1;
     }
     return 0;
@@ -212,6 +214,20 @@ extern "C" int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_
     m.mma = 1;
     m.xs = gemv_mma_split_at(scratch, n, cols);
     return cuda_gemv_multi(&m, n, 1, stream);
+}
+
+extern "C" int cuda_gemv_nvfp4_mma(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
+                                   const float *scale2, int rows, int cols, const uint16_t *bias, void *scratch,
+                                   void *stream) {
+    if (n < 1 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || !out || !x || !packed || !scale || !scale2 ||
+        !scratch)
+        return -1;
+    GemvMulti m = {};
+    m.nseg = 1;
+    m.seg[0] = gemv_args_nvfp4(out, x, packed, scale, scale2, bias, rows, cols);
+    m.mma = 1;
+    m.xs = gemv_mma_split_at(scratch, n, cols);
+    return cuda_gemv_multi(&m, n, 2, stream);
 }
 
 extern "C" int cuda_gemm_bf16(void *cublas, float *out, const float *x, uint16_t *xbf, int n,

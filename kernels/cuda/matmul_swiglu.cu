@@ -5,7 +5,8 @@
  * silu(gate) * up directly, instead of a gate/up launch that stores g and u
  * and a swiglu launch that reads them back. BF16, FP8 and NVFP4 weight-only
  * formats; on tensor cores instead when the launch asks (GemvMulti.mma:
- * gemv_mma.cuh, GM_ROWS rows a block; BF16 at 2..8 tokens, FP8 at 1..8). Reference: the CPU ops it replaces (matmul of gate and up, then
+ * gemv_mma.cuh, GM_ROWS rows a block; BF16 at 2..8 tokens, FP8 and NVFP4 at
+ * 1..8). Reference: the CPU ops it replaces (matmul of gate and up, then
  * swiglu; tests/gpu/op_checks.h check_matmul_swiglu), and on the GPU the same
  * bits as cuda_gemv_multi followed by cuda_swiglu. Not here: n > 8 tokens
  * (cuBLAS / the 8-token GEMV then swiglu, backend_cuda.cu), LoRA steps
@@ -23,7 +24,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m,
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
 }
 
-/* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens) or FP8. */
+/* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens), FP8 or NVFP4. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
     gemv_mma_swiglu<NT, FMT>(m.seg[0], m.seg[1], m.xs, out, blockIdx.x);
@@ -73,9 +74,10 @@ int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream) {
     int R = m->mma ? GM_ROWS : GT_ROWS;
     unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
     cudaStream_t s = (cudaStream_t)stream;
-    if (m->mma && fmt == 1) { /* FP8, 1..8 tokens (gemv_multi_check) */
+    if (m->mma && fmt >= 1) { /* FP8 / NVFP4, 1..8 tokens (gemv_multi_check) */
         gemv_mma_split(m, n, s);
-        mma_swiglu_launch_n<1>(m, out, n, blocks, s);
+        if (fmt == 1) mma_swiglu_launch_n<1>(m, out, n, blocks, s);
+        else mma_swiglu_launch_n<2>(m, out, n, blocks, s);
     } else if (m->mma) { /* BF16, 2..8 tokens */
         mma_swiglu_launch_n<0>(m, out, n, blocks, s);
     } else if (fmt == 0) swiglu_launch_n<0>(m, out, n, blocks, s);

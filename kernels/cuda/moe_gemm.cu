@@ -20,8 +20,8 @@
  * device table of pointers to its WeightMat.dev_s2 (a delta that re-quantizes
  * an expert rewrites that float in place, and a captured graph reads it).
  * Steps of more than CUDA_GEMV_MAX_N tokens run moe_mma.cu instead (the
- * tensor-core grouped GEMM, which falls back to this tile per expert of at
- * most CUDA_GEMV_MAX_N pairs), so here an expert normally takes one pass.
+ * tensor-core grouped GEMM), and so do smaller ones from the experts' measured
+ * record on (WeightMat.mma_min_n), so here an expert normally takes one pass.
  * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"

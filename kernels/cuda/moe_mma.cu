@@ -10,10 +10,11 @@
  * MG_BN weight rows (gate and up at the same rows, or 2 x MG_BN rows of one
  * matrix) and loops over its expert's pairs MG_BM at a time, K in stages of
  * MG_BK staged in shared memory (zero-padded past cols and past the pairs).
- * Which kernel (backend_cuda.cu cu_moe_mlp, per step on the host): a step of at
- * most CUDA_GEMV_MAX_N tokens gives no expert more pairs than that (a token's
- * experts are distinct) and runs moe_gemm.cu's GEMV, one pass; a larger step
- * runs this kernel for every expert. The GEMV is not inlined here as a per-expert
+ * Which kernel (backend_cuda.cu cu_moe_mlp, per step on the host): a step of
+ * more than CUDA_GEMV_MAX_N tokens runs this kernel for every expert; a smaller
+ * one gives no expert more pairs than that (a token's experts are distinct) and
+ * runs moe_gemm.cu's GEMV, one pass, or this kernel from the experts' record on
+ * (WeightMat.mma_min_n, measured at start-up: device_gemv_calibrate). The GEMV is not inlined here as a per-expert
  * fallback: its registers (~255 at 8 tokens) would cap this kernel at one block
  * per SM (this one, sm_90: 108-128 registers for fmt 0..2, held to 2 blocks an
  * SM by its launch bounds (fmt 1 gate/up spills 8 bytes); fmt 3 ~210, one

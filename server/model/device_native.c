@@ -20,9 +20,11 @@
  * e4m3 grouped GEMM), timed on the first MoE layer with a routed step of n
  * tokens (DeviceMoeBench: random router logits, so pairs spread about evenly
  * over the experts), recorded on every routed expert's matrix.
- * And the same ladder and rule for a BF16 or FP8 matrix's two decode GEMVs,
- * tiled on CUDA cores or on tensor cores (BF16 at 2..8 tokens, FP8 at 1..8;
- * device_gemv_calibrate, WeightMat.mma_min_n).
+ * And the same ladder and rule for a BF16, FP8 or NVFP4 matrix's two decode
+ * GEMVs, tiled on CUDA cores or on tensor cores (BF16 at 2..8 tokens, FP8 and
+ * NVFP4 at 1..8; device_gemv_calibrate, WeightMat.mma_min_n), and for the
+ * routed experts' grouped GEMV against the grouped mma up to 8 tokens (one
+ * record on every expert matrix, of the first MoE layer's routed step).
  * Not here: the per-matrix path itself and the timing (backend_cuda.cu).
  */
 #include <limits.h>
@@ -40,6 +42,7 @@
 #pragma weak backend_cuda_native_time
 #pragma weak backend_cuda_moe_time
 #pragma weak backend_cuda_gemv_time
+#pragma weak backend_cuda_moe_gemv_time
 
 int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight_only, int *fp8_per_channel,
                        Err *err) {
@@ -234,14 +237,29 @@ int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, Na
     return rc;
 }
 
-/* Every routed expert matrix of the model gets native_min_n = min_n. */
-static void experts_record(Model *m, int min_n) {
+/* The backend's GEMV-vs-mma MoE timer as a NativeTimeFn. */
+static int time_moe_gemv(void *ctx, int n, float *gemv_us, float *mma_us) {
+    DeviceMoeBench *mb = (DeviceMoeBench *)ctx;
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, n, &a);
+    return backend_cuda_moe_gemv_time(mb->b, &a, 5, gemv_us, mma_us);
+}
+
+int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCrossover *out) {
+    if (!backend_cuda_moe_gemv_time) return -1;
+    DeviceMoeBench *mb = device_moe_bench_create(b, m, layer, CUDA_GEMV_MAX_N);
+    int rc = device_native_crossover(time_moe_gemv, mb, CUDA_GEMV_MAX_N, out);
+    device_moe_bench_free(mb);
+    return rc;
+}
+
+/* Every routed expert matrix of the model gets native_min_n (mma 0) or mma_min_n (mma 1) = min_n. */
+static void experts_record(Model *m, int mma, int min_n) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const LayerWeights *w = &m->layers[l];
         for (int e = 0; w->egate && e < m->cfg.n_experts; e++) {
-            w->egate[e].native_min_n = min_n;
-            w->eup[e].native_min_n = min_n;
-            w->edown[e].native_min_n = min_n;
+            WeightMat *ms[3] = {&w->egate[e], &w->eup[e], &w->edown[e]};
+            for (int j = 0; j < 3; j++) *(mma ? &ms[j]->mma_min_n : &ms[j]->native_min_n) = min_n;
         }
     }
 }
@@ -255,7 +273,7 @@ static int experts_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
             layer = l;
     if (layer < 0 || b->host || !b->moe_mlp) return 0;
     if (fixed > 0) {
-        experts_record(m, fixed);
+        experts_record(m, 0, fixed);
         log_info("native crossover: --native-crossover %d: the routed experts take the native grouped GEMM from "
                  "%d tokens", fixed, fixed);
         return 0;
@@ -263,12 +281,12 @@ static int experts_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     NativeCrossover x;
     int max_n = max_tokens < DEVICE_MOE_XOVER_MAX_N ? max_tokens : DEVICE_MOE_XOVER_MAX_N;
     if (device_moe_crossover_on(b, m, layer, max_n, &x) != 0) {
-        experts_record(m, 0);
+        experts_record(m, 0, 0);
         log_warn("native crossover: timing the routed experts on the device failed; they keep the constant "
                  "(native from %d tokens)", CUDA_NATIVE_MIN_N);
         return -1;
     }
-    experts_record(m, x.min_n);
+    experts_record(m, 0, x.min_n);
     char desc[1024];
     crossover_describe(&x, desc, sizeof desc);
     log_info("native crossover: fp8 routed experts (%d of [%d x %d] / [%d x %d], top %d; layer %d, random routing): "
@@ -330,7 +348,7 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
     return ex_rc;
 }
 
-/* ---- BF16 / FP8 decode GEMVs: tiled or on tensor cores ---- */
+/* ---- BF16 / FP8 / NVFP4 decode GEMVs: tiled or on tensor cores ---- */
 
 static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
     const TimeCtx *t = (const TimeCtx *)ctx;
@@ -344,7 +362,7 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
     int n_shapes = 0, n_mats = 0, n_mma = 0;
     for (int i = 0; i < n; i++) {
         WeightMat *w = mats[i];
-        if ((w->fmt != WF_BF16 && w->fmt != WF_FP8) || !w->dev) continue; /* NVFP4: the tiled GEMV only */
+        if (!w->dev) continue;
         int s = 0;
         while (s < n_shapes && !(shapes[s].fmt == (int)w->fmt && shapes[s].rows == w->rows && shapes[s].cols == w->cols))
             s++;
@@ -363,8 +381,8 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
             }
             char desc[1024];
             crossover_describe_as(&x, "tiled", "tensor cores", desc, sizeof desc);
-            log_info("gemv: %s [%d x %d] at decode sizes: %s", w->fmt == WF_FP8 ? "fp8" : "bf16", w->rows, w->cols,
-                     desc);
+            log_info("gemv: %s [%d x %d] at decode sizes: %s",
+                     w->fmt == WF_FP8 ? "fp8" : w->fmt == WF_NVFP4 ? "nvfp4" : "bf16", w->rows, w->cols, desc);
             shapes[n_shapes].fmt = (int)w->fmt;
             shapes[n_shapes].rows = w->rows;
             shapes[n_shapes].cols = w->cols;
@@ -376,9 +394,34 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
         n_mma += w->mma_min_n > 0;
     }
     if (n_mats)
-        log_info("gemv: %d BF16 / FP8 matrices of %d shapes measured on the device; %d take the tensor-core GEMV "
-                 "from their crossover (x as bf16 or f16 hi + lo), the rest the tiled GEMV at every decode size",
+        log_info("gemv: %d BF16 / FP8 / NVFP4 matrices of %d shapes measured on the device; %d take the tensor-core "
+                 "GEMV from their crossover (x as bf16 or f16 hi + lo), the rest the tiled GEMV at every decode size",
                  n_mats, n_shapes, n_mma);
+    return 0;
+}
+
+/* The routed experts' decode-size choice: the grouped GEMV or the grouped mma (moe_mlp at up to
+ * CUDA_GEMV_MAX_N tokens), measured on the first MoE layer with device experts. */
+static int experts_gemv_calibrate(Backend *b, Model *m) {
+    int layer = -1;
+    for (int l = 0; layer < 0 && l < m->cfg.n_layers; l++)
+        if (model_layer_is_moe(&m->cfg, l) && m->layers[l].egate && m->layers[l].egate[0].dev) layer = l;
+    if (layer < 0 || !backend_cuda_moe_gemv_time || b->host || !b->moe_mlp) return 0;
+    NativeCrossover x;
+    if (device_moe_gemv_crossover_on(b, m, layer, &x) != 0) {
+        experts_record(m, 1, 0);
+        log_warn("gemv: timing the routed experts on the device failed; they keep the grouped GEMV up to %d tokens",
+                 CUDA_GEMV_MAX_N);
+        return -1;
+    }
+    int min_n = x.min_n == INT_MAX ? 0 : x.min_n;
+    experts_record(m, 1, min_n);
+    const WeightMat *g = &m->layers[layer].egate[0];
+    char desc[1024];
+    crossover_describe_as(&x, "grouped GEMV", "grouped mma", desc, sizeof desc);
+    log_info("gemv: %s routed experts (%d of [%d x %d] / [%d x %d], top %d; layer %d, random routing) at decode "
+             "sizes: %s", g->fmt == WF_FP8 ? "fp8" : g->fmt == WF_NVFP4 ? "nvfp4" : "bf16", m->cfg.n_experts,
+             m->cfg.moe_intermediate, m->cfg.hidden, m->cfg.hidden, m->cfg.moe_intermediate, m->cfg.top_k, layer, desc);
     return 0;
 }
 
@@ -387,9 +430,10 @@ int device_gemv_calibrate(Backend *b, Model *m) {
     int n = 0;
     for (int i = 0; i < m->weights.n; i++) {
         WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
-        if (w && !model_is_routed_expert(m, w)) mats[n++] = w; /* experts: moe_gemm.cu */
+        if (w && !model_is_routed_expert(m, w)) mats[n++] = w; /* experts: moe_gemm.cu / moe_mma.cu, below */
     }
     int rc = device_gemv_calibrate_mats(b, mats, n);
     free(mats);
-    return rc;
+    int erc = experts_gemv_calibrate(b, m);
+    return rc ? rc : erc;
 }

@@ -10,8 +10,11 @@
  * Rows "moe30b decode batch B (ctx 512)" -> decode_moe30b_bB_fraction
  * (bench/gpu_json.py), B = 1, 16, 32, 64; "moe30b_gemv" at 16, 32, 64: the
  * same steps with the grouped GEMV instead of the tensor-core GEMM (the
- * backend's tokens > 8 rule, unmeasured until these rows). Included by gpu_check.c after bench_decode; not run by
- * the emulation (60 GB of weights).
+ * backend's tokens > 8 rule, unmeasured until these rows). Up to 8 tokens the
+ * experts take the grouped GEMV or the grouped mma from a record measured as
+ * start-up measures it (device_moe_gemv_crossover_on; row
+ * moe30b_experts_mma_min_n, 0: never), before the batch-1 rows. Included by
+ * gpu_check.c after bench_decode; not run by the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
  * bench_moe_prefill_fp8: the same layer with FP8 experts (128x128 blocks), the
@@ -124,6 +127,17 @@ static void bench_moe(int mid) {
     float *logits = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * (size_t)max_b * V));
     int32_t *capture = (int32_t *)runner_host_alloc(r, sizeof(int32_t) * (size_t)max_b * c->n_layers * c->top_k);
+    if (!mid) { /* as the server's start-up (device_gemv_calibrate): the experts' grouped GEMV or grouped mma
+                 * up to 8 tokens, measured on layer 0; the batch-1 rows below run what it chose */
+        NativeCrossover x;
+        int rc = device_moe_gemv_crossover_on(b, m, 0, &x), rec = rc == 0 && x.min_n != INT_MAX ? x.min_n : 0;
+        for (int i = 0; rc == 0 && i < x.points; i++)
+            printf("  moe30b experts n=%d grouped GEMV %9.1f us  grouped mma %9.1f us\n", x.n[i], x.wo_us[i],
+                   x.native_us[i]);
+        printf("  moe30b experts: grouped mma from n = %d (0: never; rc %d)\n", rec, rc);
+        native_row("moe30b_experts_mma_min_n", rec);
+        for (size_t k = 0; k < (size_t)c->n_layers * 3 * E; k++) ex[k].mma_min_n = rec;
+    }
     const int batches[] = {1, 64};
     for (int i = 0; i < (mid ? 0 : 2); i++) {
         double touched = moe_touched(r, kv, c, batches[i], logits, tables, bps);

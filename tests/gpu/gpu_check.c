@@ -871,11 +871,11 @@ static void bench_attn_decode(const ModelConfig *c, const char *tag) {
  * weight bytes read, against the copy bandwidth. Several weight copies rotate
  * so that no run is served from the 50 MB L2; 20 timed launches after 3. BF16
  * also at 4 and 8 tokens, tiled and on tensor cores (mma: gemv_mma.cuh), FP8
- * on tensor cores at 1 and 8 tokens (and tiled at 8): the data behind the
- * start-up choice (device_gemv_calibrate), the n = 8 served groups' decode and
- * the FP8 batch-1 decode. */
+ * and NVFP4 on tensor cores at 1 and 8 tokens (and tiled at 8): the data
+ * behind the start-up choice (device_gemv_calibrate), the n = 8 served groups'
+ * decode and the FP8 / NVFP4 batch-1 decode. */
 typedef struct GemvRow { char name[64]; double gbs, us; } GemvRow;
-static GemvRow gemv_rows[56];
+static GemvRow gemv_rows[64];
 static int n_gemv_rows;
 
 static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
@@ -890,8 +890,8 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
         CUDA_CHECK(cudaMemset(sc[i], fmt == 1 ? 0x3a : 0x38, sbytes + 16));
     }
     float *x, *out;
-    void *split = NULL; /* the tensor-core FP8 GEMV's split of x */
-    if (fmt == 1 && mma) CUDA_CHECK(cudaMalloc(&split, cuda_gemv_mma_scratch(nt, cols)));
+    void *split = NULL; /* the tensor-core FP8 / NVFP4 GEMV's split of x */
+    if (fmt >= 1 && mma) CUDA_CHECK(cudaMalloc(&split, cuda_gemv_mma_scratch(nt, cols)));
     CUDA_CHECK(cudaMalloc((void **)&x, sizeof(float) * nt * cols));
     CUDA_CHECK(cudaMalloc((void **)&out, sizeof(float) * nt * rows));
     if (cuda_fill_bf16((uint16_t *)x, (size_t)2 * nt * cols, 5, 0, 0.5f, NULL)) exit(1); /* any finite pattern */
@@ -906,7 +906,10 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
         else if (fmt == 1 && mma)
             rc = cuda_gemv_fp8_mma(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, split, NULL);
         else if (fmt == 1) rc = cuda_gemv_fp8(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
-        else rc = cuda_gemv_nvfp4(out, x, 1, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL, NULL);
+        else if (mma)
+            rc = cuda_gemv_nvfp4_mma(out, x, nt, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL,
+                                     split, NULL);
+        else rc = cuda_gemv_nvfp4(out, x, nt, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL, NULL);
         CHECK(rc == 0, "gemv bench launch");
     }
     CUDA_CHECK(cudaEventRecord(e1, 0));
@@ -933,11 +936,12 @@ static void bench_gemv(void) {
     for (int nt = 4; nt <= 8; nt += 4)
         for (int i = 0; i < 5; i++)
             for (int mma = 0; mma < 2; mma++) bench_gemv_one(0, shapes[i][0], shapes[i][1], nt, mma);
-    for (int nt = 1; nt <= 8; nt += 7) /* FP8 on tensor cores at 1 token (issue 19's decode_fp8_b1) and 8 */
-        for (int i = 0; i < 4; i++) {
-            if (nt > 1) bench_gemv_one(1, shapes[i][0], shapes[i][1], nt, 0);
-            bench_gemv_one(1, shapes[i][0], shapes[i][1], nt, 1);
-        }
+    for (int f = 1; f <= 2; f++) /* FP8 / NVFP4 on tensor cores at 1 token (issue 19's decode_fp8_b1) and 8 */
+        for (int nt = 1; nt <= 8; nt += 7)
+            for (int i = 0; i < 4; i++) {
+                if (nt > 1) bench_gemv_one(f, shapes[i][0], shapes[i][1], nt, 0);
+                bench_gemv_one(f, shapes[i][0], shapes[i][1], nt, 1);
+            }
 }
 
 /* Where a batch-1 BF16 decode step's time goes: each op of a Qwen3-8B layer

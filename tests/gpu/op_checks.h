@@ -361,7 +361,8 @@ static void check_qgemv(const int *a) {
     bg->matmul(bg, dout, dx, n, &dwm, db);
     float *got = dev_result(dout, (size_t)n * rows);
     char what[160];
-    int on_tc = mma && !nvfp4 && n >= mma && !misalign; /* gemv_mma.cuh takes it (the table's shapes qualify) */
+    /* gemv_mma.cuh takes it (the table's FP8 shapes qualify; NVFP4 needs the 16-byte path, cols % 32 == 0) */
+    int on_tc = mma && n >= mma && !misalign && (!nvfp4 || cols % 32 == 0);
     snprintf(what, sizeof what, "%s gemv%s n %d [%d x %d]%s%s", nvfp4 ? "nvfp4" : layout == QUANT_FP8_BLOCK128 ? "fp8 block128"
              : layout == QUANT_FP8_PER_CHANNEL ? "fp8 per-channel" : "fp8 per-tensor", on_tc ? " mma" : "", n, rows, cols,
              bias ? " +bias" : "", misalign ? " misaligned x" : "");
@@ -464,7 +465,8 @@ static void check_matmul_multi(const int *a) {
         float *got = dev_result(outs[i], (size_t)n * rows[i]);
         if (tiled[i]) { /* the fused launch followed the record (every segment on tensor cores) */
             char tw[64];
-            snprintf(tw, sizeof tw, "%s matmul_multi %d/%d n %d mma", fmt == 0 ? "bf16" : "fp8", i + 1, count, n);
+            snprintf(tw, sizeof tw, "%s matmul_multi %d/%d n %d mma", fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4",
+                     i + 1, count, n);
             compare_tiled(tw, tiled[i], got, (size_t)n * rows[i], 1);
             free(tiled[i]);
         }
@@ -1511,7 +1513,16 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_ALL, {0, 5, 16, 256, FP8T, 0, 0, 1}}, {check_qgemv, OC_ALL, {0, 6, 20, 1024, FP8B, 1, 0, 4}},
     {check_qgemv, OC_ALL, {0, 3, 20, 512, FP8B, 1, 0, 4}}, /* below its record */
     {check_qgemv, OC_ALL, {0, 4, 20, 256, FP8B, 1, 1, 1}}, /* misaligned x */
-    {check_qgemv, OC_ALL, {1, 2, 20, 256, 0, 1, 0, 1}},    /* NVFP4: never on tensor cores */
+    /* NVFP4 on tensor cores: one token, partial 16-row tiles, slices of tails only / one whole group
+     * pair / groups and a tail, bias, the record both ways, a misaligned x and cols % 32 == 16 (the
+     * scalar GEMV) */
+    {check_qgemv, OC_ALL, {1, 1, 37, 384, 0, 1, 0, 1}}, {check_qgemv, OC_ALL, {1, 2, 20, 256, 0, 1, 0, 1}},
+    {check_qgemv, OC_ALL, {1, 3, 33, 2048, 0, 0, 0, 1}}, {check_qgemv, OC_ALL, {1, 8, 21, 2080, 0, 1, 0, 1}},
+    {check_qgemv, OC_ALL, {1, 5, 16, 256, 0, 0, 0, 2}}, {check_qgemv, OC_ALL, {1, 7, 40, 4160, 0, 1, 0, 6}},
+    {check_qgemv, OC_ALL, {1, 3, 20, 512, 0, 1, 0, 4}}, /* below its record */
+    {check_qgemv, OC_ALL, {1, 4, 20, 256, 0, 1, 1, 1}}, /* misaligned x */
+    {check_qgemv, OC_ALL, {1, 2, 20, 272, 0, 1, 0, 1}}, /* cols % 32 == 16 */
+    {check_qgemv, OC_GPU, {1, 1, 4096, 4096, 0, 0, 0, 1}}, {check_qgemv, OC_GPU, {1, 8, 12288, 4096, 0, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 4096, 4096, FP8B, 0, 0, 1}}, {check_qgemv, OC_GPU, {0, 8, 12288, 4096, FP8B, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 1024, 4096, FP8C, 0, 0, 1}},
     /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), > 8 tokens */
@@ -1551,6 +1562,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_multi, OC_GPU, {2, 1, 3, 4096, 1024, 1024, 4096}},
     {check_matmul_multi, OC_GPU, {2, 5, 2, 12288, 12288, 0, 4096}},
     {check_matmul_multi, OC_ALL, {2, 2, 3, 130, 33, 7, 512}},
+    {check_matmul_multi, OC_ALL, {2, 1, 3, 130, 33, 7, 512, 1}}, /* NVFP4 on tensor cores */
+    {check_matmul_multi, OC_ALL, {2, 8, 2, 40, 40, 0, 1024, 1}},
+    {check_matmul_multi, OC_GPU, {2, 1, 3, 4096, 1024, 1024, 4096, 1}},
     /* fmt (0 bf16, 1 fp8, 2 nvfp4), n, rows, cols: gate/up + SwiGLU, fused at n <= 8 */
     {check_matmul_swiglu, OC_GPU, {0, 1, 12288, 4096}}, /* Qwen3-8B */
     {check_matmul_swiglu, OC_GPU, {1, 5, 12288, 4096}},
@@ -1571,6 +1585,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_matmul_swiglu, OC_ALL, {2, 1, 37, 384}},
     {check_matmul_swiglu, OC_ALL, {2, 6, 37, 640}},
     {check_matmul_swiglu, OC_ALL, {2, 2, 20, 272}},  /* cols % 32 == 16: the byte-path GEMVs + swiglu */
+    {check_matmul_swiglu, OC_ALL, {2, 1, 37, 384, 1}}, {check_matmul_swiglu, OC_ALL, {2, 6, 20, 640, 1}}, /* NVFP4 mma */
+    {check_matmul_swiglu, OC_ALL, {2, 2, 20, 272, 1}}, /* cols % 32 == 16: not on tensor cores */
+    {check_matmul_swiglu, OC_GPU, {2, 1, 12288, 4096, 1}},
     /* numel, n, elem bytes */
     {check_scatter, OC_GPU, {4096 * 4096, 40000, 2}},
     {check_scatter, OC_ALL, {1000, 40, 2}},

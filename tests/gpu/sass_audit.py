@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # (source file, mangled kernel, weight bytes one lane loads per main-loop iteration, label)
 # gemv_tile.cuh: 2 chunks x GT_ROWS (4) rows x 16 bytes; gemv_mma.cuh: GM_DEPTH (4) x 2 rows x 16 bytes
-# (BF16), GM_FP8_DEPTH (2) x 2 rows x 16 bytes (FP8)
+# (BF16), GM_FP8_DEPTH (2) x 2 rows x 16 bytes (FP8), GM_FP4_DEPTH (2) x 2 rows x 16 bytes (NVFP4)
 GEMVS = [
     ("matmul.cu", "_Z16gemv_tile_kernelILi1ELi0EEv9GemvMulti", 128, "bf16 tiled, 1 token"),
     ("matmul.cu", "_Z16gemv_tile_kernelILi8ELi0EEv9GemvMulti", 128, "bf16 tiled, 8 tokens"),
@@ -41,6 +41,9 @@ GEMVS = [
     ("matmul.cu", "_Z15gemv_mma_kernelILi1ELi1EEv9GemvMulti", 64, "fp8 tensor cores, 1 token"),
     ("matmul.cu", "_Z15gemv_mma_kernelILi8ELi1EEv9GemvMulti", 64, "fp8 tensor cores, 8 tokens"),
     ("matmul.cu", "_Z16gemv_tile_kernelILi1ELi2EEv9GemvMulti", 128, "nvfp4 tiled, 1 token"),
+    ("matmul.cu", "_Z16gemv_tile_kernelILi8ELi2EEv9GemvMulti", 128, "nvfp4 tiled, 8 tokens"),
+    ("matmul.cu", "_Z15gemv_mma_kernelILi1ELi2EEv9GemvMulti", 64, "nvfp4 tensor cores, 1 token"),
+    ("matmul.cu", "_Z15gemv_mma_kernelILi8ELi2EEv9GemvMulti", 64, "nvfp4 tensor cores, 8 tokens"),
 ]
 
 

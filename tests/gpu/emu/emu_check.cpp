@@ -1035,36 +1035,61 @@ static void t_native_crossover(const char *dir, Precision prec, int quick) {
     model_free(m);
 }
 /* Every routed expert matrix of m gets the record rec (what device_native.c's calibration writes). */
-static void experts_set(Model *m, int rec) {
+/* Every expert matrix's native_min_n (mma 0) or mma_min_n (mma 1) = rec. */
+static void experts_set_rec(Model *m, int mma, int rec) {
     for (int l = 0; l < m->cfg.n_layers; l++)
-        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++)
-            m->layers[l].egate[e].native_min_n = m->layers[l].eup[e].native_min_n =
-                m->layers[l].edown[e].native_min_n = rec;
+        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++) {
+            WeightMat *ms[3] = {&m->layers[l].egate[e], &m->layers[l].eup[e], &m->layers[l].edown[e]};
+            for (int j = 0; j < 3; j++) *(mma ? &ms[j]->mma_min_n : &ms[j]->native_min_n) = rec;
+        }
 }
+static void experts_set(Model *m, int rec) { experts_set_rec(m, 0, rec); }
+static void experts_set_mma(Model *m, int rec) { experts_set_rec(m, 1, rec); }
 static void moe_run(Backend *b, DeviceMoeBench *mb, int n, int H, float *host) {
     MoeMlpArgs a;
     device_moe_bench_route(mb, n, &a);
     CHECK(b->moe_mlp(b, &a) == 0, "moe_run: the backend refused the experts");
     CUDA_CHECK(cudaMemcpy(host, a.out, sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToHost));
 }
+/* The qwen3_moe_fp4 fixture at prec (act_quant: 0 weight-only) on the emulated CUDA backend, with a
+ * DeviceMoeBench of its first MoE layer for up to max_n tokens; 0, or -1 (reported as a failure). */
+typedef struct { Model *m; Backend *b; DeviceMoeBench *mb; int layer, H; } MoeFixture;
+static int moe_fixture_open(MoeFixture *f, Precision prec, int act_quant, int max_n) {
+    const char *dir = "tests/fixtures/qwen3_moe_fp4";
+    Err err = {};
+    f->m = NULL;
+    if (model_load(&f->m, dir, &err) || (prec != PREC_BF16 && model_quantize(f->m, prec, !act_quant, &err))) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        if (f->m) model_free(f->m);
+        return -1;
+    }
+    f->layer = 0;
+    while (!model_layer_is_moe(&f->m->cfg, f->layer)) f->layer++;
+    f->H = f->m->cfg.hidden;
+    f->b = backend_cuda_create(&f->m->weights, f->m->cfg.head_dim, 128);
+    f->mb = device_moe_bench_create(f->b, f->m, f->layer, max_n);
+    return 0;
+}
+static void moe_fixture_close(MoeFixture *f) {
+    device_moe_bench_free(f->mb);
+    f->b->free(f->b);
+    model_free(f->m);
+}
+
 /* The routed experts' crossover (device_native.c experts_calibrate) on act_quant FP8 experts (the
  * qwen3_moe_fp4 fixture, 128x128 blocks): the timer answers, calibration records one crossover on
  * every expert matrix, moe_mlp takes the path recorded (references with the record forced each way,
  * which differ), --native-crossover 12 sets them all. */
 static void t_moe_crossover(int quick) {
     const char *dir = "tests/fixtures/qwen3_moe_fp4";
-    Err err = {};
-    Model *m = NULL;
-    if (model_load(&m, dir, &err) || model_quantize(m, PREC_FP8, 0, &err)) {
-        printf("  FAIL %s: %s\n", dir, err.msg);
-        n_fail++;
-        return;
-    }
-    int layer = 0, H = m->cfg.hidden;
-    while (!model_layer_is_moe(&m->cfg, layer)) layer++;
-    Backend *b = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     const int N = 24;
-    DeviceMoeBench *mb = device_moe_bench_create(b, m, layer, N);
+    MoeFixture f;
+    if (moe_fixture_open(&f, PREC_FP8, 1, N)) return;
+    Model *m = f.m;
+    Backend *b = f.b;
+    DeviceMoeBench *mb = f.mb;
+    int layer = f.layer, H = f.H;
     MoeMlpArgs a;
     device_moe_bench_route(mb, 4, &a);
     float wo = -1, na = -1, wo2 = -1, na2 = -1;
@@ -1128,14 +1153,82 @@ static void t_moe_crossover(int quick) {
            dir, not12);
     not12 ? n_fail++ : n_pass++;
     free(ref_wo); free(ref_na); free(got);
-    device_moe_bench_free(mb);
-    b->free(b);
-    model_free(m);
+    moe_fixture_close(&f);
 }
+/* The routed experts' decode-size choice (device_native.c experts_gemv_calibrate): the grouped GEMV
+ * (moe_gemm.cu) or the grouped mma (moe_mma.cu) at up to 8 tokens, weight-only experts at prec
+ * (qwen3_moe_fp4 fixture): the timer answers for both and refuses 9 tokens; the calibration gives
+ * every expert matrix one record in {0, 1..8}; moe_mlp takes the path recorded (the record forced to
+ * 1: the mma, to 0: the GEMV; the two differ in their bits and agree within f32 class: max |mma -
+ * gemv| / max |gemv| < 1e-5; the GEMV is checked against the CPU by the op checks' moe rows). */
+static void t_moe_gemv_choice(Precision prec, int quick) {
+    const char *dir = "tests/fixtures/qwen3_moe_fp4", *pn = precision_name(prec);
+    const int N = 9;
+    MoeFixture f;
+    if (moe_fixture_open(&f, prec, 0, N)) return;
+    Model *m = f.m;
+    Backend *b = f.b;
+    DeviceMoeBench *mb = f.mb;
+    int layer = f.layer, H = f.H;
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, 3, &a);
+    float gv = -1, mm = -1, g9 = -1, m9 = -1;
+    int trc = backend_cuda_moe_gemv_time(b, &a, 1, &gv, &mm);
+    device_moe_bench_route(mb, 9, &a);
+    int rc9 = backend_cuda_moe_gemv_time(b, &a, 1, &g9, &m9);
+    int ok = trc == 0 && gv > 0 && mm > 0 && rc9 == -1;
+    printf("  %s %s %s experts: the grouped GEMV / mma timer answers at 3 tokens (rc %d, %.0f / %.0f us), refuses 9 "
+           "(rc %d)\n", ok ? "ok  " : "FAIL", dir, pn, trc, gv, mm, rc9);
+    ok ? n_pass++ : n_fail++;
+
+    int crc = device_gemv_calibrate(b, m), bad = 0, n_ex = 0;
+    const int measured = m->layers[layer].egate[0].mma_min_n;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; m->layers[l].egate && e < m->cfg.n_experts; e++, n_ex += 3)
+            bad += (m->layers[l].egate[e].mma_min_n != measured) + (m->layers[l].eup[e].mma_min_n != measured) +
+                   (m->layers[l].edown[e].mma_min_n != measured);
+    ok = crc == 0 && n_ex > 0 && bad == 0 && measured >= 0 && measured <= CUDA_GEMV_MAX_N;
+    printf("  %s %s %s experts: measured, grouped mma from %d (0: never) on all %d expert matrices (%d differ)\n",
+           ok ? "ok  " : "FAIL", dir, pn, measured, n_ex, bad);
+    ok ? n_pass++ : n_fail++;
+
+    size_t ob = sizeof(float) * (size_t)N * H;
+    float *ref_g = (float *)xmalloc(ob), *ref_m = (float *)xmalloc(ob), *got = (float *)xmalloc(ob);
+    int wrong = 0, differ = 1, checked = 0;
+    double worst = 0;
+    for (int n = 1; n <= (quick ? 3 : CUDA_GEMV_MAX_N); n++) {
+        experts_set_mma(m, 0);
+        moe_run(b, mb, n, H, ref_g);
+        experts_set_mma(m, 1);
+        moe_run(b, mb, n, H, ref_m);
+        size_t cnt = (size_t)n * H;
+        differ &= memcmp(ref_g, ref_m, sizeof(float) * cnt) != 0;
+        double mx = 0, d = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            mx = fmax(mx, fabs(ref_g[i]));
+            d = fmax(d, fabs((double)ref_g[i] - ref_m[i]));
+        }
+        worst = fmax(worst, mx > 0 ? d / mx : 1.0);
+        experts_set_mma(m, measured);
+        moe_run(b, mb, n, H, got);
+        wrong += memcmp(got, measured && n >= measured ? ref_m : ref_g, sizeof(float) * cnt) != 0;
+        checked++;
+    }
+    ok = wrong == 0 && differ && worst < 1e-5;
+    printf("  %s %s %s experts: moe_mlp takes the path recorded at %d batch sizes (%d wrong); the grouped mma %s the "
+           "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5)\n", ok ? "ok  " : "FAIL", dir, pn, checked, wrong,
+           differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst);
+    ok ? n_pass++ : n_fail++;
+    experts_set_mma(m, 0);
+    free(ref_g); free(ref_m); free(got);
+    moe_fixture_close(&f);
+}
+
 /* The decode GEMV's choice (device_gemv_calibrate, backend_cuda_gemv_time, gemv_mma.cuh) on a fixture
- * at BF16 or FP8 weight-only: the timer answers for both GEMVs (BF16 from 2 tokens: it refuses the
- * tensor cores at 1; FP8 from 1) and refuses an NVFP4 matrix; the calibration gives every matrix a
- * record in {0, lo..8}, one per shape; with every record forced to lo, a prefill of lo..6 tokens
+ * at BF16, or FP8 / NVFP4 weight-only: the timer answers for both GEMVs (BF16 from 2 tokens: it
+ * refuses the tensor cores at 1; FP8 / NVFP4 from 1) and refuses a matrix without its device copy;
+ * the calibration gives every matrix a record in {0, lo..8}, one per shape; with every record forced
+ * to lo, a prefill of lo..6 tokens
  * (every linear of the model, q/k/v and gate/up fused, on tensor cores) matches the CPU backend (and
  * transformers, at BF16) as the tiled GEMV does, and its logits are not the tiled GEMV's bits (the
  * record is followed). Timings mean nothing here. */
@@ -1145,25 +1238,27 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
     SafeTensors *ref = NULL;
     char path[512], what[160];
     snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-    int fp8 = prec == PREC_FP8, lo_n = fp8 ? 1 : 2;
+    int fp8 = prec != PREC_BF16, lo_n = fp8 ? 1 : 2; /* fp8: a quantized format, FP8 or NVFP4 */
     if (model_load(&m, dir, &err) || (fp8 && model_quantize(m, prec, 1, &err)) || safetensors_open(&ref, path, &err)) {
         printf("  FAIL %s: %s\n", dir, err.msg);
         n_fail++;
         return;
     }
     const char *pn = precision_name(prec);
-    WeightFormat wf = fp8 ? WF_FP8 : WF_BF16;
+    WeightFormat wf = prec == PREC_FP8 ? WF_FP8 : prec == PREC_NVFP4 ? WF_NVFP4 : WF_BF16;
     Backend *cpu = backend_cpu_create(1, 128), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     WeightMat *q = &m->layers[0].q;
     float tile = -1, mma = -1, tile1 = -1, mma1 = -1;
     int trc = backend_cuda_gemv_time(gb, q, 4, 2, &tile, &mma), trc1 = backend_cuda_gemv_time(gb, q, 1, 2, &tile1, &mma1);
     WeightMat fake = *q;
-    fake.fmt = WF_NVFP4;
+    fake.dev = NULL;
     float a = 0, b = 0;
     int frc = backend_cuda_gemv_time(gb, &fake, 4, 2, &a, &b);
-    int ok = trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && (fp8 ? mma1 > 0 : mma1 < 0) && frc == -1;
+    int ok = q->fmt == wf && trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && (fp8 ? mma1 > 0 : mma1 < 0) &&
+             frc == -1;
     printf("  %s %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f%s, "
-           "nvfp4 refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, pn, tile, mma, tile1, mma1, fp8 ? "" : " (refused)", frc);
+           "no device copy refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, pn, tile, mma, tile1, mma1, fp8 ? "" : " (refused)",
+           frc);
     ok ? n_pass++ : n_fail++;
 
     int crc = device_gemv_calibrate(gb, m), n_bf = 0, bad = 0;
@@ -1221,6 +1316,10 @@ static void t_native_crossovers(int quick) {
     printf("== the decode GEMV's choice, measured per shape at start-up (device_native.c) ==\n");
     t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_BF16, quick);
     t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_FP8, quick);
+    t_gemv_crossover("tests/fixtures/qwen3_hd64_g4", PREC_NVFP4, quick); /* gqa2 has a [64 x 88]: not NVFP4 */
+    t_moe_gemv_choice(PREC_FP8, quick);
+    t_moe_gemv_choice(PREC_NVFP4, quick);
+    if (!quick) t_moe_gemv_choice(PREC_BF16, 0);
     printf("== the native GEMM's crossover, measured per shape at start-up (device_native.c) ==\n");
     t_native_crossover("tests/fixtures/qwen2", PREC_FP8, quick);
     if (!quick) t_native_crossover("tests/fixtures/llama31", PREC_NVFP4, 0);

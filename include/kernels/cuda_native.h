@@ -146,12 +146,20 @@ struct Backend;
 int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *wo_us,
                              float *native_us);
 
+/* The start-up timers below also run both paths once on the same input and compare: a result of
+ * the tensor-core path further than CUDA_MMA_AGREE_TOL (max |mma - tiled| / max |tiled|; both paths
+ * are f32 class, ~1e-6 apart) from the other's is a kernel or device fault, and the timer reports
+ * *mma_us = CUDA_MMA_DISAGREES, so the calibration never picks it. */
+#define CUDA_MMA_AGREE_TOL 1e-3
+#define CUDA_MMA_DISAGREES (-2.0f)
+
 /* Start-up (device_gemv_calibrate): a BF16, FP8 or NVFP4 matrix w's two decode GEMVs at n (1..8)
  * tokens, the tiled one (gemv_tile.cuh; FP8 / NVFP4: weight-only) and the tensor-core one
  * (gemv_mma.cuh), each the best of `reps` runs after one warm-up, in microseconds, on x / out buffers
  * of its own. *mma_us = -1 when the tensor-core GEMV is off (SAMPLER_CUDA_OFF=gemv_mma), does not take
- * n (BF16 at 1 token) or w's shape (cols % 8, 16 or 32, FP8 block_cols % 64, the sm_80 binary's FP8).
- * 0, or -1 on a CUDA error or a matrix without its device copy. */
+ * n (BF16 at 1 token) or w's shape (cols % 8, 16 or 32, FP8 block_cols % 64, the sm_80 binary's FP8);
+ * CUDA_MMA_DISAGREES when its result on a patterned x is not the tiled one's. 0, or -1 on a CUDA error
+ * or a matrix without its device copy. */
 int backend_cuda_gemv_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *tile_us,
                            float *mma_us);
 
@@ -168,8 +176,9 @@ int backend_cuda_moe_time(struct Backend *b, const struct MoeMlpArgs *a, int rep
 /* Start-up (device_gemv_calibrate): a routed step of at most CUDA_GEMV_MAX_N tokens (a as above),
  * weight-only, through the grouped GEMV (moe_gemm.cu) and through the grouped mma (moe_mma.cu, x as
  * hi + lo: f32 class, as the GEMV), each the best of `reps` runs after one warm-up, in
- * microseconds. *mma_us = -1 when the grouped mma is off (SAMPLER_CUDA_OFF=moe_mma). 0, or -1 on a
- * CUDA error, more than CUDA_GEMV_MAX_N tokens or experts moe_mlp does not take. */
+ * microseconds. *mma_us = -1 when the grouped mma is off (SAMPLER_CUDA_OFF=moe_mma),
+ * CUDA_MMA_DISAGREES when its output is not the GEMV's. 0, or -1 on a CUDA error, more than
+ * CUDA_GEMV_MAX_N tokens or experts moe_mlp does not take. */
 int backend_cuda_moe_gemv_time(struct Backend *b, const struct MoeMlpArgs *a, int reps, float *gemv_us,
                                float *mma_us);
 

@@ -41,6 +41,7 @@
  * SAMPLER_CUDA_OFF (cuda_off_apply, at creation): named kernels replaced by
  * the paths they replaced, for a kernel that misbehaves on a device.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -680,12 +681,63 @@ static int gemv_run(Backend *b, const void *arg, int mma) {
     if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
     return cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
 }
+/* max |got - ref| / max |ref| over count floats (1 when ref is all zero and got is not, or either has a
+ * NaN / infinity: what no two correct f32-class paths give). */
+static double rel_diff(const float *ref, const float *got, size_t count) {
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(ref[i]) || !isfinite(got[i])) return 1.0;
+        mx = fmax(mx, fabs((double)ref[i]));
+        d = fmax(d, fabs((double)got[i] - ref[i]));
+    }
+    return mx > 0 ? d / mx : d > 0 ? 1.0 : 0.0;
+}
+/* The tensor-core GEMV's result against the tiled one's for w at n tokens on a patterned x (the
+ * timing's x is a constant, under which a permuted fragment would go unseen): their max relative
+ * difference (both f32 class: ~1e-6), or -1 on a CUDA error. */
+static double gemv_agreement(Backend *b, const WeightMat *w, int n) {
+    CudaCtx *c = ctx(b);
+    size_t nx = (size_t)n * w->cols, no = (size_t)n * w->rows;
+    float *hx = (float *)malloc(sizeof(float) * nx), *h0 = (float *)malloc(sizeof(float) * no),
+          *h1 = (float *)malloc(sizeof(float) * no), *x = NULL, *out = NULL;
+    double rel = -1;
+    CHECK(hx && h0 && h1, "out of host memory for the GEMV start-up check");
+    uint32_t st = 0x9e3779b9u;
+    for (size_t i = 0; i < nx; i++) { /* xorshift in [-1, 1), a fixed pattern */
+        st ^= st << 13;
+        st ^= st >> 17;
+        st ^= st << 5;
+        hx[i] = (float)(st >> 8) / 8388608.0f - 1.0f;
+    }
+    if (cudaMalloc((void **)&x, sizeof(float) * nx) == cudaSuccess &&
+        cudaMalloc((void **)&out, sizeof(float) * no) == cudaSuccess &&
+        cudaMemcpyAsync(x, hx, sizeof(float) * nx, cudaMemcpyHostToDevice, c->stream) == cudaSuccess) {
+        MatmulRun m = {out, x, n, w};
+        if (gemv_run(b, &m, 0) == 0 &&
+            cudaMemcpyAsync(h0, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
+            gemv_run(b, &m, 1) == 0 &&
+            cudaMemcpyAsync(h1, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
+            cudaStreamSynchronize(c->stream) == cudaSuccess)
+            rel = rel_diff(h0, h1, no);
+    }
+    cudaFree(x);
+    cudaFree(out);
+    if (rel < 0) (void)cudaGetLastError();
+    free(hx); free(h0); free(h1);
+    return rel;
+}
 extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
     *tile_us = *mma_us = -1;
     if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || !w->dev || (w->fmt != WF_BF16 && !w->q) ||
         (w->fmt == WF_NVFP4 && (!w->dev_scale || !w->dev_s2)))
         return -1;
-    return time_pair(b, w, n, reps, gemv_run, tile_us, mma_us);
+    if (time_pair(b, w, n, reps, gemv_run, tile_us, mma_us)) return -1;
+    if (*mma_us >= 0) {
+        double rel = gemv_agreement(b, w, n);
+        if (rel < 0) return -1;
+        if (rel > CUDA_MMA_AGREE_TOL) *mma_us = CUDA_MMA_DISAGREES;
+    }
+    return 0;
 }
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
  * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
@@ -941,13 +993,23 @@ extern "C" int backend_cuda_moe_gemv_time(Backend *b, const MoeMlpArgs *a, int r
     *gemv_us = *mma_us = -1;
     if (reps < 1 || !a->x || !a->ex.gate || a->route->n < 1 || a->route->n > CUDA_GEMV_MAX_N) return -1;
     int rc = 0, force = c->moe_force;
+    size_t no = (size_t)a->route->n * a->hidden;
+    float *h0 = (float *)malloc(sizeof(float) * no), *h1 = (float *)malloc(sizeof(float) * no);
+    CHECK(h0 && h1, "out of host memory for the MoE start-up check");
     c->moe_force = 1; /* weight-only, whatever the native record says */
     rc = time_best(b, moe_gemv_run, a, 0, reps, gemv_us) || *gemv_us < 0 ? -1 : 0; /* -1 too: experts it refuses */
+    /* the last run's out of each path (the routing is the caller's, fixed): they must agree */
+    if (!rc) rc = cudaMemcpyAsync(h0, a->out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) ? -1 : 0;
     if (!rc && !c->off_moe_mma && time_best(b, moe_gemv_run, a, 1, reps, mma_us)) rc = -1;
+    if (!rc && *mma_us >= 0)
+        rc = cudaMemcpyAsync(h1, a->out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) ? -1 : 0;
     c->moe_force = force;
     c->moe_mma_force = 0;
     if (!rc) rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+    if (!rc && *mma_us >= 0 && rel_diff(h0, h1, no) > CUDA_MMA_AGREE_TOL) *mma_us = CUDA_MMA_DISAGREES;
     if (rc) (void)cudaGetLastError();
+    free(h0);
+    free(h1);
     return rc;
 }
 

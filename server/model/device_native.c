@@ -350,6 +350,13 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed) {
 
 /* ---- BF16 / FP8 / NVFP4 decode GEMVs: tiled or on tensor cores ---- */
 
+/* The first size at which the timed tensor-core path disagreed with the other (CUDA_MMA_DISAGREES), or 0. */
+static int mma_disagrees(const NativeCrossover *x) {
+    for (int i = 0; i < x->points; i++)
+        if (x->native_us[i] == CUDA_MMA_DISAGREES) return x->n[i];
+    return 0;
+}
+
 static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
     const TimeCtx *t = (const TimeCtx *)ctx;
     return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
@@ -380,9 +387,16 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
                 return -1;
             }
             char desc[1024];
+            const char *fn = w->fmt == WF_FP8 ? "fp8" : w->fmt == WF_NVFP4 ? "nvfp4" : "bf16";
             crossover_describe_as(&x, "tiled", "tensor cores", desc, sizeof desc);
-            log_info("gemv: %s [%d x %d] at decode sizes: %s",
-                     w->fmt == WF_FP8 ? "fp8" : w->fmt == WF_NVFP4 ? "nvfp4" : "bf16", w->rows, w->cols, desc);
+            log_info("gemv: %s [%d x %d] at decode sizes: %s", fn, w->rows, w->cols, desc);
+            int bad_n = mma_disagrees(&x);
+            if (bad_n) {
+                log_warn("gemv: %s [%d x %d]: the tensor-core GEMV's result is not the tiled GEMV's at n = %d (more "
+                         "than %g apart, relative): a kernel or device fault; this shape keeps the tiled GEMV",
+                         fn, w->rows, w->cols, bad_n, CUDA_MMA_AGREE_TOL);
+                x.min_n = INT_MAX;
+            }
             shapes[n_shapes].fmt = (int)w->fmt;
             shapes[n_shapes].rows = w->rows;
             shapes[n_shapes].cols = w->cols;
@@ -414,14 +428,21 @@ static int experts_gemv_calibrate(Backend *b, Model *m) {
                  CUDA_GEMV_MAX_N);
         return -1;
     }
-    int min_n = x.min_n == INT_MAX ? 0 : x.min_n;
-    experts_record(m, 1, min_n);
     const WeightMat *g = &m->layers[layer].egate[0];
+    const char *fn = g->fmt == WF_FP8 ? "fp8" : g->fmt == WF_NVFP4 ? "nvfp4" : "bf16";
     char desc[1024];
     crossover_describe_as(&x, "grouped GEMV", "grouped mma", desc, sizeof desc);
     log_info("gemv: %s routed experts (%d of [%d x %d] / [%d x %d], top %d; layer %d, random routing) at decode "
-             "sizes: %s", g->fmt == WF_FP8 ? "fp8" : g->fmt == WF_NVFP4 ? "nvfp4" : "bf16", m->cfg.n_experts,
-             m->cfg.moe_intermediate, m->cfg.hidden, m->cfg.hidden, m->cfg.moe_intermediate, m->cfg.top_k, layer, desc);
+             "sizes: %s", fn, m->cfg.n_experts, m->cfg.moe_intermediate, m->cfg.hidden, m->cfg.hidden,
+             m->cfg.moe_intermediate, m->cfg.top_k, layer, desc);
+    int bad_n = mma_disagrees(&x);
+    if (bad_n) {
+        log_warn("gemv: %s routed experts: the grouped mma's output is not the grouped GEMV's at n = %d (more than "
+                 "%g apart, relative): a kernel or device fault; the experts keep the grouped GEMV up to %d tokens",
+                 fn, bad_n, CUDA_MMA_AGREE_TOL, CUDA_GEMV_MAX_N);
+        x.min_n = INT_MAX;
+    }
+    experts_record(m, 1, x.min_n == INT_MAX ? 0 : x.min_n);
     return 0;
 }
 

@@ -124,6 +124,10 @@ int device_gemv_calibrate(Backend *b, Model *m);
 /* The same over an explicit list of matrices (each one with a device copy): for matrices
  * a model's WeightSet does not list (gpu_check's quantized bench copies). */
 int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n);
+/* Its routed-experts half alone: the grouped GEMV or the grouped mma (moe_mlp at up to
+ * CUDA_GEMV_MAX_N tokens), measured on the first MoE layer with device experts, one record on every
+ * expert matrix. 0 (also: no such layer), or -1 when timing failed (record 0: the grouped GEMV). */
+int device_gemv_calibrate_experts(Backend *b, Model *m);
 
 /* A Runner on the chosen device (GPU: weights copied to the device once).
  * Its KV cache comes from runner_kvcache_create (model.h). */

@@ -414,9 +414,7 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
     return 0;
 }
 
-/* The routed experts' decode-size choice: the grouped GEMV or the grouped mma (moe_mlp at up to
- * CUDA_GEMV_MAX_N tokens), measured on the first MoE layer with device experts. */
-static int experts_gemv_calibrate(Backend *b, Model *m) {
+int device_gemv_calibrate_experts(Backend *b, Model *m) {
     int layer = -1;
     for (int l = 0; layer < 0 && l < m->cfg.n_layers; l++)
         if (model_layer_is_moe(&m->cfg, l) && m->layers[l].egate && m->layers[l].egate[0].dev) layer = l;
@@ -455,6 +453,6 @@ int device_gemv_calibrate(Backend *b, Model *m) {
     }
     int rc = device_gemv_calibrate_mats(b, mats, n);
     free(mats);
-    int erc = experts_gemv_calibrate(b, m);
+    int erc = device_gemv_calibrate_experts(b, m);
     return rc ? rc : erc;
 }

@@ -625,24 +625,60 @@ static int matmul_run(Backend *b, const void *arg, int native) {
     plain_matmul(b, m->out, m->x, m->n, m->w, NULL);
     return 0;
 }
+/* max |got - ref| / max |ref| over count floats (1 when ref is all zero and got is not). A NaN or an
+ * infinity in one where the other has a finite value or another kind of non-finite value is 1 too (no
+ * two correct f32-class paths give that); the same kind in both (a NaN weight's row: gpu_check's random
+ * e4m3 bytes have some) is left out. */
+static double rel_diff(const float *ref, const float *got, size_t count) {
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(ref[i]) || !isfinite(got[i])) {
+            if (isnan(ref[i]) != isnan(got[i]) || (!isnan(ref[i]) && ref[i] != got[i])) return 1.0;
+            continue;
+        }
+        mx = fmax(mx, fabs((double)ref[i]));
+        d = fmax(d, fabs((double)got[i] - ref[i]));
+    }
+    return mx > 0 ? d / mx : d > 0 ? 1.0 : 0.0;
+}
 /* run(b, m, 0) and run(b, m, 1) for w at n tokens, each timed by time_best, on x [n, cols] / out
- * [n, rows] f32 of their own (x a constant: the times do not depend on its values). */
-static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun run, float *us0, float *us1) {
+ * [n, rows] f32 of their own, x a fixed pattern in [-1, 1) (the times do not depend on its values; a
+ * constant would hide a permuted fragment from the comparison). rel: when given and both ran, the
+ * last outputs' rel_diff (run 0's the reference), else -1. */
+static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun run, float *us0, float *us1,
+                     double *rel) {
     CudaCtx *c = ctx(b);
-    float *x = NULL, *out = NULL;
+    size_t nx = (size_t)n * w->cols, no = (size_t)n * w->rows;
+    float *x = NULL, *out = NULL, *hx = (float *)malloc(sizeof(float) * nx);
+    float *h0 = rel ? (float *)malloc(sizeof(float) * no) : NULL, *h1 = rel ? (float *)malloc(sizeof(float) * no) : NULL;
+    CHECK(hx && (!rel || (h0 && h1)), "out of host memory for a start-up timing");
+    if (rel) *rel = -1;
+    uint32_t st = 0x9e3779b9u;
+    for (size_t i = 0; i < nx; i++) { /* xorshift */
+        st ^= st << 13;
+        st ^= st >> 17;
+        st ^= st << 5;
+        hx[i] = (float)(st >> 8) / 8388608.0f - 1.0f;
+    }
     int rc = -1;
-    if (cudaMalloc((void **)&x, sizeof(float) * (size_t)n * w->cols) != cudaSuccess ||
-        cudaMalloc((void **)&out, sizeof(float) * (size_t)n * w->rows) != cudaSuccess ||
-        cudaMemsetAsync(x, 0x3c, sizeof(float) * (size_t)n * w->cols, c->stream) != cudaSuccess) /* 0.0115 each */
+    if (cudaMalloc((void **)&x, sizeof(float) * nx) != cudaSuccess ||
+        cudaMalloc((void **)&out, sizeof(float) * no) != cudaSuccess ||
+        cudaMemcpyAsync(x, hx, sizeof(float) * nx, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
         goto done;
     {
         MatmulRun m = {out, x, n, w};
-        if (time_best(b, run, &m, 0, reps, us0) || time_best(b, run, &m, 1, reps, us1)) goto done;
+        if (time_best(b, run, &m, 0, reps, us0) ||
+            (rel && cudaMemcpyAsync(h0, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream)) ||
+            time_best(b, run, &m, 1, reps, us1) ||
+            (rel && cudaMemcpyAsync(h1, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream)))
+            goto done;
     }
     rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
+    if (!rc && rel && *us0 >= 0 && *us1 >= 0) *rel = rel_diff(h0, h1, no);
 done:
     cudaFree(x);
     cudaFree(out);
+    free(hx); free(h0); free(h1);
     if (rc) (void)cudaGetLastError(); /* a failed cudaMalloc must not surface at the next launch check */
     return rc;
 }
@@ -650,7 +686,7 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
                                         float *native_us) {
     *wo_us = *native_us = -1;
     if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
-    return time_pair(b, w, n, reps, matmul_run, wo_us, native_us);
+    return time_pair(b, w, n, reps, matmul_run, wo_us, native_us, NULL);
 }
 
 /* Start-up (cuda_native.h): a BF16, FP8 or NVFP4 matrix's two decode GEMVs at n tokens, the tiled one
@@ -681,67 +717,14 @@ static int gemv_run(Backend *b, const void *arg, int mma) {
     if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
     return cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
 }
-/* max |got - ref| / max |ref| over count floats (1 when ref is all zero and got is not). A NaN or an
- * infinity in one where the other has a finite value or another kind of non-finite value is 1 too (no
- * two correct f32-class paths give that); the same kind in both (a NaN weight's row: gpu_check's random
- * e4m3 bytes have some) is left out. */
-static double rel_diff(const float *ref, const float *got, size_t count) {
-    double mx = 0, d = 0;
-    for (size_t i = 0; i < count; i++) {
-        if (!isfinite(ref[i]) || !isfinite(got[i])) {
-            if (isnan(ref[i]) != isnan(got[i]) || (!isnan(ref[i]) && ref[i] != got[i])) return 1.0;
-            continue;
-        }
-        mx = fmax(mx, fabs((double)ref[i]));
-        d = fmax(d, fabs((double)got[i] - ref[i]));
-    }
-    return mx > 0 ? d / mx : d > 0 ? 1.0 : 0.0;
-}
-/* The tensor-core GEMV's result against the tiled one's for w at n tokens on a patterned x (the
- * timing's x is a constant, under which a permuted fragment would go unseen): their max relative
- * difference (both f32 class: ~1e-6), or -1 on a CUDA error. */
-static double gemv_agreement(Backend *b, const WeightMat *w, int n) {
-    CudaCtx *c = ctx(b);
-    size_t nx = (size_t)n * w->cols, no = (size_t)n * w->rows;
-    float *hx = (float *)malloc(sizeof(float) * nx), *h0 = (float *)malloc(sizeof(float) * no),
-          *h1 = (float *)malloc(sizeof(float) * no), *x = NULL, *out = NULL;
-    double rel = -1;
-    CHECK(hx && h0 && h1, "out of host memory for the GEMV start-up check");
-    uint32_t st = 0x9e3779b9u;
-    for (size_t i = 0; i < nx; i++) { /* xorshift in [-1, 1), a fixed pattern */
-        st ^= st << 13;
-        st ^= st >> 17;
-        st ^= st << 5;
-        hx[i] = (float)(st >> 8) / 8388608.0f - 1.0f;
-    }
-    if (cudaMalloc((void **)&x, sizeof(float) * nx) == cudaSuccess &&
-        cudaMalloc((void **)&out, sizeof(float) * no) == cudaSuccess &&
-        cudaMemcpyAsync(x, hx, sizeof(float) * nx, cudaMemcpyHostToDevice, c->stream) == cudaSuccess) {
-        MatmulRun m = {out, x, n, w};
-        if (gemv_run(b, &m, 0) == 0 &&
-            cudaMemcpyAsync(h0, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
-            gemv_run(b, &m, 1) == 0 &&
-            cudaMemcpyAsync(h1, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream) == cudaSuccess &&
-            cudaStreamSynchronize(c->stream) == cudaSuccess)
-            rel = rel_diff(h0, h1, no);
-    }
-    cudaFree(x);
-    cudaFree(out);
-    if (rel < 0) (void)cudaGetLastError();
-    free(hx); free(h0); free(h1);
-    return rel;
-}
 extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
     *tile_us = *mma_us = -1;
     if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || !w->dev || (w->fmt != WF_BF16 && !w->q) ||
         (w->fmt == WF_NVFP4 && (!w->dev_scale || !w->dev_s2)))
         return -1;
-    if (time_pair(b, w, n, reps, gemv_run, tile_us, mma_us)) return -1;
-    if (*mma_us >= 0) {
-        double rel = gemv_agreement(b, w, n);
-        if (rel < 0) return -1;
-        if (rel > CUDA_MMA_AGREE_TOL) *mma_us = CUDA_MMA_DISAGREES;
-    }
+    double rel;
+    if (time_pair(b, w, n, reps, gemv_run, tile_us, mma_us, &rel)) return -1;
+    if (rel > CUDA_MMA_AGREE_TOL) *mma_us = CUDA_MMA_DISAGREES; /* the same patterned x, both paths' outputs */
     return 0;
 }
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they

@@ -33,13 +33,17 @@ int cuda_device_probe(int *major, int *minor, int *sm_count, size_t *mem_bytes, 
 /* x[n, dim] f32 = emb[tokens[i]] (emb: [vocab, dim] bf16; tokens: [n] int32, already range-checked). */
 int cuda_embed(float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim, void *stream);
 
-/* out[n, dim] (f32) = x[n, dim] (f32) / rms(x) * w[dim] (bf16); out may alias x. */
-int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps,
+/* out[n, dim] (f32) = x[n, dim] (f32) / rms(x) * w[dim] (bf16); out may alias x.
+ * split: NULL, or scratch of cuda_gemv_mma_scratch(n, dim) bytes (16-byte aligned, dim even) that
+ * also gets the tensor-core FP8 / NVFP4 GEMV's split of out, the bits that GEMV's own split would
+ * write: a GEMV over out with x_split = 1 then skips it. */
+int cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int n, int dim, float eps, void *split,
                  void *stream);
 /* x[n, dim] += y[n, dim] (f32), then out = rmsnorm(x) * w: the residual add fused with
- * the norm after it, bit-identical to cuda_add then cuda_rmsnorm; out must not alias x. */
+ * the norm after it, bit-identical to cuda_add then cuda_rmsnorm; out must not alias x. split: as
+ * cuda_rmsnorm's. */
 int cuda_add_rmsnorm(float *out, float *x, const float *y, const uint16_t *w, int n, int dim, float eps,
-                     void *stream);
+                     void *split, void *stream);
 
 /* Decode GEMV: out[n, rows] f32 = x[n, cols] f32 @ W^T (W: [rows, cols] bf16)
  * (+ bias[rows] bf16 or NULL), f32 accumulation, 1 <= n <= CUDA_GEMV_MAX_N.
@@ -67,9 +71,11 @@ int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q, const flo
 /* cuda_gemv_fp8 on tensor cores (gemv_mma.cuh: e4m3 -> f16 weights, x split into f16 hi + lo in
  * scratch of cuda_gemv_mma_scratch(n, cols) bytes, 16-byte aligned; f32 class, not the tiled GEMV's
  * bits): 1 <= n <= CUDA_GEMV_MAX_N, cols % 16 == 0, block_cols % 64 == 0 or >= cols, Q and x
- * 16-byte aligned, a binary for sm_89+; -1 otherwise. */
+ * 16-byte aligned, a binary for sm_89+; -1 otherwise. x_split 1: scratch holds x's split already
+ * (cuda_rmsnorm / cuda_add_rmsnorm wrote it for this x, n and cols), the launch does not split. */
 int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv, int rows,
-                      int cols, int block_rows, int block_cols, const uint16_t *bias, void *scratch, void *stream);
+                      int cols, int block_rows, int block_cols, const uint16_t *bias, void *scratch, int x_split,
+                      void *stream);
 /* NVFP4: out[n, rows] = (x @ (e2m1(packed) * e4m3(scale))^T) * scale2[0] (+ bias);
  * packed: [rows, cols / 2] (element 2i in the low nibble), scale: [rows, cols / 16]
  * e4m3, scale2: [1] f32 device memory (read by the kernel), cols % 16 == 0. 16-byte loads when cols % 32 == 0 and packed, x are 16-byte
@@ -81,7 +87,8 @@ int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t *packed, co
  * aligned; f32 class, not the tiled GEMV's bits): 1 <= n <= CUDA_GEMV_MAX_N, cols % 32 == 0, packed
  * and x 16-byte aligned, scale 2-byte aligned; -1 otherwise. */
 int cuda_gemv_nvfp4_mma(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
-                        const float *scale2, int rows, int cols, const uint16_t *bias, void *scratch, void *stream);
+                        const float *scale2, int rows, int cols, const uint16_t *bias, void *scratch, int x_split,
+                        void *stream);
 
 /* Prefill GEMM through cuBLAS (handle: a cublasHandle_t already bound to
  * stream with cublasSetStream; -1 if it is bound to another stream):

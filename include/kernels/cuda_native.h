@@ -158,10 +158,17 @@ int backend_cuda_native_time(struct Backend *b, const struct WeightMat *w, int n
  * (gemv_mma.cuh), each the best of `reps` runs after one warm-up, in microseconds, on x / out buffers
  * of its own. *mma_us = -1 when the tensor-core GEMV is off (SAMPLER_CUDA_OFF=gemv_mma), does not take
  * n (BF16 at 1 token) or w's shape (cols % 8, 16 or 32, FP8 block_cols % 64, the sm_80 binary's FP8);
- * CUDA_MMA_DISAGREES when its result on a patterned x is not the tiled one's. 0, or -1 on a CUDA error
- * or a matrix without its device copy. */
-int backend_cuda_gemv_time(struct Backend *b, const struct WeightMat *w, int n, int reps, float *tile_us,
-                           float *mma_us);
+ * CUDA_MMA_DISAGREES when its result on a patterned x is not the tiled one's. presplit (FP8 / NVFP4): w
+ * reads a norm's output, whose split of x the norm writes (backend_cuda_gemv_presplit), so the
+ * tensor-core side is timed without its own split launch. 0, or -1 on a CUDA error or a matrix without
+ * its device copy. */
+int backend_cuda_gemv_time(struct Backend *b, const struct WeightMat *w, int n, int reps, int presplit,
+                           float *tile_us, float *mma_us);
+/* Start-up (device_gemv_calibrate, after the records): the norms at min_n..CUDA_GEMV_MAX_N tokens also
+ * write the tensor-core FP8 / NVFP4 GEMV's split of their output (rmsnorm.cu), which the q/k/v and
+ * gate/up launches over it then skip (backend_cuda.cu norm_split); 0: never (the default). The same
+ * bits either way; min_n: the smallest mma_min_n of an FP8 / NVFP4 matrix. */
+void backend_cuda_gemv_presplit(struct Backend *b, int min_n);
 
 /* Start-up (device_native_calibrate): the routed experts of one MoE step, a->x
  * set and routed (moe_route's outputs in a->route), as moe_mlp runs them

@@ -32,7 +32,8 @@
  * FP8 (FMT 1, e4m3 weights with f32 block scales, 1..8 tokens): the weights
  * enter as f16 (cvt e4m3x2 -> f16x2, exact: e4m3 is a subset of f16; half an
  * instruction a value where the tiled GEMV spends 1.5 converting to f32), x as
- * f16 hi + lo of x * 2^k_t, split once per launch (matmul.cu gm_split_kernel: k_t per
+ * f16 hi + lo of x * 2^k_t, split once per launch (matmul.cu gm_split_kernel; before q/k/v
+ * and gate/up the norm writes it instead, rmsnorm.cu: k_t per
  * token puts its largest |x| in [2^14, 2^15), inside f16's range: relative
  * error 2^-22 per element, f32 class), m16n8k16 f16 mmas; a group of four
  * chunks (64 columns) lies in one scale block (block_cols % 64 == 0), so each
@@ -128,6 +129,24 @@ static __device__ __forceinline__ uint32_t gm_f16x2(float lo, float hi) {
 #else
     return gt_f32_to_f16_bits(lo) | gt_f32_to_f16_bits(hi) << 16;
 #endif
+}
+/* The split of one token's x (matmul.cu gm_split_kernel; rmsnorm.cu writes the same bits beside the norm):
+ * k_t with max |x_t| * 2^k_t in [2^14, 2^15) (0 for an all-zero or non-finite row; at most 126). amax: max
+ * |x_t| by fmaxf (a NaN element drops out of it). */
+static __device__ __forceinline__ int gm_split_exp(float amax) {
+    int e = 0, k = 0;
+    if (amax > 0.f && amax <= 3.402823466e38f) {
+        frexpf(amax, &e); /* amax = f 2^e, f in [0.5, 1) */
+        k = 15 - e < 126 ? 15 - e : 126;
+    }
+    return k;
+}
+/* x_t[2i], x_t[2i + 1] times sc = 2^k_t: hi the f16 pair, lo the f16 pair of what hi left. */
+static __device__ __forceinline__ void gm_split_pair(float x0, float x1, float sc, uint32_t *hi, uint32_t *lo) {
+    float v0 = x0 * sc, v1 = x1 * sc; /* exact: a power of two */
+    uint32_t h = gm_f16x2(v0, v1);
+    *hi = h;
+    *lo = gm_f16x2(v0 - gt_f16_to_f32(h & 0xffffu), v1 - gt_f16_to_f32(h >> 16)); /* exact differences */
 }
 /* One group of four chunks (lane t: chunk c + t of rows g, g + 8: w0, w1; its x pairs h*, l*): e (rows
  * g, g + 8 x tokens 2t, 2t + 1) = the unscaled sums of the group's 64 columns. */

@@ -49,6 +49,7 @@ typedef struct GemvArgs {
 typedef struct GmSplit {
     uint32_t *hi, *lo; /* [n, cols / 2] f16 pairs of x * 2^k_t and of what they left */
     float *inv;        /* [n] 2^-k_t */
+    int ready;         /* 1: they hold x's split already (a norm wrote it, rmsnorm.cu), the launch does not split */
 } GmSplit;
 typedef struct GemvMulti {
     GemvArgs seg[GT_MAX_SEG];
@@ -414,8 +415,8 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
 int cuda_gemv_multi(GemvMulti *m, int n, int fmt, void *stream);
 /* cuda_gemv_multi's shape and alignment rules: 0 when m qualifies for n tokens, else -1. */
 int gemv_multi_check(const GemvMulti *m, int n, int fmt);
-/* m->mma with fmt 1 or 2: split x into m->xs before the FP8 / NVFP4 tile reads it (matmul.cu); the split's layout
- * in scratch of cuda_gemv_mma_scratch(n, cols) bytes. */
+/* m->mma with fmt 1 or 2: split x into m->xs before the FP8 / NVFP4 tile reads it, unless m->xs.ready (matmul.cu);
+ * the split's layout in scratch of cuda_gemv_mma_scratch(n, cols) bytes (ready 0). */
 GmSplit gemv_mma_split_at(void *scratch, int n, int cols);
 void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s);
 /* gate / up (m->seg[0], m->seg[1]: the same rows, no bias needed) in one launch with the SwiGLU

@@ -119,11 +119,14 @@ int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
  * first MoE layer's routed step (a DeviceMoeBench) through the grouped GEMV and the grouped mma
  * (backend_cuda_moe_gemv_time). 0, or -1 when timing failed (every matrix, or every expert, then
  * keeps the tiled GEMV). A no-op off the GPU. Before device_native_calibrate, whose weight-only side
- * it sets. */
+ * it sets. An FP8 / NVFP4 matrix that reads a norm's output (q/k/v, gate/up) is timed with x split
+ * beforehand, and the norms then write that split (backend_cuda_gemv_presplit, from the smallest
+ * such record): its launch makes none of its own. */
 int device_gemv_calibrate(Backend *b, Model *m);
 /* The same over an explicit list of matrices (each one with a device copy): for matrices
- * a model's WeightSet does not list (gpu_check's quantized bench copies). */
-int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n);
+ * a model's WeightSet does not list (gpu_check's quantized bench copies). norm_fed[i] (or NULL:
+ * none): mats[i] reads a norm's output. */
+int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, const unsigned char *norm_fed, int n);
 /* Its routed-experts half alone: the grouped GEMV or the grouped mma (moe_mlp at up to
  * CUDA_GEMV_MAX_N tokens), measured on the first MoE layer with device experts, one record on every
  * expert matrix. 0 (also: no such layer), or -1 when timing failed (record 0: the grouped GEMV). */

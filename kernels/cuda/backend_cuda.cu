@@ -9,7 +9,9 @@
  * runs the GEMV kernel for up to CUDA_GEMV_MAX_N tokens (decode) and cuBLAS
  * beyond (prefill); a BF16 (2..8 tokens), FP8 or NVFP4 (1..8) matrix takes the
  * tensor-core GEMV (gemv_mma.cuh) from its WeightMat.mma_min_n on (measured per
- * shape at start-up through backend_cuda_gemv_time; 0: never). FP8/NVFP4 weights: their quantized bytes and scales are
+ * shape at start-up through backend_cuda_gemv_time; 0: never; FP8 / NVFP4 read x
+ * split into f16 pairs, which the norm before q/k/v and gate/up writes: norm_split).
+ * FP8/NVFP4 weights: their quantized bytes and scales are
  * copied (not the BF16 master) and every n runs the weight-only kernels of
  * quant_gemv.cu below the matrix's crossover (WeightMat.native_min_n, measured
  * per shape at start-up through backend_cuda_native_time; CUDA_NATIVE_MIN_N
@@ -75,8 +77,12 @@ typedef struct CudaCtx {
     void *arena;       /* weights copied at creation */
     uint16_t *xbf;     /* [xbf_cap] bf16 GEMM activations */
     size_t xbf_cap;
-    void *xsplit;      /* [xsplit_cap] the tensor-core FP8 GEMV's split of x (cuda_gemv_mma_scratch) */
+    void *xsplit;      /* [xsplit_cap] the tensor-core FP8 / NVFP4 GEMV's split of x (cuda_gemv_mma_scratch) */
     size_t xsplit_cap;
+    const float *xs_of; /* xsplit holds the split of xs_of [xs_n, xs_cols] f32 (a norm wrote both), or NULL */
+    int xs_n, xs_cols;
+    int presplit_min_n; /* norms at presplit_min_n..CUDA_GEMV_MAX_N tokens also write xsplit (0: never;
+                         * backend_cuda_gemv_presplit) */
     float *part;       /* attention split scratch */
     size_t part_cap;   /* bytes */
     void *sc_dev;      /* delta scatter staging: idx int64 [n], values [n * elem], read-back [n * elem] */
@@ -124,6 +130,34 @@ typedef struct CudaCtx {
 static CudaCtx *ctx(Backend *b) { return (CudaCtx *)b->ctx; }
 static void *st(Backend *b) { return (void *)ctx(b)->stream; }
 
+/* ---- the norm's split of x (rmsnorm.cu) ----
+ * An FP8 / NVFP4 matrix on the tensor-core GEMV reads x as f16 hi + lo pairs that its launch
+ * writes into c->xsplit first (one small launch). Before q/k/v and gate/up, x is a norm's output,
+ * so the norm writes them instead (norm_split) and records which buffer they are the split of
+ * (xs_of, xs_n, xs_cols); a GEMV over that x skips its split (xs_ready). The record is true only
+ * while neither xsplit nor that buffer changed, so it is dropped (xs_clear) by a GEMV that splits
+ * into xsplit itself, by a matmul whose output overlaps the buffer (xs_wrote), and at the top of
+ * every other op that writes device memory, graph launches and boundaries included. Every write
+ * goes through these ops: nothing else writes a backend buffer (Backend contract, backend.h). */
+static void xs_clear(CudaCtx *c) { c->xs_of = NULL; }
+static int xs_ready(const CudaCtx *c, const float *x, int n, int cols) {
+    return c->xs_of && x == c->xs_of && n == c->xs_n && cols == c->xs_cols;
+}
+static void xs_wrote(CudaCtx *c, const float *out, size_t count) {
+    if (c->xs_of && out < c->xs_of + (size_t)c->xs_n * c->xs_cols && c->xs_of < out + count) xs_clear(c);
+}
+/* The split scratch a norm of out [n, dim] writes beside it, or NULL (and the record dropped). */
+static void *norm_split(CudaCtx *c, const float *out, int n, int dim) {
+    xs_clear(c);
+    if (c->off_gemv_mma || c->presplit_min_n < 1 || n < c->presplit_min_n || n > CUDA_GEMV_MAX_N || dim % 2 ||
+        !c->xsplit || cuda_gemv_mma_scratch(n, dim) > c->xsplit_cap)
+        return NULL;
+    c->xs_of = out;
+    c->xs_n = n;
+    c->xs_cols = dim;
+    return c->xsplit;
+}
+
 /* Grow a device scratch buffer (sized by cu_reserve / at creation, so a step
  * never gets here; deltas grow their staging here). On an error the buffer is
  * empty (NULL, cap 0) or unchanged, never dangling. */
@@ -150,6 +184,7 @@ static void scratch_grow(CudaCtx *c, void **p, size_t *cap, size_t bytes) {
 /* ---- memory ---- */
 static void *cu_alloc(Backend *b, size_t bytes) {
     void *p = NULL;
+    xs_clear(ctx(b));
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     CHECK(e == cudaSuccess, "cudaMalloc of %zu MiB failed: %s\n  fix: lower --max-tokens, the KV cache size or "
           "the context length", bytes >> 20, cudaGetErrorString(e));
@@ -157,6 +192,7 @@ static void *cu_alloc(Backend *b, size_t bytes) {
     return p;
 }
 static void cu_release(Backend *b, void *p) {
+    xs_clear(ctx(b));
     CUDA_CHECK(cudaStreamSynchronize(ctx(b)->stream));
     CUDA_CHECK(cudaFree(p));
 }
@@ -172,6 +208,7 @@ static void cu_release(Backend *b, void *p) {
  * Not inside a capture: forward.c uploads before its graphs. */
 static void cu_upload(Backend *b, void *dst, const void *src, size_t n) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     if (!n) return;
     if (!c->up || n > UP_SEG_BYTES) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
@@ -216,6 +253,7 @@ static void cu_download_async(Backend *b, void *dst, const void *src, size_t n) 
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx(b)->stream));
 }
 static void cu_zero(Backend *b, void *p, size_t n) {
+    xs_clear(ctx(b));
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx(b)->stream));
 }
 /* The device parts of a matrix: what the kernels read, its scales (FP8/NVFP4)
@@ -446,6 +484,7 @@ static int weights_changed_once(Backend *b, const WeightTensor *t, const int64_t
  * call refreshes them again): the first error is returned. */
 static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *idx, int64_t n_idx, int elem,
                               Err *err) {
+    xs_clear(ctx(b));
     int rc = weights_changed_once(b, t, idx, n_idx, elem, err);
     WeightMat *w = t->vec ? NULL : t->mat;
     if (!w || !w->dev_scale_sw) return rc;
@@ -462,19 +501,21 @@ static int cu_weights_changed(Backend *b, const WeightTensor *t, const int64_t *
     return rc;
 }
 static void cu_copy(Backend *b, void *dst, const void *src, size_t n) {
+    xs_clear(ctx(b));
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx(b)->stream));
 }
 
 /* ---- ops ---- */
 static void cu_embed(Backend *b, float *x, const uint16_t *emb, const int32_t *tokens, int n, int dim) {
+    xs_clear(ctx(b));
     LAUNCH_OK(cuda_embed(x, emb, tokens, n, dim, st(b)));
 }
 static void cu_rmsnorm(Backend *b, float *out, const float *x, const uint16_t *w, int n, int dim, float eps) {
-    LAUNCH_OK(cuda_rmsnorm(out, x, w, n, dim, eps, st(b)));
+    LAUNCH_OK(cuda_rmsnorm(out, x, w, n, dim, eps, norm_split(ctx(b), out, n, dim), st(b)));
 }
 static void cu_add_rmsnorm(Backend *b, float *out, float *x, const float *y, const uint16_t *w, int n, int dim,
                            float eps) {
-    LAUNCH_OK(cuda_add_rmsnorm(out, x, y, w, n, dim, eps, st(b)));
+    LAUNCH_OK(cuda_add_rmsnorm(out, x, y, w, n, dim, eps, norm_split(ctx(b), out, n, dim), st(b)));
 }
 /* The native GEMM an act_quant matrix qualifies for in this binary (its
  * layout, its shape), or 0: FP8 128x128 -> CUDA_NATIVE_FP8_BLOCK (cols % 512,
@@ -551,12 +592,16 @@ static int mma_at(const CudaCtx *c, const WeightMat *w, int n) {
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
 static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
+    int ready = xs_ready(c, x, n, w->cols);
+    xs_wrote(c, out, (size_t)n * w->rows);
     if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
         const QuantFp8 *q = (const QuantFp8 *)w->q;
         if (mma_at(c, w, n) && cuda_gemv_fp8_mma(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
                                                  q->rows, q->cols, q->block_rows, q->block_cols, bias, c->xsplit,
-                                                 st(b)) == 0) /* -1: a shape it does not take */
+                                                 ready, st(b)) == 0) { /* -1: a shape it does not take */
+            if (!ready) xs_clear(c); /* it split x into xsplit */
             return;
+        }
         LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
                                 q->rows, q->cols, q->block_rows, q->block_cols, bias, st(b)));
         return;
@@ -565,8 +610,10 @@ static void plain_matmul(Backend *b, float *out, const float *x, int n, const We
         const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
         const uint8_t *P = (const uint8_t *)w->dev, *SF = (const uint8_t *)w->dev_scale;
         if (mma_at(c, w, n) && cuda_gemv_nvfp4_mma(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias,
-                                                   c->xsplit, st(b)) == 0) /* -1: a shape it does not take */
+                                                   c->xsplit, ready, st(b)) == 0) { /* -1: a shape it does not take */
+            if (!ready) xs_clear(c);
             return;
+        }
         LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias, st(b)));
         return;
     }
@@ -580,6 +627,7 @@ static void plain_matmul(Backend *b, float *out, const float *x, int n, const We
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
+    xs_wrote(ctx(b), out, (size_t)n * w->rows);
     if (native_at(w, n) && native_matmul(b, out, x, n, w, bias) == 0) return;
     plain_matmul(b, out, x, n, w, bias);
 }
@@ -618,7 +666,13 @@ done:
 
 /* Start-up (cuda_native.h): both paths of cu_matmul for w at n tokens, timed. x is a constant
  * (the times do not depend on its values); bias none (a per-row add, the same in both). */
-typedef struct { float *out; const float *x; int n; const WeightMat *w; } MatmulRun;
+typedef struct {
+    float *out;
+    const float *x;
+    int n;
+    const WeightMat *w;
+    int presplit; /* gemv_run: the tensor-core side reads x split beforehand (a norm writes it) */
+} MatmulRun;
 static int matmul_run(Backend *b, const void *arg, int native) {
     const MatmulRun *m = (const MatmulRun *)arg;
     if (native) return native_matmul(b, m->out, m->x, m->n, m->w, NULL); /* nonzero: no native path here */
@@ -645,8 +699,8 @@ static double rel_diff(const float *ref, const float *got, size_t count) {
  * [n, rows] f32 of their own, x a fixed pattern in [-1, 1) (the times do not depend on its values; a
  * constant would hide a permuted fragment from the comparison). rel: when given and both ran, the
  * last outputs' rel_diff (run 0's the reference), else -1. */
-static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun run, float *us0, float *us1,
-                     double *rel) {
+static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun run, int presplit, float *us0,
+                     float *us1, double *rel) {
     CudaCtx *c = ctx(b);
     size_t nx = (size_t)n * w->cols, no = (size_t)n * w->rows;
     float *x = NULL, *out = NULL, *hx = (float *)malloc(sizeof(float) * nx);
@@ -666,7 +720,7 @@ static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun r
         cudaMemcpyAsync(x, hx, sizeof(float) * nx, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
         goto done;
     {
-        MatmulRun m = {out, x, n, w};
+        MatmulRun m = {out, x, n, w, presplit};
         if (time_best(b, run, &m, 0, reps, us0) ||
             (rel && cudaMemcpyAsync(h0, out, sizeof(float) * no, cudaMemcpyDeviceToHost, c->stream)) ||
             time_best(b, run, &m, 1, reps, us1) ||
@@ -676,6 +730,7 @@ static int time_pair(Backend *b, const WeightMat *w, int n, int reps, TimedRun r
     rc = cudaStreamSynchronize(c->stream) == cudaSuccess ? 0 : -1;
     if (!rc && rel && *us0 >= 0 && *us1 >= 0) *rel = rel_diff(h0, h1, no);
 done:
+    xs_clear(c); /* gemv_run's record of x, freed here */
     cudaFree(x);
     cudaFree(out);
     free(hx); free(h0); free(h1);
@@ -686,7 +741,7 @@ extern "C" int backend_cuda_native_time(Backend *b, const WeightMat *w, int n, i
                                         float *native_us) {
     *wo_us = *native_us = -1;
     if (n < 1 || reps < 1 || w->fmt == WF_BF16 || !w->dev) return -1;
-    return time_pair(b, w, n, reps, matmul_run, wo_us, native_us, NULL);
+    return time_pair(b, w, n, reps, matmul_run, 0, wo_us, native_us, NULL);
 }
 
 /* Start-up (cuda_native.h): a BF16, FP8 or NVFP4 matrix's two decode GEMVs at n tokens, the tiled one
@@ -697,35 +752,51 @@ static int gemv_run(Backend *b, const void *arg, int mma) {
     const WeightMat *w = r->w;
     CudaCtx *c = ctx(b);
     if (mma && c->off_gemv_mma) return -1;
-    if (w->fmt == WF_FP8) {
-        const QuantFp8 *q = (const QuantFp8 *)w->q;
-        const uint8_t *Q = (const uint8_t *)w->dev;
-        const float *S = (const float *)w->dev_scale;
-        if (!mma) return cuda_gemv_fp8(r->out, r->x, r->n, Q, S, w->rows, w->cols, q->block_rows, q->block_cols, NULL, st(b));
-        scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
-        return cuda_gemv_fp8_mma(r->out, r->x, r->n, Q, S, w->rows, w->cols, q->block_rows, q->block_cols, NULL,
-                                 c->xsplit, st(b));
-    }
-    if (w->fmt == WF_NVFP4) {
-        const uint8_t *P = (const uint8_t *)w->dev, *SF = (const uint8_t *)w->dev_scale;
-        const float *s2 = (const float *)w->dev_s2;
-        if (!mma) return cuda_gemv_nvfp4(r->out, r->x, r->n, P, SF, s2, w->rows, w->cols, NULL, st(b));
-        scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
-        return cuda_gemv_nvfp4_mma(r->out, r->x, r->n, P, SF, s2, w->rows, w->cols, NULL, c->xsplit, st(b));
+    if (w->fmt == WF_FP8 || w->fmt == WF_NVFP4) {
+        const QuantFp8 *q = w->fmt == WF_FP8 ? (const QuantFp8 *)w->q : NULL;
+        const uint8_t *W8 = (const uint8_t *)w->dev;
+        if (!mma && q)
+            return cuda_gemv_fp8(r->out, r->x, r->n, W8, (const float *)w->dev_scale, w->rows, w->cols,
+                                 q->block_rows, q->block_cols, NULL, st(b));
+        if (!mma)
+            return cuda_gemv_nvfp4(r->out, r->x, r->n, W8, (const uint8_t *)w->dev_scale, (const float *)w->dev_s2,
+                                   w->rows, w->cols, NULL, st(b));
+        /* presplit: the first (warm-up) run splits the timer's x, the timed ones find it split, as
+         * the launches after a norm do; else every run splits it */
+        int ready = r->presplit && xs_ready(c, r->x, r->n, w->cols), rc;
+        if (!ready) {
+            xs_clear(c);
+            scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
+        }
+        rc = q ? cuda_gemv_fp8_mma(r->out, r->x, r->n, W8, (const float *)w->dev_scale, w->rows, w->cols,
+                                   q->block_rows, q->block_cols, NULL, c->xsplit, ready, st(b))
+               : cuda_gemv_nvfp4_mma(r->out, r->x, r->n, W8, (const uint8_t *)w->dev_scale, (const float *)w->dev_s2,
+                                     w->rows, w->cols, NULL, c->xsplit, ready, st(b));
+        if (rc == 0 && r->presplit) { /* the timer's own x (time_pair drops the record before freeing it) */
+            c->xs_of = r->x;
+            c->xs_n = r->n;
+            c->xs_cols = w->cols;
+        }
+        return rc;
     }
     const uint16_t *W = (const uint16_t *)w->dev;
     if (!mma) return cuda_gemv_bf16(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
     return cuda_gemv_bf16_mma(r->out, r->x, r->n, W, w->rows, w->cols, NULL, st(b));
 }
-extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, float *tile_us, float *mma_us) {
+extern "C" int backend_cuda_gemv_time(Backend *b, const WeightMat *w, int n, int reps, int presplit, float *tile_us,
+                                      float *mma_us) {
     *tile_us = *mma_us = -1;
     if (n < 1 || n > CUDA_GEMV_MAX_N || reps < 1 || !w->dev || (w->fmt != WF_BF16 && !w->q) ||
         (w->fmt == WF_NVFP4 && (!w->dev_scale || !w->dev_s2)))
         return -1;
     double rel;
-    if (time_pair(b, w, n, reps, gemv_run, tile_us, mma_us, &rel)) return -1;
+    if (time_pair(b, w, n, reps, gemv_run, presplit && w->fmt != WF_BF16, tile_us, mma_us, &rel)) return -1;
     if (rel > CUDA_MMA_AGREE_TOL) *mma_us = CUDA_MMA_DISAGREES; /* the same patterned x, both paths' outputs */
     return 0;
+}
+extern "C" void backend_cuda_gemv_presplit(Backend *b, int min_n) {
+    ctx(b)->presplit_min_n = min_n > 0 ? min_n : 0;
+    xs_clear(ctx(b));
 }
 /* The tiled GEMV's segments for count matrices over x (gemv_tile.cuh) and their format: 1 when they
  * share a format, fit one launch at n tokens and take no native GEMM, else 0. */
@@ -751,22 +822,35 @@ static int gemv_multi_build(const CudaCtx *c, GemvMulti *m, int *fmt, float *con
     }
     m->nseg = count;
     m->mma = mma_at(c, ws[0], n); /* the first matrix's choice (q of q/k/v, gate of gate/up) */
-    if (m->mma && *fmt >= 1) m->xs = gemv_mma_split_at(c->xsplit, n, ws[0]->cols);
+    if (m->mma && *fmt >= 1) {
+        m->xs = gemv_mma_split_at(c->xsplit, n, ws[0]->cols);
+        m->xs.ready = xs_ready(c, x, n, ws[0]->cols); /* a norm wrote it (norm_split) */
+    }
     if (m->mma && gemv_multi_check(m, n, *fmt)) m->mma = 0; /* a shape the tensor-core tile does not take */
     return ok;
 }
 
 /* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
  * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
+/* After a launch of m: its split into xsplit (unless a norm's was ready) and its outputs (swiglu: out
+ * instead of the segments') drop the norm's record as they must. */
+static void multi_wrote(CudaCtx *c, const GemvMulti *m, int n, int fmt, const float *swiglu_out) {
+    if (m->mma && fmt >= 1 && !m->xs.ready) xs_clear(c);
+    if (swiglu_out) xs_wrote(c, swiglu_out, (size_t)n * m->seg[0].rows);
+    for (int i = 0; !swiglu_out && i < m->nseg; i++) xs_wrote(c, m->seg[i].out, (size_t)n * m->seg[i].rows);
+}
 static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
                             const uint16_t *const *biases, int count) {
     GemvMulti m;
     int fmt;
-    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0)
+    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, biases, count) && cuda_gemv_multi(&m, n, fmt, st(b)) == 0) {
+        multi_wrote(ctx(b), &m, n, fmt, NULL);
         return;
+    }
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
 static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
+    xs_clear(ctx(b));
     LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
 }
 /* gate/up and SwiGLU: at decode sizes one launch with the epilogue (matmul_swiglu.cu; g and u
@@ -778,16 +862,22 @@ static void cu_matmul_swiglu(Backend *b, float *out, const float *x, int n, cons
     float *outs[2] = {g, u};
     const WeightMat *ws[2] = {gate, up};
     const uint16_t *bs[2] = {NULL, NULL};
-    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0)
+    if (gemv_multi_build(ctx(b), &m, &fmt, outs, x, n, ws, bs, 2) && cuda_gemv_swiglu(&m, out, n, fmt, st(b)) == 0) {
+        multi_wrote(ctx(b), &m, n, fmt, out);
         return;
+    }
     cu_matmul_multi(b, outs, x, n, ws, bs, 2);
     cu_swiglu(b, out, g, u, n * gate->rows);
 }
 static void cu_norm_rope(Backend *b, float *x, int n, int n_heads, int head_dim, const uint16_t *norm_w, float eps,
                          const float *cs, const float *sn, const int32_t *pos) {
+    xs_clear(ctx(b));
     LAUNCH_OK(cuda_norm_rope(x, n, n_heads, head_dim, norm_w, eps, cs, sn, pos, st(b)));
 }
-static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) { LAUNCH_OK(cuda_rope_kv_write(a, st(b))); }
+static void cu_rope_kv_write(Backend *b, const RopeKvArgs *a) {
+    xs_clear(ctx(b));
+    LAUNCH_OK(cuda_rope_kv_write(a, st(b)));
+}
 /* The split partials of one attention call ([splits, n_tokens * n_heads, head_dim + 2] f32, the
  * merge's input), in c->part; nothing for an unsplit call. */
 static float *attn_part(CudaCtx *c, const AttnArgs *a, int splits) {
@@ -798,6 +888,7 @@ static float *attn_part(CudaCtx *c, const AttnArgs *a, int splits) {
 }
 static void cu_attention(Backend *b, const AttnArgs *a) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     if (!c->off_attn_mma && cuda_attention_mma_fits(a)) {
         int ms = cuda_attention_mma_splits(a->n_tokens, a->n_heads, c->max_ctx, c->sms);
         LAUNCH_OK(cuda_attention_mma_split(a, attn_part(c, a, ms), ms, st(b)));
@@ -811,17 +902,28 @@ static void cu_attention(Backend *b, const AttnArgs *a) {
     int splits = cuda_attention_splits(a->n_tokens, a->n_heads, a->n_kv_heads, c->max_ctx, c->sms);
     LAUNCH_OK(cuda_attention(a, attn_part(c, a, splits), splits, st(b)));
 }
-static void cu_add(Backend *b, float *x, const float *y, int n) { LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b))); }
-static void cu_kv_write(Backend *b, const KvWriteArgs *a) { LAUNCH_OK(cuda_kv_write(a, st(b))); }
+static void cu_add(Backend *b, float *x, const float *y, int n) {
+    xs_clear(ctx(b));
+    LAUNCH_OK(cuda_add(x, y, (size_t)n, st(b)));
+}
+static void cu_kv_write(Backend *b, const KvWriteArgs *a) {
+    xs_clear(ctx(b));
+    LAUNCH_OK(cuda_kv_write(a, st(b)));
+}
 static void cu_gather_rows(Backend *b, float *dst, const float *src, const int32_t *rows, int n, int dim) {
+    xs_clear(ctx(b));
     LAUNCH_OK(cuda_gather_rows(dst, src, rows, n, dim, st(b)));
 }
 static void cu_scale_add_rows(Backend *b, float *dst, const float *src, const int32_t *rows, const float *w, int n,
                               int dim) {
+    xs_clear(ctx(b));
     LAUNCH_OK(cuda_scale_add_rows(dst, src, rows, w, n, dim, st(b)));
 }
 
-static void cu_moe_route(Backend *b, const MoeRouteArgs *a) { LAUNCH_OK(cuda_moe_route(a, st(b))); }
+static void cu_moe_route(Backend *b, const MoeRouteArgs *a) {
+    xs_clear(ctx(b));
+    LAUNCH_OK(cuda_moe_route(a, st(b)));
+}
 
 /* Expert kind j (0 gate, 1 up, 2 down) of every expert: one format (BF16, FP8
  * with one scale block, or NVFP4), the layer's shape, 16-byte aligned. */
@@ -865,6 +967,7 @@ static int moe_fp8_group(int bc, int cols, int n, int *stride) {
     return bc >= cols ? cols : QUANT_FP8_GROUP;
 }
 static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
+    xs_clear(ctx(b));
     const MoeRouteArgs *ra = a->route;
     int E = ra->n_experts, K = ra->top_k, H = a->hidden, I = a->inter, NK = ra->n * K;
     const WeightMat *ws[3] = {a->ex.gate, a->ex.up, a->ex.down};
@@ -1007,6 +1110,7 @@ extern "C" int backend_cuda_moe_gemv_time(Backend *b, const MoeMlpArgs *a, int r
  * about one small copy per step), then cuda_lora's shrink and expand. */
 static void cu_lora(Backend *b, float *out, const float *x, int n, const LoraPair *const *pairs) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     CHECK(n <= c->lora_tokens, "LoRA over %d rows, %d reserved (lora_reserve; a bug in the caller)", n,
           c->lora_tokens);
     CudaLoraSegs sg;
@@ -1070,6 +1174,7 @@ static void cu_lora_reserve(Backend *b, int max_tokens, int max_rank) {
 /* The update path's copy (adapters): every error returned. */
 static int cu_upload_try(Backend *b, void *dst, const void *src, size_t n, Err *err) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     if (n) CUDA_TRY(err, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
     CUDA_TRY(err, cudaStreamSynchronize(c->stream));
     return 0;
@@ -1078,6 +1183,7 @@ static int cu_upload_try(Backend *b, void *dst, const void *src, size_t n, Err *
 /* Runner creation: the GEMM path's bf16 copy of x for up to max_tokens x max_cols. */
 static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
     scratch_grow(c, &c->xsplit, &c->xsplit_cap,
                  cuda_gemv_mma_scratch(max_tokens < CUDA_GEMV_MAX_N ? max_tokens : CUDA_GEMV_MAX_N, max_cols));
@@ -1102,6 +1208,7 @@ static int cu_sample_reserve(Backend *b, const DevSampleCaps *caps, Err *err) {
 static int cu_sample_launch(Backend *b, const float *logits, int n_logit_rows, int vocab,
                             const DevSampleBatch *batch, int slot, Err *err) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     if (!c->sampler) return ERR(err, 500, "device sampling was not reserved (sample_reserve)");
     return cuda_sampler_launch(c->sampler, logits, n_logit_rows, vocab, batch, slot, st(b), err) ? -1 : 0;
 }
@@ -1117,6 +1224,7 @@ static void cu_step_begin(Backend *b) {
 static double cu_device_seconds(Backend *b) { return ctx(b)->sampler ? cuda_sampler_busy_s(ctx(b)->sampler) : -1; }
 static int cu_tokens_resolve(Backend *b, int32_t *tokens, int n, int n_src) {
     CudaCtx *c = ctx(b);
+    xs_clear(c);
     return c->sampler ? cuda_sampler_resolve(c->sampler, tokens, n, n_src, st(b)) : -1;
 }
 
@@ -1147,9 +1255,11 @@ static void cu_free(Backend *b) {
  * failed capture or instantiation returns NULL and clears the error, so the
  * caller can run the ops eagerly instead. */
 static int cu_graph_begin(Backend *b) {
+    xs_clear(ctx(b));
     return cudaStreamBeginCapture(ctx(b)->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess ? 0 : -1;
 }
 static void *cu_graph_end(Backend *b) {
+    xs_clear(ctx(b));
     cudaGraph_t g = NULL;
     cudaGraphExec_t e = NULL;
     if (cudaStreamEndCapture(ctx(b)->stream, &g) != cudaSuccess || !g) {
@@ -1165,6 +1275,7 @@ static void *cu_graph_end(Backend *b) {
     return (void *)e;
 }
 static void cu_graph_launch(Backend *b, void *g) {
+    xs_clear(ctx(b));
     CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, ctx(b)->stream));
 }
 static void cu_graph_free(Backend *b, void *g) {

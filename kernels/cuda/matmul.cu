@@ -6,7 +6,8 @@
  *     activations and accumulation); the rows are read once for all n tokens.
  *     A launch may ask for the tensor-core tile instead (GemvMulti.mma:
  *     gemv_mma.cuh, f32 class): BF16 at 2..8 tokens, FP8 and NVFP4 at
- *     1..8 (their x split first by gm_split_kernel, here).
+ *     1..8 (their x split first by gm_split_kernel, here, unless the norm
+ *     before them wrote the split already: GmSplit.ready, rmsnorm.cu).
  *   - prefill: cuBLAS GemmEx, BF16 x BF16 with f32 accumulation and f32 output
  *     (activations rounded to bf16 first, as every BF16 inference engine does).
  * Reference: cpu_matmul_rows (f32 activations, so the GEMM path differs from it
@@ -79,9 +80,8 @@ static void mma_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_
     }
 }
 
-/* One block per token t of x [n, cols] f32 (cols even): k_t with max |x_t| * 2^k_t in [2^14, 2^15) (0
- * for an all-zero or non-finite row; at most 126), hi [t, i] = the f16 pair of x_t[2i], x_t[2i + 1]
- * times 2^k_t, lo [t, i] the f16 pair of what hi left, inv[t] = 2^-k_t. */
+/* One block per token t of x [n, cols] f32 (cols even): k_t (gm_split_exp), hi [t, i] / lo [t, i] the f16
+ * pairs of x_t[2i], x_t[2i + 1] times 2^k_t (gm_split_pair), inv[t] = 2^-k_t. */
 #define GM_SPLIT_THREADS 256
 __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float *x, int cols, uint32_t *hi,
                                                                       uint32_t *lo, float *inv) {
@@ -97,33 +97,26 @@ __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float 
     if (threadIdx.x == 0) {
         float a = 0.f;
         for (int i = 0; i < GM_SPLIT_THREADS / 32; i++) a = fmaxf(a, wmax[i]);
-        int e = 0, k = 0;
-        if (a > 0.f && a <= 3.402823466e38f) {
-            frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
-            k = 15 - e < 126 ? 15 - e : 126;
-        }
-        kk = k;
-        inv[t] = ldexpf(1.0f, -k);
+        kk = gm_split_exp(a);
+        inv[t] = ldexpf(1.0f, -kk);
     }
     __syncthreads();
     float sc = ldexpf(1.0f, kk);
     size_t o = (size_t)t * (cols / 2);
-    for (int i = threadIdx.x; i < cols / 2; i += GM_SPLIT_THREADS) {
-        float v0 = xt[2 * i] * sc, v1 = xt[2 * i + 1] * sc; /* exact: a power of two */
-        uint32_t h = gm_f16x2(v0, v1);
-        hi[o + i] = h;
-        lo[o + i] = gm_f16x2(v0 - gt_f16_to_f32(h & 0xffffu), v1 - gt_f16_to_f32(h >> 16)); /* exact differences */
-    }
+    for (int i = threadIdx.x; i < cols / 2; i += GM_SPLIT_THREADS)
+        gm_split_pair(xt[2 * i], xt[2 * i + 1], sc, &hi[o + i], &lo[o + i]);
 }
 
-/* FP8 / NVFP4 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it. */
+/* FP8 / NVFP4 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it, unless the
+ * caller wrote it already (m->xs.ready: a norm with its split, rmsnorm.cu). */
 void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s) {
+    if (m->xs.ready) return;
     gm_split_kernel<<<n, GM_SPLIT_THREADS, 0, s>>>(m->seg[0].x, m->seg[0].cols, m->xs.hi, m->xs.lo, m->xs.inv);
 }
 
 extern "C" size_t cuda_gemv_mma_scratch(int n, int cols) { return (size_t)n * cols * 4 + (size_t)n * 4; }
 GmSplit gemv_mma_split_at(void *scratch, int n, int cols) {
-    GmSplit x;
+    GmSplit x = {};
     x.hi = (uint32_t *)scratch;
     x.lo = x.hi + (size_t)n * (cols / 2);
     x.inv = (float *)(x.lo + (size_t)n * (cols / 2));
@@ -204,7 +197,7 @@ extern "C" int cuda_gemv_bf16_mma(float *out, const float *x, int n, const uint1
 
 extern "C" int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_t *Q, const float *scale_inv,
                                  int rows, int cols, int block_rows, int block_cols, const uint16_t *bias,
-                                 void *scratch, void *stream) {
+                                 void *scratch, int x_split, void *stream) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || block_rows <= 0 || block_cols <= 0 || !out ||
         !x || !Q || !scale_inv || !scratch)
         return -1;
@@ -213,12 +206,13 @@ extern "C" int cuda_gemv_fp8_mma(float *out, const float *x, int n, const uint8_
     m.seg[0] = gemv_args_fp8(out, x, Q, scale_inv, block_rows, block_cols, bias, rows, cols);
     m.mma = 1;
     m.xs = gemv_mma_split_at(scratch, n, cols);
+    m.xs.ready = x_split;
     return cuda_gemv_multi(&m, n, 1, stream);
 }
 
 extern "C" int cuda_gemv_nvfp4_mma(float *out, const float *x, int n, const uint8_t *packed, const uint8_t *scale,
                                    const float *scale2, int rows, int cols, const uint16_t *bias, void *scratch,
-                                   void *stream) {
+                                   int x_split, void *stream) {
     if (n < 1 || n > CUDA_GEMV_MAX_N || rows <= 0 || cols <= 0 || !out || !x || !packed || !scale || !scale2 ||
         !scratch)
         return -1;
@@ -227,6 +221,7 @@ extern "C" int cuda_gemv_nvfp4_mma(float *out, const float *x, int n, const uint
     m.seg[0] = gemv_args_nvfp4(out, x, packed, scale, scale2, bias, rows, cols);
     m.mma = 1;
     m.xs = gemv_mma_split_at(scratch, n, cols);
+    m.xs.ready = x_split;
     return cuda_gemv_multi(&m, n, 2, stream);
 }
 

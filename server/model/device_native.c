@@ -43,6 +43,7 @@
 #pragma weak backend_cuda_moe_time
 #pragma weak backend_cuda_gemv_time
 #pragma weak backend_cuda_moe_gemv_time
+#pragma weak backend_cuda_gemv_presplit
 
 int device_native_plan(int gpu, int binary_sm, int caps, Precision p, int weight_only, int *fp8_per_channel,
                        Err *err) {
@@ -357,21 +358,23 @@ static int mma_disagrees(const NativeCrossover *x) {
     return 0;
 }
 
+typedef struct { Backend *b; const WeightMat *w; int presplit; } GemvTimeCtx;
 static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
-    const TimeCtx *t = (const TimeCtx *)ctx;
-    return backend_cuda_gemv_time(t->b, t->w, n, 5, tile_us, mma_us);
+    const GemvTimeCtx *t = (const GemvTimeCtx *)ctx;
+    return backend_cuda_gemv_time(t->b, t->w, n, 5, t->presplit, tile_us, mma_us);
 }
 
-int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
+int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, const unsigned char *norm_fed, int n) {
     if (!backend_cuda_gemv_time || b->host) return 0;
     enum { MAX_SHAPES = 64 };
-    struct { int fmt, rows, cols, min_n; } shapes[MAX_SHAPES];
-    int n_shapes = 0, n_mats = 0, n_mma = 0;
+    struct { int fmt, rows, cols, presplit, min_n; } shapes[MAX_SHAPES];
+    int n_shapes = 0, n_mats = 0, n_mma = 0, presplit_min = 0;
     for (int i = 0; i < n; i++) {
         WeightMat *w = mats[i];
         if (!w->dev) continue;
-        int s = 0;
-        while (s < n_shapes && !(shapes[s].fmt == (int)w->fmt && shapes[s].rows == w->rows && shapes[s].cols == w->cols))
+        int pre = norm_fed && norm_fed[i] && w->fmt != WF_BF16, s = 0; /* FP8 / NVFP4 after a norm */
+        while (s < n_shapes && !(shapes[s].fmt == (int)w->fmt && shapes[s].rows == w->rows &&
+                                 shapes[s].cols == w->cols && shapes[s].presplit == pre))
             s++;
         if (s == n_shapes) {
             if (n_shapes == MAX_SHAPES) { /* more distinct shapes than any model we know: the tiled GEMV */
@@ -379,17 +382,19 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
                 continue;
             }
             NativeCrossover x;
-            TimeCtx t = {b, w};
+            GemvTimeCtx t = {b, w, pre};
             if (device_native_crossover(time_gemv, &t, CUDA_GEMV_MAX_N, &x) != 0) {
                 log_warn("gemv: timing [%d x %d] on the device failed; every matrix keeps the tiled GEMV",
                          w->rows, w->cols);
                 for (int j = 0; j < n; j++) mats[j]->mma_min_n = 0;
+                if (backend_cuda_gemv_presplit) backend_cuda_gemv_presplit(b, 0);
                 return -1;
             }
             char desc[1024];
             const char *fn = w->fmt == WF_FP8 ? "fp8" : w->fmt == WF_NVFP4 ? "nvfp4" : "bf16";
             crossover_describe_as(&x, "tiled", "tensor cores", desc, sizeof desc);
-            log_info("gemv: %s [%d x %d] at decode sizes: %s", fn, w->rows, w->cols, desc);
+            log_info("gemv: %s [%d x %d]%s at decode sizes: %s", fn, w->rows, w->cols,
+                     pre ? " (after a norm: x split by it)" : "", desc);
             int bad_n = mma_disagrees(&x);
             if (bad_n) {
                 log_warn("gemv: %s [%d x %d]: the tensor-core GEMV's result is not the tiled GEMV's at n = %d (more "
@@ -400,13 +405,21 @@ int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, int n) {
             shapes[n_shapes].fmt = (int)w->fmt;
             shapes[n_shapes].rows = w->rows;
             shapes[n_shapes].cols = w->cols;
+            shapes[n_shapes].presplit = pre;
             shapes[n_shapes].min_n = x.min_n == INT_MAX ? 0 : x.min_n;
             n_shapes++;
         }
         w->mma_min_n = shapes[s].min_n;
         n_mats++;
         n_mma += w->mma_min_n > 0;
+        if (pre && w->mma_min_n > 0 && (!presplit_min || w->mma_min_n < presplit_min)) presplit_min = w->mma_min_n;
     }
+    /* the norms write the split from the smallest step at which a matrix after them takes the tensor cores:
+     * each of those was timed without its own split, so it must not pay one */
+    if (backend_cuda_gemv_presplit) backend_cuda_gemv_presplit(b, presplit_min);
+    if (presplit_min)
+        log_info("gemv: the norms write the FP8 / NVFP4 tensor-core GEMV's split of x from n = %d on (q/k/v and "
+                 "gate/up launch no split of their own)", presplit_min);
     if (n_mats)
         log_info("gemv: %d BF16 / FP8 / NVFP4 matrices of %d shapes measured on the device; %d take the tensor-core "
                  "GEMV from their crossover (x as bf16 or f16 hi + lo), the rest the tiled GEMV at every decode size",
@@ -444,15 +457,28 @@ int device_gemv_calibrate_experts(Backend *b, Model *m) {
     return 0;
 }
 
+/* 1: w reads a norm's output (forward.c: q/k/v after the attention norm, gate/up after the MLP norm,
+ * the router, lm_head after the final norm); 0: o (the attention's output) and down (the SwiGLU's). */
+static int mat_norm_fed(const Model *m, const WeightMat *w) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (w == &m->layers[l].o || w == &m->layers[l].down) return 0;
+    return 1;
+}
+
 int device_gemv_calibrate(Backend *b, Model *m) {
-    WeightMat **mats = xmalloc(sizeof *mats * (size_t)(m->weights.n ? m->weights.n : 1));
+    size_t cap = (size_t)(m->weights.n ? m->weights.n : 1);
+    WeightMat **mats = xmalloc(sizeof *mats * cap);
+    unsigned char *norm_fed = xmalloc(cap);
     int n = 0;
     for (int i = 0; i < m->weights.n; i++) {
         WeightMat *w = m->weights.t[i].mat; /* a tied lm_head too (its vec is the embedding) */
-        if (w && !model_is_routed_expert(m, w)) mats[n++] = w; /* experts: moe_gemm.cu / moe_mma.cu, below */
+        if (!w || model_is_routed_expert(m, w)) continue; /* experts: moe_gemm.cu / moe_mma.cu, below */
+        norm_fed[n] = (unsigned char)mat_norm_fed(m, w);
+        mats[n++] = w;
     }
-    int rc = device_gemv_calibrate_mats(b, mats, n);
+    int rc = device_gemv_calibrate_mats(b, mats, norm_fed, n);
     free(mats);
+    free(norm_fed);
     int erc = device_gemv_calibrate_experts(b, m);
     return rc ? rc : erc;
 }

@@ -904,11 +904,12 @@ static void bench_gemv_one(int fmt, int rows, int cols, int nt, int mma) {
         if (fmt == 0 && mma) rc = cuda_gemv_bf16_mma(out, x, nt, (uint16_t *)w[k], rows, cols, NULL, NULL);
         else if (fmt == 0) rc = cuda_gemv_bf16(out, x, nt, (uint16_t *)w[k], rows, cols, NULL, NULL);
         else if (fmt == 1 && mma)
-            rc = cuda_gemv_fp8_mma(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, split, NULL);
+            rc = cuda_gemv_fp8_mma(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, split, 0,
+                                   NULL);
         else if (fmt == 1) rc = cuda_gemv_fp8(out, x, nt, (uint8_t *)w[k], (float *)sc[k], rows, cols, 128, 128, NULL, NULL);
         else if (mma)
             rc = cuda_gemv_nvfp4_mma(out, x, nt, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL,
-                                     split, NULL);
+                                     split, 0, NULL);
         else rc = cuda_gemv_nvfp4(out, x, nt, (uint8_t *)w[k], (uint8_t *)sc[k], bench_scale2(), rows, cols, NULL, NULL);
         CHECK(rc == 0, "gemv bench launch");
     }
@@ -1037,7 +1038,11 @@ static void bench_ops(const Model *m, double step_ms) {
     WeightMat qkv[3] = {lw->q, lw->k, lw->v}, gu[3] = {lw->gate, lw->up, lw->up};
     float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
     TIME_OP("embed", 1, cuda_embed(x, m->embed.dev, ip + 3, 1, H, NULL));
-    TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL));
+    TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL, NULL));
+    void *xsplit = NULL; /* FP8 / NVFP4 steps: the norm also writes the tensor-core GEMV's split of xn */
+    CUDA_CHECK(cudaMalloc(&xsplit, cuda_gemv_mma_scratch(1, H)));
+    TIME_OP("add_rmsnorm + x split (fp8)", 0, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, xsplit, NULL));
+    CUDA_CHECK(cudaFree(xsplit));
     CUDA_CHECK(cudaDeviceSynchronize());
     TIME_OP_BG("q/k/v GEMV (one launch)", L, mm_multi_call(qkv, qkv_out, xn, 3));
     /* the RoPE tables of one row (cs, sn: [1, hd/2]) at position ip[1] = 0 */
@@ -1119,14 +1124,19 @@ static size_t quant_mat(WeightMat *w, Precision prec, char **cur, uint64_t seed)
  * (the BF16 originals') does not list. */
 static void bench_gemv_choose(Backend *b, Model *q) {
     WeightMat **mats = xmalloc(sizeof *mats * 7 * (size_t)q->cfg.n_layers);
+    unsigned char *norm_fed = xmalloc(7 * (size_t)q->cfg.n_layers);
     int n = 0;
     for (int l = 0; l < q->cfg.n_layers; l++) {
         LayerWeights *w = &q->layers[l];
         WeightMat *ms[] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
-        for (int i = 0; i < 7; i++) mats[n++] = ms[i];
+        for (int i = 0; i < 7; i++) {
+            norm_fed[n] = i != 3 && i != 6; /* not o, not down */
+            mats[n++] = ms[i];
+        }
     }
-    device_gemv_calibrate_mats(b, mats, n);
+    device_gemv_calibrate_mats(b, mats, norm_fed, n); /* and the norms' split of x (backend_cuda_gemv_presplit) */
     free(mats);
+    free(norm_fed);
 }
 
 static void bench_quant(const Model *m, Precision prec, int act_quant, float *logits, int32_t *tables, int bps) {

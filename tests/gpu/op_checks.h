@@ -313,42 +313,60 @@ static void check_matmul_sweep(const int *a) {
  * quant_matmul_*_rows(xs = NULL) plus the bias, f32 class: the kernel dequantizes
  * exactly (e4m3/e2m1 times an f32 or e4m3 scale) and sums in f32. n > 8 runs
  * several launches; misalign: x one float past a 16-byte boundary. */
+/* A quantized copy of w [rows, cols] bf16 as the CUDA backend reads it (dwm: dev, dev_scale, dev_s2, q),
+ * FP8 in layout or NVFP4, with the host quantization kept for the CPU reference (qmat_ref). */
+typedef struct QMat {
+    WeightMat dwm;
+    QuantFp8 dq, *hq8;
+    QuantNvfp4 dn, *hq4;
+    void *d1, *d2;
+} QMat;
+static void qmat_make(QMat *m, int nvfp4, QuantFp8Layout layout, const uint16_t *w, int rows, int cols) {
+    Err err = {0};
+    memset(m, 0, sizeof *m);
+    m->dwm = wmat_bf16(rows, cols, NULL);
+    m->dwm.fmt = nvfp4 ? WF_NVFP4 : WF_FP8;
+    if (nvfp4) {
+        QuantNvfp4 *q = m->hq4 = quant_nvfp4_from_bf16(w, rows, cols, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        m->dn = *q;
+        m->dn.packed = (uint8_t *)(m->d1 = dev_copy(q->packed, (size_t)rows * cols / 2));
+        m->dn.scale = (uint8_t *)(m->d2 = dev_copy(q->scale, (size_t)rows * cols / QUANT_NVFP4_BLOCK));
+        m->dwm.q = &m->dn;
+        m->dwm.dev_s2 = dev_scale2(q);
+    } else {
+        QuantFp8 *q = m->hq8 = quant_fp8_from_bf16(w, rows, cols, layout, &err);
+        CHECK(q, "quantize: %s", err.msg);
+        m->dq = *q;
+        m->dq.q = (uint8_t *)(m->d1 = dev_copy(q->q, (size_t)rows * cols));
+        m->dq.scale_inv =
+            (float *)(m->d2 = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
+        m->dwm.q = &m->dq;
+    }
+    m->dwm.dev = m->d1;
+    m->dwm.dev_scale = m->d2;
+}
+/* ref [n, rows] = x [n, cols] @ the host quantization^T (quant.h, no bias). */
+static void qmat_ref(const QMat *m, float *ref, const float *x, int n) {
+    if (m->hq4) quant_matmul_nvfp4_rows(ref, x, NULL, m->hq4, n, 0, m->dwm.rows);
+    else quant_matmul_fp8_rows(ref, x, NULL, m->hq8, n, 0, m->dwm.rows);
+}
+static void qmat_free(QMat *m) {
+    cudaFree(m->d1); cudaFree(m->d2);
+    if (m->hq4) quant_nvfp4_free(m->hq4);
+    if (m->hq8) quant_fp8_free(m->hq8);
+}
+
 static void check_qgemv(const int *a) {
     int nvfp4 = a[0], n = a[1], rows = a[2], cols = a[3], bias = a[5], misalign = a[6], mma = a[7];
     QuantFp8Layout layout = (QuantFp8Layout)a[4];
-    Err err = {0};
     size_t N = (size_t)n * cols;
     float *x = rand_f32(N, 1), *ref = (float *)xmalloc(sizeof(float) * (size_t)n * rows);
     uint16_t *w = rand_bf16((size_t)rows * cols, 0, 0.05f), *b = bias ? rand_bf16(rows, 0, 1) : NULL;
-    WeightMat dwm = wmat_bf16(rows, cols, NULL);
-    dwm.fmt = nvfp4 ? WF_NVFP4 : WF_FP8;
-    QuantFp8 dq;
-    QuantNvfp4 dn;
-    void *d1, *d2;
-    if (nvfp4) {
-        QuantNvfp4 *q = quant_nvfp4_from_bf16(w, rows, cols, &err);
-        CHECK(q, "quantize: %s", err.msg);
-        quant_matmul_nvfp4_rows(ref, x, NULL, q, n, 0, rows);
-        dn = *q;
-        dn.packed = (uint8_t *)(d1 = dev_copy(q->packed, (size_t)rows * cols / 2));
-        dn.scale = (uint8_t *)(d2 = dev_copy(q->scale, (size_t)rows * cols / QUANT_NVFP4_BLOCK));
-        dwm.q = &dn;
-        dwm.dev = d1;
-        dwm.dev_scale = d2;
-        dwm.dev_s2 = dev_scale2(q);
-        quant_nvfp4_free(q);
-    } else {
-        QuantFp8 *q = quant_fp8_from_bf16(w, rows, cols, layout, &err);
-        CHECK(q, "quantize: %s", err.msg);
-        quant_matmul_fp8_rows(ref, x, NULL, q, n, 0, rows);
-        dq = *q;
-        dq.q = (uint8_t *)(d1 = dev_copy(q->q, (size_t)rows * cols));
-        dq.scale_inv = (float *)(d2 = dev_copy(q->scale_inv, sizeof(float) * (size_t)q->scale_rows * q->scale_cols));
-        dwm.q = &dq;
-        dwm.dev = d1;
-        dwm.dev_scale = d2;
-        quant_fp8_free(q);
-    }
+    QMat qm;
+    qmat_make(&qm, nvfp4, layout, w, rows, cols);
+    qmat_ref(&qm, ref, x, n);
+    WeightMat dwm = qm.dwm;
     if (b)
         for (int t = 0; t < n; t++)
             for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += bf16_to_f32(b[r]);
@@ -375,8 +393,97 @@ static void check_qgemv(const int *a) {
         compare_tiled(what, tiled, got, (size_t)n * rows, on_tc);
         free(tiled);
     }
-    cudaFree(xbuf); cudaFree(dout); cudaFree(db); cudaFree(d1); cudaFree(d2);
+    cudaFree(xbuf); cudaFree(dout); cudaFree(db);
+    qmat_free(&qm);
     free(x); free(w); free(b); free(ref); free(got);
+}
+
+/* The norm's split of x for the FP8 / NVFP4 tensor-core GEMV (rmsnorm.cu, backend_cuda.cu norm_split).
+ * kind 0: rmsnorm, 1: add_rmsnorm, 2: rmsnorm in place. Checked:
+ *   - the launchers: the norm's split is byte for byte what the GEMV's own split writes, and a GEMV
+ *     told x_split = 1 reads the scratch as it is (zeroed: all-zero output), so it really skips;
+ *   - the backend, presplit on (backend_cuda_gemv_presplit): the norm then the matmul over its output
+ *     give the bits of the same ops with presplit off, and the CPU's in the f32 class;
+ *   - the record is dropped when it must be: a matmul over another x of the same shape (which splits
+ *     into the same scratch) or an upload into the normed buffer between the norm and the matmul,
+ *     each followed by the matmul over the normed buffer, gives that buffer's product, not a stale one. */
+static void check_norm_split(const int *a) {
+    int nvfp4 = a[0] == 2, n = a[1], rows = a[2], cols = a[3], kind = a[4];
+    size_t N = (size_t)n * cols, NO = (size_t)n * rows;
+    float *x = rand_f32(N, 3), *y = rand_f32(N, 3), *x2 = rand_f32(N, 1), *xn = (float *)xmalloc(sizeof(float) * N);
+    float *ref = (float *)xmalloc(sizeof(float) * NO), *ref2 = (float *)xmalloc(sizeof(float) * NO);
+    uint16_t *nw = rand_bf16(cols, 1, 0.5f), *w = rand_bf16((size_t)rows * cols, 0, 0.05f);
+    QMat qm;
+    qmat_make(&qm, nvfp4, QUANT_FP8_BLOCK128, w, rows, cols);
+    memcpy(xn, x, sizeof(float) * N);
+    if (kind == 1) bc->add(bc, xn, y, (int)N);
+    bc->rmsnorm(bc, xn, xn, nw, n, cols, 1e-6f);
+    qmat_ref(&qm, ref, xn, n);
+    qmat_ref(&qm, ref2, x2, n);
+    float *dx = (float *)dev_copy(x, sizeof(float) * N), *dy = (float *)dev_copy(y, sizeof(float) * N);
+    float *dn = kind == 2 ? dx : (float *)dev_poisoned(sizeof(float) * N), *dx2 = (float *)dev_copy(x2, sizeof(float) * N);
+    float *dout = (float *)dev_poisoned(sizeof(float) * NO);
+    uint16_t *dnw = (uint16_t *)dev_copy(nw, sizeof(uint16_t) * cols);
+    size_t sb = cuda_gemv_mma_scratch(n, cols);
+    void *s1 = dev_poisoned(sb), *s2 = dev_poisoned(sb);
+    char what[160], tag[96];
+    snprintf(tag, sizeof tag, "%s [%d x %d] n %d after %s", nvfp4 ? "nvfp4" : "fp8", rows, cols, n,
+             kind == 1 ? "add_rmsnorm" : kind == 2 ? "rmsnorm in place" : "rmsnorm");
+    /* the launchers */
+    int lrc = kind == 1 ? cuda_add_rmsnorm(dn, dx, dy, dnw, n, cols, 1e-6f, s1, NULL)
+                        : cuda_rmsnorm(dn, dx, dnw, n, cols, 1e-6f, s1, NULL);
+    const QuantFp8 *q8 = &qm.dq;
+    int grc = nvfp4 ? cuda_gemv_nvfp4_mma(dout, dn, n, (const uint8_t *)qm.d1, (const uint8_t *)qm.d2,
+                                          (const float *)qm.dwm.dev_s2, rows, cols, NULL, s2, 0, NULL)
+                    : cuda_gemv_fp8_mma(dout, dn, n, (const uint8_t *)qm.d1, (const float *)qm.d2, rows, cols,
+                                        q8->block_rows, q8->block_cols, NULL, s2, 0, NULL);
+    CHECK(lrc == 0 && grc == 0, "norm split launchers refused (rc %d, %d)", lrc, grc);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    uint8_t *h1 = (uint8_t *)xmalloc(sb), *h2 = (uint8_t *)xmalloc(sb);
+    CUDA_CHECK(cudaMemcpy(h1, s1, sb, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h2, s2, sb, cudaMemcpyDeviceToHost));
+    snprintf(what, sizeof what, "%s: the norm's split = the GEMV's own", tag);
+    compare_bytes(what, h2, h1, sb);
+    CUDA_CHECK(cudaMemset(s1, 0, sb));
+    grc = nvfp4 ? cuda_gemv_nvfp4_mma(dout, dn, n, (const uint8_t *)qm.d1, (const uint8_t *)qm.d2,
+                                      (const float *)qm.dwm.dev_s2, rows, cols, NULL, s1, 1, NULL)
+                : cuda_gemv_fp8_mma(dout, dn, n, (const uint8_t *)qm.d1, (const float *)qm.d2, rows, cols,
+                                    q8->block_rows, q8->block_cols, NULL, s1, 1, NULL);
+    float *zero = (float *)calloc(NO, sizeof(float)), *got = dev_result(dout, NO);
+    snprintf(what, sizeof what, "%s: x_split 1 reads a zeroed scratch as it is", tag);
+    compare_op(what, TOL_EXACT, zero, got, grc == 0 ? NO : 0);
+    if (grc) n_fail++;
+    free(got);
+
+    /* the backend: presplit off, then on, then the two ways the record must be dropped */
+    WeightMat dwm = qm.dwm;
+    dwm.mma_min_n = 1;
+    bg->reserve(bg, CUDA_GEMV_MAX_N, cols);
+    float *outs[4] = {0};
+    for (int mode = 0; mode < 4; mode++) {
+        backend_cuda_gemv_presplit(bg, mode ? 1 : 0);
+        CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * N, cudaMemcpyHostToDevice)); /* the add updated it */
+        if (kind == 1) bg->add_rmsnorm(bg, dn, dx, dy, dnw, n, cols, 1e-6f);
+        else bg->rmsnorm(bg, dn, dx, dnw, n, cols, 1e-6f);
+        if (mode == 2) bg->matmul(bg, dout, dx2, n, &dwm, NULL); /* splits x2 into the same scratch */
+        if (mode == 3) bg->upload(bg, dn, x2, sizeof(float) * N);
+        bg->matmul(bg, dout, dn, n, &dwm, NULL);
+        outs[mode] = dev_result(dout, NO);
+    }
+    backend_cuda_gemv_presplit(bg, 0);
+    snprintf(what, sizeof what, "%s, presplit off, vs cpu", tag);
+    compare_op(what, TOL_F32, ref, outs[0], NO);
+    snprintf(what, sizeof what, "%s, presplit on = off", tag);
+    compare_op(what, TOL_EXACT, outs[0], outs[1], NO);
+    snprintf(what, sizeof what, "%s, a matmul over another x between", tag);
+    compare_op(what, TOL_EXACT, outs[0], outs[2], NO);
+    snprintf(what, sizeof what, "%s, an upload into it between, vs cpu", tag);
+    compare_op(what, TOL_F32, ref2, outs[3], NO);
+    for (int i = 0; i < 4; i++) free(outs[i]);
+    cudaFree(dx); cudaFree(dy); cudaFree(dx2); cudaFree(dout); cudaFree(dnw); cudaFree(s1); cudaFree(s2);
+    if (kind != 2) cudaFree(dn);
+    qmat_free(&qm);
+    free(x); free(y); free(x2); free(xn); free(ref); free(ref2); free(nw); free(w); free(h1); free(h2); free(zero);
 }
 
 /* check_qgemv at FP8 block128 and (cols % 16 == 0) NVFP4 over n = 1, 2, 3, 11,
@@ -1525,6 +1632,11 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_GPU, {1, 1, 4096, 4096, 0, 0, 0, 1}}, {check_qgemv, OC_GPU, {1, 8, 12288, 4096, 0, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 4096, 4096, FP8B, 0, 0, 1}}, {check_qgemv, OC_GPU, {0, 8, 12288, 4096, FP8B, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 1024, 4096, FP8C, 0, 0, 1}},
+    /* fmt (1 fp8 128x128, 2 nvfp4), n, rows, cols, kind (0 rmsnorm, 1 add_rmsnorm, 2 rmsnorm in place):
+     * the norm's split of x for the tensor-core GEMV (cols > 1024: the norm's threads loop) */
+    {check_norm_split, OC_ALL, {1, 1, 40, 256, 1}}, {check_norm_split, OC_FULL, {1, 3, 24, 2080, 0}},
+    {check_norm_split, OC_FULL, {2, 2, 33, 256, 2}}, {check_norm_split, OC_FULL, {2, 8, 20, 384, 1}},
+    {check_norm_split, OC_GPU, {1, 1, 4096, 4096, 1}}, {check_norm_split, OC_GPU, {2, 8, 4096, 4096, 1}},
     /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), > 8 tokens */
     {check_qgemv, OC_ALL, {0, 1, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 2, 37, 640, FP8B, 0, 0}},
     {check_qgemv, OC_ALL, {0, 3, 37, 128, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 4, 37, 384, FP8B, 0, 0}},

@@ -20,6 +20,7 @@
 #include <semaphore.h>
 #include <ucontext.h>
 
+#include <atomic>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -158,6 +159,8 @@ static int capture_bad;   /* a refused call happened in it */
 int emu_capturing(void) { return capture != NULL; }
 void emu_capture_bad(void) { capture_bad = 1; }
 void emu_record(std::function<void()> fn) { capture->nodes.push_back(std::move(fn)); }
+static std::atomic<long> kernels_run; /* host threads of the engine checks launch too */
+long emu_kernels_run(void) { return kernels_run.load(); }
 void emu_submit(EmuCfg c, std::function<void()> fn) {
     if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.x > 0x7fffffffu || c.grid.y > 65535u || c.grid.z > 65535u) {
         fprintf(stderr, "emulation: launch of grid (%u, %u, %u) x block %u: invalid configuration, refused as on a device\n",
@@ -166,8 +169,11 @@ void emu_submit(EmuCfg c, std::function<void()> fn) {
         if (capture) capture_bad = 1;
         return;
     }
-    if (capture) capture->nodes.push_back([c, fn]() { emu_run(c, fn); });
-    else emu_run(c, fn);
+    if (capture) capture->nodes.push_back([c, fn]() { kernels_run++; emu_run(c, fn); });
+    else {
+        kernels_run++;
+        emu_run(c, fn);
+    }
 }
 static void graph_unref(EmuGraph *g) {
     if (g && --g->refs == 0) delete g;

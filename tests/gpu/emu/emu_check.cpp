@@ -1249,21 +1249,28 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
     Backend *cpu = backend_cpu_create(1, 128), *gb = backend_cuda_create(&m->weights, m->cfg.head_dim, 128);
     WeightMat *q = &m->layers[0].q;
     float tile = -1, mma = -1, tile1 = -1, mma1 = -1;
-    int trc = backend_cuda_gemv_time(gb, q, 4, 2, &tile, &mma), trc1 = backend_cuda_gemv_time(gb, q, 1, 2, &tile1, &mma1);
+    int trc = backend_cuda_gemv_time(gb, q, 4, 2, 0, &tile, &mma), trc1 = backend_cuda_gemv_time(gb, q, 1, 2, 0, &tile1, &mma1);
+    float tile_p = -1, mma_p = -1; /* x split beforehand (after a norm): answers, and agrees */
+    int trcp = backend_cuda_gemv_time(gb, q, 2, 2, 1, &tile_p, &mma_p);
     WeightMat fake = *q;
     fake.dev = NULL;
     float a = 0, b = 0;
-    int frc = backend_cuda_gemv_time(gb, &fake, 4, 2, &a, &b);
+    int frc = backend_cuda_gemv_time(gb, &fake, 4, 2, 0, &a, &b);
     int ok = q->fmt == wf && trc == 0 && tile > 0 && mma > 0 && trc1 == 0 && tile1 > 0 && (fp8 ? mma1 > 0 : mma1 < 0) &&
-             frc == -1;
-    printf("  %s %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f%s, "
-           "no device copy refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, pn, tile, mma, tile1, mma1, fp8 ? "" : " (refused)",
-           frc);
+             frc == -1 && trcp == 0 && tile_p > 0 && mma_p > 0;
+    printf("  %s %s %s gemv timer: 4 tokens tiled %.0f / mma %.0f us, 1 token tiled %.0f / mma %.0f%s, 2 tokens x "
+           "split beforehand tiled %.0f / mma %.0f, no device copy refused (rc %d)\n", ok ? "ok  " : "FAIL", dir, pn,
+           tile, mma, tile1, mma1, fp8 ? "" : " (refused)", tile_p, mma_p, frc);
     ok ? n_pass++ : n_fail++;
 
     /* the quick subset calibrates BF16 and FP8 only: NVFP4 goes through the same loop */
     if (!quick || prec != PREC_NVFP4) {
         int crc = device_gemv_calibrate(gb, m), n_bf = 0, bad = 0;
+        auto after_norm = [m](const WeightMat *w) { /* not o, not down: FP8 / NVFP4 timed with x split */
+            for (int l = 0; l < m->cfg.n_layers; l++)
+                if (w == &m->layers[l].o || w == &m->layers[l].down) return 0;
+            return 1;
+        };
         for (int i = 0; i < m->weights.n; i++) {
             const WeightMat *w = m->weights.t[i].mat;
             if (!w || w->fmt != wf) continue;
@@ -1271,12 +1278,14 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
             bad += !(w->mma_min_n == 0 || (w->mma_min_n >= lo_n && w->mma_min_n <= 8));
             for (int j = 0; j < i; j++) {
                 const WeightMat *v = m->weights.t[j].mat;
-                if (v && v->fmt == wf && v->rows == w->rows && v->cols == w->cols) bad += v->mma_min_n != w->mma_min_n;
+                if (v && v->fmt == wf && v->rows == w->rows && v->cols == w->cols &&
+                    (!fp8 || after_norm(v) == after_norm(w)))
+                    bad += v->mma_min_n != w->mma_min_n;
             }
         }
         ok = crc == 0 && n_bf > 0 && bad == 0;
-        printf("  %s %s %s gemv calibration: %d matrices got a record (q_proj: %d), one per shape (%d wrong)\n",
-               ok ? "ok  " : "FAIL", dir, pn, n_bf, q->mma_min_n, bad);
+        printf("  %s %s %s gemv calibration: %d matrices got a record (q_proj: %d), one per shape%s (%d wrong)\n",
+               ok ? "ok  " : "FAIL", dir, pn, n_bf, q->mma_min_n, fp8 ? " and input (a norm's or not)" : "", bad);
         ok ? n_pass++ : n_fail++;
     }
 
@@ -1315,11 +1324,91 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
     t_pair_free(rc, kvc, rg, kvg, ref, m);
 }
 
+/* The norms' split of x (backend_cuda_gemv_presplit; rmsnorm.cu, backend_cuda.cu norm_split) on a
+ * fixture at FP8 / NVFP4 weight-only with every record forced to 1 (every quantized linear on the
+ * tensor-core GEMV): two CUDA backends over two copies of the model, presplit off and on, give the
+ * same logits bit for bit over a prefill and decode steps (captured in a graph and replayed), and
+ * every step of the one with presplit runs 2 kernels a layer fewer (the q/k/v and gate/up launches
+ * skip their split of x; lm_head stays BF16). */
+static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
+    Err err = {};
+    Model *m[2] = {NULL, NULL};
+    Backend *gb[2] = {NULL, NULL};
+    Runner *rg[2] = {NULL, NULL};
+    KVCache *kv[2] = {NULL, NULL};
+    SafeTensors *ref = NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    for (int i = 0; i < 2; i++) {
+        if (model_load(&m[i], dir, &err) || model_quantize(m[i], prec, 1, &err)) {
+            printf("  FAIL %s: %s\n", dir, err.msg);
+            n_fail++;
+            return;
+        }
+        for (int j = 0; j < m[i]->weights.n; j++)
+            if (m[i]->weights.t[j].mat) m[i]->weights.t[j].mat->mma_min_n = 1;
+        gb[i] = backend_cuda_create(&m[i]->weights, m[i]->cfg.head_dim, 128);
+        backend_cuda_gemv_presplit(gb[i], i); /* 0: off, 1: from one token on */
+        rg[i] = runner_create_with(m[i], gb[i], 128, 128);
+        kv[i] = runner_kvcache_create(rg[i], 80, 4);
+    }
+    if (safetensors_open(&ref, path, &err)) {
+        printf("  FAIL %s: %s\n", dir, err.msg);
+        n_fail++;
+        return;
+    }
+    const StTensor *t0 = safetensors_get(ref, "seq0.tokens");
+    const int32_t *tok = (const int32_t *)t0->data;
+    int V = m[0]->cfg.vocab, L = m[0]->cfg.n_layers, T = quick ? 2 : 3, D = 3;
+    const char *pn = precision_name(prec);
+    float *o[2] = {(float *)malloc(sizeof(float) * 8 * V), (float *)malloc(sizeof(float) * 8 * V)};
+    int32_t bt0[32], pos[16], seq[16], rows[16];
+    for (int i = 0; i < 32; i++) bt0[i] = 1 + 2 * i;
+    const int32_t *tables[1] = {bt0};
+    for (int i = 0; i < 16; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
+    int differ = 0, wrong_saving = 0, steps = 0;
+    long saved[8] = {0};
+    for (int s = 0; s <= D && T + s <= (int)t0->numel; s++, steps++) {
+        int32_t zero = 0;
+        Batch pre = {T, tok, pos, seq, 1, tables, T, rows, 0};
+        Batch dec = {1, tok + T + s - 1, pos + T + s - 1, seq, 1, tables, 1, &zero, 0};
+        long k[2];
+        for (int i = 0; i < 2; i++) {
+            long k0 = emu_kernels_run();
+            if (model_forward(rg[i], kv[i], s ? &dec : &pre, o[i], &err)) {
+                printf("  FAIL %s step %d: %s\n", dir, s, err.msg);
+                n_fail++;
+            }
+            k[i] = emu_kernels_run() - k0;
+        }
+        differ += memcmp(o[0], o[1], sizeof(float) * (size_t)(s ? 1 : T) * V) != 0;
+        saved[s] = k[0] - k[1];
+        wrong_saving += saved[s] != 2 * L;
+    }
+    uint64_t cap = 0, rep = 0;
+    int can = runner_graph_counts(rg[1], &cap, &rep);
+    int ok = differ == 0 && wrong_saving == 0 && steps == D + 1 && can && cap >= 1 && rep >= 1;
+    printf("  %s %s %s presplit: prefill %d + %d decode steps (%llu captured, %llu replayed) give the logits of "
+           "presplit off bit for bit (%d differ); kernels saved a step: %ld %ld %ld %ld (want 2 x %d layers)\n",
+           ok ? "ok  " : "FAIL", dir, pn, T, D, (unsigned long long)cap, (unsigned long long)rep, differ, saved[0],
+           saved[1], saved[2], saved[3], L);
+    ok ? n_pass++ : n_fail++;
+    free(o[0]); free(o[1]);
+    safetensors_free(ref);
+    for (int i = 0; i < 2; i++) {
+        runner_kvcache_free(rg[i], kv[i]);
+        runner_free(rg[i]);
+        model_free(m[i]);
+    }
+}
+
 static void t_native_crossovers(int quick) {
     printf("== the decode GEMV's choice, measured per shape at start-up (device_native.c) ==\n");
     t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_BF16, quick);
     t_gemv_crossover("tests/fixtures/qwen3_gqa2", PREC_FP8, quick);
     t_gemv_crossover("tests/fixtures/qwen3_hd64_g4", PREC_NVFP4, quick); /* gqa2 has a [64 x 88]: not NVFP4 */
+    t_gemv_presplit("tests/fixtures/qwen3_gqa2", PREC_FP8, quick);
+    if (!quick) t_gemv_presplit("tests/fixtures/qwen3_hd64_g4", PREC_NVFP4, 0);
     t_moe_gemv_choice(PREC_FP8, quick);
     if (!quick) t_moe_gemv_choice(PREC_NVFP4, 0); /* the sanitizers' quick subset: FP8 (the same code) */
     if (!quick) t_moe_gemv_choice(PREC_BF16, 0);

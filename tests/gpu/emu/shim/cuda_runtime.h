@@ -58,6 +58,9 @@ cudaError_t cudaGetLastError(void);
  * must see. emu_corrupt_nth(0) disarms; emu_corrupted() says whether it fired. */
 void emu_corrupt_nth(long k);
 int emu_corrupted(void);
+/* Kernels run so far (eager launches and graph replays' nodes; emu.cpp emu_submit): what a test of a
+ * launch saved counts. */
+long emu_kernels_run(void);
 int emu_corrupt(void); /* 1: this copy is the one to corrupt */
 
 /* Stream capture (graphs, emu.cpp): between cudaStreamBeginCapture and

@@ -94,7 +94,8 @@ void device_moe_bench_free(DeviceMoeBench *mb);
  * DeviceMoeBench, best of 5), up to max_n tokens. -1 in a binary without CUDA code. */
 int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, NativeCrossover *out);
 /* The same for the grouped GEMV against the grouped mma at up to CUDA_GEMV_MAX_N tokens
- * (backend_cuda_moe_gemv_time; "native" in out is the mma). */
+ * (backend_cuda_moe_gemv_time; "native" in out is the mma). 1 (out: no points, min_n INT_MAX)
+ * when the backend's moe_mlp does not take these experts (they run one by one: nothing to choose). */
 int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCrossover *out);
 /* The routed experts' ladder stops here (scratch of 4 max_n top_k (hidden + 2 moe_inter) bytes;
  * native that has not won by then is not taken). */

@@ -249,6 +249,14 @@ static int time_moe_gemv(void *ctx, int n, float *gemv_us, float *mma_us) {
 int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCrossover *out) {
     if (!backend_cuda_moe_gemv_time) return -1;
     DeviceMoeBench *mb = device_moe_bench_create(b, m, layer, CUDA_GEMV_MAX_N);
+    MoeMlpArgs a;
+    device_moe_bench_route(mb, 1, &a);
+    if (!b->moe_mlp || b->moe_mlp(b, &a) != 0) { /* experts the device does not group: nothing to choose */
+        memset(out, 0, sizeof *out);
+        out->min_n = INT_MAX;
+        device_moe_bench_free(mb);
+        return 1;
+    }
     int rc = device_native_crossover(time_moe_gemv, mb, CUDA_GEMV_MAX_N, out);
     device_moe_bench_free(mb);
     return rc;
@@ -433,7 +441,14 @@ int device_gemv_calibrate_experts(Backend *b, Model *m) {
         if (model_layer_is_moe(&m->cfg, l) && m->layers[l].egate && m->layers[l].egate[0].dev) layer = l;
     if (layer < 0 || !backend_cuda_moe_gemv_time || b->host || !b->moe_mlp) return 0;
     NativeCrossover x;
-    if (device_moe_gemv_crossover_on(b, m, layer, &x) != 0) {
+    int rc = device_moe_gemv_crossover_on(b, m, layer, &x);
+    if (rc == 1) {
+        experts_record(m, 1, 0);
+        log_info("gemv: the routed experts are not grouped on the device (moe_mlp does not take their format or "
+                 "shapes): they run one matmul at a time, nothing to choose");
+        return 0;
+    }
+    if (rc != 0) {
         experts_record(m, 1, 0);
         log_warn("gemv: timing the routed experts on the device failed; they keep the grouped GEMV up to %d tokens",
                  CUDA_GEMV_MAX_N);

@@ -1219,6 +1219,20 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
            "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5)\n", ok ? "ok  " : "FAIL", dir, pn, checked, wrong,
            differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst);
     ok ? n_pass++ : n_fail++;
+    /* experts the device does not group (one in another format: moe_mlp refuses the layer): nothing to
+     * choose, said as such (rc 1), and every expert's record 0 without a timing failure */
+    WeightMat *last = &m->layers[layer].egate[m->cfg.n_experts - 1];
+    WeightFormat keep = last->fmt;
+    last->fmt = keep == WF_BF16 ? WF_FP8 : WF_BF16;
+    experts_set_mma(m, 3);
+    NativeCrossover nx;
+    int nrc = device_moe_gemv_crossover_on(b, m, layer, &nx), ncrc = device_gemv_calibrate_experts(b, m);
+    last->fmt = keep;
+    ok = nrc == 1 && nx.points == 0 && ncrc == 0 && m->layers[layer].egate[0].mma_min_n == 0 &&
+         m->layers[layer].edown[1].mma_min_n == 0;
+    printf("  %s %s %s experts not grouped (one in another format): nothing to choose (rc %d, %d points), the "
+           "calibration answers %d and records 0\n", ok ? "ok  " : "FAIL", dir, pn, nrc, nx.points, ncrc);
+    ok ? n_pass++ : n_fail++;
     experts_set_mma(m, 0);
     free(ref_g); free(ref_m); free(got);
     moe_fixture_close(&f);

@@ -69,7 +69,7 @@ static void mma_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
 template <int FMT>
 static void mma_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_t s) {
     switch (n) {
-    case 1: mma_launch<1, FMT>(m, blocks, s); break;
+    case 1: mma_launch<FMT ? 1 : 2, FMT>(m, blocks, s); break; /* BF16 never at one token: no such kernel built */
     case 2: mma_launch<2, FMT>(m, blocks, s); break;
     case 3: mma_launch<3, FMT>(m, blocks, s); break;
     case 4: mma_launch<4, FMT>(m, blocks, s); break;

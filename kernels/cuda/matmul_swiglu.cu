@@ -38,7 +38,7 @@ static void mma_swiglu_launch(const GemvMulti *m, float *out, unsigned blocks, c
 template <int FMT>
 static void mma_swiglu_launch_n(const GemvMulti *m, float *out, int n, unsigned blocks, cudaStream_t s) {
     switch (n) {
-    case 1: mma_swiglu_launch<1, FMT>(m, out, blocks, s); break;
+    case 1: mma_swiglu_launch<FMT ? 1 : 2, FMT>(m, out, blocks, s); break; /* BF16 never at one token */
     case 2: mma_swiglu_launch<2, FMT>(m, out, blocks, s); break;
     case 3: mma_swiglu_launch<3, FMT>(m, out, blocks, s); break;
     case 4: mma_swiglu_launch<4, FMT>(m, out, blocks, s); break;

@@ -80,17 +80,41 @@ static void mma_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_
     }
 }
 
-/* One block per token t of x [n, cols] f32 (cols even): k_t (gm_split_exp), hi [t, i] / lo [t, i] the f16
- * pairs of x_t[2i], x_t[2i + 1] times 2^k_t (gm_split_pair), inv[t] = 2^-k_t. */
-#define GM_SPLIT_THREADS 256
+/* One block per token t of x [n, cols] f32 (cols % 4 == 0, x 16-byte aligned: gemv_multi_check): k_t
+ * (gm_split_exp), hi [t, i] / lo [t, i] the f16 pairs of x_t[2i], x_t[2i + 1] times 2^k_t (gm_split_pair),
+ * inv[t] = 2^-k_t. Latency-bound (one block a token, before a GEMV that waits for it): each thread loads
+ * its float4s once, in one round, keeps up to GM_SPLIT_HELD of them in registers from the max to the
+ * split (a row of up to 4 GM_SPLIT_HELD GM_SPLIT_THREADS = 16384 columns; wider rows read the rest
+ * again), and stores its pairs 8 bytes at a time. */
+#define GM_SPLIT_THREADS 512
+#define GM_SPLIT_HELD 8
+static __device__ __forceinline__ float gm_max4(float m, float4 v) {
+    return fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+static __device__ __forceinline__ void gm_split4(float4 v, float sc, uint2 *hi, uint2 *lo) {
+    uint2 h, l;
+    gm_split_pair(v.x, v.y, sc, &h.x, &l.x);
+    gm_split_pair(v.z, v.w, sc, &h.y, &l.y);
+    *hi = h;
+    *lo = l;
+}
 __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float *x, int cols, uint32_t *hi,
                                                                       uint32_t *lo, float *inv) {
     __shared__ float wmax[GM_SPLIT_THREADS / 32];
     __shared__ int kk;
-    int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const float *xt = x + (size_t)t * cols;
-    float m = 0.f;
-    for (int c = threadIdx.x; c < cols; c += GM_SPLIT_THREADS) m = fmaxf(m, fabsf(xt[c]));
+    int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, q4 = cols / 4;
+    const float4 *xt = (const float4 *)(x + (size_t)t * cols);
+    float4 v[GM_SPLIT_HELD];
+    float m = 0.f; /* fmaxf: a NaN drops out, and the order does not matter (the norm's split gets the same k) */
+#pragma unroll
+    for (int j = 0; j < GM_SPLIT_HELD; j++) {
+        int c = threadIdx.x + j * GM_SPLIT_THREADS;
+        if (c < q4) {
+            v[j] = xt[c];
+            m = gm_max4(m, v[j]);
+        }
+    }
+    for (int c = threadIdx.x + GM_SPLIT_HELD * GM_SPLIT_THREADS; c < q4; c += GM_SPLIT_THREADS) m = gm_max4(m, xt[c]);
     m = warp_max(m);
     if (lane == 0) wmax[w] = m;
     __syncthreads();
@@ -102,9 +126,14 @@ __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float 
     }
     __syncthreads();
     float sc = ldexpf(1.0f, kk);
-    size_t o = (size_t)t * (cols / 2);
-    for (int i = threadIdx.x; i < cols / 2; i += GM_SPLIT_THREADS)
-        gm_split_pair(xt[2 * i], xt[2 * i + 1], sc, &hi[o + i], &lo[o + i]);
+    uint2 *h2 = (uint2 *)(hi + (size_t)t * (cols / 2)), *l2 = (uint2 *)(lo + (size_t)t * (cols / 2));
+#pragma unroll
+    for (int j = 0; j < GM_SPLIT_HELD; j++) {
+        int c = threadIdx.x + j * GM_SPLIT_THREADS;
+        if (c < q4) gm_split4(v[j], sc, &h2[c], &l2[c]);
+    }
+    for (int c = threadIdx.x + GM_SPLIT_HELD * GM_SPLIT_THREADS; c < q4; c += GM_SPLIT_THREADS)
+        gm_split4(xt[c], sc, &h2[c], &l2[c]);
 }
 
 /* FP8 / NVFP4 on tensor cores: x split into m->xs (gm_split_kernel), before the tile reads it, unless the

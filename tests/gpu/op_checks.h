@@ -1620,6 +1620,7 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_ALL, {0, 5, 16, 256, FP8T, 0, 0, 1}}, {check_qgemv, OC_ALL, {0, 6, 20, 1024, FP8B, 1, 0, 4}},
     {check_qgemv, OC_ALL, {0, 3, 20, 512, FP8B, 1, 0, 4}}, /* below its record */
     {check_qgemv, OC_ALL, {0, 4, 20, 256, FP8B, 1, 1, 1}}, /* misaligned x */
+    {check_qgemv, OC_ALL, {0, 2, 16, 16448, FP8B, 0, 0, 1}}, /* x split: a row wider than the held float4s */
     /* NVFP4 on tensor cores: one token, partial 16-row tiles, slices of tails only / one whole group
      * pair / groups and a tail, bias, the record both ways, a misaligned x and cols % 32 == 16 (the
      * scalar GEMV) */
@@ -1629,6 +1630,7 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_ALL, {1, 3, 20, 512, 0, 1, 0, 4}}, /* below its record */
     {check_qgemv, OC_ALL, {1, 4, 20, 256, 0, 1, 1, 1}}, /* misaligned x */
     {check_qgemv, OC_ALL, {1, 2, 20, 272, 0, 1, 0, 1}}, /* cols % 32 == 16 */
+    {check_qgemv, OC_FULL, {1, 1, 16, 16416, 0, 0, 0, 1}}, /* x split: a row wider than the held float4s */
     {check_qgemv, OC_GPU, {1, 1, 4096, 4096, 0, 0, 0, 1}}, {check_qgemv, OC_GPU, {1, 8, 12288, 4096, 0, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 4096, 4096, FP8B, 0, 0, 1}}, {check_qgemv, OC_GPU, {0, 8, 12288, 4096, FP8B, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 1024, 4096, FP8C, 0, 0, 1}},
@@ -1636,6 +1638,7 @@ static const OpCheck OP_CHECKS[] = {
      * the norm's split of x for the tensor-core GEMV (cols > 1024: the norm's threads loop) */
     {check_norm_split, OC_ALL, {1, 1, 40, 256, 1}}, {check_norm_split, OC_FULL, {1, 3, 24, 2080, 0}},
     {check_norm_split, OC_FULL, {2, 2, 33, 256, 2}}, {check_norm_split, OC_FULL, {2, 8, 20, 384, 1}},
+    {check_norm_split, OC_FULL, {1, 2, 16, 16448, 1}}, /* wider than the GEMV's split holds in registers */
     {check_norm_split, OC_GPU, {1, 1, 4096, 4096, 1}}, {check_norm_split, OC_GPU, {2, 8, 4096, 4096, 1}},
     /* FP8: 16-byte path (cols % 16 == 0), scalar path (ragged cols, misaligned x), > 8 tokens */
     {check_qgemv, OC_ALL, {0, 1, 37, 384, FP8B, 1, 0}}, {check_qgemv, OC_ALL, {0, 2, 37, 640, FP8B, 0, 0}},

@@ -122,6 +122,11 @@ int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream);
  * A/B of the two (bench_attn_decode) and nothing else; host state, read at
  * each launch, not thread-safe. */
 void cuda_attention_vec_enable(int on);
+/* Programmatic dependent launch of the decode chain's kernels (cuda_pdl.cuh): enabled by default
+ * where the binary (sm_90+) and device 0 (compute capability 9+) both have it; off for the process
+ * with cuda_pdl_enable(0) (SAMPLER_CUDA_OFF=pdl). */
+void cuda_pdl_enable(int on);
+int cuda_pdl_enabled(void);
 /* How many splits cuda_attention should use for a batch on a device with
  * sm_count SMs and contexts up to max_ctx (1 when the batch fills the GPU). */
 int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count);

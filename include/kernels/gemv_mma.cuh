@@ -419,6 +419,7 @@ static __device__ __forceinline__ void gemv_mma_swiglu(const GemvArgs g, const G
 
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_kernel(GemvMulti m) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
     gemv_mma<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], m.xs, s == 0 ? b : b - m.end[s - 1]);
 }

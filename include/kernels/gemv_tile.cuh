@@ -25,6 +25,7 @@
 #define SAMPLER_GEMV_TILE_CUH
 
 #include "cuda_device.cuh"
+#include "cuda_pdl.cuh"
 
 #define GT_ROWS 4  /* weight rows per block */
 #define GT_WARPS 8 /* column slices per block, one warp each */
@@ -373,6 +374,7 @@ static __device__ __forceinline__ void gemv_tile_swiglu(const GemvArgs g, const 
 
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvMulti m) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
     gemv_tile<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], s == 0 ? b : b - m.end[s - 1]);
 }

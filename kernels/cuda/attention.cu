@@ -27,6 +27,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "kv_device.cuh"
 
 #define ATT_WARPS 4
@@ -77,6 +78,7 @@ static __device__ __forceinline__ void attn_block_merge(const AttnArgs &a, float
  * part: [n_splits, n_tokens * n_heads, head_dim + 2] (acc..., max, sum) when n_splits > 1. */
 template <int JD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(AttnArgs a, float *part, int n_splits, int untiled) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     constexpr int J = JD / 4, DT = JD % 4;
     int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
     if (untiled && attn_tile_is_mma(a.seq, a.n_tokens, t)) return; /* attention_mma.cu's token (block-uniform) */
@@ -172,6 +174,7 @@ static __device__ __forceinline__ float kv_raw_elem(uint4 r, int j, float scale)
 /* LDT = 4 * LPP + DT (one template argument: the emulation's launch macro splits on commas). */
 template <int LDT>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attn_vec_kernel(AttnArgs a, float *part, int n_splits, int untiled) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
     constexpr int LPP = LDT / 4, DT = LDT % 4, HD = 8 * LPP, NWK = ATT_WARPS * 32 / LPP, GPC = CHUNK / AV_U;
     int t = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
     if (untiled && attn_tile_is_mma(a.seq, a.n_tokens, t)) return; /* attention_mma.cu's token (block-uniform) */
@@ -291,6 +294,7 @@ static int attn_vec_fits(const AttnArgs *a) {
 
 /* out: [rows, hd] f32; part: [n_splits, rows, hd + 2]. One block per row. */
 __global__ void attn_merge_kernel(float *out, const float *part, int rows, int hd, int n_splits) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
     size_t row = blockIdx.x, stride = (size_t)rows * (hd + 2);
     const float *p0 = part + row * (hd + 2);
     float M = -INFINITY, L = 0.f;
@@ -307,15 +311,15 @@ template <int DT>
 static void attn_launch(int J, dim3 grid, cudaStream_t s, const AttnArgs *a, float *part, int n_splits, int untiled) {
     constexpr int VT = DT == KV_F32 ? KV_BF16 : DT; /* no f32 instance of attn_vec_kernel */
     if (DT != KV_F32 && attn_vec_fits(a)) {
-        if (a->head_dim == 64) attn_vec_kernel<4 * 8 + VT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
-        else if (a->head_dim == 128) attn_vec_kernel<4 * 16 + VT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
-        else attn_vec_kernel<4 * 32 + VT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
+        if (a->head_dim == 64) pdl_launch(attn_vec_kernel<4 * 8 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+        else if (a->head_dim == 128) pdl_launch(attn_vec_kernel<4 * 16 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+        else pdl_launch(attn_vec_kernel<4 * 32 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
         return;
     }
-    if (J == 1) attn_kernel<4 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
-    else if (J == 2) attn_kernel<8 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
-    else if (J <= 4) attn_kernel<16 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
-    else attn_kernel<32 + DT><<<grid, ATT_WARPS * 32, 0, s>>>(*a, part, n_splits, untiled);
+    if (J == 1) pdl_launch(attn_kernel<4 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+    else if (J == 2) pdl_launch(attn_kernel<8 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+    else if (J <= 4) pdl_launch(attn_kernel<16 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+    else pdl_launch(attn_kernel<32 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
 }
 
 extern "C" int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count) {
@@ -351,7 +355,7 @@ extern "C" int cuda_attention(const AttnArgs *a, float *part, int n_splits, void
 extern "C" int cuda_attention_merge(float *out, const float *part, int rows, int hd, int n_splits, void *stream) {
     if (!out || !part || rows < 0 || hd <= 0 || hd > CUDA_ATTN_MAX_HEAD_DIM || n_splits < 1) return -1;
     if (rows == 0) return 0;
-    attn_merge_kernel<<<rows, 128, 0, (cudaStream_t)stream>>>(out, part, rows, hd, n_splits);
+    pdl_launch(attn_merge_kernel, dim3(rows), dim3(128), 0, (cudaStream_t)stream, out, part, rows, hd, n_splits);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -43,6 +43,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "kv_device.cuh"
 #include "mma_tile.cuh"
 
@@ -116,6 +117,7 @@ static __device__ __forceinline__ void dm_store(const DmRegs<HD> &r, DmStage<HD>
  * (unnormalised acc..., max, sum) when n_splits > 1. */
 template <int HDT>
 __global__ void __launch_bounds__(DM_WARPS * 32) attn_dec_mma_kernel(AttnArgs a, float *part, int n_splits) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     constexpr int HD = HDT / 4, DT = HDT % 4, KS = HD / 16, ND = HD / 8, LD = HD + DM_PAD;
     /* two stages a warp; after the loop the same bytes hold the warps' states for the merge */
     constexpr size_t TILE_B = sizeof(DmStage<HD>) * 2 * DM_WARPS, MERGE_B = sizeof(float) * DM_WARPS * 16 * (HD + 2);
@@ -299,10 +301,10 @@ extern "C" int cuda_attention_dec_mma(const AttnArgs *a, float *part, int n_spli
     if (a->n_tokens == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), 1, (unsigned)n_splits);
-    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) attn_dec_mma_kernel<4 * 64 + KV_BF16><<<grid, DM_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (a->head_dim == 64) attn_dec_mma_kernel<4 * 64 + KV_FP8><<<grid, DM_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (a->kv_dtype == KV_BF16) attn_dec_mma_kernel<4 * 128 + KV_BF16><<<grid, DM_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else attn_dec_mma_kernel<4 * 128 + KV_FP8><<<grid, DM_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) pdl_launch(attn_dec_mma_kernel<4 * 64 + KV_BF16>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
+    else if (a->head_dim == 64) pdl_launch(attn_dec_mma_kernel<4 * 64 + KV_FP8>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
+    else if (a->kv_dtype == KV_BF16) pdl_launch(attn_dec_mma_kernel<4 * 128 + KV_BF16>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
+    else pdl_launch(attn_dec_mma_kernel<4 * 128 + KV_FP8>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
     CUDA_CHECK_LAUNCH();
     return n_splits > 1 ? cuda_attention_merge(a->out, part, a->n_tokens * a->n_heads, a->head_dim, n_splits, s) : 0;
 }

@@ -1290,13 +1290,14 @@ static void cu_graph_free(Backend *b, void *g) {
  * died (tests/gpu/README.md). Read at each backend's creation (start-up); an
  * unknown name stops it with the list. Every fallback is a path the op checks
  * and fixtures cover, so results stay in their tolerance class (the MoE GEMV
- * keeps x in f32 where the grouped GEMM rounds it to bf16). attn_vec is
- * process-wide (cuda_attention_vec_enable); the others are per backend. */
+ * keeps x in f32 where the grouped GEMM rounds it to bf16). attn_vec and pdl
+ * are process-wide (cuda_attention_vec_enable, cuda_pdl_enable); the others are per backend. */
 typedef struct CudaOff {
     const char *name, *instead;
     void (*apply)(Backend *b, int off);
 } CudaOff;
 static void off_attn_vec(Backend *, int off) { cuda_attention_vec_enable(!off); }
+static void off_pdl(Backend *, int off) { cuda_pdl_enable(!off); }
 static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
 static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = off; }
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
@@ -1316,6 +1317,7 @@ static const CudaOff CUDA_OFF[] = {
     {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
+    {"pdl", "each decode kernel starts only once the one before it ended (no programmatic dependent launch)", off_pdl},
 };
 #define N_CUDA_OFF ((int)(sizeof CUDA_OFF / sizeof CUDA_OFF[0]))
 
@@ -1340,6 +1342,9 @@ static void cuda_off_apply(Backend *b) {
         CUDA_OFF[i].apply(b, off[i]);
         if (off[i]) log_info("cuda backend: %s off (SAMPLER_CUDA_OFF): %s", CUDA_OFF[i].name, CUDA_OFF[i].instead);
     }
+    if (cuda_pdl_enabled())
+        log_info("cuda backend: programmatic dependent launch on (the decode kernels' launches overlap the tail of "
+                 "the kernel before them; SAMPLER_CUDA_OFF=pdl turns it off)");
 }
 
 static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {

@@ -27,3 +27,18 @@ extern "C" int cuda_device_probe(int *major, int *minor, int *sm_count, size_t *
     snprintf(name, (size_t)name_len, "%s", p.name);
     return 0;
 }
+
+/* cuda_pdl.cuh: programmatic dependent launch where both sides have it (the binary's kernels call
+ * griddepcontrol.wait from sm_90 on; the device schedules it from compute capability 9). -1: not
+ * decided yet (the first query probes device 0, so a launch before any backend is consistent). */
+static int pdl_state = -1;
+static int pdl_possible(void) {
+    int major = 0;
+    return SAMPLER_GPU_SM >= 90 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+           major >= 9;
+}
+extern "C" void cuda_pdl_enable(int on) { pdl_state = on && pdl_possible(); }
+extern "C" int cuda_pdl_enabled(void) {
+    if (pdl_state < 0) pdl_state = pdl_possible();
+    return pdl_state;
+}

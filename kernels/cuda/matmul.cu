@@ -18,6 +18,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_mma.cuh"
 #include "gemv_tile.cuh"
 
@@ -43,8 +44,8 @@ gemv_scalar_kernel(float *out, const float *x, int n, const uint16_t *W, const u
 
 template <int NT, int FMT>
 static void tile_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
-    void (*k)(GemvMulti) = gemv_tile_kernel<NT, FMT>; /* (a template's comma would split the emulation's launch macro) */
-    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+    void (*k)(GemvMulti) = gemv_tile_kernel<NT, FMT>;
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m);
 }
 
 template <int FMT>
@@ -63,8 +64,8 @@ static void tile_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream
 
 template <int NT, int FMT>
 static void mma_launch(const GemvMulti *m, unsigned blocks, cudaStream_t s) {
-    void (*k)(GemvMulti) = gemv_mma_kernel<NT, FMT>; /* a template's comma would split the emulation's launch macro */
-    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m);
+    void (*k)(GemvMulti) = gemv_mma_kernel<NT, FMT>;
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m);
 }
 template <int FMT>
 static void mma_launch_n(const GemvMulti *m, int n, unsigned blocks, cudaStream_t s) {
@@ -100,6 +101,7 @@ static __device__ __forceinline__ void gm_split4(float4 v, float sc, uint2 *hi, 
 }
 __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float *x, int cols, uint32_t *hi,
                                                                       uint32_t *lo, float *inv) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
     __shared__ float wmax[GM_SPLIT_THREADS / 32];
     __shared__ int kk;
     int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, q4 = cols / 4;
@@ -140,7 +142,8 @@ __global__ void __launch_bounds__(GM_SPLIT_THREADS) gm_split_kernel(const float 
  * caller wrote it already (m->xs.ready: a norm with its split, rmsnorm.cu). */
 void gemv_mma_split(const GemvMulti *m, int n, cudaStream_t s) {
     if (m->xs.ready) return;
-    gm_split_kernel<<<n, GM_SPLIT_THREADS, 0, s>>>(m->seg[0].x, m->seg[0].cols, m->xs.hi, m->xs.lo, m->xs.inv);
+    pdl_launch(gm_split_kernel, dim3(n), dim3(GM_SPLIT_THREADS), 0, s, m->seg[0].x, m->seg[0].cols, m->xs.hi,
+               m->xs.lo, m->xs.inv);
 }
 
 extern "C" size_t cuda_gemv_mma_scratch(int n, int cols) { return (size_t)n * cols * 4 + (size_t)n * 4; }

@@ -15,25 +15,28 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_mma.cuh"
 #include "gemv_tile.cuh"
 
 /* m.seg[0]: gate, m.seg[1]: up, out [NT, rows] f32. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m, float *out) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
 }
 
 /* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens), FP8 or NVFP4. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
+    pdl_wait();
     gemv_mma_swiglu<NT, FMT>(m.seg[0], m.seg[1], m.xs, out, blockIdx.x);
 }
 
 template <int NT, int FMT>
 static void mma_swiglu_launch(const GemvMulti *m, float *out, unsigned blocks, cudaStream_t s) {
-    void (*k)(GemvMulti, float *) = gemv_mma_swiglu_kernel<NT, FMT>; /* (the emulation's launch macro) */
-    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m, out);
+    void (*k)(GemvMulti, float *) = gemv_mma_swiglu_kernel<NT, FMT>;
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m, out);
 }
 template <int FMT>
 static void mma_swiglu_launch_n(const GemvMulti *m, float *out, int n, unsigned blocks, cudaStream_t s) {
@@ -51,8 +54,8 @@ static void mma_swiglu_launch_n(const GemvMulti *m, float *out, int n, unsigned 
 
 template <int NT, int FMT>
 static void swiglu_launch(const GemvMulti *m, float *out, unsigned blocks, cudaStream_t s) {
-    void (*k)(GemvMulti, float *) = gemv_swiglu_kernel<NT, FMT>; /* a template's comma would split the emulation's launch macro */
-    k<<<blocks, GT_WARPS * 32, 0, s>>>(*m, out);
+    void (*k)(GemvMulti, float *) = gemv_swiglu_kernel<NT, FMT>;
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m, out);
 }
 
 template <int FMT>

@@ -11,6 +11,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_mma.cuh"
 
 #include <cuda_bf16.h>
@@ -24,6 +25,7 @@
 template <bool ADD, bool SPLIT>
 __global__ void rmsnorm_kernel(float *out, float *x, const float *y, const __nv_bfloat16 *w, int dim,
                                float eps, GmSplit split) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     float *xr = x + (size_t)blockIdx.x * dim;
     float *outr = out + (size_t)blockIdx.x * dim;
     float ss = 0.f;
@@ -85,7 +87,7 @@ static int rmsnorm_launch(float *out, float *x, const float *y, const uint16_t *
     GmSplit xs = split ? gemv_mma_split_at(split, n, dim) : GmSplit{};
     RmsnormKernel k = y ? (split ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
                         : (split ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
-    k<<<n, threads, 0, (cudaStream_t)stream>>>(out, x, y, (const __nv_bfloat16 *)w, dim, eps, xs);
+    pdl_launch(k, dim3(n), dim3(threads), 0, (cudaStream_t)stream, out, x, y, (const __nv_bfloat16 *)w, dim, eps, xs);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

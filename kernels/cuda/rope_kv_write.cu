@@ -13,6 +13,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "kv_device.cuh"
 #include "rope_device.cuh"
 
@@ -46,6 +47,7 @@ static __device__ __forceinline__ void rk_store(void *cache, float *scale, int d
 
 /* Row w of n * (n_heads + n_kv_heads): token w / items, head w % items (q heads first). */
 __global__ void rope_kv_write_kernel(RopeKvArgs a, int n_rows) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int row = blockIdx.x * RK_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n_rows) return;
     int items = a.n_heads + a.kv.n_kv_heads, t = row / items, h = row % items, hd = a.kv.head_dim, h2 = hd / 2;
@@ -79,7 +81,8 @@ extern "C" int cuda_rope_kv_write(const RopeKvArgs *a, void *stream) {
         return -1;
     if (w->n == 0) return 0;
     int rows = w->n * (a->n_heads + w->n_kv_heads);
-    rope_kv_write_kernel<<<(rows + RK_WARPS - 1) / RK_WARPS, RK_WARPS * 32, 0, (cudaStream_t)stream>>>(*a, rows);
+    pdl_launch(rope_kv_write_kernel, dim3((rows + RK_WARPS - 1) / RK_WARPS), dim3(RK_WARPS * 32), 0,
+               (cudaStream_t)stream, *a, rows);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -1198,6 +1198,7 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
  * written once, by the first section after its bench row exists. */
 static struct { const char *prefix, *row; int done; } native_decode[] = {
     {"bf16 decode batch 1 ", "decode_bf16_b1_tok_s", 0},
+    {"bf16 pdl off decode batch 1 ", "decode_bf16_b1_pdl_off_tok_s", 0},
     {"fp8 decode batch 1 ", "decode_fp8_b1_tok_s", 0},
     {"fp8 presplit off decode batch 1 ", "decode_fp8_b1_presplit_off_tok_s", 0},
     {"nvfp4 decode batch 1 ", "decode_nvfp4_b1_tok_s", 0},
@@ -1377,6 +1378,18 @@ static void section_decode(void) {
         bench_decode(d->r, kvf, &d->m->cfg, batches[i], d->weight_bytes, d->logits, d->tables, d->bps_dec,
                      "bf16/kv-f32");
     runner_kvcache_free(d->r, kvf);
+    /* batch 1 without programmatic dependent launch (cuda_pdl.cuh): what it saves. Its own cache, so the
+     * step is captured again without it (forward.c keys graphs to the cache) and freed with it. */
+    if (cuda_pdl_enabled()) {
+        KVCache *kvp = runner_kvcache_create_dtype(d->r, d->n_blocks, BS, KV_BF16);
+        cuda_pdl_enable(0);
+        bench_decode(d->r, kvp, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16 pdl off");
+        cuda_pdl_enable(1);
+        runner_kvcache_free(d->r, kvp);
+        bench_native_decode_rows();
+    } else {
+        printf("  bf16 pdl off: programmatic dependent launch is not on here (binary or device before sm_90)\n");
+    }
 }
 
 /* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */

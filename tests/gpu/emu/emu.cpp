@@ -161,6 +161,9 @@ void emu_capture_bad(void) { capture_bad = 1; }
 void emu_record(std::function<void()> fn) { capture->nodes.push_back(std::move(fn)); }
 static std::atomic<long> kernels_run; /* host threads of the engine checks launch too */
 long emu_kernels_run(void) { return kernels_run.load(); }
+static std::atomic<long> pdl_launches;
+long emu_pdl_launches(void) { return pdl_launches.load(); }
+void emu_pdl_count(void) { pdl_launches++; }
 void emu_submit(EmuCfg c, std::function<void()> fn) {
     if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.x > 0x7fffffffu || c.grid.y > 65535u || c.grid.z > 65535u) {
         fprintf(stderr, "emulation: launch of grid (%u, %u, %u) x block %u: invalid configuration, refused as on a device\n",

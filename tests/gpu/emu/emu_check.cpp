@@ -891,7 +891,7 @@ static void t_cuda_off(int quick) {
         Backend *b = backend_cuda_create_resident(0, 128);
         int fused_off = i < 2, all_off = i == 1;
         int ok = (b->rope_kv_write == NULL) == fused_off && (b->matmul_swiglu == NULL) == fused_off &&
-                 (b->moe_mlp == NULL) == all_off && (b->graph_begin == NULL) == all_off;
+                 (b->moe_mlp == NULL) == all_off && (b->graph_begin == NULL) == all_off && cuda_pdl_enabled() == !all_off;
         printf("  %s SAMPLER_CUDA_OFF=%s: the ops it names are off, the others on\n", ok ? "ok  " : "FAIL",
                envs[i] ? envs[i] : "(unset)");
         ok ? n_pass++ : n_fail++;
@@ -901,6 +901,7 @@ static void t_cuda_off(int quick) {
     t_model_kv("tests/fixtures/qwen3_moe", quick ? 1 : 3, PREC_BF16, KV_BF16);
     unsetenv("SAMPLER_CUDA_OFF");
     cuda_attention_vec_enable(1); /* process-wide: back to the default for what follows */
+    cuda_pdl_enable(1);
 }
 
 /* The per-shape crossover (device_native.c, backend_cuda_native_time): a model at native FP8 per
@@ -1343,7 +1344,9 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
  * tensor-core GEMV): two CUDA backends over two copies of the model, presplit off and on, give the
  * same logits bit for bit over a prefill and decode steps (captured in a graph and replayed), and
  * every step of the one with presplit runs 2 kernels a layer fewer (the q/k/v and gate/up launches
- * skip their split of x; lm_head stays BF16). */
+ * skip their split of x; lm_head stays BF16). The first runner's steps also run without programmatic
+ * dependent launch (cuda_pdl.cuh; the emulation runs launches in order either way, so this checks the
+ * launch path: the attribute reaches the decode kernels when on, and never when off). */
 static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     Err err = {};
     Model *m[2] = {NULL, NULL};
@@ -1381,19 +1384,21 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     const int32_t *tables[1] = {bt0};
     for (int i = 0; i < 16; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
     int differ = 0, wrong_saving = 0, steps = 0;
-    long saved[8] = {0};
+    long saved[8] = {0}, pdl[2] = {0, 0};
     for (int s = 0; s <= D && T + s <= (int)t0->numel; s++, steps++) {
         int32_t zero = 0;
         Batch pre = {T, tok, pos, seq, 1, tables, T, rows, 0};
         Batch dec = {1, tok + T + s - 1, pos + T + s - 1, seq, 1, tables, 1, &zero, 0};
         long k[2];
         for (int i = 0; i < 2; i++) {
-            long k0 = emu_kernels_run();
+            cuda_pdl_enable(i); /* runner 0 also without programmatic dependent launch (cuda_pdl.cuh) */
+            long k0 = emu_kernels_run(), p0 = emu_pdl_launches();
             if (model_forward(rg[i], kv[i], s ? &dec : &pre, o[i], &err)) {
                 printf("  FAIL %s step %d: %s\n", dir, s, err.msg);
                 n_fail++;
             }
             k[i] = emu_kernels_run() - k0;
+            pdl[i] += emu_pdl_launches() - p0;
         }
         differ += memcmp(o[0], o[1], sizeof(float) * (size_t)(s ? 1 : T) * V) != 0;
         saved[s] = k[0] - k[1];
@@ -1401,11 +1406,14 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     }
     uint64_t cap = 0, rep = 0;
     int can = runner_graph_counts(rg[1], &cap, &rep);
-    int ok = differ == 0 && wrong_saving == 0 && steps == D + 1 && can && cap >= 1 && rep >= 1;
-    printf("  %s %s %s presplit: prefill %d + %d decode steps (%llu captured, %llu replayed) give the logits of "
-           "presplit off bit for bit (%d differ); kernels saved a step: %ld %ld %ld %ld (want 2 x %d layers)\n",
+    cuda_pdl_enable(1);
+    int ok = differ == 0 && wrong_saving == 0 && steps == D + 1 && can && cap >= 1 && rep >= 1 && pdl[0] == 0 &&
+             pdl[1] > 0;
+    printf("  %s %s %s presplit and PDL: prefill %d + %d decode steps (%llu captured, %llu replayed) give the logits "
+           "of both off bit for bit (%d differ); kernels saved a step: %ld %ld %ld %ld (want 2 x %d layers); "
+           "launches with the PDL attribute %ld (on), %ld (off)\n",
            ok ? "ok  " : "FAIL", dir, pn, T, D, (unsigned long long)cap, (unsigned long long)rep, differ, saved[0],
-           saved[1], saved[2], saved[3], L);
+           saved[1], saved[2], saved[3], L, pdl[1], pdl[0]);
     ok ? n_pass++ : n_fail++;
     free(o[0]); free(o[1]);
     safetensors_free(ref);

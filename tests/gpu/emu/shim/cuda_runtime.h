@@ -80,13 +80,16 @@ void emu_record(std::function<void()> fn);
 /* The runtime API over host memory: "device" pointers are malloc'ed, copies
  * are memcpy, streams are ordered trivially (launches run to completion). */
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrComputeCapabilityMajor = 75 };
 #define cudaStreamNonBlocking 1
 struct cudaDeviceProp { char name[256]; size_t totalGlobalMem; int major, minor, multiProcessorCount; };
 #define EMU_SMS 4
 static inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 static inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = EMU_SMS; return cudaSuccess; }
+static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) {
+    *v = a == cudaDevAttrComputeCapabilityMajor ? 9 : EMU_SMS;
+    return cudaSuccess;
+}
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "CPU emulation");
@@ -356,5 +359,31 @@ template <typename... P> struct EmuBinder {
 };
 template <typename... P> static inline EmuBinder<P...> emu_bind(EmuCfg c, void (*k)(P...)) { return EmuBinder<P...>{c, k}; }
 #define EMU_LAUNCH(cfg, kern, args) do { if (!emu_launch_fault()) emu_bind(emu_cfg cfg, kern) args; } while (0)
+
+/* cudaLaunchKernelEx with its one attribute the kernels use, programmatic stream serialization
+ * (cuda_pdl.cuh): launches here run to completion in stream order, which every schedule the
+ * attribute allows must equal (its kernels wait for the previous one first), so it launches as
+ * EMU_LAUNCH does, and counts (emu_pdl_launches: a test that the decode chain takes the path). */
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization = 5 };
+union cudaLaunchAttributeValue { int programmaticStreamSerializationAllowed; char pad[64]; };
+struct cudaLaunchAttribute { cudaLaunchAttributeID id; cudaLaunchAttributeValue val; };
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned numAttrs;
+};
+long emu_pdl_launches(void);
+void emu_pdl_count(void);
+template <typename... P, typename... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A... a) {
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
+            c->attrs[i].val.programmaticStreamSerializationAllowed)
+            emu_pdl_count();
+    EMU_LAUNCH((c->gridDim, c->blockDim, c->dynamicSmemBytes, c->stream), k, (a...));
+    return cudaSuccess; /* a refused launch stays the pending error, for the caller's cudaGetLastError */
+}
 
 #endif

@@ -1,0 +1,66 @@
+/*
+ * cuda_pdl.cuh - programmatic dependent launch (sm_90+) for the kernels of a
+ * decode step. A kernel launched through pdl_launch may be scheduled while the
+ * kernel before it on the stream is still finishing: its blocks take the SMs
+ * that kernel's finished blocks free, so its launch latency and block start-up
+ * hide behind that kernel's tail instead of following it. A decode step at
+ * batch 1 is a chain of ~10 short kernels a layer (3.5 us each for the small
+ * ones on the 2026-11-29 H200, mostly latency: bench/RESULTS.md), which is
+ * where this pays.
+ *
+ * The contract, which makes it safe: every kernel launched through pdl_launch
+ * calls pdl_wait() as its FIRST statement, before any global memory access.
+ * pdl_wait (griddepcontrol.wait) returns once the kernels before it on the
+ * stream have completed and their writes are visible, so the kernel reads
+ * nothing early and writes nothing the previous kernel still reads; and since
+ * every kernel of the chain waits, completion stays transitive (a kernel two
+ * launches back is complete too). In a kernel launched without the attribute
+ * pdl_wait returns at once, so the kernels keep it unconditionally.
+ *
+ * On where cuda_pdl_enabled() says so: a binary built for sm_90+ (SAMPLER_GPU_SM;
+ * the sm_80 binary's kernels have no griddepcontrol) on a device of compute
+ * capability 9+, unless SAMPLER_CUDA_OFF=pdl. Otherwise pdl_launch is a plain
+ * launch. Stream capture records the programmatic edges (CUDA 12.3+), so the
+ * decode graphs keep them. Not here: which kernels take part (their
+ * launchers: rmsnorm.cu, matmul.cu, matmul_swiglu.cu, rope_kv_write.cu,
+ * attention.cu, attention_dec_mma.cu).
+ */
+#ifndef SAMPLER_CUDA_PDL_CUH
+#define SAMPLER_CUDA_PDL_CUH
+
+#include "cuda_kernels.h"
+
+/* The first statement of every kernel pdl_launch launches. */
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* k<<<grid, block, smem, s>>>(args) as cudaLaunchKernelEx, with the programmatic-serialization
+ * attribute when cuda_pdl_enabled() and s is a created stream (the backend's; the legacy NULL
+ * stream of gpu_check's direct launcher calls launches plainly), else an ordinary launch. A launch
+ * the driver refuses with the attribute turns PDL off for the process and goes again without it
+ * (inside a stream capture the capture then fails, and forward.c runs that step eagerly). Errors
+ * surface as a launch's do: the thread's last error, for CUDA_CHECK_LAUNCH after it. */
+template <typename... P, typename... A>
+static void pdl_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = s && cuda_pdl_enabled() ? 1 : 0;
+    if (cudaLaunchKernelEx(&cfg, k, ((P)args)...) != cudaSuccess && cfg.numAttrs) {
+        (void)cudaGetLastError();
+        cuda_pdl_enable(0);
+        cfg.numAttrs = 0;
+        (void)cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+    }
+}
+
+#endif

@@ -37,8 +37,12 @@ static int pdl_possible(void) {
     return SAMPLER_GPU_SM >= 90 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
            major >= 9;
 }
-extern "C" void cuda_pdl_enable(int on) { pdl_state = on && pdl_possible(); }
-extern "C" int cuda_pdl_enabled(void) {
-    if (pdl_state < 0) pdl_state = pdl_possible();
-    return pdl_state;
+extern "C" void cuda_pdl_enable(int on) { __atomic_store_n(&pdl_state, on && pdl_possible(), __ATOMIC_RELAXED); }
+extern "C" int cuda_pdl_enabled(void) { /* read at every launch, by whichever thread launches (relaxed: a flag) */
+    int v = __atomic_load_n(&pdl_state, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = pdl_possible();
+        __atomic_store_n(&pdl_state, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }

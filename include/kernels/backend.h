@@ -6,6 +6,11 @@
  * (the op reads bf16 / q on a host backend, dev / dev_scale on a device
  * backend) and bf16 vectors passed as pointers into the backend's memory
  * (forward.c picks WeightVec.host or .dev); no op translates host pointers.
+ * Backend memory is written only through these ops (upload, copy, zero and
+ * the compute ops), never by other code between them: a backend may keep
+ * state derived from its buffers' contents across ops (the CUDA backend's
+ * split of a norm's output for the next GEMVs, backend_cuda.cu norm_split)
+ * and drops it in the ops that write.
  */
 #ifndef SAMPLER_BACKEND_H
 #define SAMPLER_BACKEND_H

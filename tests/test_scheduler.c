@@ -11,7 +11,7 @@
  * With the limit off (max_rows = every row) the share assertions fail: the
  * heavy request then takes 16 rows of every step.
  * Async scheduling's two hooks: a planned batch without the sequences that
- * ended meanwhile (scheduler_drop_finished) is the batch of the others, and a
+ * ended meanwhile (scheduler_remove drops it at once, scheduler_drop_finished) is the batch of the others, and a
  * full block holding a placeholder token (< 0) is registered in the prefix
  * cache only once the token is known.
  */
@@ -227,8 +227,10 @@ static void test_drop_finished(void) {
     int n = scheduler_plan(s);
     T_ASSERT(n == 4 + 7 && s->n_sched == 5, "planned %d tokens of %d sequences", n, s->n_sched);
     scheduler_remove(s, q[1]);
+    T_ASSERT(s->n_sched == 4 && s->n_tok == 3 + 7, "a sequence removed between plan and commit leaves the batch at "
+             "once (before its request may be freed): %d sequences, %d tokens", s->n_sched, s->n_tok);
     scheduler_remove(s, q[4]);
-    scheduler_drop_finished(s);
+    scheduler_drop_finished(s); /* nothing more to drop */
     int ok = s->n_sched == 3 && s->n_tok == 3 && s->n_out == 3;
     for (int i = 0; ok && i < s->n_sched; i++) {
         const Seq *p = s->sched[i];
@@ -238,8 +240,11 @@ static void test_drop_finished(void) {
     }
     T_ASSERT(ok, "the batch after dropping: %d sequences, %d tokens, %d rows", s->n_sched, s->n_tok, s->n_out);
     scheduler_commit(s);
+    scheduler_remove(s, q[0]); /* after the commit the batch stays as it ran (the engine walks it) */
+    T_ASSERT(s->n_sched == 3 && s->sched[0] == q[0], "a removal after the commit changed the batch: %d sequences",
+             s->n_sched);
     for (int i = 0; i < 5; i++) {
-        if (i != 1 && i != 4) scheduler_remove(s, q[i]);
+        if (i != 0 && i != 1 && i != 4) scheduler_remove(s, q[i]);
         seq_free(q[i]);
     }
     scheduler_free(s);

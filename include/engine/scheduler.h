@@ -112,6 +112,8 @@ typedef struct Scheduler {
     int32_t *out_rows;    /* [max_running + lp_rows_max] */
     const int32_t **tables; /* [max_running] */
     int n_tok, n_out;
+    int planned;          /* 1 from scheduler_plan to scheduler_commit / scheduler_unplan: a sequence
+                           * removed meanwhile leaves the batch at once (scheduler_remove) */
     /* scratch of the row shares: running plus up to max_running waiting */
     Seq **cand;           /* [2 * max_running] */
     RowGroup *groups;     /* [2 * max_running] */
@@ -127,7 +129,10 @@ void scheduler_free(Scheduler *s);
 /* Queue a sequence (SEQ_WAITING). front: ahead of everything (preempted, forks). */
 void scheduler_enqueue(Scheduler *s, Seq *q, int front);
 /* Take a sequence out of the running list or waiting queue and release its
- * blocks (full registered ones stay in the prefix cache). State -> SEQ_DONE. */
+ * blocks (full registered ones stay in the prefix cache). State -> SEQ_DONE.
+ * Between plan and commit it also leaves the planned batch (scheduler_drop_finished),
+ * before its request may be freed: the step in flight can end a sequence of the
+ * next plan (async scheduling, a host-needing step ends it before its forward). */
 void scheduler_remove(Scheduler *s, Seq *q);
 /* Plan one step into s->tok/pos/seqi/tables/out_rows. Returns the number of
  * tokens (0: nothing to do). */
@@ -139,6 +144,9 @@ void scheduler_drop_finished(Scheduler *s);
 /* After the forward pass: advance n_computed and register full blocks (a
  * block holding a placeholder token, < 0, only once the token is known). */
 void scheduler_commit(Scheduler *s);
+/* The planned batch will not run (its forward failed, or every sequence of it
+ * ended before it): nothing is committed, and the plan is no longer current. */
+void scheduler_unplan(Scheduler *s);
 /* Start sibling `to` as a copy of `from` (prompt fully computed, nothing
  * generated): shares full blocks, copies the partial last one via copy_block.
  * Returns 0, or -1 (no running slot or block; `to` untouched). */

@@ -570,7 +570,13 @@ int engine_step(Engine *e) {
      * routed experts do not: they come back with the step's sampled results */
     int keep = e->async && dev;
     if (fl->live && !keep) {
-        step_end(e, fl);
+        step_end(e, fl); /* a sequence it ends leaves the planned batch (scheduler_remove) */
+        if (s->n_tok == 0) { /* every planned sequence ended in it */
+            scheduler_unplan(s);
+            phase_to(e, &e->st.schedule);
+            e->st.step += e->mark - t_plan;
+            return 1;
+        }
         batch_take_tokens(s);
     }
     int pending = fl->live ? fl->n_dev_rows : 0;
@@ -592,6 +598,7 @@ int engine_step(Engine *e) {
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < s->n_sched; i++) engine_cmd_abort_locked(e, s->sched[i]->req);
         pthread_mutex_unlock(&e->mu);
+        scheduler_unplan(s); /* before step_end: what it ends need not leave a batch that will not run */
         if (fl->live) step_end(e, fl);
         phase_to(e, &e->st.schedule);
         e->st.step += e->mark - t_plan;

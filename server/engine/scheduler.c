@@ -97,6 +97,7 @@ void scheduler_remove(Scheduler *s, Seq *q) {
     release_blocks(s, q);
     q->state = SEQ_DONE;
     ASSERT(s->n_running >= 0 && s->n_waiting >= 0, "running %d, waiting %d", s->n_running, s->n_waiting);
+    if (s->planned) scheduler_drop_finished(s); /* no planned row may point at it (its request may go) */
 }
 
 static void preempt(Scheduler *s, Seq *q) {
@@ -363,8 +364,11 @@ int scheduler_plan(Scheduler *s) {
     }
     /* the batch's sequence indices follow s->sched; the running order may have
      * changed through admissions, which is fine: tables are per sched slot */
+    s->planned = s->n_tok > 0;
     return s->n_tok;
 }
+
+void scheduler_unplan(Scheduler *s) { s->planned = 0; }
 
 static void register_full(Scheduler *s, Seq *q) {
     int bs = s->block_size, full = q->n_computed / bs;
@@ -385,6 +389,7 @@ static void register_full(Scheduler *s, Seq *q) {
 }
 
 void scheduler_commit(Scheduler *s) {
+    s->planned = 0;
     for (int i = 0; i < s->n_sched; i++) {
         Seq *q = s->sched[i];
         if (q->plan_start == 0 && q->n_computed == 0) q->kv_version = scheduler_cache_version(s, q);

@@ -164,6 +164,13 @@ long emu_kernels_run(void) { return kernels_run.load(); }
 static std::atomic<long> pdl_launches;
 long emu_pdl_launches(void) { return pdl_launches.load(); }
 void emu_pdl_count(void) { pdl_launches++; }
+static std::atomic<int> pdl_refuse;
+void emu_pdl_refuse(int on) { pdl_refuse = on; }
+cudaError_t emu_pdl_refused(void) {
+    if (!pdl_refuse) return cudaSuccess;
+    pending_launch_error = cudaErrorNotSupported;
+    return cudaErrorNotSupported;
+}
 void emu_submit(EmuCfg c, std::function<void()> fn) {
     if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.x > 0x7fffffffu || c.grid.y > 65535u || c.grid.z > 65535u) {
         fprintf(stderr, "emulation: launch of grid (%u, %u, %u) x block %u: invalid configuration, refused as on a device\n",

@@ -882,6 +882,47 @@ static void t_delta_faults(void) {
  * off, a MoE fixture on BF16 KV (prefill attention on CUDA cores, the routed
  * experts one matmul at a time, no graphs, norm_rope + kv_write, gate/up +
  * swiglu) matches transformers and the CPU in the usual bounds. */
+/* A driver that refuses the PDL attribute (cuda_pdl.cuh pdl_launch): the launch goes again without it,
+ * no error is left for the launcher's check, PDL is off for the process from then on, and the op's
+ * result is the plain launch's, bit for bit. */
+static void t_pdl_refused(void) {
+    Backend *b = backend_cuda_create_resident(0, 128);
+    const int n = 2, dim = 96;
+    float hx[n * dim], got[n * dim], ref[n * dim];
+    uint16_t hw[dim];
+    for (int i = 0; i < n * dim; i++) hx[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int i = 0; i < dim; i++) hw[i] = f32_to_bf16(0.5f + (float)(i % 7) / 8.0f);
+    float *dx = NULL, *dout = NULL;
+    uint16_t *dw = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dx, sizeof hx));
+    CUDA_CHECK(cudaMalloc((void **)&dout, sizeof hx));
+    CUDA_CHECK(cudaMalloc((void **)&dw, sizeof hw));
+    CUDA_CHECK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dout, 0xff, sizeof hx)); /* NaN: unwritten shows */
+    int on0 = cuda_pdl_enabled();
+    long p0 = emu_pdl_launches();
+    emu_pdl_refuse(1);
+    b->rmsnorm(b, dout, dx, dw, n, dim, 1e-6f); /* LAUNCH_OK inside: a pending error would stop the run */
+    emu_pdl_refuse(0);
+    cudaError_t e = cudaGetLastError();
+    CUDA_CHECK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    int off_after = !cuda_pdl_enabled();
+    CUDA_CHECK(cudaMemset(dout, 0xff, sizeof hx));
+    b->rmsnorm(b, dout, dx, dw, n, dim, 1e-6f); /* PDL off now: the plain launch */
+    CUDA_CHECK(cudaMemcpy(ref, dout, sizeof ref, cudaMemcpyDeviceToHost));
+    int finite = 1;
+    for (int i = 0; i < n * dim; i++) finite &= isfinite(got[i]) != 0;
+    int ok = on0 && e == cudaSuccess && off_after && emu_pdl_launches() == p0 && finite &&
+             memcmp(got, ref, sizeof got) == 0;
+    printf("  %s a launch refused with the PDL attribute goes again without it (pending error %d), PDL is off "
+           "after it (%d), the result is the plain launch's bit for bit\n", ok ? "ok  " : "FAIL", (int)e, off_after);
+    ok ? n_pass++ : n_fail++;
+    cuda_pdl_enable(1);
+    cudaFree(dx); cudaFree(dout); cudaFree(dw);
+    b->free(b);
+}
+
 static void t_cuda_off(int quick) {
     printf("== SAMPLER_CUDA_OFF: the fallback paths ==\n");
     const char *envs[] = {"rope_kv_write,matmul_swiglu", "all", NULL};
@@ -1585,6 +1626,7 @@ int main(void) {
         t_attn_long("tests/fixtures/qwen3_hd64_g4", KV_FP8);
     }
     t_cuda_off(quick);
+    t_pdl_refused();
     t_delta_faults();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -376,12 +376,18 @@ struct cudaLaunchConfig_t {
 };
 long emu_pdl_launches(void);
 void emu_pdl_count(void);
+/* emu_pdl_refuse(1): a launch with the attribute is refused (cudaErrorNotSupported, returned and
+ * pending) and does not run, as a driver without PDL would; 0 disarms. */
+void emu_pdl_refuse(int on);
+cudaError_t emu_pdl_refused(void);
 template <typename... P, typename... A>
 static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A... a) {
     for (unsigned i = 0; i < c->numAttrs; i++)
         if (c->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
-            c->attrs[i].val.programmaticStreamSerializationAllowed)
+            c->attrs[i].val.programmaticStreamSerializationAllowed) {
+            if (cudaError_t r = emu_pdl_refused()) return r;
             emu_pdl_count();
+        }
     EMU_LAUNCH((c->gridDim, c->blockDim, c->dynamicSmemBytes, c->stream), k, (a...));
     return cudaSuccess; /* a refused launch stays the pending error, for the caller's cudaGetLastError */
 }

@@ -140,6 +140,11 @@ static void *st(Backend *b) { return (void *)ctx(b)->stream; }
  * every other op that writes device memory, graph launches and boundaries included. Every write
  * goes through these ops: nothing else writes a backend buffer (Backend contract, backend.h). */
 static void xs_clear(CudaCtx *c) { c->xs_of = NULL; }
+static void xs_set(CudaCtx *c, const float *x, int n, int cols) {
+    c->xs_of = x;
+    c->xs_n = n;
+    c->xs_cols = cols;
+}
 static int xs_ready(const CudaCtx *c, const float *x, int n, int cols) {
     return c->xs_of && x == c->xs_of && n == c->xs_n && cols == c->xs_cols;
 }
@@ -152,9 +157,7 @@ static void *norm_split(CudaCtx *c, const float *out, int n, int dim) {
     if (c->off_gemv_mma || c->presplit_min_n < 1 || n < c->presplit_min_n || n > CUDA_GEMV_MAX_N || dim % 2 ||
         !c->xsplit || cuda_gemv_mma_scratch(n, dim) > c->xsplit_cap)
         return NULL;
-    c->xs_of = out;
-    c->xs_n = n;
-    c->xs_cols = dim;
+    xs_set(c, out, n, dim);
     return c->xsplit;
 }
 
@@ -589,32 +592,35 @@ static int mma_at(const CudaCtx *c, const WeightMat *w, int n) {
         return c->xsplit && cuda_gemv_mma_scratch(n, w->cols) <= c->xsplit_cap;
     return w->fmt == WF_BF16 && n >= 2;
 }
+/* An FP8 / NVFP4 matrix's decode GEMV: the tiled one (mma 0, f32 x) or the tensor-core one (mma 1, x split
+ * into c->xsplit first unless ready; -1 for a shape it does not take). Shared by plain_matmul and the
+ * start-up timer (gemv_run), so both run the same launch. */
+static int quant_gemv(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias,
+                      int mma, int ready) {
+    CudaCtx *c = ctx(b);
+    const uint8_t *W8 = (const uint8_t *)w->dev;
+    if (w->fmt == WF_FP8) {
+        const QuantFp8 *q = (const QuantFp8 *)w->q;
+        const float *S = (const float *)w->dev_scale;
+        return mma ? cuda_gemv_fp8_mma(out, x, n, W8, S, w->rows, w->cols, q->block_rows, q->block_cols, bias,
+                                       c->xsplit, ready, st(b))
+                   : cuda_gemv_fp8(out, x, n, W8, S, w->rows, w->cols, q->block_rows, q->block_cols, bias, st(b));
+    }
+    const uint8_t *SF = (const uint8_t *)w->dev_scale;
+    const float *s2 = (const float *)w->dev_s2;
+    return mma ? cuda_gemv_nvfp4_mma(out, x, n, W8, SF, s2, w->rows, w->cols, bias, c->xsplit, ready, st(b))
+               : cuda_gemv_nvfp4(out, x, n, W8, SF, s2, w->rows, w->cols, bias, st(b));
+}
 /* Everything but the native GEMM: the weight-only GEMVs of FP8 / NVFP4 (f32 x), BF16's GEMV or cuBLAS. */
 static void plain_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
     CudaCtx *c = ctx(b);
-    int ready = xs_ready(c, x, n, w->cols);
-    xs_wrote(c, out, (size_t)n * w->rows);
-    if (w->fmt == WF_FP8) { /* weight-only, also when w->act_quant (see the top of the file) */
-        const QuantFp8 *q = (const QuantFp8 *)w->q;
-        if (mma_at(c, w, n) && cuda_gemv_fp8_mma(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
-                                                 q->rows, q->cols, q->block_rows, q->block_cols, bias, c->xsplit,
-                                                 ready, st(b)) == 0) { /* -1: a shape it does not take */
+    if (w->fmt == WF_FP8 || w->fmt == WF_NVFP4) { /* weight-only, also when w->act_quant (see the top of the file) */
+        int ready = xs_ready(c, x, n, w->cols);
+        if (mma_at(c, w, n) && quant_gemv(b, out, x, n, w, bias, 1, ready) == 0) { /* -1: a shape it does not take */
             if (!ready) xs_clear(c); /* it split x into xsplit */
             return;
         }
-        LAUNCH_OK(cuda_gemv_fp8(out, x, n, (const uint8_t *)w->dev, (const float *)w->dev_scale,
-                                q->rows, q->cols, q->block_rows, q->block_cols, bias, st(b)));
-        return;
-    }
-    if (w->fmt == WF_NVFP4) {
-        const QuantNvfp4 *q = (const QuantNvfp4 *)w->q;
-        const uint8_t *P = (const uint8_t *)w->dev, *SF = (const uint8_t *)w->dev_scale;
-        if (mma_at(c, w, n) && cuda_gemv_nvfp4_mma(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias,
-                                                   c->xsplit, ready, st(b)) == 0) { /* -1: a shape it does not take */
-            if (!ready) xs_clear(c);
-            return;
-        }
-        LAUNCH_OK(cuda_gemv_nvfp4(out, x, n, P, SF, (const float *)w->dev_s2, q->rows, q->cols, bias, st(b)));
+        LAUNCH_OK(quant_gemv(b, out, x, n, w, bias, 0, 0));
         return;
     }
     const uint16_t *W = (const uint16_t *)w->dev, *bs = bias;
@@ -627,7 +633,7 @@ static void plain_matmul(Backend *b, float *out, const float *x, int n, const We
     LAUNCH_OK(cuda_gemm_bf16(c->blas, out, x, c->xbf, n, W, w->rows, w->cols, bs, st(b)));
 }
 static void cu_matmul(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias) {
-    xs_wrote(ctx(b), out, (size_t)n * w->rows);
+    xs_wrote(ctx(b), out, (size_t)n * w->rows); /* both paths write out */
     if (native_at(w, n) && native_matmul(b, out, x, n, w, bias) == 0) return;
     plain_matmul(b, out, x, n, w, bias);
 }
@@ -664,8 +670,8 @@ done:
     return rc;
 }
 
-/* Start-up (cuda_native.h): both paths of cu_matmul for w at n tokens, timed. x is a constant
- * (the times do not depend on its values); bias none (a per-row add, the same in both). */
+/* Start-up (cuda_native.h): both paths of cu_matmul for w at n tokens, timed on time_pair's x; bias
+ * none (a per-row add, the same in both). */
 typedef struct {
     float *out;
     const float *x;
@@ -753,30 +759,16 @@ static int gemv_run(Backend *b, const void *arg, int mma) {
     CudaCtx *c = ctx(b);
     if (mma && c->off_gemv_mma) return -1;
     if (w->fmt == WF_FP8 || w->fmt == WF_NVFP4) {
-        const QuantFp8 *q = w->fmt == WF_FP8 ? (const QuantFp8 *)w->q : NULL;
-        const uint8_t *W8 = (const uint8_t *)w->dev;
-        if (!mma && q)
-            return cuda_gemv_fp8(r->out, r->x, r->n, W8, (const float *)w->dev_scale, w->rows, w->cols,
-                                 q->block_rows, q->block_cols, NULL, st(b));
-        if (!mma)
-            return cuda_gemv_nvfp4(r->out, r->x, r->n, W8, (const uint8_t *)w->dev_scale, (const float *)w->dev_s2,
-                                   w->rows, w->cols, NULL, st(b));
+        if (!mma) return quant_gemv(b, r->out, r->x, r->n, w, NULL, 0, 0);
         /* presplit: the first (warm-up) run splits the timer's x, the timed ones find it split, as
          * the launches after a norm do; else every run splits it */
-        int ready = r->presplit && xs_ready(c, r->x, r->n, w->cols), rc;
+        int ready = r->presplit && xs_ready(c, r->x, r->n, w->cols);
         if (!ready) {
             xs_clear(c);
             scratch_grow(c, &c->xsplit, &c->xsplit_cap, cuda_gemv_mma_scratch(r->n, w->cols)); /* start-up only */
         }
-        rc = q ? cuda_gemv_fp8_mma(r->out, r->x, r->n, W8, (const float *)w->dev_scale, w->rows, w->cols,
-                                   q->block_rows, q->block_cols, NULL, c->xsplit, ready, st(b))
-               : cuda_gemv_nvfp4_mma(r->out, r->x, r->n, W8, (const uint8_t *)w->dev_scale, (const float *)w->dev_s2,
-                                     w->rows, w->cols, NULL, c->xsplit, ready, st(b));
-        if (rc == 0 && r->presplit) { /* the timer's own x (time_pair drops the record before freeing it) */
-            c->xs_of = r->x;
-            c->xs_n = r->n;
-            c->xs_cols = w->cols;
-        }
+        int rc = quant_gemv(b, r->out, r->x, r->n, w, NULL, 1, ready);
+        if (rc == 0 && r->presplit) xs_set(c, r->x, r->n, w->cols); /* the timer's own x: time_pair drops it */
         return rc;
     }
     const uint16_t *W = (const uint16_t *)w->dev;
@@ -830,8 +822,6 @@ static int gemv_multi_build(const CudaCtx *c, GemvMulti *m, int *fmt, float *con
     return ok;
 }
 
-/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
- * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
 /* After a launch of m: its split into xsplit (unless a norm's was ready) and its outputs (swiglu: out
  * instead of the segments') drop the norm's record as they must. */
 static void multi_wrote(CudaCtx *c, const GemvMulti *m, int n, int fmt, const float *swiglu_out) {
@@ -839,6 +829,8 @@ static void multi_wrote(CudaCtx *c, const GemvMulti *m, int n, int fmt, const fl
     if (swiglu_out) xs_wrote(c, swiglu_out, (size_t)n * m->seg[0].rows);
     for (int i = 0; !swiglu_out && i < m->nseg; i++) xs_wrote(c, m->seg[i].out, (size_t)n * m->seg[i].rows);
 }
+/* q/k/v or gate/up at decode sizes: one tiled GEMV launch over all of them when
+ * they share a format and qualify (gemv_tile.cuh), else one matmul each. */
 static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int n, const WeightMat *const *ws,
                             const uint16_t *const *biases, int count) {
     GemvMulti m;

@@ -9,13 +9,30 @@
  * where this pays.
  *
  * The contract, which makes it safe: every kernel launched through pdl_launch
- * calls pdl_wait() as its FIRST statement, before any global memory access.
- * pdl_wait (griddepcontrol.wait) returns once the kernels before it on the
- * stream have completed and their writes are visible, so the kernel reads
- * nothing early and writes nothing the previous kernel still reads; and since
- * every kernel of the chain waits, completion stays transitive (a kernel two
- * launches back is complete too). In a kernel launched without the attribute
- * pdl_wait returns at once, so the kernels keep it unconditionally.
+ * calls pdl_wait() before any global memory access (only pdl_prefetch_l2, a
+ * hint that reads nothing, may come before it). pdl_wait
+ * (griddepcontrol.wait) returns once the kernels before it on the stream have
+ * completed and their writes are visible, so the kernel reads nothing early
+ * and writes nothing the previous kernel still reads; and since every kernel
+ * of the chain waits, completion stays transitive (a kernel two launches back
+ * is complete too). In a kernel launched without the attribute pdl_wait
+ * returns at once, so the kernels keep it unconditionally.
+ *
+ * When the next kernel starts: pdl_wait then lets it launch
+ * (griddepcontrol.launch_dependents). The driver launches it once every block
+ * of this grid has done so or exited, that is once this grid's last wave is
+ * resident, so its blocks never take an SM slot this grid still needs; they
+ * take the slots this grid's finished blocks free and stop at their own
+ * pdl_wait. Before it the decode GEMVs prefetch the first weight lines they
+ * will read into L2 (gemv_tile.cuh, gemv_mma.cuh): weights do not depend on
+ * the kernel they wait for, so the memory system streams them during that
+ * kernel's tail instead of after it. How much: a 16-byte chunk a lane and
+ * weight row, 16 KiB a block (tiled) or 8 KiB (tensor-core tile); with the
+ * ~700-1000 blocks an H200 holds, ~10 MB in flight: about what HBM moves in
+ * the couple of microseconds a launch overlaps, and well inside the 50 MB L2,
+ * so no prefetched line is evicted before its block reads it (a whole tile's
+ * worth would be 30-70 MB). At most two grids of the chain are resident at
+ * once: a kernel lets its successor launch only after its own wait.
  *
  * On where cuda_pdl_enabled() says so: a binary built for sm_90+ (SAMPLER_GPU_SM;
  * the sm_80 binary's kernels have no griddepcontrol) on a device of compute
@@ -30,10 +47,25 @@
 
 #include "cuda_kernels.h"
 
-/* The first statement of every kernel pdl_launch launches. */
+/* In every kernel pdl_launch launches, before its first global memory access: waits for the kernels
+ * before it, then lets the next one launch. */
 static __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Brings the 128-byte line holding p into L2 (prefetch.global.L2): a hint, no value reaches the thread,
+ * so it may come before pdl_wait; L2 is the device's point of coherence for global memory, so a line
+ * prefetched before an earlier kernel writes it is updated by that write, never read stale. p must
+ * point into an allocation (the emulation reads the byte, so ASan checks it). */
+static __device__ __forceinline__ void pdl_prefetch_l2(const void *p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#elif defined(CUDA_EMULATION)
+    emu_prefetch_l2(p);
+#else
+    (void)p; /* nvcc's host pass: never called there */
 #endif
 }
 

@@ -192,15 +192,42 @@ static __device__ __forceinline__ void gm_step_fp8(const uint4 &w0, const uint4 
     d[3] = fmaf(s.sb, e[3], d[3]);
 }
 
+/* Warp wp's column slice [*lo, *hi) of a row's nv 16-byte chunks: gt_slice's even split, except that
+ * FP8 splits whole groups of four chunks (64 values, inside one scale block) and the last slice ends
+ * at nv. */
+template <int FMT>
+static __device__ __forceinline__ void gm_slice(int nv, int wp, int *lo, int *hi) {
+    if (FMT != 1) {
+        gt_slice(nv, wp, lo, hi);
+        return;
+    }
+    int ng = (nv + 3) / 4;
+    *lo = 4 * (int)((long long)ng * wp / GT_WARPS);
+    *hi = 4 * (int)((long long)ng * (wp + 1) / GT_WARPS);
+    if (*hi > nv) *hi = nv;
+}
+
+/* Before pdl_wait (cuda_pdl.cuh): the weight lines of tile blk's first loads (lane 4 g + t: chunk lo + t
+ * of rows g and g + 8, 8 KiB a block) into L2, as gemv_tile_prefetch. */
+template <int FMT>
+static __device__ __forceinline__ void gemv_mma_prefetch(const GemvArgs &a, int blk) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS, nv = a.cols / (8 << FMT), lo, hi;
+    gm_slice<FMT>(nv, threadIdx.x >> 5, &lo, &hi);
+    int ra = r0 + g < a.rows ? r0 + g : a.rows - 1, rb = r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1;
+    if (lo + t < hi) {
+        pdl_prefetch_l2(a.W + (size_t)ra * nv + lo + t);
+        pdl_prefetch_l2(a.W + (size_t)rb * nv + lo + t);
+    }
+}
+
 /* gemv_mma_sum for FP8 weights (a.S, a.br, a.bc, a.sc as the tiled GEMV reads them; a.bc % 64 == 0 or
  * a.bc >= a.cols) and x split in xs. */
 template <int NT>
 static __device__ __forceinline__ float gemv_mma_sum_fp8(const GemvArgs &a, const GmSplit &xs, int blk,
                                                          float (*red)[GM_ROWS][8]) {
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS;
-    int nv = a.cols / 16, ng = (nv + 3) / 4; /* chunks of 16 e4m3, groups of 4 (one scale block) */
-    int lo = 4 * (int)((long long)ng * wp / GT_WARPS), hi = 4 * (int)((long long)ng * (wp + 1) / GT_WARPS);
-    if (hi > nv) hi = nv;
+    int nv = a.cols / 16, lo, hi; /* chunks of 16 e4m3 */
+    gm_slice<1>(nv, wp, &lo, &hi);
     int ra = r0 + g < a.rows ? r0 + g : a.rows - 1, rb = r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1;
     const uint4 *wr0 = a.W + (size_t)ra * nv + lo + t, *wr1 = a.W + (size_t)rb * nv + lo + t;
     const float *s0 = a.S + (size_t)(ra / a.br) * a.sc, *s1 = a.S + (size_t)(rb / a.br) * a.sc;
@@ -304,8 +331,8 @@ template <int NT>
 static __device__ __forceinline__ float gemv_mma_sum_nvfp4(const GemvArgs &a, const GmSplit &xs, int blk,
                                                            float (*red)[GM_ROWS][8]) {
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS;
-    int nv = a.cols / 32; /* chunks of 32 e2m1 values, one scale pair each */
-    int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+    int nv = a.cols / 32, lo, hi; /* chunks of 32 e2m1 values, one scale pair each */
+    gm_slice<2>(nv, wp, &lo, &hi);
     int ra = r0 + g < a.rows ? r0 + g : a.rows - 1, rb = r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1;
     const uint4 *wr0 = a.W + (size_t)ra * nv + lo + t, *wr1 = a.W + (size_t)rb * nv + lo + t;
     const uint16_t *f0 = a.SF + (size_t)ra * nv + lo + t, *f1 = a.SF + (size_t)rb * nv + lo + t;
@@ -359,8 +386,8 @@ static __device__ __forceinline__ float gemv_mma_sum_nvfp4(const GemvArgs &a, co
 template <int NT>
 static __device__ __forceinline__ float gemv_mma_sum(const GemvArgs &a, int blk, float (*red)[GM_ROWS][8]) {
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, r0 = blk * GM_ROWS;
-    int nv = a.cols / 8;
-    int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+    int nv = a.cols / 8, lo, hi;
+    gm_slice<0>(nv, wp, &lo, &hi);
     const uint4 *wr0 = a.W + (size_t)(r0 + g < a.rows ? r0 + g : a.rows - 1) * nv; /* advanced by the loops */
     const uint4 *wr1 = a.W + (size_t)(r0 + g + 8 < a.rows ? r0 + g + 8 : a.rows - 1) * nv;
     float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -419,9 +446,11 @@ static __device__ __forceinline__ void gemv_mma_swiglu(const GemvArgs g, const G
 
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_kernel(GemvMulti m) {
-    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
-    int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
-    gemv_mma<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], m.xs, s == 0 ? b : b - m.end[s - 1]);
+    int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2, blk = s == 0 ? b : b - m.end[s - 1];
+    const GemvArgs a = s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2];
+    gemv_mma_prefetch<FMT>(a, blk);
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
+    gemv_mma<NT, FMT>(a, m.xs, blk);
 }
 
 #endif

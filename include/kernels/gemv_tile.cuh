@@ -298,6 +298,27 @@ static __device__ __forceinline__ void gt_chunk(const GemvArgs &a, const GtScale
     }
 }
 
+/* Warp wp's column slice [*lo, *hi) of a row's nv 16-byte chunks: the GT_WARPS slices split the row
+ * evenly (the tensor-core tile's BF16 and NVFP4 slices too: gemv_mma.cuh gm_slice). */
+static __device__ __forceinline__ void gt_slice(int nv, int wp, int *lo, int *hi) {
+    *lo = (int)((long long)nv * wp / GT_WARPS);
+    *hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+}
+
+/* Before pdl_wait (cuda_pdl.cuh): the weight lines of tile blk's first loads (chunk lo + lane of its
+ * GT_ROWS rows, 16 KiB a block) into L2, so they stream while the kernel before runs. */
+template <int FMT>
+static __device__ __forceinline__ void gemv_tile_prefetch(const GemvArgs &a, int blk) {
+    constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
+    int lane = threadIdx.x & 31, r0 = blk * GT_ROWS, nv = a.cols / V, lo, hi;
+    gt_slice(nv, threadIdx.x >> 5, &lo, &hi);
+#pragma unroll
+    for (int rr = 0; rr < GT_ROWS; rr++) {
+        const uint4 *w = a.W + (size_t)(r0 + rr < a.rows ? r0 + rr : a.rows - 1) * nv;
+        if (lo + lane < hi) pdl_prefetch_l2(w + lo + lane);
+    }
+}
+
 /* The block's GT_ROWS x NT outputs of tile blk: thread i < GT_ROWS * NT gets output (row r0 + i / NT,
  * token i % NT) with its bias (the value gemv_tile stores; garbage for rows past the end), the
  * others 0. red: the block's shared scratch, free again after the call's last __syncthreads. */
@@ -305,8 +326,8 @@ template <int NT, int FMT>
 static __device__ __forceinline__ float gemv_tile_sum(const GemvArgs &a, int blk, float (*red)[GT_ROWS][NT]) {
     constexpr int V = FMT == 0 ? 8 : FMT == 1 ? 16 : 32;
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blk * GT_ROWS;
-    int nv = a.cols / V;
-    int lo = (int)((long long)nv * wp / GT_WARPS), hi = (int)((long long)nv * (wp + 1) / GT_WARPS);
+    int nv = a.cols / V, lo, hi;
+    gt_slice(nv, wp, &lo, &hi);
     float acc[GT_ROWS][NT];
 #pragma unroll
     for (int rr = 0; rr < GT_ROWS; rr++)
@@ -374,9 +395,11 @@ static __device__ __forceinline__ void gemv_tile_swiglu(const GemvArgs g, const 
 
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvMulti m) {
-    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
-    int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2;
-    gemv_tile<NT, FMT>(s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2], s == 0 ? b : b - m.end[s - 1]);
+    int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2, blk = s == 0 ? b : b - m.end[s - 1];
+    const GemvArgs a = s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2];
+    gemv_tile_prefetch<FMT>(a, blk);
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
+    gemv_tile<NT, FMT>(a, blk);
 }
 
 /* One matrix of the launch, per format (host side). */

@@ -22,13 +22,15 @@
 /* m.seg[0]: gate, m.seg[1]: up, out [NT, rows] f32. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m, float *out) {
-    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh) */
+    gemv_tile_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
 }
 
 /* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens), FP8 or NVFP4. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
+    gemv_mma_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
     pdl_wait();
     gemv_mma_swiglu<NT, FMT>(m.seg[0], m.seg[1], m.xs, out, blockIdx.x);
 }

@@ -164,6 +164,12 @@ long emu_kernels_run(void) { return kernels_run.load(); }
 static std::atomic<long> pdl_launches;
 long emu_pdl_launches(void) { return pdl_launches.load(); }
 void emu_pdl_count(void) { pdl_launches++; }
+static std::atomic<long> prefetches_l2;
+void emu_prefetch_l2(const void *p) {
+    (void)*(const volatile unsigned char *)p;
+    prefetches_l2.fetch_add(1, std::memory_order_relaxed);
+}
+long emu_prefetches_l2(void) { return prefetches_l2.load(); }
 static std::atomic<int> pdl_refuse;
 void emu_pdl_refuse(int on) { pdl_refuse = on; }
 cudaError_t emu_pdl_refused(void) {

@@ -311,6 +311,11 @@ void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 void emu_cp_async16(void *dst, const void *src, int src_bytes);
 void emu_cp_async_commit(void);
 void emu_cp_async_wait(int n);
+/* prefetch.global.L2 (cuda_pdl.cuh pdl_prefetch_l2): a hint, so it changes no result; here it reads
+ * the byte (ASan: the address lies in an allocation, as the kernel's contract says) and counts
+ * (emu_prefetches_l2: a test that the decode GEMVs issue theirs). */
+void emu_prefetch_l2(const void *p);
+long emu_prefetches_l2(void);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -127,6 +127,11 @@ void cuda_attention_vec_enable(int on);
  * with cuda_pdl_enable(0) (SAMPLER_CUDA_OFF=pdl). */
 void cuda_pdl_enable(int on);
 int cuda_pdl_enabled(void);
+/* The decode GEMVs' L2 prefetch of their first weight lines before their pdl_wait (cuda_pdl.cuh):
+ * on by default, off for the process with cuda_gemv_prefetch_enable(0) (SAMPLER_CUDA_OFF=prefetch).
+ * Read at each launch (relaxed: a flag); the results are the same bits either way. */
+void cuda_gemv_prefetch_enable(int on);
+int cuda_gemv_prefetch_enabled(void);
 /* How many splits cuda_attention should use for a batch on a device with
  * sm_count SMs and contexts up to max_ctx (1 when the batch fills the GPU). */
 int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count);

@@ -1,6 +1,6 @@
 /*
  * cuda_pdl.cuh - programmatic dependent launch (sm_90+) for the kernels of a
- * decode step. A kernel launched through pdl_launch may be scheduled while the
+ * step. A kernel launched through pdl_launch may be scheduled while the
  * kernel before it on the stream is still finishing: its blocks take the SMs
  * that kernel's finished blocks free, so its launch latency and block start-up
  * hide behind that kernel's tail instead of following it. A decode step at
@@ -38,9 +38,16 @@
  * the sm_80 binary's kernels have no griddepcontrol) on a device of compute
  * capability 9+, unless SAMPLER_CUDA_OFF=pdl. Otherwise pdl_launch is a plain
  * launch. Stream capture records the programmatic edges (CUDA 12.3+), so the
- * decode graphs keep them. Not here: which kernels take part (their
- * launchers: rmsnorm.cu, matmul.cu, matmul_swiglu.cu, rope_kv_write.cu,
- * attention.cu, attention_dec_mma.cu).
+ * decode graphs keep them.
+ *
+ * Which kernels: every kernel of kernels/cuda/ launches through pdl_launch (the
+ * forward pass, dense and MoE, prefill and decode, LoRA, and the sampler), so
+ * no launch of a step breaks the chain (the emulation checks that a step's
+ * kernels all carry the attribute: cuda_emu "presplit, PDL and prefetch", and
+ * the routed experts' "launched without PDL"); a new kernel does too. Not:
+ * the random fill (start-up) and the delta's scatter / gather (weight updates,
+ * between steps), and cuBLAS / cuBLASLt's own kernels, which a pdl_launch
+ * kernel after them simply waits for.
  */
 #ifndef SAMPLER_CUDA_PDL_CUH
 #define SAMPLER_CUDA_PDL_CUH

@@ -448,7 +448,7 @@ template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_kernel(GemvMulti m) {
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2, blk = s == 0 ? b : b - m.end[s - 1];
     const GemvArgs a = s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2];
-    gemv_mma_prefetch<FMT>(a, blk);
+    if (m.prefetch) gemv_mma_prefetch<FMT>(a, blk);
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
     gemv_mma<NT, FMT>(a, m.xs, blk);
 }

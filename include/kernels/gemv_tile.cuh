@@ -58,6 +58,8 @@ typedef struct GemvMulti {
     int nseg;
     int mma; /* 1: on tensor cores (gemv_mma.cuh, GM_ROWS rows a block): BF16 at 2..8 tokens, FP8 / NVFP4 at 1..8 */
     GmSplit xs; /* mma FP8 / NVFP4: scratch of cuda_gemv_mma_scratch(n, cols) bytes that the launch splits x into */
+    int prefetch; /* 1: each block prefetches its first weight lines into L2 before its pdl_wait (cuda_pdl.cuh); the
+                   * launchers set it from cuda_gemv_prefetch_enabled() */
 } GemvMulti;
 
 /* e4m3 (OCP e4m3fn) byte -> f32, exact; 0x7f/0xff are NaN as in quant.h. */
@@ -397,7 +399,7 @@ template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_tile_kernel(GemvMulti m) {
     int b = blockIdx.x, s = b < m.end[0] ? 0 : b < m.end[1] ? 1 : 2, blk = s == 0 ? b : b - m.end[s - 1];
     const GemvArgs a = s == 0 ? m.seg[0] : s == 1 ? m.seg[1] : m.seg[2];
-    gemv_tile_prefetch<FMT>(a, blk);
+    if (m.prefetch) gemv_tile_prefetch<FMT>(a, blk);
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
     gemv_tile<NT, FMT>(a, blk);
 }
@@ -430,7 +432,7 @@ static inline GemvArgs gemv_args_nvfp4(float *out, const float *x, const uint8_t
     return a;
 }
 
-/* Fills m->end from the segments' rows and launches gemv_tile_kernel<n, fmt>
+/* Fills m->end from the segments' rows and m->prefetch, and launches gemv_tile_kernel<n, fmt>
  * (matmul.cu). 1 <= n <= 8, 1 <= m->nseg <= GT_MAX_SEG. */
 void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s);
 /* The checked launcher of several matrices over one x (matmul.cu): every segment

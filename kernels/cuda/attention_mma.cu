@@ -40,6 +40,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "kv_device.cuh"
 #include "mma_tile.cuh"
 
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, HDT / 4 == 64 ? 4 : 2) attn_mm
     __shared__ __align__(16) uint16_t sk[MMA_BK * LD], sv[MMA_BK * LD]; /* [64, HD (+pad)] bf16 */
     __shared__ float s_ks[MMA_BK], s_vs[MMA_BK]; /* FP8: the tile's row scales */
     __shared__ int s_pos[MMA_BQ], s_seq[MMA_BQ];
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int t0 = blockIdx.x * MMA_BQ, h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
     int nrows = a.n_tokens - t0 < MMA_BQ ? a.n_tokens - t0 : MMA_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -319,10 +321,11 @@ extern "C" int cuda_attention_mma_split(const AttnArgs *a, float *part, int n_sp
     if (a->n_tokens == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid((unsigned)((a->n_tokens + MMA_BQ - 1) / MMA_BQ), (unsigned)a->n_heads, (unsigned)n_splits);
-    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 64 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (a->head_dim == 64) attn_mma_kernel<4 * 64 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else if (a->kv_dtype == KV_BF16) attn_mma_kernel<4 * 128 + KV_BF16><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
-    else attn_mma_kernel<4 * 128 + KV_FP8><<<grid, MMA_WARPS * 32, 0, s>>>(*a, part, n_splits);
+    void (*k)(AttnArgs, float *, int) = a->head_dim == 64 ? (a->kv_dtype == KV_BF16 ? attn_mma_kernel<4 * 64 + KV_BF16>
+                                                                                     : attn_mma_kernel<4 * 64 + KV_FP8>)
+                                        : a->kv_dtype == KV_BF16 ? attn_mma_kernel<4 * 128 + KV_BF16>
+                                                                 : attn_mma_kernel<4 * 128 + KV_FP8>;
+    pdl_launch(k, grid, dim3(MMA_WARPS * 32), 0, s, *a, part, n_splits);
     CUDA_CHECK_LAUNCH();
     if (n_splits > 1 && cuda_attention_merge(a->out, part, a->n_tokens * a->n_heads, a->head_dim, n_splits, s)) return -1;
     if (a->n_seqs == 1) return 0; /* one sequence: every tile is one run */

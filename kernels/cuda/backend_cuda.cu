@@ -1282,14 +1282,16 @@ static void cu_graph_free(Backend *b, void *g) {
  * died (tests/gpu/README.md). Read at each backend's creation (start-up); an
  * unknown name stops it with the list. Every fallback is a path the op checks
  * and fixtures cover, so results stay in their tolerance class (the MoE GEMV
- * keeps x in f32 where the grouped GEMM rounds it to bf16). attn_vec and pdl
- * are process-wide (cuda_attention_vec_enable, cuda_pdl_enable); the others are per backend. */
+ * keeps x in f32 where the grouped GEMM rounds it to bf16). attn_vec, pdl and
+ * prefetch are process-wide (cuda_attention_vec_enable, cuda_pdl_enable,
+ * cuda_gemv_prefetch_enable); the others are per backend. */
 typedef struct CudaOff {
     const char *name, *instead;
     void (*apply)(Backend *b, int off);
 } CudaOff;
 static void off_attn_vec(Backend *, int off) { cuda_attention_vec_enable(!off); }
 static void off_pdl(Backend *, int off) { cuda_pdl_enable(!off); }
+static void off_prefetch(Backend *, int off) { cuda_gemv_prefetch_enable(!off); }
 static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
 static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = off; }
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
@@ -1310,6 +1312,8 @@ static const CudaOff CUDA_OFF[] = {
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
     {"pdl", "each decode kernel starts only once the one before it ended (no programmatic dependent launch)", off_pdl},
+    {"prefetch", "the decode GEMVs prefetch no weights into L2 before they wait for the kernel before them",
+     off_prefetch},
 };
 #define N_CUDA_OFF ((int)(sizeof CUDA_OFF / sizeof CUDA_OFF[0]))
 

@@ -37,6 +37,9 @@ static int pdl_possible(void) {
     return SAMPLER_GPU_SM >= 90 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
            major >= 9;
 }
+static int gemv_prefetch_on = 1;
+extern "C" void cuda_gemv_prefetch_enable(int on) { __atomic_store_n(&gemv_prefetch_on, on != 0, __ATOMIC_RELAXED); }
+extern "C" int cuda_gemv_prefetch_enabled(void) { return __atomic_load_n(&gemv_prefetch_on, __ATOMIC_RELAXED); }
 extern "C" void cuda_pdl_enable(int on) { __atomic_store_n(&pdl_state, on && pdl_possible(), __ATOMIC_RELAXED); }
 extern "C" int cuda_pdl_enabled(void) { /* read at every launch, by whichever thread launches (relaxed: a flag) */
     int v = __atomic_load_n(&pdl_state, __ATOMIC_RELAXED);

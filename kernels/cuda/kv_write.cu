@@ -10,12 +10,14 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "kv_device.cuh"
 
 #define KVW_WARPS 4
 
 /* One block per token; warp w takes kv heads w, w + KVW_WARPS, ... */
 __global__ void kv_write_kernel(KvWriteArgs a) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.head_dim, bs = a.block_size;
     if (a.slots[t] < 0) return;
     size_t blk = (size_t)(a.slots[t] / bs), off = (size_t)(a.slots[t] % bs);
@@ -46,7 +48,7 @@ extern "C" int cuda_kv_write(const KvWriteArgs *a, void *stream) {
         (a->dtype == KV_FP8 && (!a->k_scale || !a->v_scale)))
         return -1;
     if (a->n == 0) return 0;
-    kv_write_kernel<<<a->n, KVW_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+    pdl_launch(kv_write_kernel, dim3(a->n), dim3(KVW_WARPS * 32), 0, (cudaStream_t)stream, *a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -17,6 +17,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define LORA_TILE 4
 #define LORA_WARPS 4
@@ -38,6 +39,7 @@ static __device__ __forceinline__ int tile_seg(const CudaLoraSegs &s, int t, int
 /* grid (tiles, ceil(max rank / LORA_WARPS)), block 32 * LORA_WARPS. */
 __global__ void lora_shrink_kernel(float *h, int h_stride, const float *x, int in, const int32_t *rows,
                                    CudaLoraSegs segs) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int p0, p1, g = tile_seg(segs, blockIdx.x, &p0, &p1);
     int j = blockIdx.y * LORA_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (j >= segs.rank[g]) return; /* whole warps only: no block barrier below */
@@ -61,6 +63,7 @@ __global__ void lora_shrink_kernel(float *h, int h_stride, const float *x, int i
 /* grid (tiles, ceil(out / LORA_EXPAND_THREADS)), block LORA_EXPAND_THREADS. */
 __global__ void lora_expand_kernel(float *out, int out_dim, const float *h, int h_stride, const int32_t *rows,
                                    CudaLoraSegs segs) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int p0, p1, g = tile_seg(segs, blockIdx.x, &p0, &p1);
     int rank = segs.rank[g], nr = p1 - p0, bf = segs.bf16[g];
     __shared__ float hs[LORA_TILE][LORA_MAX_RANK];
@@ -98,9 +101,9 @@ extern "C" int cuda_lora(float *out, const float *x, int n, int in, int out_dim,
     segs->tile0[segs->n_seg] = tiles;
     cudaStream_t st = (cudaStream_t)stream;
     dim3 gs(tiles, (max_rank + LORA_WARPS - 1) / LORA_WARPS), ge(tiles, (out_dim + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
-    lora_shrink_kernel<<<gs, 32 * LORA_WARPS, 0, st>>>(h, h_stride, x, in, rows, *segs);
+    pdl_launch(lora_shrink_kernel, dim3(gs), dim3(32 * LORA_WARPS), 0, st, h, h_stride, x, in, rows, *segs);
     CUDA_CHECK_LAUNCH();
-    lora_expand_kernel<<<ge, LORA_EXPAND_THREADS, 0, st>>>(out, out_dim, h, h_stride, rows, *segs);
+    pdl_launch(lora_expand_kernel, dim3(ge), dim3(LORA_EXPAND_THREADS), 0, st, out, out_dim, h, h_stride, rows, *segs);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -28,6 +28,7 @@
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_scalar_kernel(float *out, const float *x, int n, const uint16_t *W, const uint16_t *bias, int rows,
                    int cols) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -161,6 +162,7 @@ void gemv_tile_run(GemvMulti *m, int n, int fmt, cudaStream_t s) {
         if (i < m->nseg) tot += (m->seg[i].rows + R - 1) / R;
         m->end[i] = tot;
     }
+    m->prefetch = cuda_gemv_prefetch_enabled();
     if (m->mma && fmt >= 1) { /* FP8 / NVFP4, 1..8 tokens (gemv_multi_check) */
         gemv_mma_split(m, n, s);
         if (fmt == 1) mma_launch_n<1>(m, n, (unsigned)tot, s);
@@ -205,8 +207,8 @@ extern "C" int cuda_gemv_bf16(float *out, const float *x, int n, const uint16_t 
     cudaStream_t s = (cudaStream_t)stream;
     int vec = cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
     if (!vec) {
-        gemv_scalar_kernel<<<(rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, s>>>(out, x, n, W, bias,
-                                                                                           rows, cols);
+        pdl_launch(gemv_scalar_kernel, dim3((rows + GEMV_WARPS - 1) / GEMV_WARPS), dim3(GEMV_WARPS * 32), 0, s, out, x,
+                   n, W, bias, rows, cols);
     } else {
         GemvMulti m = {};
         m.nseg = 1;

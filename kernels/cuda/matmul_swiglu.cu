@@ -22,7 +22,7 @@
 /* m.seg[0]: gate, m.seg[1]: up, out [NT, rows] f32. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m, float *out) {
-    gemv_tile_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
+    if (m.prefetch) gemv_tile_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
     gemv_tile_swiglu<NT, FMT>(m.seg[0], m.seg[1], out, blockIdx.x);
 }
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) gemv_swiglu_kernel(GemvMulti m,
 /* On tensor cores (gemv_mma.cuh): GM_ROWS rows of gate and of up a block, BF16 (2..8 tokens), FP8 or NVFP4. */
 template <int NT, int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_swiglu_kernel(GemvMulti m, float *out) {
-    gemv_mma_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
+    if (m.prefetch) gemv_mma_prefetch<FMT>(m.seg[0], blockIdx.x); /* gate's: read first */
     pdl_wait();
     gemv_mma_swiglu<NT, FMT>(m.seg[0], m.seg[1], m.xs, out, blockIdx.x);
 }
@@ -78,6 +78,7 @@ int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream) {
     if (!m || !out || m->nseg != 2 || gemv_multi_check(m, n, fmt) || m->seg[0].rows != m->seg[1].rows) return -1;
     int R = m->mma ? GM_ROWS : GT_ROWS;
     unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
+    m->prefetch = cuda_gemv_prefetch_enabled();
     cudaStream_t s = (cudaStream_t)stream;
     if (m->mma && fmt >= 1) { /* FP8 / NVFP4, 1..8 tokens (gemv_multi_check) */
         gemv_mma_split(m, n, s);

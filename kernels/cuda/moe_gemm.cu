@@ -27,6 +27,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_tile.cuh"
 
 /* FN = 16 * FMT + NM (one template argument: the emulation's launch macro splits
@@ -36,6 +37,7 @@
 template <int FN>
 __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) {
     constexpr int FMT = FN / 16, NM = FN % 16;
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access (which expert is a read) */
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) return; /* the whole block */
@@ -117,7 +119,7 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     case 36: k = moe_gemv_kernel<36>; break;
     default: k = moe_gemv_kernel<40>; break;
     }
-    k<<<blocks, GT_WARPS * 32, 0, s>>>(*g);
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -128,6 +130,7 @@ __global__ void moe_unpermute_kernel(float *out, const float *y, const int32_t *
                                      int dim) {
     __shared__ int32_t sp[MOE_MAX_TOPK];
     __shared__ float sw[MOE_MAX_TOPK];
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int t = blockIdx.x;
     if (threadIdx.x == 0) { /* insertion sort of <= 32 pairs by position */
         for (int k = 0; k < K; k++) {
@@ -153,7 +156,7 @@ extern "C" int cuda_moe_unpermute(float *out, const float *y, const int32_t *pai
                                   int top_k, int dim, void *stream) {
     if (n < 0 || top_k < 1 || top_k > MOE_MAX_TOPK || dim <= 0 || !out || !y || !pair_of || !weights) return -1;
     if (n == 0) return 0;
-    moe_unpermute_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(out, y, pair_of, weights, top_k, dim);
+    pdl_launch(moe_unpermute_kernel, dim3(n), dim3(256), 0, (cudaStream_t)stream, out, y, pair_of, weights, top_k, dim);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -61,6 +61,7 @@
 #include "cuda_device.cuh"
 #include "cp_async.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_tile.cuh" /* the exact e4m3 / e2m1 decoders */
 #include "mma_tile.cuh"
 
@@ -233,6 +234,7 @@ __global__ void __launch_bounds__(MG_THREADS, FMT2 / 2 == 3 ? 1 : 2) moe_mma_ker
     /* two buffers of a stage (40 KB): [buffer][hi, lo][64, 32 (+pad)] bf16 x, [buffer][half][64, 32 (+pad)] bf16 weights */
     __shared__ __align__(16) uint16_t sa[2][2][MG_BM * MG_LD];
     __shared__ __align__(16) uint16_t sb[2][2][MG_BN * MG_LD];
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) return; /* the whole block */
@@ -397,7 +399,7 @@ extern "C" int cuda_moe_gemm(CudaMoeGemv *g, float *act, void *stream) {
     case 6: k = moe_mma_kernel<6>; break;
     default: k = moe_mma_kernel<7>; break;
     }
-    k<<<blocks, MG_THREADS, 0, (cudaStream_t)stream>>>(*g, act);
+    pdl_launch(k, dim3(blocks), dim3(MG_THREADS), 0, (cudaStream_t)stream, *g, act);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -14,6 +14,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define MR_WARPS 4                           /* tokens per block, one warp each */
 #define MR_PER_LANE (MOE_MAX_EXPERTS / 32)   /* expert slots per lane: e = lane + 32 j */
@@ -81,6 +82,7 @@ static __device__ __forceinline__ void topk_warp(const MoeRouteArgs &a, int t, i
 }
 
 __global__ void __launch_bounds__(MR_WARPS * 32) moe_topk_kernel(MoeRouteArgs a) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int t = blockIdx.x * MR_WARPS + (threadIdx.x >> 5);
     if (t < a.n) topk_warp(a, t, threadIdx.x & 31); /* whole warps: no block barrier */
 }
@@ -140,12 +142,16 @@ static __device__ __forceinline__ void perm_block(const MoeRouteArgs &a) {
     }
 }
 
-__global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) { perm_block(a); }
+__global__ void __launch_bounds__(MP_THREADS) moe_perm_kernel(MoeRouteArgs a) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
+    perm_block(a);
+}
 
 /* Small n (decode): both phases in one block, warps taking tokens in turn; the
  * barrier makes the ids and weights written to global memory visible to the
  * whole block before the permutation reads them. */
 __global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArgs a) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     for (int t = threadIdx.x >> 5; t < a.n; t += MP_THREADS / 32) topk_warp(a, t, threadIdx.x & 31);
     __syncthreads();
     perm_block(a);
@@ -162,13 +168,13 @@ extern "C" int cuda_moe_route(const MoeRouteArgs *args, void *stream) {
     if (!a.ids_ld) a.ids_ld = a.top_k;
     cudaStream_t s = (cudaStream_t)stream;
     if (a.n <= MR_FUSED_MAX) {
-        moe_route_fused_kernel<<<1, MP_THREADS, 0, s>>>(a);
+        pdl_launch(moe_route_fused_kernel, dim3(1), dim3(MP_THREADS), 0, s, a);
         CUDA_CHECK_LAUNCH();
         return 0;
     }
-    moe_topk_kernel<<<(a.n + MR_WARPS - 1) / MR_WARPS, MR_WARPS * 32, 0, s>>>(a);
+    pdl_launch(moe_topk_kernel, dim3((a.n + MR_WARPS - 1) / MR_WARPS), dim3(MR_WARPS * 32), 0, s, a);
     CUDA_CHECK_LAUNCH();
-    moe_perm_kernel<<<1, MP_THREADS, 0, s>>>(a);
+    pdl_launch(moe_perm_kernel, dim3(1), dim3(MP_THREADS), 0, s, a);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

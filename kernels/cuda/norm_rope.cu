@@ -11,6 +11,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "rope_device.cuh"
 
 #define NR_WARPS 4
@@ -19,6 +20,7 @@
  * pos: [n] int32. */
 __global__ void norm_rope_kernel(float *x, int n_rows, int n_heads, int head_dim, const uint16_t *norm_w,
                                  float eps, const float *cs, const float *sn, const int32_t *pos) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int row = blockIdx.x * NR_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n_rows) return;
     int t = row / n_heads, h2 = head_dim / 2;
@@ -32,8 +34,8 @@ extern "C" int cuda_norm_rope(float *x, int n, int n_heads, int head_dim, const 
         return -1;
     if (n == 0) return 0;
     int rows = n * n_heads;
-    norm_rope_kernel<<<(rows + NR_WARPS - 1) / NR_WARPS, NR_WARPS * 32, 0, (cudaStream_t)stream>>>(
-        x, rows, n_heads, head_dim, norm_w, eps, cs, sn, pos);
+    pdl_launch(norm_rope_kernel, dim3((rows + NR_WARPS - 1) / NR_WARPS), dim3(NR_WARPS * 32), 0, (cudaStream_t)stream,
+               x, rows, n_heads, head_dim, norm_w, eps, cs, sn, pos);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

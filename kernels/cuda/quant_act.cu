@@ -15,6 +15,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_native.h"
+#include "cuda_pdl.cuh"
 #include "gemv_tile.cuh"
 
 #define QA_WARPS 4      /* FP8: groups per block */
@@ -32,6 +33,7 @@ static __device__ __forceinline__ uint32_t dev_f32_to_e2m1(float f) {
 /* xq [n, cols] e4m3, xs [(ng), n] (outer-major), x [n, cols] f32; grid (ceil(ng / QA_WARPS), n). */
 __global__ void __launch_bounds__(QA_WARPS * 32)
 quant_act_fp8_kernel(uint8_t *xq, float *xs, const float *x, int n, int cols, int group, int ng) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int lane = threadIdx.x & 31, g = blockIdx.x * QA_WARPS + (threadIdx.x >> 5), t = blockIdx.y;
     if (g >= ng) return;
     int c0 = g * group, c1 = c0 + group < cols ? c0 + group : cols;
@@ -50,7 +52,8 @@ extern "C" int cuda_quant_act_fp8(uint8_t *xq, float *xs, const float *x, int n,
     if (n == 0) return 0;
     int ng = (cols + group - 1) / group;
     dim3 grid((unsigned)((ng + QA_WARPS - 1) / QA_WARPS), (unsigned)n);
-    quant_act_fp8_kernel<<<grid, QA_WARPS * 32, 0, (cudaStream_t)stream>>>(xq, xs, x, n, cols, group, ng);
+    pdl_launch(quant_act_fp8_kernel, dim3(grid), dim3(QA_WARPS * 32), 0, (cudaStream_t)stream, xq, xs, x, n, cols,
+               group, ng);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -59,6 +62,7 @@ extern "C" int cuda_quant_act_fp8(uint8_t *xq, float *xs, const float *x, int n,
 __global__ void __launch_bounds__(QA_NV_THREADS)
 quant_act_nvfp4_kernel(uint8_t *xq, uint8_t *sf, float *xg, const float *x, int cols, float static_scale,
                        int swizzled) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     __shared__ float red[QA_NV_THREADS / 32];
     int t = blockIdx.x, nb = cols / 16;
     const float *v = x + (size_t)t * cols;
@@ -101,13 +105,15 @@ extern "C" int cuda_quant_act_nvfp4(uint8_t *xq, uint8_t *sf, float *xg, const f
     if (n == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     if (swizzled) CUDA_CHECK(cudaMemsetAsync(sf, 0, cuda_nvfp4_sf_bytes(n, cols), s)); /* the tiles' padding */
-    quant_act_nvfp4_kernel<<<(unsigned)n, QA_NV_THREADS, 0, s>>>(xq, sf, xg, x, cols, static_scale, swizzled);
+    pdl_launch(quant_act_nvfp4_kernel, dim3((unsigned)n), dim3(QA_NV_THREADS), 0, s, xq, sf, xg, x, cols, static_scale,
+               swizzled);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 /* dst swizzled, src [rows, nb] row-major; one thread per source byte. */
 __global__ void nvfp4_swizzle_kernel(uint8_t *dst, const uint8_t *src, int rows, int nb) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * nb) return;
     int r = (int)(i / nb), b = (int)(i % nb);
@@ -127,7 +133,7 @@ extern "C" int cuda_nvfp4_swizzle_try(uint8_t *dst, const uint8_t *src, int rows
     int nb = cols / 16;
     CUDA_TRY(err, cudaMemsetAsync(dst, 0, cuda_nvfp4_sf_bytes(rows, cols), s));
     size_t total = (size_t)rows * nb;
-    nvfp4_swizzle_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(dst, src, rows, nb);
+    pdl_launch(nvfp4_swizzle_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, dst, src, rows, nb);
     CUDA_TRY_LAUNCH(err);
     return 0;
 }
@@ -135,6 +141,7 @@ extern "C" int cuda_nvfp4_swizzle_try(uint8_t *dst, const uint8_t *src, int rows
 /* out [n, rows] f32 in place; one thread per element. */
 __global__ void scale_outer_kernel(float *out, int n, int rows, const float *rs, const float *cs, float alpha,
                                    const float *ad, const uint16_t *bias) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * rows) return;
     int t = (int)(i / rows), r = (int)(i % rows);
@@ -150,8 +157,8 @@ extern "C" int cuda_scale_outer(float *out, int n, int rows, const float *rs, co
     if (n < 0 || rows <= 0 || !out) return -1;
     if (n == 0) return 0;
     size_t total = (size_t)n * rows;
-    scale_outer_kernel<<<(unsigned)((total + 255) / 256), 256, 0, (cudaStream_t)stream>>>(out, n, rows, rs, cs, alpha,
-                                                                                          ad, bias);
+    pdl_launch(scale_outer_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, (cudaStream_t)stream, out, n,
+               rows, rs, cs, alpha, ad, bias);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -16,6 +16,7 @@
 #include "cuda_check.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 #include "gemv_tile.cuh"
 
 #define QGEMV_WARPS 8 /* rows per block (the scalar kernels) */
@@ -25,6 +26,7 @@
 __global__ void __launch_bounds__(QGEMV_WARPS * 32)
 qgemv_fp8_scalar_kernel(float *out, const float *x, int n, const uint8_t *Q, const float *S, int br, int bc,
                         int sc, const uint16_t *bias, int rows, int cols) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * QGEMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -47,6 +49,7 @@ qgemv_fp8_scalar_kernel(float *out, const float *x, int n, const uint8_t *Q, con
 __global__ void __launch_bounds__(QGEMV_WARPS * 32)
 qgemv_nvfp4_scalar_kernel(float *out, const float *x, int n, const uint8_t *P, const uint8_t *SF,
                           const float *scale2, const uint16_t *bias, int rows, int cols) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * QGEMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -86,8 +89,8 @@ extern "C" int cuda_gemv_fp8(float *out, const float *x, int n, const uint8_t *Q
         float *o = out + (size_t)t0 * rows;
         const float *xt = x + (size_t)t0 * cols;
         if (!vec) {
-            qgemv_fp8_scalar_kernel<<<qblocks(rows), QGEMV_WARPS * 32, 0, s>>>(o, xt, m, Q, scale_inv, block_rows,
-                                                                               block_cols, sc, bias, rows, cols);
+            pdl_launch(qgemv_fp8_scalar_kernel, dim3(qblocks(rows)), dim3(QGEMV_WARPS * 32), 0, s, o, xt, m, Q,
+                       scale_inv, block_rows, block_cols, sc, bias, rows, cols);
         } else {
             GemvMulti g = {};
             g.nseg = 1;
@@ -110,8 +113,8 @@ extern "C" int cuda_gemv_nvfp4(float *out, const float *x, int n, const uint8_t 
         float *o = out + (size_t)t0 * rows;
         const float *xt = x + (size_t)t0 * cols;
         if (!vec) {
-            qgemv_nvfp4_scalar_kernel<<<qblocks(rows), QGEMV_WARPS * 32, 0, s>>>(o, xt, m, packed, scale, scale2,
-                                                                                 bias, rows, cols);
+            pdl_launch(qgemv_nvfp4_scalar_kernel, dim3(qblocks(rows)), dim3(QGEMV_WARPS * 32), 0, s, o, xt, m, packed,
+                       scale, scale2, bias, rows, cols);
         } else {
             GemvMulti g = {};
             g.nseg = 1;

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "cuda_pdl.cuh"
 #include "cuda_sampling.h"
 
 #define SAMP_THREADS 512
@@ -290,6 +291,7 @@ static __device__ int radix_select(const SelIn &s, int V, double target, uint32_
 /* ---- the kernel: one block per row ---- */
 __global__ void __launch_bounds__(SAMP_THREADS)
 sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, DevSampleOut *outs) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     __shared__ double shd[SAMP_THREADS];
     __shared__ long long shi[SAMP_THREADS], shi2[SAMP_THREADS];
     __shared__ float shf[SAMP_THREADS];
@@ -579,6 +581,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
 static __global__ void __launch_bounds__(SAMP_THREADS)
 mask_pack_kernel(int V, const DevSampleRow *rows, const float *zbuf, const SampAux *aux, DevSampleOut *outs,
                  int32_t *packed) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     __shared__ long long shi[SAMP_THREADS];
     const int row = blockIdx.x, t = threadIdx.x, nt = blockDim.x, W = DEV_MASK_WORDS(V);
     const DevSampleRow P = rows[row];
@@ -626,6 +629,7 @@ mask_pack_kernel(int V, const DevSampleRow *rows, const float *zbuf, const SampA
 
 /* tokens[i] < 0 names row -1 - tokens[i] of the last launch's results: its token. */
 static __global__ void resolve_kernel(int32_t *tokens, int n, const DevSampleOut *outs) {
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && tokens[i] < 0) tokens[i] = outs[-1 - tokens[i]].token;
 }
@@ -807,10 +811,11 @@ extern "C" int cuda_sampler_launch(CudaSampler *s, const float *logits, int n_lo
     PACK(bits, uint64_t, b->bits, b->n_words);
 #undef PACK
     CUDA_TRY(err, cudaMemcpyAsync(s->stage_d, h, off, cudaMemcpyHostToDevice, st));
-    sample_kernel<<<b->n_rows, SAMP_THREADS, 0, st>>>(logits, vocab, dv, s->z, s->aux, s->out);
+    pdl_launch(sample_kernel, dim3(b->n_rows), dim3(SAMP_THREADS), 0, st, logits, vocab, dv, s->z, s->aux, s->out);
     CUDA_TRY_LAUNCH(err);
     if (n_masks) {
-        mask_pack_kernel<<<b->n_rows, SAMP_THREADS, 0, st>>>(vocab, dv.rows, s->z, s->aux, s->out, s->packed);
+        pdl_launch(mask_pack_kernel, dim3(b->n_rows), dim3(SAMP_THREADS), 0, st, vocab, dv.rows, s->z, s->aux, s->out,
+                   s->packed);
         CUDA_TRY_LAUNCH(err);
     }
     /* the compact results into this slot's pinned buffers, then the slot's event */
@@ -864,6 +869,6 @@ extern "C" double cuda_sampler_busy_s(const CudaSampler *s) { return s ? s->busy
 extern "C" int cuda_sampler_resolve(CudaSampler *s, int32_t *tokens, int n, int n_src, void *stream) {
     if (!s || n < 0 || n_src < 1 || n_src > s->last_rows) return -1;
     if (n == 0) return 0;
-    resolve_kernel<<<(n + 255) / 256, 256, 0, (cudaStream_t)stream>>>(tokens, n, s->out);
+    pdl_launch(resolve_kernel, dim3((n + 255) / 256), dim3(256), 0, (cudaStream_t)stream, tokens, n, s->out);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }

@@ -1193,12 +1193,13 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
 }
 
 /* bench_native.h's decode rows, from the bench rows of that name prefix:
- * batch 1 of bf16 and weight-only fp8 / nvfp4 (and again with the norms' split of x off,
- * bench_quant), batch 32 / 128 of native fp8. Each is
+ * batch 1 of bf16 (and again without PDL, without the GEMVs' prefetch) and weight-only fp8 / nvfp4
+ * (and again with the norms' split of x off, bench_quant), batch 32 / 128 of native fp8. Each is
  * written once, by the first section after its bench row exists. */
 static struct { const char *prefix, *row; int done; } native_decode[] = {
     {"bf16 decode batch 1 ", "decode_bf16_b1_tok_s", 0},
     {"bf16 pdl off decode batch 1 ", "decode_bf16_b1_pdl_off_tok_s", 0},
+    {"bf16 prefetch off decode batch 1 ", "decode_bf16_b1_prefetch_off_tok_s", 0},
     {"fp8 decode batch 1 ", "decode_fp8_b1_tok_s", 0},
     {"fp8 presplit off decode batch 1 ", "decode_fp8_b1_presplit_off_tok_s", 0},
     {"nvfp4 decode batch 1 ", "decode_nvfp4_b1_tok_s", 0},
@@ -1390,6 +1391,14 @@ static void section_decode(void) {
     } else {
         printf("  bf16 pdl off: programmatic dependent launch is not on here (binary or device before sm_90)\n");
     }
+    /* batch 1 without the GEMVs' L2 weight prefetch before their wait (cuda_pdl.cuh): what it adds to PDL.
+     * Its own cache too: a captured step keeps the flag in its launches' parameters. */
+    KVCache *kvq = runner_kvcache_create_dtype(d->r, d->n_blocks, BS, KV_BF16);
+    cuda_gemv_prefetch_enable(0);
+    bench_decode(d->r, kvq, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16 prefetch off");
+    cuda_gemv_prefetch_enable(1);
+    runner_kvcache_free(d->r, kvq);
+    bench_native_decode_rows();
 }
 
 /* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */

@@ -1087,11 +1087,16 @@ static void experts_set_rec(Model *m, int mma, int rec) {
 }
 static void experts_set(Model *m, int rec) { experts_set_rec(m, 0, rec); }
 static void experts_set_mma(Model *m, int rec) { experts_set_rec(m, 1, rec); }
-static void moe_run(Backend *b, DeviceMoeBench *mb, int n, int H, float *host) {
+/* Routes n tokens and runs the experts; returns how many of the kernels those launched went without
+ * the programmatic-dependent-launch attribute (cuda_pdl.cuh). */
+static long moe_run(Backend *b, DeviceMoeBench *mb, int n, int H, float *host) {
     MoeMlpArgs a;
+    long k0 = emu_kernels_run(), p0 = emu_pdl_launches();
     device_moe_bench_route(mb, n, &a);
     CHECK(b->moe_mlp(b, &a) == 0, "moe_run: the backend refused the experts");
+    long plain = (emu_kernels_run() - k0) - (emu_pdl_launches() - p0);
     CUDA_CHECK(cudaMemcpy(host, a.out, sizeof(float) * (size_t)n * H, cudaMemcpyDeviceToHost));
+    return plain;
 }
 /* The qwen3_moe_fp4 fixture at prec (act_quant: 0 weight-only) on the emulated CUDA backend, with a
  * DeviceMoeBench of its first MoE layer for up to max_n tokens; 0, or -1 (reported as a failure). */
@@ -1237,12 +1242,13 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
     size_t ob = sizeof(float) * (size_t)N * H;
     float *ref_g = (float *)xmalloc(ob), *ref_m = (float *)xmalloc(ob), *got = (float *)xmalloc(ob);
     int wrong = 0, differ = 1, checked = 0;
+    long plain = 0; /* kernels of the routing and both experts' paths launched without PDL (cuda_pdl.cuh) */
     double worst = 0;
     for (int n = 1; n <= (quick ? 3 : CUDA_GEMV_MAX_N); n++) {
         experts_set_mma(m, 0);
-        moe_run(b, mb, n, H, ref_g);
+        plain += moe_run(b, mb, n, H, ref_g);
         experts_set_mma(m, 1);
-        moe_run(b, mb, n, H, ref_m);
+        plain += moe_run(b, mb, n, H, ref_m);
         size_t cnt = (size_t)n * H;
         differ &= memcmp(ref_g, ref_m, sizeof(float) * cnt) != 0;
         double mx = 0, d = 0;
@@ -1256,10 +1262,11 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
         wrong += memcmp(got, measured && n >= measured ? ref_m : ref_g, sizeof(float) * cnt) != 0;
         checked++;
     }
-    ok = wrong == 0 && differ && worst < 1e-5;
+    ok = wrong == 0 && differ && worst < 1e-5 && plain == 0;
     printf("  %s %s %s experts: moe_mlp takes the path recorded at %d batch sizes (%d wrong); the grouped mma %s the "
-           "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5)\n", ok ? "ok  " : "FAIL", dir, pn, checked, wrong,
-           differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst);
+           "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5); kernels of the routing and both paths launched "
+           "without PDL: %ld\n", ok ? "ok  " : "FAIL", dir, pn, checked, wrong,
+           differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst, plain);
     ok ? n_pass++ : n_fail++;
     /* experts the device does not group (one in another format: moe_mlp refuses the layer): nothing to
      * choose, said as such (rc 1), and every expert's record 0 without a timing failure */
@@ -1387,7 +1394,8 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
  * every step of the one with presplit runs 2 kernels a layer fewer (the q/k/v and gate/up launches
  * skip their split of x; lm_head stays BF16). The first runner's steps also run without programmatic
  * dependent launch (cuda_pdl.cuh; the emulation runs launches in order either way, so this checks the
- * launch path: the attribute reaches the decode kernels when on, and never when off). */
+ * launch path: the attribute reaches the decode kernels when on, and never when off) and without the
+ * GEMVs' L2 weight prefetch (issued in every step of the other, never in this one's). */
 static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     Err err = {};
     Model *m[2] = {NULL, NULL};
@@ -1426,7 +1434,8 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     for (int i = 0; i < 16; i++) { pos[i] = i; seq[i] = 0; rows[i] = i; }
     int differ = 0, wrong_saving = 0, steps = 0;
     long saved[8] = {0}, pdl[2] = {0, 0};
-    int no_prefetch = 0; /* steps whose GEMVs issued no L2 prefetch (cuda_pdl.cuh pdl_prefetch_l2) */
+    long plain_launched = 0; /* kernels launched without the PDL attribute in PDL-on steps */
+    int bad_prefetch = 0; /* runs whose GEMVs issued L2 prefetches (cuda_pdl.cuh pdl_prefetch_l2) though off, or none */
     for (int s = 0; s <= D && T + s <= (int)t0->numel; s++, steps++) {
         int32_t zero = 0;
         Batch pre = {T, tok, pos, seq, 1, tables, T, rows, 0};
@@ -1434,14 +1443,19 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
         long k[2];
         for (int i = 0; i < 2; i++) {
             cuda_pdl_enable(i); /* runner 0 also without programmatic dependent launch (cuda_pdl.cuh) */
+            cuda_gemv_prefetch_enable(i); /* and without the GEMVs' L2 prefetch */
             long k0 = emu_kernels_run(), p0 = emu_pdl_launches(), f0 = emu_prefetches_l2();
             if (model_forward(rg[i], kv[i], s ? &dec : &pre, o[i], &err)) {
                 printf("  FAIL %s step %d: %s\n", dir, s, err.msg);
                 n_fail++;
             }
             k[i] = emu_kernels_run() - k0;
-            pdl[i] += emu_pdl_launches() - p0;
-            no_prefetch += emu_prefetches_l2() == f0;
+            long pd = emu_pdl_launches() - p0;
+            pdl[i] += pd;
+            /* with PDL on, a step launched here (not a graph replay: the emulation counts the attribute at
+             * the launch call) launches every kernel with it */
+            if (i && pd) plain_launched += k[i] - pd;
+            bad_prefetch += (emu_prefetches_l2() > f0) != i;
         }
         differ += memcmp(o[0], o[1], sizeof(float) * (size_t)(s ? 1 : T) * V) != 0;
         saved[s] = k[0] - k[1];
@@ -1450,13 +1464,15 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick) {
     uint64_t cap = 0, rep = 0;
     int can = runner_graph_counts(rg[1], &cap, &rep);
     cuda_pdl_enable(1);
+    cuda_gemv_prefetch_enable(1);
     int ok = differ == 0 && wrong_saving == 0 && steps == D + 1 && can && cap >= 1 && rep >= 1 && pdl[0] == 0 &&
-             pdl[1] > 0 && no_prefetch == 0;
-    printf("  %s %s %s presplit and PDL: prefill %d + %d decode steps (%llu captured, %llu replayed) give the logits "
-           "of both off bit for bit (%d differ); kernels saved a step: %ld %ld %ld %ld (want 2 x %d layers); "
-           "launches with the PDL attribute %ld (on), %ld (off); runs without a GEMV weight prefetch %d\n",
+             pdl[1] > 0 && bad_prefetch == 0 && plain_launched == 0;
+    printf("  %s %s %s presplit, PDL and prefetch: prefill %d + %d decode steps (%llu captured, %llu replayed) give "
+           "the logits of both off bit for bit (%d differ); kernels saved a step: %ld %ld %ld %ld (want 2 x %d "
+           "layers); launches with the PDL attribute %ld (on), %ld (off), without it when on %ld; runs whose GEMV "
+           "weight prefetches were not as set %d\n",
            ok ? "ok  " : "FAIL", dir, pn, T, D, (unsigned long long)cap, (unsigned long long)rep, differ, saved[0],
-           saved[1], saved[2], saved[3], L, pdl[1], pdl[0], no_prefetch);
+           saved[1], saved[2], saved[3], L, pdl[1], pdl[0], plain_launched, bad_prefetch);
     ok ? n_pass++ : n_fail++;
     free(o[0]); free(o[1]);
     safetensors_free(ref);

@@ -239,6 +239,11 @@ typedef struct CudaMoeGemv {
     int tiles0, tiles;      /* set by the launcher: row tiles of seg 0, of all */
 } CudaMoeGemv;
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
+/* nseg 2 (gate, up: the same rows) with the SwiGLU epilogue: act [n_pairs, rows] f32 = silu(gate) *
+ * up, the bits of cuda_moe_gemv then cuda_swiglu, one launch instead of two; the segments' out are not
+ * written. Takes max_cnt 1 or 2 (decode steps of one or two tokens), fmt 0..2: 0, or -1 without a
+ * launch (the caller runs the two). */
+int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream);
 /* 1 when g satisfies the rules above (both grouped launchers check them first), else 0. */
 int cuda_moe_args_ok(const CudaMoeGemv *g);
 /* The same grouped linears on tensor cores (moe_mma.cu), for steps of more than

@@ -105,7 +105,8 @@ typedef struct CudaCtx {
     size_t wsf_cap;
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
-    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma; /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
+    /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu;
     int moe_force;     /* backend_cuda_moe_time: 0 the experts' record, 1 weight-only, 2 native FP8 */
     int moe_mma_force; /* backend_cuda_moe_gemv_time: 0 the experts' record, 1 the grouped GEMV, 2 the grouped
                         * mma, at up to CUDA_GEMV_MAX_N tokens */
@@ -1032,8 +1033,11 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
             LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
             LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
         } else {
-            LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
-            LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+            /* gate/up with the SwiGLU epilogue in one launch at 1-2 tokens (the same bits), else two */
+            if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
+                LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+                LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+            }
             LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
         }
     }
@@ -1297,7 +1301,10 @@ static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = o
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
 static void off_gemv_mma(Backend *b, int off) { ctx(b)->off_gemv_mma = off; }
 static void off_rope_kv(Backend *b, int off) { if (off) b->rope_kv_write = NULL; }
-static void off_swiglu(Backend *b, int off) { if (off) b->matmul_swiglu = NULL; }
+static void off_swiglu(Backend *b, int off) {
+    if (off) b->matmul_swiglu = NULL;
+    ctx(b)->off_swiglu = off; /* the routed experts' (cu_moe_mlp) */
+}
 static void off_moe_mlp(Backend *b, int off) { if (off) b->moe_mlp = NULL; }
 static void off_graphs(Backend *b, int off) { if (off) b->graph_begin = NULL; }
 static const CudaOff CUDA_OFF[] = {
@@ -1308,7 +1315,7 @@ static const CudaOff CUDA_OFF[] = {
     {"gemv_mma", "BF16 / FP8 / NVFP4 decode GEMVs on CUDA cores (gemv_tile.cuh) whatever start-up measured",
      off_gemv_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
-    {"matmul_swiglu", "gate/up then swiglu, two launches", off_swiglu},
+    {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
     {"pdl", "each decode kernel starts only once the one before it ended (no programmatic dependent launch)", off_pdl},

@@ -22,6 +22,9 @@
  * Steps of more than CUDA_GEMV_MAX_N tokens run moe_mma.cu instead (the
  * tensor-core grouped GEMM), and so do smaller ones from the experts' measured
  * record on (WeightMat.mma_min_n), so here an expert normally takes one pass.
+ * At one or two tokens gate and up run in one launch with the SwiGLU
+ * epilogue (cuda_moe_gemv_swiglu: the bits of the two launches it replaces),
+ * a launch fewer per MoE layer of a decode step.
  * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"
@@ -34,6 +37,26 @@
  * on commas): NM pairs at most a pass (1, 2, 4, 8), so the kernel's registers are
  * those of gemv_tile<NM> (255 with spills at 8 FP8 pairs, the decode step of one
  * token needing a one-pair tile). */
+/* Expert e of segment S as gemv_tile.cuh's matrix over cols columns (x and out set per pass). */
+template <int FMT>
+static __device__ __forceinline__ GemvArgs moe_expert_args(const CudaMoeSeg *S, int e, int cols) {
+    GemvArgs a = {};
+    a.W = (const uint4 *)S->w[e];
+    a.rows = S->rows;
+    a.cols = cols;
+    if (FMT == 1) {
+        a.S = (const float *)S->s[e];
+        a.br = S->br;
+        a.bc = S->bc;
+        a.sc = (cols + S->bc - 1) / S->bc;
+    }
+    if (FMT == 2) {
+        a.SF = (const uint16_t *)S->s[e];
+        a.scale2 = (const float *)S->s2[e];
+    }
+    return a;
+}
+
 template <int FN>
 __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) {
     constexpr int FMT = FN / 16, NM = FN % 16;
@@ -45,20 +68,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
     if (sg) tile -= g.tiles0;
     const CudaMoeSeg *S = &g.seg[sg];
     int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
-    GemvArgs a = {};
-    a.W = (const uint4 *)S->w[e];
-    a.rows = S->rows;
-    a.cols = g.cols;
-    if (FMT == 1) {
-        a.S = (const float *)S->s[e];
-        a.br = S->br;
-        a.bc = S->bc;
-        a.sc = (g.cols + S->bc - 1) / S->bc;
-    }
-    if (FMT == 2) {
-        a.SF = (const uint16_t *)S->s[e];
-        a.scale2 = (const float *)S->s2[e];
-    }
+    GemvArgs a = moe_expert_args<FMT>(S, e, g.cols);
     for (int c0 = 0; c0 < cnt; c0 += NM) {
         a.x = g.x + (size_t)(p0 + c0) * g.cols;
         a.out = S->out + (size_t)(p0 + c0) * S->rows;
@@ -72,6 +82,27 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
         case 7: gemv_tile<(NM < 7 ? NM : 7), FMT>(a, tile); break;
         default: gemv_tile<NM, FMT>(a, tile); break;
         }
+        __syncthreads(); /* the next pass reuses the tile's shared partial sums */
+    }
+}
+
+/* Gate (seg 0) and up (seg 1) with the SwiGLU epilogue (gemv_tile_swiglu): a block takes the same
+ * row tile of both for its expert's pairs, NM (1 or 2) a pass, and writes act [n_pairs, rows] =
+ * silu(gate) * up, the bits of moe_gemv_kernel then swiglu_kernel; the segments' out are not written. */
+template <int FN>
+__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_swiglu_kernel(CudaMoeGemv g, float *act) {
+    constexpr int FMT = FN / 16, NM = FN % 16;
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access (which expert is a read) */
+    int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
+    int e = g.active[slot];
+    if (e < 0) return; /* the whole block */
+    int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
+    GemvArgs ga = moe_expert_args<FMT>(&g.seg[0], e, g.cols), ua = moe_expert_args<FMT>(&g.seg[1], e, g.cols);
+    for (int c0 = 0; c0 < cnt; c0 += NM) {
+        ga.x = ua.x = g.x + (size_t)(p0 + c0) * g.cols;
+        float *out = act + (size_t)(p0 + c0) * ga.rows;
+        if (NM == 1 || cnt - c0 == 1) gemv_tile_swiglu<1, FMT>(ga, ua, out, tile);
+        else gemv_tile_swiglu<(NM < 2 ? NM : 2), FMT>(ga, ua, out, tile);
         __syncthreads(); /* the next pass reuses the tile's shared partial sums */
     }
 }
@@ -120,6 +151,28 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     default: k = moe_gemv_kernel<40>; break;
     }
     pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream) {
+    if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->nseg != 2 || !act || g->seg[1].rows != g->seg[0].rows) return -1;
+    int mc = g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
+    if (mc > 2) return -1; /* passes of 1 or 2 pairs only: the decode steps whose launches cost the most */
+    if (g->n_pairs == 0) return 0;
+    g->tiles0 = g->tiles = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
+    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
+    unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
+    void (*k)(CudaMoeGemv, float *) = NULL;
+    switch (16 * g->fmt + mc) {
+    case 1: k = moe_gemv_swiglu_kernel<1>; break;
+    case 2: k = moe_gemv_swiglu_kernel<2>; break;
+    case 17: k = moe_gemv_swiglu_kernel<17>; break;
+    case 18: k = moe_gemv_swiglu_kernel<18>; break;
+    case 33: k = moe_gemv_swiglu_kernel<33>; break;
+    default: k = moe_gemv_swiglu_kernel<34>; break;
+    }
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, (cudaStream_t)stream, *g, act);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -1237,14 +1237,17 @@ static float *native_act(int n, int cols) {
  * reading token rows through x_row as cu_moe_mlp does (down: pair rows),
  * against the CPU backend's matmul of the act_quant matrix (quant_act_fp8 +
  * quant_matmul_fp8_rows): the "native" class (op_checks_native.h). A machine
- * whose binary has no FP8 mma prints skip. a[6] > 0 (fmt 0..2, no swiglu): the
- * grouped GEMV instead (moe_gemm.cu cuda_moe_gemv, f32 x at every pair count)
- * with max_cnt = a[6], below the experts' counts: passes of 1, 2 or 4 pairs. */
+ * whose binary has no FP8 mma prints skip. a[6] > 0 (fmt 0..2): the grouped
+ * GEMV instead (moe_gemm.cu cuda_moe_gemv, f32 x at every pair count) with
+ * max_cnt = a[6], below the experts' counts: passes of 1, 2 or 4 pairs; with
+ * swiglu (max_cnt 1 or 2) cuda_moe_gemv_swiglu, also against the bits of
+ * cuda_moe_gemv then cuda_swiglu. */
 static void check_moe_gemm(const int *a) {
     static const int pats[][8] = {{0, 70, 9, 0, 8, 1, 17, 0}, {0, 0, 0, 129, 0, 0, 0, 0}, {64, 64, 1, 2, 3, 4, 5, 6}};
     enum { E = 8 };
     int rows = a[0], cols = a[1], fmt = a[2], sw = a[3], nat = fmt == 3, wfmt = nat ? 1 : fmt, gemv = a[6];
-    CHECK(!gemv || (!nat && !sw), "check_moe_gemm: the GEMV rows take fmt 0..2 without swiglu (a table bug)");
+    CHECK(!gemv || (!nat && (!sw || gemv <= 2)), "check_moe_gemm: the GEMV rows take fmt 0..2, swiglu at max_cnt "
+                                                 "1 or 2 (a table bug)");
     if (nat && !cuda_moe_gemm_fp8_native(a[5] ? cols : QUANT_FP8_GROUP, cols)) {
         printf("  skip moe_gemm fp8 native [%d x %d]: this binary has no FP8 mma (sm_80)\n", rows, cols);
         return;
@@ -1357,8 +1360,20 @@ static void check_moe_gemm(const int *a) {
     g.n_pairs = NK;
     g.fmt = fmt;
     g.max_cnt = gemv;
-    int rc = gemv ? cuda_moe_gemv(&g, NULL) : cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
+    int rc = gemv && sw ? cuda_moe_gemv_swiglu(&g, dact_out, NULL)
+             : gemv     ? cuda_moe_gemv(&g, NULL)
+                        : cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
     float *got = dev_result(sw ? dact_out : dout[0], (size_t)NK * rows);
+    if (gemv && sw) { /* the fused epilogue's promise: the bits of the two launches it replaces */
+        int rc2 = cuda_moe_gemv(&g, NULL);
+        rc2 = rc2 ? rc2 : cuda_swiglu(dout[0], dout[0], dout[1], (size_t)NK * rows, NULL);
+        float *two = dev_result(dout[0], (size_t)NK * rows);
+        int same = !rc && !rc2 && !memcmp(got, two, sizeof(float) * (size_t)NK * rows);
+        printf("  %s moe_gemv %s swiglu epilogue max_cnt %d [%d x %d]: the bits of cuda_moe_gemv then cuda_swiglu\n",
+               same ? "ok  " : "FAIL", fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", gemv, rows, cols);
+        same ? n_pass++ : n_fail++;
+        free(two);
+    }
     char gv[24] = "";
     if (gemv) snprintf(gv, sizeof gv, " gemv max_cnt %d", gemv);
     snprintf(what, sizeof what, "moe_gemm %s%s%s [%d x %d] pairs %d %d %d %d %d %d %d %d%s",
@@ -1871,6 +1886,11 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0, 0, 2}},
     {check_moe_gemm, OC_ALL, {136, 160, 1, 0, 2, 0, 1}},
     {check_moe_gemm, OC_ALL, {72, 96, 2, 0, 0, 0, 3}},
+    /* the GEMV's SwiGLU epilogue (cuda_moe_gemv_swiglu): passes of 1 and 2 pairs */
+    {check_moe_gemm, OC_ALL, {72, 40, 0, 1, 0, 0, 1}},
+    {check_moe_gemm, OC_ALL, {136, 160, 1, 1, 2, 0, 2}},
+    {check_moe_gemm, OC_FULL, {72, 96, 2, 1, 0, 0, 2}},
+    {check_moe_gemm, OC_GPU, {768, 2048, 1, 1, 2, 0, 1}}, /* Qwen3-30B-A3B gate/up, one token */
     {check_moe_gemm, OC_GPU, {768, 2048, 0, 1, 2}},
     {check_moe_gemm, OC_GPU, {2048, 768, 1, 0, 0}},
     {check_moe_gemm, OC_GPU, {768, 2048, 2, 1, 1}},

@@ -222,11 +222,12 @@ typedef struct CudaMoeSeg {
 typedef struct CudaMoeGemv {
     CudaMoeSeg seg[2];
     int nseg;               /* 1 or 2 */
-    const float *x;         /* [n_pairs, cols] f32, pair order (fmt 0..2) */
+    const float *x;         /* [n_pairs, cols] f32, pair order (fmt 0..2), or [tokens, cols] read through x_row */
     const uint8_t *xq;      /* fmt 3: [x rows, cols] e4m3 activations (cuda_quant_act_fp8) */
     const float *xs;        /* fmt 3: their scales, row r's 128-column group k at xs[k * xs_stride + r] */
-    const int32_t *x_row;   /* fmt 3: [n_pairs] int32 row of xq pair p reads (moe_route's pair_tok), or
-                             * NULL: row p */
+    const int32_t *x_row;   /* [n_pairs] int32 row of x / xq pair p reads (moe_route's pair_tok: the token
+                             * rows, no gather), or NULL: row p. cuda_moe_gemm takes it at any fmt,
+                             * cuda_moe_gemv_swiglu at max_cnt 1, cuda_moe_gemv never */
     int xs_stride;          /* fmt 3: rows quantized in 128-column groups, or 0: one scale a row (bc >= cols) */
     int cols;
     const int32_t *offsets; /* [n_experts + 1] int32 (moe_route) */
@@ -241,8 +242,9 @@ typedef struct CudaMoeGemv {
 int cuda_moe_gemv(CudaMoeGemv *g, void *stream);
 /* nseg 2 (gate, up: the same rows) with the SwiGLU epilogue: act [n_pairs, rows] f32 = silu(gate) *
  * up, the bits of cuda_moe_gemv then cuda_swiglu, one launch instead of two; the segments' out are not
- * written. Takes max_cnt 1 or 2 (decode steps of one or two tokens), fmt 0..2: 0, or -1 without a
- * launch (the caller runs the two). */
+ * written. Takes max_cnt 1 or 2 (decode steps of one or two tokens), fmt 0..2, and at max_cnt 1 x
+ * through x_row (the token rows, so no gather either): 0, or -1 without a launch (the caller gathers
+ * and runs the two). */
 int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream);
 /* 1 when g satisfies the rules above (both grouped launchers check them first), else 0. */
 int cuda_moe_args_ok(const CudaMoeGemv *g);

@@ -1028,15 +1028,23 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
         dn.xs = qs2;
         LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
     } else {
-        LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+        /* gate/up read the token rows of x through pair_tok where the kernel takes it (the grouped GEMM;
+         * the GEMV's SwiGLU epilogue at one token), else a gathered copy in pair order: the same values */
+        gu.x = a->x;
+        gu.x_row = ra->pair_tok;
         if (mma) { /* gate/up with the SwiGLU epilogue into g (u unused) */
             LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
             LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
         } else {
             /* gate/up with the SwiGLU epilogue in one launch at 1-2 tokens (the same bits), else two */
             if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
-                LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
-                LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+                LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
+                gu.x = a->xg;
+                gu.x_row = NULL;
+                if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
+                    LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+                    LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
+                }
             }
             LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
         }

@@ -24,7 +24,8 @@
  * record on (WeightMat.mma_min_n), so here an expert normally takes one pass.
  * At one or two tokens gate and up run in one launch with the SwiGLU
  * epilogue (cuda_moe_gemv_swiglu: the bits of the two launches it replaces),
- * a launch fewer per MoE layer of a decode step.
+ * and at one token it reads x's token rows through x_row instead of a
+ * gathered copy: two launches fewer per MoE layer of a batch-1 decode step.
  * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"
@@ -99,7 +100,8 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_swiglu_kernel(CudaMoeG
     int p0 = g.offsets[e], cnt = g.offsets[e + 1] - p0;
     GemvArgs ga = moe_expert_args<FMT>(&g.seg[0], e, g.cols), ua = moe_expert_args<FMT>(&g.seg[1], e, g.cols);
     for (int c0 = 0; c0 < cnt; c0 += NM) {
-        ga.x = ua.x = g.x + (size_t)(p0 + c0) * g.cols;
+        int xr = NM == 1 && g.x_row ? __ldg(g.x_row + p0 + c0) : p0 + c0; /* NM 2: no x_row (the launcher) */
+        ga.x = ua.x = g.x + (size_t)xr * g.cols;
         float *out = act + (size_t)(p0 + c0) * ga.rows;
         if (NM == 1 || cnt - c0 == 1) gemv_tile_swiglu<1, FMT>(ga, ua, out, tile);
         else gemv_tile_swiglu<(NM < 2 ? NM : 2), FMT>(ga, ua, out, tile);
@@ -126,7 +128,8 @@ extern "C" int cuda_moe_args_ok(const CudaMoeGemv *g) {
 }
 
 extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
-    if (!cuda_moe_args_ok(g) || g->fmt == 3) return -1; /* e4m3 activations: cuda_moe_gemm only */
+    /* e4m3 activations: cuda_moe_gemm only; a pass reads consecutive pair rows, so no x_row */
+    if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row) return -1;
     if (g->n_pairs == 0) return 0;
     g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);
@@ -158,7 +161,8 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
 extern "C" int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream) {
     if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->nseg != 2 || !act || g->seg[1].rows != g->seg[0].rows) return -1;
     int mc = g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
-    if (mc > 2) return -1; /* passes of 1 or 2 pairs only: the decode steps whose launches cost the most */
+    if (mc > 2 || (g->x_row && mc > 1)) return -1; /* passes of 1 or 2 pairs (the decode steps whose launches
+                                                     * cost the most); x_row at one pair a pass */
     if (g->n_pairs == 0) return 0;
     g->tiles0 = g->tiles = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;

@@ -103,7 +103,7 @@ struct MgRegs {
  * raw parts by cp.async (BF16 weights; fmt 3's e4m3 weights and activations,
  * MG_BN x 2 MG_BK bytes in the same 80-byte rows), landing at the caller's
  * wait; the others into r, for mg_store. Weights: both halves' rows (mg_half);
- * x: the expert's pairs m0.. from row p0 (fmt 3: their xq rows through x_row). */
+ * x: the expert's pairs m0.. from row p0 (their x / xq rows through x_row when set). */
 template <int FMT, int SW>
 static __device__ __forceinline__ void mg_fetch(const CudaMoeGemv &g, int e, int tile, int p0, int cnt, int m0,
                                                 int k0, uint16_t (*sa)[MG_BM * MG_LD], uint16_t (*sb)[MG_BN * MG_LD],
@@ -123,7 +123,8 @@ static __device__ __forceinline__ void mg_fetch(const CudaMoeGemv &g, int e, int
 #pragma unroll
         for (int j = 0; j < 8; j++) r->x[j] = 0.f;
         if (m0 + row < cnt && k0 + c < cols) {
-            const float4 *xp = (const float4 *)(g.x + (size_t)(p0 + m0 + row) * cols + k0 + c);
+            int p = p0 + m0 + row, xr = g.x_row ? __ldg(g.x_row + p) : p;
+            const float4 *xp = (const float4 *)(g.x + (size_t)xr * cols + k0 + c);
             float4 a = __ldg(xp), b = __ldg(xp + 1);
             r->x[0] = a.x, r->x[1] = a.y, r->x[2] = a.z, r->x[3] = a.w;
             r->x[4] = b.x, r->x[5] = b.y, r->x[6] = b.z, r->x[7] = b.w;

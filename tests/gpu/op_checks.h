@@ -1297,12 +1297,12 @@ static void check_moe_gemm(const int *a) {
             tab[j * E + e] = dmem[j * E + e];
             tab[2 * E + j * E + e] = dmem[2 * E + j * E + e];
         }
-    /* the reference: each expert's rows through the CPU matmul (and swiglu); fmt 3 with
-     * swiglu: pair p reads token row xrow[p] of x [ntok, cols] (x_row, as pair_tok) */
-    int ntok = nat && sw ? 37 : NK;
+    /* the reference: each expert's rows through the CPU matmul (and swiglu); with swiglu (not the
+     * GEMV's passes of 2 pairs): pair p reads token row xrow[p] of x [ntok, cols] (x_row, as pair_tok) */
+    int ntok = sw && gemv != 2 ? 37 : NK;
     int32_t *xrow = (int32_t *)xmalloc(sizeof(int32_t) * ((size_t)NK + 1));
     for (int p = 0; p < NK; p++) xrow[p] = ntok == NK ? p : (int32_t)(((size_t)p * 7 + 3) % (size_t)ntok);
-    float *x = nat ? native_act(ntok, cols) : rand_f32((size_t)NK * cols, 1);
+    float *x = nat ? native_act(ntok, cols) : rand_f32((size_t)ntok * cols, 1);
     float *ref = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
     float *xr = (float *)xmalloc(sizeof(float) * ((size_t)NK * cols + 1));
     float *u = (float *)xmalloc(sizeof(float) * ((size_t)NK * rows + 1));
@@ -1352,8 +1352,8 @@ static void check_moe_gemm(const int *a) {
         g.xq = dxq;
         g.xs = dxs;
         g.xs_stride = per_tok ? 0 : ntok;
-        if (ntok != NK) g.x_row = dxrow = (int32_t *)dev_copy(xrow, sizeof(int32_t) * (size_t)NK);
     }
+    if (ntok != NK) g.x_row = dxrow = (int32_t *)dev_copy(xrow, sizeof(int32_t) * (size_t)NK);
     g.offsets = doff;
     g.active = dact;
     g.n_experts = E;
@@ -1364,15 +1364,24 @@ static void check_moe_gemm(const int *a) {
              : gemv     ? cuda_moe_gemv(&g, NULL)
                         : cuda_moe_gemm(&g, sw ? dact_out : NULL, NULL);
     float *got = dev_result(sw ? dact_out : dout[0], (size_t)NK * rows);
-    if (gemv && sw) { /* the fused epilogue's promise: the bits of the two launches it replaces */
+    if (gemv && sw) { /* the fused epilogue's promise: the bits of the two launches it replaces (over x
+                       * gathered into pair order where the fused launch read it through x_row) */
+        float *xg = (float *)xmalloc(sizeof(float) * (size_t)NK * cols);
+        for (size_t i = 0; i < (size_t)NK * cols; i++) xg[i] = x[(size_t)xrow[i / cols] * cols + i % cols];
+        float *dxg = (float *)dev_copy(xg, sizeof(float) * (size_t)NK * cols);
+        g.x = dxg;
+        g.x_row = NULL;
         int rc2 = cuda_moe_gemv(&g, NULL);
         rc2 = rc2 ? rc2 : cuda_swiglu(dout[0], dout[0], dout[1], (size_t)NK * rows, NULL);
         float *two = dev_result(dout[0], (size_t)NK * rows);
         int same = !rc && !rc2 && !memcmp(got, two, sizeof(float) * (size_t)NK * rows);
-        printf("  %s moe_gemv %s swiglu epilogue max_cnt %d [%d x %d]: the bits of cuda_moe_gemv then cuda_swiglu\n",
-               same ? "ok  " : "FAIL", fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", gemv, rows, cols);
+        printf("  %s moe_gemv %s swiglu epilogue max_cnt %d [%d x %d]%s: the bits of cuda_moe_gemv then cuda_swiglu\n",
+               same ? "ok  " : "FAIL", fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", gemv, rows, cols,
+               dxrow ? " (x through x_row)" : "");
         same ? n_pass++ : n_fail++;
         free(two);
+        free(xg);
+        cudaFree(dxg);
     }
     char gv[24] = "";
     if (gemv) snprintf(gv, sizeof gv, " gemv max_cnt %d", gemv);

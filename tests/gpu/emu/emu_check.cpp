@@ -1244,9 +1244,13 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
     int wrong = 0, differ = 1, checked = 0;
     long plain = 0; /* kernels of the routing and both experts' paths launched without PDL (cuda_pdl.cuh) */
     double worst = 0;
+    long k1 = -1; /* kernels of a one-token step on the GEMV: routing, gate/up with SwiGLU reading x's token
+                   * row (no gather), down, unpermute */
     for (int n = 1; n <= (quick ? 3 : CUDA_GEMV_MAX_N); n++) {
         experts_set_mma(m, 0);
+        long k0 = emu_kernels_run();
         plain += moe_run(b, mb, n, H, ref_g);
+        if (n == 1) k1 = emu_kernels_run() - k0;
         experts_set_mma(m, 1);
         plain += moe_run(b, mb, n, H, ref_m);
         size_t cnt = (size_t)n * H;
@@ -1262,11 +1266,11 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
         wrong += memcmp(got, measured && n >= measured ? ref_m : ref_g, sizeof(float) * cnt) != 0;
         checked++;
     }
-    ok = wrong == 0 && differ && worst < 1e-5 && plain == 0;
+    ok = wrong == 0 && differ && worst < 1e-5 && plain == 0 && k1 == 4;
     printf("  %s %s %s experts: moe_mlp takes the path recorded at %d batch sizes (%d wrong); the grouped mma %s the "
            "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5); kernels of the routing and both paths launched "
-           "without PDL: %ld\n", ok ? "ok  " : "FAIL", dir, pn, checked, wrong,
-           differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst, plain);
+           "without PDL: %ld; kernels of a one-token step on the GEMV %ld (want 4)\n", ok ? "ok  " : "FAIL", dir, pn,
+           checked, wrong, differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst, plain, k1);
     ok ? n_pass++ : n_fail++;
     /* experts the device does not group (one in another format: moe_mlp refuses the layer): nothing to
      * choose, said as such (rc 1), and every expert's record 0 without a timing failure */

@@ -13,7 +13,8 @@
  * backend's tokens > 8 rule, unmeasured until these rows). Up to 8 tokens the
  * experts take the grouped GEMV or the grouped mma from a record measured as
  * start-up measures it (device_moe_gemv_crossover_on; row
- * moe30b_experts_mma_min_n, 0: never), before the batch-1 rows. Included by
+ * moe30b_experts_mma_min_n, 0: never), before the batch-1 rows; batch 1 again
+ * without PDL (decode_moe30b_b1_pdl_off_tok_s). Included by
  * gpu_check.c after bench_decode; not run by the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
@@ -139,9 +140,11 @@ static void bench_moe(int mid) {
         for (size_t k = 0; k < (size_t)c->n_layers * 3 * E; k++) ex[k].mma_min_n = rec;
     }
     const int batches[] = {1, 64};
+    double bytes_b1 = 0;
     for (int i = 0; i < (mid ? 0 : 2); i++) {
         double touched = moe_touched(r, kv, c, batches[i], logits, tables, bps);
         double bytes = 2.0 * ((double)(attn + E * H) * c->n_layers + touched * expert + (double)V * H);
+        if (batches[i] == 1) bytes_b1 = bytes;
         printf("  moe30b batch %d: %.1f experts per layer touched, %.2f GB of weights per step\n", batches[i],
                touched / c->n_layers, bytes / 1e9);
         bench_decode(r, kv, c, batches[i], bytes, logits, tables, bps, "moe30b");
@@ -152,6 +155,17 @@ static void bench_moe(int mid) {
         runner_set_expert_capture(r, NULL);
     }
     runner_host_free(r, capture);
+    /* batch 1 again without programmatic dependent launch (cuda_pdl.cuh): an MoE decode step is ~10 short
+     * kernels a layer, where it should pay most. Its own one-sequence cache, so the step is captured again
+     * without it (forward.c keys graphs to the cache). Row decode_moe30b_b1_pdl_off_tok_s. */
+    if (!mid && cuda_pdl_enabled()) {
+        KVCache *kvp = runner_kvcache_create_dtype(r, bps, BS, KV_BF16);
+        cuda_pdl_enable(0);
+        bench_decode(r, kvp, c, 1, bytes_b1, logits, tables, bps, "moe30b pdl off");
+        cuda_pdl_enable(1);
+        runner_kvcache_free(r, kvp);
+        native_row("decode_moe30b_b1_pdl_off_tok_s", rows_out[n_rows - 1].tok_s);
+    }
     /* Which path should a decode step of 16-64 tokens take? The backend's rule is tokens > 8: the
      * grouped tensor-core GEMM (moe_mma.cu), not measured; at 64 tokens x top-8 over 128 experts an
      * expert has ~4 pairs, which the grouped GEMV (moe_gemm.cu) also reads its weights once for.

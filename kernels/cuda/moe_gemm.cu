@@ -127,16 +127,25 @@ extern "C" int cuda_moe_args_ok(const CudaMoeGemv *g) {
     return 1;
 }
 
+/* The most pairs one expert may have in this launch, capped at CUDA_GEMV_MAX_N (max_cnt 0: unknown). */
+static int moe_max_cnt(const CudaMoeGemv *g) {
+    return g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
+}
+/* Expert slots (at most the active experts, which the kernels read from g->active) x row tiles. */
+static unsigned moe_blocks(const CudaMoeGemv *g) {
+    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
+    return (unsigned)slots * (unsigned)g->tiles;
+}
+
 extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     /* e4m3 activations: cuda_moe_gemm only; a pass reads consecutive pair rows, so no x_row */
     if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row) return -1;
     if (g->n_pairs == 0) return 0;
     g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);
-    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
-    unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
+    unsigned blocks = moe_blocks(g);
     cudaStream_t s = (cudaStream_t)stream;
-    int mc = g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
+    int mc = moe_max_cnt(g);
     int nm = mc <= 1 ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8;
     void (*k)(CudaMoeGemv) = NULL;
     switch (16 * g->fmt + nm) {
@@ -160,13 +169,12 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
 
 extern "C" int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream) {
     if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->nseg != 2 || !act || g->seg[1].rows != g->seg[0].rows) return -1;
-    int mc = g->max_cnt > 0 && g->max_cnt < CUDA_GEMV_MAX_N ? g->max_cnt : CUDA_GEMV_MAX_N;
+    int mc = moe_max_cnt(g);
     if (mc > 2 || (g->x_row && mc > 1)) return -1; /* passes of 1 or 2 pairs (the decode steps whose launches
                                                      * cost the most); x_row at one pair a pass */
     if (g->n_pairs == 0) return 0;
     g->tiles0 = g->tiles = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
-    int slots = g->n_experts < g->n_pairs ? g->n_experts : g->n_pairs;
-    unsigned blocks = (unsigned)slots * (unsigned)g->tiles;
+    unsigned blocks = moe_blocks(g);
     void (*k)(CudaMoeGemv, float *) = NULL;
     switch (16 * g->fmt + mc) {
     case 1: k = moe_gemv_swiglu_kernel<1>; break;

@@ -1367,6 +1367,18 @@ static void section_attn_decode(void) {
     bench_attn_decode(&m, "Qwen3-30B-A3B");
 }
 
+/* Batch 1 with a process-wide switch off (set(0), then set(1) again): on a fresh one-sequence cache, so
+ * the step is captured again with it off (forward.c keys graphs to the cache; a captured launch keeps
+ * what it was launched with), freed after. */
+static void bench_b1_without(DenseBench *d, void (*set)(int), const char *label) {
+    KVCache *kv = runner_kvcache_create_dtype(d->r, d->bps_dec, BS, KV_BF16);
+    set(0);
+    bench_decode(d->r, kv, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, label);
+    set(1);
+    runner_kvcache_free(d->r, kv);
+    bench_native_decode_rows();
+}
+
 static void section_decode(void) {
     DenseBench *d = bench_ready("decode") ? dense_get(1) : NULL;
     if (!d) return;
@@ -1379,26 +1391,11 @@ static void section_decode(void) {
         bench_decode(d->r, kvf, &d->m->cfg, batches[i], d->weight_bytes, d->logits, d->tables, d->bps_dec,
                      "bf16/kv-f32");
     runner_kvcache_free(d->r, kvf);
-    /* batch 1 without programmatic dependent launch (cuda_pdl.cuh): what it saves. Its own cache, so the
-     * step is captured again without it (forward.c keys graphs to the cache) and freed with it. */
-    if (cuda_pdl_enabled()) {
-        KVCache *kvp = runner_kvcache_create_dtype(d->r, d->n_blocks, BS, KV_BF16);
-        cuda_pdl_enable(0);
-        bench_decode(d->r, kvp, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16 pdl off");
-        cuda_pdl_enable(1);
-        runner_kvcache_free(d->r, kvp);
-        bench_native_decode_rows();
-    } else {
-        printf("  bf16 pdl off: programmatic dependent launch is not on here (binary or device before sm_90)\n");
-    }
-    /* batch 1 without the GEMVs' L2 weight prefetch before their wait (cuda_pdl.cuh): what it adds to PDL.
-     * Its own cache too: a captured step keeps the flag in its launches' parameters. */
-    KVCache *kvq = runner_kvcache_create_dtype(d->r, d->n_blocks, BS, KV_BF16);
-    cuda_gemv_prefetch_enable(0);
-    bench_decode(d->r, kvq, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, "bf16 prefetch off");
-    cuda_gemv_prefetch_enable(1);
-    runner_kvcache_free(d->r, kvq);
-    bench_native_decode_rows();
+    /* batch 1 without programmatic dependent launch (cuda_pdl.cuh): what it saves; then without the
+     * GEMVs' L2 weight prefetch before their wait: what that adds to it */
+    if (cuda_pdl_enabled()) bench_b1_without(d, cuda_pdl_enable, "bf16 pdl off");
+    else printf("  bf16 pdl off: programmatic dependent launch is not on here (binary or device before sm_90)\n");
+    bench_b1_without(d, cuda_gemv_prefetch_enable, "bf16 prefetch off");
 }
 
 /* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */

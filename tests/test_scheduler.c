@@ -11,8 +11,8 @@
  * With the limit off (max_rows = every row) the share assertions fail: the
  * heavy request then takes 16 rows of every step.
  * Async scheduling's two hooks: a planned batch without the sequences that
- * ended meanwhile (scheduler_remove drops it at once, scheduler_drop_finished) is the batch of the others, and a
- * full block holding a placeholder token (< 0) is registered in the prefix
+ * ended meanwhile (scheduler_remove drops each at once, scheduler_drop_finished)
+ * is the batch of the others, and a full block holding a placeholder token (< 0) is registered in the prefix
  * cache only once the token is known.
  */
 #include <stdlib.h>

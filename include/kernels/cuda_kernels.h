@@ -122,7 +122,7 @@ int cuda_attention(const AttnArgs *a, float *part, int n_splits, void *stream);
  * A/B of the two (bench_attn_decode) and nothing else; host state, read at
  * each launch, not thread-safe. */
 void cuda_attention_vec_enable(int on);
-/* Programmatic dependent launch of the decode chain's kernels (cuda_pdl.cuh): enabled by default
+/* Programmatic dependent launch of every kernel of a step (cuda_pdl.cuh): enabled by default
  * where the binary (sm_90+) and device 0 (compute capability 9+) both have it; off for the process
  * with cuda_pdl_enable(0) (SAMPLER_CUDA_OFF=pdl). */
 void cuda_pdl_enable(int on);

@@ -310,16 +310,15 @@ __global__ void attn_merge_kernel(float *out, const float *part, int rows, int h
 template <int DT>
 static void attn_launch(int J, dim3 grid, cudaStream_t s, const AttnArgs *a, float *part, int n_splits, int untiled) {
     constexpr int VT = DT == KV_F32 ? KV_BF16 : DT; /* no f32 instance of attn_vec_kernel */
-    if (DT != KV_F32 && attn_vec_fits(a)) {
-        if (a->head_dim == 64) pdl_launch(attn_vec_kernel<4 * 8 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-        else if (a->head_dim == 128) pdl_launch(attn_vec_kernel<4 * 16 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-        else pdl_launch(attn_vec_kernel<4 * 32 + VT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-        return;
-    }
-    if (J == 1) pdl_launch(attn_kernel<4 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-    else if (J == 2) pdl_launch(attn_kernel<8 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-    else if (J <= 4) pdl_launch(attn_kernel<16 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
-    else pdl_launch(attn_kernel<32 + DT>, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
+    void (*k)(AttnArgs, float *, int, int);
+    if (DT != KV_F32 && attn_vec_fits(a))
+        k = a->head_dim == 64    ? attn_vec_kernel<4 * 8 + VT>
+            : a->head_dim == 128 ? attn_vec_kernel<4 * 16 + VT>
+                                 : attn_vec_kernel<4 * 32 + VT>;
+    else
+        k = J == 1 ? attn_kernel<4 + DT> : J == 2 ? attn_kernel<8 + DT>
+            : J <= 4 ? attn_kernel<16 + DT> : attn_kernel<32 + DT>;
+    pdl_launch(k, grid, dim3(ATT_WARPS * 32), 0, s, *a, part, n_splits, untiled);
 }
 
 extern "C" int cuda_attention_splits(int n_tokens, int n_heads, int n_kv_heads, int max_ctx, int sm_count) {

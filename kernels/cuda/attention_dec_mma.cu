@@ -301,10 +301,11 @@ extern "C" int cuda_attention_dec_mma(const AttnArgs *a, float *part, int n_spli
     if (a->n_tokens == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid((unsigned)(a->n_tokens * a->n_kv_heads), 1, (unsigned)n_splits);
-    if (a->head_dim == 64 && a->kv_dtype == KV_BF16) pdl_launch(attn_dec_mma_kernel<4 * 64 + KV_BF16>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
-    else if (a->head_dim == 64) pdl_launch(attn_dec_mma_kernel<4 * 64 + KV_FP8>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
-    else if (a->kv_dtype == KV_BF16) pdl_launch(attn_dec_mma_kernel<4 * 128 + KV_BF16>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
-    else pdl_launch(attn_dec_mma_kernel<4 * 128 + KV_FP8>, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
+    int bf = a->kv_dtype == KV_BF16;
+    void (*k)(AttnArgs, float *, int) =
+        a->head_dim == 64 ? (bf ? attn_dec_mma_kernel<4 * 64 + KV_BF16> : attn_dec_mma_kernel<4 * 64 + KV_FP8>)
+                          : (bf ? attn_dec_mma_kernel<4 * 128 + KV_BF16> : attn_dec_mma_kernel<4 * 128 + KV_FP8>);
+    pdl_launch(k, grid, dim3(DM_WARPS * 32), 0, s, *a, part, n_splits);
     CUDA_CHECK_LAUNCH();
     return n_splits > 1 ? cuda_attention_merge(a->out, part, a->n_tokens * a->n_heads, a->head_dim, n_splits, s) : 0;
 }

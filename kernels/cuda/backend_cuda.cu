@@ -1036,15 +1036,17 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
             LAUNCH_OK(cuda_moe_gemm(&gu, a->g, st(b)));
             LAUNCH_OK(cuda_moe_gemm(&dn, NULL, st(b)));
         } else {
-            /* gate/up with the SwiGLU epilogue in one launch at 1-2 tokens (the same bits), else two */
-            if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
+            /* the GEMV reads x through pair_tok only in its SwiGLU epilogue at one token
+             * (cuda_moe_gemv_swiglu's rule); else the pairs' rows are gathered first */
+            if (ra->n > 1 || c->off_swiglu) {
                 LAUNCH_OK(cuda_gather_rows(a->xg, a->x, ra->pair_tok, NK, H, st(b)));
                 gu.x = a->xg;
                 gu.x_row = NULL;
-                if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
-                    LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
-                    LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
-                }
+            }
+            /* gate/up with the SwiGLU epilogue in one launch at 1-2 tokens (the same bits), else two */
+            if (c->off_swiglu || cuda_moe_gemv_swiglu(&gu, a->g, st(b))) {
+                LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
+                LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
             }
             LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
         }
@@ -1326,7 +1328,8 @@ static const CudaOff CUDA_OFF[] = {
     {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
-    {"pdl", "each decode kernel starts only once the one before it ended (no programmatic dependent launch)", off_pdl},
+    {"pdl", "each kernel of a step starts only once the one before it ended (no programmatic dependent launch)",
+     off_pdl},
     {"prefetch", "the decode GEMVs prefetch no weights into L2 before they wait for the kernel before them",
      off_prefetch},
 };
@@ -1354,7 +1357,7 @@ static void cuda_off_apply(Backend *b) {
         if (off[i]) log_info("cuda backend: %s off (SAMPLER_CUDA_OFF): %s", CUDA_OFF[i].name, CUDA_OFF[i].instead);
     }
     if (cuda_pdl_enabled())
-        log_info("cuda backend: programmatic dependent launch on (the decode kernels' launches overlap the tail of "
+        log_info("cuda backend: programmatic dependent launch on (a step's kernel launches overlap the tail of "
                  "the kernel before them; SAMPLER_CUDA_OFF=pdl turns it off)");
 }
 

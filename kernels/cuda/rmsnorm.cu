@@ -18,7 +18,8 @@
 
 /* out: [n, dim] f32; x: [n, dim] f32 (ADD: updated to x + y in place); y: [n, dim] f32
  * (ADD only); w: [dim] bf16. blockDim.x threads per row; each thread reads back only
- * the elements it wrote (but the split, after a barrier: its pairs span two threads). split (SPLIT only): the tensor-core FP8 / NVFP4 GEMV's split of
+ * the elements it wrote (but the split, after a barrier: its pairs span two threads).
+ * split (SPLIT only): the tensor-core FP8 / NVFP4 GEMV's split of
  * out (gemv_mma.cuh gm_split_exp / gm_split_pair: hi, lo [n, dim / 2] u32, inv [n] f32),
  * the bits matmul.cu's gm_split_kernel would write from out, so that GEMV's launch over
  * out skips its own (one launch fewer before q/k/v and before gate/up). */

@@ -268,6 +268,21 @@ int cuda_moe_gemm_fp8_native(int bc, int cols);
  * (y [n * top_k, dim] f32 in pair order; pair_of, weights [n, top_k]). */
 int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n, int top_k,
                        int dim, void *stream);
+/* The down GEMV with that unpermute as its epilogue, one launch instead of two: cuda_moe_gemv of g (nseg
+ * 1: y = seg[0].out [n_pairs, rows], still written), then out as cuda_moe_unpermute over y, the same
+ * bits. The row tile's last block sums it (counted in tile_done, which it puts back to 0). Takes what
+ * cuda_moe_gemv takes with nseg 1, n <= CUDA_GEMV_MAX_N tokens, n_pairs = n top_k, tile_cap >= the row
+ * tiles (rows / CUDA_MOE_TILE_ROWS, rounded up): 0, or -1 without a launch (the caller runs the two). */
+#define CUDA_MOE_TILE_ROWS 4 /* the grouped GEMV's rows a block (gemv_tile.cuh's GT_ROWS; moe_gemm.cu asserts it) */
+typedef struct CudaMoeUnpermute {
+    float *out;             /* [n, seg[0].rows] f32 */
+    const int32_t *pair_of; /* [n, top_k] int32 (moe_route) */
+    const float *weights;   /* [n, top_k] f32 (moe_route) */
+    int n, top_k;
+    uint32_t *tile_done;    /* [tile_cap] uint32 device, all 0 between launches */
+    int tile_cap;
+} CudaMoeUnpermute;
+int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u, void *stream);
 
 /* Sparse delta on a device weight copy (scatter.cu): dst[idx[i]] = val[i] for i < n,
  * elements of elem bytes (1, 2, 4); dst: [numel]; idx: [n] int64 (device); val: [n]

@@ -189,6 +189,12 @@ int backend_cuda_moe_time(struct Backend *b, const struct MoeMlpArgs *a, int rep
 int backend_cuda_moe_gemv_time(struct Backend *b, const struct MoeMlpArgs *a, int reps, float *gemv_us,
                                float *mma_us);
 
+/* Tests and benches: SAMPLER_CUDA_OFF's row `name` (backend_cuda.cu's table) set off (off 1) or back on
+ * (0) for b, to compare a path with the one it replaced in one process. attn_vec, pdl and prefetch are
+ * process-wide (every backend); a captured graph keeps what its launches were made with. 0, or -1 for
+ * a name the table does not have. */
+int backend_cuda_off(struct Backend *b, const char *name, int off);
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,6 +112,11 @@ int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCr
  * models. */
 int device_native_calibrate(Backend *b, Model *m, int max_tokens, int fixed);
 
+/* Every start-up timing point above and below is the best of device_timing_reps runs after one warm-up
+ * (5). The CUDA emulation's checks set 1: its timings mean nothing there, only the records they lead to
+ * and the paths those records pick are checked. */
+extern int device_timing_reps;
+
 /* Start-up, on a GPU: every BF16, FP8 and NVFP4 matrix (not the routed experts) gets its
  * WeightMat.mma_min_n, the tokens from which its decode GEMV runs on tensor cores (gemv_mma.cuh)
  * rather than tiled on CUDA cores: each distinct format and shape timed both ways at 1, 2, 3, 4, 6, 8

@@ -106,7 +106,10 @@ typedef struct CudaCtx {
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
     /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
-    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu;
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu, off_moe_unpermute;
+    uint32_t *moe_done; /* [moe_done_cap / 4] uint32, all 0 between launches: the row tiles' done counts of the
+                         * routed experts' down GEMV with the unpermute epilogue (sized by cu_reserve) */
+    size_t moe_done_cap;
     int moe_force;     /* backend_cuda_moe_time: 0 the experts' record, 1 weight-only, 2 native FP8 */
     int moe_mma_force; /* backend_cuda_moe_gemv_time: 0 the experts' record, 1 the grouped GEMV, 2 the grouped
                         * mma, at up to CUDA_GEMV_MAX_N tokens */
@@ -938,7 +941,10 @@ static int moe_kind_ok(const MoeMlpArgs *a, const WeightMat *m, int rows, int co
 }
 
 /* gather -> grouped gate/up -> swiglu -> grouped down -> weighted unpermute,
- * five launches sized by n * top_k (moe_gemm.cu); above CUDA_GEMV_MAX_N tokens
+ * five launches sized by n * top_k (moe_gemm.cu; at 1-2 tokens gate/up take the
+ * SwiGLU epilogue, at one token without the gather, and down takes the unpermute
+ * as its epilogue up to CUDA_GEMV_MAX_N tokens: two launches at one token,
+ * three at two, four at 3-8); above CUDA_GEMV_MAX_N tokens
  * four: gather, the grouped GEMM of gate/up with the SwiGLU in its epilogue and
  * of down (moe_mma.cu), the unpermute. yg may be xg (x is dead after gate/up).
  * Native FP8 (act_quant FP8 experts where moe_native_fp8 holds, steps of at least
@@ -1048,6 +1054,10 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
                 LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
                 LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
             }
+            /* down with the unpermute as its epilogue (the same bits), else two launches */
+            CudaMoeUnpermute un = {a->out, ra->pair_of, ra->weights, ra->n, K, c->moe_done,
+                                   (int)(c->moe_done_cap / sizeof(uint32_t))};
+            if (!c->off_moe_unpermute && !cuda_moe_gemv_unpermute(&dn, &un, st(b))) return 0;
             LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
         }
     }
@@ -1193,6 +1203,13 @@ static void cu_reserve(Backend *b, int max_tokens, int max_cols) {
     scratch_grow(c, (void **)&c->xbf, &c->xbf_cap, sizeof(uint16_t) * (size_t)max_tokens * max_cols);
     scratch_grow(c, &c->xsplit, &c->xsplit_cap,
                  cuda_gemv_mma_scratch(max_tokens < CUDA_GEMV_MAX_N ? max_tokens : CUDA_GEMV_MAX_N, max_cols));
+    /* the unpermute epilogue's counters: a row tile per CUDA_MOE_TILE_ROWS columns of the widest
+     * activation (>= hidden, the down GEMV's rows) */
+    size_t done = sizeof(uint32_t) * (((size_t)max_cols + CUDA_MOE_TILE_ROWS - 1) / CUDA_MOE_TILE_ROWS);
+    if (done > c->moe_done_cap) {
+        scratch_grow(c, (void **)&c->moe_done, &c->moe_done_cap, done);
+        CUDA_CHECK(cudaMemsetAsync(c->moe_done, 0, done, c->stream));
+    }
     if (cuda_native_caps()) { /* native activations (from any measured crossover): the worst case of both formats */
         scratch_grow(c, (void **)&c->nq, &c->nq_cap, (size_t)max_tokens * max_cols);
         scratch_grow(c, (void **)&c->ns, &c->ns_cap, sizeof(float) * (size_t)max_tokens * quant_fp8_groups(max_cols));
@@ -1242,7 +1259,7 @@ static void cu_free(Backend *b) {
     if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->xsplit, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
-                    c->sw_arena, c->lora_h, c->lora_rows_d};
+                    c->sw_arena, c->lora_h, c->lora_rows_d, c->moe_done};
     cuda_lt_free(c->lt);
     free(c->sc_host);
     free(c->lora_rows);
@@ -1310,13 +1327,14 @@ static void off_attn_mma(Backend *b, int off) { ctx(b)->off_attn_mma = off; }
 static void off_attn_dec_mma(Backend *b, int off) { ctx(b)->off_attn_dec_mma = off; }
 static void off_moe_mma(Backend *b, int off) { ctx(b)->off_moe_mma = off; }
 static void off_gemv_mma(Backend *b, int off) { ctx(b)->off_gemv_mma = off; }
-static void off_rope_kv(Backend *b, int off) { if (off) b->rope_kv_write = NULL; }
+static void off_rope_kv(Backend *b, int off) { b->rope_kv_write = off ? NULL : cu_rope_kv_write; }
 static void off_swiglu(Backend *b, int off) {
-    if (off) b->matmul_swiglu = NULL;
+    b->matmul_swiglu = off ? NULL : cu_matmul_swiglu;
     ctx(b)->off_swiglu = off; /* the routed experts' (cu_moe_mlp) */
 }
-static void off_moe_mlp(Backend *b, int off) { if (off) b->moe_mlp = NULL; }
-static void off_graphs(Backend *b, int off) { if (off) b->graph_begin = NULL; }
+static void off_moe_unpermute(Backend *b, int off) { ctx(b)->off_moe_unpermute = off; }
+static void off_moe_mlp(Backend *b, int off) { b->moe_mlp = off ? NULL : cu_moe_mlp; }
+static void off_graphs(Backend *b, int off) { b->graph_begin = off ? NULL : cu_graph_begin; }
 static const CudaOff CUDA_OFF[] = {
     {"attn_vec", "decode attention on the warp-a-position kernel (attention.cu attn_kernel)", off_attn_vec},
     {"attn_mma", "prefill attention on CUDA cores (attention.cu)", off_attn_mma},
@@ -1326,6 +1344,7 @@ static const CudaOff CUDA_OFF[] = {
      off_gemv_mma},
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
+    {"moe_unpermute", "the routed experts' down GEMV then the weighted unpermute, two launches", off_moe_unpermute},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
     {"pdl", "each kernel of a step starts only once the one before it ended (no programmatic dependent launch)",
@@ -1334,6 +1353,15 @@ static const CudaOff CUDA_OFF[] = {
      off_prefetch},
 };
 #define N_CUDA_OFF ((int)(sizeof CUDA_OFF / sizeof CUDA_OFF[0]))
+
+extern "C" int backend_cuda_off(Backend *b, const char *name, int off) {
+    for (int i = 0; i < N_CUDA_OFF; i++)
+        if (!strcmp(CUDA_OFF[i].name, name)) {
+            CUDA_OFF[i].apply(b, off);
+            return 0;
+        }
+    return -1;
+}
 
 static void cuda_off_apply(Backend *b) {
     const char *env = getenv("SAMPLER_CUDA_OFF");

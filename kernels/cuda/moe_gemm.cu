@@ -25,7 +25,11 @@
  * At one or two tokens gate and up run in one launch with the SwiGLU
  * epilogue (cuda_moe_gemv_swiglu: the bits of the two launches it replaces),
  * and at one token it reads x's token rows through x_row instead of a
- * gathered copy: two launches fewer per MoE layer of a batch-1 decode step.
+ * gathered copy; down takes the unpermute as its epilogue at up to
+ * CUDA_GEMV_MAX_N tokens (cuda_moe_gemv_unpermute: a row tile's last block,
+ * counted in a device array, sums the tile's rows of every token, the bits
+ * of moe_unpermute_kernel): three launches fewer per MoE layer of a batch-1
+ * decode step, one at 2-8 tokens.
  * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"
@@ -33,6 +37,8 @@
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
 #include "gemv_tile.cuh"
+
+static_assert(CUDA_MOE_TILE_ROWS == GT_ROWS, "cuda_kernels.h's row tile of the grouped GEMV is gemv_tile.cuh's");
 
 /* FN = 16 * FMT + NM (one template argument: the emulation's launch macro splits
  * on commas): NM pairs at most a pass (1, 2, 4, 8), so the kernel's registers are
@@ -58,13 +64,62 @@ static __device__ __forceinline__ GemvArgs moe_expert_args(const CudaMoeSeg *S, 
     return a;
 }
 
+/* The unpermute epilogue of the down GEMV (cuda_moe_gemv_unpermute), after the block's pair rows of
+ * row tile `tile` are in y [n_pairs, rows]: the block counts itself done for its tile, and the tile's
+ * last block (every expert slot's rows of it written) writes out[t, r] for the tile's rows of every
+ * token t, moe_unpermute_kernel's sum in its order. Writers fence before they count and the last
+ * block fences after it sees the count (CUDA's threadFenceReduction pattern) and reads y through L2
+ * (__ldcg); the last block puts the counter back to 0, so the next launch (or graph replay) finds it
+ * zero. Every block of the grid reaches this, empty expert slots included: the count is the slots.
+ * Not inlined: inlined, it raised the one- and two-pair kernels' registers (sm_90a: NVFP4 one pair 80
+ * to 110, BF16 two pairs 80 to 106); called, they use 64 and 80 (44 for BF16 at one pair, was 56). */
+static __device__ __noinline__ void moe_unpermute_tile(const CudaMoeUnpermute &u, const float *y, int rows, int tile, int slots) {
+    __shared__ int32_t sp[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
+    __shared__ float sw[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
+    __shared__ int last;
+    __threadfence(); /* this thread's y rows, before the block counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(u.tile_done + tile, 1u) == (unsigned)slots - 1;
+        if (last) u.tile_done[tile] = 0; /* every block of the tile has counted */
+    }
+    __syncthreads();
+    if (!last) return; /* the whole block: last is shared */
+    __threadfence();   /* the other blocks' rows, seen after their count */
+    int K = u.top_k;
+    if ((int)threadIdx.x < u.n) { /* token t's pairs by position, as moe_unpermute_kernel sorts them */
+        int t = threadIdx.x;
+        for (int k = 0; k < K; k++) {
+            int p = u.pair_of[(size_t)t * K + k], j = k;
+            float w = u.weights[(size_t)t * K + k];
+            for (; j > 0 && sp[t][j - 1] > p; j--) {
+                sp[t][j] = sp[t][j - 1];
+                sw[t][j] = sw[t][j - 1];
+            }
+            sp[t][j] = p;
+            sw[t][j] = w;
+        }
+    }
+    __syncthreads();
+    int i = threadIdx.x, t = i / GT_ROWS, r = tile * GT_ROWS + i % GT_ROWS;
+    if (t >= u.n || r >= rows) return;
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(sw[t][k], __ldcg(y + (size_t)sp[t][k] * rows + r)));
+    u.out[(size_t)t * rows + r] = acc;
+}
+
+/* u.out NULL: the grouped GEMV alone (cuda_moe_gemv); else with the unpermute epilogue over seg 0
+ * (cuda_moe_gemv_unpermute). */
 template <int FN>
-__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) {
+__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g, CudaMoeUnpermute u) {
     constexpr int FMT = FN / 16, NM = FN % 16;
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access (which expert is a read) */
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
-    if (e < 0) return; /* the whole block */
+    if (e < 0) { /* the whole block; with the epilogue it still counts itself done */
+        if (u.out) moe_unpermute_tile(u, g.seg[0].out, g.seg[0].rows, tile, gridDim.x / g.tiles);
+        return;
+    }
     int sg = tile < g.tiles0 ? 0 : 1;
     if (sg) tile -= g.tiles0;
     const CudaMoeSeg *S = &g.seg[sg];
@@ -85,6 +140,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g) 
         }
         __syncthreads(); /* the next pass reuses the tile's shared partial sums */
     }
+    if (u.out) moe_unpermute_tile(u, S->out, S->rows, tile, gridDim.x / g.tiles);
 }
 
 /* Gate (seg 0) and up (seg 1) with the SwiGLU epilogue (gemv_tile_swiglu): a block takes the same
@@ -137,17 +193,14 @@ static unsigned moe_blocks(const CudaMoeGemv *g) {
     return (unsigned)slots * (unsigned)g->tiles;
 }
 
-extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
-    /* e4m3 activations: cuda_moe_gemm only; a pass reads consecutive pair rows, so no x_row */
-    if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row) return -1;
-    if (g->n_pairs == 0) return 0;
+/* cuda_moe_gemv's launch, with the unpermute epilogue when u->out (cuda_moe_gemv_unpermute). */
+static void moe_gemv_launch(CudaMoeGemv *g, const CudaMoeUnpermute *u, cudaStream_t s) {
     g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);
     unsigned blocks = moe_blocks(g);
-    cudaStream_t s = (cudaStream_t)stream;
     int mc = moe_max_cnt(g);
     int nm = mc <= 1 ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8;
-    void (*k)(CudaMoeGemv) = NULL;
+    void (*k)(CudaMoeGemv, CudaMoeUnpermute) = NULL;
     switch (16 * g->fmt + nm) {
     case 1: k = moe_gemv_kernel<1>; break;
     case 2: k = moe_gemv_kernel<2>; break;
@@ -162,7 +215,26 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     case 36: k = moe_gemv_kernel<36>; break;
     default: k = moe_gemv_kernel<40>; break;
     }
-    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g);
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g, *u);
+}
+
+extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
+    /* e4m3 activations: cuda_moe_gemm only; a pass reads consecutive pair rows, so no x_row */
+    if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row) return -1;
+    if (g->n_pairs == 0) return 0;
+    CudaMoeUnpermute none = {};
+    moe_gemv_launch(g, &none, (cudaStream_t)stream);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u, void *stream) {
+    if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row || g->nseg != 1 || !u || !u->out || !u->pair_of ||
+        !u->weights || !u->tile_done || u->n < 1 || u->n > CUDA_GEMV_MAX_N || u->top_k < 1 ||
+        u->top_k > MOE_MAX_TOPK || g->n_pairs != u->n * u->top_k ||
+        u->tile_cap < (g->seg[0].rows + CUDA_MOE_TILE_ROWS - 1) / CUDA_MOE_TILE_ROWS)
+        return -1;
+    moe_gemv_launch(g, u, (cudaStream_t)stream);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -111,11 +111,13 @@ int device_native_crossover(NativeTimeFn time, void *ctx, int max_n, NativeCross
     return 0;
 }
 
+int device_timing_reps = 5;
+
 /* The backend's timer as a NativeTimeFn. */
 typedef struct { Backend *b; const WeightMat *w; } TimeCtx;
 static int time_on_device(void *ctx, int n, float *wo_us, float *native_us) {
     const TimeCtx *t = (const TimeCtx *)ctx;
-    return backend_cuda_native_time(t->b, t->w, n, 5, wo_us, native_us);
+    return backend_cuda_native_time(t->b, t->w, n, device_timing_reps, wo_us, native_us);
 }
 int device_native_crossover_on(Backend *b, const WeightMat *w, int max_n, NativeCrossover *out) {
     if (!backend_cuda_native_time) return -1;
@@ -173,6 +175,9 @@ DeviceMoeBench *device_moe_bench_create(Backend *b, const Model *m, int layer, i
     mb->max_n = max_n;
     mb->hidden = H;
     mb->inter = I;
+    /* the scratch a runner reserves (before it exists at start-up), so the path timed is the one its
+     * steps take (the down GEMV's unpermute epilogue needs its counters) */
+    if (b->reserve) b->reserve(b, max_n, H > I ? H : I);
     const void **h = xcalloc((size_t)9 * E, sizeof *h);
     model_moe_pointers(m, layer, h);
     mb->tab = b->alloc(b, (size_t)9 * E * sizeof *h);
@@ -227,7 +232,7 @@ static int time_moe(void *ctx, int n, float *wo_us, float *native_us) {
     DeviceMoeBench *mb = (DeviceMoeBench *)ctx;
     MoeMlpArgs a;
     device_moe_bench_route(mb, n, &a);
-    return backend_cuda_moe_time(mb->b, &a, 5, wo_us, native_us);
+    return backend_cuda_moe_time(mb->b, &a, device_timing_reps, wo_us, native_us);
 }
 
 int device_moe_crossover_on(Backend *b, const Model *m, int layer, int max_n, NativeCrossover *out) {
@@ -243,7 +248,7 @@ static int time_moe_gemv(void *ctx, int n, float *gemv_us, float *mma_us) {
     DeviceMoeBench *mb = (DeviceMoeBench *)ctx;
     MoeMlpArgs a;
     device_moe_bench_route(mb, n, &a);
-    return backend_cuda_moe_gemv_time(mb->b, &a, 5, gemv_us, mma_us);
+    return backend_cuda_moe_gemv_time(mb->b, &a, device_timing_reps, gemv_us, mma_us);
 }
 
 int device_moe_gemv_crossover_on(Backend *b, const Model *m, int layer, NativeCrossover *out) {
@@ -369,7 +374,7 @@ static int mma_disagrees(const NativeCrossover *x) {
 typedef struct { Backend *b; const WeightMat *w; int presplit; } GemvTimeCtx;
 static int time_gemv(void *ctx, int n, float *tile_us, float *mma_us) {
     const GemvTimeCtx *t = (const GemvTimeCtx *)ctx;
-    return backend_cuda_gemv_time(t->b, t->w, n, 5, t->presplit, tile_us, mma_us);
+    return backend_cuda_gemv_time(t->b, t->w, n, device_timing_reps, t->presplit, tile_us, mma_us);
 }
 
 int device_gemv_calibrate_mats(Backend *b, WeightMat *const *mats, const unsigned char *norm_fed, int n) {

@@ -277,7 +277,7 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             ok &= v.n_tokens == p.sampling.max_tokens && v.finish == FINISH_LENGTH;
             engine_request_release(y);
         }
-        /* sequences ending on a stop id (each token 1 in 2) while a prompt log-prob request's prefill, a
+        /* sequences ending on a stop id (2 of the 4 ids they may take; every one of them must) while a prompt log-prob request's prefill, a
          * step that needs the host, is planned once they decode: the step in flight ends before that
          * forward, and what ended in it leaves the planned batch (scheduler_drop_finished) */
         static const int32_t four[4] = {5, 7, 11, 13};
@@ -286,6 +286,8 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             eds_params(&p, 5, prompts[2 + k], 6 + k);
             p.sampling.allowed_ids = four;
             p.sampling.n_allowed = 4;
+            p.sampling.n_stop_ids = 2; /* 5 (eds_params) and 7: with 5 alone these seeds ran 4 of the 6 to 40 */
+            p.sampling.stop_ids[1] = 7;
             p.sampling.max_tokens = 40;
             ok &= engine_submit(e, &p, &sr[k], &err) == 0;
         }
@@ -305,6 +307,11 @@ static int eds_run(const char *dir, int mode, int async, int extra, EdsSeq seqs[
             seen = 0;
             for (int i = 0; ok && i < 18000 && !engine_request_done(all[k]); i++) engine_request_wait(all[k], &seen, 100);
             ok &= engine_request_done(all[k]) && !engine_request_failed(all[k], &err);
+            for (int q = 0; k < 3 && q < engine_request_n_seqs(all[k]); q++) {
+                EngineSeqView v;
+                engine_request_seq(all[k], q, &v);
+                ok &= v.finish == FINISH_STOP;
+            }
             engine_request_release(all[k]);
         }
         /* two 10-token prompts one after the other, nothing else running: two prefill steps of the same

@@ -1553,8 +1553,38 @@ static void check_moe(const int *a) {
     float *dg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I), *du = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I);
     MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E, fmt == 2 ? dtab + 6 * E : NULL}, dxg, dyg, dg,
                      du, H, I};
+    bg->reserve(bg, n, H > I ? H : I); /* as a runner: the unpermute epilogue's tile counters among the rest */
     int taken = bg->moe_mlp(bg, &ma);
     float *got = dev_result(dout, (size_t)n * H);
+    if (!taken && n <= CUDA_GEMV_MAX_N) { /* the GEMV path's down GEMV with the unpermute epilogue (the tensor-core
+                                          * paths take no epilogue: the same launches either way) */
+        float *again[2];
+        long kern[2] = {-1, 0}; /* kernels each run launched (the emulation counts them; a GPU does not) */
+        for (int off = 1; off >= 0; off--) { /* the two launches it replaces; then the epilogue once more: its
+                                              * tile counters back at 0 after a launch, or out is not written */
+            CHECK(backend_cuda_off(bg, "moe_unpermute", off) == 0, "no moe_unpermute in SAMPLER_CUDA_OFF's table");
+            ma.out = (float *)dev_poisoned(sizeof(float) * (size_t)n * H);
+#ifdef CUDA_EMULATION
+            long k0 = emu_kernels_run();
+            bg->moe_mlp(bg, &ma);
+            kern[off] = emu_kernels_run() - k0;
+#else
+            bg->moe_mlp(bg, &ma);
+#endif
+            again[off] = dev_result(ma.out, (size_t)n * H);
+            cudaFree(ma.out);
+        }
+        /* one launch fewer with the epilogue: else this would compare the two launches with themselves */
+        int same = !memcmp(got, again[1], sizeof(float) * (size_t)n * H) &&
+                   !memcmp(got, again[0], sizeof(float) * (size_t)n * H) && kern[1] - kern[0] == 1;
+        printf("  %s moe_mlp n %d E %d top %d [%d x %d]: the down GEMV's unpermute epilogue gives the bits of the two "
+               "launches, and again on a second launch (%ld kernels, %ld without it; -1, 0: not counted on a GPU)\n", same ? "ok  " : "FAIL", n, E,
+               K, I, H, kern[0], kern[1]);
+        same ? n_pass++ : n_fail++;
+        free(again[0]);
+        free(again[1]);
+        ma.out = dout;
+    }
     snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s",
              nat ? (pc ? "fp8 native per-channel" : "fp8 native") : aq ? "fp8 act_quant (weight-only)" : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E,
              K, I, H, taken ? " REFUSED" : "");

@@ -1245,7 +1245,7 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
     long plain = 0; /* kernels of the routing and both experts' paths launched without PDL (cuda_pdl.cuh) */
     double worst = 0;
     long k1 = -1; /* kernels of a one-token step on the GEMV: routing, gate/up with SwiGLU reading x's token
-                   * row (no gather), down, unpermute */
+                   * row (no gather), down with the unpermute epilogue */
     for (int n = 1; n <= (quick ? 3 : CUDA_GEMV_MAX_N); n++) {
         experts_set_mma(m, 0);
         long k0 = emu_kernels_run();
@@ -1266,10 +1266,10 @@ static void t_moe_gemv_choice(Precision prec, int quick) {
         wrong += memcmp(got, measured && n >= measured ? ref_m : ref_g, sizeof(float) * cnt) != 0;
         checked++;
     }
-    ok = wrong == 0 && differ && worst < 1e-5 && plain == 0 && k1 == 4;
+    ok = wrong == 0 && differ && worst < 1e-5 && plain == 0 && k1 == 3;
     printf("  %s %s %s experts: moe_mlp takes the path recorded at %d batch sizes (%d wrong); the grouped mma %s the "
            "GEMV's bits, max|mma - gemv| / max|gemv| %.2e (< 1e-5); kernels of the routing and both paths launched "
-           "without PDL: %ld; kernels of a one-token step on the GEMV %ld (want 4)\n", ok ? "ok  " : "FAIL", dir, pn,
+           "without PDL: %ld; kernels of a one-token step on the GEMV %ld (want 3)\n", ok ? "ok  " : "FAIL", dir, pn,
            checked, wrong, differ ? "differs from" : "EQUALS (the check cannot tell the paths apart)", worst, plain, k1);
     ok ? n_pass++ : n_fail++;
     /* experts the device does not group (one in another format: moe_mlp refuses the layer): nothing to
@@ -1513,6 +1513,7 @@ static void t_native_crossovers(int quick) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* line by line: the ctest log interleaves stderr's info lines */
+    device_timing_reps = 1; /* start-up's timings: their values mean nothing here, the choices are checked */
     if (getenv("EMU_FIXTURE")) { /* EMU_FIXTURE=dir [EMU_PREC=fp8|nvfp4]: one fixture end to end alone */
         Precision p = PREC_BF16;
         if (getenv("EMU_PREC") && precision_parse(getenv("EMU_PREC"), &p)) return 2;

@@ -23,6 +23,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
@@ -318,6 +319,10 @@ void emu_prefetch_l2(const void *p);
 long emu_prefetches_l2(void);
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
+/* __ldcg (a load through L2, skipping L1: a value another block wrote) and __threadfence: blocks run
+ * one after another here, so a plain load and a full fence (EMU_PTHREADS' threads) say the same. */
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 /* Integer atomics (shared or global memory): the fibers of a block switch only

@@ -28,8 +28,10 @@ issues 17, 18 and 19 ask for) is present, null with a reason when this run did n
 
 Rows from gpu_check (its bench row names are parsed, so a row another change adds there is
 named without an edit here):
-  "<prec> decode batch <B> (ctx <C>)" -> decode_<prec>_b<B>_ctx<C'>_{tok_s,ms,fraction}, C' = C
-      or Nk when C is a multiple of 1024 (32768 -> 32k); at ctx 512 also decode_<prec>_b<B>_*;
+  "<label> decode batch <B> (ctx <C>)" -> decode_<label>_b<B>_ctx<C'>_{tok_s,ms,fraction}, C' = C
+      or Nk when C is a multiple of 1024 (32768 -> 32k); at ctx 512 also decode_<label>_b<B>_*; the
+      label is every word before "decode" (a precision, and what differs: "fp8 native",
+      "moe30b pdl off" -> decode_moe30b_pdl_off_b1_*);
   "<prec> prefill <S> x <L> tokens" -> prefill_<prec>_<S>x<L>_{tok_s,ms,fraction};
   "<fmt> gemv n=1 [<R> x <C>]" -> gemv_<fmt>_<R>x<C>_{gbs,fraction} (fraction of copy bandwidth);
       at N > 1 tokens "<fmt> gemv[ mma] n=<N> [<R> x <C>]" -> gemv_<fmt>[_mma]_n<N>_<R>x<C>_{gbs,fraction};
@@ -139,7 +141,7 @@ def gpu_check_rows(R, gc):
     R.add("roofline_gemm_bf16_tflops", gc["gemm_tflops"], "TFLOP/s", source=src + ": cuBLAS 8192^3 BF16, f32 acc")
     for row in gc.get("rows", []):
         name = row["name"]
-        m = re.match(r"^(\S+)(?: .*?)? decode batch (\d+)(?: \(ctx (\d+)\))?$", name)
+        m = re.match(r"^(.+?) decode batch (\d+)(?: \(ctx (\d+)\))?$", name)
         p = re.match(r"^(\S+) prefill (\d+) x (\d+) tokens$", name)
         if m:
             prec, b, ctx = slug(m.group(1)), int(m.group(2)), int(m.group(3) or 512)

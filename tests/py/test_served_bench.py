@@ -200,9 +200,16 @@ def sample_served():
 
 def test_gpu_json_rows_and_roofline():
     gc = json.load(open(SAMPLE_GC))
+    # a label of several words keeps them all: the same batch at another path is a row of its own
+    # (they used to fold into the precision's row, first one kept)
+    gc["rows"] += [dict(name=n, tok_s=v, ms=1000.0 / v, roof_tok_s=278.0, fraction=v / 278.0)
+                   for n, v in (("bf16 pdl off decode batch 1", 150.0), ("moe30b unpermute off decode batch 1", 80.0))]
     doc = gpu_json.build(gc, [sample_served()], "", "abc1234", "2026-12-01T00:00:00Z")
     assert gpu_json.check(doc) == []
     rows = {x["name"]: x for x in doc["rows"]}
+    assert rows["decode_bf16_pdl_off_b1_tok_s"]["value"] == 150.0
+    assert rows["decode_moe30b_unpermute_off_b1_ctx512_tok_s"]["value"] == 80.0
+    assert rows["decode_bf16_b1_tok_s"]["value"] == 186.3  # not folded in (nor moe30b's: unmeasured below)
     assert set(gpu_json.REQUIRED) <= set(rows)
     assert rows["decode_bf16_b1_tok_s"]["value"] == 186.3 and rows["decode_bf16_b1_fraction"]["value"] == 0.670
     assert rows["decode_bf16_b1_ctx512_tok_s"]["value"] == 186.3

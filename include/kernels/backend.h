@@ -211,6 +211,11 @@ struct Backend {
                            int n, int dim);
     /* MoE routing (MoeRouteArgs): the host routing's bits on the CPU (the reference) */
     void (*moe_route)(Backend *b, const MoeRouteArgs *a);
+    /* Optional (NULL: matmul of the router into a->logits, then moe_route, the CPU reference):
+     * both in one, a->logits [n, router->rows] = x [n, router->cols] @ router^T then the routing,
+     * the bits of those two ops on this backend. 0, or -1 when it does not take this step (size,
+     * format, the router's path at n; nothing issued): the caller runs the two. */
+    int (*moe_router_route)(Backend *b, const MoeRouteArgs *a, const float *x, const WeightMat *router);
     /* Optional (NULL: forward.c runs each expert with the ops above, the CPU
      * reference): every routed expert of a layer in a few launches whose sizes
      * depend on n * top_k only. 0, or -1 when it does not take these experts

@@ -201,6 +201,14 @@ int cuda_scale_add_rows(float *dst, const float *src, const int32_t *rows, const
  * the pairs sorted by expert; reference cpu_moe_route. One launch up to 64
  * tokens, two above, sized by n. */
 int cuda_moe_route(const MoeRouteArgs *a, void *stream);
+/* The router's matmul and that routing in one launch: a->logits [n, n_experts] f32 = x [n, cols] f32 @
+ * W^T (W [n_experts, cols] bf16, the router) by the tiled GEMV (the bits of cuda_gemv_bf16's tile
+ * path), then cuda_moe_route's outputs from them, the same bits. The last block to finish routes
+ * (counted in *done, a device uint32 that is 0 between launches and put back to 0). Takes 1 <= n <=
+ * CUDA_GEMV_MAX_N, n_experts <= 256, cols % 8 == 0, W and x 16-byte aligned: 0, or -1 without a
+ * launch (the caller runs the two). */
+int cuda_moe_router_route(const MoeRouteArgs *a, const float *x, const uint16_t *W, int cols, uint32_t *done,
+                          void *stream);
 /* Grouped GEMV over every active expert in one launch: for each expert e with
  * pairs [offsets[e], offsets[e + 1]), out[p, rows] = x[p, cols] @ W_e^T (f32
  * accumulation, gemv_tile.cuh), for one or two matrices over the same x (gate

@@ -106,7 +106,8 @@ typedef struct CudaCtx {
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
     /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
-    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu, off_moe_unpermute;
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu, off_moe_unpermute, off_router_route;
+    uint32_t *route_done; /* [1] uint32, 0 between launches: the router GEMV's blocks done (cu_moe_router_route) */
     uint32_t *moe_done; /* [moe_done_cap / 4] uint32, all 0 between launches: the row tiles' done counts of the
                          * routed experts' down GEMV with the unpermute epilogue (sized by cu_reserve) */
     size_t moe_done_cap;
@@ -920,6 +921,16 @@ static void cu_moe_route(Backend *b, const MoeRouteArgs *a) {
     xs_clear(ctx(b));
     LAUNCH_OK(cuda_moe_route(a, st(b)));
 }
+/* The router's matmul with the routing as its epilogue (moe_route.cu), where the router takes the
+ * tiled BF16 GEMV at n (cu_matmul's path at 1 token, and at 2-8 below its tensor-core record): the
+ * bits of cu_matmul then cu_moe_route. */
+static int cu_moe_router_route(Backend *b, const MoeRouteArgs *a, const float *x, const WeightMat *w) {
+    CudaCtx *c = ctx(b);
+    if (c->off_router_route || w->fmt != WF_BF16 || !w->dev || w->rows != a->n_experts || mma_at(c, w, a->n))
+        return -1;
+    xs_clear(c);
+    return cuda_moe_router_route(a, x, (const uint16_t *)w->dev, w->cols, c->route_done, st(b));
+}
 
 /* Expert kind j (0 gate, 1 up, 2 down) of every expert: one format (BF16, FP8
  * with one scale block, or NVFP4), the layer's shape, 16-byte aligned. */
@@ -1259,7 +1270,7 @@ static void cu_free(Backend *b) {
     if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->xsplit, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
-                    c->sw_arena, c->lora_h, c->lora_rows_d, c->moe_done};
+                    c->sw_arena, c->lora_h, c->lora_rows_d, c->moe_done, c->route_done};
     cuda_lt_free(c->lt);
     free(c->sc_host);
     free(c->lora_rows);
@@ -1333,6 +1344,7 @@ static void off_swiglu(Backend *b, int off) {
     ctx(b)->off_swiglu = off; /* the routed experts' (cu_moe_mlp) */
 }
 static void off_moe_unpermute(Backend *b, int off) { ctx(b)->off_moe_unpermute = off; }
+static void off_router_route(Backend *b, int off) { ctx(b)->off_router_route = off; }
 static void off_moe_mlp(Backend *b, int off) { b->moe_mlp = off ? NULL : cu_moe_mlp; }
 static void off_graphs(Backend *b, int off) { b->graph_begin = off ? NULL : cu_graph_begin; }
 static const CudaOff CUDA_OFF[] = {
@@ -1345,6 +1357,7 @@ static const CudaOff CUDA_OFF[] = {
     {"rope_kv_write", "norm_rope then kv_write, two launches", off_rope_kv},
     {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
     {"moe_unpermute", "the routed experts' down GEMV then the weighted unpermute, two launches", off_moe_unpermute},
+    {"moe_router_route", "the MoE router's GEMV then the routing, two launches", off_router_route},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
     {"pdl", "each kernel of a step starts only once the one before it ended (no programmatic dependent launch)",
@@ -1412,6 +1425,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     size_t rows = (size_t)2 * c->sms * CUDA_ATTN_GROUP, mma_rows = (size_t)64 * 3 * c->sms;
     c->part_cap = sizeof(float) * (64 * rows > mma_rows ? 64 * rows : mma_rows) * (size_t)(head_dim + 2);
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
+    CUDA_CHECK(cudaMalloc((void **)&c->route_done, sizeof(uint32_t)));
+    CUDA_CHECK(cudaMemsetAsync(c->route_done, 0, sizeof(uint32_t), c->stream));
     CUDA_CHECK(cudaMallocHost((void **)&c->up, UP_SEGS * UP_SEG_BYTES));
     CUDA_CHECK(cudaMallocHost((void **)&c->rw_pin, RW_CHUNK));
     for (int i = 0; i < UP_SEGS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->up_ev[i], cudaEventDisableTiming));
@@ -1444,6 +1459,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->gather_rows = cu_gather_rows;
     b->scale_add_rows = cu_scale_add_rows;
     b->moe_route = cu_moe_route;
+    b->moe_router_route = cu_moe_router_route;
     b->moe_mlp = cu_moe_mlp;
     b->reserve = cu_reserve;
     b->lora = cu_lora;

@@ -4,7 +4,11 @@
  * ids (rows of ids_ld) and weights, then the (token, k) pairs counting-sorted by expert
  * (offsets, pair lists, the inverse permutation, the active experts). One
  * launch up to MR_FUSED_MAX tokens, two above, sized by n only, so a decode
- * step of a MoE model needs no host read and can be captured in a graph.
+ * step of a MoE model needs no host read and can be captured in a graph. At
+ * up to CUDA_GEMV_MAX_N tokens and 256 experts the router's BF16 GEMV can take
+ * the routing as its epilogue (cuda_moe_router_route: the last block to finish
+ * its tile of the logits routes them), one launch instead of two with the
+ * bits of both.
  * Reference: cpu_moe_route (kernels/cpu/cpu_moe.c). The ids, offsets and pair
  * lists are identical to it away from near ties (two experts whose p differ
  * by about an ulp: the softmax's sum is a warp tree here, sequential there,
@@ -15,6 +19,7 @@
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
+#include "gemv_tile.cuh"
 
 #define MR_WARPS 4                           /* tokens per block, one warp each */
 #define MR_PER_LANE (MOE_MAX_EXPERTS / 32)   /* expert slots per lane: e = lane + 32 j */
@@ -32,7 +37,7 @@ static __device__ __forceinline__ void topk_warp(const MoeRouteArgs &a, int t, i
 #pragma unroll
     for (int j = 0; j < MR_PER_LANE; j++) {
         int e = lane + 32 * j;
-        v[j] = e < E ? l[e] : -INFINITY;
+        v[j] = e < E ? __ldcg(l + e) : -INFINITY; /* through L2: moe_router_route_kernel's other blocks wrote them */
         mx = fmaxf(mx, v[j]);
     }
     mx = warp_max(mx);
@@ -157,12 +162,76 @@ __global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArg
     perm_block(a);
 }
 
-extern "C" int cuda_moe_route(const MoeRouteArgs *args, void *stream) {
-    if (!args || args->n < 0 || args->n_experts < 1 || args->n_experts > MOE_MAX_EXPERTS || args->top_k < 1 ||
-        args->top_k > MOE_MAX_TOPK || args->top_k > args->n_experts || !args->logits || !args->ids ||
-        !args->weights || !args->offsets || !args->pair_tok || !args->pair_w || !args->pair_of || !args->active ||
-        (args->ids_ld && args->ids_ld < args->top_k))
+/* The router's GEMV with the routing as its epilogue (cuda_moe_router_route): after its tile of the
+ * logits, each block counts itself done (*done); the last one (every logit written) runs
+ * moe_route_fused_kernel's body on them and puts the count back to 0 for the next launch. Writers
+ * fence before they count, the last block after it sees the count (CUDA's threadFenceReduction
+ * pattern); topk_warp reads the logits through L2. blockDim.x >= n_experts (perm_block's thread per
+ * expert): the launcher's rule. Not inlined: its shared staging and registers stay out of the tile's. */
+static __device__ __noinline__ void route_last_block(const MoeRouteArgs &a, uint32_t *done) {
+    __shared__ int last;
+    __threadfence(); /* this thread's logits, before the block counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) *done = 0; /* every block has counted */
+    }
+    __syncthreads();
+    if (!last) return; /* the whole block: last is shared */
+    __threadfence();   /* the other blocks' logits, seen after their count */
+    for (int t = threadIdx.x >> 5; t < a.n; t += blockDim.x >> 5) topk_warp(a, t, threadIdx.x & 31);
+    __syncthreads();
+    perm_block(a);
+}
+
+/* NT tokens: logits [NT, E] = x @ router^T by gemv_tile.cuh's tile (the bits of cuda_gemv_bf16's
+ * tiled GEMV, its L2 prefetch included), block b owning router rows [4 b, 4 b + 4); then the routing. */
+template <int NT>
+__global__ void __launch_bounds__(GT_WARPS * 32) moe_router_route_kernel(GemvArgs g, int prefetch, MoeRouteArgs a,
+                                                                         uint32_t *done) {
+    if (prefetch) gemv_tile_prefetch<0>(g, blockIdx.x);
+    pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
+    gemv_tile<NT, 0>(g, blockIdx.x);
+    route_last_block(a, done);
+}
+
+/* cuda_moe_route's argument rules. */
+static int route_args_ok(const MoeRouteArgs *args) {
+    return args && args->n >= 0 && args->n_experts >= 1 && args->n_experts <= MOE_MAX_EXPERTS && args->top_k >= 1 &&
+           args->top_k <= MOE_MAX_TOPK && args->top_k <= args->n_experts && args->logits && args->ids &&
+           args->weights && args->offsets && args->pair_tok && args->pair_w && args->pair_of && args->active &&
+           (!args->ids_ld || args->ids_ld >= args->top_k);
+}
+
+extern "C" int cuda_moe_router_route(const MoeRouteArgs *args, const float *x, const uint16_t *W, int cols,
+                                     uint32_t *done, void *stream) {
+    if (!route_args_ok(args) || args->n < 1 || args->n > CUDA_GEMV_MAX_N || args->n_experts > GT_WARPS * 32 ||
+        !x || !W || !done || cols <= 0 || cols % 8 || ((uintptr_t)W & 15) || ((uintptr_t)x & 15))
         return -1;
+    MoeRouteArgs a = *args;
+    if (!a.ids_ld) a.ids_ld = a.top_k;
+    /* logits is const for the routing that reads it; here the GEMV writes it first (the caller's
+     * writable buffer, as cu_matmul's out) */
+    GemvArgs g = gemv_args((float *)a.logits, x, W, NULL, a.n_experts, cols);
+    void (*k)(GemvArgs, int, MoeRouteArgs, uint32_t *) = NULL;
+    switch (a.n) {
+    case 1: k = moe_router_route_kernel<1>; break;
+    case 2: k = moe_router_route_kernel<2>; break;
+    case 3: k = moe_router_route_kernel<3>; break;
+    case 4: k = moe_router_route_kernel<4>; break;
+    case 5: k = moe_router_route_kernel<5>; break;
+    case 6: k = moe_router_route_kernel<6>; break;
+    case 7: k = moe_router_route_kernel<7>; break;
+    default: k = moe_router_route_kernel<8>; break;
+    }
+    pdl_launch(k, dim3((a.n_experts + GT_ROWS - 1) / GT_ROWS), dim3(GT_WARPS * 32), 0, (cudaStream_t)stream, g,
+               cuda_gemv_prefetch_enabled(), a, done);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int cuda_moe_route(const MoeRouteArgs *args, void *stream) {
+    if (!route_args_ok(args)) return -1;
     if (args->n == 0) return 0;
     MoeRouteArgs a = *args;
     if (!a.ids_ld) a.ids_ld = a.top_k;

@@ -667,12 +667,14 @@ static void moe_mlp(Runner *r, int l, int n) {
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
     int H = c->hidden, K = c->top_k, E = c->n_experts, NK = n * K;
-    be->matmul(be, r->router, r->xn, n, &w->router, NULL);
     MoeRouteArgs ra = {.logits = r->router, .ids = r->mr_ids + (size_t)model_moe_index(c, l) * K,
                        .weights = r->mr_w, .offsets = r->mr_off, .pair_tok = r->mr_tok, .pair_w = r->mr_pw,
                        .pair_of = r->mr_of, .active = r->mr_active, .n = n, .n_experts = E, .top_k = K,
                        .norm = c->norm_topk_prob, .ids_ld = r->n_moe * K};
-    be->moe_route(be, &ra);
+    if (!be->moe_router_route || be->moe_router_route(be, &ra, r->xn, &w->router)) { /* fused: the same bits */
+        be->matmul(be, r->router, r->xn, n, &w->router, NULL);
+        be->moe_route(be, &ra);
+    }
     if (n <= r->moe_rows && !r->tok_lora) {
         MoeMlpArgs ma = {.out = r->tmp, .x = r->xn, .route = &ra, .ex = moe_experts(r, l), .xg = r->xg,
                          .yg = r->xg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};

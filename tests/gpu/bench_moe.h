@@ -14,8 +14,9 @@
  * experts take the grouped GEMV or the grouped mma from a record measured as
  * start-up measures it (device_moe_gemv_crossover_on; row
  * moe30b_experts_mma_min_n, 0: never), before the batch-1 rows; batch 1 again
- * without PDL (decode_moe30b_b1_pdl_off_tok_s), and without the down GEMV's
- * unpermute epilogue (decode_moe30b_b1_unpermute_off_tok_s). Included by
+ * without PDL (decode_moe30b_b1_pdl_off_tok_s), without the down GEMV's
+ * unpermute epilogue (decode_moe30b_b1_unpermute_off_tok_s) and without the
+ * router GEMV's routing epilogue (decode_moe30b_b1_router_route_off_tok_s). Included by
  * gpu_check.c after bench_decode; not run by the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
@@ -167,15 +168,20 @@ static void bench_moe(int mid) {
         runner_kvcache_free(r, kvp);
         native_row("decode_moe30b_b1_pdl_off_tok_s", rows_out[n_rows - 1].tok_s);
     }
-    /* batch 1 again with the down GEMV and the weighted unpermute as two launches, as before the
-     * epilogue (SAMPLER_CUDA_OFF=moe_unpermute): what it saves. Row decode_moe30b_b1_unpermute_off_tok_s. */
-    if (!mid) {
+    /* batch 1 again with each of the MoE layer's epilogue fusions off (SAMPLER_CUDA_OFF): the down GEMV
+     * and the weighted unpermute, the router's GEMV and the routing, as two launches each, as before.
+     * Rows decode_moe30b_b1_unpermute_off_tok_s, decode_moe30b_b1_router_route_off_tok_s. */
+    static const struct { const char *off, *label, *row; } fusions[] = {
+        {"moe_unpermute", "moe30b unpermute off", "decode_moe30b_b1_unpermute_off_tok_s"},
+        {"moe_router_route", "moe30b router_route off", "decode_moe30b_b1_router_route_off_tok_s"},
+    };
+    for (int i = 0; i < (mid ? 0 : 2); i++) {
         KVCache *kvp = runner_kvcache_create_dtype(r, bps, BS, KV_BF16);
-        backend_cuda_off(b, "moe_unpermute", 1);
-        bench_decode(r, kvp, c, 1, bytes_b1, logits, tables, bps, "moe30b unpermute off");
-        backend_cuda_off(b, "moe_unpermute", 0);
+        backend_cuda_off(b, fusions[i].off, 1);
+        bench_decode(r, kvp, c, 1, bytes_b1, logits, tables, bps, fusions[i].label);
+        backend_cuda_off(b, fusions[i].off, 0);
         runner_kvcache_free(r, kvp);
-        native_row("decode_moe30b_b1_unpermute_off_tok_s", rows_out[n_rows - 1].tok_s);
+        native_row(fusions[i].row, rows_out[n_rows - 1].tok_s);
     }
     /* Which path should a decode step of 16-64 tokens take? The backend's rule is tokens > 8: the
      * grouped tensor-core GEMM (moe_mma.cu), not measured; at 64 tokens x top-8 over 128 experts an

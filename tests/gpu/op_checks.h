@@ -1610,6 +1610,95 @@ static void check_moe(const int *a) {
     free(u);
 }
 
+/* moe_router_route (moe_route.cu cuda_moe_router_route through the CUDA backend): the router's BF16
+ * GEMV with the routing as its epilogue, against the same backend's two ops (matmul, then moe_route)
+ * byte for byte in every output (logits, ids, weights, offsets, pair lists, active experts), on a
+ * second launch too (its block counter back at 0, or nothing would route), one kernel fewer (the
+ * emulation counts them); its logits against the CPU matmul (f32 class). More than 256 experts
+ * (a[5] = 1): refused, nothing written, the caller runs the two. */
+typedef struct { float *lg, *w, *pw; int32_t *ids, *off, *tok, *of, *act; } RouteBufs;
+static MoeRouteArgs route_bufs(RouteBufs *d, int n, int E, int K, int norm) {
+    size_t NK = (size_t)n * K;
+    d->lg = (float *)dev_poisoned(sizeof(float) * (size_t)n * E);
+    d->w = (float *)dev_poisoned(sizeof(float) * NK);
+    d->pw = (float *)dev_poisoned(sizeof(float) * NK);
+    d->ids = (int32_t *)dev_poisoned(sizeof(int32_t) * NK);
+    d->off = (int32_t *)dev_poisoned(sizeof(int32_t) * ((size_t)E + 1));
+    d->tok = (int32_t *)dev_poisoned(sizeof(int32_t) * NK);
+    d->of = (int32_t *)dev_poisoned(sizeof(int32_t) * NK);
+    d->act = (int32_t *)dev_poisoned(sizeof(int32_t) * (size_t)E);
+    MoeRouteArgs ra = {d->lg, d->ids, d->w, d->off, d->tok, d->pw, d->of, d->act, n, E, K, norm, 0};
+    return ra;
+}
+/* Every output of a routing as one host array of floats / int32 bits: logits, ids, weights, offsets,
+ * pair_tok, pair_w, pair_of, active; RouteBufs freed. */
+static float *route_result(RouteBufs *d, int n, int E, int K, size_t *count) {
+    size_t NK = (size_t)n * K, parts[8] = {(size_t)n * E, NK, NK, (size_t)E + 1, NK, NK, NK, (size_t)E};
+    const void *src[8] = {d->lg, d->ids, d->w, d->off, d->tok, d->pw, d->of, d->act};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) total += parts[i];
+    float *h = (float *)xmalloc(sizeof(float) * total);
+    for (int i = 0, o = 0; i < 8; o += (int)parts[i], i++) {
+        float *r = dev_result(src[i], parts[i]);
+        memcpy(h + o, r, sizeof(float) * parts[i]);
+        free(r);
+        cudaFree((void *)src[i]);
+    }
+    *count = total;
+    return h;
+}
+static void check_moe_router_route(const int *a) {
+    int n = a[0], E = a[1], K = a[2], norm = a[3], H = a[4], refuse = a[5];
+    char what[128];
+    WeightMat w = wmat_bf16(E, H, rand_bf16((size_t)E * H, 0, 0.05f));
+    w.dev = dev_copy(w.bf16, sizeof(uint16_t) * (size_t)E * H);
+    float *x = rand_f32((size_t)n * H, 1), *ref = (float *)xmalloc(sizeof(float) * (size_t)n * E);
+    float *dx = (float *)dev_copy(x, sizeof(float) * (size_t)n * H);
+    bc->matmul(bc, ref, x, n, &w, NULL);
+    RouteBufs d[3];
+    float *got[3];
+    size_t cnt = 0;
+    long kern[3] = {-1, -1, -1}; /* the emulation counts kernels; a GPU does not */
+    int rc[2] = {0, 0};
+    for (int run = 0; run < 3; run++) { /* the fused op twice, then the two ops */
+        MoeRouteArgs ra = route_bufs(&d[run], n, E, K, norm);
+#ifdef CUDA_EMULATION
+        long k0 = emu_kernels_run();
+#endif
+        if (run < 2) {
+            rc[run] = bg->moe_router_route(bg, &ra, dx, &w);
+        } else {
+            bg->matmul(bg, d[run].lg, dx, n, &w, NULL);
+            bg->moe_route(bg, &ra);
+        }
+#ifdef CUDA_EMULATION
+        kern[run] = emu_kernels_run() - k0;
+#endif
+        got[run] = route_result(&d[run], n, E, K, &cnt);
+    }
+    snprintf(what, sizeof what, "moe_router_route n %d E %d top %d%s [%d x %d]", n, E, K, norm ? " norm" : "", E, H);
+    if (refuse) { /* refused: nothing launched, nothing written (still the poison) */
+        int untouched = 1;
+        for (size_t i = 0; i < cnt; i++) untouched &= ((uint32_t *)got[0])[i] == 0xffffffffu;
+        int ok = rc[0] != 0 && rc[1] != 0 && untouched && kern[0] <= 0;
+        printf("  %s %s: refused (more than 256 experts), nothing written\n", ok ? "ok  " : "FAIL", what);
+        ok ? n_pass++ : n_fail++;
+    } else {
+        int same = rc[0] == 0 && rc[1] == 0 && !memcmp(got[0], got[2], sizeof(float) * cnt) &&
+                   !memcmp(got[1], got[2], sizeof(float) * cnt) && kern[2] - kern[0] == (kern[0] < 0 ? 0 : 1);
+        printf("  %s %s: the bits of matmul then moe_route in every output, on a second launch too (%ld kernels, %ld "
+               "without it; -1: not counted on a GPU)\n", same ? "ok  " : "FAIL", what, kern[0], kern[2]);
+        same ? n_pass++ : n_fail++;
+        compare_op(what, TOL_F32, ref, got[0], (size_t)n * E); /* the logits, first in the outputs */
+    }
+    for (int run = 0; run < 3; run++) free(got[run]);
+    cudaFree(w.dev);
+    cudaFree(dx);
+    free(w.bf16);
+    free(x);
+    free(ref);
+}
+
 /* Where a row runs: OC_ALL everywhere; OC_FULL on the GPU and the whole emulation, not in its
  * quick subset (EMU_QUICK, ASan's first half of the emulation: one row of each kernel and format);
  * OC_GPU on the GPU only (too big for the emulation). */
@@ -1908,6 +1997,13 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_ALL, {24, 8, 2, 1, 256, 160, 4, 0, 0}},      /* fp8 native per channel: x per token over 256 / 160 */
     {check_moe, OC_GPU, {64, 128, 8, 1, 2048, 768, 2, 0, 0}},   /* Qwen3-30B-A3B at nvfp4 */
     /* rows, cols, fmt, swiglu, pair pattern (check_moe_gemm's pats) */
+    /* n, E, top_k, norm, hidden, refused */
+    {check_moe_router_route, OC_GPU, {1, 128, 8, 1, 2048, 0}}, /* Qwen3-30B-A3B decode */
+    {check_moe_router_route, OC_ALL, {1, 8, 2, 1, 64, 0}},     /* the qwen3_moe fixture's */
+    {check_moe_router_route, OC_ALL, {3, 128, 8, 1, 64, 0}},
+    {check_moe_router_route, OC_FULL, {8, 256, 8, 0, 128, 0}}, /* the most experts, the most tokens */
+    {check_moe_router_route, OC_ALL, {2, 42, 32, 0, 32, 0}},   /* a partial row tile, top 32 */
+    {check_moe_router_route, OC_ALL, {2, 300, 4, 1, 64, 1}},   /* refused */
     {check_moe_gemm, OC_ALL, {72, 40, 0, 0, 0}},
     {check_moe_gemm, OC_ALL, {72, 136, 0, 0, 2}}, /* bf16, 5 stages: both buffers reused (a K tail of 8) */
     {check_moe_gemm, OC_FULL, {72, 40, 0, 1, 0}},

@@ -1561,12 +1561,15 @@ static void check_moe(const int *a) {
         float *again[2];
         long kern[2] = {-1, 0}; /* kernels each run launched (the emulation counts them; a GPU does not) */
         for (int off = 1; off >= 0; off--) { /* the two launches it replaces; then the epilogue once more: its
-                                              * tile counters back at 0 after a launch, or out is not written */
+                                              * tile counters back at 0 after a launch, or out is not written
+                                              * (on the emulation with the blocks run last to first) */
             CHECK(backend_cuda_off(bg, "moe_unpermute", off) == 0, "no moe_unpermute in SAMPLER_CUDA_OFF's table");
             ma.out = (float *)dev_poisoned(sizeof(float) * (size_t)n * H);
 #ifdef CUDA_EMULATION
             long k0 = emu_kernels_run();
+            emu_blocks_reverse(!off); /* the epilogue again with another block of each tile last */
             bg->moe_mlp(bg, &ma);
+            emu_blocks_reverse(0);
             kern[off] = emu_kernels_run() - k0;
 #else
             bg->moe_mlp(bg, &ma);
@@ -1613,8 +1616,8 @@ static void check_moe(const int *a) {
 /* moe_router_route (moe_route.cu cuda_moe_router_route through the CUDA backend): the router's BF16
  * GEMV with the routing as its epilogue, against the same backend's two ops (matmul, then moe_route)
  * byte for byte in every output (logits, ids, weights, offsets, pair lists, active experts), on a
- * second launch too (its block counter back at 0, or nothing would route), one kernel fewer (the
- * emulation counts them); its logits against the CPU matmul (f32 class). More than 256 experts
+ * second launch too (its block counter back at 0, or nothing would route; on the emulation with the
+ * blocks run last to first, so another block routes), one kernel fewer (the emulation counts them); its logits against the CPU matmul (f32 class). More than 256 experts
  * (a[5] = 1): refused, nothing written, the caller runs the two. */
 typedef struct { float *lg, *w, *pw; int32_t *ids, *off, *tok, *of, *act; } RouteBufs;
 static MoeRouteArgs route_bufs(RouteBufs *d, int n, int E, int K, int norm) {
@@ -1664,6 +1667,7 @@ static void check_moe_router_route(const int *a) {
         MoeRouteArgs ra = route_bufs(&d[run], n, E, K, norm);
 #ifdef CUDA_EMULATION
         long k0 = emu_kernels_run();
+        emu_blocks_reverse(run == 1); /* the second launch with another block last */
 #endif
         if (run < 2) {
             rc[run] = bg->moe_router_route(bg, &ra, dx, &w);
@@ -1673,6 +1677,7 @@ static void check_moe_router_route(const int *a) {
         }
 #ifdef CUDA_EMULATION
         kern[run] = emu_kernels_run() - k0;
+        emu_blocks_reverse(0);
 #endif
         got[run] = route_result(&d[run], n, E, K, &cnt);
     }

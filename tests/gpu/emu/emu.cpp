@@ -1,6 +1,6 @@
 /*
  * emu.cpp - the execution machinery of shim/cuda_runtime.h. Blocks run one
- * after another; the threads of a block run as fibers in one OS thread,
+ * after another (first to last, or last to first: emu_blocks_reverse); the threads of a block run as fibers in one OS thread,
  * switching only at barriers: __syncthreads waits for the block,
  * __shfl_xor_sync for the warp. Between two block barriers the warps run one
  * after another (emu_run says why). A fiber is made once per CUDA thread index
@@ -170,6 +170,8 @@ void emu_prefetch_l2(const void *p) {
     prefetches_l2.fetch_add(1, std::memory_order_relaxed);
 }
 long emu_prefetches_l2(void) { return prefetches_l2.load(); }
+static std::atomic<int> blocks_reversed; /* emu_blocks_reverse: the grid's blocks run last to first */
+void emu_blocks_reverse(int on) { blocks_reversed = on; }
 static std::atomic<int> pdl_refuse;
 void emu_pdl_refuse(int on) { pdl_refuse = on; }
 cudaError_t emu_pdl_refused(void) {
@@ -425,9 +427,11 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
         fib_owner = pthread_self();
     }
     EmuBlock blk;
-    for (unsigned bz = 0; bz < c.grid.z; bz++)
-        for (unsigned by = 0; by < c.grid.y; by++)
-            for (unsigned bx = 0; bx < c.grid.x; bx++) {
+    for (unsigned iz = 0, rev = blocks_reversed.load(); iz < c.grid.z; iz++)
+        for (unsigned iy = 0; iy < c.grid.y; iy++)
+            for (unsigned ix = 0; ix < c.grid.x; ix++) {
+                unsigned bx = rev ? c.grid.x - 1 - ix : ix, by = rev ? c.grid.y - 1 - iy : iy,
+                         bz = rev ? c.grid.z - 1 - iz : iz;
                 memset(&blk, 0, sizeof blk);
                 cur_nt = nt;
                 for (unsigned i = 0; i < nt; i++) {
@@ -532,9 +536,11 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
         pthread_detach(pool[pool_size]);
     }
     EmuBlock *blk = new EmuBlock;
-    for (unsigned bz = 0; bz < c.grid.z; bz++)
-        for (unsigned by = 0; by < c.grid.y; by++)
-            for (unsigned bx = 0; bx < c.grid.x; bx++) {
+    for (unsigned iz = 0, rev = blocks_reversed.load(); iz < c.grid.z; iz++)
+        for (unsigned iy = 0; iy < c.grid.y; iy++)
+            for (unsigned ix = 0; ix < c.grid.x; ix++) {
+                unsigned bx = rev ? c.grid.x - 1 - ix : ix, by = rev ? c.grid.y - 1 - iy : iy,
+                         bz = rev ? c.grid.z - 1 - iz : iz;
                 pthread_barrier_init(&blk->block_bar, NULL, nt);
                 for (unsigned w = 0; w < nt / 32; w++) pthread_barrier_init(&blk->warp_bar[w], NULL, 32);
                 job.bd = c.block;

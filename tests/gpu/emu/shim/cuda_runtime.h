@@ -62,6 +62,10 @@ int emu_corrupted(void);
 /* Kernels run so far (eager launches and graph replays' nodes; emu.cpp emu_submit): what a test of a
  * launch saved counts. */
 long emu_kernels_run(void);
+/* Blocks run one after another, first to last; emu_blocks_reverse(1): last to first, so a kernel
+ * whose result must not depend on which block finishes last (a last-block epilogue) is checked
+ * with another block last. */
+void emu_blocks_reverse(int on);
 int emu_corrupt(void); /* 1: this copy is the one to corrupt */
 
 /* Stream capture (graphs, emu.cpp): between cudaStreamBeginCapture and

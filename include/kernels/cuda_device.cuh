@@ -1,6 +1,7 @@
 /*
  * cuda_device.cuh - small device helpers shared by the kernels of
- * kernels/cuda/: warp reductions, BF16 unpacking, the e4m3 cast. Device code only.
+ * kernels/cuda/: warp reductions, BF16 unpacking, the e4m3 cast, the last block's
+ * count of a last-block epilogue. Device code only.
  */
 #ifndef SAMPLER_CUDA_DEVICE_CUH
 #define SAMPLER_CUDA_DEVICE_CUH
@@ -17,6 +18,24 @@ static __device__ __forceinline__ float warp_sum(float v) {
 static __device__ __forceinline__ float warp_max(float v) {
     for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
+}
+
+/* A last-block epilogue's count (CUDA's threadFenceReduction pattern): every thread of the block
+ * calls it once its global writes are done; it returns 1 in every thread of the block that counted
+ * last among `blocks` (so every write they made is visible to it), 0 in the others. That block puts
+ * *counter back to 0, so the next launch (or graph replay) finds it zero. Reads of the other
+ * blocks' writes after it go through L2 (__ldcg). Block-wide: a __syncthreads inside. */
+static __device__ __forceinline__ int last_block_done(uint32_t *counter, unsigned blocks) {
+    __shared__ int last;
+    __threadfence(); /* this thread's writes, before the block counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == blocks - 1;
+        if (last) *counter = 0; /* every block has counted */
+    }
+    __syncthreads();
+    if (last) __threadfence(); /* the other blocks' writes, seen after their count */
+    return last;
 }
 
 /* bf16 bits -> f32, exact. */

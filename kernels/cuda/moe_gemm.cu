@@ -64,48 +64,46 @@ static __device__ __forceinline__ GemvArgs moe_expert_args(const CudaMoeSeg *S, 
     return a;
 }
 
+/* The weighted unpermute's two halves, shared by moe_unpermute_kernel and the down GEMV's epilogue
+ * so their bits are one expression: token t's top_k pairs sorted by position (= ascending expert:
+ * the CPU's order of scale_add_rows) with their weights, by one thread (insertion sort of <= 32);
+ * then element c of its weighted sum over y [pairs, dim] in that order (y through L2: the
+ * epilogue reads rows other blocks wrote). */
+static __device__ __forceinline__ void unpermute_sort(const int32_t *pair_of, const float *weights, int K,
+                                                      int32_t *sp, float *sw) {
+    for (int k = 0; k < K; k++) {
+        int p = pair_of[k], j = k;
+        float w = weights[k];
+        for (; j > 0 && sp[j - 1] > p; j--) {
+            sp[j] = sp[j - 1];
+            sw[j] = sw[j - 1];
+        }
+        sp[j] = p;
+        sw[j] = w;
+    }
+}
+static __device__ __forceinline__ float unpermute_sum(const int32_t *sp, const float *sw, int K, const float *y,
+                                                      int dim, int c) {
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(sw[k], __ldcg(y + (size_t)sp[k] * dim + c)));
+    return acc;
+}
+
 /* The unpermute epilogue of the down GEMV (cuda_moe_gemv_unpermute), after the block's pair rows of
- * row tile `tile` are in y [n_pairs, rows]: the block counts itself done for its tile, and the tile's
- * last block (every expert slot's rows of it written) writes out[t, r] for the tile's rows of every
- * token t, moe_unpermute_kernel's sum in its order. Writers fence before they count and the last
- * block fences after it sees the count (CUDA's threadFenceReduction pattern) and reads y through L2
- * (__ldcg); the last block puts the counter back to 0, so the next launch (or graph replay) finds it
- * zero. Every block of the grid reaches this, empty expert slots included: the count is the slots.
+ * row tile `tile` are in y [n_pairs, rows]: every block counts itself done for its tile (empty
+ * expert slots too: the count is the slots), and the tile's last block (cuda_device.cuh
+ * last_block_done) writes out[t, r] for the tile's rows of every token t.
  * Not inlined: inlined, it raised the one- and two-pair kernels' registers (sm_90a: NVFP4 one pair 80
  * to 110, BF16 two pairs 80 to 106); called, they use 64 and 80 (44 for BF16 at one pair, was 56). */
 static __device__ __noinline__ void moe_unpermute_tile(const CudaMoeUnpermute &u, const float *y, int rows, int tile, int slots) {
     __shared__ int32_t sp[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
     __shared__ float sw[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
-    __shared__ int last;
-    __threadfence(); /* this thread's y rows, before the block counts itself done */
+    if (!last_block_done(u.tile_done + tile, (unsigned)slots)) return; /* the whole block */
+    int K = u.top_k, i = threadIdx.x;
+    if (i < u.n) unpermute_sort(u.pair_of + (size_t)i * K, u.weights + (size_t)i * K, K, sp[i], sw[i]);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(u.tile_done + tile, 1u) == (unsigned)slots - 1;
-        if (last) u.tile_done[tile] = 0; /* every block of the tile has counted */
-    }
-    __syncthreads();
-    if (!last) return; /* the whole block: last is shared */
-    __threadfence();   /* the other blocks' rows, seen after their count */
-    int K = u.top_k;
-    if ((int)threadIdx.x < u.n) { /* token t's pairs by position, as moe_unpermute_kernel sorts them */
-        int t = threadIdx.x;
-        for (int k = 0; k < K; k++) {
-            int p = u.pair_of[(size_t)t * K + k], j = k;
-            float w = u.weights[(size_t)t * K + k];
-            for (; j > 0 && sp[t][j - 1] > p; j--) {
-                sp[t][j] = sp[t][j - 1];
-                sw[t][j] = sw[t][j - 1];
-            }
-            sp[t][j] = p;
-            sw[t][j] = w;
-        }
-    }
-    __syncthreads();
-    int i = threadIdx.x, t = i / GT_ROWS, r = tile * GT_ROWS + i % GT_ROWS;
-    if (t >= u.n || r >= rows) return;
-    float acc = 0.f;
-    for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(sw[t][k], __ldcg(y + (size_t)sp[t][k] * rows + r)));
-    u.out[(size_t)t * rows + r] = acc;
+    int t = i / GT_ROWS, r = tile * GT_ROWS + i % GT_ROWS;
+    if (t < u.n && r < rows) u.out[(size_t)t * rows + r] = unpermute_sum(sp[t], sw[t], K, y, rows, r);
 }
 
 /* u.out NULL: the grouped GEMV alone (cuda_moe_gemv); else with the unpermute epilogue over seg 0
@@ -261,32 +259,16 @@ extern "C" int cuda_moe_gemv_swiglu(CudaMoeGemv *g, float *act, void *stream) {
     return 0;
 }
 
-/* Block t sums token t's top_k pair rows of y, weighted, in ascending pair
- * order (= ascending expert: the CPU's order of scale_add_rows). */
+/* Block t sums token t's top_k pair rows of y, weighted, in ascending pair order. */
 __global__ void moe_unpermute_kernel(float *out, const float *y, const int32_t *pair_of, const float *weights, int K,
                                      int dim) {
     __shared__ int32_t sp[MOE_MAX_TOPK];
     __shared__ float sw[MOE_MAX_TOPK];
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access */
     int t = blockIdx.x;
-    if (threadIdx.x == 0) { /* insertion sort of <= 32 pairs by position */
-        for (int k = 0; k < K; k++) {
-            int p = pair_of[(size_t)t * K + k], j = k;
-            float w = weights[(size_t)t * K + k];
-            for (; j > 0 && sp[j - 1] > p; j--) {
-                sp[j] = sp[j - 1];
-                sw[j] = sw[j - 1];
-            }
-            sp[j] = p;
-            sw[j] = w;
-        }
-    }
+    if (threadIdx.x == 0) unpermute_sort(pair_of + (size_t)t * K, weights + (size_t)t * K, K, sp, sw);
     __syncthreads();
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        float acc = 0.f;
-        for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(sw[k], y[(size_t)sp[k] * dim + c]));
-        out[(size_t)t * dim + c] = acc;
-    }
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) out[(size_t)t * dim + c] = unpermute_sum(sp, sw, K, y, dim, c);
 }
 
 extern "C" int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const float *weights, int n,

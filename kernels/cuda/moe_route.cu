@@ -164,21 +164,11 @@ __global__ void __launch_bounds__(MP_THREADS) moe_route_fused_kernel(MoeRouteArg
 
 /* The router's GEMV with the routing as its epilogue (cuda_moe_router_route): after its tile of the
  * logits, each block counts itself done (*done); the last one (every logit written) runs
- * moe_route_fused_kernel's body on them and puts the count back to 0 for the next launch. Writers
- * fence before they count, the last block after it sees the count (CUDA's threadFenceReduction
- * pattern); topk_warp reads the logits through L2. blockDim.x >= n_experts (perm_block's thread per
+ * moe_route_fused_kernel's body on them (cuda_device.cuh last_block_done; topk_warp reads the
+ * logits through L2). blockDim.x >= n_experts (perm_block's thread per
  * expert): the launcher's rule. Not inlined: its shared staging and registers stay out of the tile's. */
 static __device__ __noinline__ void route_last_block(const MoeRouteArgs &a, uint32_t *done) {
-    __shared__ int last;
-    __threadfence(); /* this thread's logits, before the block counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-        if (last) *done = 0; /* every block has counted */
-    }
-    __syncthreads();
-    if (!last) return; /* the whole block: last is shared */
-    __threadfence();   /* the other blocks' logits, seen after their count */
+    if (!last_block_done(done, gridDim.x)) return; /* the whole block */
     for (int t = threadIdx.x >> 5; t < a.n; t += blockDim.x >> 5) topk_warp(a, t, threadIdx.x & 31);
     __syncthreads();
     perm_block(a);

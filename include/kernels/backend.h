@@ -182,6 +182,13 @@ struct Backend {
                         float eps);
     /* out[n, w->rows] = x[n, w->cols] @ W^T (+ bias[w->rows] bf16) */
     void (*matmul)(Backend *b, float *out, const float *x, int n, const WeightMat *w, const uint16_t *bias);
+    /* Optional (NULL: forward.c issues matmul then add_rmsnorm): the residual projection with the
+     * residual add and the next norm, x[n, w->rows] += in[n, w->cols] @ W^T (+ bias), then out =
+     * rmsnorm(x) * norm_w, the bits of matmul into a buffer then add_rmsnorm on this backend. 0, or -1
+     * when it does not take this step (CUDA: n > 1, format, the matrix's path; nothing issued): the
+     * caller runs the two. out aliases neither x nor in. */
+    int (*matmul_add_rmsnorm)(Backend *b, float *out, float *x, const float *in, int n, const WeightMat *w,
+                              const uint16_t *bias, const uint16_t *norm_w, float eps);
     /* per head: optional RMSNorm (norm_w [head_dim] bf16 or NULL) then RoPE with
      * the cos/sin tables cs, sn [max_ctx, head_dim/2] f32 at row pos[t] (int32 [n])
      * for token t; x [n, n_heads * head_dim] in place */

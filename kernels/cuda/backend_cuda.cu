@@ -106,8 +106,11 @@ typedef struct CudaCtx {
     void *sw_arena;    /* the native NVFP4 matrices' dev_scale_sw, one allocation (at creation) */
     int native_warned; /* a refused native GEMM was logged */
     /* SAMPLER_CUDA_OFF: take the paths these kernels replaced */
-    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu, off_moe_unpermute, off_router_route;
+    int off_attn_mma, off_attn_dec_mma, off_moe_mma, off_gemv_mma, off_swiglu, off_moe_unpermute, off_router_route,
+        off_add_norm;
     uint32_t *route_done; /* [1] uint32, 0 between launches: the router GEMV's blocks done (cu_moe_router_route) */
+    uint32_t *norm_done;  /* [1] uint32, 0 between launches: the residual projection's blocks done
+                           * (cu_matmul_add_rmsnorm) */
     uint32_t *moe_done; /* [moe_done_cap / 4] uint32, all 0 between launches: the row tiles' done counts of the
                          * routed experts' down GEMV with the unpermute epilogue (sized by cu_reserve) */
     size_t moe_done_cap;
@@ -846,6 +849,26 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
     }
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
+/* The residual projection with the add and the next norm as its epilogue (matmul_add_norm.cu), at one
+ * token where cu_matmul would run the tiled GEMV (no native GEMM, not the tensor-core tile): the bits
+ * of cu_matmul into a buffer then cu_add_rmsnorm, the norm's split included (norm_split). */
+static int cu_matmul_add_rmsnorm(Backend *b, float *out, float *x, const float *in, int n, const WeightMat *w,
+                                 const uint16_t *bias, const uint16_t *norm_w, float eps) {
+    CudaCtx *c = ctx(b);
+    GemvMulti m;
+    int fmt;
+    float *outs[1] = {out}; /* not written: the seg's out must be set */
+    const WeightMat *ws[1] = {w};
+    const uint16_t *bs[1] = {bias};
+    if (c->off_add_norm || n != 1 || !w->dev || !gemv_multi_build(c, &m, &fmt, outs, in, n, ws, bs, 1) || m.mma)
+        return -1;
+    GemvAddNorm an = {x, out, norm_w, eps, norm_split(c, out, n, w->rows), c->norm_done};
+    if (cuda_gemv_add_rmsnorm(&m, &an, n, fmt, st(b))) {
+        xs_clear(c);
+        return -1;
+    }
+    return 0;
+}
 static void cu_swiglu(Backend *b, float *out, const float *g, const float *u, int n) {
     xs_clear(ctx(b));
     LAUNCH_OK(cuda_swiglu(out, g, u, (size_t)n, st(b)));
@@ -1270,7 +1293,7 @@ static void cu_free(Backend *b) {
     if (c->rw_pin) CUDA_CHECK(cudaFreeHost(c->rw_pin));
     for (int i = 0; c->up && i < UP_SEGS; i++) CUDA_CHECK(cudaEventDestroy(c->up_ev[i]));
     void *bufs[] = {c->arena, c->xbf, c->xsplit, c->part, c->blas_ws, c->sc_dev, c->nq, c->ns, c->nsf, c->wsf,
-                    c->sw_arena, c->lora_h, c->lora_rows_d, c->moe_done, c->route_done};
+                    c->sw_arena, c->lora_h, c->lora_rows_d, c->moe_done, c->route_done, c->norm_done};
     cuda_lt_free(c->lt);
     free(c->sc_host);
     free(c->lora_rows);
@@ -1345,6 +1368,7 @@ static void off_swiglu(Backend *b, int off) {
 }
 static void off_moe_unpermute(Backend *b, int off) { ctx(b)->off_moe_unpermute = off; }
 static void off_router_route(Backend *b, int off) { ctx(b)->off_router_route = off; }
+static void off_add_norm(Backend *b, int off) { ctx(b)->off_add_norm = off; }
 static void off_moe_mlp(Backend *b, int off) { b->moe_mlp = off ? NULL : cu_moe_mlp; }
 static void off_graphs(Backend *b, int off) { b->graph_begin = off ? NULL : cu_graph_begin; }
 static const CudaOff CUDA_OFF[] = {
@@ -1358,6 +1382,8 @@ static const CudaOff CUDA_OFF[] = {
     {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
     {"moe_unpermute", "the routed experts' down GEMV then the weighted unpermute, two launches", off_moe_unpermute},
     {"moe_router_route", "the MoE router's GEMV then the routing, two launches", off_router_route},
+    {"matmul_add_rmsnorm", "the residual projection (o, down) then the residual add + RMSNorm, two launches",
+     off_add_norm},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},
     {"pdl", "each kernel of a step starts only once the one before it ended (no programmatic dependent launch)",
@@ -1427,6 +1453,8 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     CUDA_CHECK(cudaMalloc((void **)&c->part, c->part_cap));
     CUDA_CHECK(cudaMalloc((void **)&c->route_done, sizeof(uint32_t)));
     CUDA_CHECK(cudaMemsetAsync(c->route_done, 0, sizeof(uint32_t), c->stream));
+    CUDA_CHECK(cudaMalloc((void **)&c->norm_done, sizeof(uint32_t)));
+    CUDA_CHECK(cudaMemsetAsync(c->norm_done, 0, sizeof(uint32_t), c->stream));
     CUDA_CHECK(cudaMallocHost((void **)&c->up, UP_SEGS * UP_SEG_BYTES));
     CUDA_CHECK(cudaMallocHost((void **)&c->rw_pin, RW_CHUNK));
     for (int i = 0; i < UP_SEGS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->up_ev[i], cudaEventDisableTiming));
@@ -1447,6 +1475,7 @@ static Backend *cuda_backend_new(int head_dim, int max_ctx, int resident) {
     b->embed = cu_embed;
     b->rmsnorm = cu_rmsnorm;
     b->add_rmsnorm = cu_add_rmsnorm;
+    b->matmul_add_rmsnorm = cu_matmul_add_rmsnorm;
     b->matmul = cu_matmul;
     b->matmul_multi = cu_matmul_multi;
     b->norm_rope = cu_norm_rope;

@@ -551,7 +551,8 @@ static void step_prepare(Runner *r, const KVCache *kv, const Batch *b, Step *st,
 /* Attention of layer l on the normed input xn, in three parts: the
  * projections, RoPE and the K/V cache write (attn_pre), attention proper
  * (attn_core, the only op whose launch shape depends on the positions and the
- * block tables), and the output projection into tmp (attn_post). */
+ * block tables), and the output projection o with the residual add and the next norm
+ * (segment_ops: proj_add_norm). */
 static KvWriteArgs kv_args(Runner *r, KVCache *kv, int l, const Step *st, int n) {
     size_t rows_off = (size_t)l * kv->n_blocks * kv->block_size * kv->n_kv_heads; /* layer l's first row */
     size_t byte_off = rows_off * kv->head_dim * kv_dtype_elem(kv->dtype);
@@ -603,10 +604,10 @@ static void attn_core(Runner *r, KVCache *kv, int l, const Step *st, int n) {
     r->b->attention(r->b, &a);
 }
 
-static void attn_post(Runner *r, int l, int n) {
-    const LayerWeights *w = &r->m->layers[l];
-    r->b->matmul(r->b, r->tmp, r->att, n, &w->o, VEC(r, w->o_bias));
-    lora_apply(r, r->tmp, r->att, n, (LoraAt){l, -1, NULL}, LT_O);
+/* A block's output projection w of in into tmp, with its LoRA update. */
+static void proj(Runner *r, const WeightMat *w, const float *in, const uint16_t *bias, int n, LoraAt at, LoraTarget t) {
+    r->b->matmul(r->b, r->tmp, in, n, w, bias);
+    lora_apply(r, r->tmp, in, n, at, t);
 }
 
 /* The residual add of a block's output (tmp) and the norm of the next block's input. */
@@ -621,13 +622,24 @@ static void add_norm(Runner *r, const uint16_t *norm_w, int n) {
     be->rmsnorm(be, r->xn, r->x, norm_w, n, c->hidden, c->rms_eps);
 }
 
-/* at: whose LoRA pairs apply (a layer's MLP or one of its routed experts). */
-static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
-                      const float *in, float *out, int n, LoraAt at) {
+/* proj then add_norm: one op where the backend fuses them (the same bits), not on a LoRA step
+ * (its update joins the projection's output before the add). */
+static void proj_add_norm(Runner *r, const WeightMat *w, const float *in, const uint16_t *bias,
+                          const uint16_t *norm_w, int n, LoraAt at, LoraTarget t) {
+    Backend *be = r->b;
+    if (be->matmul_add_rmsnorm && !r->tok_lora &&
+        be->matmul_add_rmsnorm(be, r->xn, r->x, in, n, w, bias, norm_w, r->m->cfg.rms_eps) == 0)
+        return;
+    proj(r, w, in, bias, n, at, t);
+    add_norm(r, norm_w, n);
+}
+
+/* An MLP's first half: g = silu(in @ gate^T) * (in @ up^T), LoRA updates included. at: whose LoRA
+ * pairs apply (a layer's MLP or one of its routed experts). */
+static void mlp_act(Runner *r, const WeightMat *gate, const WeightMat *up, const float *in, int n, LoraAt at) {
     Backend *be = r->b;
     if (be->matmul_swiglu && !r->tok_lora) { /* LoRA updates g and u between the matmuls and the swiglu */
         be->matmul_swiglu(be, r->g, in, n, gate, up, r->g, r->u);
-        be->matmul(be, out, r->g, n, down, NULL);
         return;
     }
     if (be->matmul_multi) {
@@ -642,7 +654,13 @@ static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, con
     lora_apply(r, r->g, in, n, at, LT_GATE);
     lora_apply(r, r->u, in, n, at, LT_UP);
     be->swiglu(be, r->g, r->g, r->u, n * gate->rows);
-    be->matmul(be, out, r->g, n, down, NULL);
+}
+
+/* The whole MLP into out (a routed expert's, on the path that runs them one by one). */
+static void dense_mlp(Runner *r, const WeightMat *gate, const WeightMat *up, const WeightMat *down,
+                      const float *in, float *out, int n, LoraAt at) {
+    mlp_act(r, gate, up, in, n, at);
+    r->b->matmul(r->b, out, r->g, n, down, NULL);
     lora_apply(r, out, r->g, n, at, LT_DOWN);
 }
 
@@ -698,7 +716,7 @@ static void moe_mlp(Runner *r, int l, int n) {
 
 /* The ops of a step between two attentions: segment 0 is the embedding, the
  * first norm and layer 0's attn_pre; segment s (1 <= s <= n_layers) is layer
- * s-1's attn_post and MLP and, below the last layer, layer s's attn_pre (its
+ * s-1's output projection and MLP and, below the last layer, layer s's attn_pre (its
  * K/V write into kv included). They read only runner buffers, the weights, the
  * RoPE tables and st's token / position / slot copies, and write kv at those
  * slots: a graph of one replays any step of the same token count on kv. */
@@ -713,18 +731,21 @@ static void segment_ops(Runner *r, KVCache *kv, const Step *st, int s, int n) {
         attn_pre(r, kv, 0, st, n);
         return;
     }
-    int l = s - 1;
-    attn_post(r, l, n);
-    add_norm(r, VEC(r, m->layers[l].mlp_norm), n);
-    if (model_layer_is_moe(c, l)) moe_mlp(r, l, n);
-    else dense_mlp(r, &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down, r->xn, r->tmp, n,
-                   (LoraAt){l, -1, NULL});
-    if (l + 1 < c->n_layers) {
-        add_norm(r, VEC(r, m->layers[l + 1].attn_norm), n);
-        attn_pre(r, kv, l + 1, st, n);
+    int l = s - 1, last = l + 1 == c->n_layers;
+    const LayerWeights *w = &m->layers[l];
+    LoraAt at = {l, -1, NULL};
+    const uint16_t *next_norm = last ? NULL : VEC(r, m->layers[l + 1].attn_norm);
+    proj_add_norm(r, &w->o, r->att, VEC(r, w->o_bias), VEC(r, w->mlp_norm), n, at, LT_O);
+    if (model_layer_is_moe(c, l)) {
+        moe_mlp(r, l, n);
+        if (!last) add_norm(r, next_norm, n);
     } else {
-        be->add(be, r->x, r->tmp, n * H);
+        mlp_act(r, &w->gate, &w->up, r->xn, n, at);
+        if (!last) proj_add_norm(r, &w->down, r->g, NULL, next_norm, n, at, LT_DOWN);
+        else proj(r, &w->down, r->g, NULL, n, at, LT_DOWN);
     }
+    if (!last) attn_pre(r, kv, l + 1, st, n);
+    else be->add(be, r->x, r->tmp, n * H);
 }
 
 /* The output rows: gather, final norm, lm_head. */

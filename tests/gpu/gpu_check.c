@@ -999,6 +999,12 @@ static int mm_swiglu_call(WeightMat *ws, float *g, float *u, const float *x) {
     return 0;
 }
 
+/* matmul_add_rmsnorm at batch 1 (the residual projection with the add + norm epilogue): x += in @ w^T,
+ * xn = rmsnorm(x). */
+static int mm_add_norm_call(const WeightMat *w, float *x, float *xn, const float *in, const uint16_t *wn, float eps) {
+    return bg->matmul_add_rmsnorm(bg, xn, x, in, 1, w, NULL, wn, eps);
+}
+
 static void bench_ops(const Model *m, double step_ms) {
     const ModelConfig *c = &m->cfg;
     int L = c->n_layers, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, I = c->intermediate;
@@ -1038,7 +1044,7 @@ static void bench_ops(const Model *m, double step_ms) {
     WeightMat qkv[3] = {lw->q, lw->k, lw->v}, gu[3] = {lw->gate, lw->up, lw->up};
     float *qkv_out[3] = {q, k, v}, *gu_out[3] = {g, u, u};
     TIME_OP("embed", 1, cuda_embed(x, m->embed.dev, ip + 3, 1, H, NULL));
-    TIME_OP("add_rmsnorm (2 per layer)", 2 * L, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL, NULL));
+    TIME_OP("add_rmsnorm (unfused)", 0, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, NULL, NULL));
     void *xsplit = NULL; /* FP8 / NVFP4 steps: the norm also writes the tensor-core GEMV's split of xn */
     CUDA_CHECK(cudaMalloc(&xsplit, cuda_gemv_mma_scratch(1, H)));
     TIME_OP("add_rmsnorm + x split (fp8)", 0, cuda_add_rmsnorm(xn, x, y, wn, 1, H, c->rms_eps, xsplit, NULL));
@@ -1053,12 +1059,16 @@ static void bench_ops(const Model *m, double step_ms) {
     TIME_OP("kv_write (unfused)", 0, cuda_kv_write(&kw, NULL));
     TIME_OP("rope_kv_write (q/k rope + kv)", L, cuda_rope_kv_write(&rk, NULL));
     TIME_OP("attention (ctx 512, bf16 KV)", L, cuda_attention(&a, part, splits, NULL));
-    TIME_OP("o GEMV", L, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
+    TIME_OP("o GEMV (unfused)", 0, cuda_gemv_bf16(y, att, 1, lw->o.bf16, H, nh * hd, NULL, NULL));
     CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(mm_add_norm_call(&lw->o, x, xn, att, wn, c->rms_eps) == 0, "op bench: the o GEMV's add + norm refused");
+    TIME_OP_BG("o GEMV + add_rmsnorm", L, mm_add_norm_call(&lw->o, x, xn, att, wn, c->rms_eps));
     TIME_OP_BG("gate/up GEMV (unfused)", 0, mm_multi_call(gu, gu_out, xn, 2));
     TIME_OP("swiglu (unfused)", 0, cuda_swiglu(g, g, u, (size_t)I, NULL));
     TIME_OP_BG("gate/up GEMV + swiglu", L, mm_swiglu_call(gu, g, u, xn));
-    TIME_OP("down GEMV", L, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
+    TIME_OP("down GEMV (unfused)", 0, cuda_gemv_bf16(y, g, 1, lw->down.bf16, H, I, NULL, NULL));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    TIME_OP_BG("down GEMV + add_rmsnorm", L, mm_add_norm_call(&lw->down, x, xn, g, wn, c->rms_eps));
     TIME_OP("lm_head GEMV", 1, cuda_gemv_bf16(logits, xn, 1, m->lm_head.bf16, c->vocab, H, NULL, NULL));
     double sum = 0;
     printf("  decode step at batch 1, BF16, op by op (each timed alone):\n");
@@ -1193,13 +1203,15 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
 }
 
 /* bench_native.h's decode rows, from the bench rows of that name prefix:
- * batch 1 of bf16 (and again without PDL, without the GEMVs' prefetch) and weight-only fp8 / nvfp4
+ * batch 1 of bf16 (and again without PDL, without the GEMVs' prefetch, without the residual projection's
+ * add + norm epilogue) and weight-only fp8 / nvfp4
  * (and again with the norms' split of x off, bench_quant), batch 32 / 128 of native fp8. Each is
  * written once, by the first section after its bench row exists. */
 static struct { const char *prefix, *row; int done; } native_decode[] = {
     {"bf16 decode batch 1 ", "decode_bf16_b1_tok_s", 0},
     {"bf16 pdl off decode batch 1 ", "decode_bf16_b1_pdl_off_tok_s", 0},
     {"bf16 prefetch off decode batch 1 ", "decode_bf16_b1_prefetch_off_tok_s", 0},
+    {"bf16 add_norm off decode batch 1 ", "decode_bf16_b1_add_norm_off_tok_s", 0},
     {"fp8 decode batch 1 ", "decode_fp8_b1_tok_s", 0},
     {"fp8 presplit off decode batch 1 ", "decode_fp8_b1_presplit_off_tok_s", 0},
     {"nvfp4 decode batch 1 ", "decode_nvfp4_b1_tok_s", 0},
@@ -1370,11 +1382,15 @@ static void section_attn_decode(void) {
 /* Batch 1 with a process-wide switch off (set(0), then set(1) again): on a fresh one-sequence cache, so
  * the step is captured again with it off (forward.c keys graphs to the cache; a captured launch keeps
  * what it was launched with), freed after. */
-static void bench_b1_without(DenseBench *d, void (*set)(int), const char *label) {
-    KVCache *kv = runner_kvcache_create_dtype(d->r, d->bps_dec, BS, KV_BF16);
-    set(0);
+/* set: a process-wide switch (cuda_pdl_enable, ...) or NULL; off: else a SAMPLER_CUDA_OFF row of the
+ * runner's backend (backend_cuda_off). */
+static void bench_b1_without(DenseBench *d, void (*set)(int), const char *off, const char *label) {
+    KVCache *kv = runner_kvcache_create_dtype(d->r, d->bps_dec, BS, KV_BF16); /* new graphs (keyed to the cache) */
+    if (set) set(0);
+    else CHECK(backend_cuda_off(d->b, off, 1) == 0, "bench: no SAMPLER_CUDA_OFF row %s", off);
     bench_decode(d->r, kv, &d->m->cfg, 1, d->weight_bytes, d->logits, d->tables, d->bps_dec, label);
-    set(1);
+    if (set) set(1);
+    else backend_cuda_off(d->b, off, 0);
     runner_kvcache_free(d->r, kv);
     bench_native_decode_rows();
 }
@@ -1393,9 +1409,11 @@ static void section_decode(void) {
     runner_kvcache_free(d->r, kvf);
     /* batch 1 without programmatic dependent launch (cuda_pdl.cuh): what it saves; then without the
      * GEMVs' L2 weight prefetch before their wait: what that adds to it */
-    if (cuda_pdl_enabled()) bench_b1_without(d, cuda_pdl_enable, "bf16 pdl off");
+    if (cuda_pdl_enabled()) bench_b1_without(d, cuda_pdl_enable, NULL, "bf16 pdl off");
     else printf("  bf16 pdl off: programmatic dependent launch is not on here (binary or device before sm_90)\n");
-    bench_b1_without(d, cuda_gemv_prefetch_enable, "bf16 prefetch off");
+    bench_b1_without(d, cuda_gemv_prefetch_enable, NULL, "bf16 prefetch off");
+    /* and with o / down then add_rmsnorm as two launches each (matmul_add_norm.cu's epilogue off) */
+    bench_b1_without(d, NULL, "matmul_add_rmsnorm", "bf16 add_norm off");
 }
 
 /* the measured batch-1 step the op breakdown is held against (0: not measured in this process) */

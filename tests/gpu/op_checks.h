@@ -682,6 +682,107 @@ static void check_matmul_swiglu(const int *a) {
     free(x); free(g); free(u); free(ref); free(got); free(got2);
 }
 
+/* matmul_add_rmsnorm (backend.h; matmul_add_norm.cu): the residual projection w [rows, cols] in format
+ * fmt of in [n, cols], added into the residual x [n, rows], then the next norm. Against the CPU ops it
+ * stands for (matmul, add, rmsnorm: f32 class), and bitwise against the same backend's two ops (matmul
+ * into y, add_rmsnorm): x and out, on a second launch too with the blocks run last to first on the
+ * emulation (another block norms), one kernel fewer (the emulation counts them). split: the norm's
+ * split of out is asked for (presplit on); an NVFP4 tensor-core GEMV over out after each path then
+ * reads it without splitting and must give the same bits. mma > 0 (w's tensor-core record) or n > 1:
+ * the fused op refuses (nothing launched, nothing written). */
+static void check_matmul_add_rmsnorm(const int *a) {
+    int fmt = a[0], n = a[1], rows = a[2], cols = a[3], bias_on = a[4], split = a[5], mma = a[6];
+    size_t NX = (size_t)n * rows, NI = (size_t)n * cols;
+    float *x = rand_f32(NX, 3), *in = rand_f32(NI, 1), *y = (float *)xmalloc(sizeof(float) * NX);
+    float *ref = (float *)xmalloc(sizeof(float) * NX), *xr = (float *)xmalloc(sizeof(float) * NX);
+    uint16_t *nw = rand_bf16(rows, 1, 0.5f), *bias = bias_on ? rand_bf16(rows, 0, 0.5f) : NULL;
+    WeightMat hw, dw, h2, d2;
+    QuantFp8 q8, q28;
+    QuantNvfp4 q4, q24;
+    void *dev[2], *dev2[2];
+    test_weight(fmt, rows, cols, 0.05f, &hw, &dw, &q8, &q4, dev);
+    if (split) test_weight(2, 16, rows, 0.05f, &h2, &d2, &q28, &q24, dev2); /* the GEMV after: NVFP4, tensor cores */
+    d2.mma_min_n = 1;
+    dw.mma_min_n = mma;
+    bc->matmul(bc, y, in, n, &hw, bias);
+    memcpy(xr, x, sizeof(float) * NX);
+    bc->add(bc, xr, y, (int)NX);
+    bc->rmsnorm(bc, ref, xr, nw, n, rows, 1e-6f);
+    float *din = (float *)dev_copy(in, sizeof(float) * NI), *dx = (float *)dev_copy(x, sizeof(float) * NX);
+    float *dout = (float *)dev_poisoned(sizeof(float) * NX), *dy = (float *)dev_poisoned(sizeof(float) * NX);
+    float *dnext = (float *)dev_poisoned(sizeof(float) * (size_t)n * 16);
+    uint16_t *dnw = (uint16_t *)dev_copy(nw, sizeof(uint16_t) * rows);
+    uint16_t *dbias = bias ? (uint16_t *)dev_copy(bias, sizeof(uint16_t) * rows) : NULL;
+    bg->reserve(bg, CUDA_GEMV_MAX_N, rows > cols ? rows : cols);
+    backend_cuda_gemv_presplit(bg, split ? 1 : 0);
+    float *gx[3], *go[3], *gn[3];
+    int rc[2] = {0, 0};
+    long kern[3] = {-1, -1, -1}, kn[3] = {-1, -1, -1}; /* the emulation counts kernels; a GPU does not */
+    for (int run = 0; run < 3; run++) { /* the fused op twice, then the two ops */
+        CUDA_CHECK(cudaMemcpy(dx, x, sizeof(float) * NX, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(dout, 0xff, sizeof(float) * NX));
+        CUDA_CHECK(cudaDeviceSynchronize());
+#ifdef CUDA_EMULATION
+        long k0 = emu_kernels_run();
+        emu_blocks_reverse(run == 1); /* the second launch with another block last */
+#endif
+        if (run < 2) {
+            rc[run] = bg->matmul_add_rmsnorm(bg, dout, dx, din, n, &dw, dbias, dnw, 1e-6f);
+        } else {
+            bg->matmul(bg, dy, din, n, &dw, dbias);
+            bg->add_rmsnorm(bg, dout, dx, dy, dnw, n, rows, 1e-6f);
+        }
+#ifdef CUDA_EMULATION
+        kern[run] = emu_kernels_run() - k0;
+        emu_blocks_reverse(0);
+        k0 = emu_kernels_run();
+#endif
+        if (split) bg->matmul(bg, dnext, dout, n, &d2, NULL); /* reads the norm's split of out */
+#ifdef CUDA_EMULATION
+        kn[run] = emu_kernels_run() - k0;
+#endif
+        gx[run] = dev_result(dx, NX);
+        go[run] = dev_result(dout, NX);
+        gn[run] = split ? dev_result(dnext, (size_t)n * 16) : NULL;
+    }
+    backend_cuda_gemv_presplit(bg, 0);
+    const char *fn = fmt == 0 ? "bf16" : fmt == 1 ? "fp8" : "nvfp4";
+    char what[160];
+    snprintf(what, sizeof what, "%s matmul_add_rmsnorm n %d [%d x %d]%s%s%s", fn, n, rows, cols, bias ? " bias" : "",
+             split ? " split" : "", mma ? " mma" : "");
+    if (mma || n > 1) { /* refused: nothing launched, nothing written */
+        int untouched = !memcmp(gx[0], x, sizeof(float) * NX);
+        for (size_t i = 0; i < NX; i++) untouched &= isnan(go[0][i]);
+        int ok = rc[0] != 0 && rc[1] != 0 && untouched && kern[0] <= 0;
+        printf("  %s %s: refused (%s), nothing written\n", ok ? "ok  " : "FAIL", what,
+               mma ? "the tensor-core GEMV's record" : "more than one token");
+        ok ? n_pass++ : n_fail++;
+    } else {
+        int same = rc[0] == 0 && rc[1] == 0 && kern[2] - kern[0] == (kern[0] < 0 ? 0 : 1);
+        for (int run = 0; run < 2; run++) {
+            same &= !memcmp(gx[run], gx[2], sizeof(float) * NX) && !memcmp(go[run], go[2], sizeof(float) * NX);
+            if (split) same &= !memcmp(gn[run], gn[2], sizeof(float) * (size_t)n * 16) && kn[run] == kn[2];
+        }
+        printf("  %s %s: the bits of matmul then add_rmsnorm in x and out%s, on a second launch too (%ld kernels, %ld "
+               "without it; -1: not counted on a GPU)\n", same ? "ok  " : "FAIL", what,
+               split ? " and the next GEMV's" : "", kern[0], kern[2]);
+        same ? n_pass++ : n_fail++;
+        char lab[192];
+        snprintf(lab, sizeof lab, "%s: residual", what);
+        compare_op(lab, TOL_F32, xr, gx[0], NX);
+        snprintf(lab, sizeof lab, "%s: normed", what);
+        compare_op(lab, TOL_F32, ref, go[0], NX);
+    }
+    for (int run = 0; run < 3; run++) {
+        free(gx[run]); free(go[run]); free(gn[run]);
+    }
+    test_weight_free(fmt, &hw, dev);
+    if (split) test_weight_free(2, &h2, dev2);
+    cudaFree(din); cudaFree(dx); cudaFree(dout); cudaFree(dy); cudaFree(dnext); cudaFree(dnw);
+    if (dbias) cudaFree(dbias);
+    free(x); free(in); free(y); free(ref); free(xr); free(nw); free(bias);
+}
+
 /* Delta scatter and its read-back (scatter.cu) against the host loop: distinct
  * indices (plus one repeat of the same value and two out of range), exact. */
 static void check_scatter(const int *a) {
@@ -1782,6 +1883,20 @@ static const OpCheck OP_CHECKS[] = {
     {check_qgemv, OC_GPU, {1, 1, 4096, 4096, 0, 0, 0, 1}}, {check_qgemv, OC_GPU, {1, 8, 12288, 4096, 0, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 4096, 4096, FP8B, 0, 0, 1}}, {check_qgemv, OC_GPU, {0, 8, 12288, 4096, FP8B, 1, 0, 1}},
     {check_qgemv, OC_GPU, {0, 1, 1024, 4096, FP8C, 0, 0, 1}},
+    /* fmt, n, rows, cols, bias, split (the norm's split for an NVFP4 tensor-core GEMV after it), mma
+     * (w's tensor-core record: refused): the residual projection with the add and the norm */
+    {check_matmul_add_rmsnorm, OC_ALL, {0, 1, 256, 384, 1, 0, 0}},
+    {check_matmul_add_rmsnorm, OC_ALL, {0, 1, 258, 136, 0, 0, 0}}, /* a partial tile; the norm's scalar loads */
+    {check_matmul_add_rmsnorm, OC_FULL, {0, 1, 4100, 256, 1, 0, 0}}, /* past 4096: the norm reads x again */
+    {check_matmul_add_rmsnorm, OC_ALL, {1, 1, 256, 512, 1, 1, 0}},
+    {check_matmul_add_rmsnorm, OC_ALL, {2, 1, 256, 256, 0, 1, 0}},
+    {check_matmul_add_rmsnorm, OC_FULL, {2, 1, 288, 512, 1, 0, 0}},
+    {check_matmul_add_rmsnorm, OC_ALL, {0, 2, 256, 384, 0, 0, 0}}, /* refused: two tokens */
+    {check_matmul_add_rmsnorm, OC_ALL, {1, 1, 256, 384, 0, 0, 1}}, /* refused: the tensor-core tile */
+    {check_matmul_add_rmsnorm, OC_GPU, {0, 1, 4096, 4096, 0, 0, 0}},
+    {check_matmul_add_rmsnorm, OC_GPU, {0, 1, 4096, 12288, 0, 0, 0}},
+    {check_matmul_add_rmsnorm, OC_GPU, {1, 1, 4096, 4096, 1, 1, 0}},
+    {check_matmul_add_rmsnorm, OC_GPU, {2, 1, 5120, 17408, 0, 0, 0}},
     /* fmt (1 fp8 128x128, 2 nvfp4), n, rows, cols, kind (0 rmsnorm, 1 add_rmsnorm, 2 rmsnorm in place):
      * the norm's split of x for the tensor-core GEMV (cols > 1024: the norm's threads loop) */
     {check_norm_split, OC_ALL, {1, 1, 40, 256, 1}}, {check_norm_split, OC_FULL, {1, 3, 24, 2080, 0}},

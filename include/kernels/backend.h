@@ -185,7 +185,7 @@ struct Backend {
     /* Optional (NULL: forward.c issues matmul then add_rmsnorm): the residual projection with the
      * residual add and the next norm, x[n, w->rows] += in[n, w->cols] @ W^T (+ bias), then out =
      * rmsnorm(x) * norm_w, the bits of matmul into a buffer then add_rmsnorm on this backend. 0, or -1
-     * when it does not take this step (CUDA: n > 1, format, the matrix's path; nothing issued): the
+     * when it does not take this step (CUDA: n > 1, a native GEMM, the shape; nothing issued): the
      * caller runs the two. out aliases neither x nor in. */
     int (*matmul_add_rmsnorm)(Backend *b, float *out, float *x, const float *in, int n, const WeightMat *w,
                               const uint16_t *bias, const uint16_t *norm_w, float eps);

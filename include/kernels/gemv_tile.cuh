@@ -454,8 +454,9 @@ int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream);
 /* The residual projection (o, a dense MLP's down) of one token with the residual add and the next
  * RMSNorm as its epilogue (matmul_add_norm.cu): x += m->seg[0]'s x @ W^T (+ bias), then, in the grid's
  * last block, out = rmsnorm(x) * w (and out's split when asked), the bits of cuda_gemv_multi into a
- * buffer y then cuda_add_rmsnorm(out, x, y, w, 1, rows, eps, split). seg[0].out is not written. The
- * tiled GEMV only (m->mma 0: the tensor-core tile's launch is the two ops). */
+ * buffer y then cuda_add_rmsnorm(out, x, y, w, 1, rows, eps, split). seg[0].out is not written. On
+ * the tiled GEMV, or with m->mma on FP8 / NVFP4's tensor-core tile (x split into m->xs first unless
+ * ready; the norm's split may share that scratch). */
 typedef struct GemvAddNorm {
     float *x;          /* [1, rows] f32: the residual, updated in place; not seg[0].x */
     float *out;        /* [1, rows] f32: rmsnorm(x) * w; not x, not seg[0].x */
@@ -465,8 +466,8 @@ typedef struct GemvAddNorm {
                         * out's split for the FP8 / NVFP4 tensor-core GEMV after it (rmsnorm.cu's) */
     uint32_t *done;    /* [1] device counter, 0 between launches (the last block puts it back) */
 } GemvAddNorm;
-/* 0, or -1 without a launch (n != 1, gemv_multi_check fails, nseg != 1, m->mma, a pointer above
- * missing or aliased, the split's shape). */
+/* 0, or -1 without a launch (n != 1, gemv_multi_check fails, nseg != 1, m->mma on BF16, a pointer
+ * above missing or aliased, the split's shape). */
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream);
 
 #endif

@@ -11,7 +11,8 @@
  * RMS_THREADS, i + 2 RMS_THREADS, ... of four consecutive elements (fmaf, in
  * element order; a row's ragged last group padded with zeros, which add
  * nothing); each warp's sums meet in warp_sum's butterfly, and the eight
- * warps' sums are added in warp order. Vector or scalar loads (alignment) and
+ * warps' sums are added in warp order (a narrow row's block may have fewer
+ * warps: rms_threads). Vector or scalar loads (alignment) and
  * how many groups a thread loads before it adds them (B) do not change it; nor
  * does whether the output reads x again or the values held in registers.
  * Reference: cpu_add and cpu_rmsnorm (kernels/cpu/cpu_ops.c), f32 class.
@@ -23,6 +24,14 @@
 #include "gemv_mma.cuh"
 
 #define RMS_THREADS 256 /* threads of a block that norms; the order above depends on it */
+
+/* The threads a block may norm a row of dim with and keep that order: RMS_THREADS, or as few as own a
+ * group each (a multiple of 32): thread g then owns group g alone in both, and the warps it lacks
+ * would add +0 to a sum of squares. Fewer threads for narrow rows (and fewer emulated fibers). */
+static inline int rms_threads(int dim) {
+    int ng = (dim + 3) / 4, t = ((ng + 31) / 32) * 32;
+    return t < RMS_THREADS ? t : RMS_THREADS;
+}
 
 /* One f32 of memory: through L2 (CG: the last block of a grid reads the other blocks' writes) or not. */
 template <bool CG>
@@ -58,8 +67,8 @@ static __device__ __forceinline__ bool rms_aligned(const void *p) {
     return !((uintptr_t)p & 15);
 }
 
-/* The four weights of group g (those at or past dim: 0), as f32: one 8-byte load where vec (w 8-byte
- * aligned, dim % 4 == 0), else four. */
+/* The four weights of group g < (dim + 3) / 4 (those at or past dim: 0), as f32: one 8-byte load
+ * where vec (w 8-byte aligned, dim % 4 == 0), else four. */
 static __device__ __forceinline__ float4 rms_weights(const __nv_bfloat16 *w, int dim, int g, bool vec) {
     int i = 4 * g;
     float4 f = {0.f, 0.f, 0.f, 0.f};
@@ -81,20 +90,24 @@ static __device__ __forceinline__ float4 rms_weights(const __nv_bfloat16 *w, int
  * u32 and inv [..] f32 at row srow; dim even), the bits gm_split_kernel writes from out. CG: x is
  * read through L2 (it holds other blocks' writes). B: groups a thread loads before it adds them; a
  * row of at most B RMS_THREADS groups (B = 4: 4096 columns) is read once, its values and weights kept
- * in registers until the output. Every thread of a block of RMS_THREADS calls it; __syncthreads
+ * in registers until the output. Every thread of the block calls it (rms_threads(dim) of them, or
+ * RMS_THREADS); __syncthreads
  * inside. out may be x (rmsnorm in place): every element is read and then written by the same thread. */
 template <int B, bool CG>
 static __device__ __forceinline__ void rms_row(float *out, float *x, const float *y, const __nv_bfloat16 *w, int dim,
                                                float eps, GmSplit split, int srow) {
     __shared__ float part[RMS_THREADS / 32];
     __shared__ int kk;
-    int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, ng = (dim + 3) / 4;
+    int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, nw = blockDim.x >> 5, ng = (dim + 3) / 4;
     bool vx = dim % 4 == 0 && rms_aligned(x) && (!y || rms_aligned(y)), vo = dim % 4 == 0 && rms_aligned(out);
     bool vw = dim % 4 == 0 && !((uintptr_t)w & 7), once = ng <= B * RMS_THREADS;
     float4 v[B], wf[B]; /* once: this thread's groups of x and of w, from the sum to the output */
     if (once) /* the weights' loads first: they travel with x's */
 #pragma unroll
-        for (int j = 0; j < B; j++) wf[j] = rms_weights(w, dim, tid + j * RMS_THREADS, vw);
+        for (int j = 0; j < B; j++) {
+            int g = tid + j * RMS_THREADS;
+            wf[j] = g < ng ? rms_weights(w, dim, g, vw) : float4{0.f, 0.f, 0.f, 0.f};
+        }
     float ss = 0.f;
     for (int g0 = tid; g0 < ng; g0 += B * RMS_THREADS) {
 #pragma unroll
@@ -128,7 +141,7 @@ static __device__ __forceinline__ void rms_row(float *out, float *x, const float
     if (lane == 0) part[wp] = ss;
     __syncthreads(); /* the warps' sums */
     float s = part[0];
-    for (int k = 1; k < RMS_THREADS / 32; k++) s += part[k];
+    for (int k = 1; k < nw; k++) s += part[k]; /* the warps past nw would add +0: nothing */
     float scale = rsqrtf(s / (float)dim + eps), amax = 0.f;
     if (once) {
 #pragma unroll
@@ -158,14 +171,14 @@ static __device__ __forceinline__ void rms_row(float *out, float *x, const float
     __syncthreads();
     if (tid == 0) {
         float a = 0.f;
-        for (int k = 0; k < RMS_THREADS / 32; k++) a = fmaxf(a, part[k]);
+        for (int k = 0; k < nw; k++) a = fmaxf(a, part[k]);
         kk = gm_split_exp(a);
         split.inv[srow] = ldexpf(1.0f, -kk);
     }
     __syncthreads();
     float sc = ldexpf(1.0f, kk);
     size_t o = (size_t)srow * (dim / 2);
-    for (int i = tid; i < dim / 2; i += RMS_THREADS)
+    for (int i = tid; i < dim / 2; i += blockDim.x)
         gm_split_pair(out[2 * i], out[2 * i + 1], sc, &split.hi[o + i], &split.lo[o + i]);
 }
 

@@ -850,8 +850,9 @@ static void cu_matmul_multi(Backend *b, float *const *outs, const float *x, int 
     for (int i = 0; i < count; i++) cu_matmul(b, outs[i], x, n, ws[i], biases[i]);
 }
 /* The residual projection with the add and the next norm as its epilogue (matmul_add_norm.cu), at one
- * token where cu_matmul would run the tiled GEMV (no native GEMM, not the tensor-core tile): the bits
- * of cu_matmul into a buffer then cu_add_rmsnorm, the norm's split included (norm_split). */
+ * token on the decode GEMV cu_matmul would run (the tiled one, or FP8 / NVFP4 on tensor cores from the
+ * matrix's record; not a native GEMM): the bits of cu_matmul into a buffer then cu_add_rmsnorm, the
+ * norm's split included (norm_split, written after the GEMV has read its own x's split in xsplit). */
 static int cu_matmul_add_rmsnorm(Backend *b, float *out, float *x, const float *in, int n, const WeightMat *w,
                                  const uint16_t *bias, const uint16_t *norm_w, float eps) {
     CudaCtx *c = ctx(b);
@@ -860,8 +861,7 @@ static int cu_matmul_add_rmsnorm(Backend *b, float *out, float *x, const float *
     float *outs[1] = {out}; /* not written: the seg's out must be set */
     const WeightMat *ws[1] = {w};
     const uint16_t *bs[1] = {bias};
-    if (c->off_add_norm || n != 1 || !w->dev || !gemv_multi_build(c, &m, &fmt, outs, in, n, ws, bs, 1) || m.mma)
-        return -1;
+    if (c->off_add_norm || n != 1 || !w->dev || !gemv_multi_build(c, &m, &fmt, outs, in, n, ws, bs, 1)) return -1;
     GemvAddNorm an = {x, out, norm_w, eps, norm_split(c, out, n, w->rows), c->norm_done};
     if (cuda_gemv_add_rmsnorm(&m, &an, n, fmt, st(b))) {
         xs_clear(c);

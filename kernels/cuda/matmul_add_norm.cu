@@ -2,8 +2,10 @@
  * matmul_add_norm.cu - the residual projection (attention's o, a dense MLP's
  * down) of a one-token step with the residual add and the next block's
  * RMSNorm as its epilogue, one launch instead of two: each block runs the
- * tiled GEMV (gemv_tile.cuh) over its GT_ROWS rows and adds them into the
- * residual x in place; the block that counts itself done last
+ * tiled GEMV (gemv_tile.cuh) over its GT_ROWS rows, or for FP8 / NVFP4 the
+ * tensor-core one (gemv_mma.cuh, GM_ROWS rows, after its split of x) where the
+ * matrix's record asks for it, and adds them into the residual x in place;
+ * the block that counts itself done last
  * (cuda_device.cuh last_block_done) then norms x (rmsnorm_device.cuh,
  * rmsnorm_kernel's order), and writes the FP8 / NVFP4 tensor-core GEMV's split
  * of the result when asked. BF16, FP8 and NVFP4 weight-only formats.
@@ -11,9 +13,8 @@
  * tests/gpu/op_checks.h check_matmul_add_rmsnorm checks the bits against them
  * and the values against the CPU). Not here: more than one token (one block
  * would norm every row, serially, after the GEMV; the BF16 GEMVs take tensor
- * cores from 2 tokens anyway), the tensor-core GEMV tile (gemv_mma.cuh), LoRA
- * steps (forward.c adds their update to the projection's output before the
- * add); backend_cuda.cu runs the two ops then.
+ * cores from 2 tokens anyway), LoRA steps (forward.c adds their update to the
+ * projection's output before the add); backend_cuda.cu runs the two ops then.
  */
 #include "cuda_check.h"
 #include "cuda_device.cuh"
@@ -34,35 +35,53 @@ typedef struct AddNormDev {
     uint32_t *done;         /* [1] */
 } AddNormDev;
 
-/* Blocks an SM keeps (the register cap): the plain one-token tiled GEMV's occupancy for BF16 and FP8
- * (sm_90a: 48 and 64 registers, 5 and 4 blocks; the epilogue inlined makes the BF16 kernel 64 without
- * spills, 48 spilled in the loop), 3 for NVFP4 (its 64 spilled in the loop; 80 do not). Checked with
- * nvcc --resource-usage and the SASS (no LDL / STL in the main loop). */
+/* Blocks an SM keeps (the register cap) on the tiled GEMV: the plain one-token tiled GEMV's occupancy
+ * for BF16 and FP8 (sm_90a: 48 and 64 registers, 5 and 4 blocks; the epilogue inlined makes the BF16
+ * kernel 64 without spills, 48 spilled in the loop), 3 for NVFP4 (its 64 spilled in the loop; 80 do
+ * not). Checked with nvcc --resource-usage and the SASS (no LDL / STL in the main loop). */
 #define ADD_NORM_MIN_BLOCKS(FMT) ((FMT) == 2 ? 3 : 4)
 
-/* m.seg[0]: the projection (its out unused); x [rows] += its output, then the last block norms x. */
+/* A block's output v of row r (threads below its rows: mine) added into x, then the last block norms
+ * x (the other blocks' sums read through L2). */
+static __device__ __forceinline__ void add_norm_tail(const AddNormDev &an, int rows, int r, bool mine, float v) {
+    if (mine && r < rows) an.x[r] = an.x[r] + v; /* add_rmsnorm's x + y, y what the GEMV alone stores */
+    if (!last_block_done(an.done, gridDim.x)) return; /* the whole block */
+    rms_row<4, true>(an.out, an.x, NULL, an.w, rows, an.eps, an.split, 0);
+}
+
+/* m.seg[0]: the projection (its out unused) on the tiled GEMV, GT_ROWS rows a block. */
 template <int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32, ADD_NORM_MIN_BLOCKS(FMT)) gemv_add_norm_kernel(GemvMulti m,
                                                                                                 AddNormDev an) {
     __shared__ float red[GT_WARPS][GT_ROWS][1];
     if (m.prefetch) gemv_tile_prefetch<FMT>(m.seg[0], blockIdx.x);
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
-    const GemvArgs &a = m.seg[0];
-    float v = gemv_tile_sum<1, FMT>(a, blockIdx.x, red);
-    int r = blockIdx.x * GT_ROWS + threadIdx.x;
-    if (threadIdx.x < GT_ROWS && r < a.rows) an.x[r] = an.x[r] + v; /* add_rmsnorm's x + y, y what gemv_tile stores */
-    if (!last_block_done(an.done, gridDim.x)) return; /* the whole block */
-    rms_row<4, true>(an.out, an.x, NULL, an.w, a.rows, an.eps, an.split, 0);
+    float v = gemv_tile_sum<1, FMT>(m.seg[0], blockIdx.x, red);
+    add_norm_tail(an, m.seg[0].rows, blockIdx.x * GT_ROWS + threadIdx.x, threadIdx.x < GT_ROWS, v);
+}
+
+/* The same on the FP8 / NVFP4 tensor-core GEMV (gemv_mma.cuh), GM_ROWS rows a block, x split in m.xs
+ * (by gm_split_kernel before it: the last block may overwrite that scratch with the norm's split, every
+ * block having read it before it counted itself done). */
+template <int FMT>
+__global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_add_norm_kernel(GemvMulti m, AddNormDev an) {
+    __shared__ float red[GT_WARPS][GM_ROWS][8];
+    if (m.prefetch) gemv_mma_prefetch<FMT>(m.seg[0], blockIdx.x);
+    pdl_wait();
+    float v = gemv_mma_any<1, FMT>(m.seg[0], m.xs, blockIdx.x, red);
+    add_norm_tail(an, m.seg[0].rows, blockIdx.x * GM_ROWS + threadIdx.x, threadIdx.x < GM_ROWS, v);
 }
 
 template <int FMT>
-static void add_norm_launch(const GemvMulti *m, const AddNormDev *an, unsigned blocks, cudaStream_t s) {
-    void (*k)(GemvMulti, AddNormDev) = gemv_add_norm_kernel<FMT>;
+static void add_norm_launch(const GemvMulti *m, const AddNormDev *an, cudaStream_t s) {
+    int R = m->mma ? GM_ROWS : GT_ROWS;
+    unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
+    void (*k)(GemvMulti, AddNormDev) = m->mma ? gemv_mma_add_norm_kernel<FMT ? FMT : 1> : gemv_add_norm_kernel<FMT>;
     pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m, *an);
 }
 
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream) {
-    if (!m || !an || n != 1 || m->nseg != 1 || m->mma || gemv_multi_check(m, n, fmt)) return -1;
+    if (!m || !an || n != 1 || m->nseg != 1 || (m->mma && fmt == 0) || gemv_multi_check(m, n, fmt)) return -1;
     const GemvArgs *a = &m->seg[0];
     int rows = a->rows;
     if (!an->x || !an->out || !an->w || !an->done || an->out == an->x || an->x == a->x || an->out == a->x)
@@ -70,12 +89,12 @@ int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, v
     if (an->split && (rows % 2 || ((uintptr_t)an->split & 15))) return -1;
     AddNormDev d = {an->x, an->out, (const __nv_bfloat16 *)an->w, an->eps,
                     an->split ? gemv_mma_split_at(an->split, n, rows) : GmSplit{}, an->done};
-    unsigned blocks = (unsigned)((rows + GT_ROWS - 1) / GT_ROWS);
     m->prefetch = cuda_gemv_prefetch_enabled();
     cudaStream_t s = (cudaStream_t)stream;
-    if (fmt == 0) add_norm_launch<0>(m, &d, blocks, s);
-    else if (fmt == 1) add_norm_launch<1>(m, &d, blocks, s);
-    else add_norm_launch<2>(m, &d, blocks, s);
+    if (m->mma) gemv_mma_split(m, n, s); /* x's split, unless a norm wrote it (m->xs.ready) */
+    if (fmt == 0) add_norm_launch<0>(m, &d, s);
+    else if (fmt == 1) add_norm_launch<1>(m, &d, s);
+    else add_norm_launch<2>(m, &d, s);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

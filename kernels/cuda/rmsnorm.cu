@@ -20,7 +20,7 @@
 #include <cuda_bf16.h>
 
 /* out: [n, dim] f32; x: [n, dim] f32 (ADD: updated to x + y in place); y: [n, dim] f32
- * (ADD only); w: [dim] bf16. A block of RMS_THREADS per row (rmsnorm_device.cuh rms_row,
+ * (ADD only); w: [dim] bf16. A block of rms_threads(dim) per row (rmsnorm_device.cuh rms_row,
  * whose order the residual projection's fused GEMV repeats).
  * split (SPLIT only): the tensor-core FP8 / NVFP4 GEMV's split of
  * out (gemv_mma.cuh gm_split_exp / gm_split_pair: hi, lo [n, dim / 2] u32, inv [n] f32),
@@ -45,7 +45,7 @@ static int rmsnorm_launch(float *out, float *x, const float *y, const uint16_t *
     GmSplit xs = split ? gemv_mma_split_at(split, n, dim) : GmSplit{};
     RmsnormKernel k = y ? (split ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
                         : (split ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
-    pdl_launch(k, dim3(n), dim3(RMS_THREADS), 0, (cudaStream_t)stream, out, x, y, (const __nv_bfloat16 *)w, dim, eps, xs);
+    pdl_launch(k, dim3(n), dim3(rms_threads(dim)), 0, (cudaStream_t)stream, out, x, y, (const __nv_bfloat16 *)w, dim, eps, xs);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -1183,8 +1183,15 @@ static void bench_quant(const Model *m, Precision prec, int act_quant, float *lo
     snprintf(label, sizeof label, "%s%s", precision_name(prec), act_quant ? " native" : "");
     bench_decode(r, kv, c, act_quant ? 32 : 1, bytes, logits, tables, bps, label);
     bench_decode(r, kv, c, act_quant ? 128 : 8, bytes, logits, tables, bps, label);
-    if (!act_quant) { /* batch 1 again with q/k/v and gate/up splitting x themselves: what the norms' split saves.
-                       * A new cache drops the graphs captured with the split in the norms (forward.c). */
+    if (!act_quant) { /* batch 1 again with o / down then add_rmsnorm as two launches each: what the residual
+                       * projections' epilogue saves; then with q/k/v and gate/up splitting x themselves: what
+                       * the norms' split saves. A new cache drops the graphs captured before (forward.c). */
+        runner_kvcache_free(r, kv);
+        CHECK(backend_cuda_off(b, "matmul_add_rmsnorm", 1) == 0, "bench: no matmul_add_rmsnorm row");
+        kv = runner_kvcache_create_dtype(r, nb * bps, BS, KV_BF16);
+        snprintf(label, sizeof label, "%s add_norm off", precision_name(prec));
+        bench_decode(r, kv, c, 1, bytes, logits, tables, bps, label);
+        backend_cuda_off(b, "matmul_add_rmsnorm", 0);
         runner_kvcache_free(r, kv);
         backend_cuda_gemv_presplit(b, 0);
         kv = runner_kvcache_create_dtype(r, nb * bps, BS, KV_BF16);
@@ -1216,6 +1223,8 @@ static struct { const char *prefix, *row; int done; } native_decode[] = {
     {"fp8 presplit off decode batch 1 ", "decode_fp8_b1_presplit_off_tok_s", 0},
     {"nvfp4 decode batch 1 ", "decode_nvfp4_b1_tok_s", 0},
     {"nvfp4 presplit off decode batch 1 ", "decode_nvfp4_b1_presplit_off_tok_s", 0},
+    {"fp8 add_norm off decode batch 1 ", "decode_fp8_b1_add_norm_off_tok_s", 0},
+    {"nvfp4 add_norm off decode batch 1 ", "decode_nvfp4_b1_add_norm_off_tok_s", 0},
     {"fp8 native decode batch 32 ", "decode_fp8_native_b32_tok_s", 0},
     {"fp8 native decode batch 128 ", "decode_fp8_native_b128_tok_s", 0},
 };

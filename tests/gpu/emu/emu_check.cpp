@@ -1400,8 +1400,8 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
  * dependent launch (cuda_pdl.cuh; the emulation runs launches in order either way, so this checks the
  * launch path: the attribute reaches the decode kernels when on, and never when off) and without the
  * GEMVs' L2 weight prefetch (issued in every step of the other, never in this one's).
- * add_norm: instead the residual projection's add + norm epilogue (matmul_add_norm.cu): o and down
- * keep the tiled GEMV (record 0), presplit is on in both, and the first runner takes matmul then
+ * add_norm: instead the residual projection's add + norm epilogue (matmul_add_norm.cu; at FP8 o and
+ * down on tensor cores, at BF16's one token tiled), presplit is on in both, and the first runner takes matmul then
  * add_rmsnorm (SAMPLER_CUDA_OFF=matmul_add_rmsnorm): the same logits bit for bit, the second runner's
  * o and down norms writing the split that gate/up and q/k/v read, and 2 x layers - 1 kernels fewer a
  * decode step (the last layer's down is followed by a plain add; the prefill, of more than one token,
@@ -1423,8 +1423,6 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick, int add_
         }
         for (int j = 0; j < m[i]->weights.n; j++)
             if (m[i]->weights.t[j].mat) m[i]->weights.t[j].mat->mma_min_n = 1;
-        for (int l = 0; add_norm && l < m[i]->cfg.n_layers; l++) /* the residual projections: tiled */
-            m[i]->layers[l].o.mma_min_n = m[i]->layers[l].down.mma_min_n = 0;
         gb[i] = backend_cuda_create(&m[i]->weights, m[i]->cfg.head_dim, 128);
         backend_cuda_gemv_presplit(gb[i], add_norm ? 1 : i); /* 0: off, 1: from one token on */
         if (add_norm && !i) CHECK(backend_cuda_off(gb[i], "matmul_add_rmsnorm", 1) == 0, "no matmul_add_rmsnorm row");

@@ -466,8 +466,8 @@ typedef struct GemvAddNorm {
                         * out's split for the FP8 / NVFP4 tensor-core GEMV after it (rmsnorm.cu's) */
     uint32_t *done;    /* [1] device counter, 0 between launches (the last block puts it back) */
 } GemvAddNorm;
-/* 0, or -1 without a launch (n != 1, gemv_multi_check fails, nseg != 1, m->mma on BF16, a pointer
- * above missing or aliased, the split's shape). */
+/* 0, or -1 without a launch (n != 1, gemv_multi_check fails (BF16's tensor-core tile included: not
+ * at one token), nseg != 1, a pointer above missing or aliased, the split's shape). */
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream);
 
 #endif

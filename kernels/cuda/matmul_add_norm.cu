@@ -76,12 +76,13 @@ template <int FMT>
 static void add_norm_launch(const GemvMulti *m, const AddNormDev *an, cudaStream_t s) {
     int R = m->mma ? GM_ROWS : GT_ROWS;
     unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
-    void (*k)(GemvMulti, AddNormDev) = m->mma ? gemv_mma_add_norm_kernel<FMT ? FMT : 1> : gemv_add_norm_kernel<FMT>;
+    void (*k)(GemvMulti, AddNormDev) = m->mma ? gemv_mma_add_norm_kernel<FMT ? FMT : 1> /* FMT 0: never mma */
+                                              : gemv_add_norm_kernel<FMT>;
     pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m, *an);
 }
 
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream) {
-    if (!m || !an || n != 1 || m->nseg != 1 || (m->mma && fmt == 0) || gemv_multi_check(m, n, fmt)) return -1;
+    if (!m || !an || n != 1 || m->nseg != 1 || gemv_multi_check(m, n, fmt)) return -1; /* no BF16 mma at 1 token */
     const GemvArgs *a = &m->seg[0];
     int rows = a->rows;
     if (!an->x || !an->out || !an->w || !an->done || an->out == an->x || an->x == a->x || an->out == a->x)

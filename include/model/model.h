@@ -128,7 +128,8 @@ typedef struct Model {
 /* Load a model directory. Start-up path: errors name the file and tensor. */
 int model_load(Model **out, const char *dir, Err *err); /* BF16 */
 int model_load_opts(Model **out, const char *dir, const LoadOptions *opt, Err *err);
-/* Quantize every decoder-layer linear (model_quant.c); BF16 masters are kept. */
+/* Quantize every decoder-layer linear (model_quant.c) to p, PREC_FP8 or PREC_NVFP4 (asserted:
+ * a BF16 model is not quantized); BF16 masters are kept. */
 int model_quantize(Model *m, Precision p, int weight_only, Err *err);
 /* model_quantize with FP8 per output channel (QUANT_FP8_PER_CHANNEL) when fp8_per_channel. */
 int model_quantize_layout(Model *m, Precision p, int weight_only, int fp8_per_channel, Err *err);

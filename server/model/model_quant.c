@@ -8,6 +8,7 @@
  * The BF16 master stays mapped: sparse deltas patch it, then the touched
  * blocks are re-quantized (quant_*_requant). Not here: the kernels (quant/).
  */
+#include <assert.h>
 #include <stdlib.h>
 
 #include "log.h"
@@ -24,7 +25,7 @@ static int quantize_mat(Model *m, WeightMat *w, Precision p, int act_quant, Quan
         w->fmt = WF_FP8;
         m->compute_bytes -= (size_t)w->rows * w->cols * 2;
         m->compute_bytes += quant_fp8_bytes(q);
-    } else {
+    } else { /* PREC_NVFP4 (model_quantize_layout asserts one of the two) */
         if (w->cols % QUANT_NVFP4_BLOCK)
             return ERR(err, 400, "nvfp4 needs every linear's input width to be a multiple of 16; a "
                        "[%d, %d] weight is not (use --precision fp8 or bf16)", w->rows, w->cols);
@@ -47,6 +48,8 @@ int model_quantize(Model *m, Precision p, int weight_only, Err *err) {
 int model_quantize_layout(Model *m, Precision p, int weight_only, int fp8_per_channel, Err *err) {
     int rc = 0;
     QuantFp8Layout layout = fp8_per_channel ? QUANT_FP8_PER_CHANNEL : QUANT_FP8_BLOCK128;
+    /* a BF16 model is not quantized: every caller skips the call (quantize_mat's else is NVFP4) */
+    assert(p == PREC_FP8 || p == PREC_NVFP4);
     m->precision = p; /* from here model_quant_free releases what was quantized */
     for (int i = 0; i < m->weights.n && !rc; i++)
         if (m->weights.t[i].quantizable) rc = quantize_mat(m, m->weights.t[i].mat, p, !weight_only, layout, err);

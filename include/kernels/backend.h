@@ -133,6 +133,14 @@ typedef struct MoeMlpArgs {
     float *g, *u;              /* [n * top_k, inter] f32 scratch (xg and u: the op may keep other data there,
                                 * e.g. quantized activations) */
     int hidden, inter;
+    /* Optional (resid NULL: out only): then the residual add and the next norm, resid += out and
+     * norm_out = rmsnorm(resid) * norm_w, the bits of add_rmsnorm(norm_out, resid, out, norm_w, n,
+     * hidden, eps) after the op on this backend (CUDA fuses them at one token; out then holds
+     * anything). norm_out may be x, aliases neither resid nor out. */
+    float *resid;              /* [n, hidden] f32 */
+    float *norm_out;           /* [n, hidden] f32 */
+    const uint16_t *norm_w;    /* [hidden] bf16 */
+    float eps;
 } MoeMlpArgs;
 
 typedef struct Backend Backend;

@@ -289,6 +289,17 @@ typedef struct CudaMoeUnpermute {
     int n, top_k;
     uint32_t *tile_done;    /* [tile_cap] uint32 device, all 0 between launches */
     int tile_cap;
+    /* Optional, at n = 1 (resid NULL: out written): the residual add and the next norm too. The token's
+     * unpermuted row is added into resid instead of stored in out, and the launch's last row tile then
+     * writes norm_out = rmsnorm(resid) * norm_w and, split non-NULL, norm_out's split for the FP8 / NVFP4
+     * tensor-core GEMV after it: the bits of this op into out, then cuda_add_rmsnorm(norm_out, resid,
+     * out, norm_w, 1, rows, eps, split); out is not written. */
+    float *resid;           /* [1, rows] f32, updated in place; not out, not g's x */
+    float *norm_out;        /* [1, rows] f32; not resid */
+    const uint16_t *norm_w; /* [rows] bf16 */
+    float eps;
+    void *split;            /* NULL, or scratch of cuda_gemv_mma_scratch(1, rows) bytes (16-byte aligned, rows even) */
+    uint32_t *norm_done;    /* [1] uint32 device, 0 between launches (the last tile puts it back) */
 } CudaMoeUnpermute;
 int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u, void *stream);
 

@@ -3,8 +3,8 @@
  * threads computes it, optionally after the residual add (x += y), and
  * optionally writing the tensor-core FP8 / NVFP4 GEMV's split of its output.
  * Shared by rmsnorm_kernel (rmsnorm.cu: a block per row) and the last block of
- * the residual projection's GEMV at one token (matmul_add_norm.cu), so the two
- * give the same bits: the order of the sum of squares is fixed by
+ * the residual projection's GEMV at one token (matmul_add_norm.cu; moe_gemm.cu
+ * for the routed experts' down), so they give the same bits: the order of the sum of squares is fixed by
  * RMS_THREADS, not by the launch. Device code only.
  *
  * The order: thread i of the block adds the squares of groups i, i +
@@ -180,6 +180,27 @@ static __device__ __forceinline__ void rms_row(float *out, float *x, const float
     size_t o = (size_t)srow * (dim / 2);
     for (int i = tid; i < dim / 2; i += blockDim.x)
         gm_split_pair(out[2 * i], out[2 * i + 1], sc, &split.hi[o + i], &split.lo[o + i]);
+}
+
+/* The residual add and the next norm as a GEMV's epilogue at one token (matmul_add_norm.cu: o, a dense
+ * MLP's down; moe_gemm.cu: the routed experts' down after the unpermute): the GEMV's blocks add their
+ * rows into x, then the last of them norms it. */
+typedef struct RmsAddNorm {
+    float *x;               /* [dim] f32: the residual, updated in place by the GEMV's blocks */
+    float *out;             /* [dim] f32: rmsnorm(x) * w */
+    const __nv_bfloat16 *w; /* [dim] bf16 */
+    float eps;
+    GmSplit split;          /* out's split for the tensor-core GEMV after it; hi NULL: none */
+    uint32_t *done;         /* [1] device counter, 0 between launches */
+} RmsAddNorm;
+
+/* Every thread of a block calls it once the block's adds into an.x are written (last_block_done's
+ * fence makes them visible): the last of `blocks` to count norms x, reading the others' adds through
+ * L2. B: rms_row's (registers, not bits). */
+template <int B>
+static __device__ __forceinline__ void rms_add_norm_last(const RmsAddNorm &an, int dim, unsigned blocks) {
+    if (!last_block_done(an.done, blocks)) return; /* the whole block */
+    rms_row<B, true>(an.out, an.x, NULL, an.w, dim, an.eps, an.split, 0);
 }
 
 #endif

@@ -999,6 +999,11 @@ static int moe_fp8_group(int bc, int cols, int n, int *stride) {
     *stride = bc >= cols ? 0 : n;
     return bc >= cols ? cols : QUANT_FP8_GROUP;
 }
+/* MoeMlpArgs' residual add and norm after the experts wrote out (cu_moe_mlp's path without them fused). */
+static int moe_add_norm(Backend *b, const MoeMlpArgs *a) {
+    if (a->resid) cu_add_rmsnorm(b, a->norm_out, a->resid, a->out, a->norm_w, a->route->n, a->hidden, a->eps);
+    return 0;
+}
 static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
     xs_clear(ctx(b));
     const MoeRouteArgs *ra = a->route;
@@ -1088,15 +1093,28 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
                 LAUNCH_OK(cuda_moe_gemv(&gu, st(b)));
                 LAUNCH_OK(cuda_swiglu(a->g, a->g, a->u, (size_t)NK * I, st(b)));
             }
-            /* down with the unpermute as its epilogue (the same bits), else two launches */
+            /* down with the unpermute as its epilogue (the same bits), at one token with the residual
+             * add and the next norm after it too (the norm's split as cu_add_rmsnorm writes it), else
+             * two launches and the add + norm */
             CudaMoeUnpermute un = {a->out, ra->pair_of, ra->weights, ra->n, K, c->moe_done,
                                    (int)(c->moe_done_cap / sizeof(uint32_t))};
-            if (!c->off_moe_unpermute && !cuda_moe_gemv_unpermute(&dn, &un, st(b))) return 0;
+            int fuse = a->resid && ra->n == 1 && !c->off_add_norm;
+            if (fuse) {
+                un.resid = a->resid;
+                un.norm_out = a->norm_out;
+                un.norm_w = a->norm_w;
+                un.eps = a->eps;
+                un.split = norm_split(c, a->norm_out, 1, H);
+                un.norm_done = c->norm_done;
+            }
+            if (!c->off_moe_unpermute && !cuda_moe_gemv_unpermute(&dn, &un, st(b)))
+                return fuse ? 0 : moe_add_norm(b, a);
+            xs_clear(c);
             LAUNCH_OK(cuda_moe_gemv(&dn, st(b)));
         }
     }
     LAUNCH_OK(cuda_moe_unpermute(a->out, a->yg, ra->pair_of, ra->weights, ra->n, K, H, st(b)));
-    return 0;
+    return moe_add_norm(b, a);
 }
 
 /* Start-up (cuda_native.h): cu_moe_mlp of a routed step, weight-only and native, timed. */
@@ -1382,7 +1400,8 @@ static const CudaOff CUDA_OFF[] = {
     {"matmul_swiglu", "gate/up then swiglu, two launches (dense and the routed experts' GEMV)", off_swiglu},
     {"moe_unpermute", "the routed experts' down GEMV then the weighted unpermute, two launches", off_moe_unpermute},
     {"moe_router_route", "the MoE router's GEMV then the routing, two launches", off_router_route},
-    {"matmul_add_rmsnorm", "the residual projection (o, down) then the residual add + RMSNorm, two launches",
+    {"matmul_add_rmsnorm",
+     "the residual projection (o, down, the routed experts' down) then the residual add + RMSNorm, two launches",
      off_add_norm},
     {"moe_mlp", "routed experts one matmul at a time, eager (forward.c)", off_moe_mlp},
     {"graphs", "no CUDA graphs (as --enforce-eager)", off_graphs},

@@ -26,15 +26,6 @@
 
 static_assert(GT_WARPS * 32 == RMS_THREADS, "the GEMV's last block norms with rmsnorm_kernel's block");
 
-typedef struct AddNormDev {
-    float *x;               /* [rows] f32 residual */
-    float *out;             /* [rows] f32 */
-    const __nv_bfloat16 *w; /* [rows] bf16 */
-    float eps;
-    GmSplit split;          /* hi NULL: none */
-    uint32_t *done;         /* [1] */
-} AddNormDev;
-
 /* Blocks an SM keeps (the register cap) on the tiled GEMV: the plain one-token tiled GEMV's occupancy
  * for BF16 and FP8 (sm_90a: 48 and 64 registers, 5 and 4 blocks; the epilogue inlined makes the BF16
  * kernel 64 without spills, 48 spilled in the loop), 3 for NVFP4 (its 64 spilled in the loop; 80 do
@@ -43,16 +34,15 @@ typedef struct AddNormDev {
 
 /* A block's output v of row r (threads below its rows: mine) added into x, then the last block norms
  * x (the other blocks' sums read through L2). */
-static __device__ __forceinline__ void add_norm_tail(const AddNormDev &an, int rows, int r, bool mine, float v) {
+static __device__ __forceinline__ void add_norm_tail(const RmsAddNorm &an, int rows, int r, bool mine, float v) {
     if (mine && r < rows) an.x[r] = an.x[r] + v; /* add_rmsnorm's x + y, y what the GEMV alone stores */
-    if (!last_block_done(an.done, gridDim.x)) return; /* the whole block */
-    rms_row<4, true>(an.out, an.x, NULL, an.w, rows, an.eps, an.split, 0);
+    rms_add_norm_last<4>(an, rows, gridDim.x);
 }
 
 /* m.seg[0]: the projection (its out unused) on the tiled GEMV, GT_ROWS rows a block. */
 template <int FMT>
 __global__ void __launch_bounds__(GT_WARPS * 32, ADD_NORM_MIN_BLOCKS(FMT)) gemv_add_norm_kernel(GemvMulti m,
-                                                                                                AddNormDev an) {
+                                                                                                RmsAddNorm an) {
     __shared__ float red[GT_WARPS][GT_ROWS][1];
     if (m.prefetch) gemv_tile_prefetch<FMT>(m.seg[0], blockIdx.x);
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access but the prefetch */
@@ -64,7 +54,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32, ADD_NORM_MIN_BLOCKS(FMT)) gemv_
  * (by gm_split_kernel before it: the last block may overwrite that scratch with the norm's split, every
  * block having read it before it counted itself done). */
 template <int FMT>
-__global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_add_norm_kernel(GemvMulti m, AddNormDev an) {
+__global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_add_norm_kernel(GemvMulti m, RmsAddNorm an) {
     __shared__ float red[GT_WARPS][GM_ROWS][8];
     if (m.prefetch) gemv_mma_prefetch<FMT>(m.seg[0], blockIdx.x);
     pdl_wait();
@@ -73,10 +63,10 @@ __global__ void __launch_bounds__(GT_WARPS * 32) gemv_mma_add_norm_kernel(GemvMu
 }
 
 template <int FMT>
-static void add_norm_launch(const GemvMulti *m, const AddNormDev *an, cudaStream_t s) {
+static void add_norm_launch(const GemvMulti *m, const RmsAddNorm *an, cudaStream_t s) {
     int R = m->mma ? GM_ROWS : GT_ROWS;
     unsigned blocks = (unsigned)((m->seg[0].rows + R - 1) / R);
-    void (*k)(GemvMulti, AddNormDev) = m->mma ? gemv_mma_add_norm_kernel<FMT ? FMT : 1> /* FMT 0: never mma */
+    void (*k)(GemvMulti, RmsAddNorm) = m->mma ? gemv_mma_add_norm_kernel<FMT ? FMT : 1> /* FMT 0: never mma */
                                               : gemv_add_norm_kernel<FMT>;
     pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *m, *an);
 }
@@ -88,7 +78,7 @@ int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, v
     if (!an->x || !an->out || !an->w || !an->done || an->out == an->x || an->x == a->x || an->out == a->x)
         return -1;
     if (an->split && (rows % 2 || ((uintptr_t)an->split & 15))) return -1;
-    AddNormDev d = {an->x, an->out, (const __nv_bfloat16 *)an->w, an->eps,
+    RmsAddNorm d = {an->x, an->out, (const __nv_bfloat16 *)an->w, an->eps,
                     an->split ? gemv_mma_split_at(an->split, n, rows) : GmSplit{}, an->done};
     m->prefetch = cuda_gemv_prefetch_enabled();
     cudaStream_t s = (cudaStream_t)stream;

@@ -29,7 +29,9 @@
  * CUDA_GEMV_MAX_N tokens (cuda_moe_gemv_unpermute: a row tile's last block,
  * counted in a device array, sums the tile's rows of every token, the bits
  * of moe_unpermute_kernel): three launches fewer per MoE layer of a batch-1
- * decode step, one at 2-8 tokens.
+ * decode step, one at 2-8 tokens. At one token it can also take the residual
+ * add and the next RMSNorm (the last tile norms the row: add_rmsnorm's bits),
+ * one launch fewer again.
  * Not here: shapes the 16-byte tile path does not take.
  */
 #include "cuda_check.h"
@@ -37,8 +39,10 @@
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
 #include "gemv_tile.cuh"
+#include "rmsnorm_device.cuh"
 
 static_assert(CUDA_MOE_TILE_ROWS == GT_ROWS, "cuda_kernels.h's row tile of the grouped GEMV is gemv_tile.cuh's");
+static_assert(GT_WARPS * 32 == RMS_THREADS, "the last row tile's block norms with rmsnorm_kernel's block");
 
 /* FN = 16 * FMT + NM (one template argument: the emulation's launch macro splits
  * on commas): NM pairs at most a pass (1, 2, 4, 8), so the kernel's registers are
@@ -92,10 +96,18 @@ static __device__ __forceinline__ float unpermute_sum(const int32_t *sp, const f
 /* The unpermute epilogue of the down GEMV (cuda_moe_gemv_unpermute), after the block's pair rows of
  * row tile `tile` are in y [n_pairs, rows]: every block counts itself done for its tile (empty
  * expert slots too: the count is the slots), and the tile's last block (cuda_device.cuh
- * last_block_done) writes out[t, r] for the tile's rows of every token t.
+ * last_block_done) writes out[t, r] for the tile's rows of every token t; with an.x (one token) it
+ * adds them into the residual instead, and the last of the `tiles` tiles' last blocks norms it
+ * (rms_add_norm_last: add_rmsnorm's bits). B 1 there: a row past 1024 columns is read twice, no
+ * registers held across the norm.
  * Not inlined: inlined, it raised the one- and two-pair kernels' registers (sm_90a: NVFP4 one pair 80
- * to 110, BF16 two pairs 80 to 106); called, they use 64 and 80 (44 for BF16 at one pair, was 56). */
-static __device__ __noinline__ void moe_unpermute_tile(const CudaMoeUnpermute &u, const float *y, int rows, int tile, int slots) {
+ * to 110, BF16 two pairs 80 to 106). The structs by value: a reference to a kernel parameter made
+ * every thread copy them to its stack at the kernel's start (nvcc, sm_90a: 168 bytes, 21 stores a
+ * thread, against a one-pair block's 12 weights a thread), by value nothing; the one-pair kernels then
+ * take BF16 55, FP8 80, NVFP4 80 registers (were 44, 80, 64 with a 48-byte copy; checked with
+ * nvcc --resource-usage and the SASS: no local memory at all). */
+static __device__ __noinline__ void moe_unpermute_tile(CudaMoeUnpermute u, RmsAddNorm an, const float *y,
+                                                       int rows, int tile, int slots, int tiles) {
     __shared__ int32_t sp[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
     __shared__ float sw[CUDA_GEMV_MAX_N][MOE_MAX_TOPK];
     if (!last_block_done(u.tile_done + tile, (unsigned)slots)) return; /* the whole block */
@@ -103,19 +115,24 @@ static __device__ __noinline__ void moe_unpermute_tile(const CudaMoeUnpermute &u
     if (i < u.n) unpermute_sort(u.pair_of + (size_t)i * K, u.weights + (size_t)i * K, K, sp[i], sw[i]);
     __syncthreads();
     int t = i / GT_ROWS, r = tile * GT_ROWS + i % GT_ROWS;
-    if (t < u.n && r < rows) u.out[(size_t)t * rows + r] = unpermute_sum(sp[t], sw[t], K, y, rows, r);
+    if (t < u.n && r < rows) {
+        float v = unpermute_sum(sp[t], sw[t], K, y, rows, r);
+        if (an.x) an.x[r] = an.x[r] + v; /* n = 1: add_rmsnorm's x + y, y what out would hold */
+        else u.out[(size_t)t * rows + r] = v;
+    }
+    if (an.x) rms_add_norm_last<1>(an, rows, (unsigned)tiles);
 }
 
 /* u.out NULL: the grouped GEMV alone (cuda_moe_gemv); else with the unpermute epilogue over seg 0
- * (cuda_moe_gemv_unpermute). */
+ * (cuda_moe_gemv_unpermute), and an.x non-NULL: the residual add and the norm after it. */
 template <int FN>
-__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g, CudaMoeUnpermute u) {
+__global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g, CudaMoeUnpermute u, RmsAddNorm an) {
     constexpr int FMT = FN / 16, NM = FN % 16;
     pdl_wait(); /* launched by pdl_launch (cuda_pdl.cuh): before any memory access (which expert is a read) */
     int slot = blockIdx.x / g.tiles, tile = blockIdx.x % g.tiles;
     int e = g.active[slot];
     if (e < 0) { /* the whole block; with the epilogue it still counts itself done */
-        if (u.out) moe_unpermute_tile(u, g.seg[0].out, g.seg[0].rows, tile, gridDim.x / g.tiles);
+        if (u.out) moe_unpermute_tile(u, an, g.seg[0].out, g.seg[0].rows, tile, gridDim.x / g.tiles, g.tiles);
         return;
     }
     int sg = tile < g.tiles0 ? 0 : 1;
@@ -138,7 +155,7 @@ __global__ void __launch_bounds__(GT_WARPS * 32) moe_gemv_kernel(CudaMoeGemv g, 
         }
         __syncthreads(); /* the next pass reuses the tile's shared partial sums */
     }
-    if (u.out) moe_unpermute_tile(u, S->out, S->rows, tile, gridDim.x / g.tiles);
+    if (u.out) moe_unpermute_tile(u, an, S->out, S->rows, tile, gridDim.x / g.tiles, g.tiles);
 }
 
 /* Gate (seg 0) and up (seg 1) with the SwiGLU epilogue (gemv_tile_swiglu): a block takes the same
@@ -191,14 +208,15 @@ static unsigned moe_blocks(const CudaMoeGemv *g) {
     return (unsigned)slots * (unsigned)g->tiles;
 }
 
-/* cuda_moe_gemv's launch, with the unpermute epilogue when u->out (cuda_moe_gemv_unpermute). */
-static void moe_gemv_launch(CudaMoeGemv *g, const CudaMoeUnpermute *u, cudaStream_t s) {
+/* cuda_moe_gemv's launch, with the unpermute epilogue when u->out (cuda_moe_gemv_unpermute), and the
+ * add + norm after it when an->x. */
+static void moe_gemv_launch(CudaMoeGemv *g, const CudaMoeUnpermute *u, const RmsAddNorm *an, cudaStream_t s) {
     g->tiles0 = (g->seg[0].rows + GT_ROWS - 1) / GT_ROWS;
     g->tiles = g->tiles0 + (g->nseg > 1 ? (g->seg[1].rows + GT_ROWS - 1) / GT_ROWS : 0);
     unsigned blocks = moe_blocks(g);
     int mc = moe_max_cnt(g);
     int nm = mc <= 1 ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8;
-    void (*k)(CudaMoeGemv, CudaMoeUnpermute) = NULL;
+    void (*k)(CudaMoeGemv, CudaMoeUnpermute, RmsAddNorm) = NULL;
     switch (16 * g->fmt + nm) {
     case 1: k = moe_gemv_kernel<1>; break;
     case 2: k = moe_gemv_kernel<2>; break;
@@ -213,7 +231,7 @@ static void moe_gemv_launch(CudaMoeGemv *g, const CudaMoeUnpermute *u, cudaStrea
     case 36: k = moe_gemv_kernel<36>; break;
     default: k = moe_gemv_kernel<40>; break;
     }
-    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g, *u);
+    pdl_launch(k, dim3(blocks), dim3(GT_WARPS * 32), 0, s, *g, *u, *an);
 }
 
 extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
@@ -221,7 +239,8 @@ extern "C" int cuda_moe_gemv(CudaMoeGemv *g, void *stream) {
     if (!cuda_moe_args_ok(g) || g->fmt == 3 || g->x_row) return -1;
     if (g->n_pairs == 0) return 0;
     CudaMoeUnpermute none = {};
-    moe_gemv_launch(g, &none, (cudaStream_t)stream);
+    RmsAddNorm no_norm = {};
+    moe_gemv_launch(g, &none, &no_norm, (cudaStream_t)stream);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -232,7 +251,16 @@ extern "C" int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u
         u->top_k > MOE_MAX_TOPK || g->n_pairs != u->n * u->top_k ||
         u->tile_cap < (g->seg[0].rows + CUDA_MOE_TILE_ROWS - 1) / CUDA_MOE_TILE_ROWS)
         return -1;
-    moe_gemv_launch(g, u, (cudaStream_t)stream);
+    int rows = g->seg[0].rows;
+    RmsAddNorm an = {};
+    if (u->resid) {
+        if (u->n != 1 || !u->norm_out || !u->norm_w || !u->norm_done || u->norm_out == u->resid ||
+            u->resid == u->out || u->resid == g->x || (u->split && (rows % 2 || ((uintptr_t)u->split & 15))))
+            return -1;
+        an = RmsAddNorm{u->resid, u->norm_out, (const __nv_bfloat16 *)u->norm_w, u->eps,
+                        u->split ? gemv_mma_split_at(u->split, 1, rows) : GmSplit{}, u->norm_done};
+    }
+    moe_gemv_launch(g, u, &an, (cudaStream_t)stream);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

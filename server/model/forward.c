@@ -679,8 +679,10 @@ static const void *from_backend(Runner *r, void *h, const void *dbuf, size_t byt
  * batch. A device backend's moe_mlp runs every expert of the layer with no
  * host read (graph-capturable), at any step size; otherwise (the CPU
  * reference, LoRA steps, experts it does not take) the per-expert offsets
- * come to the host and each expert runs through the plain ops. */
-static void moe_mlp(Runner *r, int l, int n) {
+ * come to the host and each expert runs through the plain ops. next_norm
+ * (not on the last layer): the backend's op may take the residual add and that
+ * norm too (MoeMlpArgs.resid); 1 when it did, 0 when the caller runs add_norm. */
+static int moe_mlp(Runner *r, int l, int n, const uint16_t *next_norm) {
     const ModelConfig *c = &r->m->cfg;
     const LayerWeights *w = &r->m->layers[l];
     Backend *be = r->b;
@@ -695,8 +697,10 @@ static void moe_mlp(Runner *r, int l, int n) {
     }
     if (n <= r->moe_rows && !r->tok_lora) {
         MoeMlpArgs ma = {.out = r->tmp, .x = r->xn, .route = &ra, .ex = moe_experts(r, l), .xg = r->xg,
-                         .yg = r->xg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate};
-        if (be->moe_mlp(be, &ma) == 0) return;
+                         .yg = r->xg, .g = r->g, .u = r->u, .hidden = H, .inter = c->moe_intermediate,
+                         .resid = next_norm ? r->x : NULL, .norm_out = r->xn, .norm_w = next_norm,
+                         .eps = c->rms_eps};
+        if (be->moe_mlp(be, &ma) == 0) return next_norm != NULL;
     }
     const int32_t *off = from_backend(r, r->h_off, r->mr_off, sizeof(int32_t) * (size_t)(E + 1));
     const int32_t *map = r->tok_lora ? from_backend(r, r->h_tok, r->mr_tok, sizeof(int32_t) * (size_t)NK) : NULL;
@@ -712,6 +716,7 @@ static void moe_mlp(Runner *r, int l, int n) {
         dense_mlp(r, &w->egate[e], &w->eup[e], &w->edown[e], r->xg, r->yg, cnt, at);
         be->scale_add_rows(be, r->tmp, r->yg, rows, wts, cnt, H);
     }
+    return 0;
 }
 
 /* The ops of a step between two attentions: segment 0 is the embedding, the
@@ -737,8 +742,7 @@ static void segment_ops(Runner *r, KVCache *kv, const Step *st, int s, int n) {
     const uint16_t *next_norm = last ? NULL : VEC(r, m->layers[l + 1].attn_norm);
     proj_add_norm(r, &w->o, r->att, VEC(r, w->o_bias), VEC(r, w->mlp_norm), n, at, LT_O);
     if (model_layer_is_moe(c, l)) {
-        moe_mlp(r, l, n);
-        if (!last) add_norm(r, next_norm, n);
+        if (!moe_mlp(r, l, n, next_norm) && !last) add_norm(r, next_norm, n);
     } else {
         mlp_act(r, &w->gate, &w->up, r->xn, n, at);
         if (!last) proj_add_norm(r, &w->down, r->g, NULL, next_norm, n, at, LT_DOWN);

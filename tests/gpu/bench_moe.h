@@ -15,8 +15,9 @@
  * start-up measures it (device_moe_gemv_crossover_on; row
  * moe30b_experts_mma_min_n, 0: never), before the batch-1 rows; batch 1 again
  * without PDL (decode_moe30b_b1_pdl_off_tok_s), without the down GEMV's
- * unpermute epilogue (decode_moe30b_b1_unpermute_off_tok_s) and without the
- * router GEMV's routing epilogue (decode_moe30b_b1_router_route_off_tok_s). Included by
+ * unpermute epilogue (decode_moe30b_b1_unpermute_off_tok_s), without the
+ * router GEMV's routing epilogue (decode_moe30b_b1_router_route_off_tok_s) and
+ * without the add + norm epilogues (decode_moe30b_b1_add_norm_off_tok_s). Included by
  * gpu_check.c after bench_decode; not run by the emulation (60 GB of weights).
  * bench_moe_prefill: one such layer's routed experts at a 1024-token prefill,
  * the grouped path (moe_mma.cu) against the per-expert path it replaced.
@@ -169,13 +170,16 @@ static void bench_moe(int mid) {
         native_row("decode_moe30b_b1_pdl_off_tok_s", rows_out[n_rows - 1].tok_s);
     }
     /* batch 1 again with each of the MoE layer's epilogue fusions off (SAMPLER_CUDA_OFF): the down GEMV
-     * and the weighted unpermute, the router's GEMV and the routing, as two launches each, as before.
-     * Rows decode_moe30b_b1_unpermute_off_tok_s, decode_moe30b_b1_router_route_off_tok_s. */
+     * and the weighted unpermute, the router's GEMV and the routing, as two launches each, as before; the
+     * residual projections (o, the routed experts' down) then the residual add + RMSNorm.
+     * Rows decode_moe30b_b1_unpermute_off_tok_s, decode_moe30b_b1_router_route_off_tok_s,
+     * decode_moe30b_b1_add_norm_off_tok_s. */
     static const struct { const char *off, *label, *row; } fusions[] = {
         {"moe_unpermute", "moe30b unpermute off", "decode_moe30b_b1_unpermute_off_tok_s"},
         {"moe_router_route", "moe30b router_route off", "decode_moe30b_b1_router_route_off_tok_s"},
+        {"matmul_add_rmsnorm", "moe30b add_norm off", "decode_moe30b_b1_add_norm_off_tok_s"},
     };
-    for (int i = 0; i < (mid ? 0 : 2); i++) {
+    for (int i = 0; i < (mid ? 0 : (int)(sizeof fusions / sizeof fusions[0])); i++) {
         KVCache *kvp = runner_kvcache_create_dtype(r, bps, BS, KV_BF16);
         backend_cuda_off(b, fusions[i].off, 1);
         bench_decode(r, kvp, c, 1, bytes_b1, logits, tables, bps, fusions[i].label);
@@ -355,7 +359,8 @@ static void bench_moe_prefill(void) {
     float *xg = moe_bench_alloc(&io, sizeof(float) * NK * H);
     m.ma = (MoeMlpArgs){moe_bench_alloc(&io, sizeof(float) * (size_t)N * H), io.dx, &io.ra,
                         {ex, ex + E, ex + 2 * E, io.dtab, io.dtab + 3 * E, NULL}, xg, xg,
-                        moe_bench_alloc(&io, sizeof(float) * NK * I), moe_bench_alloc(&io, sizeof(float) * NK * I), H, I};
+                        moe_bench_alloc(&io, sizeof(float) * NK * I), moe_bench_alloc(&io, sizeof(float) * NK * I), H, I,
+                        NULL, NULL, NULL, 0.f};
     double us_g = moe_time_us(b, moe_grouped_call, &m, m.ma.out, reps);
     double us_e = moe_time_us(b, moe_per_expert_call, &m, m.out_e, reps);
     double rel = moe_bench_rel_diff(b, m.ma.out, m.out_e, (size_t)N * H);
@@ -438,7 +443,7 @@ static void bench_moe_prefill_fp8(void) {
     for (int v = 0; v < 2; v++) {
         const WeightMat *w0 = ex + (size_t)v * 3 * E;
         MoeMlpArgs ma = {moe_bench_alloc(&io, sizeof(float) * (size_t)N * H), io.dx, &io.ra,
-                         {w0, w0 + E, w0 + 2 * E, io.dtab, io.dtab + 3 * E, NULL}, xg, xg, g, u, H, I};
+                         {w0, w0 + E, w0 + 2 * E, io.dtab, io.dtab + 3 * E, NULL}, xg, xg, g, u, H, I, NULL, NULL, NULL, 0.f};
         (v ? &mw : &mn)->ma = ma;
     }
     double us_n = moe_time_us(b, moe_grouped_call, &mn, mn.ma.out, reps);

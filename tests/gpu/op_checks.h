@@ -1510,6 +1510,91 @@ static void check_moe_gemm(const int *a) {
 }
 
 /* ---- the table ---- */
+/* moe_mlp with the residual add and the next norm (MoeMlpArgs.resid, one token, the down GEMV's path):
+ * against moe_mlp into out then add_rmsnorm, forward.c's two ops, byte for byte in the residual, the
+ * normed row and, split on (presplit), an NVFP4 tensor-core GEMV over it that reads the norm's split;
+ * one kernel fewer, and again with the blocks run last to first (the other tiles and blocks count
+ * last: the counters are back at 0 after a launch); with SAMPLER_CUDA_OFF=matmul_add_rmsnorm the
+ * op's own two launches, the same bits. Values: x + the CPU's expert sum, and its RMSNorm, f32
+ * class. ma: check_moe's (taken, out = its result's buffer). */
+static void moe_add_norm_check(MoeMlpArgs *ma, int H, int I, int K, int E, int fmt, int split,
+                               const float *moe_ref) {
+    float *res = rand_f32((size_t)H, 3), *xr = (float *)xmalloc(sizeof(float) * H), *nref = (float *)xmalloc(sizeof(float) * H);
+    uint16_t *nw = rand_bf16((size_t)H, 1, 0.5f);
+    memcpy(xr, res, sizeof(float) * H);
+    bc->add(bc, xr, moe_ref, H);
+    bc->rmsnorm(bc, nref, xr, nw, 1, H, 1e-6f);
+    WeightMat h2, d2;
+    QuantFp8 q28;
+    QuantNvfp4 q24;
+    void *dev2[2];
+    if (split) test_weight(2, 16, H, 0.05f, &h2, &d2, &q28, &q24, dev2); /* the GEMV after: NVFP4, tensor cores */
+    d2.mma_min_n = 1;
+    float *dres = (float *)dev_poisoned(sizeof(float) * H), *dnorm = (float *)dev_poisoned(sizeof(float) * H);
+    float *dnext = (float *)dev_poisoned(sizeof(float) * 16);
+    uint16_t *dnw = (uint16_t *)dev_copy(nw, sizeof(uint16_t) * H);
+    backend_cuda_gemv_presplit(bg, split ? 1 : 0);
+    float *gx[4], *go[4], *gn[4];
+    int rc[4];
+    long kern[4] = {-1, -1, -1, -1}, kn[4] = {-1, -1, -1, -1}; /* the emulation counts kernels; a GPU does not */
+    for (int run = 0; run < 4; run++) { /* fused twice, the op's own two launches (off), then forward.c's */
+        CUDA_CHECK(cudaMemcpy(dres, res, sizeof(float) * H, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(dnorm, 0xff, sizeof(float) * H));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CHECK(backend_cuda_off(bg, "matmul_add_rmsnorm", run == 2) == 0, "no matmul_add_rmsnorm in SAMPLER_CUDA_OFF");
+        MoeMlpArgs m = *ma;
+        if (run < 3) {
+            m.resid = dres;
+            m.norm_out = dnorm;
+            m.norm_w = dnw;
+            m.eps = 1e-6f;
+        }
+#ifdef CUDA_EMULATION
+        long k0 = emu_kernels_run();
+        emu_blocks_reverse(run == 1);
+#endif
+        rc[run] = bg->moe_mlp(bg, &m);
+        if (run == 3) bg->add_rmsnorm(bg, dnorm, dres, m.out, dnw, 1, H, 1e-6f);
+#ifdef CUDA_EMULATION
+        kern[run] = emu_kernels_run() - k0;
+        emu_blocks_reverse(0);
+        k0 = emu_kernels_run();
+#endif
+        if (split) bg->matmul(bg, dnext, dnorm, 1, &d2, NULL); /* reads the norm's split of dnorm */
+#ifdef CUDA_EMULATION
+        kn[run] = emu_kernels_run() - k0;
+#endif
+        gx[run] = dev_result(dres, H);
+        go[run] = dev_result(dnorm, H);
+        gn[run] = split ? dev_result(dnext, 16) : NULL;
+    }
+    CHECK(backend_cuda_off(bg, "matmul_add_rmsnorm", 0) == 0, "no matmul_add_rmsnorm in SAMPLER_CUDA_OFF");
+    backend_cuda_gemv_presplit(bg, 0);
+    int same = rc[0] == 0 && rc[1] == 0 && rc[2] == 0 && rc[3] == 0 && kern[3] - kern[0] == (kern[0] < 0 ? 0 : 1) &&
+               kern[2] == kern[3];
+    for (int run = 0; run < 3; run++) {
+        same &= !memcmp(gx[run], gx[3], sizeof(float) * H) && !memcmp(go[run], go[3], sizeof(float) * H);
+        if (split) same &= !memcmp(gn[run], gn[3], sizeof(float) * 16) && kn[run] == kn[3];
+    }
+    char what[160], lab[192];
+    snprintf(what, sizeof what, "moe_mlp %s n 1 E %d top %d [%d x %d] + add_rmsnorm%s",
+             fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", E, K, I, H, split ? " split" : "");
+    printf("  %s %s: the bits of moe_mlp then add_rmsnorm in x and out%s, on a second launch and with "
+           "SAMPLER_CUDA_OFF=matmul_add_rmsnorm too (%ld kernels, %ld without it; -1: not counted on a GPU)\n",
+           same ? "ok  " : "FAIL", what, split ? " and the next GEMV's" : "", kern[0], kern[3]);
+    same ? n_pass++ : n_fail++;
+    snprintf(lab, sizeof lab, "%s: residual", what);
+    compare_op(lab, TOL_F32, xr, gx[0], H);
+    snprintf(lab, sizeof lab, "%s: normed", what);
+    compare_op(lab, TOL_F32, nref, go[0], H);
+    for (int run = 0; run < 4; run++) {
+        free(gx[run]); free(go[run]); free(gn[run]);
+    }
+    if (split) test_weight_free(2, &h2, dev2);
+    cudaFree(dres); cudaFree(dnorm); cudaFree(dnext); cudaFree(dnw);
+    free(res); free(xr); free(nref); free(nw);
+}
+
 /* MoE (moe_route.cu, moe_gemm.cu): moe_route against cpu_moe_route, then
  * moe_mlp against forward.c's per-expert loop over the CPU ops. Router logits
  * are ranks spaced scale / E apart (ties: two experts per rank, exact ties the
@@ -1654,7 +1739,7 @@ static void check_moe(const int *a) {
     float *dxg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H), *dyg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * H);
     float *dg = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I), *du = (float *)dev_poisoned(sizeof(float) * (size_t)NK * I);
     MoeMlpArgs ma = {dout, dx, &rg, {dm, dm + E, dm + 2 * E, dtab, dtab + 3 * E, fmt == 2 ? dtab + 6 * E : NULL}, dxg, dyg, dg,
-                     du, H, I};
+                     du, H, I, NULL, NULL, NULL, 0.f}; /* no residual add + norm (moe_add_norm_check) */
     bg->reserve(bg, n, H > I ? H : I); /* as a runner: the unpermute epilogue's tile counters among the rest */
     int taken = bg->moe_mlp(bg, &ma);
     float *got = dev_result(dout, (size_t)n * H);
@@ -1690,6 +1775,7 @@ static void check_moe(const int *a) {
         free(again[1]);
         ma.out = dout;
     }
+    if (!taken && n == 1) moe_add_norm_check(&ma, H, I, K, E, fmt, a[9], ref);
     snprintf(what, sizeof what, "moe_mlp %s n %d E %d top %d [%d x %d]%s",
              nat ? (pc ? "fp8 native per-channel" : "fp8 native") : aq ? "fp8 act_quant (weight-only)" : fmt == 2 ? "nvfp4" : fmt ? "fp8" : "bf16", n, E,
              K, I, H, taken ? " REFUSED" : "");
@@ -2105,6 +2191,9 @@ static const OpCheck OP_CHECKS[] = {
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 2, 0, 0}},  /* nvfp4 */
     {check_moe, OC_GPU, {512, 128, 8, 1, 2048, 768, 3, 0, 0}},  /* fp8 native (act_quant) */
     {check_moe, OC_ALL, {1, 8, 2, 1, 64, 40, 0, 0, 0}},         /* the qwen3_moe fixture's shape */
+    {check_moe, OC_ALL, {1, 16, 4, 1, 64, 32, 1, 0, 0, 1}},     /* fp8, + add_rmsnorm and its split */
+    {check_moe, OC_ALL, {1, 16, 4, 1, 96, 32, 2, 0, 0, 1}},     /* nvfp4, the same */
+    {check_moe, OC_FULL, {1, 8, 2, 1, 1032, 32, 0, 0, 0, 0}},   /* a row past 1024: the norm reads it twice */
     {check_moe, OC_FULL, {17, 8, 2, 0, 64, 56, 0, 1, 0}},        /* qwen3_moe_nonorm's, exact ties */
     {check_moe, OC_FULL, {80, 8, 2, 1, 32, 16, 0, 0, 0}},        /* n > 64: two routing launches; the mma */
     {check_moe, OC_ALL, {5, 128, 8, 1, 64, 32, 1, 1, 0}},       /* 128 experts, fp8 */

@@ -1405,7 +1405,8 @@ static void t_gemv_crossover(const char *dir, Precision prec, int quick) {
  * add_rmsnorm (SAMPLER_CUDA_OFF=matmul_add_rmsnorm): the same logits bit for bit, the second runner's
  * o and down norms writing the split that gate/up and q/k/v read, and 2 x layers - 1 kernels fewer a
  * decode step (the last layer's down is followed by a plain add; the prefill, of more than one token,
- * takes the two ops in both). */
+ * takes the two ops in both). An MoE fixture's routed experts stay on the grouped GEMV (moe_gemm.cu),
+ * whose down takes the add + norm after its unpermute: the same count. */
 static void t_gemv_presplit(const char *dir, Precision prec, int quick, int add_norm) {
     Err err = {};
     Model *m[2] = {NULL, NULL};
@@ -1421,8 +1422,8 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick, int add_
             n_fail++;
             return;
         }
-        for (int j = 0; j < m[i]->weights.n; j++)
-            if (m[i]->weights.t[j].mat) m[i]->weights.t[j].mat->mma_min_n = 1;
+        for (int j = 0; j < m[i]->weights.n; j++) /* routed experts: the grouped GEMV (its unpermute epilogue) */
+            if (m[i]->weights.t[j].mat) m[i]->weights.t[j].mat->mma_min_n = strstr(m[i]->weights.t[j].name, ".experts.") ? 0 : 1;
         gb[i] = backend_cuda_create(&m[i]->weights, m[i]->cfg.head_dim, 128);
         backend_cuda_gemv_presplit(gb[i], add_norm ? 1 : i); /* 0: off, 1: from one token on */
         if (add_norm && !i) CHECK(backend_cuda_off(gb[i], "matmul_add_rmsnorm", 1) == 0, "no matmul_add_rmsnorm row");
@@ -1506,6 +1507,7 @@ static void t_native_crossovers(int quick) {
     /* o / down on FP8's tensor-core GEMV with the norm's split (the tiled GEMV's epilogue, BF16 / FP8 /
      * NVFP4, in the op table; BF16 decode steps take it in every fixture above, against the CPU) */
     t_gemv_presplit("tests/fixtures/qwen3_hd64_g4", PREC_FP8, quick, 1);
+    t_gemv_presplit("tests/fixtures/qwen3_moe_fp4", PREC_FP8, quick, 1); /* o, layer 0 down, layer 1 experts down */
     t_moe_gemv_choice(PREC_FP8, quick);
     if (!quick) t_moe_gemv_choice(PREC_NVFP4, 0); /* the sanitizers' quick subset: FP8 (the same code) */
     if (!quick) t_moe_gemv_choice(PREC_BF16, 0);

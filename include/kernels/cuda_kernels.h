@@ -282,6 +282,19 @@ int cuda_moe_unpermute(float *out, const float *y, const int32_t *pair_of, const
  * cuda_moe_gemv takes with nseg 1, n <= CUDA_GEMV_MAX_N tokens, n_pairs = n top_k, tile_cap >= the row
  * tiles (rows / CUDA_MOE_TILE_ROWS, rounded up): 0, or -1 without a launch (the caller runs the two). */
 #define CUDA_MOE_TILE_ROWS 4 /* the grouped GEMV's rows a block (gemv_tile.cuh's GT_ROWS; moe_gemm.cu asserts it) */
+/* The residual add and the next RMSNorm that a GEMV at one token takes as its epilogue (cuda_gemv_add_rmsnorm:
+ * o, a dense MLP's down; CudaMoeUnpermute: the routed experts' down): x += the GEMV's row, then out =
+ * rmsnorm(x) * w and, split non-NULL, out's split, the bits of cuda_add_rmsnorm(out, x, row, w, 1,
+ * rows, eps, split) after the GEMV alone. */
+typedef struct GemvAddNorm {
+    float *x;          /* [1, rows] f32: the residual, updated in place; not the GEMV's input */
+    float *out;        /* [1, rows] f32: rmsnorm(x) * w; not x, not the GEMV's input */
+    const uint16_t *w; /* [rows] bf16: the norm's weight */
+    float eps;
+    void *split;       /* NULL, or scratch of cuda_gemv_mma_scratch(1, rows) bytes (16-byte aligned, rows even):
+                        * out's split for the FP8 / NVFP4 tensor-core GEMV after it (rmsnorm.cu's) */
+    uint32_t *done;    /* [1] device counter, 0 between launches (the last block puts it back) */
+} GemvAddNorm;
 typedef struct CudaMoeUnpermute {
     float *out;             /* [n, seg[0].rows] f32 */
     const int32_t *pair_of; /* [n, top_k] int32 (moe_route) */
@@ -289,17 +302,9 @@ typedef struct CudaMoeUnpermute {
     int n, top_k;
     uint32_t *tile_done;    /* [tile_cap] uint32 device, all 0 between launches */
     int tile_cap;
-    /* Optional, at n = 1 (resid NULL: out written): the residual add and the next norm too. The token's
-     * unpermuted row is added into resid instead of stored in out, and the launch's last row tile then
-     * writes norm_out = rmsnorm(resid) * norm_w and, split non-NULL, norm_out's split for the FP8 / NVFP4
-     * tensor-core GEMV after it: the bits of this op into out, then cuda_add_rmsnorm(norm_out, resid,
-     * out, norm_w, 1, rows, eps, split); out is not written. */
-    float *resid;           /* [1, rows] f32, updated in place; not out, not g's x */
-    float *norm_out;        /* [1, rows] f32; not resid */
-    const uint16_t *norm_w; /* [rows] bf16 */
-    float eps;
-    void *split;            /* NULL, or scratch of cuda_gemv_mma_scratch(1, rows) bytes (16-byte aligned, rows even) */
-    uint32_t *norm_done;    /* [1] uint32 device, 0 between launches (the last tile puts it back) */
+    /* Optional, at n = 1 (add_norm.x NULL: out written): the token's unpermuted row is added into
+     * add_norm.x instead of stored in out (not out), and the launch's last row tile norms it. */
+    GemvAddNorm add_norm;
 } CudaMoeUnpermute;
 int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u, void *stream);
 

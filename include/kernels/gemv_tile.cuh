@@ -25,6 +25,7 @@
 #define SAMPLER_GEMV_TILE_CUH
 
 #include "cuda_device.cuh"
+#include "cuda_kernels.h" /* GemvAddNorm */
 #include "cuda_pdl.cuh"
 
 #define GT_ROWS 4  /* weight rows per block */
@@ -456,18 +457,9 @@ int cuda_gemv_swiglu(GemvMulti *m, float *out, int n, int fmt, void *stream);
  * last block, out = rmsnorm(x) * w (and out's split when asked), the bits of cuda_gemv_multi into a
  * buffer y then cuda_add_rmsnorm(out, x, y, w, 1, rows, eps, split). seg[0].out is not written. On
  * the tiled GEMV, or with m->mma on FP8 / NVFP4's tensor-core tile (x split into m->xs first unless
- * ready; the norm's split may share that scratch). */
-typedef struct GemvAddNorm {
-    float *x;          /* [1, rows] f32: the residual, updated in place; not seg[0].x */
-    float *out;        /* [1, rows] f32: rmsnorm(x) * w; not x, not seg[0].x */
-    const uint16_t *w; /* [rows] bf16: the norm's weight */
-    float eps;
-    void *split;       /* NULL, or scratch of cuda_gemv_mma_scratch(1, rows) bytes (16-byte aligned, rows even):
-                        * out's split for the FP8 / NVFP4 tensor-core GEMV after it (rmsnorm.cu's) */
-    uint32_t *done;    /* [1] device counter, 0 between launches (the last block puts it back) */
-} GemvAddNorm;
-/* 0, or -1 without a launch (n != 1, gemv_multi_check fails (BF16's tensor-core tile included: not
- * at one token), nseg != 1, a pointer above missing or aliased, the split's shape). */
+ * ready; the norm's split may share that scratch). an: GemvAddNorm (cuda_kernels.h). 0, or -1 without
+ * a launch (n != 1, gemv_multi_check fails (BF16's tensor-core tile included: not at one token), nseg
+ * != 1, rms_add_norm_args refuses an). */
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream);
 
 #endif

@@ -194,6 +194,17 @@ typedef struct RmsAddNorm {
     uint32_t *done;         /* [1] device counter, 0 between launches */
 } RmsAddNorm;
 
+/* The launchers' check of a GemvAddNorm (cuda_kernels.h) for a row of dim columns after a GEMV over in,
+ * and the kernels' form of it: 0, or -1 (a pointer missing, x / out / in aliased, the split's shape). */
+static inline int rms_add_norm_args(const GemvAddNorm *an, int dim, const float *in, RmsAddNorm *d) {
+    if (!an->x || !an->out || !an->w || !an->done || an->out == an->x || an->x == in || an->out == in)
+        return -1;
+    if (an->split && (dim % 2 || ((uintptr_t)an->split & 15))) return -1;
+    *d = RmsAddNorm{an->x, an->out, (const __nv_bfloat16 *)an->w, an->eps,
+                    an->split ? gemv_mma_split_at(an->split, 1, dim) : GmSplit{}, an->done};
+    return 0;
+}
+
 /* Every thread of a block calls it once the block's adds into an.x are written (last_block_done's
  * fence makes them visible): the last of `blocks` to count norms x, reading the others' adds through
  * L2. B: rms_row's (registers, not bits). */

@@ -1099,14 +1099,9 @@ static int cu_moe_mlp(Backend *b, const MoeMlpArgs *a) {
             CudaMoeUnpermute un = {a->out, ra->pair_of, ra->weights, ra->n, K, c->moe_done,
                                    (int)(c->moe_done_cap / sizeof(uint32_t))};
             int fuse = a->resid && ra->n == 1 && !c->off_add_norm;
-            if (fuse) {
-                un.resid = a->resid;
-                un.norm_out = a->norm_out;
-                un.norm_w = a->norm_w;
-                un.eps = a->eps;
-                un.split = norm_split(c, a->norm_out, 1, H);
-                un.norm_done = c->norm_done;
-            }
+            if (fuse)
+                un.add_norm = GemvAddNorm{a->resid, a->norm_out, a->norm_w, a->eps,
+                                          norm_split(c, a->norm_out, 1, H), c->norm_done};
             if (!c->off_moe_unpermute && !cuda_moe_gemv_unpermute(&dn, &un, st(b)))
                 return fuse ? 0 : moe_add_norm(b, a);
             xs_clear(c);

@@ -73,13 +73,8 @@ static void add_norm_launch(const GemvMulti *m, const RmsAddNorm *an, cudaStream
 
 int cuda_gemv_add_rmsnorm(GemvMulti *m, const GemvAddNorm *an, int n, int fmt, void *stream) {
     if (!m || !an || n != 1 || m->nseg != 1 || gemv_multi_check(m, n, fmt)) return -1; /* no BF16 mma at 1 token */
-    const GemvArgs *a = &m->seg[0];
-    int rows = a->rows;
-    if (!an->x || !an->out || !an->w || !an->done || an->out == an->x || an->x == a->x || an->out == a->x)
-        return -1;
-    if (an->split && (rows % 2 || ((uintptr_t)an->split & 15))) return -1;
-    RmsAddNorm d = {an->x, an->out, (const __nv_bfloat16 *)an->w, an->eps,
-                    an->split ? gemv_mma_split_at(an->split, n, rows) : GmSplit{}, an->done};
+    RmsAddNorm d;
+    if (rms_add_norm_args(an, m->seg[0].rows, m->seg[0].x, &d)) return -1;
     m->prefetch = cuda_gemv_prefetch_enabled();
     cudaStream_t s = (cudaStream_t)stream;
     if (m->mma) gemv_mma_split(m, n, s); /* x's split, unless a norm wrote it (m->xs.ready) */

@@ -251,15 +251,10 @@ extern "C" int cuda_moe_gemv_unpermute(CudaMoeGemv *g, const CudaMoeUnpermute *u
         u->top_k > MOE_MAX_TOPK || g->n_pairs != u->n * u->top_k ||
         u->tile_cap < (g->seg[0].rows + CUDA_MOE_TILE_ROWS - 1) / CUDA_MOE_TILE_ROWS)
         return -1;
-    int rows = g->seg[0].rows;
     RmsAddNorm an = {};
-    if (u->resid) {
-        if (u->n != 1 || !u->norm_out || !u->norm_w || !u->norm_done || u->norm_out == u->resid ||
-            u->resid == u->out || u->resid == g->x || (u->split && (rows % 2 || ((uintptr_t)u->split & 15))))
-            return -1;
-        an = RmsAddNorm{u->resid, u->norm_out, (const __nv_bfloat16 *)u->norm_w, u->eps,
-                        u->split ? gemv_mma_split_at(u->split, 1, rows) : GmSplit{}, u->norm_done};
-    }
+    if (u->add_norm.x && (u->n != 1 || u->add_norm.x == u->out ||
+                          rms_add_norm_args(&u->add_norm, g->seg[0].rows, g->x, &an)))
+        return -1;
     moe_gemv_launch(g, u, &an, (cudaStream_t)stream);
     CUDA_CHECK_LAUNCH();
     return 0;

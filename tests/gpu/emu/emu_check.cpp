@@ -1422,8 +1422,10 @@ static void t_gemv_presplit(const char *dir, Precision prec, int quick, int add_
             n_fail++;
             return;
         }
-        for (int j = 0; j < m[i]->weights.n; j++) /* routed experts: the grouped GEMV (its unpermute epilogue) */
-            if (m[i]->weights.t[j].mat) m[i]->weights.t[j].mat->mma_min_n = strstr(m[i]->weights.t[j].name, ".experts.") ? 0 : 1;
+        for (int j = 0; j < m[i]->weights.n; j++) { /* routed experts: the grouped GEMV (its unpermute epilogue) */
+            const WeightTensor *t = &m[i]->weights.t[j];
+            if (t->mat) t->mat->mma_min_n = strstr(t->name, ".experts.") ? 0 : 1;
+        }
         gb[i] = backend_cuda_create(&m[i]->weights, m[i]->cfg.head_dim, 128);
         backend_cuda_gemv_presplit(gb[i], add_norm ? 1 : i); /* 0: off, 1: from one token on */
         if (add_norm && !i) CHECK(backend_cuda_off(gb[i], "matmul_add_rmsnorm", 1) == 0, "no matmul_add_rmsnorm row");

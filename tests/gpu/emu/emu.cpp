@@ -2,8 +2,11 @@
  * emu.cpp - the execution machinery of shim/cuda_runtime.h. Blocks run one
  * after another (first to last, or last to first: emu_blocks_reverse); the threads of a block run as fibers in one OS thread,
  * switching only at barriers: __syncthreads waits for the block,
- * __shfl_xor_sync for the warp. Between two block barriers the warps run one
- * after another (emu_run says why). A fiber is made once per CUDA thread index
+ * __shfl_xor_sync (and the other warp collectives: one barrier each, see
+ * warp_phase) for the warp. Between two block barriers the warps run one
+ * after another (emu_run says why); a lane that waits passes the turn
+ * straight to the next lane of its warp (emu_pass), not through the
+ * scheduler. A fiber is made once per CUDA thread index
  * (per host thread that launches): after its thread's kernel returns it parks
  * at the scheduler and runs the next block's from there. On x86-64 a switch
  * is emu_swap, a few instructions (the callee-saved registers and the stack
@@ -26,7 +29,7 @@
 #include "cuda_runtime.h"
 
 thread_local uint3 threadIdx, blockIdx;
-thread_local dim3 blockDim, gridDim;
+thread_local uint3 blockDim, gridDim; /* uint3, not dim3: a type without a constructor reads without a TLS wrapper call */
 thread_local EmuBlock *emu_block;
 
 #define EMU_MAX_THREADS 1024
@@ -312,7 +315,7 @@ void emu_cp_async_wait(int n) {
 #endif
 struct EmuBlock {
     unsigned arrived[33], gen[33]; /* [0..31] per warp, [32] the block */
-    float slots[32][32];
+    float slots[2][32][32];        /* __shfl_xor_sync's, by warp_phase */
 };
 
 #define FIBER_STACK (128 * 1024)
@@ -366,6 +369,14 @@ static const void *sched_bottom;
 static size_t sched_size;
 static void *sched_fake, *fib_fake[EMU_MAX_THREADS];
 
+static unsigned fib_held[EMU_MAX_THREADS]; /* block barrier generation + 1, or 0 */
+static int fib_entered[EMU_MAX_THREADS];    /* has run (a fresh fiber is entered from the scheduler only) */
+
+/* Whether emu_run's lane loop would run fiber i now: not returned, not held at the block barrier. */
+static int fib_runnable(unsigned i) {
+    return !fib_done[i] && !(fib_held[i] && emu_block->gen[32] == fib_held[i] - 1);
+}
+
 static void emu_yield(void) {
     unsigned me = cur;
     FIB_START(&fib_fake[me], sched_bottom, sched_size);
@@ -373,10 +384,26 @@ static void emu_yield(void) {
     FIB_FINISH(fib_fake[me], NULL, NULL);
 }
 
+/* A waiting fiber passes the turn on: straight to the next lane of its warp that emu_run's lane loop
+ * would run next (the same order, half the switches: none through the scheduler), or back to the
+ * scheduler after the warp's last lane (cur tells it where the turns stopped). */
+static void emu_pass(void) {
+    unsigned me = cur, j = me + 1;
+    while (j % 32 && !fib_runnable(j)) j++;
+    if (!(j % 32) || !fib_entered[j]) {
+        emu_yield();
+        return;
+    }
+    threadIdx = uint3{j, 0, 0};
+    cur = j;
+    FIB_START(&fib_fake[me], stacks + (size_t)j * FIBER_STACK, FIBER_STACK);
+    fib_switch(&fib_ctx[me], &fib_ctx[j]);
+    FIB_FINISH(fib_fake[me], NULL, NULL);
+}
+
 /* Barrier k (a warp, or 32 for the block) of n fibers. A fiber held at the
  * block barrier says so (fib_held, the generation it waits out), so the
  * scheduler can move on to the next warp. */
-static unsigned fib_held[EMU_MAX_THREADS]; /* block barrier generation + 1, or 0 */
 static void emu_barrier(int k, unsigned n) {
     EmuBlock *b = emu_block;
     if (++b->arrived[k] == n) {
@@ -386,27 +413,36 @@ static void emu_barrier(int k, unsigned n) {
     }
     unsigned g = b->gen[k];
     if (k == 32) fib_held[cur] = g + 1;
-    while (b->gen[k] == g) emu_yield();
+    while (b->gen[k] == g) emu_pass();
     fib_held[cur] = 0;
 }
 
-float emu_shfl_xor(float v, int off) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu_block->slots[w][l] = v;
-    emu_barrier(w, 32);
-    float r = emu_block->slots[w][l ^ off];
-    emu_barrier(w, 32);
-    return r;
-}
+/* A warp collective (a shuffle, mma, ldmatrix) deposits its lanes' values in buffer warp_phase(w)
+ * of two, meets at the warp barrier, reads, and is done: no second meeting before the buffer is
+ * written again. The phase is the barrier's generation g (the same in every lane until all arrive),
+ * and the next collective to write buffer g % 2 meets at generation g + 2 or later, which every lane
+ * reaches only after generation g + 1, after its reads of g. One barrier a collective instead of two:
+ * half the fiber switches of the emulation's hottest path. */
+static unsigned warp_phase(int w) { return emu_block->gen[w] & 1u; }
+static void warp_collective_done(int w) { (void)w; }
 
 void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
 static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
+
+float emu_shfl_xor(float v, int off) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    unsigned p = warp_phase(w);
+    emu_block->slots[p][w][l] = v;
+    emu_warp_barrier(w);
+    return emu_block->slots[p][w][l ^ off];
+}
 void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
 /* A fiber's life: its CUDA thread of every block emu_run gives it, parked in
  * between (emu_yield: the scheduler resumes it at the next block). */
 static void fiber_main(void) {
     FIB_FINISH(NULL, &sched_bottom, &sched_size);
+    fib_entered[cur] = 1;
     for (;;) {
         (*job.fn)();
         cp_async_exit();
@@ -434,10 +470,16 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                          bz = rev ? c.grid.z - 1 - iz : iz;
                 memset(&blk, 0, sizeof blk);
                 cur_nt = nt;
+                /* the block's (the fibers run on this OS thread, so its thread-locals are theirs) */
+                blockIdx = uint3{bx, by, bz};
+                blockDim = uint3{c.block.x, c.block.y, c.block.z};
+                gridDim = uint3{c.grid.x, c.grid.y, c.grid.z};
+                emu_block = &blk;
                 for (unsigned i = 0; i < nt; i++) {
                     if (!fib_started[i]) {
                         fib_make(&fib_ctx[i], stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
                         fib_started[i] = 1;
+                        fib_entered[i] = 0;
                     }
                     fib_done[i] = 0;
                     fib_held[i] = 0;
@@ -461,14 +503,11 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                                 if (fib_done[i] || (fib_held[i] && blk.gen[32] == fib_held[i] - 1)) continue;
                                 ran = any = 1;
                                 threadIdx = uint3{i, 0, 0};
-                                blockIdx = uint3{bx, by, bz};
-                                blockDim = c.block;
-                                gridDim = c.grid;
-                                emu_block = &blk;
                                 cur = i;
                                 FIB_START(&sched_fake, stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
                                 fib_switch(&sched_ctx, &fib_ctx[i]);
                                 FIB_FINISH(sched_fake, NULL, NULL);
+                                i = cur; /* lanes up to cur ran by emu_pass's turns */
                             }
                         }
                     }
@@ -488,20 +527,23 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
 struct EmuBlock {
     pthread_barrier_t block_bar;
     pthread_barrier_t warp_bar[32];
-    float slots[32][32];
+    float slots[2][32][32]; /* [0] only: a pthread barrier has no generation to read */
 };
-
-float emu_shfl_xor(float v, int off) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu_block->slots[w][l] = v;
-    pthread_barrier_wait(&emu_block->warp_bar[w]);
-    float r = emu_block->slots[w][l ^ off];
-    pthread_barrier_wait(&emu_block->warp_bar[w]);
-    return r;
-}
 
 void emu_syncthreads(void) { pthread_barrier_wait(&emu_block->block_bar); }
 static void emu_warp_barrier(int w) { pthread_barrier_wait(&emu_block->warp_bar[w]); }
+/* A warp collective here: one buffer, and a second meeting before it is written again. */
+static unsigned warp_phase(int w) { return (void)w, 0u; }
+static void warp_collective_done(int w) { emu_warp_barrier(w); }
+
+float emu_shfl_xor(float v, int off) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu_block->slots[0][w][l] = v;
+    emu_warp_barrier(w);
+    float r = emu_block->slots[0][w][l ^ off];
+    warp_collective_done(w);
+    return r;
+}
 void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
 static pthread_t pool[EMU_MAX_THREADS];
@@ -515,8 +557,8 @@ static void *worker(void *p) {
         sem_wait(&start_sem[i]);
         threadIdx = uint3{i, 0, 0};
         blockIdx = job.b;
-        blockDim = job.bd;
-        gridDim = job.gd;
+        blockDim = uint3{job.bd.x, job.bd.y, job.bd.z};
+        gridDim = uint3{job.gd.x, job.gd.y, job.gd.z};
         emu_block = job_blk;
         cp_async_reset(i);
         (*job.fn)();
@@ -559,66 +601,82 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
 
 /* ---- warp-collective mma (shim/cuda_runtime.h): each lane deposits its
  * fragments, the warp meets, each lane computes its four outputs from the
- * deposited registers by the PTX layout, the warp meets again before the
- * scratch is reused. Blocks run one at a time, so one scratch serves. ---- */
-static struct { uint32_t a[32][32][4], b[32][32][2]; } mma_scratch;
-
-static float mma_bf16(uint32_t reg, int hi) { return __uint_as_float(hi ? reg & 0xffff0000u : reg << 16); }
-
-/* m16n8kK of the two mma shims: each 32-bit register holds epr elements (bf16: 2, e4m3: 4), the
- * lower k in the lower bits, so K = 8 epr and lane (row % 8) * 4 + (k % (K / 2)) / epr, register
- * (row >= 8) + 2 (k >= K / 2) holds A[row][k], lane col * 4 + (k % (K / 2)) / epr, register
- * k >= K / 2 holds B[k][col] (element k % epr of each); elem decodes element i of a register. */
-static void emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], int epr,
-                    float (*elem)(uint32_t reg, int i)) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4, K = 8 * epr, half = K / 2;
-    memcpy(mma_scratch.a[w][l], a, sizeof mma_scratch.a[w][l]);
-    memcpy(mma_scratch.b[w][l], b, sizeof mma_scratch.b[w][l]);
-    emu_warp_barrier(w);
-    float r[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        float s = 0.f;
-        for (int k = 0; k < K; k++) {
-            float x = elem(mma_scratch.a[w][(row % 8) * 4 + (k % half) / epr][(row >= 8) + 2 * (k >= half)], k % epr);
-            float y = elem(mma_scratch.b[w][col * 4 + (k % half) / epr][k >= half], k % epr);
-            s += x * y;
-        }
-        r[i] = s + c[i];
-    }
-    emu_warp_barrier(w);
-    memcpy(d, r, sizeof r);
-}
-
-void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-    emu_mma(d, a, b, c, 2, mma_bf16);
-}
+ * deposited registers by the PTX layout (warp_phase's buffer: no second
+ * meeting). Blocks run one at a time, so one scratch serves. ---- */
+static struct { uint32_t a[32][32][4], b[32][32][2]; } mma_scratch[2]; /* by warp_phase */
 
 /* IEEE binary16 (1 sign, 5 exponent bits of bias 15, 10 mantissa bits) to f32, from the format's definition. */
-static float mma_f16(uint32_t reg, int hi) {
-    uint32_t h = hi ? reg >> 16 : reg & 0xffffu, e = h >> 10 & 31u, m = h & 1023u;
+static float f16_def(uint32_t h) {
+    uint32_t e = h >> 10 & 31u, m = h & 1023u;
     float f = e == 31u ? (m ? NAN : INFINITY) : e ? ldexpf(1.0f + (float)m / 1024.0f, (int)e - 15) : ldexpf((float)m, -24);
     return h & 0x8000u ? -f : f;
 }
 
-void emu_mma_m16n8k16_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-    emu_mma(d, a, b, c, 2, mma_f16);
-}
-
 /* e4m3 (OCP FP8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
  * infinities, S.1111.111 NaN) to f32, from the format's definition. */
-static float mma_e4m3(uint32_t reg, int byte) {
-    uint32_t v = reg >> (8 * byte) & 0xffu, e = v >> 3 & 15u, m = v & 7u;
+static float e4m3_def(uint32_t v) {
+    uint32_t e = v >> 3 & 15u, m = v & 7u;
     float f = (e == 15u && m == 7u) ? NAN : e ? ldexpf(1.0f + (float)m / 8.0f, (int)e - 7) : ldexpf((float)m, -9);
     return v & 0x80u ? -f : f;
 }
 
+/* The definitions above tabulated once (the mma shims decode every element of every fragment). */
+static float f16_tab[65536], e4m3_tab[256];
+static struct MmaTabs {
+    MmaTabs() {
+        for (uint32_t i = 0; i < 65536; i++) f16_tab[i] = f16_def(i);
+        for (uint32_t i = 0; i < 256; i++) e4m3_tab[i] = e4m3_def(i);
+    }
+} mma_tabs;
+
+/* Element i (lower bits first) of a register. */
+static float mma_bf16(uint32_t reg, int hi) { return __uint_as_float(hi ? reg & 0xffff0000u : reg << 16); }
+static float mma_f16(uint32_t reg, int hi) { return f16_tab[hi ? reg >> 16 : reg & 0xffffu]; }
+static float mma_e4m3(uint32_t reg, int byte) { return e4m3_tab[reg >> (8 * byte) & 0xffu]; }
+
+/* m16n8kK of the mma shims: each 32-bit register holds EPR elements (bf16, f16: 2, e4m3: 4), the
+ * lower k in the lower bits, so K = 8 EPR and lane (row % 8) * 4 + (k % (K / 2)) / EPR, register
+ * (row >= 8) + 2 (k >= K / 2) holds A[row][k], lane col * 4 + (k % (K / 2)) / EPR, register
+ * k >= K / 2 holds B[k][col] (element k % EPR of each); ELEM decodes element i of a register. A lane's
+ * outputs are rows g, g + 8 by columns 2t, 2t + 1: those two rows of A and columns of B decoded once,
+ * then each output the sum over k in order, plus c. */
+template <int EPR, float (*ELEM)(uint32_t reg, int i)>
+static void emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    constexpr int K = 8 * EPR, half = K / 2;
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    auto &ms = mma_scratch[warp_phase(w)];
+    memcpy(ms.a[w][l], a, sizeof ms.a[w][l]);
+    memcpy(ms.b[w][l], b, sizeof ms.b[w][l]);
+    emu_warp_barrier(w);
+    float ar[2][K], bc[2][K], r[4]; /* A rows g, g + 8; B columns 2t, 2t + 1 */
+    for (int k = 0; k < K; k++)
+        for (int h = 0; h < 2; h++) {
+            ar[h][k] = ELEM(ms.a[w][g * 4 + (k % half) / EPR][h + 2 * (k >= half)], k % EPR);
+            bc[h][k] = ELEM(ms.b[w][(2 * t + h) * 4 + (k % half) / EPR][k >= half], k % EPR);
+        }
+    for (int i = 0; i < 4; i++) {
+        float s = 0.f;
+        for (int k = 0; k < K; k++) s += ar[i >= 2][k] * bc[i & 1][k];
+        r[i] = s + c[i];
+    }
+    warp_collective_done(w);
+    memcpy(d, r, sizeof r);
+}
+
+void emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    emu_mma<2, mma_bf16>(d, a, b, c);
+}
+
+void emu_mma_m16n8k16_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    emu_mma<2, mma_f16>(d, a, b, c);
+}
+
 void emu_mma_m16n8k32_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-    emu_mma(d, a, b, c, 4, mma_e4m3);
+    emu_mma<4, mma_e4m3>(d, a, b, c);
 }
 
 /* ---- warp-collective ldmatrix (shim/cuda_runtime.h), the same protocol ---- */
-static const uint16_t *ldm_rows[32][32];
+static const uint16_t *ldm_rows[2][32][32]; /* by warp_phase */
 
 void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
@@ -627,15 +685,16 @@ void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
                 threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
         exit(1);
     }
-    ldm_rows[w][l] = (const uint16_t *)row;
+    unsigned p = warp_phase(w);
+    ldm_rows[p][w][l] = (const uint16_t *)row;
     emu_warp_barrier(w);
     uint32_t v[4];
     for (int j = 0; j < 4; j++) {
-        const uint16_t *const *m = ldm_rows[w] + 8 * j; /* matrix j's eight rows */
+        const uint16_t *const *m = ldm_rows[p][w] + 8 * j; /* matrix j's eight rows */
         v[j] = trans ? (uint32_t)m[2 * t][g] | (uint32_t)m[2 * t + 1][g] << 16
                      : (uint32_t)m[g][2 * t] | (uint32_t)m[g][2 * t + 1] << 16;
     }
-    emu_warp_barrier(w);
+    warp_collective_done(w);
     memcpy(r, v, sizeof v);
 }
 

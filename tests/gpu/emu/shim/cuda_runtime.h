@@ -2,9 +2,9 @@
  * shim/cuda_runtime.h - a CPU emulation of the small part of CUDA the kernels
  * of kernels/cuda/ use, so their index math and reductions can be checked on
  * a machine without a GPU (ctest cuda_emu, target emu_check). Every CUDA thread is a
- * pthread; a block's threads run together (barriers for __syncthreads, per
- * warp barriers + a slot array for __shfl_xor_sync); blocks run one after
- * another. Not a performance model, not a memory-model emulator.
+ * fiber (a pthread under TSan: emu.cpp); a block's threads run together (barriers for
+ * __syncthreads, per warp barriers + a slot array for __shfl_xor_sync); blocks run one
+ * after another. Not a performance model, not a memory-model emulator.
  */
 #ifndef EMU_CUDA_RUNTIME_H
 #define EMU_CUDA_RUNTIME_H
@@ -260,7 +260,7 @@ struct alignas(16) float4 { float x, y, z, w; };
 
 struct EmuBlock;
 extern thread_local uint3 threadIdx, blockIdx;
-extern thread_local dim3 blockDim, gridDim;
+extern thread_local uint3 blockDim, gridDim; /* CUDA's are dim3: the kernels read .x .y .z only */
 extern thread_local EmuBlock *emu_block;
 
 float emu_shfl_xor(float v, int off);

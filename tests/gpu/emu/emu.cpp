@@ -28,6 +28,11 @@
 
 #include "cuda_runtime.h"
 
+/* The emulation's own machinery (barriers, turns, the collectives' arithmetic over the shim's
+ * buffers and the values a kernel passes by value): not instrumented by ASan / UBSan, which are
+ * there to check the kernels (the mma shim alone took a third of the sanitizer build's time). */
+#define EMU_UNCHECKED __attribute__((no_sanitize("address", "undefined")))
+
 thread_local uint3 threadIdx, blockIdx;
 thread_local uint3 blockDim, gridDim; /* uint3, not dim3: a type without a constructor reads without a TLS wrapper call */
 thread_local EmuBlock *emu_block;
@@ -363,6 +368,8 @@ static char *stacks;
 static int fib_done[EMU_MAX_THREADS], fib_started[EMU_MAX_THREADS];
 static pthread_t fib_owner; /* the host thread whose launches the fibers ran (fib_started) */
 static unsigned cur, cur_nt;
+static EmuBlock *fib_blk; /* emu_block of the block the fibers run: the hot paths below read these
+                           * statics, not the thread-locals (a TLS read is a call under ASan) */
 /* ASan's bookkeeping of the switches: the scheduler's stack (learnt at the
  * first switch into a fiber) and each side's fake-stack handle. */
 static const void *sched_bottom;
@@ -373,11 +380,11 @@ static unsigned fib_held[EMU_MAX_THREADS]; /* block barrier generation + 1, or 0
 static int fib_entered[EMU_MAX_THREADS];    /* has run (a fresh fiber is entered from the scheduler only) */
 
 /* Whether emu_run's lane loop would run fiber i now: not returned, not held at the block barrier. */
-static int fib_runnable(unsigned i) {
-    return !fib_done[i] && !(fib_held[i] && emu_block->gen[32] == fib_held[i] - 1);
+EMU_UNCHECKED static int fib_runnable(unsigned i) {
+    return !fib_done[i] && !(fib_held[i] && fib_blk->gen[32] == fib_held[i] - 1);
 }
 
-static void emu_yield(void) {
+EMU_UNCHECKED static void emu_yield(void) {
     unsigned me = cur;
     FIB_START(&fib_fake[me], sched_bottom, sched_size);
     fib_switch(&fib_ctx[me], &sched_ctx);
@@ -387,7 +394,7 @@ static void emu_yield(void) {
 /* A waiting fiber passes the turn on: straight to the next lane of its warp that emu_run's lane loop
  * would run next (the same order, half the switches: none through the scheduler), or back to the
  * scheduler after the warp's last lane (cur tells it where the turns stopped). */
-static void emu_pass(void) {
+EMU_UNCHECKED static void emu_pass(void) {
     unsigned me = cur, j = me + 1;
     while (j % 32 && !fib_runnable(j)) j++;
     if (!(j % 32) || !fib_entered[j]) {
@@ -404,8 +411,8 @@ static void emu_pass(void) {
 /* Barrier k (a warp, or 32 for the block) of n fibers. A fiber held at the
  * block barrier says so (fib_held, the generation it waits out), so the
  * scheduler can move on to the next warp. */
-static void emu_barrier(int k, unsigned n) {
-    EmuBlock *b = emu_block;
+EMU_UNCHECKED static void emu_barrier(int k, unsigned n) {
+    EmuBlock *b = fib_blk;
     if (++b->arrived[k] == n) {
         b->arrived[k] = 0;
         b->gen[k]++;
@@ -423,18 +430,18 @@ static void emu_barrier(int k, unsigned n) {
  * and the next collective to write buffer g % 2 meets at generation g + 2 or later, which every lane
  * reaches only after generation g + 1, after its reads of g. One barrier a collective instead of two:
  * half the fiber switches of the emulation's hottest path. */
-static unsigned warp_phase(int w) { return emu_block->gen[w] & 1u; }
+EMU_UNCHECKED static unsigned warp_phase(int w) { return fib_blk->gen[w] & 1u; }
 static void warp_collective_done(int w) { (void)w; }
 
 void emu_syncthreads(void) { emu_barrier(32, cur_nt); }
 static void emu_warp_barrier(int w) { emu_barrier(w, 32); }
 
-float emu_shfl_xor(float v, int off) {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+EMU_UNCHECKED float emu_shfl_xor(float v, int off) {
+    int w = cur / 32, l = cur % 32; /* cur: threadIdx.x */
     unsigned p = warp_phase(w);
-    emu_block->slots[p][w][l] = v;
+    fib_blk->slots[p][w][l] = v;
     emu_warp_barrier(w);
-    return emu_block->slots[p][w][l ^ off];
+    return fib_blk->slots[p][w][l ^ off];
 }
 void emu_syncwarp(void) { emu_warp_barrier(threadIdx.x / 32); }
 
@@ -474,7 +481,7 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                 blockIdx = uint3{bx, by, bz};
                 blockDim = uint3{c.block.x, c.block.y, c.block.z};
                 gridDim = uint3{c.grid.x, c.grid.y, c.grid.z};
-                emu_block = &blk;
+                emu_block = fib_blk = &blk;
                 for (unsigned i = 0; i < nt; i++) {
                     if (!fib_started[i]) {
                         fib_make(&fib_ctx[i], stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
@@ -641,7 +648,7 @@ static float mma_e4m3(uint32_t reg, int byte) { return e4m3_tab[reg >> (8 * byte
  * outputs are rows g, g + 8 by columns 2t, 2t + 1: those two rows of A and columns of B decoded once,
  * then each output the sum over k in order, plus c. */
 template <int EPR, float (*ELEM)(uint32_t reg, int i)>
-static void emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+EMU_UNCHECKED static void emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
     constexpr int K = 8 * EPR, half = K / 2;
     int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
     auto &ms = mma_scratch[warp_phase(w)];

@@ -35,7 +35,6 @@
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local uint3 blockDim, gridDim; /* uint3, not dim3: a type without a constructor reads without a TLS wrapper call */
-thread_local EmuBlock *emu_block;
 
 #define EMU_MAX_THREADS 1024
 
@@ -368,8 +367,8 @@ static char *stacks;
 static int fib_done[EMU_MAX_THREADS], fib_started[EMU_MAX_THREADS];
 static pthread_t fib_owner; /* the host thread whose launches the fibers ran (fib_started) */
 static unsigned cur, cur_nt;
-static EmuBlock *fib_blk; /* emu_block of the block the fibers run: the hot paths below read these
-                           * statics, not the thread-locals (a TLS read is a call under ASan) */
+static EmuBlock *fib_blk; /* the block the fibers run (a static like the rest of the fibers' state: a
+                           * thread-local read is a call under ASan, and the hot paths below read it) */
 /* ASan's bookkeeping of the switches: the scheduler's stack (learnt at the
  * first switch into a fiber) and each side's fake-stack handle. */
 static const void *sched_bottom;
@@ -481,7 +480,7 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                 blockIdx = uint3{bx, by, bz};
                 blockDim = uint3{c.block.x, c.block.y, c.block.z};
                 gridDim = uint3{c.grid.x, c.grid.y, c.grid.z};
-                emu_block = fib_blk = &blk;
+                fib_blk = &blk;
                 for (unsigned i = 0; i < nt; i++) {
                     if (!fib_started[i]) {
                         fib_make(&fib_ctx[i], stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
@@ -507,7 +506,7 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
                         for (unsigned ran = 1; ran;) {
                             ran = 0;
                             for (unsigned i = w0; i < w0 + 32; i++) {
-                                if (fib_done[i] || (fib_held[i] && blk.gen[32] == fib_held[i] - 1)) continue;
+                                if (!fib_runnable(i)) continue;
                                 ran = any = 1;
                                 threadIdx = uint3{i, 0, 0};
                                 cur = i;
@@ -534,8 +533,9 @@ void emu_run(EmuCfg c, std::function<void()> fn) {
 struct EmuBlock {
     pthread_barrier_t block_bar;
     pthread_barrier_t warp_bar[32];
-    float slots[2][32][32]; /* [0] only: a pthread barrier has no generation to read */
+    float slots[32][32];
 };
+static thread_local EmuBlock *emu_block; /* the block this worker's CUDA thread belongs to */
 
 void emu_syncthreads(void) { pthread_barrier_wait(&emu_block->block_bar); }
 static void emu_warp_barrier(int w) { pthread_barrier_wait(&emu_block->warp_bar[w]); }
@@ -545,9 +545,9 @@ static void warp_collective_done(int w) { emu_warp_barrier(w); }
 
 float emu_shfl_xor(float v, int off) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu_block->slots[0][w][l] = v;
+    emu_block->slots[w][l] = v;
     emu_warp_barrier(w);
-    float r = emu_block->slots[0][w][l ^ off];
+    float r = emu_block->slots[w][l ^ off];
     warp_collective_done(w);
     return r;
 }

@@ -258,10 +258,8 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 
-struct EmuBlock;
 extern thread_local uint3 threadIdx, blockIdx;
 extern thread_local uint3 blockDim, gridDim; /* CUDA's are dim3: the kernels read .x .y .z only */
-extern thread_local EmuBlock *emu_block;
 
 float emu_shfl_xor(float v, int off);
 void emu_syncthreads(void);

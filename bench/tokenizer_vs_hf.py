@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Encode throughput, one thread: our tokenizer (bench_tokenizer) vs the Python `tokenizers`
 package on the same corpus, document by document, in the same run. Prints MB/s and the ratio.
+Then the load time of each tokenizer.json (decompressed into a temporary directory, with its
+tokenizer_config.json: ours also compiles the chat template) against `Tokenizer.from_file`, best of 5.
 
 Usage: python3 bench/tokenizer_vs_hf.py [BUILD_DIR]   (needs `tokenizers`; run from the repo root)
 """
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ["RAYON_NUM_THREADS"] = "1"
@@ -53,6 +57,20 @@ def main():
             hf = nb / 1e6 / best
             print("%-9s docs %2d.. %.2f MB: ours %7.2f MB/s   HF tokenizers %7.2f MB/s   ratio %.2fx"
                   % (name, first, nb / 1e6, ours, hf, ours / hf))
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "tokenizer.json"), "wb") as f:
+                f.write(js)
+            shutil.copy(os.path.join(d, "tokenizer_config.json"), tmp)
+            ours = hf = 1e30
+            for _ in range(5):  # each of ours in a fresh process, as a server start loads it
+                out = subprocess.run([os.path.join(build, "bench_tokenizer"), tmp, os.path.join(DATA, "corpus.bin.zst"),
+                                      "1", "845"], stdout=subprocess.PIPE, text=True, check=True, cwd=ROOT).stdout
+                ours = min(ours, float([l.split()[1] for l in out.splitlines() if l.startswith("load_s")][0]))
+                t = time.perf_counter()
+                Tokenizer.from_file(os.path.join(tmp, "tokenizer.json"))
+                hf = min(hf, time.perf_counter() - t)
+            print("%-9s load tokenizer.json (%.1f MB): ours %.3f s   HF tokenizers %.3f s   ratio %.2fx"
+                  % (name, len(js) / 1e6, ours, hf, hf / ours))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # found), then an ASan+UBSan build (build-asan/, CPU only) where any leak or
 # undefined behaviour fails (the emulation's second half, cuda_emu_2, runs only
 # there: see below), then a ThreadSanitizer build (build-tsan/) of the
-# tests where threads meet (engine, block manager, sampling, the server tests),
+# tests where threads meet (engine, block manager, sampling, the tokenizer's
+# cache, the server tests),
 # then every libFuzzer target for FUZZ_SECONDS (default 30) each when clang is
 # installed. Each ctest pass runs nproc tests at a time (pytest and the CUDA
 # emulation, the long ones, start first: their COST in CMakeLists.txt), the
@@ -40,7 +41,7 @@ if [ "${QUICK:-0}" != 1 ]; then
   phase "TSan build"
   cmake -S . -B build-tsan -DSAMPLER_WERROR=ON -DSAMPLER_TSAN=ON -DSAMPLER_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  tsan_tests="test_engine test_block_manager test_sampling test_grammar test_scheduler test_lora"
+  tsan_tests="test_engine test_block_manager test_sampling test_grammar test_scheduler test_lora test_tokenizer"
   # only what the TSan pass runs: those tests, and the server and trainer that its pytest subset starts
   # shellcheck disable=SC2086 # one word per target
   cmake --build build-tsan -j"$jobs" --target sampler-cpu trainer $tsan_tests

@@ -16,6 +16,7 @@
 #include <utf8proc.h>
 
 #include "../tokenizer/tok_internal.h" /* norm_hf_*: the generated table */
+#include "tok_json_diff.h"
 #include "test.h"
 #include "tokenizer.h"
 
@@ -107,12 +108,12 @@ static Expect *load_expect(const char *name, char **buf) {
     return ex;
 }
 
-typedef struct ThreadArg { const Tokenizer *t; const Expect *ex; int start, mismatches; } ThreadArg;
+typedef struct ThreadArg { const Tokenizer *t; const Expect *ex; int start, mismatches; uint32_t n; } ThreadArg;
 
 static void *thread_encode(void *p) {
     ThreadArg *a = p;
     TokIds ids = {0};
-    for (uint32_t k = 0; k < n_docs; k++) {
+    for (uint32_t k = 0; k < a->n; k++) {
         uint32_t i = (k + (uint32_t)a->start * 97) % n_docs;
         Err e = {0};
         ids.n = 0;
@@ -122,6 +123,29 @@ static void *thread_encode(void *p) {
     }
     tok_ids_free(&ids);
     return NULL;
+}
+
+/* One Tokenizer from 4 threads at once, freshly loaded: its whole-token
+ * cache (Bpe.whole) is filled while they encode the first n documents (each
+ * thread from its own start) against the goldens. */
+static void test_threads(const char *name, const Expect *ex, uint32_t n) {
+    char dir[256];
+    snprintf(dir, sizeof dir, DATA "/%s", name);
+    Err e = {0};
+    Tokenizer *fresh = tokenizer_load(dir, &e);
+    T_ASSERT(fresh != NULL, "%s: load: %s", name, e.msg);
+    if (!fresh) return;
+    pthread_t th[4];
+    ThreadArg ta[4];
+    for (int k = 0; k < 4; k++) {
+        ta[k] = (ThreadArg){fresh, ex, k, 0, n};
+        pthread_create(&th[k], NULL, thread_encode, &ta[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        T_ASSERT(ta[k].mismatches == 0, "%s: thread %d: %d mismatches", name, k, ta[k].mismatches);
+    }
+    tokenizer_free(fresh);
 }
 
 static void test_model(const char *name) {
@@ -226,17 +250,7 @@ static void test_model(const char *name) {
         json_decref(meta);
     }
 
-    /* the same Tokenizer from 4 threads at once */
-    pthread_t th[4];
-    ThreadArg ta[4];
-    for (int k = 0; k < 4; k++) {
-        ta[k] = (ThreadArg){t, ex, k, 0};
-        pthread_create(&th[k], NULL, thread_encode, &ta[k]);
-    }
-    for (int k = 0; k < 4; k++) {
-        pthread_join(th[k], NULL);
-        T_ASSERT(ta[k].mismatches == 0, "%s: thread %d: %d mismatches", name, k, ta[k].mismatches);
-    }
+    test_threads(name, ex, n_docs);
 
     tok_decoder_free(d);
     tok_decoder_free(ds);
@@ -245,6 +259,170 @@ static void test_model(const char *name) {
     free(ex);
     free(buf);
     tokenizer_free(t);
+}
+
+/* ---- tok_json.c: model.vocab and model.merges read straight from the text ---- */
+
+/* Two Tokenizers with the same tables (one read by tok_json.c, one by jansson). */
+static int tables_diff(const Tokenizer *a, const Tokenizer *b) {
+    int bad = a->n_ids != b->n_ids || a->model_vocab_size != b->model_vocab_size ||
+              a->max_tok_bytes != b->max_tok_bytes || a->str_to_id.n != b->str_to_id.n ||
+              a->bpe.vocab.n != b->bpe.vocab.n || a->bpe.merge_cap != b->bpe.merge_cap ||
+              memcmp(a->bpe.byte_id, b->bpe.byte_id, sizeof a->bpe.byte_id);
+    if (bad) return bad;
+    for (int32_t id = 0; id < a->n_ids; id++) {
+        const char *x = a->tok_str[id], *y = b->tok_str[id];
+        bad += (!x != !y) || (x && strcmp(x, y)) || a->tok_bytes_len[id] != b->tok_bytes_len[id] ||
+               (a->tok_bytes[id] && memcmp(a->tok_bytes[id], b->tok_bytes[id], a->tok_bytes_len[id])) ||
+               a->is_special[id] != b->is_special[id] || a->is_added[id] != b->is_added[id];
+        uint32_t ia, ib;
+        if (x) bad += !strmap_get(&a->str_to_id, x, strlen(x), &ia) || !strmap_get(&b->str_to_id, x, strlen(x), &ib) || ia != ib;
+    }
+    return bad + (memcmp(a->bpe.merges, b->bpe.merges, a->bpe.merge_cap * sizeof *a->bpe.merges) != 0);
+}
+
+/* The real files: read from the text, equal to jansson's reading, and the
+ * loaded Tokenizer equal to the one jansson's path gives (forced by an
+ * escape in the root key "model", which the reader refuses). */
+static void test_reader_real(const char *name) {
+    char path[256];
+    size_t n;
+    snprintf(path, sizeof path, DATA "/%s/tokenizer.json.zst", name);
+    char *doc = read_zst(path, &n);
+    TokBpeText bt;
+    char *rest;
+    size_t rl;
+    bool took = tok_json_read_bpe(doc, n, &bt, &rest, &rl);
+    T_ASSERT(took, "%s: tok_json_read_bpe refused the real file", name);
+    if (!took) { free(doc); return; }
+    T_ASSERT(bt.n_vocab > 100000 && bt.n_merges > 100000, "%s: %zu vocab, %zu merges", name, bt.n_vocab, bt.n_merges);
+    int bad = reader_diff(doc, n, &bt, rest, rl);
+    T_ASSERT(bad == 0, "%s: %d differences from jansson's reading", name, bad);
+    tok_bpe_text_free(&bt);
+    free(rest);
+
+    char *at = strstr(doc, "\"model\": {"), *slow = malloc(n + 8);
+    T_ASSERT(at && !strstr(at + 1, "\"model\": {"), "%s: one \"model\" object", name);
+    if (!at) { free(doc); free(slow); return; }
+    size_t k = (size_t)(at - doc);
+    memcpy(slow, doc, k);
+    memcpy(slow + k, "\"mod\\u0065l\":", 13);
+    memcpy(slow + k + 13, at + 8, n - k - 8);
+    T_ASSERT(!tok_json_read_bpe(slow, n + 5, &bt, &rest, &rl), "%s: the escaped key is refused", name);
+    Err e = {0};
+    Tokenizer *fast = tokenizer_load_json(doc, n, NULL, &e), *ref = tokenizer_load_json(slow, n + 5, NULL, &e);
+    T_ASSERT(fast && ref, "%s: load: %s", name, e.msg);
+    if (fast && ref) T_ASSERT(tables_diff(fast, ref) == 0, "%s: tables differ between the two readers", name);
+    tokenizer_free(fast);
+    tokenizer_free(ref);
+    free(slow);
+    free(doc);
+}
+
+/* Escapes decode as jansson decodes them; what the reader is unsure of, it
+ * refuses; of a truncated document it takes nothing jansson would not. */
+static void test_reader_cases(void) {
+    static const char *ok[] = {
+        "{\"version\":\"1.0\",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\\n\\u00e9\\ud83d\\ude00\\/\\\"\\\\\\b\\f\\r\\t\":0,"
+        "\"\xc3\xa9\xf0\x9f\x98\x80\":7, \"\":2147483647 ,\"0\":0},\"merges\":[\"a b\",[\"x y\",\"z\"],\" c\",\"d  \\u0020e\"],"
+        "\"dropout\":null},\"x\":[1,{\"model\":{\"vocab\":3}},\"model\",-1.5e3,true,null]}",
+        " \r\n\t{ \"merges\" : [ ] , \"model\" : { \"merges\" : [ ] , \"vocab\" : { } } } \n",
+        "{\"model\":{\"merges\":[[\"\\u00E9\",\"\\uD834\\uDD1E\"]],\"vocab\":{\"k\":10}}}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        TokBpeText bt;
+        char *rest;
+        size_t rl;
+        bool took = tok_json_read_bpe(ok[i], strlen(ok[i]), &bt, &rest, &rl);
+        T_ASSERT(took, "reader case %zu refused", i);
+        if (!took) continue;
+        int bad = reader_diff(ok[i], strlen(ok[i]), &bt, rest, rl);
+        T_ASSERT(bad == 0, "reader case %zu: %d differences from jansson", i, bad);
+        tok_bpe_text_free(&bt);
+        free(rest);
+        for (size_t cut = 0; cut < strlen(ok[i]); cut++) { /* every prefix */
+            if (!tok_json_read_bpe(ok[i], cut, &bt, &rest, &rl)) continue;
+            json_error_t je;
+            json_t *j = json_loadb(rest, rl, 0, &je);
+            if (j) /* only where the cut is trailing white space */
+                T_ASSERT(reader_diff(ok[i], cut, &bt, rest, rl) == 0, "reader case %zu cut at %zu", i, cut);
+            json_decref(j);
+            tok_bpe_text_free(&bt);
+            free(rest);
+        }
+    }
+    static const char *no[] = {
+        "{\"mod\\u0065l\":{\"vocab\":{},\"merges\":[]}}",             /* escaped key on the way */
+        "{\"model\":{\"voc\\u0061b\":{},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":1.0},\"merges\":[]}}",          /* not a plain integer */
+        "{\"model\":{\"vocab\":{\"a\":1e2},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":01},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":-1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":2147483648},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":\"1\"},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\\u0000\":1},\"merges\":[]}}",     /* strings jansson refuses */
+        "{\"model\":{\"vocab\":{\"\\udc00\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\\ud800x\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\\ud800\\u0041\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\\x\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\\u12g4\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\xff\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\xed\xa0\x80\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"\xc0\xaf\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\tb\":1},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{\"a\":1},\"merges\":[\"ab\"]}}",      /* merges of neither form */
+        "{\"model\":{\"vocab\":{\"a\":1},\"merges\":[[\"a\"]]}}",
+        "{\"model\":{\"vocab\":{\"a\":1},\"merges\":[[\"a\",\"b\",\"c\"]]}}",
+        "{\"model\":{\"vocab\":{\"a\":1},\"merges\":[1]}}",
+        "{\"model\":{\"vocab\":{},\"merges\":[]},\"model\":{}}",       /* a second model, vocab, merges */
+        "{\"model\":{\"vocab\":{},\"vocab\":{},\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{},\"merges\":[],\"merges\":[]}}",
+        "{\"model\":{\"vocab\":{}}}",                                 /* no merges */
+        "{\"model\":{\"vocab\":{\"a\":1,},\"merges\":[]}}",           /* trailing commas */
+        "{\"model\":{\"vocab\":{},\"merges\":[\"a b\",]}}",
+        "{\"model\":[],\"vocab\":{},\"merges\":[]}",
+        "[{\"model\":{\"vocab\":{},\"merges\":[]}}]",
+    };
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        TokBpeText bt;
+        char *rest;
+        size_t rl;
+        T_ASSERT(!tok_json_read_bpe(no[i], strlen(no[i]), &bt, &rest, &rl), "reader refusal case %zu taken: %s", i, no[i]);
+    }
+    static const char nul[] = "{\"x\":\0,\"model\":{\"vocab\":{},\"merges\":[]}}"; /* a NUL byte where a value starts */
+    TokBpeText bt;
+    char *rest;
+    size_t rl;
+    T_ASSERT(!tok_json_read_bpe(nul, sizeof nul - 1, &bt, &rest, &rl), "a NUL byte is refused");
+}
+
+/* A key twice in model.vocab: jansson keeps the last value (at the first's
+ * place); the loader's map finds it and the file is read with jansson. */
+static void test_reader_duplicate_key(void) {
+    size_t n;
+    char *doc = read_zst(DATA "/qwen3/tokenizer.json.zst", &n);
+    char *v = strstr(doc, "\"vocab\":");
+    T_ASSERT(v != NULL, "vocab key");
+    if (!v) { free(doc); return; }
+    v = strchr(v, '{') + 1;
+    /* "!" (id 0) given id 5 first, while "&" (id 5) comes before the real "!": jansson: "!" -> 0 */
+    static const char ins[] = "\"!\":5,";
+    size_t k = (size_t)(v - doc), il = sizeof ins - 1;
+    char *dup = malloc(n + il);
+    memcpy(dup, doc, k);
+    memcpy(dup + k, ins, il);
+    memcpy(dup + k + il, v, n - k);
+    Err e = {0};
+    Tokenizer *a = tokenizer_load_json(doc, n, NULL, &e), *b = tokenizer_load_json(dup, n + il, NULL, &e);
+    T_ASSERT(a && b, "duplicate key: %s", e.msg);
+    if (a && b) {
+        T_ASSERT(tokenizer_token_to_id(b, "!") == 0 && !strcmp(tokenizer_id_to_token(b, 5), "&"), "duplicate key: last wins");
+        T_ASSERT(tables_diff(a, b) == 0, "duplicate key: tables differ from the file without it");
+    }
+    tokenizer_free(a);
+    tokenizer_free(b);
+    free(dup);
+    free(doc);
 }
 
 /* The options the real tokenizers do not use (added-token flags, other
@@ -417,7 +595,22 @@ int main(void) {
     size_t bytes = 0;
     for (uint32_t i = 0; i < n_docs; i++) { docs[i].text = rd_blob(&r, &docs[i].len); bytes += docs[i].len; }
     T_ASSERT(bytes >= 1000000, "corpus is %zu bytes", bytes);
+    if (getenv("TOK_THREADS_ONLY")) { /* the ThreadSanitizer pass (tests/run.sh): where threads meet */
+        char *buf;
+        Expect *ex = load_expect("qwen3", &buf);
+        test_threads("qwen3", ex, 120);
+        for (uint32_t i = 0; i < n_docs; i++) free(ex[i].ids);
+        free(ex);
+        free(buf);
+        free(docs);
+        free(corpus);
+        return T_DONE();
+    }
     test_refusals();
+    test_reader_cases();
+    test_reader_real("qwen3");
+    test_reader_real("llama3.1");
+    test_reader_duplicate_key();
     test_variants();
     test_normalize_marks();
     test_model("qwen3");

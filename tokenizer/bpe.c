@@ -25,29 +25,41 @@ void strmap_free(StrMap *m) {
     memset(m, 0, sizeof *m);
 }
 
-static size_t strmap_find(const StrMap *m, const char *key, size_t len) {
-    size_t mask = m->cap - 1, i = XXH3_64bits(key, len) & mask;
+/* A slot: the entry index + 1 in the low 32 bits (0 = empty), the hash's high
+ * 32 bits above, so a probe reads a key only when the tags agree (one cache
+ * miss per lookup instead of three). */
+static inline uint64_t strmap_hash(const char *key, size_t len) { return XXH3_64bits(key, len); }
+
+static size_t strmap_find(const StrMap *m, const char *key, size_t len, uint64_t h) {
+    size_t mask = m->cap - 1, i = h & mask;
+    uint32_t tag = (uint32_t)(h >> 32);
     for (;; i = (i + 1) & mask) {
-        uint32_t s = m->slots[i];
-        if (!s) return i;
-        if (m->klen[s - 1] == len && memcmp(m->keys[s - 1], key, len) == 0) return i;
+        uint64_t s = m->slots[i];
+        uint32_t e = (uint32_t)s;
+        if (!e) return i;
+        if ((uint32_t)(s >> 32) == tag && m->klen[e - 1] == len && memcmp(m->keys[e - 1], key, len) == 0) return i;
     }
 }
 
 static void strmap_grow(StrMap *m) {
-    uint32_t *old = m->slots;
+    uint64_t *old = m->slots;
     size_t oc = m->cap;
     m->cap *= 2;
     m->slots = xcalloc(m->cap, sizeof *m->slots);
-    for (size_t i = 0; i < oc; i++)
-        if (old[i]) m->slots[strmap_find(m, m->keys[old[i] - 1], m->klen[old[i] - 1])] = old[i];
+    for (size_t i = 0; i < oc; i++) {
+        uint32_t e = (uint32_t)old[i];
+        if (!e) continue;
+        const char *k = m->keys[e - 1];
+        m->slots[strmap_find(m, k, m->klen[e - 1], strmap_hash(k, m->klen[e - 1]))] = old[i];
+    }
     free(old);
 }
 
-void strmap_put(StrMap *m, const char *key, size_t len, uint32_t val) {
+bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val) {
     if ((m->n + 1) * 2 > m->cap) strmap_grow(m);
-    size_t i = strmap_find(m, key, len);
-    if (m->slots[i]) { m->vals[m->slots[i] - 1] = val; return; }
+    uint64_t h = strmap_hash(key, len);
+    size_t i = strmap_find(m, key, len, h);
+    if (m->slots[i]) { m->vals[(uint32_t)m->slots[i] - 1] = val; return false; }
     if (m->n == m->nalloc) {
         m->nalloc = m->nalloc ? m->nalloc * 2 : 64;
         m->keys = realloc(m->keys, m->nalloc * sizeof *m->keys);
@@ -58,13 +70,14 @@ void strmap_put(StrMap *m, const char *key, size_t len, uint32_t val) {
     m->keys[m->n] = key;
     m->klen[m->n] = (uint32_t)len;
     m->vals[m->n] = val;
-    m->slots[i] = (uint32_t)++m->n;
+    m->slots[i] = (h >> 32) << 32 | (uint32_t)++m->n;
+    return true;
 }
 
 bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val) {
-    uint32_t s = m->slots[strmap_find(m, key, len)];
-    if (!s) return false;
-    *val = m->vals[s - 1];
+    uint32_t e = (uint32_t)m->slots[strmap_find(m, key, len, strmap_hash(key, len))];
+    if (!e) return false;
+    *val = m->vals[e - 1];
     return true;
 }
 
@@ -210,29 +223,25 @@ void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *o
     if (n == 0) return;
     if (n == 1) { push_id(out, b->byte_id[w[0]]); return; }
     /* A word that is itself a token BPE reproduces needs no merging: exact,
-     * since BPE is a function of the word's bytes (see bpe_mark_whole). */
-    if (strmap_get(&b->vocab, (const char *)w, n, &id) && (b->ignore_merges || (b->whole && b->whole[id]))) {
-        push_id(out, (int32_t)id);
-        return;
+     * since BPE is a function of the word's bytes. Whether it does is learnt
+     * the first time the word is merged (b->whole). */
+    bool in_vocab = strmap_get(&b->vocab, (const char *)w, n, &id);
+    uint8_t known = 0;
+    if (in_vocab) {
+        if (b->ignore_merges) { push_id(out, (int32_t)id); return; }
+        known = __atomic_load_n(&b->whole[id], __ATOMIC_RELAXED);
+        if (known == 1) { push_id(out, (int32_t)id); return; }
     }
+    size_t before = out->n;
     if (n <= 64) {
         int32_t ids[64];
         for (size_t i = 0; i < n; i++) ids[i] = b->byte_id[w[i]];
         bpe_small(b, ids, n, out);
-        return;
+    } else {
+        bpe_large(b, w, n, s, out);
     }
-    bpe_large(b, w, n, s, out);
-}
-
-void bpe_mark_whole(Bpe *b, int32_t n_ids) {
-    b->whole = xcalloc((size_t)n_ids, 1);
-    BpeScratch s = {0};
-    TokIds out = {0};
-    for (size_t i = 0; i < b->vocab.n; i++) {
-        out.n = 0;
-        bpe_word(b, (const uint8_t *)b->vocab.keys[i], b->vocab.klen[i], &s, &out);
-        if (out.n == 1 && out.ids[0] == (int32_t)b->vocab.vals[i]) b->whole[b->vocab.vals[i]] = 1;
+    if (in_vocab && !known) {
+        uint8_t whole = out->n == before + 1 && out->ids[before] == (int32_t)id ? 1 : 2;
+        __atomic_store_n(&b->whole[id], whole, __ATOMIC_RELAXED);
     }
-    bpe_scratch_free(&s);
-    tok_ids_free(&out);
 }

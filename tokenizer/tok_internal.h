@@ -35,7 +35,7 @@ int bytelevel_byte(int32_t cp);
 
 /* ---- string -> id hash (bpe.c) ---- */
 typedef struct StrMap {
-    uint32_t *slots; /* [cap] entry index + 1, 0 = empty */
+    uint64_t *slots; /* [cap] hash >> 32 << 32 | entry index + 1; 0 = empty */
     size_t cap;
     const char **keys; /* [n] pointers into owner arena */
     uint32_t *klen, *vals;
@@ -43,8 +43,8 @@ typedef struct StrMap {
 } StrMap;
 void strmap_init(StrMap *m, size_t expect);
 void strmap_free(StrMap *m);
-/* Insert or overwrite; key must outlive the map. */
-void strmap_put(StrMap *m, const char *key, size_t len, uint32_t val);
+/* Insert (true) or overwrite (false); key must outlive the map. */
+bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val);
 bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val);
 
 /* ---- BPE model (bpe.c) ---- */
@@ -56,7 +56,11 @@ typedef struct Bpe {
     MergeSlot *merges;     /* open addressing, key (a<<32|b)+1, 0 = empty */
     size_t merge_cap;
     bool ignore_merges;
-    uint8_t *whole;        /* [n_ids] 1 if BPE of the token's own bytes gives just that token */
+    /* [n_ids] a cache: 1 if BPE of the token's own bytes gives just that token,
+     * 2 if not, 0 not known yet. bpe_word fills it the first time it merges
+     * the token's bytes as a word (a relaxed atomic store: threads encoding at
+     * once store the same value), so loading runs no BPE over the vocab. */
+    uint8_t *whole;
 } Bpe;
 
 bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
@@ -67,9 +71,9 @@ typedef struct BpeScratch {
     struct BpeHeapEnt *heap; size_t heap_cap;
 } BpeScratch;
 void bpe_scratch_free(BpeScratch *s);
-/* Set b->whole for every token (load time, after the merges). */
-void bpe_mark_whole(Bpe *b, int32_t n_ids);
-/* Append the ids of one pre-token word (raw bytes) to out. */
+/* Append the ids of one pre-token word (raw bytes) to out. Safe from several
+ * threads at once on one Bpe (each with its own scratch): it writes only the
+ * whole[] cache, with atomics. */
 void bpe_word(const Bpe *b, const uint8_t *w, size_t n, BpeScratch *s, TokIds *out);
 
 /* ---- pre-tokenizer pipeline (pretok.c) ---- */
@@ -123,6 +127,33 @@ typedef struct AddedSplitVec { AddedSplit *v; size_t n, cap; } AddedSplitVec;
 /* HF AddedVocabulary::find_matches over text[0..n) with trie (tokens toks). */
 void added_split(const Trie *trie, const AddedTok *toks, const char *text, size_t n, AddedSplitVec *out);
 
+/* ---- the tokenizer's strings: a bump arena freed whole (tokenizer_load.c) ---- */
+typedef struct TokArenaChunk { struct TokArenaChunk *next; size_t used, cap; char data[]; } TokArenaChunk;
+/* n bytes that live until tokenizer_free (no alignment: character data only) */
+char *tok_arena_alloc(TokArenaChunk **arena, size_t n);
+void tok_arena_free(TokArenaChunk **arena);
+
+/* ---- model.vocab and model.merges as read (tok_json.c, or jansson's) ---- */
+typedef struct TokBpeText {
+    char *arena;          /* decoded strings (tok_json.c), or NULL: they are jansson's */
+    size_t n_vocab;
+    const char **vkey;    /* [n_vocab] token strings, NUL-terminated */
+    uint32_t *vlen;       /* [n_vocab] their lengths */
+    int64_t *vid;         /* [n_vocab] their ids; -1 where the value is not an integer */
+    size_t n_merges;
+    const char **ma, **mb; /* [n_merges] the two parts (not NUL-terminated: la, lb); ma NULL: neither
+                            * form, mb NULL: a string without a space, whole in ma */
+    uint32_t *la, *lb;    /* [n_merges] */
+} TokBpeText;
+/* Read model.vocab and model.merges straight from tokenizer.json s[0..n)
+ * into bt, and the text less those two values ({} and [] in their place)
+ * into *rest (malloc'd, NUL-terminated); false (nothing held) where it is not
+ * sure to read them as jansson does: then read the file with jansson. The
+ * vocab may hold a key twice (jansson keeps the last): the loader's map
+ * finds that, and the file is then read with jansson too. */
+bool tok_json_read_bpe(const char *s, size_t n, TokBpeText *bt, char **rest, size_t *rest_len);
+void tok_bpe_text_free(TokBpeText *bt);
+
 /* ---- the tokenizer ---- */
 typedef enum { NORM_NONE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } NormKind;
 
@@ -130,8 +161,9 @@ struct Tokenizer {
     Bpe bpe;
     int32_t n_ids;             /* vocab size incl. added */
     int32_t model_vocab_size;  /* entries in model.vocab */
-    char **tok_str;            /* [n_ids] tokenizer.json strings, NULL for holes */
-    char **tok_bytes;          /* [n_ids] decoded bytes (ByteLevel decoder rule) */
+    char **tok_str;            /* [n_ids] tokenizer.json strings, NULL for holes (in arena) */
+    char **tok_bytes;          /* [n_ids] decoded bytes (ByteLevel decoder rule; in arena) */
+    TokArenaChunk *arena;      /* tok_str and tok_bytes of every id: one allocation per MiB, not two per token */
     uint32_t *tok_bytes_len;   /* [n_ids] */
     uint8_t *is_special;       /* [n_ids] */
     uint8_t *is_added;         /* [n_ids] */

@@ -38,10 +38,7 @@ Tokenizer *tokenizer_load(const char *dir, Err *e) {
 
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
-    for (int32_t i = 0; i < t->n_ids; i++) {
-        if (t->tok_str) free(t->tok_str[i]);
-        if (t->tok_bytes) free(t->tok_bytes[i]);
-    }
+    tok_arena_free(&t->arena);
     free(t->tok_str);
     free(t->tok_bytes);
     free(t->tok_bytes_len);

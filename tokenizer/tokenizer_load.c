@@ -78,10 +78,33 @@ static bool unbytelevel(const char *s, char *out, size_t *n) {
     return true;
 }
 
+char *tok_arena_alloc(TokArenaChunk **arena, size_t n) {
+    TokArenaChunk *c = *arena;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > ((size_t)1 << 20) ? n : (size_t)1 << 20;
+        c = xmalloc(sizeof *c + cap);
+        c->next = *arena;
+        c->used = 0;
+        c->cap = cap;
+        *arena = c;
+    }
+    char *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+void tok_arena_free(TokArenaChunk **arena) {
+    for (TokArenaChunk *c = *arena, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    *arena = NULL;
+}
+
 static int set_id_string(Tokenizer *t, int32_t id, const char *s) {
-    t->tok_str[id] = xstrdup(s);
     size_t n = strlen(s), k;
-    char *raw = xmalloc(n + 1);
+    t->tok_str[id] = memcpy(tok_arena_alloc(&t->arena, n + 1), s, n + 1);
+    char *raw = tok_arena_alloc(&t->arena, n + 1);
     /* ByteLevel decoder: all chars in the alphabet -> bytes, else the UTF-8 as is. */
     if (!unbytelevel(s, raw, &k)) { memcpy(raw, s, n); k = n; }
     raw[k] = 0;
@@ -225,7 +248,7 @@ static int load_decoder(json_t *d, Err *e) {
     return 0;
 }
 
-static int load_model(Tokenizer *t, json_t *m, Err *e) {
+static int load_model(Tokenizer *t, json_t *m, const TokBpeText *bt, Err *e) {
     const char *type = jstr(m, "type");
     if (!type || strcmp(type, "BPE")) return ERR(e, 400, "unsupported model %s", type ? type : "(none)");
     json_t *dr = json_object_get(m, "dropout");
@@ -234,31 +257,74 @@ static int load_model(Tokenizer *t, json_t *m, Err *e) {
     const char *csp = jstr(m, "continuing_subword_prefix"), *eow = jstr(m, "end_of_word_suffix");
     if ((csp && *csp) || (eow && *eow)) return ERR(e, 400, "unsupported model BPE with continuing_subword_prefix/end_of_word_suffix");
     t->bpe.ignore_merges = jbool(m, "ignore_merges");
-    json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges"), *v;
-    if (!json_is_object(vocab) || !json_is_array(merges)) return ERR(e, 400, "BPE model without vocab or merges");
-    const char *key;
-    json_object_foreach(vocab, key, v) {
-        json_int_t id = json_integer_value(v);
-        if (!json_is_integer(v) || id < 0 || id > 0x7fffffff) return ERR(e, 400, "vocab entry %s: bad id", key);
+    if (!json_is_object(json_object_get(m, "vocab")) || !json_is_array(json_object_get(m, "merges")))
+        return ERR(e, 400, "BPE model without vocab or merges");
+    for (size_t i = 0; i < bt->n_vocab; i++) {
+        int64_t id = bt->vid[i];
+        if (id < 0 || id > 0x7fffffff) return ERR(e, 400, "vocab entry %s: bad id", bt->vkey[i]);
         if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
     }
     return 0;
 }
 
-static int tok_load_vocab(Tokenizer *t, json_t *m, Err *e) {
+/* model.vocab and model.merges of a jansson document, as tok_json_read_bpe
+ * gives them (pointers into root, which must outlive bt); false if they are
+ * not an object and an array (load_model says so). */
+static bool bpe_text_from_json(json_t *m, TokBpeText *bt) {
     json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges"), *v;
+    memset(bt, 0, sizeof *bt);
+    if (!json_is_object(vocab) || !json_is_array(merges)) return false;
+    bt->n_vocab = json_object_size(vocab);
+    bt->vkey = xcalloc(bt->n_vocab + 1, sizeof *bt->vkey);
+    bt->vlen = xcalloc(bt->n_vocab + 1, sizeof *bt->vlen);
+    bt->vid = xcalloc(bt->n_vocab + 1, sizeof *bt->vid);
     const char *key;
-    size_t i;
-    strmap_init(&t->bpe.vocab, json_object_size(vocab));
-    strmap_init(&t->str_to_id, json_object_size(vocab) + 1024);
-    char buf[1024];
+    size_t k = 0, i;
     json_object_foreach(vocab, key, v) {
-        int32_t id = (int32_t)json_integer_value(v);
+        bt->vkey[k] = key;
+        bt->vlen[k] = (uint32_t)strlen(key);
+        bt->vid[k] = json_is_integer(v) ? json_integer_value(v) : -1;
+        k++;
+    }
+    bt->n_merges = json_array_size(merges);
+    bt->ma = xcalloc(bt->n_merges + 1, sizeof *bt->ma);
+    bt->mb = xcalloc(bt->n_merges + 1, sizeof *bt->mb);
+    bt->la = xcalloc(bt->n_merges + 1, sizeof *bt->la);
+    bt->lb = xcalloc(bt->n_merges + 1, sizeof *bt->lb);
+    json_array_foreach(merges, i, v) {
+        if (json_is_string(v)) {
+            const char *a = json_string_value(v), *sp = strchr(a, ' ');
+            bt->ma[i] = a;
+            if (!sp) continue; /* mb NULL: "not a b" */
+            bt->la[i] = (uint32_t)(sp - a);
+            bt->mb[i] = sp + 1;
+            bt->lb[i] = (uint32_t)strlen(sp + 1);
+        } else if (json_is_array(v) && json_array_size(v) == 2 && json_is_string(json_array_get(v, 0)) &&
+                   json_is_string(json_array_get(v, 1))) {
+            bt->ma[i] = json_string_value(json_array_get(v, 0));
+            bt->mb[i] = json_string_value(json_array_get(v, 1));
+            bt->la[i] = (uint32_t)strlen(bt->ma[i]);
+            bt->lb[i] = (uint32_t)strlen(bt->mb[i]);
+        } /* else ma NULL: neither form */
+    }
+    return true;
+}
+
+static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
+    strmap_init(&t->bpe.vocab, bt->n_vocab);
+    strmap_init(&t->str_to_id, bt->n_vocab + 1024);
+    char buf[1024];
+    for (size_t i = 0; i < bt->n_vocab; i++) {
+        const char *key = bt->vkey[i];
+        int32_t id = (int32_t)bt->vid[i];
         if (t->tok_str[id]) return ERR(e, 400, "vocab: tokens %s and %s share the id %d", t->tok_str[id], key, id);
         set_id_string(t, id, key);
-        strmap_put(&t->str_to_id, t->tok_str[id], strlen(key), (uint32_t)id);
+        /* a key twice: only where tok_json.c read the vocab (jansson keeps the last of equal keys); the
+         * caller then reads the file with jansson, which decides */
+        if (!strmap_put(&t->str_to_id, t->tok_str[id], bt->vlen[i], (uint32_t)id))
+            return ERR(e, 400, "vocab: token %s twice", key);
         size_t n;
-        if (strlen(key) < sizeof buf && unbytelevel(key, buf, &n))
+        if (bt->vlen[i] < sizeof buf && unbytelevel(key, buf, &n))
             strmap_put(&t->bpe.vocab, t->tok_bytes[id], t->tok_bytes_len[id], (uint32_t)id);
     }
     for (int b = 0; b < 256; b++) {
@@ -269,29 +335,17 @@ static int tok_load_vocab(Tokenizer *t, json_t *m, Err *e) {
             return ERR(e, 400, "byte-level vocab lacks the token of byte 0x%02x", b);
         t->bpe.byte_id[b] = (int32_t)id;
     }
-    size_t nm = json_array_size(merges);
+    size_t nm = bt->n_merges;
     t->bpe.merge_cap = 16;
     while (t->bpe.merge_cap < nm * 2) t->bpe.merge_cap <<= 1;
     t->bpe.merges = xcalloc(t->bpe.merge_cap, sizeof *t->bpe.merges);
     char *joined = xmalloc(1 << 16);
     int rc = 0;
-    json_array_foreach(merges, i, v) {
-        const char *a, *b;
-        size_t la, lb;
-        if (json_is_string(v)) {
-            a = json_string_value(v);
-            const char *sp = strchr(a, ' ');
-            if (!sp) { rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i, a); break; }
-            la = (size_t)(sp - a);
-            b = sp + 1;
-            lb = strlen(b);
-        } else if (json_is_array(v) && json_array_size(v) == 2 && json_is_string(json_array_get(v, 0)) &&
-                   json_is_string(json_array_get(v, 1))) {
-            a = json_string_value(json_array_get(v, 0));
-            b = json_string_value(json_array_get(v, 1));
-            la = strlen(a);
-            lb = strlen(b);
-        } else { rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i); break; }
+    for (size_t i = 0; i < nm; i++) {
+        const char *a = bt->ma[i], *b = bt->mb[i];
+        size_t la = bt->la[i], lb = bt->lb[i];
+        if (!a) { rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i); break; }
+        if (!b) { rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i, a); break; }
         uint32_t ia, ib, in;
         if (la + lb >= (1 << 16)) { rc = ERR(e, 400, "merge %zu too long", i); break; }
         memcpy(joined, a, la);
@@ -384,15 +438,9 @@ static int tok_load_config(Tokenizer *t, json_t *cfg, Err *e) {
     return 0;
 }
 
-Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const char *config_json, Err *e) {
-    json_error_t je;
-    json_t *root = json_loadb(tokenizer_json, len, 0, &je), *cfg = NULL;
-    if (!root) { ERR(e, 400, "tokenizer.json: %s at line %d", je.text, je.line); return NULL; }
-    if (config_json && !(cfg = json_loads(config_json, JSON_DECODE_INT_AS_REAL, &je))) {
-        json_decref(root);
-        ERR(e, 400, "tokenizer_config.json: %s at line %d", je.text, je.line);
-        return NULL;
-    }
+/* The Tokenizer of a parsed tokenizer.json (root, with its vocab and merges
+ * in bt) and tokenizer_config.json (cfg, or NULL); NULL with e set. */
+static Tokenizer *load_root(json_t *root, const TokBpeText *bt, json_t *cfg, Err *e) {
     Tokenizer *t = xcalloc(1, sizeof *t);
     t->bos_id = t->eos_id = t->pad_id = -1;
     trie_init(&t->trie_raw);
@@ -404,14 +452,14 @@ Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     json_t *trunc = json_object_get(root, "truncation"), *pad = json_object_get(root, "padding");
     if (trunc && !json_is_null(trunc)) { rc = ERR(e, 400, "unsupported truncation (must be null)"); goto done; }
     if (pad && !json_is_null(pad)) { rc = ERR(e, 400, "unsupported padding (must be null)"); goto done; }
-    if ((rc = load_model(t, model, e))) goto done;
+    if ((rc = load_model(t, model, bt, e))) goto done;
     json_array_foreach(added, i, v) {
         json_int_t id = json_integer_value(json_object_get(v, "id"));
         if (id < 0 || id > 0x7fffffff || !jstr(v, "content")) { rc = ERR(e, 400, "added token %zu: bad id or content", i); goto done; }
     }
     /* Added tokens get ids as `tokenizers` assigns them (see tok_load_added):
      * at most one new id each, after the model vocab. */
-    t->model_vocab_size = (int32_t)json_object_size(json_object_get(model, "vocab"));
+    t->model_vocab_size = (int32_t)bt->n_vocab;
     if (t->n_ids < t->model_vocab_size) t->n_ids = t->model_vocab_size;
     size_t n_alloc = (size_t)t->n_ids + json_array_size(added) + 1;
     t->tok_str = xcalloc(n_alloc, sizeof *t->tok_str);
@@ -424,15 +472,56 @@ Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     if (!seen_bl) { rc = ERR(e, 400, "a ByteLevel pre_tokenizer is required (byte-level BPE only)"); goto done; }
     if ((rc = load_post(t, json_object_get(root, "post_processor"), e))) goto done;
     if ((rc = load_decoder(json_object_get(root, "decoder"), e))) goto done;
-    rc = tok_load_vocab(t, model, e);
-    if (rc) goto done;
-    bpe_mark_whole(&t->bpe, t->n_ids);
+    if ((rc = tok_load_vocab(t, bt, e))) goto done;
+    t->bpe.whole = xcalloc((size_t)t->n_ids, 1);
     rc = tok_load_added(t, added, e);
     if (rc) goto done;
     if (cfg) rc = tok_load_config(t, cfg, e);
 done:
+    if (rc) { tokenizer_free(t); return NULL; }
+    return t;
+}
+
+Tokenizer *tokenizer_load_json(const char *tokenizer_json, size_t len, const char *config_json, Err *e) {
+    json_error_t je;
+    json_t *cfg = NULL;
+    if (config_json && !(cfg = json_loads(config_json, JSON_DECODE_INT_AS_REAL, &je))) {
+        json_error_t te;
+        json_t *root = json_loadb(tokenizer_json, len, 0, &te); /* tokenizer.json's own error comes first */
+        if (root) ERR(e, 400, "tokenizer_config.json: %s at line %d", je.text, je.line);
+        else ERR(e, 400, "tokenizer.json: %s at line %d", te.text, te.line);
+        json_decref(root);
+        return NULL;
+    }
+    Tokenizer *t = NULL;
+    TokBpeText bt;
+    char *rest;
+    size_t rest_len;
+    /* vocab and merges straight from the text, the rest through jansson. Any
+     * doubt (tok_json.c) or any error, and the whole file goes through
+     * jansson: what it loads, and every error message, are jansson's. */
+    if (tok_json_read_bpe(tokenizer_json, len, &bt, &rest, &rest_len)) {
+        json_t *root = json_loadb(rest, rest_len, 0, &je);
+        free(rest);
+        Err fe = {0};
+        if (root) t = load_root(root, &bt, cfg, &fe);
+        tok_bpe_text_free(&bt);
+        json_decref(root);
+        if (t) {
+            json_decref(cfg);
+            return t;
+        }
+    }
+    json_t *root = json_loadb(tokenizer_json, len, 0, &je);
+    if (!root) {
+        json_decref(cfg);
+        ERR(e, 400, "tokenizer.json: %s at line %d", je.text, je.line);
+        return NULL;
+    }
+    bpe_text_from_json(json_object_get(root, "model"), &bt);
+    t = load_root(root, &bt, cfg, e);
+    tok_bpe_text_free(&bt);
     json_decref(root);
     json_decref(cfg);
-    if (rc) { tokenizer_free(t); return NULL; }
     return t;
 }

@@ -494,9 +494,10 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     if (sparse) {
         process(s, logits, p, h, eos_ids, n_eos, want ? want->allowed : NULL);
         if (!s->greedy) z[0] = z[0] / T;
+        float zm = z[0]; /* z[am], in a register: no load on the loop's dependency chain */
         for (int i = 1; i < V; i++) {
             if (!s->greedy) z[i] = z[i] / T;
-            if (z[i] > z[am]) am = i;
+            if (z[i] > zm) { zm = z[i]; am = i; }
         }
     } else { /* nothing sparse to apply: copy, clean, scale and find the max in one pass */
         float zm = -INFINITY;

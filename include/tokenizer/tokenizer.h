@@ -16,8 +16,10 @@
  * U+FFFD), which is what a caller of `tokenizers` has to do to get a str.
  * Decoding follows `tokenizers`' Tokenizer.decode (no clean_up_tokenization_spaces).
  *
- * Thread-safety: a loaded Tokenizer is immutable; every function taking a
- * const Tokenizer * may run from many threads at once. A TokDecoder belongs
+ * Thread-safety: every function taking a const Tokenizer * may run from many
+ * threads at once. A loaded Tokenizer's tables are immutable; encoding fills
+ * one cache (which tokens BPE reproduces whole), with atomic stores of values
+ * that do not depend on the thread. A TokDecoder belongs
  * to one stream (one thread at a time).
  *
  * Not here: the Jinja interpreter (chat_template.h).

@@ -29,23 +29,25 @@ static inline int reader_diff(const char *doc, size_t n, const TokBpeText *bt, c
     size_t i = 0;
     json_object_foreach(vocab, key, v) {
         if (i >= bt->n_vocab) break;
-        bad += strlen(key) != bt->vlen[i] || memcmp(key, bt->vkey[i], bt->vlen[i] + 1) ||
-               json_integer_value(v) != bt->vid[i] || !json_is_integer(v);
+        const TokVocabEntry *e = &bt->vocab[i];
+        bad += strlen(key) != e->len || memcmp(key, e->key, e->len + 1) || json_integer_value(v) != e->id ||
+               !json_is_integer(v);
         i++;
     }
     json_array_foreach(merges, i, v) {
         if (i >= bt->n_merges) break;
+        const TokMerge *g = &bt->merges[i];
         const char *a, *b;
         if (json_is_string(v)) {
             a = json_string_value(v);
             b = strchr(a, ' ');
-            bad += !b || (size_t)(b - a) != bt->la[i] || memcmp(a, bt->ma[i], bt->la[i]) ||
-                   strlen(b + 1) != bt->lb[i] || memcmp(b + 1, bt->mb[i], bt->lb[i]);
+            bad += !b || (size_t)(b - a) != g->la || memcmp(a, g->a, g->la) || strlen(b + 1) != g->lb ||
+                   memcmp(b + 1, g->b, g->lb);
         } else {
             a = json_string_value(json_array_get(v, 0));
             b = json_string_value(json_array_get(v, 1));
-            bad += !a || !b || strlen(a) != bt->la[i] || memcmp(a, bt->ma[i], bt->la[i]) || strlen(b) != bt->lb[i] ||
-                   memcmp(b, bt->mb[i], bt->lb[i]);
+            bad += !a || !b || strlen(a) != g->la || memcmp(a, g->a, g->la) || strlen(b) != g->lb ||
+                   memcmp(b, g->b, g->lb);
         }
     }
     json_object_set_new(m, "vocab", json_object());

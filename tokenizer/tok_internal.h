@@ -134,16 +134,22 @@ char *tok_arena_alloc(TokArenaChunk **arena, size_t n);
 void tok_arena_free(TokArenaChunk **arena);
 
 /* ---- model.vocab and model.merges as read (tok_json.c, or jansson's) ---- */
+typedef struct TokVocabEntry {
+    const char *key; /* the token string, NUL-terminated */
+    uint32_t len;    /* its length */
+    int64_t id;      /* -1 where the value is not an integer */
+} TokVocabEntry;
+typedef struct TokMerge {
+    const char *a, *b; /* the two parts (not NUL-terminated: la, lb); a NULL: neither form,
+                        * b NULL: a string without a space, whole in a */
+    uint32_t la, lb;
+} TokMerge;
 typedef struct TokBpeText {
-    char *arena;          /* decoded strings (tok_json.c), or NULL: they are jansson's */
+    char *arena;            /* decoded strings (tok_json.c), or NULL: they are jansson's */
+    TokVocabEntry *vocab;   /* [n_vocab] in the file's order */
     size_t n_vocab;
-    const char **vkey;    /* [n_vocab] token strings, NUL-terminated */
-    uint32_t *vlen;       /* [n_vocab] their lengths */
-    int64_t *vid;         /* [n_vocab] their ids; -1 where the value is not an integer */
+    TokMerge *merges;       /* [n_merges] in rank order */
     size_t n_merges;
-    const char **ma, **mb; /* [n_merges] the two parts (not NUL-terminated: la, lb); ma NULL: neither
-                            * form, mb NULL: a string without a space, whole in ma */
-    uint32_t *la, *lb;    /* [n_merges] */
 } TokBpeText;
 /* Read model.vocab and model.merges straight from tokenizer.json s[0..n)
  * into bt, and the text less those two values ({} and [] in their place)

@@ -28,9 +28,10 @@ typedef struct Rd {
     size_t used;
 } Rd;
 
+static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
 static void ws(Rd *r) {
-    while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\n' || r->s[r->i] == '\r' || r->s[r->i] == '\t'))
-        r->i++;
+    while (r->i < r->n && is_ws(r->s[r->i])) r->i++;
 }
 
 static bool eat(Rd *r, char c) {
@@ -128,8 +129,7 @@ static bool raw_key(Rd *r, const char **k, size_t *len) {
 
 /* a byte that ends a number or literal */
 static bool ends_token(char c) {
-    return c == ',' || c == ':' || c == ']' || c == '}' || c == '"' || c == ' ' || c == '\n' || c == '\r' ||
-           c == '\t' || c == '{' || c == '[' || c == 0;
+    return c == ',' || c == ':' || c == ']' || c == '}' || c == '"' || c == '{' || c == '[' || c == 0 || is_ws(c);
 }
 
 static bool key_is(const char *k, size_t len, const char *want) { return len == strlen(want) && !memcmp(k, want, len); }
@@ -152,7 +152,7 @@ static bool skip_value(Rd *r) {
         } else if (c == '}' || c == ']') {
             if (--depth < 0) return false;
             r->i++;
-        } else if (c == ',' || c == ':' || c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+        } else if (c == ',' || c == ':' || is_ws(c)) {
             if (depth == 0) return false;
             r->i++;
         } else if (c == 0) {
@@ -164,6 +164,7 @@ static bool skip_value(Rd *r) {
     return true;
 }
 
+/* Room for entry n of *p (elem bytes each, *cap of them). */
 static bool grow(void **p, size_t *cap, size_t n, size_t elem) {
     if (n < *cap) return true;
     *cap = *cap ? *cap * 2 : 4096;
@@ -175,24 +176,21 @@ static bool grow(void **p, size_t *cap, size_t n, size_t elem) {
 
 /* {"token": id, ...}: ids plain non-negative integers < 2^31. */
 static bool read_vocab(Rd *r, TokBpeText *bt) {
-    size_t cap = 0, cap2 = 0, cap3 = 0;
+    size_t cap = 0;
     if (!eat(r, '{')) return false;
     if (eat(r, '}')) return true;
     do {
-        if (!grow((void **)&bt->vkey, &cap, bt->n_vocab, sizeof *bt->vkey) ||
-            !grow((void **)&bt->vlen, &cap2, bt->n_vocab, sizeof *bt->vlen) ||
-            !grow((void **)&bt->vid, &cap3, bt->n_vocab, sizeof *bt->vid))
-            return false;
-        size_t k = bt->n_vocab;
-        if (!string(r, &bt->vkey[k], &bt->vlen[k]) || !eat(r, ':')) return false;
+        if (!grow((void **)&bt->vocab, &cap, bt->n_vocab, sizeof *bt->vocab)) return false;
+        TokVocabEntry *v = &bt->vocab[bt->n_vocab];
+        if (!string(r, &v->key, &v->len) || !eat(r, ':')) return false;
         ws(r);
         size_t a = r->i;
-        int64_t v = 0;
-        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9' && r->i - a < 11) v = v * 10 + (r->s[r->i++] - '0');
+        int64_t id = 0;
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9' && r->i - a < 11) id = id * 10 + (r->s[r->i++] - '0');
         size_t nd = r->i - a;
-        if (nd == 0 || nd > 10 || (nd > 1 && r->s[a] == '0') || v > 0x7fffffff) return false;
+        if (nd == 0 || nd > 10 || (nd > 1 && r->s[a] == '0') || id > 0x7fffffff) return false;
         if (r->i < r->n && !ends_token(r->s[r->i])) return false; /* 1.0, 1e3: not a plain integer */
-        bt->vid[k] = v;
+        v->id = id;
         bt->n_vocab++;
     } while (eat(r, ','));
     return eat(r, '}');
@@ -200,30 +198,26 @@ static bool read_vocab(Rd *r, TokBpeText *bt) {
 
 /* ["a b", ...] or [["a", "b"], ...] (either form, entry by entry). */
 static bool read_merges(Rd *r, TokBpeText *bt) {
-    size_t cap = 0, cap2 = 0, cap3 = 0, cap4 = 0;
+    size_t cap = 0;
     if (!eat(r, '[')) return false;
     if (eat(r, ']')) return true;
     do {
-        size_t k = bt->n_merges;
-        if (!grow((void **)&bt->ma, &cap, k, sizeof *bt->ma) || !grow((void **)&bt->mb, &cap2, k, sizeof *bt->mb) ||
-            !grow((void **)&bt->la, &cap3, k, sizeof *bt->la) || !grow((void **)&bt->lb, &cap4, k, sizeof *bt->lb))
-            return false;
+        if (!grow((void **)&bt->merges, &cap, bt->n_merges, sizeof *bt->merges)) return false;
+        TokMerge *m = &bt->merges[bt->n_merges];
         ws(r);
         if (r->i < r->n && r->s[r->i] == '[') {
             r->i++;
-            if (!string(r, &bt->ma[k], &bt->la[k]) || !eat(r, ',') || !string(r, &bt->mb[k], &bt->lb[k]) ||
-                !eat(r, ']'))
-                return false;
+            if (!string(r, &m->a, &m->la) || !eat(r, ',') || !string(r, &m->b, &m->lb) || !eat(r, ']')) return false;
         } else {
             const char *s;
             uint32_t len;
             if (!string(r, &s, &len)) return false;
             const char *sp = memchr(s, ' ', len);
             if (!sp) return false;
-            bt->ma[k] = s;
-            bt->la[k] = (uint32_t)(sp - s);
-            bt->mb[k] = sp + 1;
-            bt->lb[k] = len - bt->la[k] - 1;
+            m->a = s;
+            m->la = (uint32_t)(sp - s);
+            m->b = sp + 1;
+            m->lb = len - m->la - 1;
         }
         bt->n_merges++;
     } while (eat(r, ','));
@@ -232,13 +226,8 @@ static bool read_merges(Rd *r, TokBpeText *bt) {
 
 void tok_bpe_text_free(TokBpeText *bt) {
     free(bt->arena);
-    free(bt->vkey);
-    free(bt->vlen);
-    free(bt->vid);
-    free(bt->ma);
-    free(bt->mb);
-    free(bt->la);
-    free(bt->lb);
+    free(bt->vocab);
+    free(bt->merges);
     memset(bt, 0, sizeof *bt);
 }
 

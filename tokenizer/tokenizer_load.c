@@ -260,8 +260,8 @@ static int load_model(Tokenizer *t, json_t *m, const TokBpeText *bt, Err *e) {
     if (!json_is_object(json_object_get(m, "vocab")) || !json_is_array(json_object_get(m, "merges")))
         return ERR(e, 400, "BPE model without vocab or merges");
     for (size_t i = 0; i < bt->n_vocab; i++) {
-        int64_t id = bt->vid[i];
-        if (id < 0 || id > 0x7fffffff) return ERR(e, 400, "vocab entry %s: bad id", bt->vkey[i]);
+        int64_t id = bt->vocab[i].id;
+        if (id < 0 || id > 0x7fffffff) return ERR(e, 400, "vocab entry %s: bad id", bt->vocab[i].key);
         if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
     }
     return 0;
@@ -275,37 +275,25 @@ static bool bpe_text_from_json(json_t *m, TokBpeText *bt) {
     memset(bt, 0, sizeof *bt);
     if (!json_is_object(vocab) || !json_is_array(merges)) return false;
     bt->n_vocab = json_object_size(vocab);
-    bt->vkey = xcalloc(bt->n_vocab + 1, sizeof *bt->vkey);
-    bt->vlen = xcalloc(bt->n_vocab + 1, sizeof *bt->vlen);
-    bt->vid = xcalloc(bt->n_vocab + 1, sizeof *bt->vid);
+    bt->vocab = xcalloc(bt->n_vocab + 1, sizeof *bt->vocab);
     const char *key;
     size_t k = 0, i;
-    json_object_foreach(vocab, key, v) {
-        bt->vkey[k] = key;
-        bt->vlen[k] = (uint32_t)strlen(key);
-        bt->vid[k] = json_is_integer(v) ? json_integer_value(v) : -1;
-        k++;
-    }
+    json_object_foreach(vocab, key, v)
+        bt->vocab[k++] = (TokVocabEntry){key, (uint32_t)strlen(key), json_is_integer(v) ? json_integer_value(v) : -1};
     bt->n_merges = json_array_size(merges);
-    bt->ma = xcalloc(bt->n_merges + 1, sizeof *bt->ma);
-    bt->mb = xcalloc(bt->n_merges + 1, sizeof *bt->mb);
-    bt->la = xcalloc(bt->n_merges + 1, sizeof *bt->la);
-    bt->lb = xcalloc(bt->n_merges + 1, sizeof *bt->lb);
+    bt->merges = xcalloc(bt->n_merges + 1, sizeof *bt->merges);
     json_array_foreach(merges, i, v) {
+        TokMerge *g = &bt->merges[i];
         if (json_is_string(v)) {
             const char *a = json_string_value(v), *sp = strchr(a, ' ');
-            bt->ma[i] = a;
-            if (!sp) continue; /* mb NULL: "not a b" */
-            bt->la[i] = (uint32_t)(sp - a);
-            bt->mb[i] = sp + 1;
-            bt->lb[i] = (uint32_t)strlen(sp + 1);
+            g->a = a;
+            if (!sp) continue; /* b NULL: "not a b" */
+            *g = (TokMerge){a, sp + 1, (uint32_t)(sp - a), (uint32_t)strlen(sp + 1)};
         } else if (json_is_array(v) && json_array_size(v) == 2 && json_is_string(json_array_get(v, 0)) &&
                    json_is_string(json_array_get(v, 1))) {
-            bt->ma[i] = json_string_value(json_array_get(v, 0));
-            bt->mb[i] = json_string_value(json_array_get(v, 1));
-            bt->la[i] = (uint32_t)strlen(bt->ma[i]);
-            bt->lb[i] = (uint32_t)strlen(bt->mb[i]);
-        } /* else ma NULL: neither form */
+            const char *a = json_string_value(json_array_get(v, 0)), *b = json_string_value(json_array_get(v, 1));
+            *g = (TokMerge){a, b, (uint32_t)strlen(a), (uint32_t)strlen(b)};
+        } /* else a NULL: neither form */
     }
     return true;
 }
@@ -315,16 +303,16 @@ static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
     strmap_init(&t->str_to_id, bt->n_vocab + 1024);
     char buf[1024];
     for (size_t i = 0; i < bt->n_vocab; i++) {
-        const char *key = bt->vkey[i];
-        int32_t id = (int32_t)bt->vid[i];
+        const char *key = bt->vocab[i].key;
+        int32_t id = (int32_t)bt->vocab[i].id;
         if (t->tok_str[id]) return ERR(e, 400, "vocab: tokens %s and %s share the id %d", t->tok_str[id], key, id);
         set_id_string(t, id, key);
         /* a key twice: only where tok_json.c read the vocab (jansson keeps the last of equal keys); the
          * caller then reads the file with jansson, which decides */
-        if (!strmap_put(&t->str_to_id, t->tok_str[id], bt->vlen[i], (uint32_t)id))
+        if (!strmap_put(&t->str_to_id, t->tok_str[id], bt->vocab[i].len, (uint32_t)id))
             return ERR(e, 400, "vocab: token %s twice", key);
         size_t n;
-        if (bt->vlen[i] < sizeof buf && unbytelevel(key, buf, &n))
+        if (bt->vocab[i].len < sizeof buf && unbytelevel(key, buf, &n))
             strmap_put(&t->bpe.vocab, t->tok_bytes[id], t->tok_bytes_len[id], (uint32_t)id);
     }
     for (int b = 0; b < 256; b++) {
@@ -342,8 +330,8 @@ static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
     char *joined = xmalloc(1 << 16);
     int rc = 0;
     for (size_t i = 0; i < nm; i++) {
-        const char *a = bt->ma[i], *b = bt->mb[i];
-        size_t la = bt->la[i], lb = bt->lb[i];
+        const char *a = bt->merges[i].a, *b = bt->merges[i].b;
+        size_t la = bt->merges[i].la, lb = bt->merges[i].lb;
         if (!a) { rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i); break; }
         if (!b) { rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i, a); break; }
         uint32_t ia, ib, in;

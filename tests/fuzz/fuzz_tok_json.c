@@ -15,7 +15,8 @@
 static bool has_duplicate_key(const TokBpeText *bt) {
     for (size_t i = 0; i < bt->n_vocab; i++)
         for (size_t j = i + 1; j < bt->n_vocab; j++)
-            if (bt->vlen[i] == bt->vlen[j] && !memcmp(bt->vkey[i], bt->vkey[j], bt->vlen[i])) return true;
+            if (bt->vocab[i].len == bt->vocab[j].len && !memcmp(bt->vocab[i].key, bt->vocab[j].key, bt->vocab[i].len))
+                return true;
     return false;
 }
 

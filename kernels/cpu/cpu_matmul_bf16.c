@@ -183,6 +183,25 @@ AVX2_INL void tile_e(int R, int T, float *out, int ldo, const uint16_t *x, int l
         for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = cpu_hsum8(_mm256_add_ps(part[r][t], acc[r][t]));
 }
 
+/* One out-of-line function per tile shape, called through tables ([R][T]):
+ * inlined into the paths' loops, the 60 shapes made this file's two paths two
+ * huge functions whose compile time grows faster than their size (gcc 12 -O2:
+ * 13 s, under ASan + UBSan 125 s, the slowest file of that build; out of line
+ * 4 s and 28 s); a tile runs K / 32 steps, so the call costs nothing measurable. */
+typedef void (*TileFn)(float *out, int ldo, const uint16_t *x, int ldx, const uint16_t *w, int K, const char *pf);
+#define TILE_E(R, T)                                                                                               \
+    AVX2_FN static void tile_e##R##x##T(float *out, int ldo, const uint16_t *x, int ldx, const uint16_t *w, int K, \
+                                        const char *pf) {                                                          \
+        tile_e(R, T, out, ldo, x, ldx, w, K, pf);                                                                  \
+    }
+TILE_E(1, 1) TILE_E(1, 2) TILE_E(1, 3) TILE_E(1, 4) TILE_E(2, 1) TILE_E(2, 2) TILE_E(2, 3) TILE_E(2, 4)
+#undef TILE_E
+static const TileFn g_tile_e[3][5] = {
+    {NULL},
+    {NULL, tile_e1x1, tile_e1x2, tile_e1x3, tile_e1x4},
+    {NULL, tile_e2x1, tile_e2x2, tile_e2x3, tile_e2x4},
+};
+
 AVX2_FN void cpu_matmul_bf16_avx2(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w, int K,
                                   int r0, int r1) {
     unsigned csr = _mm_getcsr();
@@ -194,16 +213,8 @@ AVX2_FN void cpu_matmul_bf16_avx2(float *out, int ldo, const uint16_t *x, int ld
             int R = r1 - r < 2 ? 1 : 2;
             const uint16_t *wr = w + (size_t)r * K;
             const char *pf = n <= 4 ? (const char *)(wr + (size_t)2 * K) : NULL;
-            for (int t = t0; t < t1; t += 4, pf = NULL) {
-                float *o = out + (size_t)t * ldo + r;
-                const uint16_t *xt = x + (size_t)t * ldx;
-#define TE(RR, TT) tile_e(RR, TT, o, ldo, xt, ldx, wr, K, pf)
-#define TE_ALL(RR) switch (t1 - t < 4 ? t1 - t : 4) { case 4: TE(RR, 4); break; case 3: TE(RR, 3); break; \
-                                                      case 2: TE(RR, 2); break; default: TE(RR, 1); break; }
-                if (R == 2) { TE_ALL(2) } else { TE_ALL(1) }
-#undef TE_ALL
-#undef TE
-            }
+            for (int t = t0; t < t1; t += 4, pf = NULL)
+                g_tile_e[R][t1 - t < 4 ? t1 - t : 4](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K, pf);
         }
     }
     _mm_setcsr(csr);
@@ -324,6 +335,20 @@ BF16_INL void tile_n(int R, int T, float *out, int ldo, const uint16_t *x, int l
             out[(size_t)tt * ldo + r] = cpu_hsum8(fold16(acc[r][tt]));
 }
 
+/* The vdpbf16ps tile shapes, out of line as the AVX2 ones: [R][T], R <= 4, T <= 6. */
+#define TILE_N(R, T)                                                                                               \
+    BF16_FN static void tile_n##R##x##T(float *out, int ldo, const uint16_t *x, int ldx, const uint16_t *w, int K, \
+                                        const char *pf) {                                                          \
+        tile_n(R, T, out, ldo, x, ldx, w, K, pf);                                                                  \
+    }
+#define TILE_N_ROWS(R) TILE_N(R, 1) TILE_N(R, 2) TILE_N(R, 3) TILE_N(R, 4) TILE_N(R, 5) TILE_N(R, 6)
+TILE_N_ROWS(1) TILE_N_ROWS(2) TILE_N_ROWS(3) TILE_N_ROWS(4)
+#undef TILE_N_ROWS
+#undef TILE_N
+#define TILE_N_ROW(R) {NULL, tile_n##R##x1, tile_n##R##x2, tile_n##R##x3, tile_n##R##x4, tile_n##R##x5, tile_n##R##x6}
+static const TileFn g_tile_n[5][7] = {{NULL}, TILE_N_ROW(1), TILE_N_ROW(2), TILE_N_ROW(3), TILE_N_ROW(4)};
+#undef TILE_N_ROW
+
 BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const uint16_t *w,
                                         int K, int r0, int r1) {
     unsigned csr = _mm_getcsr();
@@ -334,18 +359,12 @@ BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, 
          * alternating reps: 1.01x the f32 path; 4- and 8-row blocks, or each
          * row prefetched as its own stream, ran 0.7-0.9x) */
         int r = r0;
-#define TD(RR) if (n == 1) tile_n(RR, 1, out + r, ldo, x, ldx, wr, K, pf); else tile_n(RR, 2, out + r, ldo, x, ldx, wr, K, pf);
         for (; r + 2 <= r1; r += 2) {
             const uint16_t *wr = w + (size_t)r * K;
             const char *pf = (const char *)(wr + (size_t)2 * K); /* also past the task's end, as the f32 path */
-            TD(2)
+            g_tile_n[2][n](out + r, ldo, x, ldx, wr, K, pf);
         }
-        for (; r < r1; r++) {
-            const uint16_t *wr = w + (size_t)r * K;
-            const char *pf = NULL;
-            TD(1)
-        }
-#undef TD
+        for (; r < r1; r++) g_tile_n[1][n](out + r, ldo, x, ldx, w + (size_t)r * K, K, NULL);
         _mm_setcsr(csr);
         return;
     }
@@ -355,19 +374,8 @@ BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, 
             const uint16_t *wr = w + (size_t)r * K;
             /* the next block of rows (also past the task's end, as the f32 path) */
             const char *pf = (const char *)(wr + (size_t)4 * K);
-            for (int t = 0; t < n; t += 6, pf = NULL) {
-                float *o = out + (size_t)t * ldo + r;
-                const uint16_t *xt = x + (size_t)t * ldx;
-#define TN(RR, TT) tile_n(RR, TT, o, ldo, xt, ldx, wr, K, pf)
-#define TN_ALL(RR) switch (n - t < 6 ? n - t : 6) { case 6: TN(RR, 6); break; case 5: TN(RR, 5); break; \
-                   case 4: TN(RR, 4); break; case 3: TN(RR, 3); break; case 2: TN(RR, 2); break; default: TN(RR, 1); break; }
-                switch (R) {
-                case 4: TN_ALL(4) break;
-                case 3: TN_ALL(3) break;
-                case 2: TN_ALL(2) break;
-                default: TN_ALL(1) break;
-                }
-            }
+            for (int t = 0; t < n; t += 6, pf = NULL)
+                g_tile_n[R][n - t < 6 ? n - t : 6](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K, pf);
         }
         _mm_setcsr(csr);
         return;
@@ -382,18 +390,9 @@ BF16_FN void cpu_matmul_bf16_avx512bf16(float *out, int ldo, const uint16_t *x, 
             int R = r1 - r < 4 ? r1 - r : 4;
             const uint16_t *wr = w + (size_t)r * K;
             const char *pf = t == 0 && r + 4 < r1 ? (const char *)(wr + (size_t)4 * K) : NULL;
-            float *o = out + (size_t)t * ldo + r;
-            const uint16_t *xt = x + (size_t)t * ldx;
-            switch (R) {
-            case 4: TN_ALL(4) break;
-            case 3: TN_ALL(3) break;
-            case 2: TN_ALL(2) break;
-            default: TN_ALL(1) break;
-            }
+            g_tile_n[R][n - t < 6 ? n - t : 6](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, K, pf);
         }
     }
-#undef TN_ALL
-#undef TN
     _mm_setcsr(csr);
 }
 

@@ -108,39 +108,58 @@ AVX2_INL void pack_avx2(float *panel, const uint16_t *w, int K, int R) {
         for (int r = 0; r < R; r++) _mm256_storeu_ps(panel + ((size_t)s * R + r) * 8, bf16x8(w + (size_t)r * K + (size_t)s * 8));
 }
 
+/* One out-of-line function per tile shape the paths run, R x T rows x tokens,
+ * weights in place (b) or from the panel (p), called directly or through the
+ * tables below. Inlined into the paths' loops, the 34 shapes made this file's
+ * three paths three huge functions whose compile time grows faster than their
+ * size (gcc 12 -O2: 13 s, under ASan + UBSan 79 s; out of line 5 s and 39 s);
+ * a tile runs K / 8 steps, so the call costs nothing measurable. */
+typedef void (*TileFn)(float *out, int ldo, const float *x, int ldx, const uint16_t *w, const float *panel, int K,
+                       const char *pf);
+#define TILE_AVX2(SRC, WF32, R, T)                                                                                 \
+    __attribute__((target("avx2,fma"), noinline)) static void tile_avx2_##SRC##R##x##T(                          \
+        float *out, int ldo, const float *x, int ldx, const uint16_t *w, const float *panel, int K, const char *pf) { \
+        tile_avx2(R, T, out, ldo, x, ldx, w, panel, WF32, K, pf);                                                   \
+    }
+TILE_AVX2(b, 0, 4, 1) TILE_AVX2(b, 0, 4, 2) TILE_AVX2(b, 0, 4, 3) TILE_AVX2(b, 0, 1, 1)
+TILE_AVX2(b, 0, 2, 1) TILE_AVX2(b, 0, 2, 2) TILE_AVX2(b, 0, 2, 3) TILE_AVX2(b, 0, 2, 4) TILE_AVX2(b, 0, 2, 5)
+TILE_AVX2(b, 0, 2, 6)
+TILE_AVX2(p, 1, 3, 1) TILE_AVX2(p, 1, 3, 2) TILE_AVX2(p, 1, 3, 3) TILE_AVX2(p, 1, 3, 4)
+TILE_AVX2(p, 1, 2, 1) TILE_AVX2(p, 1, 2, 2) TILE_AVX2(p, 1, 2, 3) TILE_AVX2(p, 1, 2, 4)
+TILE_AVX2(p, 1, 1, 1) TILE_AVX2(p, 1, 1, 2) TILE_AVX2(p, 1, 1, 3) TILE_AVX2(p, 1, 1, 4)
+#undef TILE_AVX2
+/* [T]: row pairs, weights in place; [R][T]: panel tiles */
+static const TileFn g_small_avx2[7] = {NULL, tile_avx2_b2x1, tile_avx2_b2x2, tile_avx2_b2x3, tile_avx2_b2x4,
+                                       tile_avx2_b2x5, tile_avx2_b2x6};
+static const TileFn g_gemm_avx2[4][5] = {
+    {NULL},
+    {NULL, tile_avx2_p1x1, tile_avx2_p1x2, tile_avx2_p1x3, tile_avx2_p1x4},
+    {NULL, tile_avx2_p2x1, tile_avx2_p2x2, tile_avx2_p2x3, tile_avx2_p2x4},
+    {NULL, tile_avx2_p3x1, tile_avx2_p3x2, tile_avx2_p3x3, tile_avx2_p3x4},
+};
+
 /* Few tokens, bf16 in place: up to 3 tokens against 4-row blocks (the next
  * block prefetched), more against row pairs, 6 tokens a tile. */
 AVX2_NOINL small_avx2(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
                          int r1) {
     int r = r0;
-#define AT(R, T, t, pf) tile_avx2(R, T, out + (size_t)(t) * ldo + r, ldo, x + (size_t)(t) * ldx, ldx, \
-                                   w + (size_t)r * K, NULL, 0, K, pf)
+#define AT(SHAPE, t, pf) SHAPE(out + (size_t)(t) * ldo + r, ldo, x + (size_t)(t) * ldx, ldx, w + (size_t)r * K, NULL, K, pf)
     if (n <= 3) {
         for (; r + 4 <= r1; r += 4) {
             /* The next block, also past the task's end: with one thread the next
              * task is those rows (stopping at the end read 0.8-0.96x the old
              * kernel's decode in alternating bench_matmul runs). */
             const char *pf = (const char *)(w + (size_t)(r + 4) * K);
-            if (n == 1) AT(4, 1, 0, pf);
-            else if (n == 2) AT(4, 2, 0, pf);
-            else AT(4, 3, 0, pf);
+            if (n == 1) AT(tile_avx2_b4x1, 0, pf);
+            else if (n == 2) AT(tile_avx2_b4x2, 0, pf);
+            else AT(tile_avx2_b4x3, 0, pf);
         }
     } else {
-        for (; r + 2 <= r1; r += 2) {
-            int t = 0;
-            for (; t + 6 <= n; t += 6) AT(2, 6, t, NULL);
-            switch (n - t) {
-            case 5: AT(2, 5, t, NULL); break;
-            case 4: AT(2, 4, t, NULL); break;
-            case 3: AT(2, 3, t, NULL); break;
-            case 2: AT(2, 2, t, NULL); break;
-            case 1: AT(2, 1, t, NULL); break;
-            default: break;
-            }
-        }
+        for (; r + 2 <= r1; r += 2)
+            for (int t = 0; t < n; t += 6) AT(g_small_avx2[n - t < 6 ? n - t : 6], t, NULL);
     }
     for (; r < r1; r++)
-        for (int t = 0; t < n; t++) AT(1, 1, t, NULL);
+        for (int t = 0; t < n; t++) AT(tile_avx2_b1x1, t, NULL);
 #undef AT
 }
 
@@ -167,14 +186,8 @@ AVX2_NOINL gemm_avx2(float *out, int ldo, const float *x, int ldx, int n, const 
             for (int r = c0; r < c1; r += 3) {
                 const float *pn = g_panel + (size_t)(r - c0) * S * 8;
                 const uint16_t *wr = w + (size_t)r * K;
-                float *o = out + (size_t)t * ldo + r;
-                const float *xt = x + (size_t)t * ldx;
-#define PT(R, T) tile_avx2(R, T, o, ldo, xt, ldx, wr, pn, 1, K, NULL)
-#define PT_ALL(R) switch (T) { case 4: PT(R, 4); break; \
-                               case 3: PT(R, 3); break; case 2: PT(R, 2); break; default: PT(R, 1); break; }
-                if (r + 3 <= c1) { PT_ALL(3) } else if (r + 2 <= c1) { PT_ALL(2) } else { PT_ALL(1) }
-#undef PT_ALL
-#undef PT
+                g_gemm_avx2[c1 - r < 3 ? c1 - r : 3][T](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, pn,
+                                                         K, NULL);
             }
         }
     }
@@ -248,6 +261,23 @@ AVX512_INL void pack_avx512(float *panel, const uint16_t *w, int K, int P) {
                              bf16x8x2(w + (size_t)(2 * p) * K + (size_t)s * 8, w + (size_t)(2 * p + 1) * K + (size_t)s * 8));
 }
 
+/* The AVX-512 tile shapes, out of line as the AVX2 ones: 8 rows (4 pairs) x T
+ * tokens, [T] in place (b) and from the panel (p). */
+#define TILE_AVX512(SRC, WF32, T)                                                                                  \
+    __attribute__((target("avx512f,avx2,fma"), noinline)) static void tile_avx512_##SRC##4x##T(                  \
+        float *out, int ldo, const float *x, int ldx, const uint16_t *w, const float *panel, int K, const char *pf) { \
+        tile_avx512(4, T, out, ldo, x, ldx, w, panel, WF32, K, pf);                                                 \
+    }
+TILE_AVX512(b, 0, 1) TILE_AVX512(b, 0, 2) TILE_AVX512(b, 0, 3) TILE_AVX512(b, 0, 4) TILE_AVX512(b, 0, 5)
+TILE_AVX512(b, 0, 6)
+TILE_AVX512(p, 1, 1) TILE_AVX512(p, 1, 2) TILE_AVX512(p, 1, 3) TILE_AVX512(p, 1, 4) TILE_AVX512(p, 1, 5)
+TILE_AVX512(p, 1, 6)
+#undef TILE_AVX512
+static const TileFn g_small_avx512[7] = {NULL, tile_avx512_b4x1, tile_avx512_b4x2, tile_avx512_b4x3,
+                                         tile_avx512_b4x4, tile_avx512_b4x5, tile_avx512_b4x6};
+static const TileFn g_gemm_avx512[7] = {NULL, tile_avx512_p4x1, tile_avx512_p4x2, tile_avx512_p4x3,
+                                        tile_avx512_p4x4, tile_avx512_p4x5, tile_avx512_p4x6};
+
 /* Few tokens, bf16 in place: 8-row blocks (4 zmm chains a token), up to 6
  * tokens a tile, the next block prefetched while the first tile runs. */
 AVX512_INL void small_avx512(float *out, int ldo, const float *x, int ldx, int n, const uint16_t *w, int K, int r0,
@@ -263,18 +293,9 @@ AVX512_INL void small_avx512(float *out, int ldo, const float *x, int ldx, int n
     for (; r + 8 <= r1; r += 8) {
         const uint16_t *wr = w + (size_t)r * K;
         const char *pf = (const char *)(wr + (size_t)8 * K); /* also past the task's end, as above */
-        for (int t = 0; t < n; t += 6, pf = NULL) {
-#define ST(T) tile_avx512(4, T, out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, NULL, 0, K, pf)
-            switch (n - t < 6 ? n - t : 6) {
-            case 6: ST(6); break;
-            case 5: ST(5); break;
-            case 4: ST(4); break;
-            case 3: ST(3); break;
-            case 2: ST(2); break;
-            default: ST(1); break;
-            }
-#undef ST
-        }
+        for (int t = 0; t < n; t += 6, pf = NULL)
+            g_small_avx512[n - t < 6 ? n - t : 6](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, wr, NULL, K,
+                                                   pf);
     }
     if (r < r1) small_avx2(out, ldo, x, ldx, n, w, K, r, r1);
 }
@@ -291,19 +312,7 @@ AVX512_INL void gemm_avx512(float *out, int ldo, const float *x, int ldx, int n,
             int T = n - t < 6 ? n - t : 6;
             for (int r = c0; r < c1; r += 8) {
                 const float *pn = g_panel + (size_t)(r - c0) * S * 8;
-                const uint16_t *wr = w + (size_t)r * K;
-                float *o = out + (size_t)t * ldo + r;
-                const float *xt = x + (size_t)t * ldx;
-#define PT(T) tile_avx512(4, T, o, ldo, xt, ldx, wr, pn, 1, K, NULL)
-                switch (T) {
-                case 6: PT(6); break;
-                case 5: PT(5); break;
-                case 4: PT(4); break;
-                case 3: PT(3); break;
-                case 2: PT(2); break;
-                default: PT(1); break;
-                }
-#undef PT
+                g_gemm_avx512[T](out + (size_t)t * ldo + r, ldo, x + (size_t)t * ldx, ldx, w + (size_t)r * K, pn, K, NULL);
             }
         }
     }

@@ -175,7 +175,7 @@ AVX2_INLINE void mm_block(int R, int T, float *out, int ldo, const float *x, int
             for (int kk = k; kk < K; kk++) {
                 size_t i = (size_t)r * ldw + kk;
                 float wv = wf32 ? ((const float *)w)[i] : bf16_to_f32(((const uint16_t *)w)[i]);
-                s += wv * x[(size_t)t * ldx + kk];
+                s = fmaf(wv, x[(size_t)t * ldx + kk], s); /* the reference's FMA, at any -O */
             }
             out[(size_t)t * ldo + r] = s;
         }
@@ -503,6 +503,7 @@ static void matmul_portable(float *out, int ldo, const float *x, int ldx, int n,
 
 void cpu_matmul_rows(float *out, int ldo, const float *x, int ldx, int n, const WeightMat *w,
                      const uint16_t *bias, int r0, int r1) {
+    if (n < 1) return; /* an empty batch writes nothing (the SIMD paths' tiles hold >= 1 token) */
     if (!g_init) cpu_ops_init();
     CpuMatmulFn fn = matmul_portable;
 #ifdef CPU_OPS_X86
@@ -536,6 +537,7 @@ void cpu_act_to_bf16(uint16_t *dst, const float *src, size_t n) {
 
 void cpu_matmul_rows_bf16(float *out, int ldo, const uint16_t *x, int ldx, int n, const WeightMat *w,
                           const uint16_t *bias, int r0, int r1) {
+    if (n < 1) return; /* as cpu_matmul_rows */
     if (!g_init) cpu_ops_init();
     CpuMatmulBf16Fn fn = cpu_matmul_bf16_portable;
 #ifdef CPU_OPS_X86

@@ -429,7 +429,7 @@ static int parse_seq(P *p) {
         if (x < 0) return -1;
         for (;;) {
             skip_ws(p);
-            int c = peek(p), lo, hi;
+            int c = peek(p), lo = 0, hi = 0; /* set on every path that reads them (gcc -O1 cannot tell) */
             if (c == '*') { lo = 0; hi = -1; p->i++; }
             else if (c == '+') { lo = 1; hi = -1; p->i++; }
             else if (c == '?') { lo = 0; hi = 1; p->i++; }

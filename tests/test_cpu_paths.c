@@ -115,7 +115,7 @@ static void check_shape(CpuPath p, int rows, int K, int n, int split, int with_b
 /* cpu_dot_rows / cpu_axpy_rows (attention) give the bits of one cpu_dot /
  * cpu_axpy per row, on the path in use. */
 static void check_rows_ops(CpuPath p) {
-    static const int ns[] = {5, 8, 64, 128, 131, 200, 256};
+    static const int ns[] = {5, 8, 16, 24, 56, 61, 64, 128, 131, 200, 256}; /* every register width of the rows forms */
     static const int ms[] = {1, 3, 4, 7, 8, 9, 16, 17};
     int bad_dot = 0, bad_axpy = 0;
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)

@@ -265,24 +265,41 @@ AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_
     for (; i < m; i++) out[i] = dot_avx2(q, k + (size_t)i * ldk, n);
 }
 
+/* y[0, 8C) += a[i] * x_i for i < m in order, y held in C registers across the
+ * rows: per element axpy_avx2's arithmetic (one FMA a row). */
+AVX2_INLINE void axpy_rows_regs(int C, float *y, const float *a, const float *x, size_t ldx, int m) {
+    __m256 acc[8];
+    #pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(y + 8 * c);
+    for (int i = 0; i < m; i++) {
+        __m256 av = _mm256_set1_ps(a[i]);
+        const float *xi = x + (size_t)i * ldx;
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
+    }
+    #pragma GCC unroll 8
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + 8 * c, acc[c]);
+}
+
 /* y += a[i] * x_i for i < m in order, y held in registers across the rows
- * (64 floats at a time): per element axpy_avx2's arithmetic. */
+ * (64 floats at a time, then the rest of the multiple of 8; a head_dim below
+ * 64 went through memory a row at a time: half of test_long_context's time at
+ * head_dim 16): per element axpy_avx2's arithmetic. */
 AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t ldx, int m, int n) {
     int d = 0;
-    for (; d + 64 <= n; d += 64) {
-        __m256 acc[8];
-        #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(y + d + 8 * c);
-        for (int i = 0; i < m; i++) {
-            __m256 av = _mm256_set1_ps(a[i]);
-            const float *xi = x + (size_t)i * ldx + d;
-            #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
-        }
-        #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + d + 8 * c, acc[c]);
+    for (; d + 64 <= n; d += 64) axpy_rows_regs(8, y + d, a, x + d, ldx, m);
+    switch ((n - d) / 8) {
+    case 7: axpy_rows_regs(7, y + d, a, x + d, ldx, m); break;
+    case 6: axpy_rows_regs(6, y + d, a, x + d, ldx, m); break;
+    case 5: axpy_rows_regs(5, y + d, a, x + d, ldx, m); break;
+    case 4: axpy_rows_regs(4, y + d, a, x + d, ldx, m); break;
+    case 3: axpy_rows_regs(3, y + d, a, x + d, ldx, m); break;
+    case 2: axpy_rows_regs(2, y + d, a, x + d, ldx, m); break;
+    case 1: axpy_rows_regs(1, y + d, a, x + d, ldx, m); break;
+    default: break;
     }
-    if (d < n)
+    d += (n - d) / 8 * 8;
+    if (d < n) /* the last n % 8: axpy_avx2's scalar tail */
         for (int i = 0; i < m; i++) axpy_avx2(y + d, a[i], x + (size_t)i * ldx + d, n - d);
 }
 

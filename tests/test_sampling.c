@@ -445,7 +445,72 @@ static void test_params_check(void) {
     T_ASSERT(sampling_params_check(&p, 100, &e) < 0, "negative temperature rejected");
 }
 
+/* sampler_logprob_of (prompt log-probs) against its definition: lp_i = (float)((double)(z_i -
+ * zmax) - log S), S the double sum of expf(z_i - zmax), z the row with NaN as -inf; the rank is
+ * the count of lp_i >= lp_id (as vLLM counts it), the top-N the N best ids (lp desc, id asc).
+ * Rows: gaussian, heavy ties, few values, many floats a few ulps apart (distinct logits whose
+ * log-probs round together: the rank's threshold search), with -inf / NaN / all -inf / +inf. */
+static void test_logprob_of(int V, int iters) {
+    Sampler *s = sampler_create(V);
+    float *l = malloc(sizeof(float) * (size_t)V), *z = malloc(sizeof(float) * (size_t)V),
+          *lp = malloc(sizeof(float) * (size_t)V);
+    int32_t top_ids[20], want_ids[20];
+    float top_lp[20];
+    int bad = 0, merged = 0;
+    for (int it = 0; it < iters; it++) {
+        int mode = it % 6;
+        if (mode < 3) make_logits(l, V, mode);
+        else if (mode == 3) /* logits 1e-9 apart near 1e-3: distinct, their log-probs (~ -log V, ulp ~5e-7) not */
+            for (int i = 0; i < V; i++) l[i] = 1e-3f + (float)(int)(urand() * 64) * 1e-9f;
+        else if (mode == 4) { /* -inf and NaN among gaussian logits */
+            make_logits(l, V, 0);
+            for (int i = 0; i < V; i++) if (urand() < 0.2) l[i] = urand() < 0.5 ? -INFINITY : NAN;
+        } else { /* all -inf, or one +inf */
+            for (int i = 0; i < V; i++) l[i] = -INFINITY;
+            if (it % 12 == 11) { make_logits(l, V, 0); l[(int)(urand() * V)] = INFINITY; }
+        }
+        float zmax = -INFINITY;
+        for (int i = 0; i < V; i++) { z[i] = isnan(l[i]) ? -INFINITY : l[i]; if (z[i] > zmax) zmax = z[i]; }
+        double S = 0;
+        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)expf(z[i] - zmax);
+        double ls = log(S);
+        for (int i = 0; i < V; i++) lp[i] = (float)((double)(z[i] - zmax) - ls);
+        int n_top = V < 20 ? V : 20;
+        for (int k = 0; k < n_top; k++) { /* selection by (z desc, id asc): lp's order, its ties by id */
+            int32_t best = -1;
+            for (int32_t i = 0; i < V; i++) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= want_ids[j] == i;
+                if (!used && (best < 0 || z[i] > z[best])) best = i;
+            }
+            want_ids[k] = best;
+        }
+        for (int i = 1; i < V && mode == 3; i++) merged += z[i] != z[0] && lp[i] == lp[0];
+        for (int q = 0; q < 4; q++) {
+            int32_t id = q == 0 ? want_ids[0] : (int32_t)(urand() * V);
+            int32_t rank = -1, want_rank = 0;
+            for (int i = 0; i < V; i++) want_rank += lp[i] >= lp[id];
+            float v = sampler_logprob_of(s, l, id, n_top, top_ids, top_lp, &rank);
+            int ok = (memcmp(&v, &lp[id], 4) == 0 || (isnan(v) && isnan(lp[id]))) && rank == want_rank;
+            for (int k = 0; k < n_top; k++)
+                ok &= top_ids[k] == want_ids[k] && (memcmp(&top_lp[k], &lp[want_ids[k]], 4) == 0 ||
+                                                    (isnan(top_lp[k]) && isnan(lp[want_ids[k]])));
+            if (!ok && bad++ < 5)
+                T_ASSERT(0, "V %d row %d (mode %d) id %d: lp %g rank %d, want %g rank %d", V, it, mode, id, v,
+                         rank, lp[id], want_rank);
+        }
+    }
+    T_ASSERT(bad == 0, "V %d: %d sampler_logprob_of results differ from the definition", V, bad);
+    T_ASSERT(merged > 0, "V %d: no row had distinct logits with equal log-probs (the rank's hard case)", V);
+    free(l);
+    free(z);
+    free(lp);
+    sampler_free(s);
+}
+
 int main(void) {
+    test_logprob_of(50, 600);
+    test_logprob_of(1000, 120);
     test_ties();
     test_params_check();
     test_vs_bruteforce(50, 3000);

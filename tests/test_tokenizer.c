@@ -586,6 +586,26 @@ static void test_refusals(void) {
              "missing dir: %s", e.msg);
 }
 
+/* The byte-level alphabet (utf8.c's closed forms) against GPT-2's bytes_to_unicode as encoder.py
+ * builds it: the printable ranges in order, then every other byte at 256, 257, ... */
+static void test_bytelevel(void) {
+    int32_t want[256];
+    int have[256] = {0}, n = 0;
+    for (int b = '!'; b <= '~'; b++) have[b] = 1;
+    for (int b = 0xA1; b <= 0xAC; b++) have[b] = 1;
+    for (int b = 0xAE; b <= 0xFF; b++) have[b] = 1;
+    for (int b = 0; b < 256; b++) want[b] = have[b] ? b : 256 + n++;
+    T_ASSERT(n == 68, "%d bytes outside the printable ranges", n);
+    int bad = 0;
+    for (int b = 0; b < 256; b++) bad += bytelevel_char((uint8_t)b) != want[b];
+    for (int32_t cp = -2; cp < 400; cp++) {
+        int b = -1;
+        for (int x = 0; x < 256; x++) if (want[x] == cp) b = x;
+        bad += bytelevel_byte(cp) != b;
+    }
+    T_ASSERT(bad == 0, "%d byte-level mappings differ from bytes_to_unicode", bad);
+}
+
 int main(void) {
     size_t n;
     char *corpus = read_zst(DATA "/corpus.bin.zst", &n);
@@ -606,6 +626,7 @@ int main(void) {
         free(corpus);
         return T_DONE();
     }
+    test_bytelevel();
     test_refusals();
     test_reader_cases();
     test_reader_real("qwen3");

@@ -1,109 +1,12 @@
 /*
- * bpe.c - the BPE model: a bytes -> id hash map, the merge table and the
- * merge loop of `tokenizers`' Word::merge_all (lowest rank first, leftmost
- * on ties). Works on raw bytes: the byte-level alphabet is undone at load.
- * Not here: splitting text into words (pretok.c).
+ * bpe.c - the BPE model's merge loop: `tokenizers`'
+ * Word::merge_all (lowest rank first, leftmost on ties). Works on raw bytes:
+ * the byte-level alphabet is undone at load.
+ * Not here: splitting text into words (pretok.c), the tables it reads (tok_maps.c).
  */
 #include <stdlib.h>
 
-#include <xxhash.h>
-
 #include "tok_internal.h"
-
-void strmap_init(StrMap *m, size_t expect) {
-    memset(m, 0, sizeof *m);
-    m->cap = 16;
-    while (m->cap < expect * 2) m->cap <<= 1;
-    m->slots = xcalloc(m->cap, sizeof *m->slots);
-}
-
-void strmap_free(StrMap *m) {
-    free(m->slots);
-    free(m->keys);
-    free(m->klen);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
-/* A slot: the entry index + 1 in the low 32 bits (0 = empty), the hash's high
- * 32 bits above, so a probe reads a key only when the tags agree (one cache
- * miss per lookup instead of three). */
-static inline uint64_t strmap_hash(const char *key, size_t len) { return XXH3_64bits(key, len); }
-
-static size_t strmap_find(const StrMap *m, const char *key, size_t len, uint64_t h) {
-    size_t mask = m->cap - 1, i = h & mask;
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (;; i = (i + 1) & mask) {
-        uint64_t s = m->slots[i];
-        uint32_t e = (uint32_t)s;
-        if (!e) return i;
-        if ((uint32_t)(s >> 32) == tag && m->klen[e - 1] == len && memcmp(m->keys[e - 1], key, len) == 0) return i;
-    }
-}
-
-static void strmap_grow(StrMap *m) {
-    uint64_t *old = m->slots;
-    size_t oc = m->cap;
-    m->cap *= 2;
-    m->slots = xcalloc(m->cap, sizeof *m->slots);
-    for (size_t i = 0; i < oc; i++) {
-        uint32_t e = (uint32_t)old[i];
-        if (!e) continue;
-        const char *k = m->keys[e - 1];
-        m->slots[strmap_find(m, k, m->klen[e - 1], strmap_hash(k, m->klen[e - 1]))] = old[i];
-    }
-    free(old);
-}
-
-bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val) {
-    if ((m->n + 1) * 2 > m->cap) strmap_grow(m);
-    uint64_t h = strmap_hash(key, len);
-    size_t i = strmap_find(m, key, len, h);
-    if (m->slots[i]) { m->vals[(uint32_t)m->slots[i] - 1] = val; return false; }
-    if (m->n == m->nalloc) {
-        m->nalloc = m->nalloc ? m->nalloc * 2 : 64;
-        m->keys = realloc(m->keys, m->nalloc * sizeof *m->keys);
-        m->klen = realloc(m->klen, m->nalloc * sizeof *m->klen);
-        m->vals = realloc(m->vals, m->nalloc * sizeof *m->vals);
-        CHECK(m->keys && m->klen && m->vals, "out of memory growing a token map");
-    }
-    m->keys[m->n] = key;
-    m->klen[m->n] = (uint32_t)len;
-    m->vals[m->n] = val;
-    m->slots[i] = (h >> 32) << 32 | (uint32_t)++m->n;
-    return true;
-}
-
-bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val) {
-    uint32_t e = (uint32_t)m->slots[strmap_find(m, key, len, strmap_hash(key, len))];
-    if (!e) return false;
-    *val = m->vals[e - 1];
-    return true;
-}
-
-/* ---- merges ---- */
-
-static inline size_t merge_hash(uint64_t k, size_t cap) {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-}
-
-bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id) {
-    uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)c) + 1;
-    for (size_t i = merge_hash(k, b->merge_cap);; i = (i + 1) & (b->merge_cap - 1)) {
-        const MergeSlot *s = &b->merges[i];
-        if (s->key == k) { *rank = s->rank; *new_id = s->new_id; return true; }
-        if (!s->key) return false;
-    }
-}
-
-/* Later duplicates overwrite earlier ones, as HF's HashMap collect does. */
-void bpe_merge_put(Bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t new_id) {
-    uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)c) + 1;
-    for (size_t i = merge_hash(k, b->merge_cap);; i = (i + 1) & (b->merge_cap - 1)) {
-        MergeSlot *s = &b->merges[i];
-        if (!s->key || s->key == k) { s->key = k; s->rank = rank; s->new_id = new_id; return; }
-    }
-}
 
 /* ---- the merge loop ---- */
 

@@ -33,19 +33,25 @@ int utf8_encode(int32_t cp, char *out);
 int32_t bytelevel_char(uint8_t b);
 int bytelevel_byte(int32_t cp);
 
-/* ---- string -> id hash (bpe.c) ---- */
+/* ---- string -> id hash (tok_maps.c) ---- */
+typedef struct StrMapEntry {
+    const char *key; /* owner's arena; outlives the map */
+    uint32_t len, val;
+} StrMapEntry;
 typedef struct StrMap {
-    uint64_t *slots; /* [cap] hash >> 32 << 32 | entry index + 1; 0 = empty */
+    uint64_t *slots;   /* [cap] hash >> 32 << 32 | entry index + 1; 0 = empty */
     size_t cap;
-    const char **keys; /* [n] pointers into owner arena */
-    uint32_t *klen, *vals;
+    StrMapEntry *ents; /* [nalloc] the first n used, in insertion order */
     size_t n, nalloc;
+    bool frozen;       /* read-only from here on: strmap_put asserts */
 } StrMap;
 void strmap_init(StrMap *m, size_t expect);
 void strmap_free(StrMap *m);
 /* Insert (true) or overwrite (false); key must outlive the map. */
 bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val);
 bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val);
+/* No put after this: the map is shared by every thread that tokenizes. */
+void strmap_freeze(StrMap *m);
 
 /* ---- BPE model (bpe.c) ---- */
 typedef struct MergeSlot { uint64_t key; uint32_t rank; int32_t new_id; } MergeSlot;
@@ -63,6 +69,7 @@ typedef struct Bpe {
     uint8_t *whole;
 } Bpe;
 
+/* the merge table (tok_maps.c): put at load only */
 bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
 void bpe_merge_put(Bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t new_id);
 /* Scratch reused across words of one encode call. */

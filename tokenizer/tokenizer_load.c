@@ -465,6 +465,8 @@ static Tokenizer *load_root(json_t *root, const TokBpeText *bt, json_t *cfg, Err
     rc = tok_load_added(t, added, e);
     if (rc) goto done;
     if (cfg) rc = tok_load_config(t, cfg, e);
+    strmap_freeze(&t->str_to_id); /* shared by every tokenizing thread from here on */
+    strmap_freeze(&t->bpe.vocab);
 done:
     if (rc) { tokenizer_free(t); return NULL; }
     return t;

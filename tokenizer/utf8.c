@@ -3,7 +3,6 @@
  * rule (what Python's errors="replace" and Rust's from_utf8_lossy do), and
  * the GPT-2 byte-level alphabet. Not a Unicode database: that is utf8proc.
  */
-#include <pthread.h>
 #include <stdlib.h>
 
 #include "tok_internal.h"
@@ -83,28 +82,19 @@ int utf8_encode(int32_t cp, char *out) {
     return 4;
 }
 
-/* bytes_to_unicode(): printable bytes map to themselves, the other 68 to
- * 256, 257, ... in byte order. Tables built once, read-only after. */
-static int32_t bl_char[256];
-static int16_t bl_byte[256 + 68];
-static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
-
-static void bl_init(void) {
-    int k = 0;
-    for (int b = 0; b < 256 + 68; b++) bl_byte[b] = -1;
-    for (int b = 0; b < 256; b++) {
-        bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-        bl_char[b] = printable ? b : 256 + k++;
-        bl_byte[bl_char[b]] = (int16_t)b;
-    }
-}
+/* bytes_to_unicode(): the printable bytes 33..126, 161..172 and 174..255 map
+ * to themselves, the other 68 to 256, 257, ... in byte order: 0..32 to
+ * 256..288, 127..160 to 289..322, 173 to 323. Closed forms both ways (no
+ * table to build, no once-lock on the load's ~1.5M calls). */
+static bool bl_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); }
 
 int32_t bytelevel_char(uint8_t b) {
-    pthread_once(&bl_once, bl_init);
-    return bl_char[b];
+    if (bl_printable(b)) return b;
+    return b <= 32 ? 256 + b : b <= 160 ? 256 + 33 + (b - 127) : 256 + 67; /* 173 */
 }
 
 int bytelevel_byte(int32_t cp) {
-    pthread_once(&bl_once, bl_init);
-    return cp >= 0 && cp < 256 + 68 ? bl_byte[cp] : -1;
+    if (cp >= 0 && cp < 256) return bl_printable(cp) ? cp : -1;
+    int n = cp - 256;
+    return n < 0 || n > 67 ? -1 : n <= 32 ? n : n <= 66 ? 127 + (n - 33) : 173;
 }

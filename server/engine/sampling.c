@@ -156,9 +156,14 @@ static inline double term(float zi, float zmax) { return (double)expf(zi - zmax)
  * sorted, into out [k]; returns how many there were (<= k). A min-heap on
  * `before` keeps the k best seen so far: one compare per id for small k. */
 static int top_heap(const float *z, int V, int k, float lo, int32_t *out) {
+    ASSERT(k > 0, "top_heap of %d ids", k);
     int n = 0;
+    /* -inf, then z of the worst kept id once the heap is full: ids come in ascending order,
+     * so a later id ties below every kept one and enters only above it (one compare per id) */
+    float worst = -INFINITY;
     for (int32_t i = 0; i < V; i++) {
-        if (!(z[i] > -INFINITY && z[i] >= lo)) continue;
+        float zi = z[i];
+        if (!(zi > -INFINITY && zi >= lo) || !(zi > worst)) continue;
         if (n < k) { /* sift up */
             int c = n++;
             while (c > 0) {
@@ -168,7 +173,8 @@ static int top_heap(const float *z, int V, int k, float lo, int32_t *out) {
                 c = p;
             }
             out[c] = i;
-        } else if (before(z, i, out[0])) { /* replace the worst, sift down */
+            if (n == k) worst = z[out[0]];
+        } else { /* replace the worst, sift down */
             int c = 0;
             for (;;) {
                 int l = 2 * c + 1, r = l + 1, w = c;
@@ -180,6 +186,7 @@ static int top_heap(const float *z, int V, int k, float lo, int32_t *out) {
                 c = w;
             }
             out[c] = i;
+            worst = z[out[0]];
         }
     }
     sort_top(z, out, n);
@@ -576,6 +583,42 @@ void sampler_kept_logprobs(Sampler *s, float *out) {
     }
 }
 
+/* Floats in their order as unsigned keys (-inf lowest, NaNs outside [-inf, +inf]), and back. */
+static inline uint32_t float_key(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static inline float key_float(uint32_t k) {
+    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* How many ids have a log-prob >= v, counted on the log-probs themselves as vLLM counts
+ * them: lp(x) = (float)((double)(x - zmax) - ls) over z [V]. lp is monotone in x (each
+ * step rounds monotonically), so lp(z[i]) >= v exactly when z[i] >= t, t the least float
+ * with lp(t) >= v: bisected over the floats' order (<= 32 steps), then one compare per id
+ * instead of two conversions. Where lp is not monotone (zmax not finite: x - zmax is NaN)
+ * or v is not finite, the count is taken directly. */
+static int32_t rank_of(const float *z, int V, float zmax, double ls, float v) {
+    int32_t n = 0;
+    if (!isfinite(zmax) || !isfinite(v)) {
+        for (int i = 0; i < V; i++) n += (float)((double)(z[i] - zmax) - ls) >= v;
+        return n;
+    }
+    uint32_t lo = float_key(-INFINITY), hi = float_key(zmax); /* lp(zmax) >= lp(z[id]) = v */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if ((float)((double)(key_float(mid) - zmax) - ls) >= v) hi = mid;
+        else lo = mid + 1;
+    }
+    float t = key_float(lo);
+    for (int i = 0; i < V; i++) n += z[i] >= t;
+    return n;
+}
+
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
                          int top_n, int32_t *top_ids, float *top_logprobs, int32_t *rank) {
     int V = s->vocab;
@@ -598,10 +641,6 @@ float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
         }
     }
     float v = (float)((double)(z[id] - zmax) - ls);
-    if (rank) { /* counted on the log-probs themselves, as vLLM counts them */
-        int32_t n = 0;
-        for (int i = 0; i < V; i++) n += (float)((double)(z[i] - zmax) - ls) >= v;
-        *rank = n;
-    }
+    if (rank) *rank = rank_of(z, V, zmax, ls, v);
     return v;
 }

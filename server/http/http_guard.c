@@ -49,6 +49,7 @@ struct HttpGuard {
     double header_s;     /* --header-timeout */
     double idle_s;       /* --connection-timeout */
     pthread_t th;
+    pthread_cond_t wake; /* CLOCK_MONOTONIC; signalled by http_guard_free: shutdown waits no tick */
     int stop;
 };
 
@@ -64,22 +65,33 @@ static void cut(HttpConn *c) {
     c->phase = PHASE_SERVING; /* never evicted twice */
 }
 
+/* Every 250 ms: cut the connections past their deadline. */
 static void *watchdog(void *arg) {
     HttpGuard *g = arg;
-    for (;;) {
-        usleep(250 * 1000);
-        pthread_mutex_lock(&g->mu);
-        if (g->stop) { pthread_mutex_unlock(&g->mu); return NULL; }
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += 250 * 1000 * 1000;
+        if (t.tv_nsec >= 1000000000) { t.tv_sec++; t.tv_nsec -= 1000000000; }
+        while (!g->stop && pthread_cond_timedwait(&g->wake, &g->mu, &t) == 0) {} /* to the tick, or stop */
+        if (g->stop) break;
         double now = mono();
         for (HttpConn *c = g->conns; c; c = c->next)
             if (c->deadline > 0 && now > c->deadline) cut(c);
-        pthread_mutex_unlock(&g->mu);
     }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
 }
 
 HttpGuard *http_guard_create(const ServerConfig *cfg) {
     HttpGuard *g = xcalloc(1, sizeof *g);
     pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->wake, &ca);
+    pthread_condattr_destroy(&ca);
     g->cap = cfg->max_connections;
     g->header_s = cfg->header_timeout_s;
     g->idle_s = cfg->connection_timeout_s;
@@ -91,6 +103,7 @@ void http_guard_free(HttpGuard *g) {
     if (!g) return;
     pthread_mutex_lock(&g->mu);
     g->stop = 1;
+    pthread_cond_signal(&g->wake);
     pthread_mutex_unlock(&g->mu);
     pthread_join(g->th, NULL);
     while (g->conns) {
@@ -98,6 +111,7 @@ void http_guard_free(HttpGuard *g) {
         g->conns = c->next;
         free(c);
     }
+    pthread_cond_destroy(&g->wake);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

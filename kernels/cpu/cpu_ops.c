@@ -240,10 +240,38 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* m dots of q against rows of k (stride ldk), four rows at once (four
- * chains in flight instead of one): each is dot_avx2's arithmetic. */
+/* cpu_hsum8 of eight vectors at once, into o[0..8): the same adds on the same
+ * operands (x + y == y + x): level 1 b_j = a_j + a_{j+4} (a 128-bit half of
+ * each pair), level 2 c0 = b0 + b2, c1 = b1 + b3 (unpacked pairs), level 3
+ * c0 + c1. One reduction per eight rows instead of eight. */
+AVX2_INLINE void hsum8x8_avx2(const __m256 *a, float *o) {
+    __m256 p[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) /* [b of row r | b of row r + 4] */
+        p[r] = _mm256_add_ps(_mm256_permute2f128_ps(a[r], a[r + 4], 0x20), _mm256_permute2f128_ps(a[r], a[r + 4], 0x31));
+    __m256 c01 = _mm256_add_ps(_mm256_unpacklo_ps(p[0], p[1]), _mm256_unpackhi_ps(p[0], p[1])); /* c0 c0' c1 c1' */
+    __m256 c23 = _mm256_add_ps(_mm256_unpacklo_ps(p[2], p[3]), _mm256_unpackhi_ps(p[2], p[3]));
+    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(3, 2, 3, 2))));
+}
+
+/* m dots of q against rows of k (stride ldk), eight rows at once when n % 8
+ * == 0 (one transposed reduction for the eight), else four (four chains in
+ * flight instead of one): each is dot_avx2's arithmetic. */
 AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_t ldk, int m, int n) {
     int i = 0;
+    for (; n % 8 == 0 && n > 0 && i + 8 <= m; i += 8) {
+        const float *k0 = k + (size_t)i * ldk;
+        __m256 a[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + (size_t)r * ldk + j), a[r]);
+        }
+        hsum8x8_avx2(a, out + i);
+    }
     for (; i + 4 <= m; i += 4) {
         const float *k0 = k + (size_t)i * ldk;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;

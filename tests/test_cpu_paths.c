@@ -115,7 +115,7 @@ static void check_shape(CpuPath p, int rows, int K, int n, int split, int with_b
 /* cpu_dot_rows / cpu_axpy_rows (attention) give the bits of one cpu_dot /
  * cpu_axpy per row, on the path in use. */
 static void check_rows_ops(CpuPath p) {
-    static const int ns[] = {5, 8, 16, 24, 56, 61, 64, 128, 131, 200, 256}; /* every register width of the rows forms */
+    static const int ns[] = {5, 8, 16, 24, 32, 56, 61, 64, 128, 131, 200, 256}; /* every register width of the rows forms */
     static const int ms[] = {1, 3, 4, 7, 8, 9, 16, 17};
     int bad_dot = 0, bad_axpy = 0;
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
@@ -140,19 +140,19 @@ static void check_rows_ops(CpuPath p) {
         }
     T_ASSERT(bad_dot == 0, "%s: %d cpu_dot_rows results differ from cpu_dot", cpu_ops_path_name(p), bad_dot);
     T_ASSERT(bad_axpy == 0, "%s: %d cpu_axpy_rows results differ from cpu_axpy", cpu_ops_path_name(p), bad_axpy);
-    /* the multi-query forms (attention tiles): 1-7 queries over the same rows, each query's results the
-     * bits of cpu_dot / cpu_axpy alone */
+    /* the multi-query forms (attention tiles): 1-11 queries over the same rows (whole groups of the
+     * AVX2 axpy's 2, 4 or 8 and a rest), each query's results the bits of cpu_dot / cpu_axpy alone */
     int bad_mdot = 0, bad_maxpy = 0;
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
         for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++)
-            for (int nq = 1; nq <= 7; nq += 2) {
+            for (int nq = 1; nq <= 11; nq += 2) {
                 int n = ns[a], m = ms[b];
                 size_t ld = (size_t)n + 3;
                 float *k = malloc(sizeof(float) * m * ld), *qv = malloc(sizeof(float) * nq * n);
                 float *dv = malloc(sizeof(float) * nq * m), *cv = malloc(sizeof(float) * nq * m);
                 float *y1 = malloc(sizeof(float) * nq * n), *y2 = malloc(sizeof(float) * nq * n);
-                float *outs[8], *ys[8];
-                const float *qs[8], *cs[8];
+                float *outs[11], *ys[11];
+                const float *qs[11], *cs[11];
                 for (size_t i = 0; i < m * ld; i++) k[i] = rnd() * (1 + (int)(i % 3) * 5);
                 for (int i = 0; i < nq * n; i++) { qv[i] = rnd() * 3; y1[i] = y2[i] = rnd(); }
                 for (int i = 0; i < nq * m; i++) cv[i] = rnd();

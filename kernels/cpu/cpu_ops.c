@@ -331,6 +331,47 @@ AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t
         for (int i = 0; i < m; i++) axpy_avx2(y + d, a[i], x + (size_t)i * ldx + d, n - d);
 }
 
+/* axpy_rows_regs for G queries over the same rows: G * C accumulators, each
+ * query's y the same FMAs in the same order (the same bits as alone), but G
+ * times the independent chains: a head_dim of 8-32 (C 1-4, the fixtures')
+ * left one or two chains per row waiting on the FMA's latency. */
+AVX2_INLINE void axpy_rows_q_regs(int G, int C, float *const *y, const float *const *a, const float *x, size_t ldx,
+                                  int m) {
+    __m256 acc[8];
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_loadu_ps(y[g] + 8 * c);
+    for (int i = 0; i < m; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            __m256 av = _mm256_set1_ps(a[g][i]);
+            #pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[g * C + c]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y[g] + 8 * c, acc[g * C + c]);
+}
+
+/* cpu_axpy_rows for nq queries against the same m rows, n = 8 * C with C <= 4: groups of 8 / C
+ * queries through axpy_rows_q_regs, the rest alone. Returns the queries done (a prefix). */
+AVX2 static int axpy_rows_multi_avx2(float *const *y, const float *const *a, int nq, const float *x, size_t ldx,
+                                     int m, int n) {
+    int e = 0;
+    switch (n) {
+    case 8: for (; e + 8 <= nq; e += 8) axpy_rows_q_regs(8, 1, y + e, a + e, x, ldx, m); break;
+    case 16: for (; e + 4 <= nq; e += 4) axpy_rows_q_regs(4, 2, y + e, a + e, x, ldx, m); break;
+    case 24: for (; e + 2 <= nq; e += 2) axpy_rows_q_regs(2, 3, y + e, a + e, x, ldx, m); break;
+    case 32: for (; e + 2 <= nq; e += 2) axpy_rows_q_regs(2, 4, y + e, a + e, x, ldx, m); break;
+    default: break;
+    }
+    return e;
+}
+
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
 #define AVX512_INLINE __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
 
@@ -633,13 +674,15 @@ void cpu_dot_rows_multi(float *const *out, const float *const *q, int nq, const 
 }
 
 void cpu_axpy_rows_multi(float *const *y, const float *const *a, int nq, const float *x, size_t ldx, int m, int n) {
+    int e = 0;
 #ifdef CPU_OPS_X86
     if (use_avx2() && g_path == CPU_PATH_AVX512 && n % 128 == 0) {
         axpy_rows_multi_avx512(y, a, nq, x, 0, ldx, m, n);
         return;
     }
+    if (use_avx2() && g_path != CPU_PATH_AVX512) e = axpy_rows_multi_avx2(y, a, nq, x, ldx, m, n);
 #endif
-    for (int e = 0; e < nq; e++) cpu_axpy_rows(y[e], a[e], x, ldx, m, n);
+    for (; e < nq; e++) cpu_axpy_rows(y[e], a[e], x, ldx, m, n);
 }
 
 int cpu_kv_bf16_direct(int n) {

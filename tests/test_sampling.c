@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_ops.h" /* cpu_expf: the exp of sampling.h's semantics */
 #include "sampling.h"
 #include "test.h"
 
@@ -91,7 +92,7 @@ static void ref_sample(Ref *r, int V, const float *logits, const SamplingParams 
     qsort(ord, n, sizeof(int32_t), cmp_desc);
     for (int i = 0; i < n; i++) r->kept[ord[i]] = 1;
     if (p->min_p > 0)
-        for (int i = 0; i < n; i++) if (!(expf(z[ord[i]] - zmax) >= p->min_p)) r->kept[ord[i]] = 0;
+        for (int i = 0; i < n; i++) if (!(cpu_expf(z[ord[i]] - zmax) >= p->min_p)) r->kept[ord[i]] = 0;
     int m = 0; /* compact ord to the kept ones, keeping the order */
     for (int i = 0; i < n; i++) if (r->kept[ord[i]]) ord[m++] = ord[i];
     n = m;
@@ -106,11 +107,11 @@ static void ref_sample(Ref *r, int V, const float *logits, const SamplingParams 
     }
     if (p->top_p < 1) {
         double S = 0;
-        for (int i = 0; i < V; i++) if (r->kept[i]) S += (double)expf(z[i] - zmax);
+        for (int i = 0; i < V; i++) if (r->kept[i]) S += (double)cpu_expf(z[i] - zmax);
         double cum = 0;
         int j = n - 1;
         for (int i = 0; i < n; i++) {
-            cum += (double)expf(z[ord[i]] - zmax) / S;
+            cum += (double)cpu_expf(z[ord[i]] - zmax) / S;
             if (cum >= (double)p->top_p) { j = i; break; }
         }
         float v = z[ord[j]];
@@ -119,15 +120,15 @@ static void ref_sample(Ref *r, int V, const float *logits, const SamplingParams 
     free(ord);
     double S = 0;
     r->n_kept = 0;
-    for (int i = 0; i < V; i++) if (r->kept[i]) { S += (double)expf(z[i] - zmax); r->n_kept++; }
-    for (int i = 0; i < V; i++) if (r->kept[i]) r->p[i] = (double)expf(z[i] - zmax) / S;
+    for (int i = 0; i < V; i++) if (r->kept[i]) { S += (double)cpu_expf(z[i] - zmax); r->n_kept++; }
+    for (int i = 0; i < V; i++) if (r->kept[i]) r->p[i] = (double)cpu_expf(z[i] - zmax) / S;
     double u = sampling_uniform(p->seed, seq, pos) * S, cum = 0;
     r->token = -1;
     int last = -1;
     for (int i = 0; i < V; i++) {
         if (!r->kept[i]) continue;
         last = i;
-        cum += (double)expf(z[i] - zmax);
+        cum += (double)cpu_expf(z[i] - zmax);
         if (cum > u) { r->token = i; break; }
     }
     if (r->token < 0) r->token = last;
@@ -305,7 +306,7 @@ static void test_vs_bruteforce(int V, int iters) {
  * sum at every 2048 ids and rescans only the block holding the crossing):
  * tokens equal the one-pass draw of ref_sample for mass spread over blocks,
  * concentrated in one block, blocks all -inf (equal running sums), every
- * truncation mode (top_k leaves the expf to the normaliser pass), and rows
+ * truncation mode (top_k leaves the exp to the normaliser pass), and rows
  * with +inf logits (a NaN normaliser: the last kept id, as the one pass). */
 static void test_draw_blocks(void) {
     int V = 5 * 2048 + 77;
@@ -446,7 +447,7 @@ static void test_params_check(void) {
 }
 
 /* sampler_logprob_of (prompt log-probs) against its definition: lp_i = (float)((double)(z_i -
- * zmax) - log S), S the double sum of expf(z_i - zmax), z the row with NaN as -inf; the rank is
+ * zmax) - log S), S the double sum of cpu_expf(z_i - zmax) (sampling.h's exp), z the row with NaN as -inf; the rank is
  * the count of lp_i >= lp_id (as vLLM counts it), the top-N the N best ids (lp desc, id asc).
  * Rows: gaussian, heavy ties, few values, many floats a few ulps apart (distinct logits whose
  * log-probs round together: the rank's threshold search), with -inf / NaN / all -inf / +inf. */
@@ -472,7 +473,7 @@ static void test_logprob_of(int V, int iters) {
         float zmax = -INFINITY;
         for (int i = 0; i < V; i++) { z[i] = isnan(l[i]) ? -INFINITY : l[i]; if (z[i] > zmax) zmax = z[i]; }
         double S = 0;
-        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)expf(z[i] - zmax);
+        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)cpu_expf(z[i] - zmax);
         double ls = log(S);
         for (int i = 0; i < V; i++) lp[i] = (float)((double)(z[i] - zmax) - ls);
         int n_top = V < 20 ? V : 20;

@@ -17,7 +17,7 @@
  *   3. temperature: z = l / T; T == 0 means greedy (argmax, lowest id on ties);
  *   4. truncation, each a threshold on z so the kept set is always
  *      { i : z_i >= thr } (an upper set of the values):
- *        min_p: keep i with expf(z_i - z_max) >= min_p;
+ *        min_p: keep i with exp(z_i - z_max) >= min_p;
  *        top_k: keep i with z_i >= the k-th largest z (ties at the boundary
  *               are ALL kept, so the set may hold more than k ids);
  *        top_p: over the set kept so far, sort by (z desc, id asc), keep the
@@ -26,6 +26,9 @@
  *               in ascending id order) reaches top_p, then every id tied with
  *               the last one kept.
  *      Ids whose processed logit is -inf or NaN are never kept.
+ *      exp is cpu_expf (cpu_ops.h: within 2 ulp of exp, 0 below -87, the same
+ *      bits on every CPU path), every probability exp(z_i - z_max) / S with S
+ *      the double sum of those floats (a log-prob (z_i - z_max) - log S).
  *   5. draw: u = counter_rng(seed, seq_index, position) in [0, 1); the token
  *      is the first id (ascending id order) whose cumulative probability over
  *      the kept set exceeds u. No state is carried between calls, so a token

@@ -123,15 +123,10 @@ void cpu_rope(float *x, const float *cs, const float *sn, int head_dim);
 void cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta, int llama3, float factor,
                        float low_ff, float high_ff, int orig_max_pos);
 
-/* exp(x) in float, the CPU backend's own definition (not libm's expf, whose
- * bits depend on the C library and its ifunc choice): x clamped to the
- * range where the result is a normal float (x < -87 gives 0, x > 88 gives
- * +inf, NaN gives NaN), n = floor(fma(x, log2 e, 0.5)), r = x - n ln2 in two
- * FMAs (Cody-Waite), Cephes' degree-7 polynomial by FMAs, 2^n added to the
- * exponent bits. Within 2 ulp of exp over [-87, 88] (tests/test_cpu_paths.c
- * measures it against double exp). The AVX2 and AVX-512 forms of
- * cpu_exp_shift and cpu_swiglu run the same operations lane by lane, so
- * every path gives these bits. */
+/* exp(x) in float as the project defines it: exp_poly (exp_poly.h), within 2
+ * ulp of exp, not libm's expf. The AVX2 and AVX-512 forms of cpu_exp_shift and
+ * cpu_swiglu run the same operations lane by lane, so every path gives these
+ * bits. */
 float cpu_expf(float x);
 /* s[i] = s[i] * c for i < n; returns the largest s[i] (NaNs skipped; -inf if
  * none): the softmax's scale and max. Which zero it returns when the largest
@@ -142,6 +137,8 @@ float cpu_scale_max(float *s, int n, float c);
 void cpu_scale(float *s, int n, float c);
 /* s[i] = cpu_expf(s[i] - mx) for i < n: the softmax's exponentials. */
 void cpu_exp_shift(float *s, int n, float mx);
+/* out[i] = cpu_expf(s[i] - mx) for i < n (out may be s): the sampler's (sampling.h). */
+void cpu_exp_shift_to(float *out, const float *s, int n, float mx);
 /* out[n] = (gate / (1 + cpu_expf(-gate))) * up, per element in that order */
 void cpu_swiglu(float *out, const float *gate, const float *up, int n);
 /* x[n] += y[n] */

@@ -16,10 +16,10 @@
  * Tie rule (where the device may pick another token or kept set than the
  * CPU): every processed logit z is bit-identical to the CPU's, so greedy
  * argmax (lowest id on ties), top_k (k-th largest value, boundary ties all
- * kept) and every comparison of z are identical. Only these may differ, and
- * only when a decision lies within about 1e-6 (relative) of its boundary:
- *   - min_p compares expf(z - zmax) with min_p: CUDA's expf is within 2 ulp
- *     of glibc's (the CPU emulation of CUDA uses glibc's: identical there);
+ * kept) and every comparison of z are identical; so is every exponential
+ * (both compute exp_poly, exp_poly.h), hence min_p's kept set. Only these
+ * may differ, and only when a decision lies within about 1e-8 (relative) of
+ * its boundary, from the order of the sums:
  *   - top_p sums the mass in 2^-44 fixed point (exact, order-free integer
  *     atomics: the same result on every run) while the CPU sums e / S in
  *     double in sorted order: the crossing differs when the cumulative mass

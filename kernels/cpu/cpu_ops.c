@@ -17,6 +17,7 @@
 #include "check.h"
 #include "cpu_matmul.h"
 #include "dtype.h"
+#include "exp_poly.h"
 #include "log.h"
 #include "quant.h"
 
@@ -762,43 +763,8 @@ void cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta, int llama3, f
     }
 }
 
-/* cpu_expf's constants (cpu_ops.h): Cephes expf's split of ln 2 and its
- * polynomial for e^r on [-ln2/2, ln2/2]. */
-#define EXP_LO (-87.0f)
-#define EXP_HI 88.0f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_C1 0.693359375f
-#define EXP_C2 (-2.12194440e-4f)
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
-
-/* Every step is an explicit fmaf, mul or add and the scaling is an integer
- * add, so no compiler contraction can change the bits (the vector forms below
- * do the same steps). */
-float cpu_expf(float x) {
-    if (x != x) return x + x;
-    if (x < EXP_LO) return 0.f;
-    if (x > EXP_HI) return INFINITY;
-    float n = floorf(fmaf(x, EXP_LOG2E, 0.5f));
-    float r = fmaf(n, -EXP_C1, x);
-    r = fmaf(n, -EXP_C2, r);
-    float z = r * r;
-    float p = fmaf(EXP_P0, r, EXP_P1);
-    p = fmaf(p, r, EXP_P2);
-    p = fmaf(p, r, EXP_P3);
-    p = fmaf(p, r, EXP_P4);
-    p = fmaf(p, r, EXP_P5);
-    float y = fmaf(p, z, r) + 1.0f;
-    uint32_t u;
-    memcpy(&u, &y, 4);
-    u += (uint32_t)(int32_t)n << 23; /* n in [-126, 127], y in [0.7, 1.5]: a normal result */
-    memcpy(&y, &u, 4);
-    return y;
-}
+/* exp_poly (exp_poly.h): the vector forms below run its operations lane by lane. */
+float cpu_expf(float x) { return exp_poly(x); }
 
 #ifdef CPU_OPS_X86
 AVX512_INLINE __m512 expf_avx512(__m512 x) {
@@ -847,19 +813,19 @@ AVX2_INLINE __m256 expf_avx2(__m256 x) {
 /* Lanes [i, min(i + 16, n)): one loop, the tail masked. */
 AVX512_INLINE __mmask16 lanes16(int i, int n) { return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1); }
 
-AVX512 static void exp_shift_avx512(float *s, int n, float mx) {
+AVX512 static void exp_shift_avx512(float *out, const float *s, int n, float mx) {
     __m512 m = _mm512_set1_ps(mx);
     for (int i = 0; i < n; i += 16) {
         __mmask16 k = lanes16(i, n);
-        _mm512_mask_storeu_ps(s + i, k, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
+        _mm512_mask_storeu_ps(out + i, k, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
     }
 }
 
-AVX2 static void exp_shift_avx2(float *s, int n, float mx) {
+AVX2 static void exp_shift_avx2(float *out, const float *s, int n, float mx) {
     __m256 m = _mm256_set1_ps(mx);
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, expf_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), m)));
-    for (; i < n; i++) s[i] = cpu_expf(s[i] - mx);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), m)));
+    for (; i < n; i++) out[i] = cpu_expf(s[i] - mx);
 }
 
 AVX512 static void swiglu_avx512(float *out, const float *gate, const float *up, int n) {
@@ -955,16 +921,18 @@ void cpu_scale(float *s, int n, float c) {
     for (int i = 0; i < n; i++) s[i] = s[i] * c;
 }
 
-void cpu_exp_shift(float *s, int n, float mx) {
+void cpu_exp_shift_to(float *out, const float *s, int n, float mx) {
 #ifdef CPU_OPS_X86
     if (use_avx2()) {
-        if (g_path == CPU_PATH_AVX512) exp_shift_avx512(s, n, mx);
-        else exp_shift_avx2(s, n, mx);
+        if (g_path == CPU_PATH_AVX512) exp_shift_avx512(out, s, n, mx);
+        else exp_shift_avx2(out, s, n, mx);
         return;
     }
 #endif
-    for (int i = 0; i < n; i++) s[i] = cpu_expf(s[i] - mx);
+    for (int i = 0; i < n; i++) out[i] = cpu_expf(s[i] - mx);
 }
+
+void cpu_exp_shift(float *s, int n, float mx) { cpu_exp_shift_to(s, s, n, mx); }
 
 void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
 #ifdef CPU_OPS_X86

@@ -11,7 +11,7 @@
  *      z / T; argmax (value desc, id asc). The same float operations per
  *      element as sampling.c, so z is bit-identical to the CPU's.
  *   2. greedy (T = 0, or every id banned): the argmax, a point mass.
- *   3. thresholds on z: min_p (min z with expf(z - zmax) >= min_p), top_k (the
+ *   3. thresholds on z: min_p (min z with exp_poly(z - zmax) >= min_p), top_k (the
  *      k-th largest value by a 4-pass radix select over the ordered float
  *      bits, counts), top_p (the same radix select over fixed-point mass: the
  *      largest value v whose upper set {z >= v} holds >= top_p of the mass of
@@ -36,6 +36,7 @@
 #include "cuda_check.h"
 #include "cuda_pdl.cuh"
 #include "cuda_sampling.h"
+#include "exp_poly.h" /* the CPU sampler's exp, bit for bit */
 
 #define SAMP_THREADS 512
 #define SAMP_FX 17592186044416.0 /* 2^44: the fixed point of top_p's mass (e <= 1, vocab < 2^19) */
@@ -218,7 +219,7 @@ static __device__ __forceinline__ int sel_elem(const SelIn &s, int i, uint32_t *
         float zi = s.z[i];
         if (!is_kept(zi, s.thr)) return 0;
         *key = desc_key(zi);
-        *w = (unsigned long long)((double)expf(zi - s.zmax) * SAMP_FX + 0.5);
+        *w = (unsigned long long)((double)exp_poly(zi - s.zmax) * SAMP_FX + 0.5);
         return 1;
     }
     case SEL_TOPN_Z: *key = desc_key(s.z[i]); *w = 1; return 1;
@@ -380,7 +381,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
             float m = INFINITY;
             for (int i = t; i < V; i += nt) {
                 float zi = z[i];
-                if (zi > -INFINITY && expf(zi - zmax) >= P.min_p && zi < m) m = zi;
+                if (zi > -INFINITY && exp_poly(zi - zmax) >= P.min_p && zi < m) m = zi;
             }
             thr = bext_f(m, shf, 1);
         }
@@ -415,7 +416,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
         long long cnt = 0;
         for (int i = lo; i < hi; i++) {
             float zi = z[i];
-            if (is_kept(zi, thr)) { part += (double)expf(zi - zmax); cnt++; }
+            if (is_kept(zi, thr)) { part += (double)exp_poly(zi - zmax); cnt++; }
         }
         shd[t] = part;
         shi[t] = cnt;
@@ -446,7 +447,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
             if (!is_kept(zi, thr)) continue;
             last = i;
             if (tok < 0) {
-                cum += (double)expf(zi - zmax);
+                cum += (double)exp_poly(zi - zmax);
                 if (cum > u) tok = i;
             }
         }
@@ -470,7 +471,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
         double s = 0;
         for (int i = t; i < V; i += nt) {
             float r = raw_at(l, d.bits, P.gram_off, i);
-            if (r > -INFINITY) s += (double)expf(r - c.rawmax);
+            if (r > -INFINITY) s += (double)exp_poly(r - c.rawmax);
         }
         c.raw_log_s = log(bsum(s, shd));
     }
@@ -478,7 +479,7 @@ sample_kernel(const float *logits, int V, SampDev d, float *zbuf, SampAux *aux, 
         double s = 0;
         for (int i = t; i < V; i += nt) {
             float zi = z[i];
-            if (zi > -INFINITY) s += (double)expf(zi - zmax);
+            if (zi > -INFINITY) s += (double)exp_poly(zi - zmax);
         }
         c.z_log_s = log(bsum(s, shd));
     }

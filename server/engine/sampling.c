@@ -3,9 +3,9 @@
  * the exact semantics). Works on one CPU row of f32 logits; never allocates
  * after sampler_create.
  *
- * Speed: a row of 151936 logits is scanned twice in the common case (copy,
- * scale and max; then expf, cached in Sampler.e, with the normaliser summed
- * in the same pass), the draw reads one block of SUM_BLOCK ids: the
+ * Speed: a row of 151936 logits is scanned three times in the common case
+ * (copy, scale and max; exp, 8 or 16 at a time, into Sampler.e; the
+ * normaliser's sum), the draw reads one block of SUM_BLOCK ids: the
  * normaliser's running sum is kept at every block end (the draw's cumulative
  * sum is the same sequence of additions, so the block holding the crossing is
  * known without a second full pass, and the bits are those of the one-pass
@@ -23,13 +23,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_ops.h"  /* cpu_exp_shift_to: a row's exponentials */
+#include "exp_poly.h" /* exp_poly: one */
+
 #define SUM_BLOCK 2048 /* ids per block of the normaliser's running sums */
 
 struct Sampler {
     int vocab;
     float *z;        /* [vocab] processed logits of the last call */
     int32_t *idx;    /* [vocab] candidate ids for selection */
-    float *e;        /* [vocab] expf(z - zmax) of the last call (0 for -inf) */
+    float *e;        /* [vocab] cpu_expf(z - zmax) of the last call (0 for -inf); scratch after the draw */
     uint64_t *keys, *tmp; /* [vocab] sort keys (value desc, id asc) and radix scratch */
     int32_t *cnt;    /* [65537] radix counts */
     uint8_t *mark;   /* [vocab] penalty marks, all zero between calls */
@@ -149,8 +152,17 @@ static void sort_top(const float *z, int32_t *idx, int m) {
     qsort_r(idx, (size_t)m, sizeof(int32_t), cmp_before, (void *)z);
 }
 
-/* The term every normaliser sums: expf in float, accumulated in double. */
-static inline double term(float zi, float zmax) { return (double)expf(zi - zmax); }
+/* e[i] = exp(z[i] - zmax) (exp_poly: sampling.h) for the whole row, 8 or 16 at a time
+ * (cpu_exp_shift_to, the same bits on every path); every normaliser then sums e over its ids in
+ * id order, in double. */
+static inline void exp_row(float *e, const float *z, int V, float zmax) { cpu_exp_shift_to(e, z, V, zmax); }
+
+/* The same for the ids with z[i] >= thr only: the whole row when nothing is truncated, else
+ * one by one (top_k keeps a few ids of the vocab). */
+static void exp_kept(float *e, const float *z, int V, float zmax, float thr) {
+    if (thr == -INFINITY) { exp_row(e, z, V, zmax); return; }
+    for (int i = 0; i < V; i++) if (z[i] >= thr) e[i] = exp_poly(z[i] - zmax);
+}
 
 /* The k first ids in `before` order among ids with z >= lo (z > -inf),
  * sorted, into out [k]; returns how many there were (<= k). A min-heap on
@@ -299,9 +311,9 @@ static void process(Sampler *s, const float *logits, const SamplingParams *p, co
 
 /* Truncation thresholds on the temperature-scaled z (sampling.h). Returns
  * thr, the kept set being { i : z_i >= thr, z_i > -inf }. When min_p or top_p
- * need them it fills s->e[i] = expf(z_i - zmax) at least for every kept id
+ * need them it fills s->e[i] = exp(z_i - zmax) at least for every kept id
  * and sets *e_filled; otherwise (no truncation, or top_k alone) e is left to
- * the caller's normaliser pass (kept_sum), which computes it on the way. */
+ * the caller's normaliser pass (kept_sum), which fills it first. */
 #define TOPP_BUCKETS 2048
 #define TOPP_RANGE 32.0f /* buckets cover zmax - z in [0, 32); the last one takes the rest */
 static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax, int *e_filled) {
@@ -311,7 +323,7 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax, int *
     float thr = -INFINITY;
     *e_filled = p->min_p > 0 || p->top_p < 1.0f;
     if (p->min_p > 0) {
-        for (int i = 0; i < V; i++) e[i] = expf(z[i] - zmax);
+        exp_row(e, z, V, zmax);
         float m = INFINITY;
         for (int i = 0; i < V; i++)
             if (z[i] > -INFINITY && e[i] >= p->min_p && z[i] < m) m = z[i];
@@ -323,8 +335,7 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax, int *
     }
     /* e is only read for ids >= thr from here on */
     if (!*e_filled) return thr;
-    if (!(p->min_p > 0))
-        for (int i = 0; i < V; i++) if (z[i] >= thr) e[i] = expf(z[i] - zmax);
+    if (!(p->min_p > 0)) exp_kept(e, z, V, zmax, thr);
     if (p->top_p < 1.0f) {
         /* The exact rule needs the cumulative sum in sorted order up to the
          * crossing. A mass histogram over zmax - z finds the bucket where the
@@ -375,7 +386,7 @@ static float truncate_thr(Sampler *s, const SamplingParams *p, float zmax, int *
 
 /* The normaliser S = sum of e_i over the kept ids in id order, one double
  * addition per id (the order every draw and log-prob of this file uses), with
- * e_i = expf(z_i - zmax) computed here unless truncate_thr did (fill_e = 0).
+ * e_i = exp(z_i - zmax) computed here unless truncate_thr did (fill_e = 0).
  * s->part[b] gets the running sum after block b; *nk the kept count, *last
  * the highest kept id (-1 if none). */
 static double kept_sum(Sampler *s, float thr, float zmax, int fill_e, int *nk, int32_t *last) {
@@ -384,11 +395,11 @@ static double kept_sum(Sampler *s, float thr, float zmax, int fill_e, int *nk, i
     int V = s->vocab, n = 0;
     int32_t l = -1;
     double S = 0;
+    if (fill_e) exp_kept(e, z, V, zmax, thr);
     for (int b = 0; b * SUM_BLOCK < V; b++) {
         int i1 = (b + 1) * SUM_BLOCK < V ? (b + 1) * SUM_BLOCK : V;
         for (int i = b * SUM_BLOCK; i < i1; i++) {
             if (!(z[i] > -INFINITY && z[i] >= thr)) continue;
-            if (fill_e) e[i] = expf(z[i] - zmax);
             S += (double)e[i];
             n++;
             l = i;
@@ -439,11 +450,15 @@ typedef struct ModeNorm {
     double z_log_s;                  /* greedy processed: log sum exp(z - zmax) over the whole vocab */
 } ModeNorm;
 
-static void raw_norm(const Sampler *s, const float *logits, int V, ModeNorm *m) {
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) { float r = raw_at(s, logits, i); if (r > mx) mx = r; }
+/* Uses s->e as scratch (the draw is done with it by now). */
+static void raw_norm(Sampler *s, const float *logits, int V, ModeNorm *m) {
+    float *r = s->e, mx = -INFINITY;
+    for (int i = 0; i < V; i++) { r[i] = raw_at(s, logits, i); if (r[i] > mx) mx = r[i]; }
     double S = 0;
-    for (int i = 0; i < V; i++) { float r = raw_at(s, logits, i); if (r > -INFINITY) S += term(r, mx); }
+    if (mx > -INFINITY) { /* else no id to sum */
+        exp_row(r, r, V, mx); /* 0 for the -inf ids: their terms add nothing, as if skipped */
+        for (int i = 0; i < V; i++) S += (double)r[i];
+    }
     m->rawmax = mx;
     m->raw_log_s = log(S);
 }
@@ -558,7 +573,8 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     if (want->raw_logprob || (report && (want->mode == LOGPROBS_RAW))) raw_norm(s, logits, V, &m);
     if (report && want->mode == LOGPROBS_PROCESSED && s->greedy) {
         double S = 0;
-        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += term(z[i], zmax);
+        exp_row(s->e, z, V, zmax);
+        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)s->e[i];
         m.z_log_s = log(S);
     }
     if (want->raw_logprob)
@@ -629,7 +645,8 @@ float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
         if (z[i] > zmax) zmax = z[i];
     }
     double S = 0;
-    for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += term(z[i], zmax);
+    exp_row(s->e, z, V, zmax);
+    for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)s->e[i];
     double ls = log(S);
     if (top_n > 0) {
         if (top_n > V) top_n = V;

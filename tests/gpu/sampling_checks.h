@@ -16,8 +16,8 @@
  * decided on the CPU's own numbers and matched to the difference seen: the
  * draw's u * S within 1e-9 of a cumulative boundary (same kept set, another
  * token); top_p's crossing within 1e-6 of a value boundary of the
- * distribution before top_p, or every id in the kept sets' difference with
- * expf(z - zmax) within 1e-6 (relative) of min_p (another kept set). Excused rows are counted and printed; more than
+ * distribution before top_p (another kept set). min_p has no excuse: both
+ * sides compare the same exp_poly bits with it. Excused rows are counted and printed; more than
  * 1 in 50 excused fails (ties that often mean a real difference). Every
  * batch is launched into both slots before either is waited on (both must
  * give the same results), and tokens_resolve must turn placeholders -1 - r
@@ -162,25 +162,11 @@ static int sc_cmp_desc(const void *a, const void *b) {
     return x > y ? -1 : x < y;
 }
 
-/* Whether id is in the ascending list a [n]. */
-static int sc_has(const int32_t *a, int n, int32_t id) {
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int m = (lo + hi) / 2;
-        if (a[m] < id) lo = m + 1;
-        else hi = m;
-    }
-    return lo < n && a[lo] == id;
-}
-
 /* Near ties on the CPU's own numbers (the excuses of the header), for the
  * difference seen: set_differs 0 (same kept set, another token): the draw
- * only; 1: top_p's crossing, or min_p's predicate near its boundary for every
- * id in the symmetric difference of the kept sets cm [cn] / dm [dn] (any id
- * when the ids were not asked for: cm NULL). s: a Sampler of V; scratch
- * lp [V], tmp [V]. */
-static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, float *lp, double *tmp, int set_differs,
-                       const int32_t *cm, int cn, const int32_t *dm, int dn) {
+ * only; 1: top_p's crossing (min_p needs none: exp_poly on both sides).
+ * s: a Sampler of V; scratch lp [V], tmp [V]. */
+static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, float *lp, double *tmp, int set_differs) {
     SampleHistory h = {c->hist, c->n_prompt, c->hist + c->n_prompt, c->n_output};
     SampleResult r;
     SampleWant w = c->w;
@@ -210,22 +196,6 @@ static int sc_near_tie(Sampler *s, const float *row, const ScCase *c, int V, flo
             cm_ += exp(tmp[i]);
             if ((i + 1 == n || tmp[i + 1] != tmp[i]) && fabs(cm_ - c->p.top_p) <= 1e-6) return 1;
         }
-    }
-    if (c->p.min_p > 0 && c->p.temperature > 0) { /* expf(z - zmax) near min_p, z off the untruncated distribution */
-        SamplingParams q = c->p;
-        q.top_p = 1.0f; q.top_k = 0; q.min_p = 0;
-        sampler_sample(s, row, &q, &h, &eos, 1, c->seq_index, c->pos, &w, &r);
-        sampler_kept_logprobs(s, lp);
-        double mx = -INFINITY;
-        for (int i = 0; i < V; i++) if (lp[i] > mx) mx = lp[i];
-        int near = 0, far = 0;
-        for (int i = 0; i < V; i++) {
-            if (cm && sc_has(cm, cn, i) == sc_has(dm, dn, i)) continue; /* not in the difference */
-            int nt = lp[i] > -INFINITY && fabs(exp((double)lp[i] - mx) - c->p.min_p) <= 1e-6 * c->p.min_p;
-            near += nt;
-            far += cm && !nt;
-        }
-        if (near && !far) return 1;
     }
     return 0;
 }
@@ -332,8 +302,7 @@ static int sc_batch(int V, int n_lrows, int n_rows, int *excused, int *bad_rows)
         if (!same_pack) why = "packed kept set";
         else if (cr.token != dr.token || !same_set) {
             int set_differs = !same_set;
-            if (sc_near_tie(s, row, c, V, lp, tmp, set_differs, c->w.mask ? cmask : NULL, cr.n_kept,
-                            c->w.mask ? dmask : NULL, dr.n_kept)) {
+            if (sc_near_tie(s, row, c, V, lp, tmp, set_differs)) {
                 (*excused)++;
                 checked++;
                 continue;

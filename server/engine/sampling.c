@@ -96,6 +96,7 @@ int sampling_params_check(const SamplingParams *p, int vocab, Err *err) {
 }
 
 Sampler *sampler_create(int vocab) {
+    cpu_ops_init(); /* the exponentials' CPU path, chosen once here before any thread samples */
     Sampler *s = xcalloc(1, sizeof *s);
     s->vocab = vocab;
     s->z = xmalloc((size_t)vocab * sizeof(float));

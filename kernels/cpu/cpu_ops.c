@@ -294,20 +294,37 @@ AVX2 static void dot_rows_avx2(float *out, const float *q, const float *k, size_
     for (; i < m; i++) out[i] = dot_avx2(q, k + (size_t)i * ldk, n);
 }
 
-/* y[0, 8C) += a[i] * x_i for i < m in order, y held in C registers across the
- * rows: per element axpy_avx2's arithmetic (one FMA a row). */
-AVX2_INLINE void axpy_rows_regs(int C, float *y, const float *a, const float *x, size_t ldx, int m) {
+/* y_g[0, 8C) += a_g[i] * x_i for i < m in order, for G queries over the same
+ * rows (G * C <= 8), the G * C accumulators held in registers across the
+ * rows: per element axpy_avx2's arithmetic (one FMA a row), each query's FMAs
+ * in its own order, so a query's bits do not depend on G. G > 1 puts G times
+ * the independent chains in flight: a head_dim of 8-32 (C 1-4, the fixtures')
+ * left one to four chains per row waiting on the FMA's latency. */
+AVX2_INLINE void axpy_rows_q_regs(int G, int C, float *const *y, const float *const *a, const float *x, size_t ldx,
+                                  int m) {
     __m256 acc[8];
     #pragma GCC unroll 8
-    for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(y + 8 * c);
+    for (int g = 0; g < G; g++)
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_loadu_ps(y[g] + 8 * c);
     for (int i = 0; i < m; i++) {
-        __m256 av = _mm256_set1_ps(a[i]);
         const float *xi = x + (size_t)i * ldx;
         #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[c]);
+        for (int g = 0; g < G; g++) {
+            __m256 av = _mm256_set1_ps(a[g][i]);
+            #pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[g * C + c]);
+        }
     }
     #pragma GCC unroll 8
-    for (int c = 0; c < C; c++) _mm256_storeu_ps(y + 8 * c, acc[c]);
+    for (int g = 0; g < G; g++)
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y[g] + 8 * c, acc[g * C + c]);
+}
+
+/* One query: y[0, 8C) held in C registers. */
+AVX2_INLINE void axpy_rows_regs(int C, float *y, const float *a, const float *x, size_t ldx, int m) {
+    axpy_rows_q_regs(1, C, &y, &a, x, ldx, m);
 }
 
 /* y += a[i] * x_i for i < m in order, y held in registers across the rows
@@ -330,32 +347,6 @@ AVX2 static void axpy_rows_avx2(float *y, const float *a, const float *x, size_t
     d += (n - d) / 8 * 8;
     if (d < n) /* the last n % 8: axpy_avx2's scalar tail */
         for (int i = 0; i < m; i++) axpy_avx2(y + d, a[i], x + (size_t)i * ldx + d, n - d);
-}
-
-/* axpy_rows_regs for G queries over the same rows: G * C accumulators, each
- * query's y the same FMAs in the same order (the same bits as alone), but G
- * times the independent chains: a head_dim of 8-32 (C 1-4, the fixtures')
- * left one or two chains per row waiting on the FMA's latency. */
-AVX2_INLINE void axpy_rows_q_regs(int G, int C, float *const *y, const float *const *a, const float *x, size_t ldx,
-                                  int m) {
-    __m256 acc[8];
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; g++)
-        #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_loadu_ps(y[g] + 8 * c);
-    for (int i = 0; i < m; i++) {
-        const float *xi = x + (size_t)i * ldx;
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            __m256 av = _mm256_set1_ps(a[g][i]);
-            #pragma GCC unroll 8
-            for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(xi + 8 * c), acc[g * C + c]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; g++)
-        #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) _mm256_storeu_ps(y[g] + 8 * c, acc[g * C + c]);
 }
 
 /* cpu_axpy_rows for nq queries against the same m rows, n = 8 * C with C <= 4: groups of 8 / C

@@ -606,6 +606,79 @@ static void test_bytelevel(void) {
     T_ASSERT(bad == 0, "%d byte-level mappings differ from bytes_to_unicode", bad);
 }
 
+/* The load's errors name the first bad entry (tok_load_merges reads the merges in batches of
+ * 32, and looks a batch up after reading its shapes): a tiny ByteLevel BPE of the 256 byte tokens
+ * (id = byte) and 40 merges "a" + c (c = b..z, A..O; merged id 256 + k), with one or two bad
+ * merges on either side of a batch's edge. */
+enum { BAD_NONE = -1 };
+typedef struct MergeFault {
+    int missing, no_space, neither, bad_part; /* the merge whose join is not in the vocab, ... */
+} MergeFault;
+static char *merge_doc(MergeFault f, bool shared_id) {
+    static const char seconds[] = "bcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNO";
+    json_t *vocab = json_object(), *merges = json_array();
+    for (int b = 0; b < 256; b++) {
+        char u[8];
+        u[utf8_encode(bytelevel_char((uint8_t)b), u)] = 0;
+        json_object_set_new(vocab, u, json_integer(b));
+    }
+    for (int k = 0; k < 40; k++) {
+        char join[3] = {'a', seconds[k], 0}, m[8];
+        if (k != f.missing) json_object_set_new(vocab, join, json_integer(256 + k));
+        snprintf(m, sizeof m, k == f.bad_part ? "qq %c" : k == f.no_space ? "a%c" : "a %c", seconds[k]);
+        json_array_append_new(merges, k == f.neither ? json_integer(1) : json_string(m));
+    }
+    if (shared_id) json_object_set_new(vocab, "zz", json_integer(98)); /* the id of "b" */
+    json_t *doc = json_pack("{s:{s:s,s:o,s:o},s:{s:s,s:b,s:b,s:b},s:{s:s,s:b,s:b,s:b}}", "model", "type", "BPE",
+                            "vocab", vocab, "merges", merges, "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0,
+                            "trim_offsets", 1, "use_regex", 1, "decoder", "type", "ByteLevel", "add_prefix_space", 0,
+                            "trim_offsets", 1, "use_regex", 1);
+    char *s = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    return s;
+}
+
+static void test_load_errors(void) {
+    const MergeFault ok = {BAD_NONE, BAD_NONE, BAD_NONE, BAD_NONE};
+    char *s = merge_doc(ok, false);
+    Err e = {0};
+    Tokenizer *t = tokenizer_load_json(s, strlen(s), NULL, &e);
+    free(s);
+    T_ASSERT(t != NULL, "the fault-free doc: %s", e.msg);
+    if (t) { /* every merge in: "ab" is merge 0's id, "aO" merge 39's (HF tokenizers 0.23.3 on this doc: 256 32 295) */
+        TokIds ids = {0};
+        tokenizer_encode(t, "ab aO", 5, false, &ids, &e);
+        T_ASSERT(ids.n == 3 && ids.ids[0] == 256 && ids.ids[1] == ' ' && ids.ids[2] == 256 + 39,
+                 "\"ab aO\": %zu ids", ids.n);
+        free(ids.ids);
+        tokenizer_free(t);
+    }
+    static const struct { MergeFault f; const char *want; } cases[] = {
+        {{0, BAD_NONE, BAD_NONE, BAD_NONE}, "merge 0 (a b): token not in vocab"},
+        {{35, BAD_NONE, 36, BAD_NONE}, "merge 35 (a K): token not in vocab"},
+        {{5, 3, BAD_NONE, BAD_NONE}, "merge 3 (ae) is not \"a b\""},
+        {{34, BAD_NONE, 33, BAD_NONE}, "merge 33 is neither \"a b\" nor [a, b]"},
+        {{31, 32, BAD_NONE, BAD_NONE}, "merge 31 (a G): token not in vocab"}, /* the last of the first batch */
+        {{33, 32, BAD_NONE, BAD_NONE}, "merge 32 (aH) is not \"a b\""},      /* the first of the second */
+        {{BAD_NONE, BAD_NONE, BAD_NONE, 39}, "merge 39 (qq O): token not in vocab"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        s = merge_doc(cases[i].f, false);
+        e = (Err){0};
+        t = tokenizer_load_json(s, strlen(s), NULL, &e);
+        free(s);
+        T_ASSERT(t == NULL && strstr(e.msg, cases[i].want), "merge case %zu: want \"%s\", got %s", i, cases[i].want,
+                 t ? "a tokenizer" : e.msg);
+        tokenizer_free(t);
+    }
+    s = merge_doc(ok, true);
+    e = (Err){0};
+    t = tokenizer_load_json(s, strlen(s), NULL, &e);
+    free(s);
+    T_ASSERT(t == NULL && strstr(e.msg, "share the id 98"), "two tokens of one id: %s", t ? "a tokenizer" : e.msg);
+    tokenizer_free(t);
+}
+
 int main(void) {
     size_t n;
     char *corpus = read_zst(DATA "/corpus.bin.zst", &n);
@@ -628,6 +701,7 @@ int main(void) {
     }
     test_bytelevel();
     test_refusals();
+    test_load_errors();
     test_reader_cases();
     test_reader_real("qwen3");
     test_reader_real("llama3.1");

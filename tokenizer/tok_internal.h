@@ -50,6 +50,17 @@ void strmap_free(StrMap *m);
 /* Insert (true) or overwrite (false); key must outlive the map. */
 bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val);
 bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val);
+/* A key with its hash (strmap_key makes it; the hash is the map's): a loop that knows its next
+ * keys makes them ahead and prefetches their slots, then puts or gets them as above. */
+typedef struct StrKey {
+    const char *s; /* [len] bytes; for a put, the stored key (outlives the map) */
+    size_t len;
+    uint64_t h;    /* XXH3_64bits(s, len) */
+} StrKey;
+StrKey strmap_key(const char *s, size_t len);
+void strmap_prefetch(const StrMap *m, StrKey k);
+bool strmap_put_key(StrMap *m, StrKey k, uint32_t val);
+bool strmap_get_key(const StrMap *m, StrKey k, uint32_t *val);
 /* No put after this: the map is shared by every thread that tokenizes. */
 void strmap_freeze(StrMap *m);
 
@@ -72,6 +83,7 @@ typedef struct Bpe {
 /* the merge table (tok_maps.c): put at load only */
 bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *new_id);
 void bpe_merge_put(Bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t new_id);
+void bpe_merge_prefetch(const Bpe *b, int32_t a, int32_t c); /* its slot, ahead of the put */
 /* Scratch reused across words of one encode call. */
 typedef struct BpeScratch {
     struct BpeSym *sym; size_t sym_cap;

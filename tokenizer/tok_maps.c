@@ -9,7 +9,10 @@
  * server's start-up): a slot holds the entry index and the hash's high 32
  * bits, so a probe reads an entry only when the tags agree; an entry holds
  * key, length and value together, so a hit costs a slot, an entry and the
- * key's bytes (three cache misses, not five).
+ * key's bytes (three cache misses, not five). The load knows its next keys:
+ * it makes them ahead (strmap_key: the key with its hash) and prefetches
+ * their slots, so that the misses on tables of megabytes overlap instead of
+ * each stalling the load in turn (tokenizer_load.c).
  *
  * Not here: the merge loop (bpe.c), tries of added tokens (added.c).
  */
@@ -36,7 +39,9 @@ void strmap_free(StrMap *m) {
 
 void strmap_freeze(StrMap *m) { m->frozen = true; }
 
-static inline uint64_t strmap_hash(const char *key, size_t len) { return XXH3_64bits(key, len); }
+StrKey strmap_key(const char *s, size_t len) { return (StrKey){s, len, XXH3_64bits(s, len)}; }
+
+void strmap_prefetch(const StrMap *m, StrKey k) { __builtin_prefetch(&m->slots[k.h & (m->cap - 1)]); }
 
 /* a == b over len bytes, inline: a token is a few bytes, shorter than a call
  * to memcmp (and under TSan, than its interceptor: tests/run.sh) */
@@ -75,29 +80,36 @@ static void strmap_grow(StrMap *m) {
         uint32_t e = (uint32_t)old[i];
         if (!e) continue;
         const StrMapEntry *x = &m->ents[e - 1];
-        m->slots[strmap_find(m, x->key, x->len, strmap_hash(x->key, x->len))] = old[i];
+        m->slots[strmap_find(m, x->key, x->len, strmap_key(x->key, x->len).h)] = old[i];
     }
     free(old);
 }
 
 bool strmap_put(StrMap *m, const char *key, size_t len, uint32_t val) {
+    return strmap_put_key(m, strmap_key(key, len), val);
+}
+
+bool strmap_put_key(StrMap *m, StrKey k, uint32_t val) {
     ASSERT(!m->frozen, "strmap_put after strmap_freeze: the maps are read-only once the tokenizer is loaded");
     if ((m->n + 1) * 2 > m->cap) strmap_grow(m);
-    uint64_t h = strmap_hash(key, len);
-    size_t i = strmap_find(m, key, len, h);
+    size_t i = strmap_find(m, k.s, k.len, k.h);
     if (m->slots[i]) { m->ents[(uint32_t)m->slots[i] - 1].val = val; return false; }
     if (m->n == m->nalloc) {
         m->nalloc *= 2;
         m->ents = realloc(m->ents, m->nalloc * sizeof *m->ents);
         CHECK(m->ents, "out of memory growing a token map");
     }
-    m->ents[m->n] = (StrMapEntry){key, (uint32_t)len, val};
-    m->slots[i] = (h >> 32) << 32 | (uint32_t)++m->n;
+    m->ents[m->n] = (StrMapEntry){k.s, (uint32_t)k.len, val};
+    m->slots[i] = (k.h >> 32) << 32 | (uint32_t)++m->n;
     return true;
 }
 
 bool strmap_get(const StrMap *m, const char *key, size_t len, uint32_t *val) {
-    uint32_t e = (uint32_t)m->slots[strmap_find(m, key, len, strmap_hash(key, len))];
+    return strmap_get_key(m, strmap_key(key, len), val);
+}
+
+bool strmap_get_key(const StrMap *m, StrKey k, uint32_t *val) {
+    uint32_t e = (uint32_t)m->slots[strmap_find(m, k.s, k.len, k.h)];
     if (!e) return false;
     *val = m->ents[e - 1].val;
     return true;
@@ -116,6 +128,10 @@ bool bpe_merge_get(const Bpe *b, int32_t a, int32_t c, uint32_t *rank, int32_t *
         if (s->key == k) { *rank = s->rank; *new_id = s->new_id; return true; }
         if (!s->key) return false;
     }
+}
+
+void bpe_merge_prefetch(const Bpe *b, int32_t a, int32_t c) {
+    __builtin_prefetch(&b->merges[merge_hash((((uint64_t)(uint32_t)a << 32) | (uint32_t)c) + 1, b->merge_cap)]);
 }
 
 /* Later duplicates overwrite earlier ones, as HF's HashMap collect does. */

@@ -101,17 +101,19 @@ void tok_arena_free(TokArenaChunk **arena) {
     *arena = NULL;
 }
 
-static int set_id_string(Tokenizer *t, int32_t id, const char *s) {
+/* Id id's string s and its bytes; whether s is all ByteLevel's alphabet (its bytes decoded). */
+static bool set_id_string(Tokenizer *t, int32_t id, const char *s) {
     size_t n = strlen(s), k;
     t->tok_str[id] = memcpy(tok_arena_alloc(&t->arena, n + 1), s, n + 1);
     char *raw = tok_arena_alloc(&t->arena, n + 1);
     /* ByteLevel decoder: all chars in the alphabet -> bytes, else the UTF-8 as is. */
-    if (!unbytelevel(s, raw, &k)) { memcpy(raw, s, n); k = n; }
+    bool bytelevel = unbytelevel(s, raw, &k);
+    if (!bytelevel) { memcpy(raw, s, n); k = n; }
     raw[k] = 0;
     t->tok_bytes[id] = raw;
     t->tok_bytes_len[id] = (uint32_t)k;
     if (k > t->max_tok_bytes) t->max_tok_bytes = k;
-    return 0;
+    return bytelevel;
 }
 
 static int load_normalizer(Tokenizer *t, json_t *n, Err *e) {
@@ -298,23 +300,115 @@ static bool bpe_text_from_json(json_t *m, TokBpeText *bt) {
     return true;
 }
 
-static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
-    strmap_init(&t->bpe.vocab, bt->n_vocab);
-    strmap_init(&t->str_to_id, bt->n_vocab + 1024);
-    char buf[1024];
-    for (size_t i = 0; i < bt->n_vocab; i++) {
-        const char *key = bt->vocab[i].key;
-        int32_t id = (int32_t)bt->vocab[i].id;
-        if (t->tok_str[id]) return ERR(e, 400, "vocab: tokens %s and %s share the id %d", t->tok_str[id], key, id);
-        set_id_string(t, id, key);
-        /* a key twice: only where tok_json.c read the vocab (jansson keeps the last of equal keys); the
-         * caller then reads the file with jansson, which decides */
-        if (!strmap_put(&t->str_to_id, t->tok_str[id], bt->vocab[i].len, (uint32_t)id))
-            return ERR(e, 400, "vocab: token %s twice", key);
-        size_t n;
-        if (bt->vocab[i].len < sizeof buf && unbytelevel(key, buf, &n))
-            strmap_put(&t->bpe.vocab, t->tok_bytes[id], t->tok_bytes_len[id], (uint32_t)id);
+/* The load's map puts and gets are made this many ahead, their slots prefetched meanwhile: each is a
+ * miss on a table of megabytes (Qwen3's str_to_id: 4 MiB of slots), and ~750,000 of them, one
+ * stalling the load after another, were over half of it */
+enum { KEYS_AHEAD = 16, MERGE_BATCH = 32 };
+
+static StrKey vocab_key(const Tokenizer *t, int32_t id, bool bytes) {
+    return bytes ? strmap_key(t->tok_bytes[id], t->tok_bytes_len[id]) : strmap_key(t->tok_str[id], strlen(t->tok_str[id]));
+}
+
+/* Put each id of ids[0..n) (skipping -1) in m under its string (bytes: its decoded bytes), in order,
+ * each key made and its slot prefetched KEYS_AHEAD puts ahead; the index of the first key already
+ * there (its id's put is done: an overwrite), or n. */
+static size_t vocab_put_all(const Tokenizer *t, StrMap *m, const int32_t *ids, size_t n, bool bytes) {
+    StrKey ahead[KEYS_AHEAD]; /* entry i's key at [i % KEYS_AHEAD], from KEYS_AHEAD steps before its put */
+    for (size_t i = 0; i < n + KEYS_AHEAD; i++) {
+        size_t r = i % KEYS_AHEAD, put = i - KEYS_AHEAD;
+        if (i >= KEYS_AHEAD && ids[put] >= 0 && !strmap_put_key(m, ahead[r], (uint32_t)ids[put])) return put;
+        if (i < n && ids[i] >= 0) {
+            ahead[r] = vocab_key(t, ids[i], bytes);
+            strmap_prefetch(m, ahead[r]);
+        }
     }
+    return n;
+}
+
+/* model.merges into the merge table, MERGE_BATCH at a time: a batch's keys (both parts and their
+ * join) made and their slots prefetched, then looked up, then the merge table's slots likewise;
+ * the first bad merge is the one reported, as merge by merge. */
+static int tok_load_merges(Tokenizer *t, const TokBpeText *bt, Err *e) {
+    size_t nm = bt->n_merges;
+    t->bpe.merge_cap = 16;
+    while (t->bpe.merge_cap < nm * 2) t->bpe.merge_cap <<= 1;
+    t->bpe.merges = xcalloc(t->bpe.merge_cap, sizeof *t->bpe.merges);
+    size_t cap = 1 << 16;
+    char *joined = xmalloc(cap); /* the batch's joins, one after another */
+    StrKey keys[MERGE_BATCH][3]; /* a, b, a + b */
+    uint32_t ids[MERGE_BATCH][3];
+    int rc = 0;
+    for (size_t i0 = 0; i0 < nm && !rc; i0 += MERGE_BATCH) {
+        size_t nb = nm - i0 < MERGE_BATCH ? nm - i0 : MERGE_BATCH, good = 0, need = 0;
+        for (; good < nb; good++) { /* the batch up to its first malformed merge */
+            const TokMerge *g = &bt->merges[i0 + good];
+            if (!g->a || !g->b || g->la + g->lb >= (1 << 16)) break;
+            need += g->la + g->lb;
+        }
+        if (need > cap) {
+            free(joined);
+            joined = xmalloc(cap = need);
+        }
+        char *p = joined;
+        for (size_t j = 0; j < good; j++) {
+            const TokMerge *g = &bt->merges[i0 + j];
+            memcpy(p, g->a, g->la);
+            memcpy(p + g->la, g->b, g->lb);
+            keys[j][0] = strmap_key(g->a, g->la);
+            keys[j][1] = strmap_key(g->b, g->lb);
+            keys[j][2] = strmap_key(p, g->la + g->lb);
+            p += g->la + g->lb;
+            for (int k = 0; k < 3; k++) strmap_prefetch(&t->str_to_id, keys[j][k]);
+        }
+        size_t found = 0;
+        for (; found < good; found++) {
+            int k = 0;
+            while (k < 3 && strmap_get_key(&t->str_to_id, keys[found][k], &ids[found][k])) k++;
+            if (k < 3) break;
+            bpe_merge_prefetch(&t->bpe, (int32_t)ids[found][0], (int32_t)ids[found][1]);
+        }
+        for (size_t j = 0; j < found; j++)
+            bpe_merge_put(&t->bpe, (int32_t)ids[j][0], (int32_t)ids[j][1], (uint32_t)(i0 + j), (int32_t)ids[j][2]);
+        if (found == nb) continue;
+        const TokMerge *g = &bt->merges[i0 + found]; /* the first bad one: its lookup failed, or found == good */
+        if (found < good)
+            rc = ERR(e, 400, "merge %zu (%.*s %.*s): token not in vocab", i0 + found, (int)g->la, g->a, (int)g->lb, g->b);
+        else if (!g->a)
+            rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i0 + found);
+        else if (!g->b)
+            rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i0 + found, g->a);
+        else
+            rc = ERR(e, 400, "merge %zu too long", i0 + found);
+    }
+    free(joined);
+    return rc;
+}
+
+static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
+    size_t nv = bt->n_vocab;
+    strmap_init(&t->bpe.vocab, nv);
+    strmap_init(&t->str_to_id, nv + 1024);
+    int32_t *ids = xmalloc((nv + 1) * sizeof *ids);
+    bool *bytelevel = xmalloc(nv + 1); /* entry i's string is ByteLevel's alphabet (and < 1024 bytes) */
+    int rc = 0;
+    for (size_t i = 0; i < nv && !rc; i++) { /* every id's strings, then the maps */
+        const char *key = bt->vocab[i].key;
+        int32_t id = ids[i] = (int32_t)bt->vocab[i].id;
+        if (t->tok_str[id]) rc = ERR(e, 400, "vocab: tokens %s and %s share the id %d", t->tok_str[id], key, id);
+        else bytelevel[i] = set_id_string(t, id, key) && bt->vocab[i].len < 1024;
+    }
+    /* a key twice: only where tok_json.c read the vocab (jansson keeps the last of equal keys); the
+     * caller then reads the file with jansson, which decides */
+    size_t twice = rc ? nv : vocab_put_all(t, &t->str_to_id, ids, nv, false);
+    if (twice < nv) rc = ERR(e, 400, "vocab: token %s twice", bt->vocab[twice].key);
+    if (!rc) {
+        for (size_t i = 0; i < nv; i++)
+            if (!bytelevel[i]) ids[i] = -1;
+        vocab_put_all(t, &t->bpe.vocab, ids, nv, true); /* an overwrite here: a later id of the same bytes wins, as before */
+    }
+    free(bytelevel);
+    free(ids);
+    if (rc) return rc;
     for (int b = 0; b < 256; b++) {
         char s[8];
         int k = utf8_encode(bytelevel_char((uint8_t)b), s);
@@ -323,30 +417,7 @@ static int tok_load_vocab(Tokenizer *t, const TokBpeText *bt, Err *e) {
             return ERR(e, 400, "byte-level vocab lacks the token of byte 0x%02x", b);
         t->bpe.byte_id[b] = (int32_t)id;
     }
-    size_t nm = bt->n_merges;
-    t->bpe.merge_cap = 16;
-    while (t->bpe.merge_cap < nm * 2) t->bpe.merge_cap <<= 1;
-    t->bpe.merges = xcalloc(t->bpe.merge_cap, sizeof *t->bpe.merges);
-    char *joined = xmalloc(1 << 16);
-    int rc = 0;
-    for (size_t i = 0; i < nm; i++) {
-        const char *a = bt->merges[i].a, *b = bt->merges[i].b;
-        size_t la = bt->merges[i].la, lb = bt->merges[i].lb;
-        if (!a) { rc = ERR(e, 400, "merge %zu is neither \"a b\" nor [a, b]", i); break; }
-        if (!b) { rc = ERR(e, 400, "merge %zu (%s) is not \"a b\"", i, a); break; }
-        uint32_t ia, ib, in;
-        if (la + lb >= (1 << 16)) { rc = ERR(e, 400, "merge %zu too long", i); break; }
-        memcpy(joined, a, la);
-        memcpy(joined + la, b, lb);
-        if (!strmap_get(&t->str_to_id, a, la, &ia) || !strmap_get(&t->str_to_id, b, lb, &ib) ||
-            !strmap_get(&t->str_to_id, joined, la + lb, &in)) {
-            rc = ERR(e, 400, "merge %zu (%.*s %.*s): token not in vocab", i, (int)la, a, (int)lb, b);
-            break;
-        }
-        bpe_merge_put(&t->bpe, (int32_t)ia, (int32_t)ib, (uint32_t)i, (int32_t)in);
-    }
-    free(joined);
-    return rc;
+    return tok_load_merges(t, bt, e);
 }
 
 static int tok_load_added(Tokenizer *t, json_t *added, Err *e) {

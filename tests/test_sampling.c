@@ -509,9 +509,58 @@ static void test_logprob_of(int V, int iters) {
     sampler_free(s);
 }
 
+/* SampleResult.rank in every mode against sampler_rank_reference (each id's value on its own, the
+ * count of values >= the token's): equal exactly, on the rows of test_logprob_of (ties, logits a few
+ * ulps apart whose log-probs round together, -inf / NaN / all -inf / +inf), greedy and sampled, with
+ * truncation, and with a grammar's allowed set (a bitset) half the time. */
+static void test_value_rank(int V, int iters) {
+    Sampler *s = sampler_create(V);
+    float *l = malloc(sizeof(float) * (size_t)V);
+    uint64_t *allowed = malloc(sizeof(uint64_t) * (size_t)((V + 63) / 64));
+    int32_t bias_ids[4], eos[2] = { 1, 2 };
+    float bias[4];
+    int bad = 0, finite_ranks = 0;
+    for (int it = 0; it < iters; it++) {
+        int kind = it % 6;
+        if (kind < 3) make_logits(l, V, kind);
+        else if (kind == 3)
+            for (int i = 0; i < V; i++) l[i] = 1e-3f + (float)(int)(urand() * 64) * 1e-9f;
+        else if (kind == 4) {
+            make_logits(l, V, 0);
+            for (int i = 0; i < V; i++) if (urand() < 0.2) l[i] = urand() < 0.5 ? -INFINITY : NAN;
+        } else {
+            for (int i = 0; i < V; i++) l[i] = -INFINITY;
+            if (it % 12 == 11) { make_logits(l, V, 0); l[(int)(urand() * V)] = INFINITY; }
+        }
+        SamplingParams p;
+        random_params(&p, V, bias_ids, bias);
+        SampleHistory h = { 0 };
+        int use_allowed = urand() < 0.5;
+        for (int w = 0; w < (V + 63) / 64; w++)
+            allowed[w] = ((uint64_t)(urand() * 4294967296.0) << 32) | (uint64_t)(urand() * 4294967296.0);
+        for (int mode = LOGPROBS_RAW; mode <= LOGPROBS_SAMPLED; mode++) {
+            SampleWant w = { .value = 1, .mode = (LogprobsMode)mode, .allowed = use_allowed ? allowed : NULL };
+            SampleResult r;
+            sampler_sample(s, l, &p, &h, eos, 2, 0, 10 + it, &w, &r);
+            int32_t want = sampler_rank_reference(s, l, (LogprobsMode)mode, r.value);
+            finite_ranks += isfinite(r.value);
+            if (r.rank != want && bad++ < 5)
+                T_ASSERT(0, "V %d row %d (kind %d, mode %d, T %g, allowed %d): rank %d, reference %d (value %g)", V,
+                         it, kind, mode, p.temperature, use_allowed, r.rank, want, r.value);
+        }
+    }
+    T_ASSERT(bad == 0, "V %d: %d ranks differ from sampler_rank_reference", V, bad);
+    T_ASSERT(finite_ranks > iters, "V %d: only %d finite values", V, finite_ranks);
+    free(l);
+    free(allowed);
+    sampler_free(s);
+}
+
 int main(void) {
     test_logprob_of(50, 600);
     test_logprob_of(1000, 120);
+    test_value_rank(50, 600);
+    test_value_rank(1000, 120);
     test_ties();
     test_params_check();
     test_vs_bruteforce(50, 3000);

@@ -171,6 +171,11 @@ void sampler_kept_logprobs(Sampler *s, float *out);
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
                          int top_n, int32_t *top_ids, float *top_logprobs, int32_t *rank);
 
+/* The reference of SampleResult.rank (tests): the ids whose value in mode is >= v, each id's
+ * value computed on its own, over the row of the last sampler_sample (logits: the same row).
+ * Uses the Sampler's scratch. */
+int32_t sampler_rank_reference(Sampler *s, const float *logits, LogprobsMode mode, float v);
+
 /* The counter-based RNG: a uniform double in [0, 1) from (seed, seq, pos). */
 double sampling_uniform(uint64_t seed, uint64_t seq_index, uint64_t pos);
 

@@ -483,6 +483,78 @@ static float mode_value(const Sampler *s, const float *logits, LogprobsMode mode
     return NAN;
 }
 
+/* The normalisers of the last sampler_sample's row that a report in mode needs (raw: the raw
+ * log-prob too; report: a value, rank or top list). Uses s->e as scratch. */
+static void mode_norm(Sampler *s, const float *logits, LogprobsMode mode, int raw, int report, ModeNorm *m) {
+    *m = (ModeNorm){ 0 };
+    int V = s->vocab;
+    if (raw || (report && mode == LOGPROBS_RAW)) raw_norm(s, logits, V, m);
+    if (report && mode == LOGPROBS_PROCESSED && s->greedy) {
+        double S = 0;
+        exp_row(s->e, s->z, V, s->zmax);
+        for (int i = 0; i < V; i++) if (s->z[i] > -INFINITY) S += (double)s->e[i];
+        m->z_log_s = log(S);
+    }
+}
+
+static int32_t rank_of(const float *z, int V, float zmax, double ls, float v);
+static float lp_threshold(float zmax, double ls, float v);
+
+/* ids i with x[i] >= t (a NaN counts as below) */
+static int32_t count_ge(const float *x, int V, float t) {
+    int32_t n = 0;
+    for (int i = 0; i < V; i++) n += x[i] >= t;
+    return n;
+}
+
+/* The raw row's ids (raw_at) >= t, t > -inf. */
+static int32_t count_raw_ge(const Sampler *s, const float *logits, float t) {
+    if (!s->gmask) return count_ge(logits, s->vocab, t); /* raw_at's NaN -> -inf: below t either way */
+    int32_t n = 0;
+    for (int i = 0; i < s->vocab; i++) n += raw_at(s, logits, i) >= t;
+    return n;
+}
+
+/* The ids whose value in mode is >= v, one mode_value per id: the definition (and the reference). */
+static int32_t rank_brute(const Sampler *s, const float *logits, LogprobsMode mode, const ModeNorm *m, float v) {
+    int32_t rank = 0;
+    for (int32_t i = 0; i < s->vocab; i++) rank += mode_value(s, logits, mode, m, i) >= v;
+    return rank;
+}
+
+/* vLLM's rank of v, the token's value in mode: the ids whose mode_value is >= v, counted on
+ * mode_value's floats exactly as one mode_value per id would (sampler_rank_reference, which
+ * test_sampling checks this against). A value is a monotone function of the row it comes from
+ * (rank_of's lp, or the logit itself) above the kept threshold and -inf below it, so for a finite
+ * v the count is one compare per id against a threshold: lp_threshold's t, raised to the kept
+ * threshold thr where ids below it are -inf. v not finite (a token whose value is -inf or NaN),
+ * and the degenerate rows where no value is finite: counted id by id. */
+static int32_t value_rank(const Sampler *s, const float *logits, LogprobsMode mode, const ModeNorm *m, float v) {
+    const float *z = s->z;
+    int V = s->vocab;
+    if (isfinite(v)) switch (mode) {
+    case LOGPROBS_RAW:
+        if (isfinite(m->rawmax)) return count_raw_ge(s, logits, lp_threshold(m->rawmax, m->raw_log_s, v));
+        break;
+    case LOGPROBS_RAW_LOGITS: return count_raw_ge(s, logits, v);
+    case LOGPROBS_PROCESSED:
+    case LOGPROBS_SAMPLED:
+        if (s->greedy && mode == LOGPROBS_SAMPLED) return 1; /* 0 at the token, -inf elsewhere */
+        if (!isfinite(s->zmax)) break;
+        if (s->greedy) return rank_of(z, V, s->zmax, m->z_log_s, v);
+        float t = lp_threshold(s->zmax, s->log_s, v);
+        return count_ge(z, V, t > s->thr ? t : s->thr); /* kept: z >= thr (and > -inf: t is) */
+    case LOGPROBS_PROCESSED_LOGITS: return count_ge(z, V, v); /* v = z[token] >= thr: z >= v is kept too */
+    }
+    return rank_brute(s, logits, mode, m, v);
+}
+
+int32_t sampler_rank_reference(Sampler *s, const float *logits, LogprobsMode mode, float v) {
+    ModeNorm m;
+    mode_norm(s, logits, mode, 0, 1, &m);
+    return rank_brute(s, logits, mode, &m, v);
+}
+
 /* The top-N in the mode's order: the raw modes rank by l_raw, the others by
  * the processed z (which orders the kept set like its log-probs, and the
  * masked ids, all -inf there, by their logit before masking). Uses s->e as
@@ -569,23 +641,13 @@ int sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
     out->value = NAN;
     out->rank = 0;
     if (!want) return 0;
-    ModeNorm m = { 0 };
-    int report = want->value || want->top_n > 0;
-    if (want->raw_logprob || (report && (want->mode == LOGPROBS_RAW))) raw_norm(s, logits, V, &m);
-    if (report && want->mode == LOGPROBS_PROCESSED && s->greedy) {
-        double S = 0;
-        exp_row(s->e, z, V, zmax);
-        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)s->e[i];
-        m.z_log_s = log(S);
-    }
+    ModeNorm m;
+    mode_norm(s, logits, want->mode, want->raw_logprob, want->value || want->top_n > 0, &m);
     if (want->raw_logprob)
         out->logprob_raw = (float)((double)(raw_at(s, logits, out->token) - m.rawmax) - m.raw_log_s);
     if (want->value) {
-        float v = mode_value(s, logits, want->mode, &m, out->token);
-        int32_t rank = 0;
-        for (int32_t i = 0; i < V; i++) rank += mode_value(s, logits, want->mode, &m, i) >= v;
-        out->value = v;
-        out->rank = rank;
+        out->value = mode_value(s, logits, want->mode, &m, out->token);
+        out->rank = value_rank(s, logits, want->mode, &m, out->value);
     }
     if (want->top_n > 0) fill_top(s, logits, want, &m);
     return 0;
@@ -613,27 +675,30 @@ static inline float key_float(uint32_t k) {
     return x;
 }
 
-/* How many ids have a log-prob >= v, counted on the log-probs themselves as vLLM counts
- * them: lp(x) = (float)((double)(x - zmax) - ls) over z [V]. lp is monotone in x (each
- * step rounds monotonically), so lp(z[i]) >= v exactly when z[i] >= t, t the least float
- * with lp(t) >= v: bisected over the floats' order (<= 32 steps), then one compare per id
- * instead of two conversions. Where lp is not monotone (zmax not finite: x - zmax is NaN)
- * or v is not finite, the count is taken directly. */
-static int32_t rank_of(const float *z, int V, float zmax, double ls, float v) {
-    int32_t n = 0;
-    if (!isfinite(zmax) || !isfinite(v)) {
-        for (int i = 0; i < V; i++) n += (float)((double)(z[i] - zmax) - ls) >= v;
-        return n;
-    }
-    uint32_t lo = float_key(-INFINITY), hi = float_key(zmax); /* lp(zmax) >= lp(z[id]) = v */
+/* The least float t with lp(t) = (float)((double)(t - zmax) - ls) >= v, zmax and v finite and
+ * v <= lp(zmax): bisected over the floats' order (<= 32 steps). lp is monotone in t (each step
+ * rounds monotonically), so lp(x) >= v exactly when x >= t. t > -inf (lp(-inf) = -inf < v). */
+static float lp_threshold(float zmax, double ls, float v) {
+    uint32_t lo = float_key(-INFINITY), hi = float_key(zmax);
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         if ((float)((double)(key_float(mid) - zmax) - ls) >= v) hi = mid;
         else lo = mid + 1;
     }
-    float t = key_float(lo);
-    for (int i = 0; i < V; i++) n += z[i] >= t;
-    return n;
+    return key_float(lo);
+}
+
+/* How many ids have a log-prob >= v, counted on the log-probs themselves as vLLM counts
+ * them: lp(x) = (float)((double)(x - zmax) - ls) over z [V]; lp(z[i]) >= v exactly when
+ * z[i] >= lp_threshold's t: one compare per id instead of two conversions. Where lp is not
+ * monotone (zmax not finite: x - zmax is NaN) or v is not finite, counted directly. */
+static int32_t rank_of(const float *z, int V, float zmax, double ls, float v) {
+    if (!isfinite(zmax) || !isfinite(v)) {
+        int32_t n = 0;
+        for (int i = 0; i < V; i++) n += (float)((double)(z[i] - zmax) - ls) >= v;
+        return n;
+    }
+    return count_ge(z, V, lp_threshold(zmax, ls, v));
 }
 
 float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,

@@ -451,17 +451,24 @@ typedef struct ModeNorm {
     double z_log_s;                  /* greedy processed: log sum exp(z - zmax) over the whole vocab */
 } ModeNorm;
 
+/* log S, S the double sum in id order of e[i] = exp(z[i] - zmax) over the ids with z[i] > -inf
+ * (none: -inf); e [V] receives the exponentials (e may be z). The normaliser of every log-prob
+ * but the kept set's (kept_sum, which keeps its running sums for the draw). */
+static double log_norm(float *e, const float *z, int V, float zmax) {
+    double S = 0;
+    if (zmax > -INFINITY) { /* else no id to sum */
+        exp_row(e, z, V, zmax);
+        for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)e[i];
+    }
+    return log(S);
+}
+
 /* Uses s->e as scratch (the draw is done with it by now). */
 static void raw_norm(Sampler *s, const float *logits, int V, ModeNorm *m) {
     float *r = s->e, mx = -INFINITY;
     for (int i = 0; i < V; i++) { r[i] = raw_at(s, logits, i); if (r[i] > mx) mx = r[i]; }
-    double S = 0;
-    if (mx > -INFINITY) { /* else no id to sum */
-        exp_row(r, r, V, mx); /* 0 for the -inf ids: their terms add nothing, as if skipped */
-        for (int i = 0; i < V; i++) S += (double)r[i];
-    }
     m->rawmax = mx;
-    m->raw_log_s = log(S);
+    m->raw_log_s = log_norm(r, r, V, mx);
 }
 
 static inline int kept(const Sampler *s, int32_t i) { return s->z[i] > -INFINITY && s->z[i] >= s->thr; }
@@ -489,12 +496,7 @@ static void mode_norm(Sampler *s, const float *logits, LogprobsMode mode, int ra
     *m = (ModeNorm){ 0 };
     int V = s->vocab;
     if (raw || (report && mode == LOGPROBS_RAW)) raw_norm(s, logits, V, m);
-    if (report && mode == LOGPROBS_PROCESSED && s->greedy) {
-        double S = 0;
-        exp_row(s->e, s->z, V, s->zmax);
-        for (int i = 0; i < V; i++) if (s->z[i] > -INFINITY) S += (double)s->e[i];
-        m->z_log_s = log(S);
-    }
+    if (report && mode == LOGPROBS_PROCESSED && s->greedy) m->z_log_s = log_norm(s->e, s->z, V, s->zmax);
 }
 
 static int32_t rank_of(const float *z, int V, float zmax, double ls, float v);
@@ -710,10 +712,7 @@ float sampler_logprob_of(Sampler *s, const float *logits, int32_t id,
         z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
         if (z[i] > zmax) zmax = z[i];
     }
-    double S = 0;
-    exp_row(s->e, z, V, zmax);
-    for (int i = 0; i < V; i++) if (z[i] > -INFINITY) S += (double)s->e[i];
-    double ls = log(S);
+    double ls = log_norm(s->e, z, V, zmax);
     if (top_n > 0) {
         if (top_n > V) top_n = V;
         int n = top_heap(z, V, top_n, -INFINITY, s->idx);
